@@ -1,1 +1,11 @@
-//! profcol receivers.
+//! `profcol-receivers`: the sources of batches.
+//!
+//! Each module is one receiver type; [`factories`] lists them for the host.
+
+use profcol_api::component::Factory;
+use std::sync::Arc;
+
+/// Every receiver factory of this crate.
+pub fn factories() -> Vec<Arc<dyn Factory>> {
+    vec![]
+}

@@ -1,1 +1,20 @@
-//! profcol component API.
+//! `profcol-api`: what every profcol component depends on.
+//!
+//! - [`model`]: the profile data model ([`Profiles`], builders, views, merge, validation);
+//! - [`component`]: component ids, kinds, factories, the Receiver / Processor /
+//!   Exporter traits and the [`component::Next`] handle receivers push into;
+//! - [`exporterhelper`]: the queue / retry / timeout settings the host wraps
+//!   around every exporter;
+//! - [`telemetry`]: per-component counters served as Prometheus text.
+
+pub mod component;
+pub mod config;
+pub mod exporterhelper;
+pub mod model;
+pub mod telemetry;
+
+pub use component::{
+    Component, ComponentError, ComponentId, CreateSettings, ExportError, Exporter, Factory, FactoryMeta, Kind, Next,
+    Processor, Receiver, Stability,
+};
+pub use model::{Profiles, ProfilesBuilder};

@@ -1,0 +1,355 @@
+//! Components: ids, kinds, factories, the three component traits, and the
+//! [`Next`] handle through which receivers push batches downstream.
+
+use crate::config::ConfigError;
+use crate::telemetry::ComponentTelemetry;
+use crate::Profiles;
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use serde::{de::DeserializeOwned, Serialize};
+use std::fmt;
+use std::marker::PhantomData;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a component is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Receiver,
+    Processor,
+    Exporter,
+    Extension,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Receiver => "receiver",
+            Kind::Processor => "processor",
+            Kind::Exporter => "exporter",
+            Kind::Extension => "extension",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How far a component has come (the OTel Collector's levels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stability {
+    Development,
+    Alpha,
+    Beta,
+    Stable,
+}
+
+impl fmt::Display for Stability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stability::Development => "development",
+            Stability::Alpha => "alpha",
+            Stability::Beta => "beta",
+            Stability::Stable => "stable",
+        })
+    }
+}
+
+/// A component id, `type[/name]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ComponentId {
+    ty: String,
+    name: String,
+}
+
+/// Why a string is not a valid `type[/name]` id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("invalid id {0:?}: the type must match ^[a-z][a-z0-9_]*$ (e.g. \"otlp\" or \"otlp/backend\")")]
+    BadType(String),
+    #[error("invalid id {0:?}: the name after '/' must not be empty")]
+    EmptyName(String),
+}
+
+pub fn is_valid_type(t: &str) -> bool {
+    let mut c = t.chars();
+    matches!(c.next(), Some('a'..='z')) && c.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+}
+
+impl ComponentId {
+    pub fn new(ty: &str, name: &str) -> Result<Self, IdError> {
+        if !is_valid_type(ty) {
+            return Err(IdError::BadType(format!("{ty}/{name}").trim_end_matches('/').to_owned()));
+        }
+        Ok(ComponentId { ty: ty.to_owned(), name: name.to_owned() })
+    }
+    pub fn type_name(&self) -> &str {
+        &self.ty
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl FromStr for ComponentId {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        match s.split_once('/') {
+            None => ComponentId::new(s, ""),
+            Some((_, "")) => Err(IdError::EmptyName(s.to_owned())),
+            Some((t, n)) => ComponentId::new(t, n).map_err(|_| IdError::BadType(s.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for ComponentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.name.is_empty() {
+            f.write_str(&self.ty)
+        } else {
+            write!(f, "{}/{}", self.ty, self.name)
+        }
+    }
+}
+
+/// A component failed to be created, start, run or stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ComponentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Message(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ComponentError {
+    pub fn msg(m: impl Into<String>) -> Self {
+        ComponentError::Message(m.into())
+    }
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        ComponentError::Io { context: context.into(), source }
+    }
+}
+
+/// An export attempt failed: retry it later, or give up on the batch.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ExportError {
+    #[error("{message} (will retry)")]
+    Retryable { message: String, retry_after: Option<Duration> },
+    #[error("{message} (permanent: the batch is dropped)")]
+    Permanent { message: String },
+}
+
+impl ExportError {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        ExportError::Retryable { message: message.into(), retry_after: None }
+    }
+    pub fn permanent(message: impl Into<String>) -> Self {
+        ExportError::Permanent { message: message.into() }
+    }
+}
+
+/// A downstream stage refused a batch.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConsumeError {
+    #[error("the pipeline is shutting down and accepts no more data")]
+    Closed,
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Anything a batch can be pushed into (a pipeline's input, a test sink).
+#[async_trait]
+pub trait Consumer: Send + Sync + 'static {
+    /// Takes the batch; awaits while the consumer is full (backpressure).
+    async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError>;
+}
+
+/// What a receiver pushes into: every pipeline the receiver feeds.
+///
+/// The target list sits behind an arc-swap so a config reload can rewire a
+/// running receiver without restarting it.
+#[derive(Clone)]
+pub struct Next {
+    targets: Arc<ArcSwap<Vec<Arc<dyn Consumer>>>>,
+    telemetry: ComponentTelemetry,
+}
+
+impl Next {
+    pub fn new(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry) -> Self {
+        Next { targets: Arc::new(ArcSwap::from_pointee(targets)), telemetry }
+    }
+
+    /// Rewires the handle (and every clone of it) to new targets.
+    pub fn set_targets(&self, targets: Vec<Arc<dyn Consumer>>) {
+        self.targets.store(Arc::new(targets));
+    }
+
+    /// Pushes a batch into every target; awaits while a target is full.
+    /// Counts the samples as accepted, or as refused when a target refuses.
+    pub async fn send(&self, batch: Profiles) -> Result<(), ConsumeError> {
+        let n = batch.sample_count() as u64;
+        let targets = self.targets.load_full();
+        let mut result = Ok(());
+        if let Some((last, rest)) = targets.split_last() {
+            for t in rest {
+                if let Err(e) = t.consume(batch.clone()).await {
+                    result = Err(e);
+                }
+            }
+            if let Err(e) = last.consume(batch).await {
+                result = Err(e);
+            }
+        }
+        match &result {
+            Ok(()) => self.telemetry.accepted.add(n),
+            Err(_) => self.telemetry.refused.add(n),
+        }
+        result
+    }
+}
+
+/// A source of batches (eBPF sampling, OTLP server, files).
+#[async_trait]
+pub trait Receiver: Send + Sync + 'static {
+    /// Sets up (failing here with a clear error), spawns its own tasks, returns.
+    async fn start(&self, next: Next) -> Result<(), ComponentError>;
+    /// Stops producing, flushes what it holds into `next`, waits for its tasks.
+    /// After this returns the receiver sends nothing more.
+    async fn shutdown(&self) -> Result<(), ComponentError>;
+}
+
+/// A batch transformer: returns the batch (possibly changed) or None to drop it.
+#[async_trait]
+pub trait Processor: Send + Sync + 'static {
+    async fn start(&self) -> Result<(), ComponentError> {
+        Ok(())
+    }
+    async fn process(&self, batch: Profiles) -> Result<Option<Profiles>, ComponentError>;
+    /// Processors that hold batches back (batch) say how often the host should
+    /// call [`Processor::flush`].
+    fn flush_interval(&self) -> Option<Duration> {
+        None
+    }
+    /// Hands over whatever is held back: on the timer, and when the pipeline drains.
+    async fn flush(&self) -> Result<Option<Profiles>, ComponentError> {
+        Ok(None)
+    }
+    async fn shutdown(&self) -> Result<(), ComponentError> {
+        Ok(())
+    }
+}
+
+/// A sink: implements only the send. The host wraps it with a bounded queue,
+/// retry with backoff and a per-attempt timeout (see [`crate::exporterhelper`]).
+#[async_trait]
+pub trait Exporter: Send + Sync + 'static {
+    async fn start(&self) -> Result<(), ComponentError> {
+        Ok(())
+    }
+    async fn export(&self, batch: &Profiles) -> Result<(), ExportError>;
+    async fn shutdown(&self) -> Result<(), ComponentError> {
+        Ok(())
+    }
+}
+
+/// A component that is not part of a pipeline (health_check).
+#[async_trait]
+pub trait Extension: Send + Sync + 'static {
+    async fn start(&self) -> Result<(), ComponentError>;
+    async fn shutdown(&self) -> Result<(), ComponentError>;
+}
+
+/// What a factory made.
+#[derive(Clone)]
+pub enum Component {
+    Receiver(Arc<dyn Receiver>),
+    Processor(Arc<dyn Processor>),
+    Exporter(Arc<dyn Exporter>),
+    Extension(Arc<dyn Extension>),
+}
+
+/// What a component gets at creation.
+#[derive(Clone)]
+pub struct CreateSettings {
+    pub id: ComponentId,
+    pub telemetry: ComponentTelemetry,
+}
+
+/// A factory's description.
+#[derive(Clone, Copy, Debug)]
+pub struct FactoryMeta {
+    pub type_name: &'static str,
+    pub kind: Kind,
+    pub stability: Stability,
+    pub description: &'static str,
+}
+
+/// Makes components of one type from their config sections.
+pub trait Factory: Send + Sync + 'static {
+    fn meta(&self) -> FactoryMeta;
+    /// The effective config (defaults filled) of a raw section, or what is wrong with it.
+    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError>;
+    fn create(&self, settings: CreateSettings, config: &serde_yaml::Value) -> Result<Component, ComponentError>;
+}
+
+/// A [`Factory`] for config type `C` (serde, `Default`, `deny_unknown_fields`)
+/// and a create function: what most components need.
+pub struct TypedFactory<C, F> {
+    meta: FactoryMeta,
+    create: F,
+    _config: PhantomData<fn() -> C>,
+}
+
+/// Builds a factory for config type `C`.
+pub fn factory<C, F>(meta: FactoryMeta, create: F) -> Arc<dyn Factory>
+where
+    C: DeserializeOwned + Serialize + Default + 'static,
+    F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
+{
+    Arc::new(TypedFactory { meta, create, _config: PhantomData::<fn() -> C> })
+}
+
+impl<C, F> Factory for TypedFactory<C, F>
+where
+    C: DeserializeOwned + Serialize + Default + 'static,
+    F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
+{
+    fn meta(&self) -> FactoryMeta {
+        self.meta
+    }
+    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError> {
+        let c: C = crate::config::decode(raw)?;
+        crate::config::encode(&c)
+    }
+    fn create(&self, settings: CreateSettings, config: &serde_yaml::Value) -> Result<Component, ComponentError> {
+        let c: C = crate::config::decode(config)?;
+        (self.create)(settings, c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_parse_and_print() {
+        let id: ComponentId = "otlp/backend".parse().unwrap();
+        assert_eq!((id.type_name(), id.name()), ("otlp", "backend"));
+        assert_eq!(id.to_string(), "otlp/backend");
+        assert_eq!("batch".parse::<ComponentId>().unwrap().to_string(), "batch");
+        assert!("Batch".parse::<ComponentId>().is_err());
+        assert!("9x".parse::<ComponentId>().is_err());
+        assert!("otlp/".parse::<ComponentId>().is_err());
+        assert!("".parse::<ComponentId>().is_err());
+    }
+}

@@ -1,0 +1,543 @@
+//! Interning builder for [`Profiles`]: every dictionary entry is stored once.
+
+use super::{any_value, pb, AnyValue, Profiles, Resource};
+use rustc_hash::FxHashMap;
+use std::hash::Hash;
+
+/// An attribute value to intern, borrowed so a hit allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum AttrValue<'a> {
+    Str(&'a str),
+    Int(i64),
+    Bool(bool),
+    Double(f64),
+    Bytes(&'a [u8]),
+}
+
+impl AttrValue<'_> {
+    pub fn to_any(self) -> AnyValue {
+        let v = match self {
+            AttrValue::Str(s) => any_value::Value::StringValue(s.to_owned()),
+            AttrValue::Int(i) => any_value::Value::IntValue(i),
+            AttrValue::Bool(b) => any_value::Value::BoolValue(b),
+            AttrValue::Double(d) => any_value::Value::DoubleValue(d),
+            AttrValue::Bytes(b) => any_value::Value::BytesValue(b.to_vec()),
+        };
+        AnyValue { value: Some(v) }
+    }
+}
+
+/// Where a profile sits in the batch: resource, scope and profile index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProfileRef {
+    pub resource: usize,
+    pub scope: usize,
+    pub profile: usize,
+}
+
+/// What describes one profile: its sample and period types and time range.
+#[derive(Clone, Debug, Default)]
+pub struct ProfileMeta<'a> {
+    /// (type, unit), e.g. ("samples", "count").
+    pub sample_type: (&'a str, &'a str),
+    /// (type, unit), e.g. ("cpu", "nanoseconds").
+    pub period_type: (&'a str, &'a str),
+    pub period: i64,
+    pub time_unix_nano: u64,
+    pub duration_nano: u64,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum ValKey {
+    Empty,
+    Str(u32),
+    Int(i64),
+    Bool(bool),
+    Double(u64),
+    /// Anything else (bytes, arrays, maps): its protobuf encoding.
+    Encoded(Box<[u8]>),
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct AttrKey {
+    key: i32,
+    unit: i32,
+    value: ValKey,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct MappingKey {
+    start: u64,
+    limit: u64,
+    offset: u64,
+    filename: i32,
+    attrs: Box<[i32]>,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct LocationKey {
+    mapping: i32,
+    address: u64,
+    lines: Box<[(i32, i64, i64)]>,
+    attrs: Box<[i32]>,
+}
+
+/// Builds a [`Profiles`] batch, interning strings, attributes, mappings,
+/// functions, locations, stacks and links. Entry 0 of every table is the
+/// zero value; string 0 is "".
+pub struct ProfilesBuilder {
+    dict: pb::ProfilesDictionary,
+    resources: Vec<pb::ResourceProfiles>,
+    strings: FxHashMap<String, i32>,
+    value_strings: FxHashMap<String, u32>,
+    attrs: FxHashMap<AttrKey, i32>,
+    mappings: FxHashMap<MappingKey, i32>,
+    functions: FxHashMap<(i32, i32, i32, i64), i32>,
+    locations: FxHashMap<LocationKey, i32>,
+    stacks: FxHashMap<Box<[i32]>, i32>,
+    links: FxHashMap<(Vec<u8>, Vec<u8>), i32>,
+}
+
+impl Default for ProfilesBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn idx(len: usize) -> i32 {
+    // Tables are indexed by i32 on the wire; a batch never comes near 2^31 entries
+    // because receivers cut batches long before.
+    i32::try_from(len).unwrap_or(i32::MAX)
+}
+
+fn intern<K: Hash + Eq, T>(map: &mut FxHashMap<K, i32>, table: &mut Vec<T>, key: K, make: impl FnOnce() -> T) -> i32 {
+    *map.entry(key).or_insert_with(|| {
+        table.push(make());
+        idx(table.len() - 1)
+    })
+}
+
+impl ProfilesBuilder {
+    pub fn new() -> Self {
+        let mut b = Self::empty();
+        b.index_zero_entries();
+        b.reindex();
+        b
+    }
+
+    fn empty() -> Self {
+        ProfilesBuilder {
+            dict: pb::ProfilesDictionary::default(),
+            resources: Vec::new(),
+            strings: FxHashMap::default(),
+            value_strings: FxHashMap::default(),
+            attrs: FxHashMap::default(),
+            mappings: FxHashMap::default(),
+            functions: FxHashMap::default(),
+            locations: FxHashMap::default(),
+            stacks: FxHashMap::default(),
+            links: FxHashMap::default(),
+        }
+    }
+
+    /// Zero entries: string "" and the default value of every other table.
+    fn index_zero_entries(&mut self) {
+        let d = &mut self.dict;
+        if d.string_table.is_empty() {
+            d.string_table.push(String::new());
+        }
+        macro_rules! zero {
+            ($t:ident) => {
+                if d.$t.is_empty() {
+                    d.$t.push(Default::default());
+                }
+            };
+        }
+        zero!(mapping_table);
+        zero!(location_table);
+        zero!(function_table);
+        zero!(link_table);
+        zero!(attribute_table);
+        zero!(stack_table);
+    }
+
+    /// Starts from an existing batch, indexing its dictionary so new entries
+    /// are interned against it (used to merge into it).
+    pub fn from_profiles(p: Profiles) -> Self {
+        let pb::ProfilesData { resource_profiles, dictionary } = p.0;
+        let Some(d) = dictionary else {
+            let mut b = ProfilesBuilder::new();
+            b.resources = resource_profiles;
+            return b;
+        };
+        let mut b = ProfilesBuilder::empty();
+        b.dict = d;
+        b.index_zero_entries();
+        b.reindex();
+        b.resources = resource_profiles;
+        b
+    }
+
+    fn reindex(&mut self) {
+        for (i, s) in self.dict.string_table.iter().enumerate() {
+            self.strings.entry(s.clone()).or_insert(idx(i));
+        }
+        for i in 0..self.dict.attribute_table.len() {
+            let kv = &self.dict.attribute_table[i];
+            let (key, unit, value) = (kv.key_strindex, kv.unit_strindex, kv.value.clone());
+            let k = self.attr_key(key, unit, value.as_ref());
+            self.attrs.entry(k).or_insert(idx(i));
+        }
+        for (i, m) in self.dict.mapping_table.iter().enumerate() {
+            self.mappings.entry(mapping_key(m)).or_insert(idx(i));
+        }
+        for (i, f) in self.dict.function_table.iter().enumerate() {
+            self.functions.entry(function_key(f)).or_insert(idx(i));
+        }
+        for (i, l) in self.dict.location_table.iter().enumerate() {
+            self.locations.entry(location_key(l)).or_insert(idx(i));
+        }
+        for (i, s) in self.dict.stack_table.iter().enumerate() {
+            self.stacks.entry(s.location_indices.clone().into_boxed_slice()).or_insert(idx(i));
+        }
+        for (i, l) in self.dict.link_table.iter().enumerate() {
+            self.links.entry((l.trace_id.clone(), l.span_id.clone())).or_insert(idx(i));
+        }
+    }
+
+    /// The dictionary built so far (read-only: use the interning methods to add).
+    pub fn dictionary(&self) -> &pb::ProfilesDictionary {
+        &self.dict
+    }
+
+    pub fn string(&mut self, s: &str) -> i32 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = idx(self.dict.string_table.len());
+        self.dict.string_table.push(s.to_owned());
+        self.strings.insert(s.to_owned(), i);
+        i
+    }
+
+    fn value_string(&mut self, s: &str) -> u32 {
+        if let Some(&i) = self.value_strings.get(s) {
+            return i;
+        }
+        let i = self.value_strings.len() as u32;
+        self.value_strings.insert(s.to_owned(), i);
+        i
+    }
+
+    fn attr_key(&mut self, key: i32, unit: i32, value: Option<&AnyValue>) -> AttrKey {
+        use any_value::Value as V;
+        let value = match value.and_then(|v| v.value.as_ref()) {
+            None => ValKey::Empty,
+            Some(V::StringValue(s)) => ValKey::Str(self.value_string(s)),
+            Some(V::IntValue(i)) => ValKey::Int(*i),
+            Some(V::BoolValue(b)) => ValKey::Bool(*b),
+            Some(V::DoubleValue(d)) => ValKey::Double(d.to_bits()),
+            Some(other) => ValKey::Encoded(
+                prost::Message::encode_to_vec(&AnyValue { value: Some(other.clone()) }).into_boxed_slice(),
+            ),
+        };
+        AttrKey { key, unit, value }
+    }
+
+    /// Interns attribute `key=value` (no unit).
+    pub fn attribute(&mut self, key: &str, value: AttrValue<'_>) -> i32 {
+        let key = self.string(key);
+        let vk = match value {
+            AttrValue::Str(s) => ValKey::Str(self.value_string(s)),
+            AttrValue::Int(i) => ValKey::Int(i),
+            AttrValue::Bool(b) => ValKey::Bool(b),
+            AttrValue::Double(d) => ValKey::Double(d.to_bits()),
+            AttrValue::Bytes(_) => ValKey::Encoded(prost::Message::encode_to_vec(&value.to_any()).into_boxed_slice()),
+        };
+        let k = AttrKey { key, unit: 0, value: vk };
+        intern(&mut self.attrs, &mut self.dict.attribute_table, k, || pb::KeyValueAndUnit {
+            key_strindex: key,
+            value: Some(value.to_any()),
+            unit_strindex: 0,
+        })
+    }
+
+    /// Interns an attribute whose key and unit are already string indices of this builder.
+    pub fn attribute_raw(&mut self, key: i32, value: Option<AnyValue>, unit: i32) -> i32 {
+        let k = self.attr_key(key, unit, value.as_ref());
+        intern(&mut self.attrs, &mut self.dict.attribute_table, k, || pb::KeyValueAndUnit {
+            key_strindex: key,
+            value,
+            unit_strindex: unit,
+        })
+    }
+
+    /// Interns a mapping whose indices refer to this builder's tables.
+    pub fn mapping(&mut self, m: pb::Mapping) -> i32 {
+        intern(&mut self.mappings, &mut self.dict.mapping_table, mapping_key(&m), || m)
+    }
+
+    pub fn function(&mut self, name: &str, system_name: &str, filename: &str, start_line: i64) -> i32 {
+        let f = pb::Function {
+            name_strindex: self.string(name),
+            system_name_strindex: self.string(system_name),
+            filename_strindex: self.string(filename),
+            start_line,
+        };
+        self.function_raw(f)
+    }
+
+    pub fn function_raw(&mut self, f: pb::Function) -> i32 {
+        intern(&mut self.functions, &mut self.dict.function_table, function_key(&f), || f)
+    }
+
+    /// Interns a location whose indices refer to this builder's tables.
+    pub fn location(&mut self, l: pb::Location) -> i32 {
+        intern(&mut self.locations, &mut self.dict.location_table, location_key(&l), || l)
+    }
+
+    /// Interns a stack (location indices, leaf first).
+    pub fn stack(&mut self, locations: &[i32]) -> i32 {
+        if let Some(&i) = self.stacks.get(locations) {
+            return i;
+        }
+        let i = idx(self.dict.stack_table.len());
+        self.dict.stack_table.push(pb::Stack { location_indices: locations.to_vec() });
+        self.stacks.insert(locations.into(), i);
+        i
+    }
+
+    pub fn link(&mut self, trace_id: &[u8], span_id: &[u8]) -> i32 {
+        let key = (trace_id.to_vec(), span_id.to_vec());
+        intern(&mut self.links, &mut self.dict.link_table, key, || pb::Link {
+            trace_id: trace_id.to_vec(),
+            span_id: span_id.to_vec(),
+        })
+    }
+
+    /// Adds a resource with one (empty) scope; returns its index.
+    pub fn resource(&mut self, resource: Resource) -> usize {
+        self.resources.push(pb::ResourceProfiles {
+            resource: Some(resource),
+            scope_profiles: vec![pb::ScopeProfiles::default()],
+            schema_url: String::new(),
+        });
+        self.resources.len() - 1
+    }
+
+    /// Adds a profile under `resource`'s first scope.
+    pub fn profile(&mut self, resource: usize, meta: &ProfileMeta<'_>) -> ProfileRef {
+        let sample_type = Some(pb::ValueType {
+            type_strindex: self.string(meta.sample_type.0),
+            unit_strindex: self.string(meta.sample_type.1),
+        });
+        let period_type = Some(pb::ValueType {
+            type_strindex: self.string(meta.period_type.0),
+            unit_strindex: self.string(meta.period_type.1),
+        });
+        let rp = &mut self.resources[resource];
+        if rp.scope_profiles.is_empty() {
+            rp.scope_profiles.push(pb::ScopeProfiles::default());
+        }
+        let scope = &mut rp.scope_profiles[0];
+        scope.profiles.push(pb::Profile {
+            sample_type,
+            period_type,
+            period: meta.period,
+            time_unix_nano: meta.time_unix_nano,
+            duration_nano: meta.duration_nano,
+            ..Default::default()
+        });
+        ProfileRef { resource, scope: 0, profile: scope.profiles.len() - 1 }
+    }
+
+    /// Mutable access to a profile added with [`Self::profile`].
+    pub fn profile_mut(&mut self, r: ProfileRef) -> &mut pb::Profile {
+        &mut self.resources[r.resource].scope_profiles[r.scope].profiles[r.profile]
+    }
+
+    /// Appends a sample (its indices refer to this builder's tables).
+    pub fn sample(&mut self, r: ProfileRef, sample: pb::Sample) {
+        self.profile_mut(r).samples.push(sample);
+    }
+
+    /// Appends every profile of `other`, remapping its dictionary into ours.
+    pub fn append(&mut self, other: Profiles) {
+        let pb::ProfilesData { resource_profiles, dictionary } = other.0;
+        let src = dictionary.unwrap_or_default();
+        let remap = self.remap_dictionary(&src);
+        for mut rp in resource_profiles {
+            for sp in &mut rp.scope_profiles {
+                for p in &mut sp.profiles {
+                    remap.profile(p);
+                }
+            }
+            self.resources.push(rp);
+        }
+    }
+
+    /// Interns every entry of `src` and returns old index → new index tables.
+    fn remap_dictionary(&mut self, src: &pb::ProfilesDictionary) -> Remap {
+        let strings: Vec<i32> = src.string_table.iter().map(|s| self.string(s)).collect();
+        let s = |i: i32| lookup(&strings, i);
+        let attrs: Vec<i32> = src
+            .attribute_table
+            .iter()
+            .map(|kv| self.attribute_raw(s(kv.key_strindex), kv.value.clone(), s(kv.unit_strindex)))
+            .collect();
+        let a = |v: &[i32]| v.iter().map(|&i| lookup(&attrs, i)).collect::<Vec<i32>>();
+        let mappings: Vec<i32> = src
+            .mapping_table
+            .iter()
+            .map(|m| {
+                self.mapping(pb::Mapping {
+                    memory_start: m.memory_start,
+                    memory_limit: m.memory_limit,
+                    file_offset: m.file_offset,
+                    filename_strindex: s(m.filename_strindex),
+                    attribute_indices: a(&m.attribute_indices),
+                })
+            })
+            .collect();
+        let functions: Vec<i32> = src
+            .function_table
+            .iter()
+            .map(|f| {
+                self.function_raw(pb::Function {
+                    name_strindex: s(f.name_strindex),
+                    system_name_strindex: s(f.system_name_strindex),
+                    filename_strindex: s(f.filename_strindex),
+                    start_line: f.start_line,
+                })
+            })
+            .collect();
+        let locations: Vec<i32> = src
+            .location_table
+            .iter()
+            .map(|l| {
+                self.location(pb::Location {
+                    mapping_index: lookup(&mappings, l.mapping_index),
+                    address: l.address,
+                    lines: l
+                        .lines
+                        .iter()
+                        .map(|ln| pb::Line {
+                            function_index: lookup(&functions, ln.function_index),
+                            line: ln.line,
+                            column: ln.column,
+                        })
+                        .collect(),
+                    attribute_indices: a(&l.attribute_indices),
+                })
+            })
+            .collect();
+        let mut buf = Vec::new();
+        let stacks: Vec<i32> = src
+            .stack_table
+            .iter()
+            .map(|st| {
+                buf.clear();
+                buf.extend(st.location_indices.iter().map(|&i| lookup(&locations, i)));
+                self.stack(&buf)
+            })
+            .collect();
+        let links: Vec<i32> = src.link_table.iter().map(|l| self.link(&l.trace_id, &l.span_id)).collect();
+        Remap { strings, attrs, stacks, links }
+    }
+
+    /// Finishes the batch.
+    pub fn build(self) -> Profiles {
+        Profiles(pb::ProfilesData { resource_profiles: self.resources, dictionary: Some(self.dict) })
+    }
+
+    /// Number of samples added so far.
+    pub fn sample_count(&self) -> usize {
+        self.resources
+            .iter()
+            .flat_map(|r| &r.scope_profiles)
+            .map(|s| s.profiles.iter().map(|p| p.samples.len()).sum::<usize>())
+            .sum()
+    }
+}
+
+/// Old → new index tables for one appended dictionary.
+struct Remap {
+    strings: Vec<i32>,
+    attrs: Vec<i32>,
+    stacks: Vec<i32>,
+    links: Vec<i32>,
+}
+
+impl Remap {
+    fn profile(&self, p: &mut pb::Profile) {
+        for vt in p.sample_type.iter_mut().chain(p.period_type.iter_mut()) {
+            vt.type_strindex = lookup(&self.strings, vt.type_strindex);
+            vt.unit_strindex = lookup(&self.strings, vt.unit_strindex);
+        }
+        remap_all(&mut p.attribute_indices, &self.attrs);
+        for s in &mut p.samples {
+            s.stack_index = lookup(&self.stacks, s.stack_index);
+            s.link_index = lookup(&self.links, s.link_index);
+            remap_all(&mut s.attribute_indices, &self.attrs);
+        }
+    }
+}
+
+fn remap_all(v: &mut [i32], table: &[i32]) {
+    for i in v {
+        *i = lookup(table, *i);
+    }
+}
+
+/// New index of old index `i`; out-of-range indices map to the zero entry
+/// (inputs from outside are validated before they reach a builder).
+fn lookup(table: &[i32], i: i32) -> i32 {
+    usize::try_from(i).ok().and_then(|i| table.get(i)).copied().unwrap_or(0)
+}
+
+fn mapping_key(m: &pb::Mapping) -> MappingKey {
+    MappingKey {
+        start: m.memory_start,
+        limit: m.memory_limit,
+        offset: m.file_offset,
+        filename: m.filename_strindex,
+        attrs: m.attribute_indices.clone().into_boxed_slice(),
+    }
+}
+
+fn function_key(f: &pb::Function) -> (i32, i32, i32, i64) {
+    (f.name_strindex, f.system_name_strindex, f.filename_strindex, f.start_line)
+}
+
+fn location_key(l: &pb::Location) -> LocationKey {
+    LocationKey {
+        mapping: l.mapping_index,
+        address: l.address,
+        lines: l.lines.iter().map(|ln| (ln.function_index, ln.line, ln.column)).collect(),
+        attrs: l.attribute_indices.clone().into_boxed_slice(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_entries_and_interning() {
+        let mut b = ProfilesBuilder::new();
+        assert_eq!(b.string(""), 0);
+        let a = b.string("a");
+        assert_eq!(b.string("a"), a);
+        let t1 = b.attribute("thread.id", AttrValue::Int(7));
+        assert_eq!(b.attribute("thread.id", AttrValue::Int(7)), t1);
+        assert_ne!(b.attribute("thread.id", AttrValue::Int(8)), t1);
+        let s1 = b.stack(&[1, 2]);
+        assert_eq!(b.stack(&[1, 2]), s1);
+        assert_ne!(s1, 0);
+        let p = b.build();
+        let d = p.dictionary().unwrap();
+        assert_eq!(d.string_table[0], "");
+        assert_eq!(d.stack_table[0], pb::Stack::default());
+        assert_eq!(d.mapping_table[0], pb::Mapping::default());
+    }
+}

@@ -1,0 +1,149 @@
+//! The profile data model: one representation for every stage.
+//!
+//! [`Profiles`] is a newtype over opentelemetry-proto's `ProfilesData`
+//! (profiles `v1development`, proto v1.10 layout), so OTLP exporters, the
+//! OTLP receiver and WASM plugins use the same bytes with no conversion.
+//! [`ProfilesBuilder`] interns every dictionary table; [`view`] walks samples
+//! with their frames resolved; [`ProfilesBuilder::append`] merges batches by
+//! remapping one dictionary into another; [`validate`] checks the spec's
+//! invariants on input from outside.
+
+mod builder;
+pub mod canonical;
+mod validate;
+pub mod view;
+
+pub use builder::{AttrValue, ProfileMeta, ProfileRef, ProfilesBuilder};
+pub use validate::InvalidProfiles;
+
+pub use opentelemetry_proto::tonic::collector::profiles::v1development::{
+    ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
+pub use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+pub use opentelemetry_proto::tonic::profiles::v1development as pb;
+pub use opentelemetry_proto::tonic::resource::v1::Resource;
+
+use prost::Message;
+
+/// Attribute keys profcol writes and reads (OTel semantic conventions).
+pub mod keys {
+    pub const HOST_NAME: &str = "host.name";
+    pub const PROCESS_PID: &str = "process.pid";
+    pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    pub const PROCESS_EXECUTABLE_PATH: &str = "process.executable.path";
+    pub const CONTAINER_ID: &str = "container.id";
+    pub const THREAD_ID: &str = "thread.id";
+    pub const THREAD_NAME: &str = "thread.name";
+    pub const CPU_LOGICAL_NUMBER: &str = "cpu.logical_number";
+    pub const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
+    pub const FRAME_TYPE: &str = "profile.frame.type";
+    /// Filename of the mapping that holds kernel (vmlinux) frames.
+    pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+}
+
+/// A batch of profiles: the unit that flows through pipelines.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profiles(pub pb::ProfilesData);
+
+/// Bytes that are not a valid `ProfilesData` / `ExportProfilesServiceRequest`.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a valid OTLP profiles protobuf message: {0}")]
+    Protobuf(#[from] prost::DecodeError),
+    #[error("not a valid OTLP profiles JSON document: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Profiles {
+    /// An empty batch (dictionary with the zero entries in place).
+    pub fn empty() -> Self {
+        ProfilesBuilder::new().build()
+    }
+
+    pub fn dictionary(&self) -> Option<&pb::ProfilesDictionary> {
+        self.0.dictionary.as_ref()
+    }
+
+    /// Number of samples across all resources, scopes and profiles.
+    pub fn sample_count(&self) -> usize {
+        self.profiles().map(|p| p.samples.len()).sum()
+    }
+
+    /// Every profile of the batch, in order.
+    pub fn profiles(&self) -> impl Iterator<Item = &pb::Profile> {
+        self.0
+            .resource_profiles
+            .iter()
+            .flat_map(|r| r.scope_profiles.iter())
+            .flat_map(|s| s.profiles.iter())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sample_count() == 0
+    }
+
+    /// Protobuf encoding of `ProfilesData`.
+    pub fn encode_to_vec(&self) -> Vec<u8> {
+        self.0.encode_to_vec()
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+
+    /// Decodes protobuf `ProfilesData` bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Ok(Self(pb::ProfilesData::decode(bytes)?))
+    }
+
+    /// OTLP/JSON encoding of `ProfilesData`.
+    pub fn to_json(&self) -> String {
+        // Serializing generated structs to a String cannot fail.
+        serde_json::to_string(&self.0).unwrap_or_default()
+    }
+
+    pub fn from_json(text: &[u8]) -> Result<Self, DecodeError> {
+        Ok(Self(serde_json::from_slice(text)?))
+    }
+
+    /// Wraps the batch into the OTLP export request (same fields, same bytes).
+    pub fn into_request(self) -> ExportProfilesServiceRequest {
+        ExportProfilesServiceRequest {
+            resource_profiles: self.0.resource_profiles,
+            dictionary: self.0.dictionary,
+        }
+    }
+
+    pub fn from_request(req: ExportProfilesServiceRequest) -> Self {
+        Self(pb::ProfilesData {
+            resource_profiles: req.resource_profiles,
+            dictionary: req.dictionary,
+        })
+    }
+
+    /// Checks the spec's invariants; run on every batch that comes from outside.
+    pub fn validate(&self) -> Result<(), InvalidProfiles> {
+        validate::validate(&self.0)
+    }
+
+    /// Walks every sample with its frames resolved.
+    pub fn samples(&self) -> view::Samples<'_> {
+        view::Samples::new(self)
+    }
+
+    /// Merges `other` into `self`, remapping its dictionary into ours.
+    pub fn merge(&mut self, other: Profiles) {
+        let mut b = ProfilesBuilder::from_profiles(std::mem::take(self));
+        b.append(other);
+        *self = b.build();
+    }
+}
+
+/// Looks up string `i` of a string table; out-of-range indices read as "".
+pub fn str_at(table: &[String], i: i32) -> &str {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| table.get(i))
+        .map(String::as_str)
+        .unwrap_or("")
+}

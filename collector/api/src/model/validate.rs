@@ -1,0 +1,169 @@
+//! The spec's invariants, checked on every batch that comes from outside.
+
+use super::pb;
+
+/// A batch that breaks an invariant: what is wrong and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid profiles: {path}: {message}")]
+pub struct InvalidProfiles {
+    /// Where, e.g. `resource_profiles[0].scope_profiles[0].profiles[2].samples[7].stack_index`.
+    pub path: String,
+    pub message: String,
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> InvalidProfiles {
+    InvalidProfiles { path: path.into(), message: message.into() }
+}
+
+fn check_idx(i: i32, len: usize, path: impl FnOnce() -> String, table: &str) -> Result<(), InvalidProfiles> {
+    // An absent table still has its implied zero entry.
+    if i < 0 || i as usize >= len.max(1) {
+        return Err(err(path(), format!("index {i} out of range of {table} ({len} entries)")));
+    }
+    Ok(())
+}
+
+fn check_all(v: &[i32], len: usize, path: impl Fn() -> String, table: &str) -> Result<(), InvalidProfiles> {
+    for (k, &i) in v.iter().enumerate() {
+        check_idx(i, len, || format!("{}[{k}]", path()), table)?;
+    }
+    Ok(())
+}
+
+pub(super) fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
+    let empty = pb::ProfilesDictionary::default();
+    let d = data.dictionary.as_ref().unwrap_or(&empty);
+    let ns = d.string_table.len();
+    if let Some(s0) = d.string_table.first() {
+        if !s0.is_empty() {
+            return Err(err("dictionary.string_table[0]", "must be the empty string"));
+        }
+    }
+    macro_rules! zero_first {
+        ($t:ident) => {
+            if let Some(first) = d.$t.first() {
+                if *first != Default::default() {
+                    return Err(err(concat!("dictionary.", stringify!($t), "[0]"), "must be the zero value"));
+                }
+            }
+        };
+    }
+    zero_first!(mapping_table);
+    zero_first!(location_table);
+    zero_first!(function_table);
+    zero_first!(link_table);
+    zero_first!(attribute_table);
+    zero_first!(stack_table);
+    let na = d.attribute_table.len();
+    for (i, kv) in d.attribute_table.iter().enumerate() {
+        check_idx(kv.key_strindex, ns, || format!("dictionary.attribute_table[{i}].key_strindex"), "string_table")?;
+        check_idx(kv.unit_strindex, ns, || format!("dictionary.attribute_table[{i}].unit_strindex"), "string_table")?;
+    }
+    for (i, m) in d.mapping_table.iter().enumerate() {
+        check_idx(m.filename_strindex, ns, || format!("dictionary.mapping_table[{i}].filename_strindex"), "string_table")?;
+        check_all(&m.attribute_indices, na, || format!("dictionary.mapping_table[{i}].attribute_indices"), "attribute_table")?;
+    }
+    for (i, f) in d.function_table.iter().enumerate() {
+        let p = |field: &str| format!("dictionary.function_table[{i}].{field}");
+        check_idx(f.name_strindex, ns, || p("name_strindex"), "string_table")?;
+        check_idx(f.system_name_strindex, ns, || p("system_name_strindex"), "string_table")?;
+        check_idx(f.filename_strindex, ns, || p("filename_strindex"), "string_table")?;
+    }
+    let (nm, nf) = (d.mapping_table.len(), d.function_table.len());
+    for (i, l) in d.location_table.iter().enumerate() {
+        check_idx(l.mapping_index, nm, || format!("dictionary.location_table[{i}].mapping_index"), "mapping_table")?;
+        for (k, ln) in l.lines.iter().enumerate() {
+            check_idx(ln.function_index, nf, || format!("dictionary.location_table[{i}].lines[{k}].function_index"), "function_table")?;
+        }
+        check_all(&l.attribute_indices, na, || format!("dictionary.location_table[{i}].attribute_indices"), "attribute_table")?;
+    }
+    let nl = d.location_table.len();
+    for (i, s) in d.stack_table.iter().enumerate() {
+        check_all(&s.location_indices, nl, || format!("dictionary.stack_table[{i}].location_indices"), "location_table")?;
+    }
+    let (nst, nlk) = (d.stack_table.len(), d.link_table.len());
+    for (r, rp) in data.resource_profiles.iter().enumerate() {
+        for (s, sp) in rp.scope_profiles.iter().enumerate() {
+            for (p, prof) in sp.profiles.iter().enumerate() {
+                let base = || format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{p}]");
+                for (name, vt) in [("sample_type", &prof.sample_type), ("period_type", &prof.period_type)] {
+                    if let Some(vt) = vt {
+                        check_idx(vt.type_strindex, ns, || format!("{}.{name}.type_strindex", base()), "string_table")?;
+                        check_idx(vt.unit_strindex, ns, || format!("{}.{name}.unit_strindex", base()), "string_table")?;
+                    }
+                }
+                check_all(&prof.attribute_indices, na, || format!("{}.attribute_indices", base()), "attribute_table")?;
+                for (k, smp) in prof.samples.iter().enumerate() {
+                    let sp = || format!("{}.samples[{k}]", base());
+                    check_idx(smp.stack_index, nst, || format!("{}.stack_index", sp()), "stack_table")?;
+                    check_idx(smp.link_index, nlk, || format!("{}.link_index", sp()), "link_table")?;
+                    check_all(&smp.attribute_indices, na, || format!("{}.attribute_indices", sp()), "attribute_table")?;
+                    if !smp.values.is_empty()
+                        && !smp.timestamps_unix_nano.is_empty()
+                        && smp.values.len() != smp.timestamps_unix_nano.len()
+                    {
+                        return Err(err(
+                            sp(),
+                            format!(
+                                "values ({}) and timestamps_unix_nano ({}) must have equal length when both are set",
+                                smp.values.len(),
+                                smp.timestamps_unix_nano.len()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AttrValue, ProfileMeta, Profiles, ProfilesBuilder};
+    use super::*;
+
+    fn one() -> Profiles {
+        let mut b = ProfilesBuilder::new();
+        let r = b.resource(Default::default());
+        let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
+        let f = b.function("main", "main", "a.c", 1);
+        let l = b.location(pb::Location { lines: vec![pb::Line { function_index: f, line: 3, column: 0 }], ..Default::default() });
+        let st = b.stack(&[l]);
+        let a = b.attribute("thread.id", AttrValue::Int(1));
+        b.sample(p, pb::Sample { stack_index: st, attribute_indices: vec![a], values: vec![1], timestamps_unix_nano: vec![5], ..Default::default() });
+        b.build()
+    }
+
+    #[test]
+    fn built_batches_are_valid() {
+        assert_eq!(one().validate(), Ok(()));
+        assert_eq!(Profiles::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn out_of_range_stack_is_reported_with_path() {
+        let mut p = one();
+        p.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index = 99;
+        let e = p.validate().unwrap_err();
+        assert_eq!(e.path, "resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index");
+        assert!(e.message.contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn unequal_values_and_timestamps() {
+        let mut p = one();
+        p.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].timestamps_unix_nano = vec![1, 2];
+        assert!(p.validate().unwrap_err().message.contains("equal length"));
+    }
+
+    #[test]
+    fn negative_and_dangling_dictionary_indices() {
+        let mut p = one();
+        p.0.dictionary.as_mut().unwrap().location_table[1].lines[0].function_index = -1;
+        assert!(p.validate().is_err());
+        let mut p = one();
+        p.0.dictionary.as_mut().unwrap().string_table[0] = "x".into();
+        assert!(p.validate().is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! Self-telemetry: per-component counters, rendered as Prometheus text.
+//!
+//! Metrics are registered by (name, component id); registering the same pair
+//! again (a component rebuilt by a reload) returns the same cell, so counts
+//! survive reloads.
+
+use crate::component::{ComponentId, Kind};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A monotonically increasing count.
+#[derive(Clone, Debug, Default)]
+pub struct Counter(Arc<AtomicU64>);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn inc(&self) {
+        self.add(1)
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that goes up and down.
+#[derive(Clone, Debug, Default)]
+pub struct Gauge(Arc<AtomicI64>);
+
+impl Gauge {
+    pub fn set(&self, v: i64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+    pub fn add(&self, v: i64) {
+        self.0.fetch_add(v, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Sum and count of durations (a Prometheus summary without quantiles).
+#[derive(Clone, Debug, Default)]
+pub struct Timer {
+    sum_us: Counter,
+    count: Counter,
+}
+
+impl Timer {
+    pub fn record(&self, d: Duration) {
+        self.sum_us.add(d.as_micros() as u64);
+        self.count.inc();
+    }
+    pub fn count(&self) -> u64 {
+        self.count.get()
+    }
+}
+
+#[derive(Clone)]
+enum Cell {
+    Counter(Counter),
+    Gauge(Gauge),
+    Timer(Timer),
+}
+
+#[derive(Default)]
+struct Family {
+    help: String,
+    cells: BTreeMap<String, Cell>,
+}
+
+/// The process-wide metric registry.
+#[derive(Clone, Default)]
+pub struct Telemetry {
+    families: Arc<Mutex<BTreeMap<String, Family>>>,
+}
+
+impl Telemetry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn cell(&self, name: &str, help: &str, labels: String, make: impl FnOnce() -> Cell) -> Cell {
+        let mut f = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let fam = f.entry(name.to_owned()).or_insert_with(|| Family { help: help.to_owned(), cells: BTreeMap::new() });
+        fam.cells.entry(labels).or_insert_with(make).clone()
+    }
+
+    pub fn counter(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Counter {
+        match self.cell(name, help, render_labels(labels), || Cell::Counter(Counter::default())) {
+            Cell::Counter(c) => c,
+            _ => Counter::default(),
+        }
+    }
+
+    pub fn gauge(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Gauge {
+        match self.cell(name, help, render_labels(labels), || Cell::Gauge(Gauge::default())) {
+            Cell::Gauge(g) => g,
+            _ => Gauge::default(),
+        }
+    }
+
+    pub fn timer(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Timer {
+        match self.cell(name, help, render_labels(labels), || Cell::Timer(Timer::default())) {
+            Cell::Timer(t) => t,
+            _ => Timer::default(),
+        }
+    }
+
+    /// The standard handles of one component.
+    pub fn component(&self, kind: Kind, id: &ComponentId) -> ComponentTelemetry {
+        let ids = id.to_string();
+        let l = [(kind.as_str(), ids.as_str())];
+        let k = kind.as_str();
+        ComponentTelemetry {
+            accepted: self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
+            refused: self.counter(&format!("profcol_{k}_refused_samples_total"), "Samples refused downstream.", &l),
+            dropped: self.counter(&format!("profcol_{k}_dropped_samples_total"), "Samples dropped.", &l),
+            send_failed: self.counter(&format!("profcol_{k}_send_failed_samples_total"), "Samples whose export failed for good.", &l),
+            queue_size: self.gauge(&format!("profcol_{k}_queue_size"), "Batches waiting in the sending queue.", &l),
+            export_latency: self.timer(&format!("profcol_{k}_export_latency"), "Time of successful export calls.", &l),
+            registry: self.clone(),
+            kind,
+            id: id.clone(),
+        }
+    }
+
+    /// Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let f = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        for (name, fam) in f.iter() {
+            let ty = match fam.cells.values().next() {
+                Some(Cell::Counter(_)) => "counter",
+                Some(Cell::Gauge(_)) => "gauge",
+                Some(Cell::Timer(_)) => "summary",
+                None => continue,
+            };
+            let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {ty}", fam.help);
+            for (labels, cell) in &fam.cells {
+                let _ = match cell {
+                    Cell::Counter(c) => writeln!(out, "{name}{labels} {}", c.get()),
+                    Cell::Gauge(g) => writeln!(out, "{name}{labels} {}", g.get()),
+                    Cell::Timer(t) => writeln!(
+                        out,
+                        "{name}_sum{labels} {}\n{name}_count{labels} {}",
+                        t.sum_us.get() as f64 / 1e6,
+                        t.count.get()
+                    ),
+                };
+            }
+        }
+        out
+    }
+}
+
+fn render_labels(labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("{");
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+        let _ = write!(s, "{k}=\"{v}\"");
+    }
+    s.push('}');
+    s
+}
+
+/// The standard counters of one component, plus access to the registry for
+/// component-specific ones.
+#[derive(Clone)]
+pub struct ComponentTelemetry {
+    pub accepted: Counter,
+    pub refused: Counter,
+    pub dropped: Counter,
+    pub send_failed: Counter,
+    pub queue_size: Gauge,
+    pub export_latency: Timer,
+    registry: Telemetry,
+    kind: Kind,
+    id: ComponentId,
+}
+
+impl ComponentTelemetry {
+    /// A component-specific counter, labelled with this component's id.
+    /// `name` is prefixed with `profcol_<kind>_`.
+    pub fn counter(&self, name: &str, help: &str) -> Counter {
+        let ids = self.id.to_string();
+        self.registry.counter(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
+    }
+
+    pub fn gauge(&self, name: &str, help: &str) -> Gauge {
+        let ids = self.id.to_string();
+        self.registry.gauge(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
+    }
+
+    /// Handles for tests and tools that run a component outside a host.
+    pub fn detached(kind: Kind, id: &ComponentId) -> Self {
+        Telemetry::new().component(kind, id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_component_shares_cells_and_renders() {
+        let t = Telemetry::new();
+        let id: ComponentId = "file/in".parse().unwrap();
+        t.component(Kind::Receiver, &id).accepted.add(3);
+        t.component(Kind::Receiver, &id).accepted.add(4);
+        let text = t.render();
+        assert!(text.contains("profcol_receiver_accepted_samples_total{receiver=\"file/in\"} 7"), "{text}");
+        assert!(text.contains("# TYPE profcol_receiver_queue_size gauge"), "{text}");
+    }
+}

@@ -1,0 +1,5 @@
+include!("support.rs");
+
+fn check(name: &[u8]) {
+    request::Bpf::new(42, name, 0);
+}

@@ -1,0 +1,227 @@
+//! Parser of /proc/kallsyms text into per-module [`SymbolTable`]s.
+//!
+//! Line format (kernel/kallsyms.c): `ADDR TYPE NAME[\t[MODULE]]`. Only text
+//! symbols (T t W w) are kept; `__pfx_` padding symbols are skipped so no
+//! address resolves to padding; `[bpf]` lines are returned apart, because
+//! BPF programs are tracked by their own source of truth.
+
+use rustc_hash::FxHashMap;
+
+use super::table::{self, BuildStats, Entry, SymbolTable};
+
+/// Prefix of the CONFIG_FUNCTION_PADDING symbols placed before functions.
+const PFX: &str = "__pfx_";
+
+/// What to build from a kallsyms read.
+pub struct ParseOptions<'f> {
+    /// Skip vmlinux lines (its table never changes after boot).
+    pub vmlinux: bool,
+    /// Whether to build the table of a named module; unchanged modules keep
+    /// the table they have.
+    pub module: &'f dyn Fn(&str) -> bool,
+}
+
+impl Default for ParseOptions<'_> {
+    fn default() -> Self {
+        ParseOptions { vmlinux: true, module: &|_| true }
+    }
+}
+
+/// A `[bpf]` line: a JIT-ed BPF function whose length kallsyms does not say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BpfLine {
+    pub addr: u64,
+    pub name: Box<str>,
+}
+
+/// Counts of what one parse saw and dropped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ParseStats {
+    pub lines: u64,
+    /// Symbols in the built tables.
+    pub symbols: u64,
+    pub pfx_skipped: u64,
+    /// Data and other non-text symbols.
+    pub non_text: u64,
+    /// Lines with missing fields, bad hex, bad UTF-8, or blank.
+    pub malformed: u64,
+    pub truncated: u64,
+    pub aliases: u64,
+    pub out_of_range: u64,
+    /// Lines of modules not rebuilt because they did not change.
+    pub unchanged: u64,
+    /// Text lines whose address reads as 0 (kallsyms read without privilege).
+    pub zero_addr: u64,
+}
+
+/// Result of one parse.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub vmlinux: Option<SymbolTable>,
+    /// Module name and its table, in order of first appearance.
+    pub modules: Vec<(Box<str>, SymbolTable)>,
+    pub bpf: Vec<BpfLine>,
+    pub stats: ParseStats,
+}
+
+/// Parses kallsyms text. Never fails: bad lines are counted and skipped.
+pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
+    let mut stats = ParseStats::default();
+    let mut vmlinux: Vec<Entry<'_>> = Vec::new();
+    let mut modules: Vec<(&str, Vec<Entry<'_>>)> = Vec::new();
+    let mut module_index: FxHashMap<&str, Option<usize>> = FxHashMap::default();
+    let mut bpf = Vec::new();
+    // Module lines come grouped, so remember the last module looked up.
+    let mut current: Option<(&str, Option<usize>)> = None;
+
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (line, next) = match memchr::memchr(b'\n', rest) {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        rest = next;
+        stats.lines += 1;
+        let Some(l) = split_line(line) else {
+            stats.malformed += 1;
+            continue;
+        };
+        if !matches!(l.kind, b'T' | b't' | b'W' | b'w') {
+            stats.non_text += 1;
+            continue;
+        }
+        if l.name.starts_with(PFX) {
+            stats.pfx_skipped += 1;
+            continue;
+        }
+        if l.addr == 0 {
+            stats.zero_addr += 1;
+        }
+        let entry = Entry { addr: l.addr, rank: table::rank(l.kind, l.name), name: l.name };
+        match l.module {
+            None if opts.vmlinux => vmlinux.push(entry),
+            None => stats.unchanged += 1,
+            Some("bpf") => bpf.push(BpfLine { addr: l.addr, name: l.name.into() }),
+            Some(m) => {
+                let slot = match current {
+                    Some((name, slot)) if name == m => slot,
+                    _ => {
+                        let slot = *module_index.entry(m).or_insert_with(|| {
+                            (opts.module)(m).then(|| {
+                                modules.push((m, Vec::new()));
+                                modules.len() - 1
+                            })
+                        });
+                        current = Some((m, slot));
+                        slot
+                    }
+                };
+                match slot {
+                    Some(i) => modules[i].1.push(entry),
+                    None => stats.unchanged += 1,
+                }
+            }
+        }
+    }
+
+    let mut bs = BuildStats::default();
+    let vmlinux = (!vmlinux.is_empty()).then(|| table::build(vmlinux, &mut bs));
+    let modules: Vec<(Box<str>, SymbolTable)> = modules
+        .into_iter()
+        .map(|(name, entries)| (Box::from(name), table::build(entries, &mut bs)))
+        .collect();
+    stats.symbols = vmlinux.as_ref().map_or(0, |t| t.len() as u64)
+        + modules.iter().map(|(_, t)| t.len() as u64).sum::<u64>();
+    stats.truncated = bs.truncated;
+    stats.aliases = bs.aliases;
+    stats.out_of_range = bs.out_of_range;
+    Parsed { vmlinux, modules, bpf, stats }
+}
+
+struct Line<'a> {
+    addr: u64,
+    kind: u8,
+    name: &'a str,
+    module: Option<&'a str>,
+}
+
+/// Splits one line; `None` when it is malformed.
+fn split_line(line: &[u8]) -> Option<Line<'_>> {
+    let mut fields = line.split(|&b| b == b' ' || b == b'\t').filter(|f| !f.is_empty());
+    let addr = parse_hex(fields.next()?)?;
+    let kind = match fields.next()? {
+        [k] => *k,
+        _ => return None,
+    };
+    let name = std::str::from_utf8(fields.next()?).ok()?;
+    let module = match fields.next() {
+        None => None,
+        Some(m) => {
+            let m = m.strip_prefix(b"[")?.strip_suffix(b"]")?;
+            if m.is_empty() {
+                return None;
+            }
+            Some(std::str::from_utf8(m).ok()?)
+        }
+    };
+    if fields.next().is_some() {
+        return None;
+    }
+    Some(Line { addr, kind, name, module })
+}
+
+fn parse_hex(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 16 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &b in s {
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => return None,
+        };
+        v = (v << 4) | u64::from(d);
+    }
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_fields() {
+        let l = split_line(b"ffffffffc0a00000 t foo\t[mod]").unwrap();
+        assert_eq!((l.addr, l.kind, l.name, l.module), (0xffffffffc0a00000, b't', "foo", Some("mod")));
+        let l = split_line(b"ffffffff81000000 T _stext").unwrap();
+        assert_eq!(l.module, None);
+        assert!(split_line(b"").is_none());
+        assert!(split_line(b"xyz T a").is_none());
+        assert!(split_line(b"1234 T").is_none());
+        assert!(split_line(b"1234 TT a").is_none());
+        assert!(split_line(b"1234 T a [m").is_none());
+        assert!(split_line(b"11112222333344445 T a").is_none());
+    }
+
+    #[test]
+    fn groups_modules_and_skips() {
+        let text = b"ffffffff81000000 T a\n\
+ffffffff81000010 t __pfx_b\n\
+ffffffff81000020 t b\n\
+ffffffff81000030 D data\n\
+garbage\n\
+ffffffffc0000000 t m1\t[mod]\n\
+ffffffffc0001000 t p\t[bpf]\n";
+        let p = parse(text, &ParseOptions::default());
+        let v = p.vmlinux.unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v.lookup(0xffffffff81000025), Some(("b", 5)));
+        assert_eq!(p.modules.len(), 1);
+        assert_eq!(p.bpf.len(), 1);
+        assert_eq!(p.stats.malformed, 1);
+        assert_eq!(p.stats.pfx_skipped, 1);
+        assert_eq!(p.stats.non_text, 1);
+    }
+}

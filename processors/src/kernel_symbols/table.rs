@@ -1,0 +1,214 @@
+//! One module's symbols, held compactly: sorted 32-bit offsets from the
+//! module's base, each with an index into one blob of length-prefixed names.
+//!
+//! 8 bytes per symbol plus the name bytes; no per-name allocation and no
+//! name -> address map (the rare name lookup scans).
+
+/// Longest name kept; longer ones are cut (at a char boundary) so the
+/// length fits the one-byte prefix.
+pub const MAX_NAME: usize = 255;
+
+/// Immutable symbol table of one module (or vmlinux).
+#[derive(Debug, Default, Clone)]
+pub struct SymbolTable {
+    base: u64,
+    offsets: Box<[u32]>,
+    name_at: Box<[u32]>,
+    blob: Box<[u8]>,
+}
+
+impl SymbolTable {
+    /// Lowest symbol address; offsets are relative to it.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    /// Address of the last symbol (the table's end is not known from kallsyms).
+    pub fn last_addr(&self) -> u64 {
+        self.offsets.last().map_or(self.base, |&o| self.base + u64::from(o))
+    }
+
+    /// The symbol covering `addr` (the last one at or below it) and the
+    /// distance from its start.
+    #[inline]
+    pub fn lookup(&self, addr: u64) -> Option<(&str, u64)> {
+        let rel = addr.checked_sub(self.base)?;
+        let rel = u32::try_from(rel).ok()?;
+        let i = self.offsets.partition_point(|&o| o <= rel).checked_sub(1)?;
+        Some((self.name(i), u64::from(rel - self.offsets[i])))
+    }
+
+    /// Start address of the symbol covering `addr`.
+    pub fn symbol_start(&self, addr: u64) -> Option<u64> {
+        let rel = u32::try_from(addr.checked_sub(self.base)?).ok()?;
+        let i = self.offsets.partition_point(|&o| o <= rel).checked_sub(1)?;
+        Some(self.base + u64::from(self.offsets[i]))
+    }
+
+    fn name(&self, i: usize) -> &str {
+        let at = self.name_at[i] as usize;
+        let len = self.blob[at] as usize;
+        // Names were validated as UTF-8 when built; fall back to "?" rather
+        // than panic if that ever stops holding.
+        std::str::from_utf8(&self.blob[at + 1..at + 1 + len]).unwrap_or("?")
+    }
+
+    /// Address of a symbol by name: a linear scan, used only by tools and tests.
+    pub fn find(&self, name: &str) -> Option<u64> {
+        (0..self.len())
+            .find(|&i| self.name(i) == name)
+            .map(|i| self.base + u64::from(self.offsets[i]))
+    }
+
+    /// (address, name) of every symbol, in address order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &str)> + '_ {
+        (0..self.len()).map(|i| (self.base + u64::from(self.offsets[i]), self.name(i)))
+    }
+
+    /// Heap bytes held by this table.
+    pub fn heap_bytes(&self) -> usize {
+        self.offsets.len() * 4 + self.name_at.len() * 4 + self.blob.len()
+    }
+}
+
+/// How much a symbol is preferred when several share one address.
+/// Higher wins: a real name over the init_module/cleanup_module aliases,
+/// global over weak over local, fewer leading underscores.
+pub fn rank(kind: u8, name: &str) -> u8 {
+    let real = !matches!(name, "init_module" | "cleanup_module");
+    let binding = match kind {
+        b'T' => 3,
+        b'W' => 2,
+        b't' => 1,
+        _ => 0,
+    };
+    let underscores = name.bytes().take_while(|&b| b == b'_').count().min(15) as u8;
+    (u8::from(real) << 7) | (binding << 4) | (15 - underscores)
+}
+
+/// One candidate symbol while building; borrows its name from the source.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    pub addr: u64,
+    pub rank: u8,
+    pub name: &'a str,
+}
+
+/// Counts of what building dropped.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BuildStats {
+    /// Losers among several symbols at one address.
+    pub aliases: u64,
+    /// Names longer than [`MAX_NAME`], kept cut.
+    pub truncated: u64,
+    /// Symbols more than 4 GiB above the lowest one (cannot be a u32 offset).
+    pub out_of_range: u64,
+}
+
+/// Builds a table from candidate entries (any order, duplicates allowed).
+pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable {
+    if entries.is_empty() {
+        return SymbolTable::default();
+    }
+    // kallsyms is mostly sorted already; a stable sort keeps first-seen order
+    // among equal (addr, rank), and is near linear on sorted input.
+    if !entries
+        .windows(2)
+        .all(|w| (w[0].addr, std::cmp::Reverse(w[0].rank)) <= (w[1].addr, std::cmp::Reverse(w[1].rank)))
+    {
+        entries.sort_by_key(|e| (e.addr, std::cmp::Reverse(e.rank)));
+    }
+    let before = entries.len();
+    entries.dedup_by_key(|e| e.addr);
+    stats.aliases += (before - entries.len()) as u64;
+
+    let base = entries[0].addr;
+    let mut offsets = Vec::with_capacity(entries.len());
+    let mut name_at = Vec::with_capacity(entries.len());
+    let name_bytes: usize = entries.iter().map(|e| e.name.len().min(MAX_NAME) + 1).sum();
+    let mut blob = Vec::with_capacity(name_bytes);
+    for e in &entries {
+        let Ok(off) = u32::try_from(e.addr - base) else {
+            stats.out_of_range += 1;
+            continue;
+        };
+        let name = truncate(e.name, &mut stats.truncated);
+        offsets.push(off);
+        name_at.push(blob.len() as u32);
+        blob.push(name.len() as u8);
+        blob.extend_from_slice(name.as_bytes());
+    }
+    SymbolTable {
+        base,
+        offsets: offsets.into_boxed_slice(),
+        name_at: name_at.into_boxed_slice(),
+        blob: blob.into_boxed_slice(),
+    }
+}
+
+fn truncate<'a>(name: &'a str, truncated: &mut u64) -> &'a str {
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    *truncated += 1;
+    let mut end = MAX_NAME;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
+        Entry { addr, rank: rank(kind, name), name }
+    }
+
+    #[test]
+    fn lookup_finds_covering_symbol() {
+        let mut st = BuildStats::default();
+        let t = build(vec![e(0x2000, b't', "b"), e(0x1000, b'T', "a")], &mut st);
+        assert_eq!(t.lookup(0x0fff), None);
+        assert_eq!(t.lookup(0x1000), Some(("a", 0)));
+        assert_eq!(t.lookup(0x1fff), Some(("a", 0xfff)));
+        assert_eq!(t.lookup(0x2005), Some(("b", 5)));
+        assert_eq!(t.find("b"), Some(0x2000));
+    }
+
+    #[test]
+    fn aliases_prefer_global_and_real_names() {
+        let mut st = BuildStats::default();
+        let t = build(
+            vec![
+                e(0x10, b't', "init_module"),
+                e(0x10, b't', "local_init"),
+                e(0x10, b'T', "global_init"),
+                e(0x20, b'T', "cleanup_module"),
+                e(0x20, b't', "real_exit"),
+            ],
+            &mut st,
+        );
+        assert_eq!(t.lookup(0x10).unwrap().0, "global_init");
+        assert_eq!(t.lookup(0x20).unwrap().0, "real_exit");
+        assert_eq!(st.aliases, 3);
+    }
+
+    #[test]
+    fn long_names_are_cut_at_char_boundary() {
+        let mut st = BuildStats::default();
+        let long = format!("{}é", "x".repeat(254));
+        let t = build(vec![e(1, b'T', &long)], &mut st);
+        assert_eq!(t.lookup(1).unwrap().0.len(), 254);
+        assert_eq!(st.truncated, 1);
+    }
+}
