@@ -1,0 +1,70 @@
+//! The typed `service` section.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceConfig {
+    /// Extension ids to start.
+    pub extensions: Vec<String>,
+    /// `profiles[/name]` → pipeline.
+    pub pipelines: BTreeMap<String, PipelineConfig>,
+    pub telemetry: TelemetryConfig,
+    /// How long a clean shutdown may take to drain in-flight batches.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            extensions: vec![],
+            pipelines: BTreeMap::new(),
+            telemetry: TelemetryConfig::default(),
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    pub receivers: Vec<String>,
+    pub processors: Vec<String>,
+    pub exporters: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    pub logs: LogsConfig,
+    pub metrics: MetricsConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogsConfig {
+    /// error, warn, info, debug or trace (or a tracing filter directive).
+    pub level: String,
+}
+
+impl Default for LogsConfig {
+    fn default() -> Self {
+        LogsConfig { level: "info".into() }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Where Prometheus text is served (`/metrics`); empty turns it off.
+    pub address: String,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { address: "localhost:8888".into() }
+    }
+}
