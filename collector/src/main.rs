@@ -1,1 +1,169 @@
-fn main() {}
+//! The `profcol` command line.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use profcol::extensions::HostStatus;
+use profcol::registry::Registry;
+use profcol::service::{check, Service};
+use profcol_api::telemetry::Telemetry;
+use profcol_config::{Config, ConfigErrors, Source};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tracing::{error, info, warn};
+
+/// profcol: a profiling collector. Receivers, processors and exporters wired
+/// into pipelines by a YAML file, as in the OpenTelemetry Collector.
+#[derive(Parser)]
+#[command(name = "profcol", version, about)]
+struct Cli {
+    /// Config file; repeat to merge several in order (maps deep-merged, lists
+    /// replaced). Without one, the embedded default (examples/default.yaml) runs.
+    #[arg(long = "config", short = 'c', global = true, value_name = "FILE")]
+    config: Vec<PathBuf>,
+    /// Override one setting, e.g. --set processors.batch.timeout=2s (repeatable).
+    #[arg(long = "set", global = true, value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Check the configuration and exit (0: valid, 1: invalid).
+    Validate,
+    /// List the built-in components: type, kind, stability.
+    Components,
+    /// Print the effective configuration (defaults filled, env expanded, secrets redacted).
+    PrintConfig,
+}
+
+fn sources(cli: &Cli) -> Vec<Source> {
+    if cli.config.is_empty() {
+        vec![Source::Text { name: "<embedded default: examples/default.yaml>".into(), text: profcol::DEFAULT_CONFIG.into() }]
+    } else {
+        cli.config.iter().cloned().map(Source::File).collect()
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Loads and checks the configuration against the registry.
+fn load(cli: &Cli, registry: &Registry) -> Result<(Config, check::CheckedComponents), ConfigErrors> {
+    let (config, mut errors) = profcol_config::load_partial(&sources(cli), &cli.set, &env);
+    let Some(config) = config else { return Err(ConfigErrors(errors)) };
+    match check::check(&config, registry) {
+        Ok(checked) if errors.is_empty() => Ok((config, checked)),
+        Ok(_) => Err(ConfigErrors(errors)),
+        Err(ConfigErrors(mut more)) => {
+            errors.append(&mut more);
+            errors.sort_by(|a, b| {
+                let key = |e: &profcol_config::ConfigError| e.position.as_ref().map(|p| (p.file.clone(), p.line, p.column));
+                key(a).cmp(&key(b))
+            });
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+fn init_logs(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let status = HostStatus::default();
+    let registry = Registry::builtin(&status);
+    match cli.cmd {
+        Some(Cmd::Components) => {
+            println!("{:<16} {:<10} {:<12} DESCRIPTION", "TYPE", "KIND", "STABILITY");
+            for f in registry.all() {
+                let m = f.meta();
+                println!("{:<16} {:<10} {:<12} {}", m.type_name, m.kind, m.stability, m.description);
+            }
+            ExitCode::SUCCESS
+        }
+        Some(Cmd::Validate) => match load(&cli, &registry) {
+            Ok(_) => {
+                println!("configuration is valid");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprint!("{e}");
+                ExitCode::from(1)
+            }
+        },
+        Some(Cmd::PrintConfig) => match load(&cli, &registry) {
+            Ok((config, checked)) => {
+                print!("{}", profcol::print_config::render(&config, &checked));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprint!("{e}");
+                ExitCode::from(1)
+            }
+        },
+        None => {
+            let (config, checked) = match load(&cli, &registry) {
+                Ok(x) => x,
+                Err(e) => {
+                    eprint!("{e}");
+                    return ExitCode::from(1);
+                }
+            };
+            init_logs(&config.service.telemetry.logs.level);
+            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match rt.block_on(run(cli, registry, status, config, checked)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    error!("{e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+async fn run(cli: Cli, registry: Registry, status: HostStatus, config: Config, checked: check::CheckedComponents) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let telemetry = Telemetry::new();
+    let metrics_address = config.service.telemetry.metrics.address.clone();
+    if !metrics_address.is_empty() {
+        profcol::telemetry_server::serve(&metrics_address, telemetry.clone()).await?;
+    }
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+    let mut service = Service::new(registry, telemetry, status);
+    let pipelines: Vec<String> = config.pipelines.keys().cloned().collect();
+    service.start(config, checked).await.context("cannot start")?;
+    info!(pipelines = ?pipelines, "profcol started");
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
+            _ = sighup.recv() => {
+                info!("SIGHUP: reloading the configuration");
+                match load(&cli, service.registry()) {
+                    Err(e) => warn!("reload failed; keeping the running configuration: {}", e.to_string().trim_end()),
+                    Ok((config, checked)) => match service.reload(config, checked).await {
+                        Ok(()) => info!("configuration reloaded"),
+                        Err(e) => warn!("reload failed; keeping the running configuration: {e}"),
+                    },
+                }
+            }
+        }
+    }
+    service.shutdown().await;
+    Ok(())
+}

@@ -77,6 +77,20 @@ impl Report<'_> {
 
 /// Loads sources in order, applies `sets`, and validates the structure.
 pub fn load(sources: &[Source], sets: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+    match load_partial(sources, sets, env) {
+        (Some(c), e) if e.is_empty() => Ok(c),
+        (_, e) => Err(ConfigErrors(e)),
+    }
+}
+
+/// Like [`load`], but returns the config whenever the files parsed, next to
+/// the structural errors found, so a caller can add its own checks and report
+/// every problem together.
+pub fn load_partial(
+    sources: &[Source],
+    sets: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> (Option<Config>, Vec<ConfigError>) {
     let mut positions = Positions::default();
     let mut merged = Value::Mapping(Default::default());
     let mut errors = Vec::new();
@@ -107,7 +121,7 @@ pub fn load(sources: &[Source], sets: &[String], env: &dyn Fn(&str) -> Option<St
         }
     }
     if !errors.is_empty() {
-        return Err(ConfigErrors(errors));
+        return (None, errors);
     }
     from_value(merged, positions)
 }
@@ -148,13 +162,13 @@ fn parse_file(
 }
 
 /// Validates the merged document's structure.
-fn from_value(merged: Value, positions: Positions) -> Result<Config, ConfigErrors> {
+fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<ConfigError>) {
     let mut r = Report { positions: &positions, errors: vec![] };
     let mut sections: BTreeMap<&str, BTreeMap<ComponentId, Value>> = BTreeMap::new();
     let mut service = ServiceConfig::default();
     let Value::Mapping(top) = merged else {
         r.at(&[""; 0], "the configuration must be a mapping with receivers, processors, exporters, extensions and service");
-        return Err(ConfigErrors(r.errors));
+        return (None, r.errors);
     };
     for (k, v) in top {
         let key = expand::key_str(&k);
@@ -238,10 +252,8 @@ fn from_value(merged: Value, positions: Positions) -> Result<Config, ConfigError
             Err(err) => r.at(&["service", "extensions", &i.to_string()], err.to_string()),
         }
     }
-    if !r.errors.is_empty() {
-        return Err(ConfigErrors(r.errors));
-    }
-    Ok(Config { receivers, processors, exporters, extensions, service, pipelines, positions })
+    let errors = r.errors;
+    (Some(Config { receivers, processors, exporters, extensions, service, pipelines, positions }), errors)
 }
 
 impl Config {

@@ -2,10 +2,15 @@
 //!
 //! Each module is one exporter type; [`factories`] lists them for the host.
 
+pub mod otlp;
+
+pub mod debug;
+pub mod file;
+
 use profcol_api::component::Factory;
 use std::sync::Arc;
 
 /// Every exporter factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![]
+    vec![file::factory_file(), debug::factory_debug(), otlp::grpc::factory_otlp(), otlp::grpc::factory_otlp_grpc(), otlp::http::factory_otlp_http()]
 }

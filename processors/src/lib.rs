@@ -2,10 +2,13 @@
 //!
 //! Each module is one processor type; [`factories`] lists them for the host.
 
+pub mod batch;
+pub mod kernel_symbols;
+
 use profcol_api::component::Factory;
 use std::sync::Arc;
 
 /// Every processor factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![]
+    vec![batch::factory_batch()]
 }

@@ -2,10 +2,14 @@
 //!
 //! Each module is one receiver type; [`factories`] lists them for the host.
 
+pub mod ebpf;
+pub mod file;
+pub mod otlp;
+
 use profcol_api::component::Factory;
 use std::sync::Arc;
 
 /// Every receiver factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![]
+    vec![file::factory_file(), otlp::factory_otlp()]
 }

@@ -35,7 +35,7 @@ impl Kind {
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -50,7 +50,7 @@ pub enum Stability {
 
 impl fmt::Display for Stability {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Stability::Development => "development",
             Stability::Alpha => "alpha",
             Stability::Beta => "beta",

@@ -94,6 +94,16 @@ impl Default for QueueConfig {
     }
 }
 
+/// An exporter section without the host-owned keys.
+pub fn without_host_keys(raw: &serde_yaml::Value) -> serde_yaml::Value {
+    match raw {
+        serde_yaml::Value::Mapping(m) => serde_yaml::Value::Mapping(
+            m.iter().filter(|(k, _)| !k.as_str().is_some_and(|k| KEYS.contains(&k))).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// Splits an exporter section into (host settings, the exporter's own section).
 pub fn split(raw: &serde_yaml::Value) -> Result<(ExporterHelperConfig, serde_yaml::Value), ConfigError> {
     let serde_yaml::Value::Mapping(m) = raw else {

@@ -1,0 +1,358 @@
+//! The service: builds the pipeline graph from a checked config, starts it
+//! (exporters, processors, receivers), rebuilds it on reload keeping the
+//! instances whose config did not change, and drains it on shutdown.
+
+pub mod check;
+mod pipeline;
+
+use crate::exporter_helper::ExporterHandle;
+use crate::extensions::HostStatus;
+use crate::registry::Registry;
+use check::{Checked, CheckedComponents};
+use profcol_api::component::{Component, ComponentId, Consumer, CreateSettings, Extension, Kind, Next};
+use profcol_api::telemetry::Telemetry;
+use profcol_api::{Processor, Receiver};
+use profcol_config::Config;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+struct RunningReceiver {
+    instance: Arc<dyn Receiver>,
+    next: Next,
+    checked: Checked,
+}
+
+struct RunningProcessor {
+    instance: Arc<dyn Processor>,
+    checked: Checked,
+}
+
+struct RunningExporter {
+    handle: Arc<ExporterHandle>,
+    checked: Checked,
+}
+
+struct RunningExtension {
+    instance: Arc<dyn Extension>,
+    checked: Checked,
+}
+
+struct RunningPipeline {
+    input: Arc<dyn Consumer>,
+    task: JoinHandle<()>,
+}
+
+/// A started graph.
+pub struct Graph {
+    config: Config,
+    receivers: BTreeMap<ComponentId, RunningReceiver>,
+    /// Processors belong to one pipeline each: keyed by (pipeline, id).
+    processors: BTreeMap<(String, ComponentId), RunningProcessor>,
+    exporters: BTreeMap<ComponentId, RunningExporter>,
+    extensions: BTreeMap<ComponentId, RunningExtension>,
+    pipelines: BTreeMap<String, RunningPipeline>,
+}
+
+/// What a build failure leaves: the error, after what it started is stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("{component}: {error}")]
+pub struct BuildError {
+    pub component: String,
+    pub error: profcol_api::ComponentError,
+}
+
+pub struct Service {
+    registry: Registry,
+    telemetry: Telemetry,
+    status: HostStatus,
+    graph: Option<Graph>,
+}
+
+fn settings(telemetry: &Telemetry, kind: Kind, id: &ComponentId) -> CreateSettings {
+    CreateSettings { id: id.clone(), telemetry: telemetry.component(kind, id) }
+}
+
+fn berr(kind: Kind, id: &ComponentId, error: profcol_api::ComponentError) -> BuildError {
+    BuildError { component: format!("{kind} {id}"), error }
+}
+
+impl Service {
+    pub fn new(registry: Registry, telemetry: Telemetry, status: HostStatus) -> Self {
+        Service { registry, telemetry, status, graph: None }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn config(&self) -> Option<&Config> {
+        self.graph.as_ref().map(|g| &g.config)
+    }
+
+    /// Builds and starts a graph for `config`, reusing the instances of `old`
+    /// whose config is unchanged. On failure the new parts are stopped and
+    /// `old` is returned untouched for the caller to keep running.
+    async fn build(
+        &self,
+        config: Config,
+        checked: CheckedComponents,
+        old: Option<&Graph>,
+    ) -> Result<(Graph, Vec<ComponentId>), BuildError> {
+        let mut g = Graph {
+            config,
+            receivers: BTreeMap::new(),
+            processors: BTreeMap::new(),
+            exporters: BTreeMap::new(),
+            extensions: BTreeMap::new(),
+            pipelines: BTreeMap::new(),
+        };
+        let result = self.build_into(&mut g, &checked, old).await;
+        match result {
+            Ok(new_receivers) => Ok((g, new_receivers)),
+            Err(e) => {
+                // Stop only what this build created (reused instances belong to `old`).
+                let deadline = Instant::now() + g.config.service.shutdown_timeout;
+                g.pipelines.clear();
+                for (id, e) in &g.exporters {
+                    if !old.is_some_and(|o| o.exporters.get(id).is_some_and(|x| Arc::ptr_eq(&x.handle, &e.handle))) {
+                        e.handle.shutdown(deadline).await;
+                    }
+                }
+                for (id, x) in &g.extensions {
+                    if !old.is_some_and(|o| o.extensions.contains_key(id)) {
+                        let _ = x.instance.shutdown().await;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Fills `g`; returns the receivers that still have to be started.
+    async fn build_into(&self, g: &mut Graph, checked: &CheckedComponents, old: Option<&Graph>) -> Result<Vec<ComponentId>, BuildError> {
+        let get = |kind: Kind, id: &ComponentId| checked.get(&(kind, id.clone())).cloned();
+        // Extensions.
+        for id in g.config.service.extensions.iter().filter_map(|s| s.parse::<ComponentId>().ok()) {
+            let Some(c) = get(Kind::Extension, &id) else { continue };
+            if let Some(o) = old.and_then(|o| o.extensions.get(&id)).filter(|o| o.checked == c) {
+                g.extensions.insert(id, RunningExtension { instance: Arc::clone(&o.instance), checked: c });
+                continue;
+            }
+            let Component::Extension(x) = self.create(Kind::Extension, &id, &c)? else { return Err(wrong_kind(Kind::Extension, &id)) };
+            x.start().await.map_err(|e| berr(Kind::Extension, &id, e))?;
+            g.extensions.insert(id, RunningExtension { instance: x, checked: c });
+        }
+        // Exporters, shared by the pipelines that list them.
+        let used_exporters: Vec<ComponentId> = g.config.pipelines.values().flat_map(|p| p.exporters.iter().cloned()).collect();
+        for id in used_exporters {
+            if g.exporters.contains_key(&id) {
+                continue;
+            }
+            let Some(c) = get(Kind::Exporter, &id) else { continue };
+            if let Some(o) = old.and_then(|o| o.exporters.get(&id)).filter(|o| o.checked == c) {
+                g.exporters.insert(id, RunningExporter { handle: Arc::clone(&o.handle), checked: c });
+                continue;
+            }
+            let Component::Exporter(x) = self.create(Kind::Exporter, &id, &c)? else { return Err(wrong_kind(Kind::Exporter, &id)) };
+            let helper = c.helper.clone().unwrap_or_default();
+            let t = self.telemetry.component(Kind::Exporter, &id);
+            let handle = ExporterHandle::start(id.clone(), x, helper, t).await.map_err(|e| berr(Kind::Exporter, &id, e))?;
+            g.exporters.insert(id, RunningExporter { handle, checked: c });
+        }
+        // Processors, one instance per pipeline.
+        let pipelines: Vec<(String, profcol_config::Pipeline)> =
+            g.config.pipelines.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (name, p) in &pipelines {
+            for id in &p.processors {
+                let key = (name.clone(), id.clone());
+                let Some(c) = get(Kind::Processor, id) else { continue };
+                if let Some(o) = old.and_then(|o| o.processors.get(&key)).filter(|o| o.checked == c) {
+                    g.processors.insert(key, RunningProcessor { instance: Arc::clone(&o.instance), checked: c });
+                    continue;
+                }
+                let Component::Processor(x) = self.create(Kind::Processor, id, &c)? else { return Err(wrong_kind(Kind::Processor, id)) };
+                x.start().await.map_err(|e| berr(Kind::Processor, id, e))?;
+                g.processors.insert(key, RunningProcessor { instance: x, checked: c });
+            }
+        }
+        // Pipelines.
+        for (name, p) in &pipelines {
+            let (tx, rx) = mpsc::channel(pipeline::INPUT_CAPACITY);
+            let parts = pipeline::PipelineParts {
+                name: name.clone(),
+                processors: p
+                    .processors
+                    .iter()
+                    .filter_map(|id| g.processors.get(&(name.clone(), id.clone())).map(|r| (id.clone(), Arc::clone(&r.instance))))
+                    .collect(),
+                exporters: p.exporters.iter().filter_map(|id| g.exporters.get(id).map(|e| Arc::clone(&e.handle))).collect(),
+            };
+            let span = tracing::info_span!("pipeline", name = %name);
+            let task = tokio::spawn(tracing::Instrument::instrument(pipeline::run(parts, rx), span));
+            g.pipelines.insert(name.clone(), RunningPipeline { input: Arc::new(pipeline::PipelineInput { tx }), task });
+        }
+        // Receivers: created once, feeding every pipeline that lists them.
+        let mut to_start = Vec::new();
+        let mut receiver_ids: Vec<ComponentId> = pipelines.iter().flat_map(|(_, p)| p.receivers.iter().cloned()).collect();
+        receiver_ids.sort();
+        receiver_ids.dedup();
+        for id in receiver_ids {
+            let Some(c) = get(Kind::Receiver, &id) else { continue };
+            let targets: Vec<Arc<dyn Consumer>> = pipelines
+                .iter()
+                .filter(|(_, p)| p.receivers.contains(&id))
+                .filter_map(|(n, _)| g.pipelines.get(n).map(|r| Arc::clone(&r.input)))
+                .collect();
+            if let Some(o) = old.and_then(|o| o.receivers.get(&id)).filter(|o| o.checked == c) {
+                // Kept: rewired when the new graph goes live.
+                let next = o.next.clone();
+                g.receivers.insert(id, RunningReceiver { instance: Arc::clone(&o.instance), next, checked: c });
+                continue;
+            }
+            let Component::Receiver(x) = self.create(Kind::Receiver, &id, &c)? else { return Err(wrong_kind(Kind::Receiver, &id)) };
+            let next = Next::new(targets, self.telemetry.component(Kind::Receiver, &id));
+            g.receivers.insert(id.clone(), RunningReceiver { instance: x, next, checked: c });
+            to_start.push(id);
+        }
+        Ok(to_start)
+    }
+
+    fn create(&self, kind: Kind, id: &ComponentId, c: &Checked) -> Result<Component, BuildError> {
+        let f = self
+            .registry
+            .get(kind, id.type_name())
+            .ok_or_else(|| berr(kind, id, profcol_api::ComponentError::msg(format!("unknown {kind} type {:?}", id.type_name()))))?;
+        f.create(settings(&self.telemetry, kind, id), &c.config).map_err(|e| berr(kind, id, e))
+    }
+
+    /// The Next targets of receiver `id` in graph `g`.
+    fn targets(g: &Graph, id: &ComponentId) -> Vec<Arc<dyn Consumer>> {
+        g.config
+            .pipelines
+            .iter()
+            .filter(|(_, p)| p.receivers.contains(id))
+            .filter_map(|(n, _)| g.pipelines.get(n).map(|r| Arc::clone(&r.input)))
+            .collect()
+    }
+
+    /// Builds and starts the first graph.
+    pub async fn start(&mut self, config: Config, checked: CheckedComponents) -> Result<(), BuildError> {
+        let (g, to_start) = self.build(config, checked, None).await?;
+        for id in &to_start {
+            let r = &g.receivers[id];
+            if let Err(e) = r.instance.start(r.next.clone()).await {
+                let err = berr(Kind::Receiver, id, e);
+                self.graph = Some(g);
+                self.shutdown().await;
+                return Err(err);
+            }
+            info!(receiver = %id, "started");
+        }
+        self.graph = Some(g);
+        self.status.set_running(true);
+        Ok(())
+    }
+
+    /// Replaces the running graph with one for `config`. If the new graph
+    /// cannot be built, the old one keeps running and the error is returned.
+    pub async fn reload(&mut self, config: Config, checked: CheckedComponents) -> Result<(), BuildError> {
+        let Some(old) = self.graph.take() else {
+            return self.start(config, checked).await;
+        };
+        let (new, to_start) = match self.build(config, checked, Some(&old)).await {
+            Ok(x) => x,
+            Err(e) => {
+                self.graph = Some(old);
+                return Err(e);
+            }
+        };
+        let deadline = Instant::now() + new.config.service.shutdown_timeout;
+        // Receivers that go away or change stop first, flushing into the old pipelines.
+        for (id, r) in &old.receivers {
+            if !new.receivers.get(id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)) {
+                if let Err(e) = r.instance.shutdown().await {
+                    warn!(receiver = %id, error = %e, "shutdown failed");
+                }
+                r.next.set_targets(vec![]);
+            }
+        }
+        // Kept receivers switch to the new pipelines; new ones start.
+        for (id, r) in &new.receivers {
+            if !to_start.contains(id) {
+                r.next.set_targets(Self::targets(&new, id));
+            }
+        }
+        for id in &to_start {
+            let r = &new.receivers[id];
+            match r.instance.start(r.next.clone()).await {
+                Ok(()) => info!(receiver = %id, "started"),
+                Err(e) => {
+                    self.status.set_running(false);
+                    warn!(receiver = %id, error = %e, "receiver failed to start after reload; its pipelines get no data from it");
+                }
+            }
+        }
+        // The old pipelines drain into their exporters, then unused parts stop.
+        let Graph { receivers: _, processors, exporters, extensions, pipelines, .. } = old;
+        let tasks: Vec<JoinHandle<()>> = pipelines.into_values().map(|p| p.task).collect();
+        for t in tasks {
+            let _ = tokio::time::timeout_at(deadline.into(), t).await;
+        }
+        for (id, e) in exporters {
+            if !new.exporters.get(&id).is_some_and(|n| Arc::ptr_eq(&n.handle, &e.handle)) {
+                e.handle.shutdown(deadline).await;
+            }
+        }
+        for (key, p) in processors {
+            if !new.processors.get(&key).is_some_and(|n| Arc::ptr_eq(&n.instance, &p.instance)) {
+                let _ = p.instance.shutdown().await;
+            }
+        }
+        for (id, x) in extensions {
+            if !new.extensions.get(&id).is_some_and(|n| Arc::ptr_eq(&n.instance, &x.instance)) {
+                let _ = x.instance.shutdown().await;
+            }
+        }
+        self.graph = Some(new);
+        Ok(())
+    }
+
+    /// Stops receivers, drains pipelines and exporters within `shutdown_timeout`.
+    pub async fn shutdown(&mut self) {
+        self.status.set_running(false);
+        let Some(g) = self.graph.take() else { return };
+        let deadline = Instant::now() + g.config.service.shutdown_timeout;
+        let Graph { receivers, processors, exporters, extensions, pipelines, .. } = g;
+        let stops = receivers.iter().map(|(id, r)| async move {
+            if let Err(e) = r.instance.shutdown().await {
+                warn!(receiver = %id, error = %e, "shutdown failed");
+            }
+            r.next.set_targets(vec![]);
+        });
+        futures::future::join_all(stops).await;
+        drop(receivers);
+        let tasks: Vec<JoinHandle<()>> = pipelines.into_values().map(|p| p.task).collect();
+        for t in tasks {
+            if tokio::time::timeout_at(deadline.into(), t).await.is_err() {
+                warn!("shutdown_timeout passed while a pipeline was still draining");
+            }
+        }
+        let stops = exporters.values().map(|e| e.handle.shutdown(deadline));
+        futures::future::join_all(stops).await;
+        for p in processors.values() {
+            let _ = p.instance.shutdown().await;
+        }
+        for x in extensions.values() {
+            let _ = x.instance.shutdown().await;
+        }
+        info!("shut down");
+    }
+}
+
+fn wrong_kind(kind: Kind, id: &ComponentId) -> BuildError {
+    berr(kind, id, profcol_api::ComponentError::msg(format!("factory did not make a {kind}")))
+}

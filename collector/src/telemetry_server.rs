@@ -1,0 +1,22 @@
+//! Serves self-telemetry as Prometheus text at `/metrics`.
+
+use profcol_api::telemetry::Telemetry;
+
+pub async fn serve(address: &str, telemetry: Telemetry) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot serve metrics on {address}: {e} (set service::telemetry::metrics::address to a free address, or \"\" to turn it off)"
+        )
+    })?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let t = telemetry.clone();
+            async move { ([("content-type", "text/plain; version=0.0.4")], t.render()) }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! `debug` exporter: logs batches. `basic`: one summary line per batch;
+//! `detailed`: every sample with its frames.
+
+use async_trait::async_trait;
+use profcol_api::component::{factory, Component, Factory, FactoryMeta, Kind, Stability};
+use profcol_api::{ExportError, Exporter, Profiles};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+use std::sync::Arc;
+use tracing::info;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DebugExporterConfig {
+    pub verbosity: Verbosity,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verbosity {
+    #[default]
+    Basic,
+    Detailed,
+}
+
+pub fn factory_debug() -> Arc<dyn Factory> {
+    factory::<DebugExporterConfig, _>(
+        FactoryMeta {
+            type_name: "debug",
+            kind: Kind::Exporter,
+            stability: Stability::Beta,
+            description: "logs one summary line per batch (basic) or every sample with its frames (detailed)",
+        },
+        |set, cfg: DebugExporterConfig| Ok(Component::Exporter(Arc::new(DebugExporter { cfg, id: set.id.to_string() }))),
+    )
+}
+
+struct DebugExporter {
+    cfg: DebugExporterConfig,
+    id: String,
+}
+
+/// One line: resources, profiles, samples, and dictionary sizes.
+pub fn summary(batch: &Profiles) -> String {
+    let d = batch.dictionary();
+    let n = |f: fn(&profcol_api::model::pb::ProfilesDictionary) -> usize| d.map(f).unwrap_or(0).saturating_sub(1);
+    format!(
+        "resources={} profiles={} samples={} stacks={} locations={} functions={} mappings={}",
+        batch.0.resource_profiles.len(),
+        batch.profiles().count(),
+        batch.sample_count(),
+        n(|d| d.stack_table.len()),
+        n(|d| d.location_table.len()),
+        n(|d| d.function_table.len()),
+        n(|d| d.mapping_table.len()),
+    )
+}
+
+/// Every sample: values, attributes, then one indented line per frame.
+pub fn detailed(batch: &Profiles) -> String {
+    let mut out = String::new();
+    for (i, s) in batch.samples().enumerate() {
+        let attrs: Vec<String> = s.attributes().map(|(k, v)| format!("{k}={}", show(v))).collect();
+        let _ = writeln!(out, "sample {i}: values={:?} timestamps={:?} {}", s.sample.values, s.sample.timestamps_unix_nano, attrs.join(" "));
+        for f in s.frames() {
+            let name = f.function_name().unwrap_or("?");
+            let _ = writeln!(out, "    {:#018x} {name} [{}]", f.location.address, f.mapping_filename());
+        }
+    }
+    out
+}
+
+fn show(v: Option<&profcol_api::model::AnyValue>) -> String {
+    use profcol_api::model::any_value::Value as V;
+    match v.and_then(|v| v.value.as_ref()) {
+        Some(V::StringValue(s)) => s.clone(),
+        Some(V::IntValue(i)) => i.to_string(),
+        Some(V::BoolValue(b)) => b.to_string(),
+        Some(V::DoubleValue(d)) => d.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
+
+#[async_trait]
+impl Exporter for DebugExporter {
+    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+        info!(exporter = %self.id, "{}", summary(batch));
+        if self.cfg.verbosity == Verbosity::Detailed {
+            info!(exporter = %self.id, "\n{}", detailed(batch));
+        }
+        Ok(())
+    }
+}

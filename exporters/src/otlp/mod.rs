@@ -1,0 +1,126 @@
+//! OTLP profiles exporters: `otlp` (gRPC, alias `otlp_grpc`) and `otlp_http`.
+//!
+//! Both send the batch's bytes as they are (the data model *is*
+//! `ProfilesData`), and sort failures the way OTLP senders do:
+//! gRPC `UNAVAILABLE` / `RESOURCE_EXHAUSTED` and HTTP 429/502/503/504 (and
+//! connection failures) are retryable, honouring the server's `RetryInfo` /
+//! `Retry-After`; everything else is permanent, logged and counted.
+//! `partial_success` answers are logged and counted.
+//!
+//! Only the send lives here: the host owns `timeout`, `retry_on_failure` and
+//! `sending_queue` around [`profcol_api::Exporter::export`].
+
+pub mod grpc;
+pub mod http;
+pub mod status;
+
+use profcol_api::model::ExportProfilesPartialSuccess;
+use profcol_api::telemetry::{ComponentTelemetry, Counter};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub use grpc::{OtlpGrpcConfig, OtlpGrpcExporter};
+pub use http::{OtlpHttpConfig, OtlpHttpExporter};
+
+/// `compression: gzip | none`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    Gzip,
+    None,
+}
+
+/// Client-side TLS (rustls).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientTlsConfig {
+    /// Plain text (no TLS) even without an `http://` scheme (gRPC only; for
+    /// HTTP the scheme of the endpoint decides).
+    pub insecure: bool,
+    /// CA certificates (PEM) to trust instead of the system's roots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs `key_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// Name to check the server's certificate against (default: the endpoint's host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_name_override: Option<String>,
+}
+
+impl ClientTlsConfig {
+    pub(crate) fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(path).map_err(|e| format!("tls.{what}: cannot read {}: {e}", path.display()))
+    }
+
+    /// (CA PEM, (cert PEM, key PEM)) read from the files, checked for pairs.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn load(&self) -> Result<(Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>), String> {
+        let ca = self.ca_file.as_deref().map(|p| Self::read(p, "ca_file")).transpose()?;
+        let id = match (&self.cert_file, &self.key_file) {
+            (Some(c), Some(k)) => Some((Self::read(c, "cert_file")?, Self::read(k, "key_file")?)),
+            (None, None) => None,
+            _ => return Err("tls.cert_file and tls.key_file must be given together".into()),
+        };
+        Ok((ca, id))
+    }
+}
+
+/// Header names and values checked once, at creation.
+pub(crate) fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), String> {
+    for (k, v) in headers {
+        ::http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("headers: {k:?} is not a valid header name: {e}"))?;
+        ::http::HeaderValue::from_str(v).map_err(|e| format!("headers.{k}: not a valid header value: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Counters both OTLP exporters keep besides the host's.
+#[derive(Clone)]
+pub(crate) struct OtlpCounters {
+    pub rejected_profiles: Counter,
+    pub partial_success: Counter,
+    pub permanent_errors: Counter,
+    pub retryable_errors: Counter,
+}
+
+impl OtlpCounters {
+    pub(crate) fn new(t: &ComponentTelemetry) -> Self {
+        OtlpCounters {
+            rejected_profiles: t.counter(
+                "rejected_profiles_total",
+                "Profiles the backend rejected in a partial_success answer.",
+            ),
+            partial_success: t.counter("partial_success_total", "Export answers that carried a partial_success."),
+            permanent_errors: t.counter("permanent_errors_total", "Export attempts that failed for good."),
+            retryable_errors: t.counter("retryable_errors_total", "Export attempts that failed and may be retried."),
+        }
+    }
+
+    pub(crate) fn partial(&self, id: &str, p: &ExportProfilesPartialSuccess) {
+        let (rejected, msg) = (p.rejected_profiles, p.error_message.as_str());
+        if rejected == 0 && msg.is_empty() {
+            return;
+        }
+        self.partial_success.inc();
+        self.rejected_profiles.add(rejected.max(0) as u64);
+        tracing::warn!(exporter = %id, rejected_profiles = rejected, "the backend accepted the batch only in part: {msg}");
+    }
+
+    pub(crate) fn count(&self, id: &str, e: &profcol_api::ExportError) {
+        match e {
+            profcol_api::ExportError::Retryable { .. } => {
+                self.retryable_errors.inc();
+                tracing::debug!(exporter = %id, "export failed, retryable: {e}");
+            }
+            profcol_api::ExportError::Permanent { .. } => {
+                self.permanent_errors.inc();
+                tracing::error!(exporter = %id, "export failed: {e}");
+            }
+        }
+    }
+}

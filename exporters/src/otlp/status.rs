@@ -1,0 +1,168 @@
+//! Sorting export failures into retryable and permanent.
+
+use profcol_api::ExportError;
+use prost::Message;
+use std::time::Duration;
+
+/// `google.rpc.Status` (the `grpc-status-details-bin` trailer and the body of
+/// OTLP/HTTP error answers).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+    #[prost(message, repeated, tag = "3")]
+    pub details: Vec<Any>,
+}
+
+/// `google.protobuf.Any`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Any {
+    #[prost(string, tag = "1")]
+    pub type_url: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+/// `google.rpc.RetryInfo`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    pub retry_delay: Option<ProtoDuration>,
+}
+
+/// `google.protobuf.Duration`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProtoDuration {
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+
+pub const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
+
+/// The retry delay a `google.rpc.Status` carries in a RetryInfo detail.
+pub fn retry_delay(details: &[u8]) -> Option<Duration> {
+    let st = RpcStatus::decode(details).ok()?;
+    st.details.iter().filter(|a| a.type_url.ends_with("google.rpc.RetryInfo")).find_map(|a| {
+        let d = RetryInfo::decode(a.value.as_slice()).ok()?.retry_delay?;
+        if d.seconds < 0 || d.nanos < 0 {
+            return None;
+        }
+        Some(Duration::new(d.seconds as u64, d.nanos.min(999_999_999) as u32))
+    })
+}
+
+/// gRPC status → export error: UNAVAILABLE and RESOURCE_EXHAUSTED are
+/// retryable (after the RetryInfo delay when given); the rest is permanent.
+pub fn from_grpc(s: &tonic::Status) -> ExportError {
+    use tonic::Code;
+    let message = format!("gRPC {:?}: {}", s.code(), s.message());
+    match s.code() {
+        Code::Unavailable | Code::ResourceExhausted => {
+            ExportError::Retryable { message, retry_after: retry_delay(s.details()) }
+        }
+        _ => ExportError::Permanent { message },
+    }
+}
+
+/// `Retry-After`: delay-seconds or an HTTP-date.
+pub fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let t = parse_http_date(v)?;
+    Some(t.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
+}
+
+/// IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form servers send.
+fn parse_http_date(v: &str) -> Option<std::time::SystemTime> {
+    let p: Vec<&str> = v.split_whitespace().collect();
+    if p.len() != 6 || p[5] != "GMT" {
+        return None;
+    }
+    let day: u64 = p[1].parse().ok()?;
+    let month = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        .iter()
+        .position(|m| *m == p[2])? as u64
+        + 1;
+    let year: i64 = p[3].parse().ok()?;
+    let hms: Vec<u64> = p[4].split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    if hms.len() != 3 || !(1..=31).contains(&day) {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let (y, m) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m as i64 + 2) / 5 + day as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let secs = days * 86400 + (hms[0] * 3600 + hms[1] * 60 + hms[2]) as i64;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?))
+}
+
+/// HTTP status → export error: 429/502/503/504 retryable (after
+/// `Retry-After`), the rest permanent. `body` is the server's
+/// `google.rpc.Status` (or text) for the message.
+pub fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool) -> ExportError {
+    let detail = if json {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+    } else {
+        RpcStatus::decode(body).ok().map(|s| s.message).filter(|m| !m.is_empty())
+    }
+    .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
+    let message = format!("HTTP {status}: {detail}");
+    match status {
+        429 | 502 | 503 | 504 => ExportError::Retryable { message, retry_after: retry_after.and_then(parse_retry_after) },
+        _ => ExportError::Permanent { message },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_info_is_read_from_status_details() {
+        let ri = RetryInfo { retry_delay: Some(ProtoDuration { seconds: 3, nanos: 500_000_000 }) };
+        let st = RpcStatus {
+            code: 14,
+            message: "busy".into(),
+            details: vec![Any { type_url: RETRY_INFO_TYPE.into(), value: ri.encode_to_vec() }],
+        };
+        let s = tonic::Status::with_details(tonic::Code::Unavailable, "busy", st.encode_to_vec().into());
+        match from_grpc(&s) {
+            ExportError::Retryable { retry_after, .. } => assert_eq!(retry_after, Some(Duration::from_millis(3500))),
+            e => panic!("{e:?}"),
+        }
+        assert!(matches!(from_grpc(&tonic::Status::resource_exhausted("x")), ExportError::Retryable { retry_after: None, .. }));
+        assert!(matches!(from_grpc(&tonic::Status::invalid_argument("x")), ExportError::Permanent { .. }));
+        assert!(matches!(from_grpc(&tonic::Status::unauthenticated("x")), ExportError::Permanent { .. }));
+    }
+
+    #[test]
+    fn http_statuses_and_retry_after() {
+        for s in [429, 502, 503, 504] {
+            assert!(matches!(from_http(s, None, b"", false), ExportError::Retryable { .. }), "{s}");
+        }
+        for s in [400, 401, 403, 404, 413, 500] {
+            assert!(matches!(from_http(s, None, b"", false), ExportError::Permanent { .. }), "{s}");
+        }
+        match from_http(503, Some("7"), b"", false) {
+            ExportError::Retryable { retry_after, .. } => assert_eq!(retry_after, Some(Duration::from_secs(7))),
+            e => panic!("{e:?}"),
+        }
+        let body = RpcStatus { code: 3, message: "bad stack index".into(), details: vec![] }.encode_to_vec();
+        assert!(from_http(400, None, &body, false).to_string().contains("bad stack index"));
+        assert!(from_http(400, None, br#"{"code":3,"message":"bad json"}"#, true).to_string().contains("bad json"));
+        let t = parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        assert_eq!(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(), 784111777);
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT"), Some(Duration::ZERO));
+    }
+}

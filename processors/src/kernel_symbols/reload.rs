@@ -1,0 +1,129 @@
+//! The one background task that changes the store, off the lookup path.
+//!
+//! Module uevents are debounced (a fixed window from the first one, so a
+//! storm cannot postpone work forever); then module metadata is refreshed
+//! at once, and kallsyms is re-read at most once per `min_interval`, with
+//! exponential backoff up to `max_backoff` after a failure. BPF records are
+//! applied as they come, with no kallsyms read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
+
+use super::bpf_progs::BpfFunc;
+use super::store::Store;
+
+/// What the listeners report.
+#[derive(Debug, Clone)]
+pub enum Trigger {
+    /// A module was loaded or removed (uevent arrival time).
+    ModuleUevent { at_ns: u64 },
+    /// PERF_RECORD_KSYMBOL register.
+    KsymbolRegister { ts_ns: u64, func: BpfFunc },
+    /// PERF_RECORD_KSYMBOL unregister.
+    KsymbolUnregister { ts_ns: u64, addr: u64 },
+    /// PERF_RECORD_BPF_EVENT load: fetch names and lines by id.
+    BpfProgLoad { ts_ns: u64, id: u32 },
+    /// The kernel dropped records: rescan BPF programs.
+    Lost,
+}
+
+/// `reload:` section of the processor config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReloadConfig {
+    #[serde(with = "humantime_serde")]
+    pub debounce: Duration,
+    #[serde(with = "humantime_serde")]
+    pub min_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+}
+
+impl Default for ReloadConfig {
+    fn default() -> Self {
+        ReloadConfig {
+            debounce: Duration::from_millis(100),
+            min_interval: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Runs the reload loop until every sender of `rx` is gone.
+pub fn spawn(store: Arc<Store>, cfg: ReloadConfig, rx: UnboundedReceiver<Trigger>) -> JoinHandle<()> {
+    tokio::spawn(run(store, cfg, rx))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(f).await.ok()
+}
+
+async fn run(store: Arc<Store>, cfg: ReloadConfig, mut rx: UnboundedReceiver<Trigger>) {
+    // Pending module change: earliest uevent time and when to act on it.
+    let mut pending: Option<(u64, Instant)> = None;
+    let mut kallsyms_due = false;
+    // The store was just opened with a full read.
+    let mut next_read = Instant::now() + cfg.min_interval;
+    let mut backoff = Duration::ZERO;
+    loop {
+        let meta_at = pending.map(|p| p.1);
+        let read_at = kallsyms_due.then_some(next_read);
+        tokio::select! {
+            biased;
+            msg = rx.recv() => {
+                let Some(msg) = msg else { return };
+                match msg {
+                    Trigger::ModuleUevent { at_ns } => {
+                        let p = pending.get_or_insert((at_ns, Instant::now() + cfg.debounce));
+                        p.0 = p.0.min(at_ns);
+                    }
+                    Trigger::KsymbolRegister { ts_ns, func } => store.bpf_register(ts_ns, func),
+                    Trigger::KsymbolUnregister { ts_ns, addr } => store.bpf_unregister(ts_ns, addr),
+                    Trigger::BpfProgLoad { ts_ns, id } => {
+                        let s = store.clone();
+                        blocking(move || s.bpf_prog_loaded(ts_ns, id)).await;
+                    }
+                    Trigger::Lost => {
+                        let s = store.clone();
+                        if blocking(move || s.rescan_bpf()).await != Some(true) {
+                            kallsyms_due = true;
+                        }
+                    }
+                }
+            }
+            _ = sleep_until(meta_at.unwrap_or_else(Instant::now)), if meta_at.is_some() => {
+                let Some((since, _)) = pending.take() else { continue };
+                let s = store.clone();
+                match blocking(move || s.refresh_metadata(since)).await {
+                    Some(Err(e)) => tracing::warn!(error = %e, "module metadata refresh failed"),
+                    _ => {}
+                }
+                kallsyms_due = true;
+            }
+            _ = sleep_until(read_at.unwrap_or_else(Instant::now)), if read_at.is_some() => {
+                kallsyms_due = false;
+                let started = Instant::now();
+                let s = store.clone();
+                match blocking(move || s.reload_kallsyms()).await {
+                    Some(Ok(())) => {
+                        backoff = Duration::ZERO;
+                        next_read = started + cfg.min_interval;
+                    }
+                    other => {
+                        backoff = (backoff * 2).max(cfg.min_interval).min(cfg.max_backoff);
+                        if let Some(Err(e)) = other {
+                            tracing::warn!(error = %e, retry_in = ?backoff, "kallsyms reload failed");
+                        }
+                        next_read = Instant::now() + backoff;
+                        kallsyms_due = true;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! kernel_symbols against the fixture kernel in fixtures/kernel_symbols:
+//! one test per kallsyms / sysfs quirk, generations, and batch output.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use profcol_api::model::{keys, pb, str_at, AttrValue, ProfileMeta, Profiles, ProfilesBuilder};
+use profcol_processors::kernel_symbols::bpf_progs::BpfFunc;
+use profcol_processors::kernel_symbols::generations::{now_ns, Generations};
+use profcol_processors::kernel_symbols::kallsyms::{self, ParseOptions};
+use profcol_processors::kernel_symbols::snapshot::Symbol;
+use profcol_processors::kernel_symbols::symbolize::symbolize;
+use profcol_processors::kernel_symbols::sysfs::{self, hex};
+use profcol_processors::kernel_symbols::{Store, StoreConfig};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kernel_symbols")
+}
+
+fn open_at(kallsyms: &Path, sysfs: &Path) -> Store {
+    Store::open(StoreConfig {
+        kallsyms: kallsyms.into(),
+        sysfs: sysfs.into(),
+        bpf_syscall: false,
+        retain: Duration::from_secs(60),
+    })
+    .expect("fixture store opens")
+}
+
+fn open() -> Store {
+    open_at(&fixtures().join("quirks.kallsyms"), &fixtures().join("sysfs"))
+}
+
+/// Name (and module) an address resolves to in the newest generation.
+fn name_of(store: &Store, addr: u64) -> String {
+    let g = store.generations().current();
+    describe(g.snapshot.lookup(addr))
+}
+
+fn describe(s: Option<Symbol<'_>>) -> String {
+    match s {
+        Some(Symbol::Kernel { name, off }) => format!("{name}+{off:#x}"),
+        Some(Symbol::Module { module, sym: Some((name, off)) }) => format!("{name}+{off:#x} [{}]", module.name),
+        Some(Symbol::Module { module, sym: None }) => format!("? [{}]", module.name),
+        Some(Symbol::Loose { module, name, off }) => format!("{name}+{off:#x} [{module}]"),
+        Some(Symbol::Bpf { func, off, .. }) => format!("{}+{off:#x} [bpf]", func.name),
+        None => "?".into(),
+    }
+}
+
+#[test]
+fn pfx_padding_never_names_an_address() {
+    let s = open();
+    assert_eq!(name_of(&s, 0xffffffff81000110 + 5), "vfs_read+0x5");
+    assert_eq!(name_of(&s, 0xffffffff81000100), "_stext+0x100");
+    assert_eq!(name_of(&s, 0xffffffffc0a00004), "? [live_mod]"); // only padding there
+    assert_eq!(name_of(&s, 0xffffffffc0a00010), "lm_helper+0x0 [live_mod]");
+    assert_eq!(s.last_parse().pfx_skipped, 3);
+}
+
+#[test]
+fn aliases_prefer_global_then_real_names() {
+    let s = open();
+    assert_eq!(name_of(&s, 0xffffffff81000210), "ksys_read+0x0");
+    assert_eq!(name_of(&s, 0xffffffff81000000), "_stext+0x0");
+    assert_eq!(name_of(&s, 0xffffffffc0a00200), "lm_cleanup+0x0 [live_mod]");
+    // init text lies outside the module's core: named by its table.
+    assert_eq!(name_of(&s, 0xffffffffc0b10008), "lm_init+0x8 [live_mod]");
+}
+
+#[test]
+fn cold_parts_are_their_own_symbols() {
+    let s = open();
+    assert_eq!(name_of(&s, 0xffffffff810004ff), "big_fn+0xff");
+    assert_eq!(name_of(&s, 0xffffffff81000804), "big_fn.cold+0x4");
+}
+
+#[test]
+fn data_symbols_are_skipped() {
+    let s = open();
+    assert_eq!(name_of(&s, 0xffffffff81000608), "after_big+0x108");
+    assert_eq!(name_of(&s, 0xffffffff81000700), "after_big+0x200");
+    assert_eq!(name_of(&s, 0xffffffffc0a00400), "lm_cleanup+0x200 [live_mod]");
+    assert!(s.last_parse().non_text >= 3);
+}
+
+#[test]
+fn long_names_are_truncated_and_counted() {
+    let s = open();
+    let name = name_of(&s, 0xffffffff81000900);
+    assert!(name.starts_with("rust_long_xxx"), "{name}");
+    assert_eq!(name.len(), 255 + "+0x0".len());
+    assert_eq!(s.last_parse().truncated, 1);
+}
+
+#[test]
+fn malformed_lines_are_counted_and_skipped() {
+    let s = open();
+    assert_eq!(s.last_parse().malformed, 4);
+    assert_eq!(name_of(&s, 0xffffffff81000c00), "_etext+0x0");
+    // A file of nothing but garbage is an error that says what to do.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("kallsyms");
+    std::fs::write(&bad, "garbage\n\nzz T x\n").unwrap();
+    let e = Store::open(StoreConfig { kallsyms: bad, sysfs: dir.path().into(), bpf_syscall: false, ..Default::default() })
+        .err()
+        .expect("no symbols is an error");
+    let msg = e.to_string();
+    assert!(msg.contains("no usable kernel text symbols") && msg.contains("3 malformed"), "{msg}");
+}
+
+#[test]
+fn parser_survives_arbitrary_bytes() {
+    let text = std::fs::read(fixtures().join("quirks.kallsyms")).unwrap();
+    for cut in (0..text.len()).step_by(7) {
+        let mut t = text[..cut].to_vec();
+        t.extend_from_slice(&[0xff, b'\t', b'[', b'\n', b']']);
+        let _ = kallsyms::parse(&t, &ParseOptions::default());
+    }
+}
+
+#[test]
+fn stale_init_symbol_never_beats_live_owner() {
+    let s = open();
+    // gone_init is global and closer, but gone_mod is not loaded and
+    // new_mod owns the address.
+    assert_eq!(name_of(&s, 0xffffffffc0c00040), "nm_start+0x40 [new_mod]");
+    assert_eq!(name_of(&s, 0xffffffffc0c00900), "nm_export+0x100 [new_mod]");
+}
+
+#[test]
+fn module_in_sysfs_but_not_kallsyms_gets_mapping_and_build_id() {
+    let s = open();
+    let g = s.generations().current();
+    match g.snapshot.lookup(0xffffffffc0d00010) {
+        Some(Symbol::Module { module, sym: None }) => {
+            assert_eq!(&*module.name, "fresh_mod");
+            assert_eq!(hex(module.build_id.as_deref().unwrap()), "f".repeat(40));
+        }
+        other => panic!("{}", describe(other)),
+    }
+    // Past coresize nothing owns it.
+    assert_eq!(name_of(&s, 0xffffffffc0d01000), "?");
+}
+
+#[test]
+fn builtin_modules_and_build_ids_from_sysfs() {
+    let mods = sysfs::read_modules(&fixtures().join("sysfs")).unwrap().unwrap();
+    let names: Vec<&str> = mods.iter().map(|m| &*m.name).collect();
+    assert_eq!(names, ["live_mod", "new_mod", "fresh_mod"]);
+    assert_eq!(hex(mods[0].build_id.as_deref().unwrap()), "11223344556677889900aabbccddeeff00112233");
+    let v = sysfs::vmlinux_build_id(&fixtures().join("sysfs")).unwrap();
+    assert_eq!(hex(&v), "0123456789abcdef0123456789abcdef01234567");
+    assert!(sysfs::read_modules(Path::new("/nonexistent")).unwrap().is_none());
+}
+
+#[test]
+fn bpf_and_pseudo_module_lines() {
+    let s = open();
+    assert_eq!(name_of(&s, 0xffffffffc0e00010), "bpf_prog_6deef7357e7b4530_sd_fw_egress+0x10 [bpf]");
+    assert_eq!(name_of(&s, 0xffffffffc0e00810), "bpf_prog_00112233aabbccdd_second+0x10 [bpf]");
+    assert_eq!(name_of(&s, 0xffffffffc0f00010), "ftrace_trampoline+0x10 [__builtin__ftrace]");
+}
+
+#[test]
+fn no_sysfs_takes_every_kallsyms_module_as_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open_at(&fixtures().join("quirks.kallsyms"), dir.path());
+    assert_eq!(name_of(&s, 0xffffffffc0a00110), "lm_export+0x10 [live_mod]");
+    // Without sysfs nobody owns ranges: the closest symbol wins.
+    assert_eq!(name_of(&s, 0xffffffffc0c00040), "gone_init+0x0 [gone_mod]");
+}
+
+/// Copies the fixture tree so a test can change it.
+fn scratch() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let k = dir.path().join("kallsyms");
+    std::fs::copy(fixtures().join("quirks.kallsyms"), &k).unwrap();
+    let sys = dir.path().join("sysfs");
+    copy_tree(&fixtures().join("sysfs"), &sys);
+    (dir, k, sys)
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+fn add_module(sys: &Path, name: &str, text: u64, size: u64) {
+    let d = sys.join("module").join(name);
+    std::fs::create_dir_all(d.join("sections")).unwrap();
+    std::fs::write(d.join("sections/.text"), format!("{text:#x}\n")).unwrap();
+    std::fs::write(d.join("coresize"), format!("{size}\n")).unwrap();
+}
+
+#[test]
+fn address_reuse_resolves_by_sample_time() {
+    let (_dir, k, sys) = scratch();
+    let s = open_at(&k, &sys);
+    // live_mod's init text at X is freed; reuse_mod is then loaded at X.
+    let x = 0xffffffffc0b10000u64;
+    let before = now_ns();
+    std::thread::sleep(Duration::from_millis(2));
+    let loaded_at = now_ns();
+    add_module(&sys, "reuse_mod", x, 4096);
+    assert!(s.refresh_metadata(loaded_at).unwrap());
+    let mut text = std::fs::read_to_string(&k).unwrap();
+    text.push_str("ffffffffc0b10000 T reuse_fn\t[reuse_mod]\n");
+    std::fs::write(&k, text).unwrap();
+    s.reload_kallsyms().unwrap();
+    let after = now_ns();
+
+    let list = s.generations().load();
+    let at = |ts| describe(Generations::at(&list, ts).snapshot.lookup(x + 8));
+    assert_eq!(at(before), "lm_init+0x8 [live_mod]");
+    // Names read later are filled into the generation the load published.
+    assert_eq!(at(loaded_at), "reuse_fn+0x8 [reuse_mod]");
+    assert_eq!(at(after), "reuse_fn+0x8 [reuse_mod]");
+}
+
+#[test]
+fn reload_reparses_only_changed_modules() {
+    let (_dir, k, sys) = scratch();
+    let s = open_at(&k, &sys);
+    let before = s.generations().current();
+    let table = |g: &Arc<profcol_processors::kernel_symbols::generations::Generation>, name: &str| {
+        g.snapshot.modules.iter().find(|m| &*m.meta.name == name).and_then(|m| m.syms.clone()).unwrap()
+    };
+    s.reload_kallsyms().unwrap();
+    assert_eq!(s.last_parse().symbols, 2, "only loose tables (gone_mod, ftrace) rebuilt");
+    std::thread::sleep(Duration::from_millis(20));
+    // new_mod is reloaded (new sysfs dir mtime): its table is rebuilt.
+    let d = sys.join("module/new_mod");
+    let t = std::time::SystemTime::now();
+    std::fs::File::open(&d).unwrap().set_modified(t).unwrap();
+    s.reload_kallsyms().unwrap();
+    let after = s.generations().current();
+    assert!(Arc::ptr_eq(&table(&before, "live_mod"), &table(&after, "live_mod")));
+    assert!(!Arc::ptr_eq(&table(&before, "new_mod"), &table(&after, "new_mod")));
+    assert!(Arc::ptr_eq(&before.snapshot.vmlinux, &after.snapshot.vmlinux));
+}
+
+#[test]
+fn bpf_records_apply_without_kallsyms_reads() {
+    let s = open();
+    let reads = s.counters.full_reads.load(std::sync::atomic::Ordering::Relaxed);
+    let t0 = now_ns();
+    let f = BpfFunc {
+        start: 0xffffffffc1000000,
+        len: 0x80,
+        prog_id: 0,
+        name: "bpf_prog_0123456789abcdef_probe".into(),
+        func: None,
+        lines: Arc::from([]),
+    };
+    s.bpf_register(t0, f);
+    assert_eq!(name_of(&s, 0xffffffffc1000010), "bpf_prog_0123456789abcdef_probe+0x10 [bpf]");
+    assert_eq!(name_of(&s, 0xffffffffc1000080), "?");
+    s.bpf_unregister(t0 + 1000, 0xffffffffc1000000);
+    let list = s.generations().load();
+    assert_eq!(describe(Generations::at(&list, t0 + 999).snapshot.lookup(0xffffffffc1000010)).contains("probe"), true);
+    assert_eq!(describe(Generations::at(&list, t0 + 1000).snapshot.lookup(0xffffffffc1000010)), "?");
+    assert_eq!(s.counters.full_reads.load(std::sync::atomic::Ordering::Relaxed), reads);
+}
+
+#[test]
+fn retain_drops_old_generations() {
+    let s = Store::open(StoreConfig {
+        kallsyms: fixtures().join("quirks.kallsyms"),
+        sysfs: fixtures().join("sysfs"),
+        bpf_syscall: false,
+        retain: Duration::from_millis(1),
+    })
+    .unwrap();
+    for i in 0..5u64 {
+        let f = BpfFunc { start: 0xffffffffc1000000 + i * 0x100, len: 16, prog_id: 0, name: "bpf_prog_x".into(), func: None, lines: Arc::from([]) };
+        s.bpf_register(now_ns(), f);
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    assert!(s.generations().len() <= 2, "{}", s.generations().len());
+}
+
+// ---- batch output ----
+
+/// A batch with one sample: `addrs` leaf first, all kernel frames.
+fn kernel_batch(addrs: &[u64], ts: u64) -> Profiles {
+    let mut b = ProfilesBuilder::new();
+    let file = b.string(keys::KERNEL_MAPPING);
+    let m = b.mapping(pb::Mapping { memory_start: 0, memory_limit: u64::MAX, file_offset: 0, filename_strindex: file, attribute_indices: vec![] });
+    let kind = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
+    let locs: Vec<i32> = addrs
+        .iter()
+        .map(|&a| b.location(pb::Location { mapping_index: m, address: a, lines: vec![], attribute_indices: vec![kind] }))
+        .collect();
+    let stack = b.stack(&locs);
+    let r = b.resource(Default::default());
+    let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), period_type: ("cpu", "nanoseconds"), period: 1, time_unix_nano: ts, duration_nano: 1 });
+    b.sample(p, pb::Sample { stack_index: stack, values: vec![1], timestamps_unix_nano: vec![ts], ..Default::default() });
+    b.build()
+}
+
+/// (function, mapping file, address, build id) of each frame of sample 0.
+fn frames(p: &Profiles) -> Vec<(String, String, u64, String)> {
+    let d = p.dictionary().unwrap();
+    let s = &p.profiles().next().unwrap().samples[0];
+    let st = &d.stack_table[s.stack_index as usize];
+    st.location_indices
+        .iter()
+        .map(|&li| {
+            let l = &d.location_table[li as usize];
+            let m = &d.mapping_table[l.mapping_index as usize];
+            let f = l.lines.first().map_or(String::new(), |ln| str_at(&d.string_table, d.function_table[ln.function_index as usize].name_strindex).to_owned());
+            let bid = m
+                .attribute_indices
+                .iter()
+                .map(|&a| &d.attribute_table[a as usize])
+                .find(|kv| str_at(&d.string_table, kv.key_strindex) == keys::BUILD_ID_GNU)
+                .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                    profcol_api::model::any_value::Value::StringValue(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            let kind_ok = l.attribute_indices.iter().any(|&a| str_at(&d.string_table, d.attribute_table[a as usize].key_strindex) == keys::FRAME_TYPE);
+            assert!(kind_ok, "frame type attribute kept");
+            (f, str_at(&d.string_table, m.filename_strindex).to_owned(), l.address, bid)
+        })
+        .collect()
+}
+
+#[test]
+fn batch_frames_get_function_mapping_build_id() {
+    let s = open();
+    // leaf in vfs_read; caller's return address is the first byte after
+    // lm_helper (== lm_export's start) so it must be looked up at -1; then a
+    // frame in fresh_mod (no names) and one nothing owns.
+    let batch = kernel_batch(&[0xffffffff81000115, 0xffffffffc0a00100, 0xffffffffc0d00020, 0xffffffffc0ff0000], now_ns());
+    let (out, outcome) = symbolize(batch, &s.generations().load());
+    let f = frames(&out);
+    assert_eq!(f[0], ("vfs_read".into(), "[kernel.kallsyms]".into(), 0xffffffff81000115, "0123456789abcdef0123456789abcdef01234567".into()));
+    assert_eq!(f[1], ("lm_helper".into(), "live_mod".into(), 0x100, "11223344556677889900aabbccddeeff00112233".into()));
+    assert_eq!(f[2], (String::new(), "fresh_mod".into(), 0x20, "f".repeat(40)));
+    assert_eq!(f[3].0, "");
+    assert_eq!((outcome.kernel_frames, outcome.resolved, outcome.module_only, outcome.unresolved), (4, 2, 1, 1));
+    out.validate().expect("output is a valid batch");
+}
+
+#[test]
+fn the_leaf_is_looked_up_exactly() {
+    let s = open();
+    let batch = kernel_batch(&[0xffffffffc0a00100], now_ns());
+    let (out, _) = symbolize(batch, &s.generations().load());
+    assert_eq!(frames(&out)[0].0, "lm_export");
+}
+
+#[test]
+fn samples_use_the_generation_of_their_timestamp() {
+    let s = open();
+    let t0 = now_ns();
+    let f = BpfFunc { start: 0xffffffffc1000000, len: 0x100, prog_id: 7, name: "bpf_prog_aa_x".into(), func: Some("handle".into()), lines: Arc::from([]) };
+    s.bpf_register(t0 + 10, f);
+    let mut early = kernel_batch(&[0xffffffffc1000010], t0);
+    early.merge(kernel_batch(&[0xffffffffc1000010], t0 + 20));
+    let (out, _) = symbolize(early, &s.generations().load());
+    let d = out.dictionary().unwrap();
+    let names: Vec<String> = out
+        .profiles()
+        .map(|p| {
+            let st = &d.stack_table[p.samples[0].stack_index as usize];
+            let l = &d.location_table[st.location_indices[0] as usize];
+            l.lines.first().map_or("?".into(), |ln| str_at(&d.string_table, d.function_table[ln.function_index as usize].name_strindex).to_owned())
+        })
+        .collect();
+    assert_eq!(names, ["?", "handle"]);
+}

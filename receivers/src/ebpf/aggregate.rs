@@ -1,0 +1,411 @@
+//! Aggregation of samples over one report interval, and the batch it makes.
+//!
+//! Samples with the same identity (process, thread, thread name, cpu, kernel
+//! stack, user stack, mapping generation) become one `Sample` whose
+//! timestamps list every occurrence (values are all 1, same length).
+//! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
+
+use super::process::{MappingSet, ProcessInfo};
+use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
+use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+
+/// Distinct sample identities per batch before it is cut early.
+pub const MAX_KEYS: usize = 50_000;
+/// Samples per batch before it is cut early.
+pub const MAX_SAMPLES: usize = 500_000;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    pid: u32,
+    generation: u32,
+    tid: u32,
+    cpu: u32,
+    comm: [u8; 16],
+    kstack: Box<[u64]>,
+    ustack: Box<[u64]>,
+}
+
+/// One sample as handed to the aggregator.
+pub struct SampleIn<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub comm: [u8; 16],
+    pub unix_ns: u64,
+    pub kstack: &'a [u64],
+    pub ustack: &'a [u64],
+}
+
+/// Everything sampled during one report interval.
+pub struct Interval {
+    pub start_unix_ns: u64,
+    samples: FxHashMap<Key, Vec<u64>>,
+    /// (pid, generation) → process facts and the mappings frames resolve in.
+    procs: FxHashMap<(u32, u32), (Arc<ProcessInfo>, Option<Arc<MappingSet>>)>,
+    count: usize,
+}
+
+impl Interval {
+    pub fn new(start_unix_ns: u64) -> Self {
+        Interval {
+            start_unix_ns,
+            samples: FxHashMap::default(),
+            procs: FxHashMap::default(),
+            count: 0,
+        }
+    }
+
+    pub fn sample_count(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.samples.len() >= MAX_KEYS || self.count >= MAX_SAMPLES
+    }
+
+    /// Adds a sample. `process` is `None` when /proc was unreadable: the
+    /// sample keeps its pid and raw user addresses without mappings.
+    pub fn add(
+        &mut self,
+        s: &SampleIn<'_>,
+        process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>,
+    ) {
+        let generation = process.map_or(0, |(_, m)| m.generation);
+        self.procs
+            .entry((s.pid, generation))
+            .or_insert_with(|| match process {
+                Some((info, maps)) => (info.clone(), Some(maps.clone())),
+                None => (
+                    Arc::new(ProcessInfo {
+                        pid: s.pid,
+                        ..Default::default()
+                    }),
+                    None,
+                ),
+            });
+        let key = Key {
+            pid: s.pid,
+            generation,
+            tid: s.tid,
+            cpu: s.cpu,
+            comm: s.comm,
+            kstack: s.kstack.into(),
+            ustack: s.ustack.into(),
+        };
+        self.samples.entry(key).or_default().push(s.unix_ns);
+        self.count += 1;
+    }
+
+    /// Builds the batch: one resource per process (per mapping generation),
+    /// one profile each. Empty intervals make an empty batch.
+    pub fn build(self, host_name: &str, period_ns: i64, end_unix_ns: u64) -> Profiles {
+        let mut b = ProfilesBuilder::new();
+        let kernel_mapping = {
+            let filename_strindex = b.string(keys::KERNEL_MAPPING);
+            b.mapping(pb::Mapping {
+                filename_strindex,
+                ..Default::default()
+            })
+        };
+        let kernel_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
+        let native_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("native"));
+        let meta = ProfileMeta {
+            sample_type: ("samples", "count"),
+            period_type: ("cpu", "nanoseconds"),
+            period: period_ns,
+            time_unix_nano: self.start_unix_ns,
+            duration_nano: end_unix_ns.saturating_sub(self.start_unix_ns),
+        };
+
+        // Deterministic order: by pid, generation, then sample identity.
+        let mut groups: FxHashMap<(u32, u32), Vec<(Key, Vec<u64>)>> = FxHashMap::default();
+        for (k, ts) in self.samples {
+            groups
+                .entry((k.pid, k.generation))
+                .or_default()
+                .push((k, ts));
+        }
+        let mut group_keys: Vec<(u32, u32)> = groups.keys().copied().collect();
+        group_keys.sort_unstable();
+
+        let mut locs = Vec::new();
+        for gk in group_keys {
+            let Some(mut samples) = groups.remove(&gk) else {
+                continue;
+            };
+            samples.sort_unstable_by(|a, b| {
+                (a.0.tid, a.0.cpu, &a.0.kstack, &a.0.ustack).cmp(&(
+                    b.0.tid,
+                    b.0.cpu,
+                    &b.0.kstack,
+                    &b.0.ustack,
+                ))
+            });
+            let (info, maps) = match self.procs.get(&gk) {
+                Some((i, m)) => (i.clone(), m.clone()),
+                None => (Arc::new(ProcessInfo::default()), None),
+            };
+            let r = b.resource(resource(host_name, &info));
+            let prof = b.profile(r, &meta);
+            // Mapping index per process mapping, interned lazily.
+            let mut mapping_idx: FxHashMap<usize, i32> = FxHashMap::default();
+            for (k, mut ts) in samples {
+                locs.clear();
+                for &addr in k.kstack.iter() {
+                    locs.push(b.location(pb::Location {
+                        mapping_index: kernel_mapping,
+                        address: addr,
+                        lines: Vec::new(),
+                        attribute_indices: vec![kernel_attr],
+                    }));
+                }
+                for &addr in k.ustack.iter() {
+                    let mapping_index = maps
+                        .as_ref()
+                        .and_then(|set| {
+                            let i = set
+                                .mappings
+                                .partition_point(|m| m.start <= addr)
+                                .checked_sub(1)?;
+                            let m = &set.mappings[i];
+                            (addr < m.end).then_some((i, m))
+                        })
+                        .map_or(0, |(i, m)| {
+                            *mapping_idx.entry(i).or_insert_with(|| {
+                                let filename_strindex = b.string(&m.path);
+                                let attribute_indices = match &m.build_id {
+                                    Some(id) => {
+                                        vec![b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(id))]
+                                    }
+                                    None => Vec::new(),
+                                };
+                                b.mapping(pb::Mapping {
+                                    memory_start: m.start,
+                                    memory_limit: m.end,
+                                    file_offset: m.file_offset,
+                                    filename_strindex,
+                                    attribute_indices,
+                                })
+                            })
+                        });
+                    locs.push(b.location(pb::Location {
+                        mapping_index,
+                        address: addr,
+                        lines: Vec::new(),
+                        attribute_indices: vec![native_attr],
+                    }));
+                }
+                let stack_index = b.stack(&locs);
+                let comm_end = k.comm.iter().position(|&c| c == 0).unwrap_or(k.comm.len());
+                let thread_name = String::from_utf8_lossy(&k.comm[..comm_end]);
+                let attribute_indices = vec![
+                    b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64)),
+                    b.attribute(keys::THREAD_NAME, AttrValue::Str(&thread_name)),
+                    b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)),
+                ];
+                ts.sort_unstable();
+                b.sample(
+                    prof,
+                    pb::Sample {
+                        stack_index,
+                        attribute_indices,
+                        link_index: 0,
+                        values: vec![1; ts.len()],
+                        timestamps_unix_nano: ts,
+                    },
+                );
+            }
+        }
+        b.build()
+    }
+}
+
+fn kv(key: &str, v: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(v) }),
+        ..Default::default()
+    }
+}
+
+fn resource(host_name: &str, info: &ProcessInfo) -> Resource {
+    use any_value::Value::{IntValue, StringValue};
+    let mut attributes = Vec::with_capacity(5);
+    if !host_name.is_empty() {
+        attributes.push(kv(keys::HOST_NAME, StringValue(host_name.to_owned())));
+    }
+    attributes.push(kv(keys::PROCESS_PID, IntValue(info.pid as i64)));
+    if !info.exe_name.is_empty() {
+        attributes.push(kv(
+            keys::PROCESS_EXECUTABLE_NAME,
+            StringValue(info.exe_name.clone()),
+        ));
+    }
+    if let Some(p) = &info.exe_path {
+        attributes.push(kv(keys::PROCESS_EXECUTABLE_PATH, StringValue(p.clone())));
+    }
+    if let Some(c) = &info.container_id {
+        attributes.push(kv(keys::CONTAINER_ID, StringValue(c.clone())));
+    }
+    Resource {
+        attributes,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::process::Mapping;
+    use super::*;
+
+    fn comm(s: &str) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[..s.len()].copy_from_slice(s.as_bytes());
+        c
+    }
+
+    #[test]
+    fn builds_the_data_model() {
+        let info = Arc::new(ProcessInfo {
+            pid: 42,
+            start_time: 1,
+            exe_name: "burn".into(),
+            exe_path: Some("/opt/burn".into()),
+            container_id: None,
+        });
+        let maps = Arc::new(MappingSet {
+            generation: 3,
+            mappings: vec![Mapping {
+                start: 0x1000,
+                end: 0x2000,
+                file_offset: 0x1000,
+                path: Arc::from("/opt/burn"),
+                build_id: Some(Arc::from("abcd")),
+            }],
+        });
+        let mut iv = Interval::new(1_000);
+        for t in [1_500, 1_200] {
+            iv.add(
+                &SampleIn {
+                    pid: 42,
+                    tid: 43,
+                    cpu: 1,
+                    comm: comm("worker"),
+                    unix_ns: t,
+                    kstack: &[0xffff_ffff_8100_1234],
+                    ustack: &[0x1100, 0x1200, 0x9999],
+                },
+                Some((&info, &maps)),
+            );
+        }
+        iv.add(
+            &SampleIn {
+                pid: 7,
+                tid: 7,
+                cpu: 0,
+                comm: comm("gone"),
+                unix_ns: 1_300,
+                kstack: &[],
+                ustack: &[0x5555],
+            },
+            None,
+        );
+        assert_eq!(iv.sample_count(), 3);
+        let p = iv.build("host1", 52_631_578, 2_000);
+        p.validate().expect("valid batch");
+        assert_eq!(p.sample_count(), 2);
+        let rp = &p.0.resource_profiles;
+        assert_eq!(rp.len(), 2);
+        let d = p.dictionary().unwrap();
+        let s = |i: i32| d.string_table[i as usize].as_str();
+        // pid 7 first (sorted), then 42.
+        let attrs = &rp[1].resource.as_ref().unwrap().attributes;
+        let get = |k: &str| {
+            attrs
+                .iter()
+                .find(|a| a.key == k)
+                .and_then(|a| a.value.clone())
+        };
+        assert_eq!(
+            get("process.pid").unwrap().value,
+            Some(any_value::Value::IntValue(42))
+        );
+        assert_eq!(
+            get("process.executable.name").unwrap().value,
+            Some(any_value::Value::StringValue("burn".into()))
+        );
+        assert_eq!(
+            get("host.name").unwrap().value,
+            Some(any_value::Value::StringValue("host1".into()))
+        );
+        let prof = &rp[1].scope_profiles[0].profiles[0];
+        assert_eq!(prof.period, 52_631_578);
+        assert_eq!(s(prof.sample_type.unwrap().type_strindex), "samples");
+        assert_eq!(s(prof.period_type.unwrap().unit_strindex), "nanoseconds");
+        assert_eq!(prof.time_unix_nano, 1_000);
+        assert_eq!(prof.duration_nano, 1_000);
+        let smp = &prof.samples[0];
+        assert_eq!(smp.timestamps_unix_nano, vec![1_200, 1_500]);
+        assert_eq!(smp.values, vec![1, 1]);
+        let stack = &d.stack_table[smp.stack_index as usize].location_indices;
+        assert_eq!(stack.len(), 4);
+        let loc = |i: usize| &d.location_table[stack[i] as usize];
+        let frame_type = |l: &pb::Location| {
+            let a = &d.attribute_table[l.attribute_indices[0] as usize];
+            (s(a.key_strindex).to_owned(), a.value.clone().unwrap().value)
+        };
+        // Kernel leaf first.
+        assert_eq!(loc(0).address, 0xffff_ffff_8100_1234);
+        assert_eq!(
+            s(d.mapping_table[loc(0).mapping_index as usize].filename_strindex),
+            "[kernel.kallsyms]"
+        );
+        assert_eq!(
+            frame_type(loc(0)),
+            (
+                "profile.frame.type".into(),
+                Some(any_value::Value::StringValue("kernel".into()))
+            )
+        );
+        // User frame in the file mapping with its build id.
+        let m = &d.mapping_table[loc(1).mapping_index as usize];
+        assert_eq!(
+            (m.memory_start, m.memory_limit, m.file_offset),
+            (0x1000, 0x2000, 0x1000)
+        );
+        assert_eq!(s(m.filename_strindex), "/opt/burn");
+        let bid = &d.attribute_table[m.attribute_indices[0] as usize];
+        assert_eq!(s(bid.key_strindex), "process.executable.build_id.gnu");
+        assert_eq!(loc(1).address, 0x1100);
+        assert_eq!(
+            frame_type(loc(1)),
+            (
+                "profile.frame.type".into(),
+                Some(any_value::Value::StringValue("native".into()))
+            )
+        );
+        // Unmapped user address: no mapping, still a native frame.
+        assert_eq!(loc(3).mapping_index, 0);
+        assert_eq!(loc(3).address, 0x9999);
+        // Sample attributes.
+        let sa: Vec<_> = smp
+            .attribute_indices
+            .iter()
+            .map(|&i| {
+                let a = &d.attribute_table[i as usize];
+                (
+                    s(a.key_strindex).to_owned(),
+                    a.value.clone().unwrap().value.unwrap(),
+                )
+            })
+            .collect();
+        assert!(sa.contains(&("thread.id".into(), any_value::Value::IntValue(43))));
+        assert!(sa.contains(&(
+            "thread.name".into(),
+            any_value::Value::StringValue("worker".into())
+        )));
+        assert!(sa.contains(&("cpu.logical_number".into(), any_value::Value::IntValue(1))));
+    }
+}

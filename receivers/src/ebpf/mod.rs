@@ -1,0 +1,117 @@
+//! The `ebpf` receiver: whole-host on-CPU profiling.
+//!
+//! A `perf_event` BPF program (ebpf/bpf/cpu_sample.bpf.c) runs on a software
+//! cpu-clock event on every online CPU at `sample_frequency` Hz and writes
+//! one record per sample (pid, tid, cpu, time, comm, kernel and user stack)
+//! into a BPF ring buffer. A sampler thread drains the ring, attaches
+//! process knowledge from /proc (mappings, build IDs, executable, container)
+//! and aggregates samples; every `report_interval` it hands a batch to an
+//! async task that pushes it downstream (awaiting = backpressure: while the
+//! pipeline is full the ring fills and the kernel counts what it drops).
+//!
+//! Modules mirror the pieces: [`loader`] (aya, perf events), [`sampler`]
+//! (ring buffer loop), [`process`]/[`procfs`]/[`buildid`] (process
+//! knowledge), [`aggregate`] (batches), [`clock`] (kernel → unix time),
+//! [`privileges`] (what start needs and how to grant it).
+
+pub mod aggregate;
+pub mod buildid;
+pub mod clock;
+pub mod config;
+pub mod loader;
+pub mod privileges;
+pub mod process;
+pub mod procfs;
+pub mod sampler;
+
+pub use config::EbpfConfig;
+
+use async_trait::async_trait;
+use profcol_api::component::{
+    factory as typed_factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta,
+    Kind, Next, Receiver, Stability,
+};
+use sampler::{Counters, SamplerHandle};
+use std::sync::{Arc, Mutex};
+
+/// The receiver's type name in configs.
+pub const TYPE_NAME: &str = "ebpf";
+
+/// Factory for `receivers: ebpf:`.
+pub fn factory() -> Arc<dyn Factory> {
+    typed_factory::<EbpfConfig, _>(
+        FactoryMeta {
+            type_name: TYPE_NAME,
+            kind: Kind::Receiver,
+            stability: Stability::Development,
+            description:
+                "whole-host on-CPU profiling with eBPF: kernel and user stacks, mappings, build IDs",
+        },
+        |settings: CreateSettings, config: EbpfConfig| {
+            config
+                .validate()
+                .map_err(|m| ComponentError::msg(format!("receivers::{}: {m}", settings.id)))?;
+            Ok(Component::Receiver(Arc::new(EbpfReceiver::new(
+                settings, config,
+            ))))
+        },
+    )
+}
+
+/// The running receiver.
+pub struct EbpfReceiver {
+    settings: CreateSettings,
+    config: EbpfConfig,
+    counters: Counters,
+    running: Mutex<Option<SamplerHandle>>,
+}
+
+impl EbpfReceiver {
+    pub fn new(settings: CreateSettings, config: EbpfConfig) -> Self {
+        let counters = Counters::new(&settings.telemetry);
+        EbpfReceiver {
+            settings,
+            config,
+            counters,
+            running: Mutex::new(None),
+        }
+    }
+
+    /// Self-telemetry counters (also registered in the host's registry).
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+}
+
+#[async_trait]
+impl Receiver for EbpfReceiver {
+    async fn start(&self, next: Next) -> Result<(), ComponentError> {
+        let id = self.settings.id.to_string();
+        let handle = SamplerHandle::start(
+            self.config.clone(),
+            next,
+            self.counters.clone(),
+            self.settings.telemetry.clone(),
+        )
+        .await
+        .map_err(|e| ComponentError::msg(format!("receivers::{id}: {e}")))?;
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = running.replace(handle) {
+            // start twice: keep the new one, stop the old in the background.
+            tokio::spawn(old.stop());
+        }
+        Ok(())
+    }
+
+    async fn shutdown(&self) -> Result<(), ComponentError> {
+        let handle = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = handle {
+            h.stop().await;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,415 @@
+//! What the receiver knows about sampled processes: identity, executable,
+//! container, and executable mappings with build IDs.
+//!
+//! Bounded: at most `capacity` processes; the least recently sampled one is
+//! evicted first, processes not sampled for [`IDLE_TTL`] are forgotten, and
+//! exited processes are dropped on the next sweep. A process whose /proc
+//! entry cannot be read is remembered as unreadable (one counted drop) so
+//! its later samples cost nothing and log nothing.
+
+use super::buildid::BuildIdCache;
+use super::procfs::{self, MapsEntry};
+use rustc_hash::FxHashMap;
+use std::fs::File;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Processes not sampled for this long are forgotten (re-read on next sample).
+pub const IDLE_TTL: Duration = Duration::from_secs(120);
+/// A process's maps are re-read at most this often on address misses.
+pub const REFRESH_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Unreadable processes are retried after this long (the pid may be reused).
+pub const UNREADABLE_TTL: Duration = Duration::from_secs(30);
+/// At most this many maps refreshes per second across all processes.
+pub const REFRESH_BUDGET_PER_SEC: u32 = 100;
+
+/// An executable mapping of a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    /// Path in the process's mount namespace, or `[vdso]`-style name, or
+    /// `[anon]` for anonymous executable memory (JIT code).
+    pub path: Arc<str>,
+    /// Lower-case hex GNU build ID, when the file has one.
+    pub build_id: Option<Arc<str>>,
+}
+
+/// Resource-level facts about a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub start_time: u64,
+    /// `process.executable.name`: base name of the executable, or comm.
+    pub exe_name: String,
+    pub exe_path: Option<String>,
+    pub container_id: Option<String>,
+}
+
+/// Mappings as of one read of /proc/PID/maps, sorted by start.
+#[derive(Debug)]
+pub struct MappingSet {
+    pub generation: u32,
+    pub mappings: Vec<Mapping>,
+}
+
+impl MappingSet {
+    /// The mapping holding `addr`.
+    pub fn find(&self, addr: u64) -> Option<&Mapping> {
+        let i = self.mappings.partition_point(|m| m.start <= addr);
+        let m = self.mappings.get(i.checked_sub(1)?)?;
+        (addr < m.end).then_some(m)
+    }
+}
+
+/// One known process.
+pub struct ProcessState {
+    pub info: Arc<ProcessInfo>,
+    pub mappings: Arc<MappingSet>,
+    last_refresh: Instant,
+    last_seen: Instant,
+}
+
+enum Slot {
+    Live(ProcessState),
+    Unreadable { since: Instant },
+}
+
+/// Counters the table keeps for self-telemetry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Processes whose /proc entry could not be read (one per process).
+    pub unreadable: u64,
+    /// Re-reads of /proc/PID/maps after an address miss.
+    pub refreshes: u64,
+    /// Refreshes skipped: too soon, or over the global budget.
+    pub refreshes_skipped: u64,
+    /// Processes dropped because they exited.
+    pub exited: u64,
+    /// Processes evicted to stay within capacity or after IDLE_TTL.
+    pub evicted: u64,
+}
+
+/// Known processes, bounded.
+pub struct ProcessTable {
+    procs: FxHashMap<u32, Slot>,
+    capacity: usize,
+    build_ids: BuildIdCache,
+    next_generation: u32,
+    budget_window: Instant,
+    budget_used: u32,
+    pub stats: TableStats,
+}
+
+impl ProcessTable {
+    pub fn new(capacity: usize) -> Self {
+        ProcessTable {
+            procs: FxHashMap::default(),
+            capacity: capacity.max(1),
+            build_ids: BuildIdCache::new(4096),
+            next_generation: 1,
+            budget_window: Instant::now(),
+            budget_used: 0,
+            stats: TableStats::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// Files whose build ID was read from disk so far.
+    pub fn build_id_reads(&self) -> u64 {
+        self.build_ids.reads
+    }
+
+    /// The state of `pid`, loading it on first sight; `None` when its /proc
+    /// entry is unreadable (counted once per process).
+    pub fn get(&mut self, pid: u32, now: Instant) -> Option<&mut ProcessState> {
+        let reload = match self.procs.get(&pid) {
+            None => true,
+            Some(Slot::Unreadable { since }) => now.duration_since(*since) >= UNREADABLE_TTL,
+            Some(Slot::Live(_)) => false,
+        };
+        if reload {
+            if !self.procs.contains_key(&pid) && self.procs.len() >= self.capacity {
+                self.evict_one();
+            }
+            let slot = match self.load(pid, now) {
+                Some(st) => Slot::Live(st),
+                None => {
+                    if !matches!(self.procs.get(&pid), Some(Slot::Unreadable { .. })) {
+                        self.stats.unreadable += 1;
+                    }
+                    tracing::debug!(pid, "cannot read /proc/{pid}: samples keep raw addresses");
+                    Slot::Unreadable { since: now }
+                }
+            };
+            self.procs.insert(pid, slot);
+        }
+        match self.procs.get_mut(&pid) {
+            Some(Slot::Live(st)) => {
+                st.last_seen = now;
+                Some(st)
+            }
+            _ => None,
+        }
+    }
+
+    /// Makes sure every address in `addrs` is covered by the process's
+    /// mappings, re-reading /proc/PID/maps (rate-limited) when one is not.
+    /// Returns the state to use for this sample.
+    pub fn resolve(&mut self, pid: u32, addrs: &[u64], now: Instant) -> Option<&mut ProcessState> {
+        let miss = {
+            let st = self.get(pid, now)?;
+            addrs.iter().any(|&a| st.mappings.find(a).is_none())
+                && now.duration_since(st.last_refresh) >= REFRESH_MIN_INTERVAL
+        };
+        if miss {
+            if now.duration_since(self.budget_window) >= Duration::from_secs(1) {
+                self.budget_window = now;
+                self.budget_used = 0;
+            }
+            if self.budget_used < REFRESH_BUDGET_PER_SEC {
+                self.budget_used += 1;
+                self.refresh(pid, now);
+            } else {
+                self.stats.refreshes_skipped += 1;
+            }
+        }
+        match self.procs.get_mut(&pid) {
+            Some(Slot::Live(st)) => Some(st),
+            _ => None,
+        }
+    }
+
+    fn refresh(&mut self, pid: u32, now: Instant) {
+        self.stats.refreshes += 1;
+        let same_process = match (self.procs.get(&pid), procfs::read_start_time(pid)) {
+            (Some(Slot::Live(st)), Ok(t)) => t == st.info.start_time,
+            _ => false,
+        };
+        if !same_process {
+            // Exited, or the pid now names another process: start over.
+            self.procs.remove(&pid);
+            if let Some(st) = self.load(pid, now) {
+                self.procs.insert(pid, Slot::Live(st));
+            } else {
+                self.stats.unreadable += 1;
+                self.procs.insert(pid, Slot::Unreadable { since: now });
+            }
+            return;
+        }
+        let set = self.read_mappings(pid);
+        if let Some(Slot::Live(st)) = self.procs.get_mut(&pid) {
+            st.last_refresh = now;
+            if let Some(set) = set {
+                st.mappings = Arc::new(set);
+            }
+        }
+    }
+
+    fn load(&mut self, pid: u32, now: Instant) -> Option<ProcessState> {
+        let facts = procfs::read_facts(pid).ok()?;
+        let mappings = self.read_mappings(pid)?;
+        let exe_name = facts
+            .exe_path
+            .as_deref()
+            .map(procfs::base_name)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(&facts.comm)
+            .to_owned();
+        Some(ProcessState {
+            info: Arc::new(ProcessInfo {
+                pid,
+                start_time: facts.start_time,
+                exe_name,
+                exe_path: facts.exe_path,
+                container_id: facts.container_id,
+            }),
+            mappings: Arc::new(mappings),
+            last_refresh: now,
+            last_seen: now,
+        })
+    }
+
+    fn read_mappings(&mut self, pid: u32) -> Option<MappingSet> {
+        let entries = procfs::read_maps(pid).ok()?;
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        let mut by_file: FxHashMap<(u32, u32, u64), Option<Arc<str>>> = FxHashMap::default();
+        let mut paths: FxHashMap<String, Arc<str>> = FxHashMap::default();
+        let mut mappings = Vec::with_capacity(entries.len());
+        for e in entries {
+            let build_id = if e.is_file() {
+                let key = (e.dev.0, e.dev.1, e.inode);
+                match by_file.get(&key) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let b = self.build_id_of(pid, &e);
+                        by_file.insert(key, b.clone());
+                        b
+                    }
+                }
+            } else {
+                None
+            };
+            let name = if e.path.is_empty() {
+                "[anon]"
+            } else {
+                e.path.as_str()
+            };
+            let path = paths
+                .entry(name.to_owned())
+                .or_insert_with(|| Arc::from(name))
+                .clone();
+            mappings.push(Mapping {
+                start: e.start,
+                end: e.end,
+                file_offset: e.offset,
+                path,
+                build_id,
+            });
+        }
+        Some(MappingSet {
+            generation,
+            mappings,
+        })
+    }
+
+    /// Opens the mapped file the way the process sees it: through
+    /// map_files (works across mount namespaces and for deleted files),
+    /// else through the process's root.
+    fn build_id_of(&mut self, pid: u32, e: &MapsEntry) -> Option<Arc<str>> {
+        let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", e.start, e.end);
+        let file = File::open(via_map_files)
+            .or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path)))
+            .ok()?;
+        self.build_ids.get(&file).ok().flatten()
+    }
+
+    fn evict_one(&mut self) {
+        let victim = self
+            .procs
+            .iter()
+            .min_by_key(|(_, s)| match s {
+                Slot::Unreadable { since } => (0, *since),
+                Slot::Live(st) => (1, st.last_seen),
+            })
+            .map(|(&pid, _)| pid);
+        if let Some(pid) = victim {
+            self.procs.remove(&pid);
+            self.stats.evicted += 1;
+        }
+    }
+
+    /// Drops exited processes, idle ones and stale unreadable markers. Call
+    /// once per report interval; `seen_since` is the interval start, so only
+    /// processes not sampled during it are checked against /proc.
+    pub fn sweep(&mut self, now: Instant, seen_since: Instant) {
+        let mut gone = Vec::new();
+        for (&pid, slot) in &self.procs {
+            match slot {
+                Slot::Unreadable { since } => {
+                    if now.duration_since(*since) >= UNREADABLE_TTL {
+                        gone.push((pid, false));
+                    }
+                }
+                Slot::Live(st) => {
+                    if st.last_seen >= seen_since {
+                        continue;
+                    }
+                    if now.duration_since(st.last_seen) >= IDLE_TTL {
+                        gone.push((pid, false));
+                    } else if procfs::read_start_time(pid).ok() != Some(st.info.start_time) {
+                        gone.push((pid, true));
+                    }
+                }
+            }
+        }
+        for (pid, exited) in gone {
+            self.procs.remove(&pid);
+            if exited {
+                self.stats.exited += 1;
+            } else {
+                self.stats.evicted += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ranges: &[(u64, u64)]) -> MappingSet {
+        MappingSet {
+            generation: 1,
+            mappings: ranges
+                .iter()
+                .map(|&(s, e)| Mapping {
+                    start: s,
+                    end: e,
+                    file_offset: 0,
+                    path: Arc::from("/x"),
+                    build_id: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn find_by_address() {
+        let s = set(&[(0x1000, 0x2000), (0x3000, 0x4000)]);
+        assert_eq!(s.find(0x1000).map(|m| m.start), Some(0x1000));
+        assert_eq!(s.find(0x1fff).map(|m| m.start), Some(0x1000));
+        assert_eq!(s.find(0x2000), None);
+        assert_eq!(s.find(0x3500).map(|m| m.start), Some(0x3000));
+        assert_eq!(s.find(0), None);
+        assert_eq!(s.find(u64::MAX), None);
+        assert_eq!(set(&[]).find(5), None);
+    }
+
+    #[test]
+    fn loads_self_and_counts_unreadable_once() {
+        let now = Instant::now();
+        let mut t = ProcessTable::new(4);
+        let me = std::process::id();
+        let st = t.get(me, now).expect("self is readable");
+        assert_eq!(st.info.pid, me);
+        assert!(!st.mappings.mappings.is_empty());
+        let exe = std::env::current_exe().unwrap();
+        let m = st
+            .mappings
+            .mappings
+            .iter()
+            .find(|m| *m.path == *exe.to_string_lossy())
+            .expect("exe mapped");
+        assert!(m.build_id.is_some(), "test binary has a GNU build id");
+        // A pid that does not exist: one counted drop, however many samples.
+        let ghost = u32::MAX - 7;
+        for _ in 0..100 {
+            assert!(t.get(ghost, now).is_none());
+            assert!(t.resolve(ghost, &[1, 2, 3], now).is_none());
+        }
+        assert_eq!(t.stats.unreadable, 1);
+    }
+
+    #[test]
+    fn capacity_is_bounded() {
+        let now = Instant::now();
+        let mut t = ProcessTable::new(2);
+        for pid in [u32::MAX - 1, u32::MAX - 2, u32::MAX - 3, std::process::id()] {
+            let _ = t.get(pid, now);
+            assert!(t.len() <= 2);
+        }
+        assert!(t.stats.evicted >= 2);
+        t.sweep(now + UNREADABLE_TTL, now + UNREADABLE_TTL);
+        assert!(t.len() <= 1);
+    }
+}

@@ -1,0 +1,299 @@
+//! Readers and parsers for the /proc files the receiver needs.
+//!
+//! Every parser takes untrusted text and returns `None`/skips a line instead
+//! of panicking: /proc content is input, not an invariant.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// One line of /proc/PID/maps that can hold code (`x` permission).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsEntry {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    /// (major, minor) of the device holding the file; (0, 0) when anonymous.
+    pub dev: (u32, u32),
+    pub inode: u64,
+    /// Path as the process sees it (its mount namespace), `[vdso]`-style
+    /// pseudo name, or empty for anonymous memory. A trailing " (deleted)"
+    /// is kept out of the path and reported in `deleted`.
+    pub path: String,
+    pub deleted: bool,
+}
+
+impl MapsEntry {
+    /// A regular file (not anonymous, not a `[pseudo]` mapping).
+    pub fn is_file(&self) -> bool {
+        self.inode != 0 && self.path.starts_with('/')
+    }
+}
+
+/// Parses /proc/PID/maps, keeping executable mappings only, sorted by start.
+pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
+    let mut out: Vec<MapsEntry> = text.lines().filter_map(parse_maps_line).collect();
+    out.sort_by_key(|m| m.start);
+    out
+}
+
+fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    // start-end perms offset dev inode [path]; fields separated by single
+    // spaces, then padding before the path (which may itself hold spaces).
+    let mut rest = line;
+    let mut field = || -> Option<&str> {
+        let r = rest.trim_start_matches(' ');
+        let end = r.find(' ').unwrap_or(r.len());
+        let (f, tail) = r.split_at(end);
+        rest = tail;
+        if f.is_empty() {
+            None
+        } else {
+            Some(f)
+        }
+    };
+    let range = field()?;
+    let perms = field()?;
+    let offset = field()?;
+    let dev = field()?;
+    let inode = field()?;
+    if perms.as_bytes().get(2) != Some(&b'x') {
+        return None;
+    }
+    let (s, e) = range.split_once('-')?;
+    let start = u64::from_str_radix(s, 16).ok()?;
+    let end = u64::from_str_radix(e, 16).ok()?;
+    if end <= start {
+        return None;
+    }
+    let offset = u64::from_str_radix(offset, 16).ok()?;
+    let (maj, min) = dev.split_once(':')?;
+    let dev = (
+        u32::from_str_radix(maj, 16).ok()?,
+        u32::from_str_radix(min, 16).ok()?,
+    );
+    let inode = inode.parse().ok()?;
+    let mut path = rest.trim_start_matches(' ').to_owned();
+    let deleted = path.ends_with(" (deleted)");
+    if deleted {
+        path.truncate(path.len() - " (deleted)".len());
+    }
+    Some(MapsEntry {
+        start,
+        end,
+        offset,
+        dev,
+        inode,
+        path,
+        deleted,
+    })
+}
+
+/// Container id from /proc/PID/cgroup: the last 64-hex-digit component of
+/// the cgroup path (docker, containerd, cri-o, podman, kubepods layouts).
+pub fn container_id(cgroup: &str) -> Option<String> {
+    let mut found = None;
+    for line in cgroup.lines() {
+        // hierarchy-ID:controller-list:cgroup-path
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        for part in path.split('/') {
+            if let Some(id) = hex64_in(part) {
+                found = Some(id.to_owned());
+            }
+        }
+    }
+    found
+}
+
+/// A 64-hex-digit run in a cgroup path component such as
+/// `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>`, `<id>`.
+fn hex64_in(part: &str) -> Option<&str> {
+    let part = part.strip_suffix(".scope").unwrap_or(part);
+    let candidate = match part.rfind(['-', ':']) {
+        Some(i) => &part[i + 1..],
+        None => part,
+    };
+    (candidate.len() == 64 && candidate.bytes().all(|b| b.is_ascii_hexdigit())).then_some(candidate)
+}
+
+/// Field 22 of /proc/PID/stat (start time in clock ticks since boot); the
+/// comm in field 2 may contain spaces and parentheses, so parse after the
+/// last ')'.
+pub fn stat_start_time(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    // after = " S ppid ..." : state is field 3, starttime field 22 → index 19.
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Base name of a path.
+pub fn base_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// What /proc tells about a process, read once per process (and again on
+/// a mapping refresh).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessFacts {
+    pub start_time: u64,
+    pub comm: String,
+    pub exe_path: Option<String>,
+    pub container_id: Option<String>,
+}
+
+/// The /proc directory of a process.
+pub fn proc_dir(pid: u32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}"))
+}
+
+fn read_small(path: &Path) -> io::Result<String> {
+    std::fs::read_to_string(path)
+}
+
+/// Reads stat, comm, exe and cgroup. Fails only if the process is gone or
+/// its stat is unreadable; missing exe (kernel threads) or cgroup is `None`.
+pub fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
+    let dir = proc_dir(pid);
+    let stat = read_small(&dir.join("stat"))?;
+    let start_time = stat_start_time(&stat)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/stat"))?;
+    let comm = read_small(&dir.join("comm"))
+        .map(|c| c.trim_end_matches('\n').to_owned())
+        .unwrap_or_default();
+    let exe_path = std::fs::read_link(dir.join("exe")).ok().map(|p| {
+        p.to_string_lossy()
+            .trim_end_matches(" (deleted)")
+            .to_owned()
+    });
+    let container_id = read_small(&dir.join("cgroup"))
+        .ok()
+        .and_then(|c| container_id(&c));
+    Ok(ProcessFacts {
+        start_time,
+        comm,
+        exe_path,
+        container_id,
+    })
+}
+
+/// Reads and parses /proc/PID/maps.
+pub fn read_maps(pid: u32) -> io::Result<Vec<MapsEntry>> {
+    Ok(parse_maps(&read_small(&proc_dir(pid).join("maps"))?))
+}
+
+/// Reads the start time only (cheap identity check against pid reuse).
+pub fn read_start_time(pid: u32) -> io::Result<u64> {
+    let stat = read_small(&proc_dir(pid).join("stat"))?;
+    stat_start_time(&stat)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/stat"))
+}
+
+/// The host name (`host.name`).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d4c5a00000-55d4c5a02000 r--p 00000000 fd:01 1835214                    /usr/bin/cat
+55d4c5a02000-55d4c5a07000 r-xp 00002000 fd:01 1835214                    /usr/bin/cat
+7f1e2c000000-7f1e2c021000 rw-p 00000000 00:00 0 
+7f1e2c228000-7f1e2c3bd000 r-xp 00028000 fd:01 1837462                    /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1e2c500000-7f1e2c501000 r-xp 00000000 08:10 42                         /tmp/my lib.so (deleted)
+7ffd1b7f0000-7ffd1b7f2000 r-xp 00000000 00:00 0                          [vdso]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
+";
+
+    #[test]
+    fn maps_keeps_executable_sorted() {
+        let m = parse_maps(MAPS);
+        assert_eq!(m.len(), 5);
+        assert_eq!(m[0].path, "/usr/bin/cat");
+        assert_eq!(m[0].start, 0x55d4c5a02000);
+        assert_eq!(m[0].offset, 0x2000);
+        assert_eq!(m[0].dev, (0xfd, 1));
+        assert_eq!(m[0].inode, 1835214);
+        assert!(m[0].is_file());
+        assert_eq!(m[2].path, "/tmp/my lib.so");
+        assert!(m[2].deleted);
+        assert_eq!(m[3].path, "[vdso]");
+        assert!(!m[3].is_file());
+        assert_eq!(m[4].path, "[vsyscall]");
+    }
+
+    #[test]
+    fn maps_garbage_never_panics() {
+        for s in [
+            "",
+            "zz",
+            "1-0 r-xp 0 0:0 0",
+            "a-b r-xp g 0:0 0",
+            "a-b r",
+            "a-b r-xp 0 08 1 /x",
+            "ffffffffffffffffffff-1 r-xp 0 0:0 0",
+            "\u{0}\u{ffff} \n\n  -",
+            "1-2 r-xp 0 0:0 99999999999999999999999",
+        ] {
+            let _ = parse_maps(s);
+        }
+        assert_eq!(parse_maps("1000-2000 r-xp 0 00:00 0").len(), 1);
+    }
+
+    #[test]
+    fn container_ids() {
+        let id = "3f1c0a6c2d5b4e7f8a9b0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f";
+        assert_eq!(
+            container_id(&format!("0::/system.slice/docker-{id}.scope\n")).as_deref(),
+            Some(id)
+        );
+        assert_eq!(
+            container_id(&format!("12:pids:/kubepods/burstable/pod1234/{id}\n")).as_deref(),
+            Some(id)
+        );
+        assert_eq!(
+            container_id(&format!(
+                "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{id}.scope"
+            ))
+            .as_deref(),
+            Some(id)
+        );
+        assert_eq!(
+            container_id(&format!("0::/machine.slice/libpod-{id}.scope/container")).as_deref(),
+            Some(id)
+        );
+        assert_eq!(
+            container_id("0::/user.slice/user-0.slice/session-1.scope\n"),
+            None
+        );
+        assert_eq!(container_id("garbage"), None);
+        assert_eq!(container_id(""), None);
+    }
+
+    #[test]
+    fn stat_start_time_with_odd_comm() {
+        let stat =
+            "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 987654 1000 100";
+        assert_eq!(stat_start_time(stat), Some(987654));
+        assert_eq!(stat_start_time("1 (x) S"), None);
+        assert_eq!(stat_start_time("no paren"), None);
+    }
+
+    #[test]
+    fn reads_self() {
+        let me = std::process::id();
+        let f = read_facts(me).unwrap();
+        assert!(f.start_time > 0);
+        assert!(!f.comm.is_empty());
+        assert!(f.exe_path.is_some());
+        let maps = read_maps(me).unwrap();
+        let exe = f.exe_path.unwrap();
+        assert!(maps.iter().any(|m| m.path == exe), "{maps:?}");
+        assert_eq!(base_name("/usr/bin/cat"), "cat");
+        assert!(read_facts(u32::MAX - 1).is_err());
+    }
+}

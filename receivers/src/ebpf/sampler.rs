@@ -1,0 +1,391 @@
+//! The sampling loop: drain the ring buffer, attach process knowledge,
+//! aggregate, and hand a batch downstream every report interval.
+//!
+//! The loop runs on its own OS thread (it does blocking /proc and file
+//! reads, and owns the aya objects); batches cross to an async task through
+//! a channel of one, and that task awaits `Next::send`. When downstream is
+//! slow the thread blocks on the channel, the ring buffer fills, and the BPF
+//! program counts the records it cannot write (`lost_ringbuf`).
+//!
+//! The BPF program writes records without waking the reader unless the
+//! ring is over a quarter full, so the thread wakes on its own timer
+//! ([`DRAIN_PERIOD`]), on such a forced wakeup, or when asked to stop.
+
+use super::aggregate::{Interval, SampleIn};
+use super::clock::{now_ns, KtimeToUnix};
+use super::config::EbpfConfig;
+use super::loader::{load_and_attach, LoadError, Loaded};
+use super::process::ProcessTable;
+use super::procfs;
+use profcol_api::component::Next;
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use profcol_api::Profiles;
+use profcol_ebpf::{Sample, Stat};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the ring buffer is drained when nothing forces a wakeup.
+pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// Processes remembered at most.
+pub const MAX_PROCESSES: usize = 4096;
+
+/// Self-telemetry of the receiver (`profcol_receiver_ebpf_*`).
+#[derive(Clone)]
+pub struct Counters {
+    /// Samples read from the ring buffer.
+    pub samples: Counter,
+    /// Samples the BPF program could not write: ring buffer full.
+    pub lost_ringbuf: Counter,
+    pub kernel_stack_errors: Counter,
+    pub user_stack_errors: Counter,
+    /// Records that did not decode (never expected).
+    pub malformed: Counter,
+    /// Processes whose /proc entry was unreadable (one per process).
+    pub proc_unreadable: Counter,
+    pub maps_refreshes: Counter,
+    pub build_id_reads: Counter,
+    pub batches: Counter,
+    /// Known processes.
+    pub processes: Gauge,
+    /// The standard `dropped` counter: samples lost for any reason.
+    pub dropped: Counter,
+}
+
+impl Counters {
+    pub fn new(t: &ComponentTelemetry) -> Self {
+        Counters {
+            samples: t.counter(
+                "ebpf_samples_total",
+                "Samples read from the BPF ring buffer",
+            ),
+            lost_ringbuf: t.counter(
+                "ebpf_samples_lost_ringbuf_total",
+                "Samples dropped by the BPF program because the ring buffer was full",
+            ),
+            kernel_stack_errors: t.counter(
+                "ebpf_kernel_stack_errors_total",
+                "bpf_get_stack failures (kernel stack)",
+            ),
+            user_stack_errors: t.counter(
+                "ebpf_user_stack_errors_total",
+                "bpf_get_stack failures (user stack)",
+            ),
+            malformed: t.counter(
+                "ebpf_records_malformed_total",
+                "Ring buffer records that did not decode",
+            ),
+            proc_unreadable: t.counter(
+                "ebpf_proc_unreadable_total",
+                "Processes whose /proc entry could not be read (samples kept without mappings)",
+            ),
+            maps_refreshes: t.counter(
+                "ebpf_maps_refreshes_total",
+                "Re-reads of /proc/PID/maps after an address miss",
+            ),
+            build_id_reads: t.counter(
+                "ebpf_build_id_reads_total",
+                "ELF files read for a build ID (cache misses)",
+            ),
+            batches: t.counter("ebpf_batches_total", "Batches pushed downstream"),
+            processes: t.gauge(
+                "ebpf_processes",
+                "Processes currently known to the receiver",
+            ),
+            dropped: t.dropped.clone(),
+        }
+    }
+}
+
+/// A running sampler: its thread and the task that sends its batches.
+pub struct SamplerHandle {
+    stop: Arc<AtomicBool>,
+    wake: Arc<OwnedFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    sender: tokio::task::JoinHandle<()>,
+}
+
+fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the returned fd is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64 to an eventfd.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+impl SamplerHandle {
+    /// Loads and attaches on the sampler thread; returns once perf events
+    /// are attached, or with the reason they could not be.
+    pub async fn start(
+        config: EbpfConfig,
+        next: Next,
+        counters: Counters,
+        _telemetry: ComponentTelemetry,
+    ) -> Result<Self, LoadError> {
+        let started = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(eventfd().map_err(|e| LoadError::Other(format!("eventfd: {e}")))?);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (batch_tx, mut batch_rx) = tokio::sync::mpsc::channel::<Profiles>(1);
+        let thread = {
+            let stop = stop.clone();
+            let wake = wake.clone();
+            std::thread::Builder::new()
+                .name("profcol-ebpf".into())
+                .spawn(move || run(config, stop, wake, counters, batch_tx, ready_tx, started))
+                .map_err(|e| LoadError::Other(format!("spawning the sampler thread: {e}")))?
+        };
+        match ready_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+                return Err(LoadError::Other(
+                    "the sampler thread exited during start".into(),
+                ));
+            }
+        }
+        let sender = tokio::spawn(async move {
+            while let Some(batch) = batch_rx.recv().await {
+                if let Err(e) = next.send(batch).await {
+                    tracing::warn!(error = %e, "ebpf receiver: downstream refused a batch");
+                }
+            }
+        });
+        Ok(SamplerHandle {
+            stop,
+            wake,
+            thread: Some(thread),
+            sender,
+        })
+    }
+
+    /// Stops sampling, flushes the last partial interval downstream and
+    /// waits for the thread and the sender task.
+    pub async fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        signal(self.wake.as_raw_fd());
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        let _ = (&mut self.sender).await;
+    }
+}
+
+/// Milliseconds since this process started (10 ms resolution).
+pub fn ms_since_process_start() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let ticks = procfs::stat_start_time(&stat)?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let start_ns = ticks.checked_mul(1_000_000_000)? / hz;
+    Some(now_ns(libc::CLOCK_BOOTTIME).saturating_sub(start_ns) / 1_000_000)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    config: EbpfConfig,
+    stop: Arc<AtomicBool>,
+    wake: Arc<OwnedFd>,
+    counters: Counters,
+    batches: tokio::sync::mpsc::Sender<Profiles>,
+    ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
+    started: Instant,
+) {
+    let clock = KtimeToUnix::measure();
+    let mut loaded = match load_and_attach(&config) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    tracing::info!(
+        cpus = loaded.cpus.len(),
+        sample_frequency = config.sample_frequency,
+        load_ms = started.elapsed().as_millis() as u64,
+        since_process_start_ms = ms_since_process_start().unwrap_or(0),
+        "ebpf receiver: perf events attached"
+    );
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    let mut s = Sampler {
+        host: procfs::host_name(),
+        period_ns: config.period_ns(),
+        table: ProcessTable::new(MAX_PROCESSES),
+        interval: Interval::new(clock.now_unix_ns()),
+        interval_started: Instant::now(),
+        clock,
+        counters,
+        last_stats: loaded.read_stats(),
+        last_table: Default::default(),
+        last_build_id_reads: 0,
+        kbuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
+        ubuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
+    };
+    let mut next_report = Instant::now() + config.report_interval;
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        if !stopping {
+            let timeout = next_report
+                .saturating_duration_since(Instant::now())
+                .min(DRAIN_PERIOD);
+            wait(loaded.ring.as_raw_fd(), wake.as_raw_fd(), timeout);
+        }
+        s.drain(&mut loaded);
+        let now = Instant::now();
+        if stopping || now >= next_report || s.interval.is_full() {
+            let batch = s.cut(&loaded, now);
+            if now >= next_report {
+                next_report = now + config.report_interval;
+            }
+            if let Some(batch) = batch {
+                if batches.blocking_send(batch).is_err() {
+                    break;
+                }
+            }
+        }
+        if stopping {
+            break;
+        }
+    }
+    // Dropping `loaded` detaches the perf events and unloads the program.
+}
+
+/// Waits until the ring has data, the wake eventfd is signalled, or timeout.
+fn wait(ring: RawFd, wake: RawFd, timeout: Duration) {
+    let mut fds = [
+        libc::pollfd {
+            fd: ring,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: fds is a valid array of two pollfd.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+}
+
+struct Sampler {
+    host: String,
+    period_ns: i64,
+    table: ProcessTable,
+    interval: Interval,
+    interval_started: Instant,
+    clock: KtimeToUnix,
+    counters: Counters,
+    last_stats: [u64; Stat::SLOTS as usize],
+    last_table: super::process::TableStats,
+    last_build_id_reads: u64,
+    kbuf: Vec<u64>,
+    ubuf: Vec<u64>,
+}
+
+impl Sampler {
+    fn drain(&mut self, loaded: &mut Loaded) {
+        let now = Instant::now();
+        let mut n = 0u64;
+        while let Some(item) = loaded.ring.next() {
+            n += 1;
+            let Some(rec) = Sample::parse(&item) else {
+                self.counters.malformed.inc();
+                continue;
+            };
+            self.kbuf.clear();
+            self.kbuf.extend(rec.kernel_stack());
+            self.ubuf.clear();
+            self.ubuf.extend(rec.user_stack());
+            let h = rec.header;
+            drop(item);
+            let st = if self.ubuf.is_empty() {
+                self.table.get(h.pid, now)
+            } else {
+                self.table.resolve(h.pid, &self.ubuf, now)
+            };
+            let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
+            self.interval.add(
+                &SampleIn {
+                    pid: h.pid,
+                    tid: h.tid,
+                    cpu: h.cpu,
+                    comm: h.comm,
+                    unix_ns: self.clock.to_unix_ns(h.ktime_ns),
+                    kstack: &self.kbuf,
+                    ustack: &self.ubuf,
+                },
+                process.as_ref().map(|(i, m)| (i, m)),
+            );
+            if self.interval.is_full() {
+                break;
+            }
+        }
+        self.counters.samples.add(n);
+    }
+
+    /// Ends the interval: updates telemetry, sweeps the process table and
+    /// builds the batch (`None` when nothing was sampled).
+    fn cut(&mut self, loaded: &Loaded, now: Instant) -> Option<Profiles> {
+        let stats = loaded.read_stats();
+        let delta = |s: Stat| stats[s as usize].wrapping_sub(self.last_stats[s as usize]);
+        let lost = delta(Stat::LostRingbuf);
+        self.counters.lost_ringbuf.add(lost);
+        self.counters.dropped.add(lost);
+        self.counters
+            .kernel_stack_errors
+            .add(delta(Stat::KernelStackError));
+        self.counters
+            .user_stack_errors
+            .add(delta(Stat::UserStackError));
+        if lost > 0 {
+            tracing::warn!(
+                lost,
+                "ebpf receiver: ring buffer full, samples dropped (raise ring_buffer_size or check downstream backpressure)"
+            );
+        }
+        self.last_stats = stats;
+
+        self.table.sweep(now, self.interval_started);
+        self.interval_started = now;
+        let ts = self.table.stats;
+        self.counters
+            .proc_unreadable
+            .add(ts.unreadable - self.last_table.unreadable);
+        self.counters
+            .maps_refreshes
+            .add(ts.refreshes - self.last_table.refreshes);
+        self.last_table = ts;
+        let reads = self.table.build_id_reads();
+        self.counters
+            .build_id_reads
+            .add(reads - self.last_build_id_reads);
+        self.last_build_id_reads = reads;
+        self.counters.processes.set(self.table.len() as i64);
+
+        let end = self.clock.now_unix_ns();
+        let interval = std::mem::replace(&mut self.interval, Interval::new(end));
+        if interval.sample_count() == 0 {
+            return None;
+        }
+        let batch = interval.build(&self.host, self.period_ns, end);
+        self.counters.batches.inc();
+        Some(batch)
+    }
+}

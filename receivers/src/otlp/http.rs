@@ -1,0 +1,261 @@
+//! The HTTP server: `POST /v1development/profiles` (OTLP/HTTP), protobuf
+//! (`application/x-protobuf`) or JSON (`application/json`), optionally gzip.
+//!
+//! Errors answer with a `google.rpc.Status` in the request's encoding, as
+//! OTLP/HTTP specifies: 400 malformed, 413 too large (also after
+//! decompression), 415 unknown content type or encoding, 503 with
+//! `Retry-After` when the pipeline pushes back.
+
+use super::{tls, HttpConfig, Ingest, IngestError};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use profcol_api::component::ComponentError;
+use profcol_api::model::ExportProfilesServiceResponse;
+use prost::Message;
+use std::io::Read;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// `google.rpc.Status`, the body of OTLP/HTTP error responses.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Encoding {
+    Proto,
+    Json,
+}
+
+impl Encoding {
+    fn content_type(self) -> &'static str {
+        match self {
+            Encoding::Proto => "application/x-protobuf",
+            Encoding::Json => "application/json",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    ingest: Arc<Ingest>,
+    max_size: usize,
+}
+
+fn reply(enc: Encoding, status: StatusCode, grpc_code: i32, message: String) -> Response {
+    let body = match enc {
+        Encoding::Proto => RpcStatus { code: grpc_code, message }.encode_to_vec(),
+        Encoding::Json => serde_json::json!({ "code": grpc_code, "message": message }).to_string().into_bytes(),
+    };
+    let mut r = (status, [(header::CONTENT_TYPE, enc.content_type())], body).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn error(enc: Encoding, e: IngestError) -> Response {
+    match e {
+        IngestError::Invalid(m) => reply(enc, StatusCode::BAD_REQUEST, 3, m),
+        IngestError::TooLarge(m) => reply(enc, StatusCode::PAYLOAD_TOO_LARGE, 8, m),
+        IngestError::Unavailable(m) => reply(enc, StatusCode::SERVICE_UNAVAILABLE, 14, m),
+    }
+}
+
+/// Inflates gzip `data`, refusing output past `cap` bytes (memory stays
+/// within the cap however far the input would inflate).
+pub(crate) fn gunzip_capped(data: &[u8], cap: usize) -> Result<Vec<u8>, IngestError> {
+    let mut out = Vec::with_capacity(data.len().saturating_mul(4).min(cap));
+    let mut d = flate2::read::MultiGzDecoder::new(data).take(cap as u64 + 1);
+    d.read_to_end(&mut out).map_err(|e| IngestError::Invalid(format!("the gzip body does not inflate: {e}")))?;
+    if out.len() > cap {
+        return Err(IngestError::TooLarge(format!("the request inflates past the limit of {cap} bytes")));
+    }
+    Ok(out)
+}
+
+async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let enc = match mime.as_str() {
+        "application/x-protobuf" | "application/protobuf" => Encoding::Proto,
+        "application/json" => Encoding::Json,
+        _ => {
+            st.ingest.count(&IngestError::Invalid(String::new()));
+            return reply(
+                Encoding::Json,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                3,
+                format!("unsupported Content-Type {ct:?}; send application/x-protobuf or application/json"),
+            );
+        }
+    };
+    let bytes = match axum::body::to_bytes(body, st.max_size).await {
+        Ok(b) => b,
+        Err(_) => {
+            let e = IngestError::TooLarge(format!("the request body is larger than the limit of {} bytes", st.max_size));
+            st.ingest.count(&e);
+            return error(enc, e);
+        }
+    };
+    let ce = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("").trim().to_ascii_lowercase();
+    let inflated;
+    let data: &[u8] = match ce.as_str() {
+        "" | "identity" => &bytes,
+        "gzip" | "x-gzip" => match gunzip_capped(&bytes, st.max_size) {
+            Ok(v) => {
+                inflated = v;
+                &inflated
+            }
+            Err(e) => {
+                st.ingest.count(&e);
+                return error(enc, e);
+            }
+        },
+        other => {
+            st.ingest.count(&IngestError::Invalid(String::new()));
+            return reply(enc, StatusCode::UNSUPPORTED_MEDIA_TYPE, 3, format!("unsupported Content-Encoding {other:?}; use gzip or none"));
+        }
+    };
+    let decoded = match enc {
+        Encoding::Proto => Ingest::decode_proto(data),
+        Encoding::Json => Ingest::decode_json(data),
+    };
+    let batch = match decoded {
+        Ok(b) => b,
+        Err(e) => {
+            st.ingest.count(&e);
+            return error(enc, e);
+        }
+    };
+    if let Err(e) = st.ingest.accept(batch).await {
+        return error(enc, e);
+    }
+    let ok = ExportProfilesServiceResponse { partial_success: None };
+    let body = match enc {
+        Encoding::Proto => ok.encode_to_vec(),
+        Encoding::Json => b"{}".to_vec(),
+    };
+    (StatusCode::OK, [(header::CONTENT_TYPE, enc.content_type())], body).into_response()
+}
+
+/// A listener that does TLS handshakes off the accept path (a slow client
+/// cannot hold up others) and hands finished streams to axum.
+struct TlsListener {
+    rx: tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr)>,
+    local: std::net::SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TlsListener {
+    fn new(l: tokio::net::TcpListener, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let local = l.local_addr()?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match l.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::debug!("accept: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => {
+                            let _ = tx.send((s, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { rx, local, task })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(x) => x,
+            // The accept task ended (only on abort): wait for shutdown.
+            None => std::future::pending().await,
+        }
+    }
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+pub(crate) fn serve(
+    id: &str,
+    listener: tokio::net::TcpListener,
+    cfg: &HttpConfig,
+    ingest: Arc<Ingest>,
+    cancel: CancellationToken,
+) -> Result<JoinHandle<()>, ComponentError> {
+    let path = if cfg.profiles_url_path.starts_with('/') {
+        cfg.profiles_url_path.clone()
+    } else {
+        format!("/{}", cfg.profiles_url_path)
+    };
+    let state = AppState { ingest, max_size: super::config::mib(cfg.max_recv_msg_size_mib) };
+    let app = Router::new().route(&path, post(export)).with_state(state);
+    let id = id.to_owned();
+    let signal = cancel.cancelled_owned();
+    match &cfg.tls {
+        None => Ok(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
+                tracing::error!(receiver = %id, "HTTP server stopped: {e}");
+            }
+        })),
+        Some(t) => {
+            let tc = tls::load_server_config(t)
+                .map_err(|e| ComponentError::msg(format!("receiver {id}: protocols.http.tls: {e}")))?;
+            let l = TlsListener::new(listener, tc).map_err(|e| ComponentError::io(format!("receiver {id}"), e))?;
+            Ok(tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(signal).await {
+                    tracing::error!(receiver = %id, "HTTPS server stopped: {e}");
+                }
+            }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gunzip_is_capped() {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&vec![0u8; 4 << 20]).unwrap();
+        let bomb = e.finish().unwrap();
+        assert!(bomb.len() < 8 << 10, "{}", bomb.len());
+        assert!(matches!(gunzip_capped(&bomb, 1 << 20), Err(IngestError::TooLarge(_))));
+        assert_eq!(gunzip_capped(&bomb, 8 << 20).unwrap().len(), 4 << 20);
+        assert!(matches!(gunzip_capped(b"garbage", 1 << 20), Err(IngestError::Invalid(_))));
+    }
+}

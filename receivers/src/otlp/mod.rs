@@ -1,0 +1,238 @@
+//! The `otlp` receiver: OTLP profiles over gRPC (default `localhost:4317`)
+//! and HTTP (default `localhost:4318`, `POST /v1development/profiles`,
+//! protobuf or JSON by `Content-Type`).
+//!
+//! Every request is size-capped (also after gzip decompression), decoded
+//! without trusting it, and checked with [`Profiles::validate`]: malformed
+//! input gets gRPC `INVALID_ARGUMENT` / HTTP 400 with the reason, never a
+//! panic. When the pipeline does not take a batch within
+//! `backpressure_timeout` (or refuses it) the sender is told to retry:
+//! gRPC `UNAVAILABLE` / HTTP 503.
+
+mod config;
+mod grpc;
+mod http;
+mod tls;
+
+pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServerConfig};
+
+use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next};
+use profcol_api::model::ExportProfilesServiceRequest;
+use profcol_api::telemetry::{ComponentTelemetry, Counter};
+use profcol_api::{Profiles, Receiver, Stability};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How long [`Receiver::shutdown`] waits for in-flight requests.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+pub fn factory_otlp() -> Arc<dyn Factory> {
+    factory::<OtlpReceiverConfig, _>(
+        FactoryMeta {
+            type_name: "otlp",
+            kind: Kind::Receiver,
+            stability: Stability::Alpha,
+            description: "OTLP profiles over gRPC (:4317) and HTTP (:4318, /v1development/profiles)",
+        },
+        |settings, cfg| Ok(Component::Receiver(Arc::new(OtlpReceiver::new(settings, cfg)?))),
+    )
+}
+
+/// Why a request was not taken.
+#[derive(Debug)]
+pub(crate) enum IngestError {
+    /// The request is malformed (bad bytes, broken invariants): do not retry.
+    Invalid(String),
+    /// Too big (before or after decompression).
+    TooLarge(String),
+    /// The pipeline pushed back: retry later.
+    Unavailable(String),
+}
+
+/// What both servers share: validation and the push into the pipeline.
+pub(crate) struct Ingest {
+    next: Next,
+    backpressure_timeout: Duration,
+    telemetry: ComponentTelemetry,
+    invalid: Counter,
+    busy: Counter,
+}
+
+impl Ingest {
+    pub(crate) fn decode_proto(bytes: &[u8]) -> Result<Profiles, IngestError> {
+        use prost::Message;
+        ExportProfilesServiceRequest::decode(bytes)
+            .map(Profiles::from_request)
+            .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {e}")))
+    }
+
+    pub(crate) fn decode_json(bytes: &[u8]) -> Result<Profiles, IngestError> {
+        serde_json::from_slice::<ExportProfilesServiceRequest>(bytes)
+            .map(Profiles::from_request)
+            .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest JSON document: {e}")))
+    }
+
+    /// Counts an error the server found before [`Ingest::accept`].
+    pub(crate) fn count(&self, e: &IngestError) {
+        match e {
+            IngestError::Invalid(_) | IngestError::TooLarge(_) => self.invalid.inc(),
+            IngestError::Unavailable(_) => self.busy.inc(),
+        }
+    }
+
+    /// Validates a decoded request and pushes it into the pipeline.
+    pub(crate) async fn accept(&self, batch: Profiles) -> Result<(), IngestError> {
+        if let Err(e) = batch.validate() {
+            let e = IngestError::Invalid(e.to_string());
+            self.count(&e);
+            return Err(e);
+        }
+        if batch.sample_count() == 0 && batch.0.resource_profiles.is_empty() {
+            return Ok(());
+        }
+        let n = batch.sample_count() as u64;
+        match tokio::time::timeout(self.backpressure_timeout, self.next.send(batch)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                let e = IngestError::Unavailable(format!("the pipeline refused the batch ({e}); retry later"));
+                self.count(&e);
+                Err(e)
+            }
+            Err(_) => {
+                self.telemetry.refused.add(n);
+                let e = IngestError::Unavailable(format!(
+                    "the pipeline did not take the batch within {}; retry later",
+                    humantime::format_duration(self.backpressure_timeout)
+                ));
+                self.count(&e);
+                Err(e)
+            }
+        }
+    }
+}
+
+struct Running {
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The `otlp` receiver component.
+pub struct OtlpReceiver {
+    settings: CreateSettings,
+    cfg: OtlpReceiverConfig,
+    running: Mutex<Option<Running>>,
+    addrs: Mutex<(Option<SocketAddr>, Option<SocketAddr>)>,
+}
+
+impl OtlpReceiver {
+    pub fn new(settings: CreateSettings, cfg: OtlpReceiverConfig) -> Result<Self, ComponentError> {
+        if cfg.protocols.grpc.is_none() && cfg.protocols.http.is_none() {
+            return Err(ComponentError::msg(format!(
+                "receiver {}: no protocol is enabled; add `protocols: {{grpc: {{}}}}` and/or `protocols: {{http: {{}}}}`",
+                settings.id
+            )));
+        }
+        for (name, tls) in [
+            ("grpc", cfg.protocols.grpc.as_ref().and_then(|g| g.tls.as_ref())),
+            ("http", cfg.protocols.http.as_ref().and_then(|h| h.tls.as_ref())),
+        ] {
+            if let Some(t) = tls {
+                tls::load_server_config(t)
+                    .map_err(|e| ComponentError::msg(format!("receiver {}: protocols.{name}.tls: {e}", settings.id)))?;
+            }
+        }
+        Ok(OtlpReceiver { settings, cfg, running: Mutex::new(None), addrs: Mutex::new((None, None)) })
+    }
+
+    /// The address the gRPC server listens on, once started.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.addrs.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+
+    /// The address the HTTP server listens on, once started.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.addrs.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+}
+
+/// Binds `endpoint` (host:port), with an error that says what to do.
+pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(endpoint).await.map_err(|e| {
+        ComponentError::msg(format!(
+            "receiver {id}: protocols.{proto}.endpoint {endpoint:?} is not a host:port that resolves: {e}"
+        ))
+    })?
+    .collect();
+    // Prefer IPv4 for `localhost` so the usual clients find us.
+    let addr = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| {
+        ComponentError::msg(format!("receiver {id}: protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
+    })?;
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            " (another process, perhaps another collector, holds the port; stop it or change the endpoint)"
+        } else {
+            ""
+        };
+        ComponentError::msg(format!(
+            "receiver {id}: cannot listen on {addr} (protocols.{proto}.endpoint {endpoint:?}): {e}{hint}"
+        ))
+    })
+}
+
+#[async_trait::async_trait]
+impl Receiver for OtlpReceiver {
+    async fn start(&self, next: Next) -> Result<(), ComponentError> {
+        let id = self.settings.id.to_string();
+        let tel = &self.settings.telemetry;
+        let ingest = Arc::new(Ingest {
+            next,
+            backpressure_timeout: self.cfg.backpressure_timeout,
+            telemetry: tel.clone(),
+            invalid: tel.counter("invalid_requests_total", "Requests refused as malformed or too large."),
+            busy: tel.counter("backpressure_refusals_total", "Requests answered with retry-later because the pipeline pushed back."),
+        });
+        let cancel = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let (mut grpc_addr, mut http_addr) = (None, None);
+        // Bind both first so a taken port fails start-up before anything runs.
+        let grpc_l = match &self.cfg.protocols.grpc {
+            Some(g) => Some((bind(&id, "grpc", &g.endpoint).await?, g)),
+            None => None,
+        };
+        let http_l = match &self.cfg.protocols.http {
+            Some(h) => Some((bind(&id, "http", &h.endpoint).await?, h)),
+            None => None,
+        };
+        if let Some((l, g)) = grpc_l {
+            grpc_addr = l.local_addr().ok();
+            tasks.push(grpc::serve(&id, l, g, ingest.clone(), cancel.clone())?);
+        }
+        if let Some((l, h)) = http_l {
+            http_addr = l.local_addr().ok();
+            tasks.push(http::serve(&id, l, h, ingest.clone(), cancel.clone())?);
+        }
+        tracing::info!(receiver = %id, grpc = ?grpc_addr, http = ?http_addr, "otlp receiver listening");
+        *self.addrs.lock().unwrap_or_else(|p| p.into_inner()) = (grpc_addr, http_addr);
+        *self.running.lock().unwrap_or_else(|p| p.into_inner()) = Some(Running { cancel, tasks });
+        Ok(())
+    }
+
+    async fn shutdown(&self) -> Result<(), ComponentError> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(Running { cancel, tasks }) = running else { return Ok(()) };
+        cancel.cancel();
+        for mut t in tasks {
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut t).await {
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::warn!(receiver = %self.settings.id, "in-flight requests did not finish within {SHUTDOWN_GRACE:?}; closing them");
+                    t.abort();
+                }
+            }
+        }
+        Ok(())
+    }
+}
