@@ -1,5 +1,7 @@
 //! The `profcol` command line.
 
+mod kernel_symbols_cli;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use profcol::extensions::HostStatus;
@@ -35,6 +37,11 @@ enum Cmd {
     Components,
     /// Print the effective configuration (defaults filled, env expanded, secrets redacted).
     PrintConfig,
+    /// Resolve kernel addresses and inspect the kernel symbol store.
+    KernelSymbols {
+        #[command(subcommand)]
+        cmd: kernel_symbols_cli::KernelSymbolsCmd,
+    },
 }
 
 fn sources(cli: &Cli) -> Vec<Source> {
@@ -87,6 +94,13 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Some(Cmd::KernelSymbols { cmd }) => match kernel_symbols_cli::run(cmd) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        },
         Some(Cmd::Validate) => match load(&cli, &registry) {
             Ok(_) => {
                 println!("configuration is valid");

@@ -381,3 +381,54 @@ fn samples_use_the_generation_of_their_timestamp() {
         .collect();
     assert_eq!(names, ["?", "handle"]);
 }
+
+// ---- config and the processor through the component API ----
+
+#[test]
+fn config_defaults_and_unknown_fields() {
+    use profcol_processors::kernel_symbols::Config;
+    let c: Config = profcol_api::config::decode(&serde_yaml::Value::Null).unwrap();
+    assert_eq!(c, Config::default());
+    assert_eq!(c.reload.min_interval, Duration::from_secs(10));
+    assert_eq!(c.reload.max_backoff, Duration::from_secs(300));
+    assert_eq!(c.reload.debounce, Duration::from_millis(100));
+    assert_eq!(c.retain, Duration::from_secs(60));
+    let v: serde_yaml::Value = serde_yaml::from_str("reload: {min_intervall: 1s}").unwrap();
+    let e = profcol_api::config::decode::<Config>(&v).unwrap_err();
+    assert_eq!(e.path, "reload.min_intervall");
+    let v: serde_yaml::Value = serde_yaml::from_str("reload: {min_interval: 0s}").unwrap();
+    let c: Config = profcol_api::config::decode(&v).unwrap();
+    assert!(c.validate().unwrap_err().contains("min_interval"));
+}
+
+#[tokio::test]
+async fn processor_symbolizes_batches_after_start() {
+    use profcol_api::component::Processor;
+    use profcol_processors::kernel_symbols::{Config, KernelSymbols};
+    let p = KernelSymbols::new(Config {
+        kallsyms: fixtures().join("quirks.kallsyms"),
+        sysfs: fixtures().join("sysfs"),
+        uevents: false,
+        bpf: false,
+        ..Default::default()
+    });
+    // Before start batches pass through untouched.
+    let batch = kernel_batch(&[0xffffffff81000115], now_ns());
+    assert_eq!(p.process(batch.clone()).await.unwrap().unwrap(), batch);
+    p.start().await.unwrap();
+    let out = p.process(batch).await.unwrap().unwrap();
+    assert_eq!(frames(&out)[0].0, "vfs_read");
+    // Already symbolized frames are left alone.
+    let again = p.process(out.clone()).await.unwrap().unwrap();
+    assert_eq!(frames(&again), frames(&out));
+    p.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn processor_start_fails_with_a_clear_error() {
+    use profcol_api::component::Processor;
+    use profcol_processors::kernel_symbols::{Config, KernelSymbols};
+    let p = KernelSymbols::new(Config { kallsyms: "/nonexistent/kallsyms".into(), uevents: false, bpf: false, ..Default::default() });
+    let e = p.start().await.unwrap_err().to_string();
+    assert!(e.contains("/nonexistent/kallsyms") && e.contains("kallsyms` path"), "{e}");
+}

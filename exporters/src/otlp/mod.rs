@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use grpc::{OtlpGrpcConfig, OtlpGrpcExporter};
-pub use http::{OtlpHttpConfig, OtlpHttpExporter};
+pub use http::{HttpEncoding, OtlpHttpConfig, OtlpHttpExporter};
 
 /// `compression: gzip | none`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,9 +4,9 @@
 #![allow(dead_code)]
 
 use profcol_api::component::{ConsumeError, Consumer, ComponentId, CreateSettings, Kind, Next};
-use profcol_api::model::{keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
+use profcol_api::model::{keys, pb, AnyValue, AttrValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::telemetry::ComponentTelemetry;
-use profcol_api::{AttrValue, Profiles, ProfilesBuilder};
+use profcol_api::{Profiles, ProfilesBuilder};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ pub fn settings(kind: Kind, id: &str) -> CreateSettings {
 }
 
 fn kv(k: &str, v: AnyValue) -> KeyValue {
-    KeyValue { key: k.into(), value: Some(v) }
+    KeyValue { key: k.into(), value: Some(v), ..Default::default() }
 }
 
 pub fn s(v: &str) -> AnyValue {

@@ -1,0 +1,90 @@
+//! exporter → second collector's otlp receiver, over gRPC and HTTP (protobuf
+//! and JSON), gzip on and off: the sample multisets are equal.
+
+mod common;
+
+use common::*;
+use profcol_api::component::Kind;
+use profcol_api::model::canonical;
+use profcol_api::{Exporter, Receiver};
+use profcol_exporters::otlp::{Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
+use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use std::sync::Arc;
+use std::time::Duration;
+
+async fn start_receiver() -> (Arc<OtlpReceiver>, Arc<Collector>) {
+    let cfg = OtlpReceiverConfig {
+        protocols: Protocols {
+            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
+            http: Some(HttpConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
+        },
+        ..Default::default()
+    };
+    let r = Arc::new(OtlpReceiver::new(settings(Kind::Receiver, "otlp/in"), cfg).unwrap());
+    let c = Arc::new(Collector::default());
+    r.start(c.next()).await.unwrap();
+    (r, c)
+}
+
+async fn roundtrip(exporter: &dyn Exporter, collector: &Collector) {
+    let batches: Vec<_> = (0..5).map(|k| cpu_batch(k, 3, 40)).collect();
+    let total: usize = batches.iter().map(|b| b.sample_count()).sum();
+    for b in &batches {
+        exporter.export(b).await.unwrap();
+    }
+    collector.wait_for(total, Duration::from_secs(10)).await;
+    let got = canonical::samples(&collector.merged());
+    let want = canonical::samples(&merge(&batches));
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "sample multisets differ");
+    // Frames survived with their kernel marking.
+    assert!(got.iter().any(|s| s.frames.iter().any(|f| f.0 == "[kernel.kallsyms]")));
+}
+
+#[tokio::test]
+async fn grpc_roundtrip_gzip_and_plain() {
+    for compression in [Compression::Gzip, Compression::None] {
+        let (r, c) = start_receiver().await;
+        let mut cfg = OtlpGrpcConfig { endpoint: format!("http://{}", r.grpc_addr().unwrap()), compression, ..Default::default() };
+        cfg.headers.insert("authorization".into(), "Bearer t0ken".into());
+        let e = OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp/out"), cfg).unwrap();
+        roundtrip(&e, &c).await;
+        r.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn http_roundtrip_proto_json_gzip_and_plain() {
+    for encoding in [HttpEncoding::Proto, HttpEncoding::Json] {
+        for compression in [Compression::Gzip, Compression::None] {
+            let (r, c) = start_receiver().await;
+            let cfg = OtlpHttpConfig {
+                endpoint: format!("http://{}", r.http_addr().unwrap()),
+                encoding,
+                compression,
+                ..Default::default()
+            };
+            let e = OtlpHttpExporter::new(settings(Kind::Exporter, "otlp_http/out"), cfg).unwrap();
+            roundtrip(&e, &c).await;
+            r.shutdown().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn factories_build_from_yaml() {
+    let port = free_port();
+    let f = profcol_receivers::otlp::factory_otlp();
+    let raw: serde_yaml::Value =
+        serde_yaml::from_str(&format!("protocols:\n  grpc:\n    endpoint: 127.0.0.1:{port}\n  http:\n")).unwrap();
+    let eff = f.effective_config(&raw).unwrap();
+    let text = serde_yaml::to_string(&eff).unwrap();
+    assert!(text.contains("localhost:4318") && text.contains("max_recv_msg_size_mib"), "{text}");
+    let bad: serde_yaml::Value = serde_yaml::from_str("protocols: {grpc: {endpiont: x}}").unwrap();
+    assert!(f.effective_config(&bad).unwrap_err().to_string().contains("endpiont"));
+    for ty in ["otlp", "otlp_grpc", "otlp_http"] {
+        let f = profcol_exporters::factories().into_iter().find(|f| f.meta().type_name == ty).unwrap();
+        let raw: serde_yaml::Value = serde_yaml::from_str("endpoint: http://127.0.0.1:1\ncompression: none").unwrap();
+        f.create(settings(Kind::Exporter, ty), &raw).unwrap();
+    }
+}

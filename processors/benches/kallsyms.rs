@@ -1,0 +1,273 @@
+//! kernel_symbols benchmarks on a copy of this machine's /proc/kallsyms,
+//! each against a named baseline in the same run, with the ratio printed:
+//!
+//! - parse: our parser vs blazesym's kallsyms resolver (goal <= 0.5x);
+//! - bytes held (counting allocator) vs 8 bytes per text symbol plus
+//!   length-prefixed names (goal <= 0.6x);
+//! - random-address lookups vs blazesym (goal >= 2x);
+//! - lookup p99 during a storm of 1000 module uevents/s vs idle (goal <= 2x).
+//!
+//! `KALLSYMS_BENCH_FILE=path` uses a given copy instead of /proc/kallsyms.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blazesym::symbolize::source::{Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::MaybeDefault;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use profcol_processors::kernel_symbols::generations::{now_ns, Generations};
+use profcol_processors::kernel_symbols::kallsyms::{self, ParseOptions};
+use profcol_processors::kernel_symbols::reload::{self, ReloadConfig, Trigger};
+use profcol_processors::kernel_symbols::{Store, StoreConfig};
+
+/// Counts live heap bytes.
+struct Counting;
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's arguments.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The kallsyms copy the benchmarks read.
+fn kallsyms_file() -> PathBuf {
+    if let Ok(p) = std::env::var("KALLSYMS_BENCH_FILE") {
+        return p.into();
+    }
+    let dest = std::env::temp_dir().join("profcol-bench-kallsyms");
+    std::fs::copy("/proc/kallsyms", &dest).expect("copy /proc/kallsyms (run as root so addresses are real)");
+    dest
+}
+
+fn blaze_src(path: &Path) -> Source<'static> {
+    Source::Kernel(Kernel {
+        kallsyms: MaybeDefault::Some(path.to_path_buf()),
+        vmlinux: MaybeDefault::None,
+        kaslr_offset: Some(0),
+        debug_syms: false,
+        ..Default::default()
+    })
+}
+
+fn ours_parse(path: &Path) -> kallsyms::Parsed {
+    let text = std::fs::read(path).unwrap();
+    kallsyms::parse(&text, &ParseOptions::default())
+}
+
+/// Addresses spread over vmlinux text, fixed seed.
+fn random_addrs(path: &Path, n: usize) -> Vec<u64> {
+    let p = ours_parse(path);
+    let v = p.vmlinux.unwrap();
+    let (lo, hi) = (v.base(), v.last_addr());
+    let mut x = 0x9e3779b97f4a7c15u64;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            lo + x % (hi - lo)
+        })
+        .collect()
+}
+
+fn time_per_iter(mut f: impl FnMut(), min: Duration) -> Duration {
+    f();
+    let start = Instant::now();
+    let mut n = 0u32;
+    while start.elapsed() < min || n < 3 {
+        f();
+        n += 1;
+    }
+    start.elapsed() / n
+}
+
+fn report(what: &str, ours: f64, base: f64, unit: &str, goal: &str) {
+    println!("RATIO {what}: ours {ours:.3} {unit}, baseline {base:.3} {unit}, ratio {:.3} (goal {goal})", ours / base);
+}
+
+fn bench_parse(c: &mut Criterion) {
+    let path = kallsyms_file();
+    let mut g = c.benchmark_group("kallsyms_parse");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    g.bench_function("profcol", |b| b.iter(|| black_box(ours_parse(&path))));
+    let src = blaze_src(&path);
+    let addr = random_addrs(&path, 1)[0];
+    g.bench_function("blazesym", |b| {
+        b.iter(|| {
+            let s = Symbolizer::new();
+            black_box(s.symbolize_single(&src, Input::AbsAddr(addr)).unwrap());
+        })
+    });
+    g.finish();
+    let ours = time_per_iter(|| drop(black_box(ours_parse(&path))), Duration::from_secs(2));
+    let base = time_per_iter(
+        || {
+            let s = Symbolizer::new();
+            black_box(s.symbolize_single(&src, Input::AbsAddr(addr)).unwrap());
+        },
+        Duration::from_secs(2),
+    );
+    report("parse time", ours.as_secs_f64() * 1e3, base.as_secs_f64() * 1e3, "ms", "<= 0.5");
+}
+
+fn bench_bytes(_c: &mut Criterion) {
+    let path = kallsyms_file();
+    let text = std::fs::read(&path).unwrap();
+    // Baseline layout: every text symbol (T t W w, __pfx_ included) as an
+    // 8-byte address plus a length-prefixed name.
+    let baseline: usize = String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, t, n) = (f.next()?, f.next()?, f.next()?);
+            matches!(t, "T" | "t" | "W" | "w").then_some(8 + 1 + n.len())
+        })
+        .sum();
+    let before = live();
+    let parsed = kallsyms::parse(&text, &ParseOptions::default());
+    drop(text);
+    let held = (live() - before) as f64 + std::mem::size_of_val(&parsed) as f64;
+    // Store::open holds the same tables plus snapshot bookkeeping.
+    let before = live();
+    let store = Store::open(StoreConfig { kallsyms: path.clone(), sysfs: "/sys".into(), bpf_syscall: false, ..Default::default() }).unwrap();
+    let store_held = live() - before;
+    let blaze_before = live();
+    let s = Symbolizer::new();
+    let src = blaze_src(&path);
+    black_box(s.symbolize_single(&src, Input::AbsAddr(random_addrs(&path, 1)[0])).unwrap());
+    let blaze_held = live() - blaze_before;
+    println!(
+        "BYTES parsed tables {held:.0}, Store {store_held}, layout baseline {baseline}, blazesym resolver {blaze_held}; symbols kept {} of {} lines",
+        parsed.stats.symbols, parsed.stats.lines
+    );
+    report("bytes held", held / 1024.0, baseline as f64 / 1024.0, "KiB", "<= 0.6");
+    drop((parsed, store, s));
+}
+
+fn bench_lookup(c: &mut Criterion) {
+    let path = kallsyms_file();
+    let addrs = random_addrs(&path, 1 << 16);
+    let store = Store::open(StoreConfig { kallsyms: path.clone(), sysfs: "/sys".into(), bpf_syscall: false, ..Default::default() }).unwrap();
+    let gens = store.generations().load();
+    let ours = |addrs: &[u64]| {
+        let snap = &Generations::at(&gens, now_ns()).snapshot;
+        let mut hits = 0usize;
+        for &a in addrs {
+            hits += snap.lookup(a).is_some() as usize;
+        }
+        hits
+    };
+    let s = Symbolizer::new();
+    let src = blaze_src(&path);
+    let blaze = |addrs: &[u64]| {
+        let mut hits = 0usize;
+        for chunk in addrs.chunks(1024) {
+            let r = s.symbolize(&src, Input::AbsAddr(chunk)).unwrap();
+            hits += r.iter().filter(|x| matches!(x, Symbolized::Sym(_))).count();
+        }
+        hits
+    };
+    assert_eq!(ours(&addrs), addrs.len());
+    let mut g = c.benchmark_group("kallsyms_lookup");
+    g.throughput(Throughput::Elements(addrs.len() as u64)).sample_size(10);
+    g.bench_function("profcol", |b| b.iter(|| black_box(ours(&addrs))));
+    g.bench_function("blazesym", |b| b.iter(|| black_box(blaze(&addrs))));
+    g.finish();
+    let n = addrs.len() as f64;
+    let o = time_per_iter(|| drop(black_box(ours(&addrs))), Duration::from_secs(2)).as_secs_f64();
+    let b = time_per_iter(|| drop(black_box(blaze(&addrs))), Duration::from_secs(2)).as_secs_f64();
+    // Throughput ratio: higher is better, so baseline time / our time.
+    println!("RATIO lookup throughput: ours {:.1} M/s, blazesym {:.1} M/s, ratio {:.2} (goal >= 2)", n / o / 1e6, n / b / 1e6, b / o);
+}
+
+/// p99 of the time for a batch of 64 lookups, measured for `dur`.
+fn lookup_p99(store: &Store, addrs: &[u64], dur: Duration) -> Duration {
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed() < dur {
+        let t = Instant::now();
+        let gens = store.generations().load();
+        let snap = &Generations::at(&gens, now_ns()).snapshot;
+        for k in 0..64 {
+            black_box(snap.lookup(addrs[(i + k) % addrs.len()]));
+        }
+        samples.push(t.elapsed());
+        i += 64;
+    }
+    samples.sort();
+    samples[samples.len() * 99 / 100]
+}
+
+fn bench_storm(_c: &mut Criterion) {
+    let path = kallsyms_file();
+    let addrs = random_addrs(&path, 1 << 14);
+    let store = Arc::new(
+        Store::open(StoreConfig { kallsyms: path.clone(), sysfs: "/sys".into(), bpf_syscall: false, ..Default::default() }).unwrap(),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let secs = 10u64;
+    let min_interval = Duration::from_secs(1);
+    let idle = lookup_p99(&store, &addrs, Duration::from_secs(3));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let _guard = rt.enter();
+    let task = reload::spawn(store.clone(), ReloadConfig { min_interval, ..Default::default() }, rx);
+    let reads0 = store.counters.full_reads.load(Ordering::Relaxed);
+    let done = Arc::new(AtomicBool::new(false));
+    let storm = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut sent = 0u64;
+            while start.elapsed() < Duration::from_secs(secs) {
+                let due = (start.elapsed().as_secs_f64() * 1000.0) as u64;
+                while sent < due {
+                    let _ = tx.send(Trigger::ModuleUevent { at_ns: now_ns() });
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            done.store(true, Ordering::Relaxed);
+            sent
+        })
+    };
+    let during = lookup_p99(&store, &addrs, Duration::from_secs(secs - 1));
+    let sent = storm.join().unwrap();
+    std::thread::sleep(min_interval + Duration::from_millis(300));
+    let reads = store.counters.full_reads.load(Ordering::Relaxed) - reads0;
+    println!(
+        "STORM {sent} uevents in {secs} s, min_interval {min_interval:?}: {reads} full kallsyms reads (bound {}), {} metadata refreshes",
+        (secs as f64 / min_interval.as_secs_f64()).ceil() as u64 + 1,
+        store.counters.metadata_refreshes.load(Ordering::Relaxed)
+    );
+    report("lookup p99 (64 lookups) storm vs idle", during.as_secs_f64() * 1e6, idle.as_secs_f64() * 1e6, "us", "<= 2");
+    task.abort();
+}
+
+criterion_group!(benches, bench_parse, bench_bytes, bench_lookup, bench_storm);
+criterion_main!(benches);

@@ -1,0 +1,150 @@
+//! kernel_symbols against the running kernel (needs root). Where root or a
+//! capability is missing the tests say so and pass, except with CI=true,
+//! where that is a failure.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use profcol_processors::kernel_symbols::bpf::{btf, sys};
+use profcol_processors::kernel_symbols::generations::{now_ns, Generations};
+use profcol_processors::kernel_symbols::reload::{self, ReloadConfig};
+use profcol_processors::kernel_symbols::snapshot::Symbol;
+use profcol_processors::kernel_symbols::store::BpfSource;
+use profcol_processors::kernel_symbols::{perf_ksymbol, Store, StoreConfig};
+
+/// Whether the test can run; panics under CI when it cannot.
+fn require_root(what: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let msg = format!("{what} needs root (kallsyms addresses, bpf, perf_event_open); run the tests as root");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    false
+}
+
+fn missing(what: &str, e: impl std::fmt::Display) -> ! {
+    panic!("{what}: {e}; the test needs it (root with CAP_SYS_ADMIN, bpf JIT enabled)")
+}
+
+#[test]
+fn proc_kallsyms_parses_and_vfs_read_resolves() {
+    if !require_root("proc_kallsyms_parses") {
+        return;
+    }
+    let store = Store::open(StoreConfig { bpf_syscall: false, ..Default::default() }).unwrap();
+    let p = store.last_parse();
+    assert!(p.symbols > 10_000, "{p:?}");
+    assert_eq!(p.malformed, 0, "{p:?}");
+    let snap = store.generations().current().snapshot.clone();
+    let vfs_read = snap.find("vfs_read").expect("vfs_read in /proc/kallsyms");
+    match snap.lookup(vfs_read + 5) {
+        Some(Symbol::Kernel { name, off }) => assert_eq!((name, off), ("vfs_read", 5)),
+        other => panic!("vfs_read+5 resolved to {other:?}"),
+    }
+    // No address resolves to padding.
+    assert!(snap.vmlinux.iter().all(|(_, n)| !n.starts_with("__pfx_")));
+}
+
+/// A two-instruction socket filter (`r0 = 0; exit`) with BTF naming its
+/// function and a source line.
+fn load_test_prog() -> std::os::fd::OwnedFd {
+    let (blob, offs) = btf::build_for_test(&["profcol_test_fn"], &["/src/profcol_test.c", "return 0;"]);
+    let btf_fd = sys::btf_load(&blob).unwrap_or_else(|e| missing("BPF_BTF_LOAD", e));
+    let insns: [u64; 2] = [0xb7, 0x95];
+    let line_col = (42 << 10) | 5;
+    sys::prog_load(&sys::ProgLoad {
+        prog_type: 1, // BPF_PROG_TYPE_SOCKET_FILTER
+        insns: &insns,
+        name: "profcol_test",
+        btf_fd: Some(&btf_fd),
+        func_info: &[[0, 3]],
+        line_info: &[[0, offs[0], offs[1], line_col]],
+    })
+    .unwrap_or_else(|e| missing("BPF_PROG_LOAD", e))
+}
+
+/// Address and name of the test program from /proc/kallsyms.
+fn kallsyms_entry(suffix: &str) -> Option<(u64, String)> {
+    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (a, _, n) = (f.next()?, f.next()?, f.next()?);
+        n.ends_with(suffix).then(|| (u64::from_str_radix(a, 16).ok().unwrap_or(0), n.to_owned()))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpf_program_resolves_live_and_by_time_after_unload() {
+    if !require_root("bpf_program_resolves") {
+        return;
+    }
+    let store = Arc::new(Store::open(StoreConfig::default()).unwrap());
+    assert_eq!(store.bpf_source(), BpfSource::Syscall, "bpf syscall enumeration works as root");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let rings = perf_ksymbol::spawn(tx.clone()).unwrap_or_else(|e| missing("perf_event_open", e));
+    let task = reload::spawn(store.clone(), ReloadConfig::default(), rx);
+    let reads = store.counters.full_reads.load(Relaxed);
+
+    let fd = load_test_prog();
+    let loaded = Instant::now();
+    let (addr, kname) = kallsyms_entry("_profcol_test_fn").expect("program in /proc/kallsyms");
+    assert!(kname.starts_with("bpf_prog_"), "{kname}");
+    // Resolves within 1 s, with the name the kernel gives it and, once the
+    // program's info is read, its BTF function name and source line.
+    let resolved = loop {
+        let g = store.generations().current();
+        if let Some(Symbol::Bpf { func, line, .. }) = g.snapshot.lookup(addr) {
+            if func.func.is_some() && line.is_some() {
+                break (func.name.to_string(), func.func.as_deref().map(str::to_owned), line.map(|l| (l.file.to_string(), l.line)));
+            }
+        }
+        assert!(loaded.elapsed() < Duration::from_secs(1), "not resolved within 1 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(resolved.0, kname);
+    assert_eq!(resolved.1.as_deref(), Some("profcol_test_fn"));
+    assert_eq!(resolved.2, Some(("/src/profcol_test.c".to_owned(), 42)));
+    assert_eq!(store.counters.full_reads.load(Relaxed), reads, "no kallsyms re-read for BPF");
+
+    let before_unload = now_ns();
+    std::thread::sleep(Duration::from_millis(2));
+    let _ = fd.as_raw_fd();
+    drop(fd);
+    // Programs are freed after an RCU grace period; wait for the unregister.
+    let unloaded = Instant::now();
+    loop {
+        let g = store.generations().current();
+        if !matches!(g.snapshot.lookup(addr), Some(Symbol::Bpf { .. })) {
+            break;
+        }
+        assert!(unloaded.elapsed() < Duration::from_secs(5), "unload not seen");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let after_unload = now_ns();
+    let list = store.generations().load();
+    assert!(matches!(Generations::at(&list, before_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
+    assert!(!matches!(Generations::at(&list, after_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
+    assert_eq!(store.counters.full_reads.load(Relaxed), reads, "no kallsyms re-read for BPF");
+
+    for r in rings {
+        r.abort();
+    }
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uevent_socket_opens() {
+    if !require_root("uevent_socket_opens") {
+        return;
+    }
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let t = profcol_processors::kernel_symbols::uevent::spawn(tx).expect("NETLINK_KOBJECT_UEVENT socket");
+    t.abort();
+}

@@ -1,0 +1,337 @@
+//! Shared helpers of the ebpf integration tests (root / CAP_BPF needed).
+#![allow(dead_code)]
+
+use async_trait::async_trait;
+use profcol_api::component::{ComponentId, ConsumeError, Consumer, Kind, Next, Receiver};
+use profcol_api::model::{any_value, keys, pb};
+use profcol_api::telemetry::Telemetry;
+use profcol_api::{CreateSettings, Profiles};
+use profcol_receivers::ebpf::privileges::Privileges;
+use profcol_receivers::ebpf::{EbpfConfig, EbpfReceiver};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// Whether this process may load BPF and sample every CPU. Without the
+/// privileges the test is skipped with a message, except under CI=true,
+/// where it fails: CI runs as root and must really run these tests.
+pub fn require_bpf(test: &str) -> bool {
+    let privs = Privileges::current();
+    match privs.check() {
+        Ok(()) => true,
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{test}: CI=true but this test cannot run: {e}");
+            }
+            eprintln!("SKIPPED {test}: needs root or CAP_BPF+CAP_PERFMON ({e})");
+            false
+        }
+    }
+}
+
+/// Collects every batch the receiver pushes.
+#[derive(Default)]
+pub struct Collect(pub Mutex<Vec<Profiles>>);
+
+#[async_trait]
+impl Consumer for Collect {
+    async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError> {
+        self.0.lock().unwrap().push(batch);
+        Ok(())
+    }
+}
+
+pub struct Running {
+    pub receiver: EbpfReceiver,
+    pub sink: Arc<Collect>,
+    pub registry: Telemetry,
+}
+
+pub async fn start(config: EbpfConfig) -> Running {
+    let registry = Telemetry::new();
+    let id: ComponentId = "ebpf".parse().unwrap();
+    let telemetry = registry.component(Kind::Receiver, &id);
+    let receiver = EbpfReceiver::new(
+        CreateSettings {
+            id,
+            telemetry: telemetry.clone(),
+        },
+        config,
+    );
+    let sink = Arc::new(Collect::default());
+    let next = Next::new(vec![sink.clone() as Arc<dyn Consumer>], telemetry);
+    receiver.start(next).await.expect("ebpf receiver starts");
+    Running {
+        receiver,
+        sink,
+        registry,
+    }
+}
+
+impl Running {
+    pub async fn stop(self) -> (Vec<Profiles>, String) {
+        self.receiver.shutdown().await.expect("shutdown");
+        let batches = std::mem::take(&mut *self.sink.0.lock().unwrap());
+        (batches, self.registry.render())
+    }
+}
+
+/// Compiles examples/workloads/<name>.c with frame pointers into `dir`.
+pub fn build_workload(name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/workloads")
+        .join(format!("{name}.c"));
+    let out = dir.join(name);
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-inline",
+            "-Wl,--build-id",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc (install gcc)");
+    assert!(status.success(), "compiling {}", src.display());
+    out
+}
+
+/// A workload process following the ready/go/cpu_ns protocol.
+pub struct Workload {
+    pub child: Child,
+    pub pid: u32,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Workload {
+    pub fn spawn(bin: &Path, seconds: f64) -> Self {
+        let mut child = Command::new(bin)
+            .arg(seconds.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn workload");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let pid = line
+            .trim()
+            .strip_prefix("ready ")
+            .expect("ready line")
+            .parse()
+            .unwrap();
+        Workload {
+            child,
+            pid,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn go(&mut self) {
+        writeln!(self.stdin, "go").unwrap();
+    }
+
+    /// Waits for exit; returns the CPU time it used while running, in ns.
+    pub fn wait_cpu_ns(mut self) -> u64 {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert!(self.child.wait().unwrap().success());
+        line.trim()
+            .strip_prefix("cpu_ns ")
+            .expect("cpu_ns line")
+            .parse()
+            .unwrap()
+    }
+}
+
+/// One observed sample of a process, frames resolved from the batch.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub address: u64,
+    pub mapping: Option<pb::Mapping>,
+    pub mapping_filename: String,
+    pub build_id: Option<String>,
+    pub frame_type: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub count: usize,
+    pub timestamps: Vec<u64>,
+    pub frames: Vec<Frame>,
+    pub attrs: Vec<(String, any_value::Value)>,
+    pub resource: Vec<(String, any_value::Value)>,
+}
+
+fn str_of(d: &pb::ProfilesDictionary, i: i32) -> String {
+    d.string_table.get(i as usize).cloned().unwrap_or_default()
+}
+
+fn attr(d: &pb::ProfilesDictionary, i: i32) -> (String, any_value::Value) {
+    let a = &d.attribute_table[i as usize];
+    (
+        str_of(d, a.key_strindex),
+        a.value.clone().and_then(|v| v.value).unwrap(),
+    )
+}
+
+/// Every sample of process `pid` across batches.
+pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
+    let mut out = Vec::new();
+    for b in batches {
+        b.validate().expect("batch is valid");
+        let d = b.dictionary().unwrap();
+        for rp in &b.0.resource_profiles {
+            let res: Vec<(String, any_value::Value)> = rp
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key.clone(),
+                        kv.value.clone().and_then(|v| v.value).unwrap(),
+                    )
+                })
+                .collect();
+            if !res.contains(&(
+                keys::PROCESS_PID.into(),
+                any_value::Value::IntValue(pid as i64),
+            )) {
+                continue;
+            }
+            for sp in &rp.scope_profiles {
+                for p in &sp.profiles {
+                    for s in &p.samples {
+                        let stack = &d.stack_table[s.stack_index as usize];
+                        let frames = stack
+                            .location_indices
+                            .iter()
+                            .map(|&li| {
+                                let l = &d.location_table[li as usize];
+                                let m = (l.mapping_index != 0)
+                                    .then(|| d.mapping_table[l.mapping_index as usize].clone());
+                                let build_id = m.as_ref().and_then(|m| {
+                                    m.attribute_indices
+                                        .iter()
+                                        .map(|&i| attr(d, i))
+                                        .find(|(k, _)| k == keys::BUILD_ID_GNU)
+                                        .map(|(_, v)| match v {
+                                            any_value::Value::StringValue(s) => s,
+                                            _ => String::new(),
+                                        })
+                                });
+                                let frame_type = l
+                                    .attribute_indices
+                                    .iter()
+                                    .map(|&i| attr(d, i))
+                                    .find(|(k, _)| k == keys::FRAME_TYPE)
+                                    .map(|(_, v)| match v {
+                                        any_value::Value::StringValue(s) => s,
+                                        _ => String::new(),
+                                    })
+                                    .unwrap_or_default();
+                                Frame {
+                                    address: l.address,
+                                    mapping_filename: m
+                                        .as_ref()
+                                        .map(|m| str_of(d, m.filename_strindex))
+                                        .unwrap_or_default(),
+                                    mapping: m,
+                                    build_id,
+                                    frame_type,
+                                }
+                            })
+                            .collect();
+                        out.push(Observed {
+                            count: s.timestamps_unix_nano.len(),
+                            timestamps: s.timestamps_unix_nano.clone(),
+                            frames,
+                            attrs: s.attribute_indices.iter().map(|&i| attr(d, i)).collect(),
+                            resource: res.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Symbolizes runtime addresses of one ELF file from its symbol table.
+pub struct Symbolizer {
+    segments: Vec<(u64, u64, u64)>, // (file offset, file size, vaddr)
+    symbols: Vec<(u64, u64, String)>,
+    pub build_id: Option<String>,
+}
+
+impl Symbolizer {
+    pub fn new(path: &Path) -> Self {
+        use object::{Object, ObjectSegment, ObjectSymbol};
+        let data = std::fs::read(path).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let segments = file
+            .segments()
+            .map(|s| {
+                let (off, size) = s.file_range();
+                (off, size, s.address())
+            })
+            .collect();
+        let mut symbols: Vec<(u64, u64, String)> = file
+            .symbols()
+            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+            .map(|s| (s.address(), s.size(), s.name().unwrap_or("").to_owned()))
+            .collect();
+        symbols.sort();
+        let build_id = file
+            .build_id()
+            .ok()
+            .flatten()
+            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
+        Symbolizer {
+            segments,
+            symbols,
+            build_id,
+        }
+    }
+
+    /// Function holding the runtime `address` of a frame in `mapping`.
+    pub fn function(&self, mapping: &pb::Mapping, address: u64) -> Option<&str> {
+        let file_off = address.checked_sub(mapping.memory_start)? + mapping.file_offset;
+        let &(seg_off, _, vaddr) = self
+            .segments
+            .iter()
+            .find(|&&(off, size, _)| file_off >= off && file_off < off + size)?;
+        let v = file_off - seg_off + vaddr;
+        self.symbols
+            .iter()
+            .find(|(a, sz, _)| v >= *a && v < a + sz)
+            .map(|(_, _, n)| n.as_str())
+    }
+}
+
+/// `_stext` and `_etext` from /proc/kallsyms.
+pub fn kernel_text() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let find = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = f.next()?;
+                let _ty = f.next()?;
+                (f.next()? == name)
+                    .then(|| u64::from_str_radix(addr, 16).ok())
+                    .flatten()
+            })
+            .unwrap_or_else(|| panic!("{name} not in /proc/kallsyms"))
+    };
+    (find("_stext"), find("_etext"))
+}

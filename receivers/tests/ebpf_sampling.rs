@@ -1,0 +1,263 @@
+//! ebpf receiver, end to end: real BPF program, real perf events, real
+//! workloads. Needs root (or CAP_BPF + CAP_PERFMON); fails under CI=true
+//! without them, skips with a message otherwise.
+//!
+//!     sudo -E cargo test -p profcol-receivers --test ebpf_sampling -- --test-threads=1
+
+mod ebpf_common;
+
+use ebpf_common::*;
+use profcol_api::model::{any_value::Value, keys};
+use profcol_receivers::ebpf::EbpfConfig;
+use std::time::Duration;
+
+const FREQ: u64 = 99;
+const BURN_SECONDS: f64 = 3.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burn_workload_is_sampled_in_its_hot_function() {
+    if !require_bpf("burn_workload_is_sampled_in_its_hot_function") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload("burn", dir.path());
+    let mut w = Workload::spawn(&bin, BURN_SECONDS);
+    let pid = w.pid;
+
+    // Whole host (no pid filter), as the node agent runs.
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    w.go();
+    let cpu_ns = tokio::task::spawn_blocking(move || w.wait_cpu_ns())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (batches, metrics) = running.stop().await;
+    let t1 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+
+    let samples = samples_of(&batches, pid);
+    assert!(
+        !samples.is_empty(),
+        "no batch contains pid {pid}; {} batches\n{metrics}",
+        batches.len()
+    );
+    let total: usize = samples.iter().map(|s| s.count).sum();
+
+    // Sample count ~ frequency x CPU seconds the workload actually burned
+    // (CPU time, not wall time: the host may be shared).
+    let expected = FREQ as f64 * cpu_ns as f64 / 1e9;
+    let ratio = total as f64 / expected;
+    eprintln!(
+        "burn: {total} samples, expected {expected:.0} (cpu {:.2}s), ratio {ratio:.2}",
+        cpu_ns as f64 / 1e9
+    );
+    assert!(
+        (0.7..=1.3).contains(&ratio),
+        "sample count {total} not within ±30% of {expected:.0}\n{metrics}"
+    );
+
+    // >= 70% of samples have profcol_burn_hot in the user stack, symbolized
+    // from the binary's own symbol table through the batch's mappings.
+    let sym = Symbolizer::new(&bin);
+    let exe = bin.to_string_lossy().to_string();
+    let mut hot = 0;
+    for s in &samples {
+        let found = s
+            .frames
+            .iter()
+            .filter(|f| f.frame_type == "native")
+            .any(|f| {
+                f.mapping_filename == exe
+                    && f.mapping.as_ref().and_then(|m| sym.function(m, f.address))
+                        == Some("profcol_burn_hot")
+            });
+        if found {
+            hot += s.count;
+        }
+    }
+    let share = hot as f64 / total as f64;
+    eprintln!(
+        "burn: {hot}/{total} samples in profcol_burn_hot ({:.0}%)",
+        share * 100.0
+    );
+    assert!(
+        share >= 0.7,
+        "only {:.0}% of samples in profcol_burn_hot",
+        share * 100.0
+    );
+
+    // The data model: resource, sample attributes, timestamps, build id.
+    let s = samples.iter().max_by_key(|s| s.count).unwrap();
+    assert!(s.resource.contains(&(
+        keys::PROCESS_EXECUTABLE_NAME.into(),
+        Value::StringValue("burn".into())
+    )));
+    assert!(s.resource.contains(&(
+        keys::PROCESS_EXECUTABLE_PATH.into(),
+        Value::StringValue(exe.clone())
+    )));
+    assert!(s.resource.iter().any(|(k, _)| k == keys::HOST_NAME));
+    assert!(s
+        .attrs
+        .contains(&(keys::THREAD_ID.into(), Value::IntValue(pid as i64))));
+    assert!(s
+        .attrs
+        .contains(&(keys::THREAD_NAME.into(), Value::StringValue("burn".into()))));
+    assert!(s.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER));
+    for s in &samples {
+        for &t in &s.timestamps {
+            assert!(
+                t >= t0 - 1_000_000_000 && t <= t1,
+                "timestamp {t} outside [{t0}, {t1}]"
+            );
+        }
+    }
+    let exe_frame = s
+        .frames
+        .iter()
+        .find(|f| f.mapping_filename == exe)
+        .expect("a frame in the executable");
+    assert!(sym.build_id.is_some(), "workload linked with --build-id");
+    assert_eq!(
+        exe_frame.build_id, sym.build_id,
+        "mapping carries the GNU build id"
+    );
+    // Leaf first: the first user frame is the hot function itself.
+    let first_user = s.frames.iter().find(|f| f.frame_type == "native").unwrap();
+    assert_eq!(
+        sym.function(first_user.mapping.as_ref().unwrap(), first_user.address),
+        Some("profcol_burn_hot")
+    );
+    assert!(
+        metrics.contains("profcol_receiver_ebpf_samples_lost_ringbuf_total{receiver=\"ebpf\"} 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syscall_workload_yields_kernel_frames_in_kernel_text() {
+    if !require_bpf("syscall_workload_yields_kernel_frames_in_kernel_text") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload("readzero", dir.path());
+    let mut w = Workload::spawn(&bin, 2.0);
+    let pid = w.pid;
+    // Only this process (exercises the `pids` option).
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        ..Default::default()
+    })
+    .await;
+    w.go();
+    let _cpu = tokio::task::spawn_blocking(move || w.wait_cpu_ns())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (batches, metrics) = running.stop().await;
+
+    // With the pid filter, no other process appears.
+    for b in &batches {
+        for rp in &b.0.resource_profiles {
+            let pid_attr = rp
+                .resource
+                .as_ref()
+                .unwrap()
+                .attributes
+                .iter()
+                .find(|a| a.key == keys::PROCESS_PID);
+            assert_eq!(
+                pid_attr.and_then(|a| a.value.clone()).and_then(|v| v.value),
+                Some(Value::IntValue(pid as i64))
+            );
+        }
+    }
+    let samples = samples_of(&batches, pid);
+    let total: usize = samples.iter().map(|s| s.count).sum();
+    assert!(total > 50, "too few samples ({total})\n{metrics}");
+    let (stext, etext) = kernel_text();
+    assert!(
+        stext != 0,
+        "/proc/kallsyms shows zero addresses (kptr_restrict); run as root"
+    );
+    let mut with_kernel = 0;
+    let mut kernel_frames = 0;
+    for s in &samples {
+        let k: Vec<_> = s
+            .frames
+            .iter()
+            .filter(|f| f.frame_type == "kernel")
+            .collect();
+        if !k.is_empty() {
+            with_kernel += s.count;
+        }
+        for f in &k {
+            assert_eq!(f.mapping_filename, keys::KERNEL_MAPPING);
+            assert!(
+                f.address >= stext && f.address < etext,
+                "kernel frame {:#x} outside kernel text [{stext:#x}, {etext:#x})",
+                f.address
+            );
+            kernel_frames += 1;
+        }
+        // Kernel frames come first (leaf first), then user frames.
+        if let Some(first_native) = s.frames.iter().position(|f| f.frame_type == "native") {
+            assert!(s.frames[first_native..]
+                .iter()
+                .all(|f| f.frame_type == "native"));
+        }
+    }
+    if let Some(top) = samples.iter().max_by_key(|s| s.count) {
+        let names = kallsyms_names(
+            top.frames
+                .iter()
+                .filter(|f| f.frame_type == "kernel")
+                .map(|f| f.address),
+        );
+        eprintln!(
+            "readzero: most common stack ({} samples), kernel part: {names:?}",
+            top.count
+        );
+    }
+    eprintln!("readzero: {with_kernel}/{total} samples with kernel frames, {kernel_frames} kernel frames checked");
+    assert!(
+        with_kernel as f64 >= 0.5 * total as f64,
+        "only {with_kernel}/{total} samples have kernel frames"
+    );
+}
+
+/// Nearest preceding text symbol of each address, from /proc/kallsyms.
+fn kallsyms_names(addrs: impl Iterator<Item = u64>) -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let mut syms: Vec<(u64, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let a = u64::from_str_radix(f.next()?, 16).ok()?;
+            let t = f.next()?;
+            matches!(t, "t" | "T").then(|| (a, f.next().unwrap_or("").to_owned()))
+        })
+        .collect();
+    syms.sort();
+    addrs
+        .map(|a| {
+            let i = syms.partition_point(|(s, _)| *s <= a);
+            i.checked_sub(1)
+                .map(|i| syms[i].1.clone())
+                .unwrap_or_else(|| format!("{a:#x}"))
+        })
+        .collect()
+}
