@@ -2,7 +2,10 @@
 //!
 //! Each module is one exporter type; [`factories`] lists them for the host.
 
+pub mod flamegraph;
+pub mod group;
 pub mod otlp;
+pub mod pprof;
 
 pub mod debug;
 pub mod file;
@@ -12,5 +15,5 @@ use std::sync::Arc;
 
 /// Every exporter factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![file::factory_file(), debug::factory_debug(), otlp::grpc::factory_otlp(), otlp::grpc::factory_otlp_grpc(), otlp::http::factory_otlp_http()]
+    vec![file::factory_file(), debug::factory_debug(), otlp::grpc::factory_otlp(), otlp::grpc::factory_otlp_grpc(), otlp::http::factory_otlp_http(), pprof::factory_pprof(), flamegraph::factory_flamegraph()]
 }

@@ -11,5 +11,5 @@ use std::sync::Arc;
 
 /// Every receiver factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![file::factory_file(), otlp::factory_otlp()]
+    vec![ebpf::factory(), file::factory_file(), otlp::factory_otlp()]
 }

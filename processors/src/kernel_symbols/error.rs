@@ -19,7 +19,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {what}; this file is written by the kernel, so the sysfs root is probably wrong")]
+    #[error(
+        "{path}: {what}; this file is written by the kernel, so the sysfs root is probably wrong"
+    )]
     SysfsFormat { path: PathBuf, what: String },
     #[error("bpf({cmd}) failed: {source}; BPF program names need CAP_SYS_ADMIN (or CAP_BPF+CAP_PERFMON), falling back to [bpf] lines of kallsyms")]
     Bpf {

@@ -23,7 +23,10 @@ pub struct ParseOptions<'f> {
 
 impl Default for ParseOptions<'_> {
     fn default() -> Self {
-        ParseOptions { vmlinux: true, module: &|_| true }
+        ParseOptions {
+            vmlinux: true,
+            module: &|_| true,
+        }
     }
 }
 
@@ -97,11 +100,18 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
         if l.addr == 0 {
             stats.zero_addr += 1;
         }
-        let entry = Entry { addr: l.addr, rank: table::rank(l.kind, l.name), name: l.name };
+        let entry = Entry {
+            addr: l.addr,
+            rank: table::rank(l.kind, l.name),
+            name: l.name,
+        };
         match l.module {
             None if opts.vmlinux => vmlinux.push(entry),
             None => stats.unchanged += 1,
-            Some("bpf") => bpf.push(BpfLine { addr: l.addr, name: l.name.into() }),
+            Some("bpf") => bpf.push(BpfLine {
+                addr: l.addr,
+                name: l.name.into(),
+            }),
             Some(m) => {
                 let slot = match current {
                     Some((name, slot)) if name == m => slot,
@@ -135,7 +145,12 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
     stats.truncated = bs.truncated;
     stats.aliases = bs.aliases;
     stats.out_of_range = bs.out_of_range;
-    Parsed { vmlinux, modules, bpf, stats }
+    Parsed {
+        vmlinux,
+        modules,
+        bpf,
+        stats,
+    }
 }
 
 struct Line<'a> {
@@ -147,7 +162,9 @@ struct Line<'a> {
 
 /// Splits one line; `None` when it is malformed.
 fn split_line(line: &[u8]) -> Option<Line<'_>> {
-    let mut fields = line.split(|&b| b == b' ' || b == b'\t').filter(|f| !f.is_empty());
+    let mut fields = line
+        .split(|&b| b == b' ' || b == b'\t')
+        .filter(|f| !f.is_empty());
     let addr = parse_hex(fields.next()?)?;
     let kind = match fields.next()? {
         [k] => *k,
@@ -167,7 +184,12 @@ fn split_line(line: &[u8]) -> Option<Line<'_>> {
     if fields.next().is_some() {
         return None;
     }
-    Some(Line { addr, kind, name, module })
+    Some(Line {
+        addr,
+        kind,
+        name,
+        module,
+    })
 }
 
 fn parse_hex(s: &[u8]) -> Option<u64> {
@@ -194,7 +216,10 @@ mod tests {
     #[test]
     fn splits_fields() {
         let l = split_line(b"ffffffffc0a00000 t foo\t[mod]").unwrap();
-        assert_eq!((l.addr, l.kind, l.name, l.module), (0xffffffffc0a00000, b't', "foo", Some("mod")));
+        assert_eq!(
+            (l.addr, l.kind, l.name, l.module),
+            (0xffffffffc0a00000, b't', "foo", Some("mod"))
+        );
         let l = split_line(b"ffffffff81000000 T _stext").unwrap();
         assert_eq!(l.module, None);
         assert!(split_line(b"").is_none());

@@ -31,7 +31,9 @@ pub use store::{Store, StoreConfig};
 
 use std::sync::Arc;
 
-use profcol_api::component::{self, Component, ComponentError, Factory, FactoryMeta, Kind, Stability};
+use profcol_api::component::{
+    self, Component, ComponentError, Factory, FactoryMeta, Kind, Stability,
+};
 
 /// Factory of the `kernel_symbols` processor.
 pub fn factory() -> Arc<dyn Factory> {

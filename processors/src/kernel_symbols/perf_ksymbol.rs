@@ -83,9 +83,16 @@ fn open_event(cpu: u32, realtime: bool) -> io::Result<OwnedFd> {
     }
     put64(&mut attr, 40, flags);
     put32(&mut attr, 48, 1); // wakeup_watermark: wake on every record
-    // SAFETY: attr is a valid 128-byte perf_event_attr.
+                             // SAFETY: attr is a valid 128-byte perf_event_attr.
     let fd = unsafe {
-        libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), -1 as libc::c_int, cpu as libc::c_int, -1 as libc::c_int, PERF_FLAG_FD_CLOEXEC)
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr.as_ptr(),
+            -1 as libc::c_int,
+            cpu as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
     };
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -99,22 +106,42 @@ impl Ring {
         // CLOCK_REALTIME timestamps where the kernel allows them.
         let (fd, timed) = match open_event(cpu, true) {
             Ok(fd) => (fd, true),
-            Err(_) => (open_event(cpu, false).map_err(|source| Error::PerfOpen { cpu, source })?, false),
+            Err(_) => (
+                open_event(cpu, false).map_err(|source| Error::PerfOpen { cpu, source })?,
+                false,
+            ),
         };
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let map_len = page * (1 + DATA_PAGES);
         // SAFETY: mapping a perf fd read-write as the perf ABI requires.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
-            return Err(Error::PerfOpen { cpu, source: io::Error::last_os_error() });
+            return Err(Error::PerfOpen {
+                cpu,
+                source: io::Error::last_os_error(),
+            });
         }
         let nb = 1i32;
         // SAFETY: FIONBIO with a valid int pointer.
         unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONBIO, &nb) };
-        Ok(Ring { fd, base: base.cast(), map_len, page, timed, scratch: Vec::new() })
+        Ok(Ring {
+            fd,
+            base: base.cast(),
+            map_len,
+            page,
+            timed,
+            scratch: Vec::new(),
+        })
     }
 
     fn meta_u64(&self, off: usize) -> &AtomicU64 {
@@ -154,11 +181,21 @@ impl Ring {
 /// Turns one record into a trigger.
 pub fn parse_record(rec: &[u8], timed: bool) -> Option<Trigger> {
     let u16_at = |o: usize| rec.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| rec.get(o..o + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
-    let u64_at = |o: usize| rec.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])));
+    let u32_at = |o: usize| {
+        rec.get(o..o + 4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])))
+    };
+    let u64_at = |o: usize| {
+        rec.get(o..o + 8)
+            .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
+    };
     let kind = u32_at(0)?;
     // With sample_id_all and only PERF_SAMPLE_TIME, the time ends the record.
-    let ts = if timed { u64_at(rec.len().checked_sub(8)?)? } else { now_ns() };
+    let ts = if timed {
+        u64_at(rec.len().checked_sub(8)?)?
+    } else {
+        now_ns()
+    };
     match kind {
         PERF_RECORD_KSYMBOL => {
             let addr = u64_at(8)?;
@@ -183,9 +220,12 @@ pub fn parse_record(rec: &[u8], timed: bool) -> Option<Trigger> {
                 })
             }
         }
-        PERF_RECORD_BPF_EVENT => {
-            (u16_at(8)? == BPF_EVENT_PROG_LOAD).then(|| Some(Trigger::BpfProgLoad { ts_ns: ts, id: u32_at(12)? }))?
-        }
+        PERF_RECORD_BPF_EVENT => (u16_at(8)? == BPF_EVENT_PROG_LOAD).then(|| {
+            Some(Trigger::BpfProgLoad {
+                ts_ns: ts,
+                id: u32_at(12)?,
+            })
+        })?,
         PERF_RECORD_LOST => Some(Trigger::Lost),
         _ => None,
     }
@@ -217,8 +257,13 @@ pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<Vec<JoinHandle<()>>> {
     let mut tasks = Vec::new();
     for ring in rings {
         // SAFETY: the Ring owns its fd and returns the same one for its lifetime.
-        let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| Error::PerfOpen { cpu: 0, source: io::Error::other(e.to_string()) })?;
+        let afd =
+            unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }.map_err(|e| {
+                Error::PerfOpen {
+                    cpu: 0,
+                    source: io::Error::other(e.to_string()),
+                }
+            })?;
         let tx = tx.clone();
         tasks.push(tokio::spawn(async move { run_ring(afd, tx).await }));
     }
@@ -228,7 +273,9 @@ pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<Vec<JoinHandle<()>>> {
 async fn run_ring(mut afd: AsyncFd<Ring>, tx: UnboundedSender<Trigger>) {
     loop {
         // Poll wakeups, with a slow tick in case one is missed.
-        if let Ok(Ok(mut guard)) = tokio::time::timeout(Duration::from_millis(500), afd.readable_mut()).await {
+        if let Ok(Ok(mut guard)) =
+            tokio::time::timeout(Duration::from_millis(500), afd.readable_mut()).await
+        {
             guard.clear_ready();
         }
         let mut closed = false;

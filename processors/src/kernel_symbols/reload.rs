@@ -55,7 +55,11 @@ impl Default for ReloadConfig {
 }
 
 /// Runs the reload loop until every sender of `rx` is gone.
-pub fn spawn(store: Arc<Store>, cfg: ReloadConfig, rx: UnboundedReceiver<Trigger>) -> JoinHandle<()> {
+pub fn spawn(
+    store: Arc<Store>,
+    cfg: ReloadConfig,
+    rx: UnboundedReceiver<Trigger>,
+) -> JoinHandle<()> {
     tokio::spawn(run(store, cfg, rx))
 }
 

@@ -114,7 +114,12 @@ impl Store {
         let snap = snapshot_of(&state);
         let gens = Generations::new(snap, started, cfg.retain.as_nanos() as u64);
         counters.generations.store(1, Relaxed);
-        Ok(Store { cfg, gens, counters, state: Mutex::new(state) })
+        Ok(Store {
+            cfg,
+            gens,
+            counters,
+            state: Mutex::new(state),
+        })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -173,12 +178,21 @@ impl Store {
         if let Some(f) = fresh {
             st.sysfs = Some(f.into_iter().map(Arc::new).collect());
         }
-        let before: Vec<*const SymbolTable> = st.tables.values().map(|t| Arc::as_ptr(&t.syms)).collect();
+        let before: Vec<*const SymbolTable> =
+            st.tables.values().map(|t| Arc::as_ptr(&t.syms)).collect();
         let bpf_lines = read_kallsyms(&self.cfg, &mut st, &self.counters)?;
         let mut changed = before.len() != st.tables.len()
-            || st.tables.values().any(|t| !before.contains(&Arc::as_ptr(&t.syms)));
-        if st.bpf_source == BpfSource::Kallsyms {
-            let bpf = BpfFuncs::from_kallsyms(&bpf_lines);
+            || st
+                .tables
+                .values()
+                .any(|t| !before.contains(&Arc::as_ptr(&t.syms)));
+        // Also catches BPF changes whose perf records never arrived (no
+        // perf listener, or records lost before a rescan).
+        let bpf = match st.bpf_source {
+            BpfSource::Kallsyms => Some(BpfFuncs::from_kallsyms(&bpf_lines)),
+            BpfSource::Syscall => super::bpf::enumerate().ok().map(BpfFuncs::new),
+        };
+        if let Some(bpf) = bpf {
             if bpf.iter().ne(st.bpf.iter()) {
                 st.bpf = bpf;
                 changed = true;
@@ -203,7 +217,10 @@ impl Store {
                     let mut m = m.clone();
                     if m.syms.is_none() {
                         if let Some(t) = st.tables.get(&m.meta.name) {
-                            if t.instance.as_ref().is_some_and(|i| i.same_instance(&m.meta)) {
+                            if t.instance
+                                .as_ref()
+                                .is_some_and(|i| i.same_instance(&m.meta))
+                            {
                                 m.syms = Some(t.syms.clone());
                                 hit = true;
                             }
@@ -212,7 +229,10 @@ impl Store {
                     m
                 })
                 .collect();
-            hit.then(|| Snapshot { modules: modules.into(), ..snap.clone() })
+            hit.then(|| Snapshot {
+                modules: modules.into(),
+                ..snap.clone()
+            })
         });
     }
 
@@ -221,7 +241,11 @@ impl Store {
         self.counters.ksymbol_events.fetch_add(1, Relaxed);
         let mut st = self.lock();
         // Keep the richer entry from the bpf syscall if it is already there.
-        if st.bpf.lookup(func.start).is_some_and(|f| f.start == func.start && f.name == func.name) {
+        if st
+            .bpf
+            .lookup(func.start)
+            .is_some_and(|f| f.start == func.start && f.name == func.name)
+        {
             return;
         }
         st.bpf = st.bpf.with(func);
@@ -284,12 +308,19 @@ impl Store {
 }
 
 /// Reads and parses kallsyms into `st`; returns the `[bpf]` lines.
-fn read_kallsyms(cfg: &StoreConfig, st: &mut State, counters: &Counters) -> Result<Vec<kallsyms::BpfLine>> {
+fn read_kallsyms(
+    cfg: &StoreConfig,
+    st: &mut State,
+    counters: &Counters,
+) -> Result<Vec<kallsyms::BpfLine>> {
     counters.full_reads.fetch_add(1, Relaxed);
     let t0 = Instant::now();
     let text = std::fs::read(&cfg.kallsyms).map_err(|source| {
         counters.read_failures.fetch_add(1, Relaxed);
-        Error::ReadKallsyms { path: cfg.kallsyms.clone(), source }
+        Error::ReadKallsyms {
+            path: cfg.kallsyms.clone(),
+            source,
+        }
     })?;
     let t1 = Instant::now();
     let current: FxHashMap<&str, &Arc<ModuleMeta>> =
@@ -304,26 +335,47 @@ fn read_kallsyms(cfg: &StoreConfig, st: &mut State, counters: &Counters) -> Resu
             _ => true,
         }
     };
-    let parsed = kallsyms::parse(&text, &ParseOptions { vmlinux: st.vmlinux.is_empty(), module: &want });
+    let parsed = kallsyms::parse(
+        &text,
+        &ParseOptions {
+            vmlinux: st.vmlinux.is_empty(),
+            module: &want,
+        },
+    );
     let p = parsed.stats;
     if p.symbols == 0 && st.vmlinux.is_empty() || p.zero_addr > 0 && p.zero_addr == p.symbols {
         counters.read_failures.fetch_add(1, Relaxed);
-        return Err(Error::NoSymbols { path: cfg.kallsyms.clone(), malformed: p.malformed });
+        return Err(Error::NoSymbols {
+            path: cfg.kallsyms.clone(),
+            malformed: p.malformed,
+        });
     }
     if let Some(v) = parsed.vmlinux {
         st.vmlinux = Arc::new(v);
     }
     let seen = seen.into_inner();
-    let mut tables: FxHashMap<Arc<str>, Table> =
-        std::mem::take(&mut st.tables).into_iter().filter(|(n, _)| seen.contains(&**n)).collect();
+    let mut tables: FxHashMap<Arc<str>, Table> = std::mem::take(&mut st.tables)
+        .into_iter()
+        .filter(|(n, _)| seen.contains(&**n))
+        .collect();
     for (name, syms) in parsed.modules {
         let instance = current.get(&*name).map(|m| Arc::clone(m));
-        tables.insert(Arc::from(name), Table { instance, syms: Arc::new(syms) });
+        tables.insert(
+            Arc::from(name),
+            Table {
+                instance,
+                syms: Arc::new(syms),
+            },
+        );
     }
     st.tables = tables;
     st.last_parse = p;
-    counters.last_read_ns.store((t1 - t0).as_nanos() as u64, Relaxed);
-    counters.last_parse_ns.store(t1.elapsed().as_nanos() as u64, Relaxed);
+    counters
+        .last_read_ns
+        .store((t1 - t0).as_nanos() as u64, Relaxed);
+    counters
+        .last_parse_ns
+        .store(t1.elapsed().as_nanos() as u64, Relaxed);
     Ok(parsed.bpf)
 }
 
@@ -342,8 +394,14 @@ fn snapshot_of(st: &State) -> Snapshot {
             .collect(),
         None => Vec::new(),
     };
-    let loose: Vec<LooseTable> =
-        st.tables.iter().map(|(n, t)| LooseTable { module: n.clone(), syms: t.syms.clone() }).collect();
+    let loose: Vec<LooseTable> = st
+        .tables
+        .iter()
+        .map(|(n, t)| LooseTable {
+            module: n.clone(),
+            syms: t.syms.clone(),
+        })
+        .collect();
     Snapshot {
         vmlinux: st.vmlinux.clone(),
         vmlinux_build_id: st.vmlinux_build_id.clone(),

@@ -33,7 +33,9 @@ impl SymbolTable {
 
     /// Address of the last symbol (the table's end is not known from kallsyms).
     pub fn last_addr(&self) -> u64 {
-        self.offsets.last().map_or(self.base, |&o| self.base + u64::from(o))
+        self.offsets
+            .last()
+            .map_or(self.base, |&o| self.base + u64::from(o))
     }
 
     /// The symbol covering `addr` (the last one at or below it) and the
@@ -120,10 +122,9 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
     }
     // kallsyms is mostly sorted already; a stable sort keeps first-seen order
     // among equal (addr, rank), and is near linear on sorted input.
-    if !entries
-        .windows(2)
-        .all(|w| (w[0].addr, std::cmp::Reverse(w[0].rank)) <= (w[1].addr, std::cmp::Reverse(w[1].rank)))
-    {
+    if !entries.windows(2).all(|w| {
+        (w[0].addr, std::cmp::Reverse(w[0].rank)) <= (w[1].addr, std::cmp::Reverse(w[1].rank))
+    }) {
         entries.sort_by_key(|e| (e.addr, std::cmp::Reverse(e.rank)));
     }
     let before = entries.len();
@@ -171,7 +172,11 @@ mod tests {
     use super::*;
 
     fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
-        Entry { addr, rank: rank(kind, name), name }
+        Entry {
+            addr,
+            rank: rank(kind, name),
+            name,
+        }
     }
 
     #[test]

@@ -49,7 +49,11 @@ fn open_socket() -> io::Result<OwnedFd> {
     addr.nl_groups = KERNEL_GROUP;
     // SAFETY: addr is a valid sockaddr_nl of the given size.
     let r = unsafe {
-        libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_nl).cast(), std::mem::size_of::<libc::sockaddr_nl>() as u32)
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
     };
     if r < 0 {
         return Err(io::Error::last_os_error());
@@ -58,7 +62,13 @@ fn open_socket() -> io::Result<OwnedFd> {
     let size: libc::c_int = 1 << 20;
     // SAFETY: setsockopt with a valid int.
     unsafe {
-        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&size as *const libc::c_int).cast(), 4)
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            4,
+        )
     };
     Ok(fd)
 }
@@ -67,15 +77,20 @@ fn open_socket() -> io::Result<OwnedFd> {
 pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<JoinHandle<()>> {
     let fd = open_socket().map_err(|source| Error::Netlink { source })?;
     // SAFETY: the OwnedFd is moved in and stays open as long as the AsyncFd.
-    let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-        .map_err(|e| Error::Netlink { source: io::Error::other(e.to_string()) })?;
+    let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| {
+        Error::Netlink {
+            source: io::Error::other(e.to_string()),
+        }
+    })?;
     Ok(tokio::spawn(run(afd, tx)))
 }
 
 async fn run(afd: AsyncFd<OwnedFd>, tx: UnboundedSender<Trigger>) {
     let mut buf = vec![0u8; 8192];
     loop {
-        let Ok(mut guard) = afd.readable().await else { return };
+        let Ok(mut guard) = afd.readable().await else {
+            return;
+        };
         loop {
             // SAFETY: zeroed sockaddr_nl is a valid out-parameter.
             let mut from: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -129,9 +144,15 @@ mod tests {
 
     #[test]
     fn recognises_module_events() {
-        assert!(is_module_event(b"add@/module/xxhash\0ACTION=add\0DEVPATH=/module/xxhash\0SUBSYSTEM=module\0SEQNUM=1\0"));
-        assert!(!is_module_event(b"add@/devices/x\0ACTION=add\0SUBSYSTEM=block\0"));
-        assert!(!is_module_event(b"libudev\0\xfe\xed\xca\xfeSUBSYSTEM=module\0"));
+        assert!(is_module_event(
+            b"add@/module/xxhash\0ACTION=add\0DEVPATH=/module/xxhash\0SUBSYSTEM=module\0SEQNUM=1\0"
+        ));
+        assert!(!is_module_event(
+            b"add@/devices/x\0ACTION=add\0SUBSYSTEM=block\0"
+        ));
+        assert!(!is_module_event(
+            b"libudev\0\xfe\xed\xca\xfeSUBSYSTEM=module\0"
+        ));
         assert!(!is_module_event(b""));
     }
 }

@@ -27,6 +27,12 @@ struct Key {
     ustack: Box<[u64]>,
 }
 
+/// Process facts and the mappings its frames resolve in (`None`: /proc
+/// was unreadable).
+type ProcessEntry = (Arc<ProcessInfo>, Option<Arc<MappingSet>>);
+/// Samples of one (pid, mapping generation) with their timestamps.
+type Group = Vec<(Key, Vec<u64>)>;
+
 /// One sample as handed to the aggregator.
 pub struct SampleIn<'a> {
     pub pid: u32,
@@ -43,7 +49,7 @@ pub struct Interval {
     pub start_unix_ns: u64,
     samples: FxHashMap<Key, Vec<u64>>,
     /// (pid, generation) → process facts and the mappings frames resolve in.
-    procs: FxHashMap<(u32, u32), (Arc<ProcessInfo>, Option<Arc<MappingSet>>)>,
+    procs: FxHashMap<(u32, u32), ProcessEntry>,
     count: usize,
 }
 
@@ -120,7 +126,7 @@ impl Interval {
         };
 
         // Deterministic order: by pid, generation, then sample identity.
-        let mut groups: FxHashMap<(u32, u32), Vec<(Key, Vec<u64>)>> = FxHashMap::default();
+        let mut groups: FxHashMap<(u32, u32), Group> = FxHashMap::default();
         for (k, ts) in self.samples {
             groups
                 .entry((k.pid, k.generation))

@@ -40,7 +40,14 @@ impl Attr {
 pub fn bpf(cmd: u32, attr: &mut Attr) -> io::Result<i64> {
     // SAFETY: attr points to a live, writable, 144-byte bpf_attr; the kernel
     // reads and writes at most that many bytes.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, attr as *mut Attr, 144 as libc::c_long) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *mut Attr,
+            144 as libc::c_long,
+        )
+    };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -85,7 +92,9 @@ pub fn obj_info(fd: &OwnedFd, info: &mut [u8]) -> io::Result<()> {
 
 /// Loads raw BTF; used to give test programs func and line info.
 pub fn btf_load(btf: &[u8]) -> io::Result<OwnedFd> {
-    let mut a = Attr::default().u64(0, btf.as_ptr() as u64).u32(16, btf.len() as u32);
+    let mut a = Attr::default()
+        .u64(0, btf.as_ptr() as u64)
+        .u32(16, btf.len() as u32);
     bpf(BPF_BTF_LOAD, &mut a).map(fd_result)
 }
 

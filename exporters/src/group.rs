@@ -1,0 +1,134 @@
+//! Splitting a batch's samples into groups (`group_by: none | process |
+//! container`) and naming report files; shared by `pprof` and `flamegraph`.
+
+use profcol_api::model::view::SampleView;
+use profcol_api::model::{any_value, keys, AnyValue};
+use serde::{Deserialize, Serialize};
+
+/// `group_by`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupBy {
+    /// One report per batch.
+    #[default]
+    None,
+    /// One report per process (`process.pid`).
+    Process,
+    /// One report per container (`container.id`; samples outside containers go to `host`).
+    Container,
+}
+
+fn show(v: &AnyValue) -> Option<String> {
+    match v.value.as_ref()? {
+        any_value::Value::StringValue(s) => Some(s.clone()),
+        any_value::Value::IntValue(i) => Some(i.to_string()),
+        any_value::Value::BoolValue(b) => Some(b.to_string()),
+        any_value::Value::DoubleValue(d) => Some(d.to_string()),
+        _ => None,
+    }
+}
+
+/// Attribute `key` of the sample, else of its resource.
+pub fn attr(s: &SampleView<'_>, key: &str) -> Option<String> {
+    s.attributes()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.and_then(show))
+        .or_else(|| s.resource.and_then(|r| r.attributes.iter().find(|kv| kv.key == key)?.value.as_ref().and_then(show)))
+}
+
+/// Integer attribute `key` of the sample, else of its resource.
+pub fn attr_int(s: &SampleView<'_>, key: &str) -> Option<i64> {
+    attr(s, key).and_then(|v| v.parse().ok())
+}
+
+/// The group a sample belongs to, as it appears in file names.
+pub fn group_of(s: &SampleView<'_>, by: GroupBy) -> String {
+    match by {
+        GroupBy::None => "all".into(),
+        GroupBy::Process => match attr(s, keys::PROCESS_PID) {
+            Some(pid) => format!("pid-{}", sanitize(&pid)),
+            None => "pid-unknown".into(),
+        },
+        GroupBy::Container => match attr(s, keys::CONTAINER_ID) {
+            Some(c) => format!("container-{}", sanitize(&c[..c.len().min(24)])),
+            None => "host".into(),
+        },
+    }
+}
+
+/// Keeps `[A-Za-z0-9._-]`, replaces the rest: safe in a file name.
+pub fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect()
+}
+
+/// `YYYYmmddTHHMMSSZ` of a unix time in nanoseconds (UTC).
+pub fn timestamp(unix_nanos: u64) -> String {
+    let secs = (unix_nanos / 1_000_000_000) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil from days (Howard Hinnant).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The batch's time range (earliest profile start, latest profile end) in
+/// unix nanoseconds, or now when the batch carries no times.
+pub fn time_range(batch: &profcol_api::Profiles) -> (u64, u64) {
+    let mut lo = u64::MAX;
+    let mut hi = 0u64;
+    for p in batch.profiles() {
+        if p.time_unix_nano > 0 {
+            lo = lo.min(p.time_unix_nano);
+            hi = hi.max(p.time_unix_nano.saturating_add(p.duration_nano));
+        }
+    }
+    if lo == u64::MAX {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        return (now, now);
+    }
+    (lo, hi.max(lo))
+}
+
+/// A path in `dir` named `{prefix}-{time}-{group}.{ext}` that does not exist yet.
+pub fn unique_path(dir: &std::path::Path, prefix: &str, t: u64, group: &str, ext: &str) -> std::path::PathBuf {
+    let base = format!("{prefix}-{}-{group}", timestamp(t));
+    let mut p = dir.join(format!("{base}.{ext}"));
+    let mut n = 1;
+    while p.exists() {
+        p = dir.join(format!("{base}-{n}.{ext}"));
+        n += 1;
+    }
+    p
+}
+
+/// Writes `data` to `path` atomically (temporary file, fsync, rename).
+pub fn write_atomic(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_and_names() {
+        assert_eq!(timestamp(0), "19700101T000000Z");
+        assert_eq!(timestamp(1_700_000_000_000_000_000), "20231114T221320Z");
+        assert_eq!(sanitize("a/b c"), "a_b_c");
+    }
+}

@@ -1,0 +1,309 @@
+//! Profiles → pprof `Profile`, one per group.
+//!
+//! CPU convention (what `perf_to_profile` and Go's runtime write): a source
+//! profile of `samples/count` with period type `cpu/nanoseconds` gives the
+//! sample types `samples/count` and `cpu/nanoseconds` (count × period), the
+//! period type `cpu/nanoseconds` and the period. Other sample types are kept
+//! as they are, each in its own column (0 in the others). Labels `pid`,
+//! `tid` (numeric) and `comm`; kernel frames sit in a `[kernel.kallsyms]`
+//! mapping; stacks are leaf first. Ids are 1-based and unique, string 0 is "".
+
+use super::proto as pp;
+use crate::group::{attr, attr_int, group_of, GroupBy};
+use profcol_api::model::keys;
+use profcol_api::Profiles;
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+
+#[derive(Default)]
+struct Builder {
+    p: pp::Profile,
+    strings: FxHashMap<String, i64>,
+    functions: FxHashMap<(i64, i64, i64, i64), u64>,
+    mappings: FxHashMap<(u64, u64, u64, i64, i64), u64>,
+    locations: FxHashMap<(u64, u64, Vec<(u64, i64)>), u64>,
+    columns: Vec<(String, String)>,
+    /// Samples with their values as (column, value).
+    samples: Vec<(Vec<u64>, Vec<(usize, i64)>, Vec<pp::Label>)>,
+    kernel_mapping: u64,
+    period: Option<(i64, String, String)>,
+    t0: u64,
+    t1: u64,
+}
+
+impl Builder {
+    fn new() -> Self {
+        let mut b = Builder { t0: u64::MAX, ..Default::default() };
+        b.s("");
+        b
+    }
+
+    fn s(&mut self, v: &str) -> i64 {
+        if let Some(&i) = self.strings.get(v) {
+            return i;
+        }
+        let i = self.p.string_table.len() as i64;
+        self.p.string_table.push(v.to_owned());
+        self.strings.insert(v.to_owned(), i);
+        i
+    }
+
+    fn column(&mut self, t: &str, u: &str) -> usize {
+        match self.columns.iter().position(|(a, b)| a == t && b == u) {
+            Some(i) => i,
+            None => {
+                self.columns.push((t.to_owned(), u.to_owned()));
+                self.columns.len() - 1
+            }
+        }
+    }
+
+    fn mapping(&mut self, start: u64, limit: u64, offset: u64, filename: &str, build_id: &str) -> u64 {
+        let (f, b) = (self.s(filename), self.s(build_id));
+        let next = self.p.mapping.len() as u64 + 1;
+        let id = *self.mappings.entry((start, limit, offset, f, b)).or_insert(next);
+        if id == next {
+            self.p.mapping.push(pp::Mapping {
+                id,
+                memory_start: start,
+                memory_limit: limit,
+                file_offset: offset,
+                filename: f,
+                build_id: b,
+                ..Default::default()
+            });
+        }
+        id
+    }
+
+    fn function(&mut self, name: &str, system_name: &str, filename: &str, start_line: i64) -> u64 {
+        let key = (self.s(name), self.s(system_name), self.s(filename), start_line);
+        let next = self.p.function.len() as u64 + 1;
+        let id = *self.functions.entry(key).or_insert(next);
+        if id == next {
+            self.p.function.push(pp::Function { id, name: key.0, system_name: key.1, filename: key.2, start_line });
+        }
+        id
+    }
+
+    fn finish(mut self) -> pp::Profile {
+        let ncols = self.columns.len();
+        for (t, u) in std::mem::take(&mut self.columns) {
+            let vt = pp::ValueType { r#type: self.s(&t), unit: self.s(&u) };
+            self.p.sample_type.push(vt);
+        }
+        for (locs, vals, labels) in std::mem::take(&mut self.samples) {
+            let mut value = vec![0i64; ncols];
+            for (c, v) in vals {
+                value[c] = value[c].saturating_add(v);
+            }
+            self.p.sample.push(pp::Sample { location_id: locs, value, label: labels });
+        }
+        if let Some((period, t, u)) = self.period.take() {
+            self.p.period_type = Some(pp::ValueType { r#type: self.s(&t), unit: self.s(&u) });
+            self.p.period = period;
+        }
+        if self.t0 != u64::MAX {
+            self.p.time_nanos = self.t0 as i64;
+            self.p.duration_nanos = self.t1.saturating_sub(self.t0) as i64;
+        }
+        self.p
+    }
+}
+
+/// One pprof profile per group, with the group's time range (unix ns).
+pub struct GroupProfile {
+    pub group: String,
+    pub profile: pp::Profile,
+    pub start: u64,
+    pub end: u64,
+    /// Resource attributes of the group's first sample (for push labels).
+    pub resource: Vec<(String, String)>,
+}
+
+/// Converts a batch into one pprof profile per group.
+pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
+    let mut groups: BTreeMap<String, (Builder, Vec<(String, String)>)> = BTreeMap::new();
+    for s in batch.samples() {
+        let g = group_of(&s, by);
+        let (b, _) = groups.entry(g).or_insert_with(|| {
+            let res = s
+                .resource
+                .map(|r| {
+                    r.attributes
+                        .iter()
+                        .filter_map(|kv| {
+                            let v = kv.value.as_ref()?;
+                            let v = match v.value.as_ref()? {
+                                profcol_api::model::any_value::Value::StringValue(x) => x.clone(),
+                                profcol_api::model::any_value::Value::IntValue(i) => i.to_string(),
+                                profcol_api::model::any_value::Value::BoolValue(x) => x.to_string(),
+                                _ => return None,
+                            };
+                            Some((kv.key.clone(), v))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            (Builder::new(), res)
+        });
+        let prof = s.profile;
+        if prof.time_unix_nano > 0 {
+            b.t0 = b.t0.min(prof.time_unix_nano);
+            b.t1 = b.t1.max(prof.time_unix_nano.saturating_add(prof.duration_nano));
+        }
+        // Stack, leaf first.
+        let mut locs = Vec::new();
+        for f in s.frames() {
+            let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel");
+            let mapping_id = match f.mapping() {
+                Some(m) => {
+                    let name = f.mapping_filename();
+                    let name = if name.is_empty() && kernel { keys::KERNEL_MAPPING } else { name };
+                    let build_id = m
+                        .attribute_indices
+                        .iter()
+                        .filter_map(|&i| s.dict.attribute_table.get(i as usize))
+                        .find(|kv| s.str(kv.key_strindex) == keys::BUILD_ID_GNU)
+                        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                            profcol_api::model::any_value::Value::StringValue(x) => Some(x.clone()),
+                            profcol_api::model::any_value::Value::BytesValue(x) => {
+                                Some(x.iter().map(|b| format!("{b:02x}")).collect())
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    b.mapping(m.memory_start, m.memory_limit, m.file_offset, name, &build_id)
+                }
+                None if kernel => {
+                    if b.kernel_mapping == 0 {
+                        b.kernel_mapping = b.mapping(0, 0, 0, keys::KERNEL_MAPPING, "");
+                    }
+                    b.kernel_mapping
+                }
+                None => 0,
+            };
+            let mut lines = Vec::new();
+            for ln in &f.location.lines {
+                let Some(func) = s.dict.function_table.get(ln.function_index.max(0) as usize) else { continue };
+                let (n, sn, file) = (s.str(func.name_strindex), s.str(func.system_name_strindex), s.str(func.filename_strindex));
+                if n.is_empty() && sn.is_empty() {
+                    continue;
+                }
+                let fid = b.function(n, sn, file, func.start_line);
+                lines.push((fid, ln.line));
+            }
+            if !lines.is_empty() && mapping_id != 0 {
+                if let Some(m) = b.p.mapping.get_mut(mapping_id as usize - 1) {
+                    m.has_functions = true;
+                }
+            }
+            let key = (mapping_id, f.location.address, lines);
+            let next = b.p.location.len() as u64 + 1;
+            let id = *b.locations.entry(key.clone()).or_insert(next);
+            if id == next {
+                b.p.location.push(pp::Location {
+                    id,
+                    mapping_id,
+                    address: f.location.address,
+                    line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
+                    is_folded: false,
+                });
+            }
+            locs.push(id);
+        }
+        // Values.
+        let (t, u) = s.sample_type();
+        let count: i64 = if !s.sample.values.is_empty() {
+            s.sample.values.iter().fold(0i64, |a, &v| a.saturating_add(v))
+        } else {
+            s.sample.timestamps_unix_nano.len().max(1) as i64
+        };
+        let (t, u) = if t.is_empty() { ("samples", "count") } else { (t, u) };
+        let mut vals = vec![(b.column(t, u), count)];
+        let (pt, pu) = prof
+            .period_type
+            .as_ref()
+            .map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex)))
+            .unwrap_or(("", ""));
+        if prof.period > 0 && !pt.is_empty() {
+            if b.period.is_none() {
+                b.period = Some((prof.period, pt.to_owned(), pu.to_owned()));
+            }
+            if (t, u) == ("samples", "count") && (pt, pu) == ("cpu", "nanoseconds") {
+                vals.push((b.column("cpu", "nanoseconds"), count.saturating_mul(prof.period)));
+            }
+        }
+        // Labels.
+        let mut labels = Vec::new();
+        if let Some(pid) = attr_int(&s, keys::PROCESS_PID) {
+            labels.push(pp::Label { key: b.s("pid"), num: pid, ..Default::default() });
+        }
+        if let Some(tid) = attr_int(&s, keys::THREAD_ID) {
+            labels.push(pp::Label { key: b.s("tid"), num: tid, ..Default::default() });
+        }
+        if let Some(comm) = attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)) {
+            labels.push(pp::Label { key: b.s("comm"), str: b.s(&comm), ..Default::default() });
+        }
+        b.samples.push((locs, vals, labels));
+    }
+    groups
+        .into_iter()
+        .map(|(group, (b, resource))| {
+            let (start, end) = (b.t0, b.t1);
+            let profile = b.finish();
+            let (start, end) = if start == u64::MAX { (0, 0) } else { (start, end) };
+            GroupProfile { group, profile, start, end, resource }
+        })
+        .collect()
+}
+
+/// pprof's own validity rules (what `profile.CheckValid` enforces in Go).
+pub fn check_valid(p: &pp::Profile) -> Result<(), String> {
+    if p.string_table.first().map(String::as_str) != Some("") {
+        return Err("string_table[0] must be \"\"".into());
+    }
+    let n = p.sample_type.len();
+    for (i, s) in p.sample.iter().enumerate() {
+        if s.value.len() != n {
+            return Err(format!("sample {i} has {} values for {n} sample types", s.value.len()));
+        }
+        for l in &s.location_id {
+            if *l == 0 || *l as usize > p.location.len() {
+                return Err(format!("sample {i} refers to location {l}"));
+            }
+        }
+    }
+    for (i, m) in p.mapping.iter().enumerate() {
+        if m.id != i as u64 + 1 {
+            return Err(format!("mapping {i} has id {}", m.id));
+        }
+    }
+    for (i, f) in p.function.iter().enumerate() {
+        if f.id != i as u64 + 1 {
+            return Err(format!("function {i} has id {}", f.id));
+        }
+    }
+    for (i, l) in p.location.iter().enumerate() {
+        if l.id != i as u64 + 1 {
+            return Err(format!("location {i} has id {}", l.id));
+        }
+        if l.mapping_id as usize > p.mapping.len() {
+            return Err(format!("location {} refers to mapping {}", l.id, l.mapping_id));
+        }
+        for ln in &l.line {
+            if ln.function_id == 0 || ln.function_id as usize > p.function.len() {
+                return Err(format!("location {} refers to function {}", l.id, ln.function_id));
+            }
+        }
+    }
+    let ns = p.string_table.len() as i64;
+    let bad = |x: i64| x < 0 || x >= ns;
+    if p.function.iter().any(|f| bad(f.name) || bad(f.system_name) || bad(f.filename))
+        || p.mapping.iter().any(|m| bad(m.filename) || bad(m.build_id))
+        || p.sample_type.iter().any(|v| bad(v.r#type) || bad(v.unit))
+    {
+        return Err("a string index is out of range".into());
+    }
+    Ok(())
+}

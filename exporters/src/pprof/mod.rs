@@ -1,0 +1,221 @@
+//! The `pprof` exporter: each batch (one report interval) becomes one gzipped
+//! `profile.proto` per group, written to `directory` or pushed to a
+//! Pyroscope server's `/ingest?name=&from=&until=&format=pprof`.
+//!
+//! One exporter has one destination (`directory` or `endpoint`) so that a
+//! retried export never writes a report twice; configure two `pprof/...`
+//! exporters for both.
+
+pub mod convert;
+pub mod proto;
+
+use crate::group::{sanitize, unique_path, write_atomic, GroupBy};
+use crate::otlp::status;
+use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
+use profcol_api::{ExportError, Exporter, Profiles, Stability};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `exporters: pprof: ...`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PprofConfig {
+    /// Write `{file_prefix}-{YYYYmmddTHHMMSSZ}-{group}.pb.gz` files here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub directory: Option<PathBuf>,
+    pub file_prefix: String,
+    /// Push to this Pyroscope server (base URL, e.g. http://pyroscope:4040).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Pyroscope application name; default: the resource's `service.name`,
+    /// else `profcol`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub application_name: Option<String>,
+    /// Extra HTTP headers for the push (e.g. `authorization`, `x-scope-orgid`).
+    pub headers: BTreeMap<String, String>,
+    /// CA (PEM) to trust for an `https://` endpoint, instead of the system's roots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    pub group_by: GroupBy,
+}
+
+impl Default for PprofConfig {
+    fn default() -> Self {
+        PprofConfig {
+            directory: None,
+            file_prefix: "profile".into(),
+            endpoint: None,
+            application_name: None,
+            headers: BTreeMap::new(),
+            ca_file: None,
+            group_by: GroupBy::None,
+        }
+    }
+}
+
+pub fn factory_pprof() -> Arc<dyn Factory> {
+    factory::<PprofConfig, _>(
+        FactoryMeta {
+            type_name: "pprof",
+            kind: Kind::Exporter,
+            stability: Stability::Alpha,
+            description: "gzipped pprof profile.proto per report and group: files, or push to Pyroscope /ingest",
+        },
+        |settings, cfg| Ok(Component::Exporter(Arc::new(PprofExporter::new(settings, cfg)?))),
+    )
+}
+
+enum Dest {
+    Files(PathBuf),
+    Push { client: reqwest::Client, base: String, headers: reqwest::header::HeaderMap },
+}
+
+/// The `pprof` exporter component.
+pub struct PprofExporter {
+    id: String,
+    cfg: PprofConfig,
+    dest: Dest,
+    written: profcol_api::telemetry::Counter,
+}
+
+impl PprofExporter {
+    pub fn new(settings: CreateSettings, cfg: PprofConfig) -> Result<Self, ComponentError> {
+        let id = settings.id.to_string();
+        let err = |m: String| ComponentError::msg(format!("exporter {id}: {m}"));
+        let dest = match (&cfg.directory, &cfg.endpoint) {
+            (Some(d), None) => {
+                std::fs::create_dir_all(d).map_err(|e| err(format!("directory {}: cannot create it: {e}", d.display())))?;
+                Dest::Files(d.clone())
+            }
+            (None, Some(e)) => {
+                crate::otlp::check_headers(&cfg.headers).map_err(err)?;
+                let url = reqwest::Url::parse(e).map_err(|x| err(format!("endpoint {e:?} is not a URL: {x}")))?;
+                if !matches!(url.scheme(), "http" | "https") {
+                    return Err(err(format!("endpoint {e:?}: the scheme must be http or https")));
+                }
+                let mut b = reqwest::Client::builder().use_rustls_tls().connect_timeout(Duration::from_secs(5));
+                if let Some(ca) = &cfg.ca_file {
+                    let pem = std::fs::read(ca).map_err(|x| err(format!("ca_file {}: {x}", ca.display())))?;
+                    b = b.tls_built_in_root_certs(false);
+                    for c in reqwest::Certificate::from_pem_bundle(&pem).map_err(|x| err(format!("ca_file: {x}")))? {
+                        b = b.add_root_certificate(c);
+                    }
+                }
+                let mut headers = reqwest::header::HeaderMap::new();
+                for (k, v) in &cfg.headers {
+                    if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_bytes()), v.parse()) {
+                        headers.insert(k, v);
+                    }
+                }
+                let client = b.build().map_err(|x| err(format!("cannot build the HTTP client: {x}")))?;
+                Dest::Push { client, base: e.trim_end_matches('/').to_owned(), headers }
+            }
+            (Some(_), Some(_)) => {
+                return Err(err("set either `directory` or `endpoint`, not both (use two pprof exporters for both)".into()))
+            }
+            (None, None) => return Err(err("set `directory` (files) or `endpoint` (Pyroscope push)".into())),
+        };
+        let written = settings.telemetry.counter("pprof_reports_total", "pprof reports written or pushed.");
+        Ok(PprofExporter { id, cfg, dest, written })
+    }
+
+    /// Pyroscope's `name` parameter: `app{k=v,...}` with label names made
+    /// of `[A-Za-z0-9_]` (dots become underscores).
+    fn app_name(&self, g: &convert::GroupProfile) -> String {
+        let app = self
+            .cfg
+            .application_name
+            .clone()
+            .or_else(|| g.resource.iter().find(|(k, _)| k == "service.name").map(|(_, v)| v.clone()))
+            .unwrap_or_else(|| "profcol".into());
+        let mut labels: Vec<String> = g
+            .resource
+            .iter()
+            .filter(|(k, _)| k != "service.name")
+            .map(|(k, v)| {
+                let k: String = k.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+                let v: String = v.chars().filter(|c| !matches!(c, ',' | '{' | '}' | '=')).collect();
+                format!("{k}={v}")
+            })
+            .collect();
+        labels.sort();
+        labels.dedup();
+        format!("{app}{{{}}}", labels.join(","))
+    }
+}
+
+fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut e = flate2::write::GzEncoder::new(Vec::with_capacity(bytes.len() / 3), flate2::Compression::default());
+    e.write_all(bytes)?;
+    e.finish()
+}
+
+#[async_trait::async_trait]
+impl Exporter for PprofExporter {
+    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let groups = convert::to_pprof(batch, self.cfg.group_by);
+        let (bt0, _) = crate::group::time_range(batch);
+        for g in &groups {
+            if let Err(e) = convert::check_valid(&g.profile) {
+                // A bug of ours, not the backend's: never retried.
+                return Err(ExportError::permanent(format!("the pprof profile for {} is invalid: {e}", g.group)));
+            }
+            let data = gzip(&g.profile.encode_to_vec()).map_err(|e| ExportError::permanent(format!("gzip: {e}")))?;
+            match &self.dest {
+                Dest::Files(dir) => {
+                    let (dir, prefix, group) = (dir.clone(), sanitize(&self.cfg.file_prefix), g.group.clone());
+                    let t = if g.start > 0 { g.start } else { bt0 };
+                    let path = tokio::task::spawn_blocking(move || {
+                        let p = unique_path(&dir, &prefix, t, &group, "pb.gz");
+                        write_atomic(&p, &data).map(|_| p)
+                    })
+                    .await
+                    .map_err(|e| ExportError::retryable(format!("writer task: {e}")))?
+                    .map_err(|e| ExportError::retryable(format!("writing the pprof file: {e}")))?;
+                    tracing::debug!(exporter = %self.id, path = %path.display(), "pprof written");
+                }
+                Dest::Push { client, base, headers } => {
+                    let (from, until) = if g.start > 0 { (g.start, g.end.max(g.start)) } else { (bt0, bt0) };
+                    let (from, until) = (from / 1_000_000_000, until.div_ceil(1_000_000_000).max(from / 1_000_000_000 + 1));
+                    let name = self.app_name(g);
+                    let url = format!("{base}/ingest");
+                    let resp = client
+                        .post(&url)
+                        .headers(headers.clone())
+                        .query(&[
+                            ("name", name.as_str()),
+                            ("from", &from.to_string()),
+                            ("until", &until.to_string()),
+                            ("format", "pprof"),
+                            ("spyName", "profcol"),
+                        ])
+                        .header("content-type", "application/octet-stream")
+                        .body(data)
+                        .send()
+                        .await
+                        .map_err(|e| ExportError::Retryable { message: format!("POST {url}: {e}"), retry_after: None })?;
+                    let code = resp.status().as_u16();
+                    if !(200..300).contains(&code) {
+                        let ra = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                        let body = resp.bytes().await.unwrap_or_default();
+                        let e = status::from_http(code, ra.as_deref(), &body, false);
+                        if let ExportError::Permanent { .. } = &e {
+                            tracing::error!(exporter = %self.id, "Pyroscope refused the profile: {e}");
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            self.written.inc();
+        }
+        Ok(())
+    }
+}
