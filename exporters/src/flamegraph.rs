@@ -131,6 +131,8 @@ impl Exporter for FlamegraphExporter {
                 opts.title = cfg.title.clone();
                 opts.subtitle = Some(format!("{group} — {}", crate::group::timestamp(t0)));
                 opts.count_name = "samples".into();
+                // The java palette colours `_[k]` (kernel) frames apart.
+                opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
                 let mut svg = Vec::new();
                 inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)
                     .map_err(|e| ExportError::permanent(format!("drawing the flame graph: {e}")))?;

@@ -261,3 +261,85 @@ fn kallsyms_names(addrs: impl Iterator<Item = u64>) -> Vec<String> {
         })
         .collect()
 }
+
+/// A sink that holds the first batch until released: downstream is stuck.
+struct Stuck {
+    release: tokio::sync::Semaphore,
+    got: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl profcol_api::component::Consumer for Stuck {
+    async fn consume(
+        &self,
+        _batch: profcol_api::Profiles,
+    ) -> Result<(), profcol_api::component::ConsumeError> {
+        let _permit = self.release.acquire().await;
+        self.got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backpressure_fills_the_ring_and_losses_are_counted() {
+    use profcol_api::component::{ComponentId, Consumer, Kind, Next, Receiver};
+    use std::sync::Arc;
+    if !require_bpf("backpressure_fills_the_ring_and_losses_are_counted") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload("burn", dir.path());
+    let mut w = Workload::spawn(&bin, 2.0);
+    let registry = profcol_api::telemetry::Telemetry::new();
+    let id: ComponentId = "ebpf".parse().unwrap();
+    let telemetry = registry.component(Kind::Receiver, &id);
+    let receiver = profcol_receivers::ebpf::EbpfReceiver::new(
+        profcol_api::CreateSettings {
+            id,
+            telemetry: telemetry.clone(),
+        },
+        EbpfConfig {
+            sample_frequency: 999,
+            report_interval: Duration::from_millis(100),
+            ring_buffer_size: 4096, // one page
+            ..Default::default()
+        },
+    );
+    let sink = Arc::new(Stuck {
+        release: tokio::sync::Semaphore::new(0),
+        got: Default::default(),
+    });
+    receiver
+        .start(Next::new(
+            vec![sink.clone() as Arc<dyn Consumer>],
+            telemetry,
+        ))
+        .await
+        .unwrap();
+    w.go();
+    let _ = tokio::task::spawn_blocking(move || w.wait_cpu_ns())
+        .await
+        .unwrap();
+    // Downstream was stuck the whole time; now let it drain and stop.
+    sink.release.add_permits(1_000_000);
+    receiver.shutdown().await.unwrap();
+    let metrics = registry.render();
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+    };
+    let lost = value("profcol_receiver_ebpf_samples_lost_ringbuf_total");
+    let dropped = value("profcol_receiver_dropped_samples_total");
+    let delivered = value("profcol_receiver_ebpf_samples_total");
+    eprintln!("backpressure: {delivered} samples read, {lost} lost to the full ring buffer");
+    assert!(
+        lost > 0,
+        "a one-page ring with stuck downstream must overflow\n{metrics}"
+    );
+    assert_eq!(dropped, lost);
+    assert!(sink.got.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+}

@@ -70,7 +70,8 @@ pub struct Parsed {
 /// Parses kallsyms text. Never fails: bad lines are counted and skipped.
 pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
     let mut stats = ParseStats::default();
-    let mut vmlinux: Vec<Entry<'_>> = Vec::new();
+    // About one kept symbol per 64 bytes of kallsyms text.
+    let mut vmlinux: Vec<Entry<'_>> = Vec::with_capacity(text.len() / 64);
     let mut modules: Vec<(&str, Vec<Entry<'_>>)> = Vec::new();
     let mut module_index: FxHashMap<&str, Option<usize>> = FxHashMap::default();
     let mut bpf = Vec::new();
@@ -162,6 +163,36 @@ struct Line<'a> {
 
 /// Splits one line; `None` when it is malformed.
 fn split_line(line: &[u8]) -> Option<Line<'_>> {
+    fast_split(line).or_else(|| slow_split(line))
+}
+
+/// The kernel's own layout, `%016lx %c %s[\t[%s]]`: fixed offsets, no scan
+/// for the address and type. Anything else takes the general path.
+#[inline]
+fn fast_split(line: &[u8]) -> Option<Line<'_>> {
+    if line.len() < 20 || line[16] != b' ' || line[18] != b' ' {
+        return None;
+    }
+    let addr = parse_hex(&line[..16])?;
+    let kind = line[17];
+    let rest = &line[19..];
+    let (name, module) = match memchr::memchr(b'\t', rest) {
+        None => (rest, None),
+        Some(i) => {
+            let m = rest[i + 1..].strip_prefix(b"[")?.strip_suffix(b"]")?;
+            if m.is_empty() || m.iter().any(|&b| b == b' ' || b == b'\t' || b == b'[' || b == b']') {
+                return None;
+            }
+            (&rest[..i], Some(std::str::from_utf8(m).ok()?))
+        }
+    };
+    if name.is_empty() || name.iter().any(|&b| b == b' ') {
+        return None;
+    }
+    Some(Line { addr, kind, name: std::str::from_utf8(name).ok()?, module })
+}
+
+fn slow_split(line: &[u8]) -> Option<Line<'_>> {
     let mut fields = line
         .split(|&b| b == b' ' || b == b'\t')
         .filter(|f| !f.is_empty());
@@ -228,6 +259,26 @@ mod tests {
         assert!(split_line(b"1234 TT a").is_none());
         assert!(split_line(b"1234 T a [m").is_none());
         assert!(split_line(b"11112222333344445 T a").is_none());
+    }
+
+    #[test]
+    fn fast_path_agrees_with_general_path() {
+        let lines: [&[u8]; 6] = [
+            b"ffffffff81000000 T _stext",
+            b"ffffffffc0a00000 t foo\t[mod]",
+            b"ffffffffc0a00000 t foo\t[]",
+            b"ffffffffc0a00000 t foo\t[a b]",
+            b"ffffffffc0a00000 t foo bar",
+            b"ffffffffc0a0000z t foo",
+        ];
+        for l in lines {
+            fn key(x: Option<Line<'_>>) -> Option<(u64, u8, &str, Option<&str>)> {
+                x.map(|x| (x.addr, x.kind, x.name, x.module))
+            }
+            if let Some(f) = fast_split(l) {
+                assert_eq!(key(Some(f)), key(slow_split(l)), "{}", String::from_utf8_lossy(l));
+            }
+        }
     }
 
     #[test]

@@ -58,9 +58,11 @@ impl SymbolTable {
     fn name(&self, i: usize) -> &str {
         let at = self.name_at[i] as usize;
         let len = self.blob[at] as usize;
-        // Names were validated as UTF-8 when built; fall back to "?" rather
-        // than panic if that ever stops holding.
-        std::str::from_utf8(&self.blob[at + 1..at + 1 + len]).unwrap_or("?")
+        let bytes = &self.blob[at + 1..at + 1 + len];
+        debug_assert!(std::str::from_utf8(bytes).is_ok());
+        // SAFETY: `build` only stores `&str` names, cut at char boundaries,
+        // and the blob is immutable afterwards.
+        unsafe { std::str::from_utf8_unchecked(bytes) }
     }
 
     /// Address of a symbol by name: a linear scan, used only by tools and tests.

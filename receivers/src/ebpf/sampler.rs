@@ -175,12 +175,22 @@ impl SamplerHandle {
     /// Stops sampling, flushes the last partial interval downstream and
     /// waits for the thread and the sender task.
     pub async fn stop(mut self) {
+        // (Drop signals again; harmless.)
         self.stop.store(true, Ordering::SeqCst);
         signal(self.wake.as_raw_fd());
         if let Some(t) = self.thread.take() {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
         let _ = (&mut self.sender).await;
+    }
+}
+
+impl Drop for SamplerHandle {
+    /// A handle dropped without `stop` (receiver dropped while running)
+    /// still stops the thread, which detaches the perf events.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        signal(self.wake.as_raw_fd());
     }
 }
 

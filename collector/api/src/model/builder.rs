@@ -74,12 +74,50 @@ struct MappingKey {
     attrs: Box<[i32]>,
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct LocationKey {
-    mapping: i32,
-    address: u64,
-    lines: Box<[(i32, i64, i64)]>,
-    attrs: Box<[i32]>,
+/// Entries of a table found by the hash of their content: the table itself is
+/// the key store, so a lookup hashes the borrowed value and compares against
+/// the table, allocating nothing.
+#[derive(Default)]
+struct HashIndex {
+    first: FxHashMap<u64, i32>,
+    /// Further entries whose hash collides with `first`'s (rare).
+    more: FxHashMap<u64, Vec<i32>>,
+}
+
+impl HashIndex {
+    fn find(&self, h: u64, eq: impl Fn(i32) -> bool) -> Option<i32> {
+        let &f = self.first.get(&h)?;
+        if eq(f) {
+            return Some(f);
+        }
+        self.more.get(&h)?.iter().copied().find(|&i| eq(i))
+    }
+
+    fn insert(&mut self, h: u64, i: i32) {
+        match self.first.entry(h) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(i);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => self.more.entry(h).or_default().push(i),
+        }
+    }
+}
+
+fn hash_location(l: &pb::Location) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    h.write_i32(l.mapping_index);
+    h.write_u64(l.address);
+    for ln in &l.lines {
+        h.write_i32(ln.function_index);
+        h.write_i64(ln.line);
+        h.write_i64(ln.column);
+    }
+    h.write_usize(l.lines.len());
+    for &a in &l.attribute_indices {
+        h.write_i32(a);
+    }
+    h.finish()
 }
 
 /// Builds a [`Profiles`] batch, interning strings, attributes, mappings,
@@ -93,7 +131,7 @@ pub struct ProfilesBuilder {
     attrs: FxHashMap<AttrKey, i32>,
     mappings: FxHashMap<MappingKey, i32>,
     functions: FxHashMap<(i32, i32, i32, i64), i32>,
-    locations: FxHashMap<LocationKey, i32>,
+    locations: HashIndex,
     stacks: FxHashMap<Box<[i32]>, i32>,
     links: FxHashMap<(Vec<u8>, Vec<u8>), i32>,
 }
@@ -134,7 +172,7 @@ impl ProfilesBuilder {
             attrs: FxHashMap::default(),
             mappings: FxHashMap::default(),
             functions: FxHashMap::default(),
-            locations: FxHashMap::default(),
+            locations: HashIndex::default(),
             stacks: FxHashMap::default(),
             links: FxHashMap::default(),
         }
@@ -195,7 +233,10 @@ impl ProfilesBuilder {
             self.functions.entry(function_key(f)).or_insert(idx(i));
         }
         for (i, l) in self.dict.location_table.iter().enumerate() {
-            self.locations.entry(location_key(l)).or_insert(idx(i));
+            let h = hash_location(l);
+            if self.locations.find(h, |j| self.dict.location_table[j as usize] == *l).is_none() {
+                self.locations.insert(h, idx(i));
+            }
         }
         for (i, s) in self.dict.stack_table.iter().enumerate() {
             self.stacks.entry(s.location_indices.clone().into_boxed_slice()).or_insert(idx(i));
@@ -293,7 +334,15 @@ impl ProfilesBuilder {
 
     /// Interns a location whose indices refer to this builder's tables.
     pub fn location(&mut self, l: pb::Location) -> i32 {
-        intern(&mut self.locations, &mut self.dict.location_table, location_key(&l), || l)
+        let h = hash_location(&l);
+        let table = &self.dict.location_table;
+        if let Some(i) = self.locations.find(h, |j| table[j as usize] == l) {
+            return i;
+        }
+        let i = idx(table.len());
+        self.dict.location_table.push(l);
+        self.locations.insert(h, i);
+        i
     }
 
     /// Interns a stack (location indices, leaf first).
@@ -509,14 +558,6 @@ fn function_key(f: &pb::Function) -> (i32, i32, i32, i64) {
     (f.name_strindex, f.system_name_strindex, f.filename_strindex, f.start_line)
 }
 
-fn location_key(l: &pb::Location) -> LocationKey {
-    LocationKey {
-        mapping: l.mapping_index,
-        address: l.address,
-        lines: l.lines.iter().map(|ln| (ln.function_index, ln.line, ln.column)).collect(),
-        attrs: l.attribute_indices.clone().into_boxed_slice(),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,310 @@
+//! The persistent sending queue (`sending_queue.storage: DIR`): a batch is
+//! written and fsynced to disk before the pipeline acknowledges it upstream,
+//! removed once it was exported (or dropped for good), and replayed after a
+//! restart, so a crash (even SIGKILL) during an outage loses nothing the
+//! collector had accepted.
+//!
+//! Layout: `DIR/<exporter id>/<seq>.batch`, one file per batch:
+//! `b"PCQ1"`, CRC-32 (IEEE) of the payload (u32 LE), payload length (u64 LE),
+//! payload (`ProfilesData` protobuf). Files are written to `*.tmp`, fsynced,
+//! renamed, and the directory fsynced. The queue holds at most
+//! `max_storage_bytes` on disk; past that [`PersistentQueue::persist`] says
+//! [`PersistError::Full`]. A file that does not read back (torn, truncated,
+//! flipped bits, not protobuf) is renamed to `*.corrupt` with a warning and
+//! skipped: it never blocks start-up.
+//!
+//! Hook (in `ExporterHandle`): open the queue at start and enqueue what
+//! [`PersistentQueue::open`] returns first; in `enqueue`, `persist` the batch
+//! before it goes into the channel (that is before the pipeline returns to
+//! the receiver); carry the [`Ticket`] with the batch; after the export
+//! succeeded or failed for good, `remove(ticket)`. A batch still in memory at
+//! shutdown keeps its file and is replayed at the next start.
+
+use profcol_api::Profiles;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const MAGIC: &[u8; 4] = b"PCQ1";
+const HEADER: usize = 4 + 4 + 8;
+
+/// Identifies one batch on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    seq: u64,
+    bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("the persistent queue in {dir} is full ({used} of max_storage_bytes {max} bytes used; this batch needs {need})")]
+    Full { dir: String, used: u64, max: u64, need: u64 },
+    #[error("the persistent queue cannot write {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A directory of batches waiting to be exported.
+pub struct PersistentQueue {
+    dir: PathBuf,
+    max_bytes: u64,
+    used: AtomicU64,
+    next_seq: AtomicU64,
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let t = TABLE.get_or_init(|| {
+        let mut t = [0u32; 256];
+        for (i, e) in t.iter_mut().enumerate() {
+            let mut c = i as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+            }
+            *e = c;
+        }
+        t
+    });
+    let mut c = !0u32;
+    for &b in data {
+        c = t[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+fn sanitize(id: &str) -> String {
+    id.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') { c } else { '_' }).collect()
+}
+
+fn fsync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Reads and checks one batch file.
+fn read_batch(path: &Path) -> Result<Profiles, String> {
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut header = [0u8; HEADER];
+    f.read_exact(&mut header).map_err(|e| format!("short header: {e}"))?;
+    if &header[..4] != MAGIC {
+        return Err("bad magic".into());
+    }
+    let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
+    let len = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+    let meta_len = f.metadata().map_err(|e| e.to_string())?.len();
+    if meta_len != HEADER as u64 + len {
+        return Err(format!("length {len} does not match the file size {meta_len}"));
+    }
+    let mut payload = Vec::with_capacity(len as usize);
+    f.read_to_end(&mut payload).map_err(|e| e.to_string())?;
+    if crc32(&payload) != crc {
+        return Err("checksum mismatch".into());
+    }
+    Profiles::decode(&payload).map_err(|e| e.to_string())
+}
+
+impl PersistentQueue {
+    /// Opens (creating) `root/<exporter id>` and returns the queue with the
+    /// batches left from a previous run, oldest first. Unreadable files are
+    /// set aside as `*.corrupt` with a warning.
+    pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<(Arc<Self>, Vec<(Ticket, Profiles)>)> {
+        let dir = root.join(sanitize(exporter_id));
+        std::fs::create_dir_all(&dir)?;
+        let mut files: Vec<(u64, PathBuf)> = Vec::new();
+        for e in std::fs::read_dir(&dir)? {
+            let Ok(e) = e else { continue };
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                // A write that never finished: the batch was never acknowledged.
+                let _ = std::fs::remove_file(&p);
+                continue;
+            }
+            if let Some(seq) = name.strip_suffix(".batch").and_then(|s| s.parse::<u64>().ok()) {
+                files.push((seq, p));
+            }
+        }
+        files.sort();
+        let mut replay = Vec::new();
+        let mut used = 0u64;
+        let mut max_seq = 0u64;
+        for (seq, p) in files {
+            max_seq = max_seq.max(seq);
+            match read_batch(&p) {
+                Ok(batch) => {
+                    let bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+                    used += bytes;
+                    replay.push((Ticket { seq, bytes }, batch));
+                }
+                Err(why) => {
+                    let aside = p.with_extension("corrupt");
+                    let moved = std::fs::rename(&p, &aside);
+                    tracing::warn!(
+                        exporter = exporter_id,
+                        file = %p.display(),
+                        moved_to = %aside.display(),
+                        ok = moved.is_ok(),
+                        "persistent queue: a batch file does not read back ({why}); set aside, not replayed"
+                    );
+                }
+            }
+        }
+        if !replay.is_empty() {
+            tracing::info!(exporter = exporter_id, batches = replay.len(), bytes = used, "persistent queue: replaying batches from the last run");
+        }
+        let q = Arc::new(PersistentQueue {
+            dir,
+            max_bytes,
+            used: AtomicU64::new(used),
+            next_seq: AtomicU64::new(max_seq + 1),
+        });
+        Ok((q, replay))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Bytes on disk now.
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn path(&self, seq: u64) -> PathBuf {
+        self.dir.join(format!("{seq:020}.batch"))
+    }
+
+    /// Writes the batch durably (blocking I/O: call from `spawn_blocking`,
+    /// or use [`PersistentQueue::persist`]).
+    pub fn persist_blocking(&self, batch: &Profiles) -> Result<Ticket, PersistError> {
+        let payload = batch.encode_to_vec();
+        let need = (HEADER + payload.len()) as u64;
+        // Reserve the space first so concurrent writers respect the bound.
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            if cur + need > self.max_bytes {
+                return Err(PersistError::Full { dir: self.dir.display().to_string(), used: cur, max: self.max_bytes, need });
+            }
+            match self.used.compare_exchange_weak(cur, cur + need, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(v) => cur = v,
+            }
+        }
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let path = self.path(seq);
+        let tmp = path.with_extension("tmp");
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            let mut header = [0u8; HEADER];
+            header[..4].copy_from_slice(MAGIC);
+            header[4..8].copy_from_slice(&crc32(&payload).to_le_bytes());
+            header[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            f.write_all(&header)?;
+            f.write_all(&payload)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            fsync_dir(&self.dir);
+            Ok(())
+        };
+        if let Err(source) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            self.used.fetch_sub(need, Ordering::AcqRel);
+            return Err(PersistError::Io { path: path.display().to_string(), source });
+        }
+        Ok(Ticket { seq, bytes: need })
+    }
+
+    /// Writes the batch durably off the async threads.
+    pub async fn persist(self: &Arc<Self>, batch: Arc<Profiles>) -> Result<Ticket, PersistError> {
+        let me = self.clone();
+        match tokio::task::spawn_blocking(move || me.persist_blocking(&batch)).await {
+            Ok(r) => r,
+            Err(e) => Err(PersistError::Io { path: self.dir.display().to_string(), source: std::io::Error::other(e) }),
+        }
+    }
+
+    /// Forgets a batch that was exported or dropped for good.
+    pub fn remove(&self, t: &Ticket) {
+        match std::fs::remove_file(self.path(t.seq)) {
+            Ok(()) => {
+                self.used.fetch_sub(t.bytes.min(self.used.load(Ordering::Relaxed)), Ordering::AcqRel);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(file = %self.path(t.seq).display(), "persistent queue: cannot remove an exported batch: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(n: usize) -> Profiles {
+        let mut b = profcol_api::ProfilesBuilder::new();
+        let r = b.resource(Default::default());
+        let p = b.profile(r, &profcol_api::model::ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
+        for k in 0..n {
+            let f = b.function(&format!("f{k}"), "", "", 0);
+            let l = b.location(profcol_api::model::pb::Location {
+                lines: vec![profcol_api::model::pb::Line { function_index: f, line: 1, column: 0 }],
+                ..Default::default()
+            });
+            let st = b.stack(&[l]);
+            b.sample(p, profcol_api::model::pb::Sample { stack_index: st, values: vec![1], ..Default::default() });
+        }
+        b.build()
+    }
+
+    #[test]
+    fn persists_replays_removes_and_bounds() {
+        let d = tempfile::tempdir().unwrap();
+        let (q, replay) = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
+        assert!(replay.is_empty());
+        let t1 = q.persist_blocking(&batch(3)).unwrap();
+        let _t2 = q.persist_blocking(&batch(4)).unwrap();
+        q.remove(&t1);
+        drop(q);
+        let (q, replay) = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
+        assert_eq!(replay.len(), 1);
+        assert_eq!(replay[0].1, batch(4));
+        assert!(q.used_bytes() > 0);
+        let (small, _) = PersistentQueue::open(d.path(), "other", 64).unwrap();
+        assert!(matches!(small.persist_blocking(&batch(50)), Err(PersistError::Full { .. })));
+        // New sequence numbers continue after the replayed ones.
+        let t3 = q.persist_blocking(&batch(1)).unwrap();
+        assert!(t3.seq > replay[0].0.seq);
+    }
+
+    #[test]
+    fn corrupt_files_are_set_aside_and_do_not_block_startup() {
+        let d = tempfile::tempdir().unwrap();
+        let (q, _) = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        let good = q.persist_blocking(&batch(2)).unwrap();
+        let bad = q.persist_blocking(&batch(5)).unwrap();
+        let torn = q.persist_blocking(&batch(6)).unwrap();
+        drop(q);
+        let dir = d.path().join("otlp");
+        // Flip a payload byte of one file, truncate another, add junk and a stale tmp.
+        let p = dir.join(format!("{:020}.batch", bad.seq));
+        let mut bytes = std::fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&p, bytes).unwrap();
+        let p = dir.join(format!("{:020}.batch", torn.seq));
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+        std::fs::write(dir.join("00000000000000000099.batch"), b"garbage").unwrap();
+        std::fs::write(dir.join("00000000000000000100.tmp"), b"half").unwrap();
+        let (_q, replay) = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        assert_eq!(replay.len(), 1);
+        assert_eq!(replay[0].0, good);
+        let corrupt = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "corrupt").count();
+        assert_eq!(corrupt, 3);
+        assert!(!dir.join("00000000000000000100.tmp").exists());
+    }
+}

@@ -1,0 +1,131 @@
+//! The otlp exporter against a server on another stack: Python grpcio and
+//! the official opentelemetry-proto package from PyPI (1.45.x, the same
+//! v1.10 profiles layout), started here on loopback. Every sample arrives
+//! and decodes; RetryInfo and partial_success from that server are honoured.
+
+mod common;
+
+use common::*;
+use profcol_api::component::Kind;
+use profcol_api::model::{canonical, ExportProfilesServiceRequest};
+use profcol_api::{ExportError, Exporter, Profiles};
+use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
+use prost::Message;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const CHECK: &str = "import grpc, importlib.metadata as m\n\
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2_grpc\n\
+v = m.version('opentelemetry-proto')\n\
+assert v.startswith('1.45.'), v";
+
+struct PyServer {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    port: u16,
+}
+
+impl Drop for PyServer {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn start(args: &[&str]) -> Option<PyServer> {
+    if !tool_available("python3", &["-c", CHECK]) {
+        return None;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_server.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30)).expect("the Python server did not start");
+    let port = first.strip_prefix("PORT ").unwrap().parse().unwrap();
+    Some(PyServer { child, lines: rx, port })
+}
+
+fn exporter(port: u16, compression: Compression, name: &str) -> (OtlpGrpcExporter, profcol_api::CreateSettings) {
+    let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{port}"), compression, ..Default::default() };
+    let s = settings(Kind::Exporter, name);
+    (OtlpGrpcExporter::new(s.clone(), cfg).unwrap(), s)
+}
+
+#[tokio::test]
+async fn python_grpcio_server_receives_and_decodes_every_sample() {
+    let out = tempfile::tempdir().unwrap();
+    let Some(py) = start(&["--out", out.path().to_str().unwrap()]) else { return };
+    let (gz, _) = exporter(py.port, Compression::Gzip, "otlp/gzip");
+    let (plain, _) = exporter(py.port, Compression::None, "otlp/plain");
+    let batches: Vec<Profiles> = (0..6).map(|k| cpu_batch(100 + k, 3, 60)).collect();
+    for (k, b) in batches.iter().enumerate() {
+        let e = if k % 2 == 0 { &gz } else { &plain };
+        e.export(b).await.unwrap();
+    }
+    let mut samples = 0u64;
+    let mut leaves = std::collections::BTreeMap::<String, u64>::new();
+    for _ in 0..batches.len() {
+        let line = py.lines.recv_timeout(Duration::from_secs(10)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        samples += v["samples"].as_u64().unwrap();
+        for (k, n) in v["leaves"].as_object().unwrap() {
+            *leaves.entry(k.clone()).or_default() += n.as_u64().unwrap();
+        }
+    }
+    let want = merge(&batches);
+    assert_eq!(samples as usize, want.sample_count());
+    // Python resolved the same leaf functions through the dictionary.
+    let mut want_leaves = std::collections::BTreeMap::<String, u64>::new();
+    for s in want.samples() {
+        *want_leaves.entry(s.frames().next().unwrap().function_name().unwrap().to_owned()).or_default() += 1;
+    }
+    assert_eq!(leaves, want_leaves);
+    // What Python decoded and re-encoded is the same data.
+    let mut got = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(out.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    for f in files {
+        let req = ExportProfilesServiceRequest::decode(std::fs::read(f).unwrap().as_slice()).unwrap();
+        let p = Profiles::from_request(req);
+        p.validate().unwrap();
+        got.push(p);
+    }
+    assert_eq!(got.len(), batches.len());
+    assert!(canonical::samples(&merge(&got)) == canonical::samples(&want), "sample multisets differ after Python");
+    drop(py);
+}
+
+#[tokio::test]
+async fn retry_info_and_partial_success_from_python() {
+    let Some(mut py) = start(&["--unavailable-first", "2", "--partial", "1"]) else { return };
+    let (e, s) = exporter(py.port, Compression::Gzip, "otlp/py");
+    let batch = cpu_batch(9, 1, 10);
+    for _ in 0..2 {
+        match e.export(&batch).await {
+            Err(ExportError::Retryable { retry_after, .. }) => assert_eq!(retry_after, Some(Duration::from_secs(1))),
+            other => panic!("expected UNAVAILABLE with RetryInfo, got {other:?}"),
+        }
+    }
+    e.export(&batch).await.unwrap();
+    assert_eq!(s.telemetry.counter("rejected_profiles_total", "").get(), 1);
+    assert_eq!(s.telemetry.counter("partial_success_total", "").get(), 1);
+    assert_eq!(s.telemetry.counter("retryable_errors_total", "").get(), 2);
+    let _ = py.child.stdin.as_mut().unwrap().flush();
+}

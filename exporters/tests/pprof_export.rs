@@ -1,0 +1,201 @@
+//! pprof files open with `go tool pprof -top` and show the same functions and
+//! counts as the batch they came from; grouping; Pyroscope push.
+
+mod common;
+
+use common::*;
+use profcol_api::component::Kind;
+use profcol_api::Exporter;
+use profcol_exporters::group::GroupBy;
+use profcol_exporters::pprof::{convert, proto, PprofConfig, PprofExporter};
+use prost::Message;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+
+/// Flat (leaf) and cumulative sample counts per function, from the batch itself.
+fn expected(batch: &profcol_api::Profiles) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
+    let (mut flat, mut cum) = (BTreeMap::new(), BTreeMap::new());
+    for s in batch.samples() {
+        let n = if s.sample.values.is_empty() { s.sample.timestamps_unix_nano.len() as i64 } else { s.sample.values.iter().sum() };
+        let names: Vec<String> = s.frames().map(|f| f.function_name().unwrap_or("?").to_owned()).collect();
+        *flat.entry(names[0].clone()).or_insert(0) += n;
+        let mut seen = std::collections::BTreeSet::new();
+        for nm in names {
+            if seen.insert(nm.clone()) {
+                *cum.entry(nm).or_insert(0) += n;
+            }
+        }
+    }
+    (flat, cum)
+}
+
+/// `go tool pprof -top` rows as name → (flat, cum).
+fn go_pprof_top(path: &std::path::Path) -> BTreeMap<String, (i64, i64)> {
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", "-sample_index=samples", "-nodecount=100000", "-symbolize=none"])
+        .arg(path)
+        .output()
+        .expect("go tool pprof");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "go tool pprof failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    let mut rows = BTreeMap::new();
+    let mut body = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("flat") {
+            body = true;
+            continue;
+        }
+        if !body {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 6 {
+            rows.insert(f[5..].join(" "), (f[0].parse().unwrap(), f[3].parse().unwrap()));
+        }
+    }
+    assert!(!rows.is_empty(), "no rows in:\n{text}");
+    rows
+}
+
+fn read_pprof(path: &std::path::Path) -> proto::Profile {
+    let gz = std::fs::read(path).unwrap();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice()).read_to_end(&mut raw).unwrap();
+    proto::Profile::decode(raw.as_slice()).unwrap()
+}
+
+fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn files_open_in_go_tool_pprof_with_the_same_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = PprofConfig { directory: Some(dir.path().into()), ..Default::default() };
+    let e = PprofExporter::new(settings(Kind::Exporter, "pprof"), cfg).unwrap();
+    let batch = cpu_batch(7, 4, 200);
+    e.export(&batch).await.unwrap();
+    let fs = files(dir.path());
+    assert_eq!(fs.len(), 1, "{fs:?}");
+    let name = fs[0].file_name().unwrap().to_str().unwrap();
+    assert!(name.starts_with("profile-20231114T") && name.ends_with("-all.pb.gz"), "{name}");
+
+    // Structure: the CPU convention and pprof's validity rules.
+    let p = read_pprof(&fs[0]);
+    convert::check_valid(&p).unwrap();
+    let st = |i: i64| p.string_table[i as usize].as_str();
+    let types: Vec<_> = p.sample_type.iter().map(|v| (st(v.r#type), st(v.unit))).collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    let pt = p.period_type.unwrap();
+    assert_eq!((st(pt.r#type), st(pt.unit), p.period), ("cpu", "nanoseconds", 10_000_000));
+    for s in &p.sample {
+        assert_eq!(s.value[1], s.value[0] * 10_000_000);
+        let keys: Vec<_> = s.label.iter().map(|l| st(l.key)).collect();
+        assert_eq!(keys, ["pid", "tid", "comm"]);
+    }
+    let kmap = p.mapping.iter().find(|m| st(m.filename) == "[kernel.kallsyms]").expect("kernel mapping");
+    let kloc = p.location.iter().filter(|l| l.mapping_id == kmap.id).count();
+    assert!(kloc > 0);
+    let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+    assert_eq!(total as usize, batch.samples().map(|s| s.sample.values.len()).sum::<usize>());
+
+    if !tool_available("go", &["version"]) {
+        return;
+    }
+    let rows = go_pprof_top(&fs[0]);
+    eprintln!("go tool pprof -top: {rows:?}");
+    let (flat, cum) = expected(&batch);
+    for (name, n) in &flat {
+        assert_eq!(rows.get(name).map(|r| r.0), Some(*n), "flat of {name}: go says {:?}", rows.get(name));
+    }
+    for (name, n) in &cum {
+        assert_eq!(rows.get(name).map(|r| r.1), Some(*n), "cum of {name}: go says {:?}", rows.get(name));
+    }
+    // The top function (by flat) is the same.
+    let top_go = rows.iter().max_by_key(|(n, r)| (r.0, std::cmp::Reverse((*n).clone()))).unwrap().0;
+    let top_src = flat.iter().max_by_key(|(n, c)| (**c, std::cmp::Reverse((*n).clone()))).unwrap().0;
+    assert_eq!(top_go, top_src);
+    // Labels are visible to pprof's tag filters.
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-tags", "-symbolize=none"])
+        .arg(&fs[0])
+        .output()
+        .unwrap();
+    let tags = String::from_utf8_lossy(&out.stdout);
+    assert!(tags.contains("comm") && tags.contains("pid") && tags.contains("tid"), "{tags}");
+}
+
+#[tokio::test]
+async fn group_by_process_and_container() {
+    let batch = cpu_batch(3, 4, 20);
+    for (by, want) in [
+        (GroupBy::Process, vec!["pid-1000", "pid-1001", "pid-1002", "pid-1003"]),
+        (GroupBy::Container, vec!["container-c0ffee01", "container-c0ffee03", "host"]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = PprofConfig { directory: Some(dir.path().into()), group_by: by, file_prefix: "cpu".into(), ..Default::default() };
+        let e = PprofExporter::new(settings(Kind::Exporter, "pprof"), cfg).unwrap();
+        e.export(&batch).await.unwrap();
+        let fs = files(dir.path());
+        let mut groups: Vec<String> = fs
+            .iter()
+            .map(|p| {
+                let n = p.file_name().unwrap().to_str().unwrap();
+                n.trim_end_matches(".pb.gz").splitn(3, '-').nth(2).unwrap().to_owned()
+            })
+            .collect();
+        groups.sort();
+        assert_eq!(groups, want);
+        let total: i64 = fs.iter().map(|f| read_pprof(f).sample.iter().map(|s| s.value[0]).sum::<i64>()).sum();
+        assert_eq!(total as usize, batch.samples().map(|s| s.sample.values.len()).sum::<usize>());
+        // A second export of the same interval does not overwrite.
+        e.export(&batch).await.unwrap();
+        assert_eq!(files(dir.path()).len(), 2 * want.len());
+    }
+}
+
+#[tokio::test]
+async fn pushes_to_pyroscope_ingest() {
+    type Seen = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
+    let seen: Seen = Arc::default();
+    let s2 = seen.clone();
+    let app = axum::Router::new().route(
+        "/ingest",
+        axum::routing::post(
+            move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>, body: axum::body::Bytes| {
+                let s2 = s2.clone();
+                async move {
+                    s2.lock().unwrap().push((q, body.to_vec()));
+                    "ok"
+                }
+            },
+        ),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}")), group_by: GroupBy::Process, ..Default::default() };
+    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
+    let batch = cpu_batch(5, 2, 30);
+    e.export(&batch).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    for (q, body) in seen.iter() {
+        assert_eq!(q["format"], "pprof");
+        assert!(q["name"].starts_with("demo{") && q["name"].contains("process_pid=100"), "{}", q["name"]);
+        assert!(q["name"].contains("host_name=node-1"), "{}", q["name"]);
+        let (from, until): (u64, u64) = (q["from"].parse().unwrap(), q["until"].parse().unwrap());
+        assert_eq!(from, 1_700_000_050);
+        assert_eq!(until, from + 10);
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(body.as_slice()).read_to_end(&mut raw).unwrap();
+        convert::check_valid(&proto::Profile::decode(raw.as_slice()).unwrap()).unwrap();
+    }
+    // A server that is down is retryable.
+    let cfg = PprofConfig { endpoint: Some(format!("http://127.0.0.1:{}", free_port())), ..Default::default() };
+    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/down"), cfg).unwrap();
+    assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
+}
