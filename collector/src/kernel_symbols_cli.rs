@@ -41,16 +41,9 @@ pub enum KernelSymbolsCmd {
 
 pub fn run(cmd: KernelSymbolsCmd) -> anyhow::Result<()> {
     match cmd {
-        KernelSymbolsCmd::Lookup {
-            kallsyms,
-            sysfs,
-            addrs,
-        } => {
+        KernelSymbolsCmd::Lookup { kallsyms, sysfs, addrs } => {
             // Parse every address first so a typo fails before the slow read.
-            let parsed: Vec<u64> = addrs
-                .iter()
-                .map(|a| parse_addr(a))
-                .collect::<anyhow::Result<_>>()?;
+            let parsed: Vec<u64> = addrs.iter().map(|a| parse_addr(a)).collect::<anyhow::Result<_>>()?;
             let store = open(&kallsyms, &sysfs)?;
             let g = store.generations().current();
             let mut out = std::io::stdout().lock();
@@ -76,7 +69,11 @@ pub fn run(cmd: KernelSymbolsCmd) -> anyhow::Result<()> {
                 snap.loose.iter().map(|l| l.syms.len()).sum::<usize>(),
                 snap.bpf.len()
             )?;
-            writeln!(out, "modules: {loaded} loaded per sysfs ({named} with names), {} kallsyms module tables", snap.loose.len())?;
+            writeln!(
+                out,
+                "modules: {loaded} loaded per sysfs ({named} with names), {} kallsyms module tables",
+                snap.loose.len()
+            )?;
             writeln!(out, "bytes held: {}", snap.heap_bytes())?;
             writeln!(
                 out,
@@ -103,32 +100,23 @@ fn open(kallsyms: &Path, sysfs: &Path) -> anyhow::Result<Store> {
     // BPF programs come from the bpf syscall only when looking at this
     // machine; a kallsyms copy carries its own [bpf] lines.
     let live = kallsyms == Path::new(PROC_KALLSYMS);
-    Store::open(StoreConfig {
-        kallsyms: kallsyms.into(),
-        sysfs: sysfs.into(),
-        bpf_syscall: live,
-        ..Default::default()
-    })
-    .with_context(|| format!("loading kernel symbols from {}", kallsyms.display()))
+    Store::open(StoreConfig { kallsyms: kallsyms.into(), sysfs: sysfs.into(), bpf_syscall: live, ..Default::default() })
+        .with_context(|| format!("loading kernel symbols from {}", kallsyms.display()))
 }
 
 fn parse_addr(s: &str) -> anyhow::Result<u64> {
-    let hex = s
-        .strip_prefix("0x")
-        .or_else(|| s.strip_prefix("0X"))
-        .unwrap_or(s);
+    let hex = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
     u64::from_str_radix(hex, 16).map_err(|_| {
-        anyhow::anyhow!("`{s}` is not a kernel address: give hex addresses such as ffffffff81234567 or 0xffffffff81234567")
+        anyhow::anyhow!(
+            "`{s}` is not a kernel address: give hex addresses such as ffffffff81234567 or 0xffffffff81234567"
+        )
     })
 }
 
 fn format_line(addr: u64, sym: Option<Symbol<'_>>) -> String {
     match sym {
         Some(Symbol::Kernel { name, off }) => format!("0x{addr:016x} {name}+{off:#x}"),
-        Some(Symbol::Module {
-            module,
-            sym: Some((name, off)),
-        }) => {
+        Some(Symbol::Module { module, sym: Some((name, off)) }) => {
             format!("0x{addr:016x} {name}+{off:#x} [{}]", module.name)
         }
         Some(Symbol::Module { module, sym: None }) => format!("0x{addr:016x} ? [{}]", module.name),
@@ -148,10 +136,7 @@ mod tests {
 
     #[test]
     fn addresses_parse_with_or_without_prefix() {
-        assert_eq!(
-            parse_addr("0xffffffff81000000").unwrap(),
-            0xffffffff81000000
-        );
+        assert_eq!(parse_addr("0xffffffff81000000").unwrap(), 0xffffffff81000000);
         assert_eq!(parse_addr("ffffffff81000000").unwrap(), 0xffffffff81000000);
         let e = parse_addr("vfs_read").unwrap_err().to_string();
         assert!(e.contains("`vfs_read` is not a kernel address"), "{e}");

@@ -46,7 +46,10 @@ enum Cmd {
 
 fn sources(cli: &Cli) -> Vec<Source> {
     if cli.config.is_empty() {
-        vec![Source::Text { name: "<embedded default: examples/default.yaml>".into(), text: profcol::DEFAULT_CONFIG.into() }]
+        vec![Source::Text {
+            name: "<embedded default: examples/default.yaml>".into(),
+            text: profcol::DEFAULT_CONFIG.into(),
+        }]
     } else {
         cli.config.iter().cloned().map(Source::File).collect()
     }
@@ -66,7 +69,8 @@ fn load(cli: &Cli, registry: &Registry) -> Result<(Config, check::CheckedCompone
         Err(ConfigErrors(mut more)) => {
             errors.append(&mut more);
             errors.sort_by(|a, b| {
-                let key = |e: &profcol_config::ConfigError| e.position.as_ref().map(|p| (p.file.clone(), p.line, p.column));
+                let key =
+                    |e: &profcol_config::ConfigError| e.position.as_ref().map(|p| (p.file.clone(), p.line, p.column));
                 key(a).cmp(&key(b))
             });
             Err(ConfigErrors(errors))
@@ -153,7 +157,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli, registry: Registry, status: HostStatus, config: Config, checked: check::CheckedComponents) -> anyhow::Result<()> {
+async fn run(
+    cli: Cli,
+    registry: Registry,
+    status: HostStatus,
+    config: Config,
+    checked: check::CheckedComponents,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let telemetry = Telemetry::new();
     let metrics_address = config.service.telemetry.metrics.address.clone();

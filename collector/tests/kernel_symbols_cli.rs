@@ -8,10 +8,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn profcol(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_profcol"))
-        .args(args)
-        .output()
-        .expect("profcol runs")
+    Command::new(env!("CARGO_BIN_EXE_profcol")).args(args).output().expect("profcol runs")
 }
 
 #[test]
@@ -32,11 +29,7 @@ fn lookup_prints_one_line_per_address() {
         "ffffffffc0ff0000",
         "ffffffffc0c00040",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         "0xffffffff81000115 vfs_read+0x5\n\
@@ -60,27 +53,12 @@ fn stats_reports_counts_bytes_and_parse_time() {
     let f = fixtures();
     let k = f.join("quirks.kallsyms");
     let s = f.join("sysfs");
-    let out = profcol(&[
-        "kernel-symbols",
-        "stats",
-        "--kallsyms",
-        k.to_str().unwrap(),
-        "--sysfs",
-        s.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = profcol(&["kernel-symbols", "stats", "--kallsyms", k.to_str().unwrap(), "--sysfs", s.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    for want in [
-        "symbols: ",
-        "modules: 3 loaded per sysfs (2 with names)",
-        "bytes held: ",
-        "parse time: ",
-        "4 malformed",
-    ] {
+    for want in
+        ["symbols: ", "modules: 3 loaded per sysfs (2 with names)", "bytes held: ", "parse time: ", "4 malformed"]
+    {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
 }

@@ -24,13 +24,7 @@ fn all_samples(batches: &[profcol_api::Profiles]) -> Vec<canonical::CanonicalSam
 fn file_to_batch_to_file_preserves_every_sample() {
     let dir = tempfile::tempdir().unwrap();
     let corpus = write_corpus(&dir.path().join("in"), 20, 700);
-    let cfg = config(
-        dir.path(),
-        "  file:\n    path: DIR/in",
-        "  file:\n    path: DIR/out.jsonl",
-        "file",
-        "",
-    );
+    let cfg = config(dir.path(), "  file:\n    path: DIR/in", "  file:\n    path: DIR/out.jsonl", "file", "");
     let cfgp = write(&dir.path().join("c.yaml"), &cfg);
     let mut p = Profcol::start(&["--config", cfgp.to_str().unwrap()]);
     let want = all_samples(&corpus);
@@ -140,7 +134,13 @@ impl NonBlock for std::fs::OpenOptions {
 fn sighup_with_broken_config_keeps_running() {
     let dir = tempfile::tempdir().unwrap();
     write_corpus(&dir.path().join("in"), 3, 50);
-    let cfg = config(dir.path(), "  file:\n    path: DIR/in\n    loop: true\n    replay_rate: 20", "  file:\n    path: DIR/out.jsonl", "file", "");
+    let cfg = config(
+        dir.path(),
+        "  file:\n    path: DIR/in\n    loop: true\n    replay_rate: 20",
+        "  file:\n    path: DIR/out.jsonl",
+        "file",
+        "",
+    );
     let cfgp = write(&dir.path().join("c.yaml"), &cfg);
     let mut p = Profcol::start(&["--config", cfgp.to_str().unwrap()]);
     assert!(p.wait_log("profcol started", Duration::from_secs(20)));
@@ -163,7 +163,13 @@ fn sighup_with_broken_config_keeps_running() {
 fn sighup_with_changed_exporter_keeps_the_receiver_instance() {
     let dir = tempfile::tempdir().unwrap();
     write_corpus(&dir.path().join("in"), 3, 50);
-    let cfg = config(dir.path(), "  file:\n    path: DIR/in\n    loop: true\n    replay_rate: 20", "  file:\n    path: DIR/a.jsonl", "file", "");
+    let cfg = config(
+        dir.path(),
+        "  file:\n    path: DIR/in\n    loop: true\n    replay_rate: 20",
+        "  file:\n    path: DIR/a.jsonl",
+        "file",
+        "",
+    );
     let cfgp = write(&dir.path().join("c.yaml"), &cfg);
     let mut p = Profcol::start(&["--config", cfgp.to_str().unwrap()]);
     assert!(p.wait_log("profcol started", Duration::from_secs(20)));
@@ -172,7 +178,10 @@ fn sighup_with_changed_exporter_keeps_the_receiver_instance() {
     write(&cfgp, &cfg.replace("a.jsonl", "b.jsonl"));
     p.signal(libc::SIGHUP);
     assert!(p.wait_log("configuration reloaded", Duration::from_secs(20)));
-    assert!(wait_until(Duration::from_secs(10), || !read_jsonl(&dir.path().join("b.jsonl")).is_empty()), "the new exporter gets data");
+    assert!(
+        wait_until(Duration::from_secs(10), || !read_jsonl(&dir.path().join("b.jsonl")).is_empty()),
+        "the new exporter gets data"
+    );
     // The receiver was neither stopped nor started again: same instance, still sending.
     assert_eq!(p.log_count("started receiver=file"), 1);
     assert_eq!(p.log_count("file receiver: done reading"), 0);

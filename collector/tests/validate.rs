@@ -35,7 +35,8 @@ fn every_example_is_valid() {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
-            let (code, err) = validate(&[&p], &[("OTLP_ENDPOINT", "localhost:4317"), ("PYROSCOPE_URL", "http://localhost:4040")]);
+            let (code, err) =
+                validate(&[&p], &[("OTLP_ENDPOINT", "localhost:4317"), ("PYROSCOPE_URL", "http://localhost:4040")]);
             assert_eq!(code, 0, "{} is invalid:\n{err}", p.display());
             n += 1;
         }
@@ -94,7 +95,12 @@ fn pipeline_references_unconfigured_component() {
 fn env_var_without_value_or_default() {
     let (code, err, p) = bad(&GOOD.replace("path: /tmp", "path: ${env:PROFCOL_TEST_UNSET_VAR}"));
     assert_eq!(code, 1);
-    assert!(err.contains(&format!("{p}:3:5: receivers::file::path: environment variable PROFCOL_TEST_UNSET_VAR is not set")), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{p}:3:5: receivers::file::path: environment variable PROFCOL_TEST_UNSET_VAR is not set"
+        )),
+        "{err}"
+    );
     // With a default it is fine.
     let (code, err, _) = bad(&GOOD.replace("path: /tmp", "path: ${env:PROFCOL_TEST_UNSET_VAR:-/tmp}"));
     assert_eq!(code, 0, "{err}");
@@ -112,7 +118,8 @@ fn pipeline_without_receiver_or_exporter() {
 
 #[test]
 fn all_errors_of_a_file_are_reported_together() {
-    let (code, err, _) = bad(&GOOD.replace("    path: /tmp\n", "    path: /tmp\n    pth: 1\n").replace("[debug]", "[debug, nope]"));
+    let (code, err, _) =
+        bad(&GOOD.replace("    path: /tmp\n", "    path: /tmp\n    pth: 1\n").replace("[debug]", "[debug, nope]"));
     assert_eq!(code, 1);
     assert!(err.contains("2 errors"), "{err}");
 }
@@ -136,7 +143,10 @@ fn configs_merge_in_order_and_set_overrides() {
     assert_eq!(v["exporters"]["file"]["format"], serde_yaml::Value::from("proto"));
     assert_eq!(v["receivers"]["file"]["replay_rate"], serde_yaml::Value::from(2.5));
     // Lists are replaced, not appended.
-    assert_eq!(v["service"]["pipelines"]["profiles"]["exporters"], serde_yaml::from_str::<serde_yaml::Value>("[file]").unwrap());
+    assert_eq!(
+        v["service"]["pipelines"]["profiles"]["exporters"],
+        serde_yaml::from_str::<serde_yaml::Value>("[file]").unwrap()
+    );
     // Defaults are filled in, including the exporter wrapper's.
     assert_eq!(v["exporters"]["file"]["timeout"], serde_yaml::Value::from("5s"));
     assert_eq!(v["service"]["shutdown_timeout"], serde_yaml::Value::from("10s"));
@@ -146,7 +156,12 @@ fn configs_merge_in_order_and_set_overrides() {
 fn print_config_redacts_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let a = common::write(&dir.path().join("a.yaml"), &GOOD.replace("  debug:\n", "  debug:\n  otlp_http:\n    endpoint: http://localhost:1\n    headers:\n      authorization: Bearer ${env:PROFCOL_TEST_TOKEN}\n"));
-    let out = Command::new(bin()).args(["print-config", "--config"]).arg(&a).env("PROFCOL_TEST_TOKEN", "s3cr3t").output().unwrap();
+    let out = Command::new(bin())
+        .args(["print-config", "--config"])
+        .arg(&a)
+        .env("PROFCOL_TEST_TOKEN", "s3cr3t")
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!text.contains("s3cr3t") && text.contains("[REDACTED]"), "{text}");

@@ -18,7 +18,9 @@ pub fn expand_str(s: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<St
             rest = r;
         } else if let Some(body) = after.strip_prefix('{') {
             let Some(end) = body.find('}') else {
-                return Err(ExpandError(format!("unterminated reference \"${{{body}\": close it with '}}', or write $$ for a literal '$'")));
+                return Err(ExpandError(format!(
+                    "unterminated reference \"${{{body}\": close it with '}}', or write $$ for a literal '$'"
+                )));
             };
             out.push_str(&resolve(&body[..end], lookup)?);
             rest = &body[end + 1..];

@@ -28,7 +28,10 @@ use std::path::{Path, PathBuf};
 pub enum Source {
     File(PathBuf),
     /// Text with a display name (the embedded default config).
-    Text { name: String, text: String },
+    Text {
+        name: String,
+        text: String,
+    },
 }
 
 /// A loaded, structurally valid configuration.
@@ -137,14 +140,19 @@ fn parse_file(
         Ok(Value::Null) => Value::Mapping(Default::default()),
         Ok(v) => v,
         Err(e) => {
-            let position = e.location().map(|l| Position { file: name.to_path_buf(), line: l.line(), column: l.column() });
+            let position =
+                e.location().map(|l| Position { file: name.to_path_buf(), line: l.line(), column: l.column() });
             let msg = e.to_string();
             // serde_yaml appends " at line X column Y"; the position says that already.
             let message = match msg.rfind(" at line ") {
                 Some(i) if position.is_some() => msg[..i].to_owned(),
                 _ => msg,
             };
-            return Err(vec![ConfigError { position, path: String::new(), message: format!("invalid YAML: {message}") }]);
+            return Err(vec![ConfigError {
+                position,
+                path: String::new(),
+                message: format!("invalid YAML: {message}"),
+            }]);
         }
     };
     positions.add_file(name, text);
@@ -167,7 +175,10 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
     let mut sections: BTreeMap<&str, BTreeMap<ComponentId, Value>> = BTreeMap::new();
     let mut service = ServiceConfig::default();
     let Value::Mapping(top) = merged else {
-        r.at(&[""; 0], "the configuration must be a mapping with receivers, processors, exporters, extensions and service");
+        r.at(
+            &[""; 0],
+            "the configuration must be a mapping with receivers, processors, exporters, extensions and service",
+        );
         return (None, r.errors);
     };
     for (k, v) in top {
@@ -190,11 +201,17 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
                 _ => r.at(&[key.as_str()], "must be a mapping of component id to its settings"),
             }
         } else if key == "service" {
-            match serde_path_to_error::deserialize::<_, ServiceConfig>(if v.is_null() { Value::Mapping(Default::default()) } else { v }) {
+            match serde_path_to_error::deserialize::<_, ServiceConfig>(if v.is_null() {
+                Value::Mapping(Default::default())
+            } else {
+                v
+            }) {
                 Ok(s) => service = s,
                 Err(e) => {
                     let mut path = vec!["service".to_owned()];
-                    path.extend(e.path().to_string().split('.').filter(|s| !s.is_empty() && *s != "?").map(str::to_owned));
+                    path.extend(
+                        e.path().to_string().split('.').filter(|s| !s.is_empty() && *s != "?").map(str::to_owned),
+                    );
                     let msg = e.into_inner().to_string();
                     r.at(&path, msg);
                 }
@@ -204,12 +221,15 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
         } else {
             r.at(
                 &[key.as_str()],
-                format!("unknown top-level key {key:?}; expected receivers, processors, exporters, extensions or service"),
+                format!(
+                    "unknown top-level key {key:?}; expected receivers, processors, exporters, extensions or service"
+                ),
             );
         }
     }
     let mut take = |n: &str| sections.remove(n).unwrap_or_default();
-    let (receivers, processors, exporters, extensions) = (take("receivers"), take("processors"), take("exporters"), take("extensions"));
+    let (receivers, processors, exporters, extensions) =
+        (take("receivers"), take("processors"), take("exporters"), take("extensions"));
 
     let mut pipelines = BTreeMap::new();
     for (pid, p) in &service.pipelines {
@@ -243,12 +263,18 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
         pipelines.insert(pid.clone(), Pipeline { receivers: pr, processors: pp, exporters: pe });
     }
     if service.pipelines.is_empty() && r.errors.is_empty() {
-        r.at(&["service", "pipelines"], "no pipelines configured; add service::pipelines::profiles with receivers and exporters");
+        r.at(
+            &["service", "pipelines"],
+            "no pipelines configured; add service::pipelines::profiles with receivers and exporters",
+        );
     }
     for (i, e) in service.extensions.iter().enumerate() {
         match e.parse::<ComponentId>() {
             Ok(id) if extensions.contains_key(&id) => {}
-            Ok(_) => r.at(&["service", "extensions", &i.to_string()], format!("references extension {e:?} which is not configured")),
+            Ok(_) => r.at(
+                &["service", "extensions", &i.to_string()],
+                format!("references extension {e:?} which is not configured"),
+            ),
             Err(err) => r.at(&["service", "extensions", &i.to_string()], err.to_string()),
         }
     }

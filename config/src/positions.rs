@@ -17,8 +17,14 @@ pub struct Positions {
 
 enum Frame {
     /// `pushed`: whether this node's own path segment sits on `path`.
-    Map { key: Option<String>, pushed: bool },
-    Seq { index: usize, pushed: bool },
+    Map {
+        key: Option<String>,
+        pushed: bool,
+    },
+    Seq {
+        index: usize,
+        pushed: bool,
+    },
 }
 
 struct Walker<'a> {
@@ -127,7 +133,8 @@ mod tests {
 
     #[test]
     fn keys_and_items_are_located() {
-        let text = "receivers:\n  file:\n    path: a\nservice:\n  pipelines:\n    profiles:\n      receivers: [file, x]\n";
+        let text =
+            "receivers:\n  file:\n    path: a\nservice:\n  pipelines:\n    profiles:\n      receivers: [file, x]\n";
         let mut p = Positions::default();
         p.add_file(Path::new("c.yaml"), text);
         let at = |path: &[&str]| p.locate(path).map(|p| (p.line, p.column));

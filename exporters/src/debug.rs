@@ -31,7 +31,9 @@ pub fn factory_debug() -> Arc<dyn Factory> {
             stability: Stability::Beta,
             description: "logs one summary line per batch (basic) or every sample with its frames (detailed)",
         },
-        |set, cfg: DebugExporterConfig| Ok(Component::Exporter(Arc::new(DebugExporter { cfg, id: set.id.to_string() }))),
+        |set, cfg: DebugExporterConfig| {
+            Ok(Component::Exporter(Arc::new(DebugExporter { cfg, id: set.id.to_string() })))
+        },
     )
 }
 
@@ -61,7 +63,13 @@ pub fn detailed(batch: &Profiles) -> String {
     let mut out = String::new();
     for (i, s) in batch.samples().enumerate() {
         let attrs: Vec<String> = s.attributes().map(|(k, v)| format!("{k}={}", show(v))).collect();
-        let _ = writeln!(out, "sample {i}: values={:?} timestamps={:?} {}", s.sample.values, s.sample.timestamps_unix_nano, attrs.join(" "));
+        let _ = writeln!(
+            out,
+            "sample {i}: values={:?} timestamps={:?} {}",
+            s.sample.values,
+            s.sample.timestamps_unix_nano,
+            attrs.join(" ")
+        );
         for f in s.frames() {
             let name = f.function_name().unwrap_or("?");
             let _ = writeln!(out, "    {:#018x} {name} [{}]", f.location.address, f.mapping_filename());

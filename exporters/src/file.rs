@@ -184,7 +184,11 @@ mod tests {
     async fn rotates_by_size_and_keeps_backups() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.jsonl");
-        let cfg = FileExporterConfig { path: path.clone(), format: FileFormat::Json, rotation: Rotation { max_megabytes: 1, max_backups: 2 } };
+        let cfg = FileExporterConfig {
+            path: path.clone(),
+            format: FileFormat::Json,
+            rotation: Rotation { max_megabytes: 1, max_backups: 2 },
+        };
         let mut slot = None;
         let line = vec![b'x'; 400 << 10];
         for _ in 0..10 {

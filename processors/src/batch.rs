@@ -79,18 +79,32 @@ mod tests {
         let r = b.resource(Default::default());
         let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
         let f = b.function(&format!("f{tid}"), "", "", 0);
-        let l = b.location(pb::Location { address: 16, lines: vec![pb::Line { function_index: f, line: 0, column: 0 }], ..Default::default() });
+        let l = b.location(pb::Location {
+            address: 16,
+            lines: vec![pb::Line { function_index: f, line: 0, column: 0 }],
+            ..Default::default()
+        });
         let st = b.stack(&[l]);
         let a = b.attribute("thread.id", AttrValue::Int(tid));
         for i in 0..n {
-            b.sample(p, pb::Sample { stack_index: st, attribute_indices: vec![a], values: vec![1], timestamps_unix_nano: vec![i as u64], ..Default::default() });
+            b.sample(
+                p,
+                pb::Sample {
+                    stack_index: st,
+                    attribute_indices: vec![a],
+                    values: vec![1],
+                    timestamps_unix_nano: vec![i as u64],
+                    ..Default::default()
+                },
+            );
         }
         b.build()
     }
 
     #[tokio::test]
     async fn merges_until_size_then_flushes_the_rest() {
-        let p = Batch { cfg: BatchConfig { send_batch_size: 10, timeout: Duration::from_secs(1) }, held: Mutex::new(None) };
+        let p =
+            Batch { cfg: BatchConfig { send_batch_size: 10, timeout: Duration::from_secs(1) }, held: Mutex::new(None) };
         let (a, b, c) = (batch(6, 1), batch(6, 2), batch(3, 3));
         let mut want = canonical::samples(&a);
         want.extend(canonical::samples(&b));

@@ -8,7 +8,9 @@
 //! file (and line) and skipped.
 
 use async_trait::async_trait;
-use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver, Stability};
+use profcol_api::component::{
+    factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver, Stability,
+};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::Profiles;
 use serde::{Deserialize, Serialize};
@@ -58,11 +60,16 @@ pub fn factory_file() -> Arc<dyn Factory> {
             type_name: "file",
             kind: Kind::Receiver,
             stability: Stability::Alpha,
-            description: "reads OTLP profiles files (protobuf or JSON), a file or a directory, optionally replayed at a rate",
+            description:
+                "reads OTLP profiles files (protobuf or JSON), a file or a directory, optionally replayed at a rate",
         },
         |set: CreateSettings, cfg: FileReceiverConfig| {
             if cfg.path.as_os_str().is_empty() {
-                return Err(profcol_api::config::ConfigError::new("path", "is required: a file or directory of OTLP profiles").into());
+                return Err(profcol_api::config::ConfigError::new(
+                    "path",
+                    "is required: a file or directory of OTLP profiles",
+                )
+                .into());
             }
             if !(cfg.replay_rate >= 0.0 && cfg.replay_rate.is_finite()) {
                 return Err(profcol_api::config::ConfigError::new("replay_rate", "must be a finite number >= 0").into());
@@ -86,7 +93,8 @@ struct FileReceiver {
 
 /// The files to read, in name order.
 fn list(path: &Path) -> Result<Vec<PathBuf>, ComponentError> {
-    let meta = std::fs::metadata(path).map_err(|e| ComponentError::io(format!("file receiver: cannot read {}", path.display()), e))?;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| ComponentError::io(format!("file receiver: cannot read {}", path.display()), e))?;
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -119,7 +127,9 @@ fn read_batches(path: &Path, format: Format) -> (Vec<Profiles>, Vec<String>) {
     };
     let mut out = Vec::new();
     let mut errs = Vec::new();
-    let mut push = |r: Result<Profiles, String>, at: String| match r.and_then(|p| p.validate().map(|()| p).map_err(|e| e.to_string())) {
+    let mut push = |r: Result<Profiles, String>, at: String| match r
+        .and_then(|p| p.validate().map(|()| p).map_err(|e| e.to_string()))
+    {
         Ok(p) => out.push(p),
         Err(e) => errs.push(format!("{at}: {e}")),
     };
@@ -152,7 +162,9 @@ fn read_batches(path: &Path, format: Format) -> (Vec<Profiles>, Vec<String>) {
             }
         }
         Format::Json => push(Profiles::from_json(&bytes).map_err(|e| e.to_string()), path.display().to_string()),
-        Format::Proto | Format::Auto => push(Profiles::decode(&bytes).map_err(|e| e.to_string()), path.display().to_string()),
+        Format::Proto | Format::Auto => {
+            push(Profiles::decode(&bytes).map_err(|e| e.to_string()), path.display().to_string())
+        }
     }
     (out, errs)
 }

@@ -32,12 +32,18 @@ fn raw() -> Raw {
     let stacks = (0..STACKS)
         .map(|s| (0..DEPTH).map(|d| 0x400000 + ((s % (50 + d * 20)) * DEPTH + d) as u64 * 16).collect())
         .collect();
-    let samples = (0..SAMPLES).map(|_| ((rnd() as usize) % PROCS, (rnd() % 16) as i64, (rnd() as usize) % STACKS)).collect();
+    let samples =
+        (0..SAMPLES).map(|_| ((rnd() as usize) % PROCS, (rnd() % 16) as i64, (rnd() as usize) % STACKS)).collect();
     Raw { samples, stacks }
 }
 
 fn meta() -> ProfileMeta<'static> {
-    ProfileMeta { sample_type: ("samples", "count"), period_type: ("cpu", "nanoseconds"), period: 10_000_000, ..Default::default() }
+    ProfileMeta {
+        sample_type: ("samples", "count"),
+        period_type: ("cpu", "nanoseconds"),
+        period: 10_000_000,
+        ..Default::default()
+    }
 }
 
 fn build_interned(r: &Raw) -> Profiles {
@@ -45,7 +51,11 @@ fn build_interned(r: &Raw) -> Profiles {
     let profiles: Vec<_> = (0..PROCS)
         .map(|p| {
             let res = Resource {
-                attributes: vec![KeyValue { key: "process.pid".into(), value: Some(AttrValue::Int(p as i64).to_any()), ..Default::default() }],
+                attributes: vec![KeyValue {
+                    key: "process.pid".into(),
+                    value: Some(AttrValue::Int(p as i64).to_any()),
+                    ..Default::default()
+                }],
                 ..Default::default()
             };
             let ri = b.resource(res);
@@ -53,7 +63,12 @@ fn build_interned(r: &Raw) -> Profiles {
         })
         .collect();
     let file = b.string("/usr/bin/app");
-    let m = b.mapping(pb::Mapping { memory_start: 0x400000, memory_limit: 0x900000, filename_strindex: file, ..Default::default() });
+    let m = b.mapping(pb::Mapping {
+        memory_start: 0x400000,
+        memory_limit: 0x900000,
+        filename_strindex: file,
+        ..Default::default()
+    });
     let mut locs = Vec::with_capacity(DEPTH);
     for (i, &(p, tid, s)) in r.samples.iter().enumerate() {
         locs.clear();
@@ -62,7 +77,16 @@ fn build_interned(r: &Raw) -> Profiles {
         }
         let st = b.stack(&locs);
         let a = b.attribute("thread.id", AttrValue::Int(tid));
-        b.sample(profiles[p], pb::Sample { stack_index: st, attribute_indices: vec![a], values: vec![1], timestamps_unix_nano: vec![i as u64], link_index: 0 });
+        b.sample(
+            profiles[p],
+            pb::Sample {
+                stack_index: st,
+                attribute_indices: vec![a],
+                values: vec![1],
+                timestamps_unix_nano: vec![i as u64],
+                link_index: 0,
+            },
+        );
     }
     b.build()
 }
@@ -70,8 +94,19 @@ fn build_interned(r: &Raw) -> Profiles {
 /// Baseline: the same data with every table entry pushed as it comes.
 fn build_plain(r: &Raw) -> pb::ProfilesData {
     let mut d = pb::ProfilesDictionary {
-        string_table: vec![String::new(), "samples".into(), "count".into(), "cpu".into(), "nanoseconds".into(), "/usr/bin/app".into(), "thread.id".into()],
-        mapping_table: vec![Default::default(), pb::Mapping { memory_start: 0x400000, memory_limit: 0x900000, filename_strindex: 5, ..Default::default() }],
+        string_table: vec![
+            String::new(),
+            "samples".into(),
+            "count".into(),
+            "cpu".into(),
+            "nanoseconds".into(),
+            "/usr/bin/app".into(),
+            "thread.id".into(),
+        ],
+        mapping_table: vec![
+            Default::default(),
+            pb::Mapping { memory_start: 0x400000, memory_limit: 0x900000, filename_strindex: 5, ..Default::default() },
+        ],
         location_table: vec![Default::default()],
         stack_table: vec![Default::default()],
         attribute_table: vec![Default::default()],
@@ -80,7 +115,11 @@ fn build_plain(r: &Raw) -> pb::ProfilesData {
     let mut rps: Vec<pb::ResourceProfiles> = (0..PROCS)
         .map(|p| pb::ResourceProfiles {
             resource: Some(Resource {
-                attributes: vec![KeyValue { key: "process.pid".into(), value: Some(AttrValue::Int(p as i64).to_any()), ..Default::default() }],
+                attributes: vec![KeyValue {
+                    key: "process.pid".into(),
+                    value: Some(AttrValue::Int(p as i64).to_any()),
+                    ..Default::default()
+                }],
                 ..Default::default()
             }),
             scope_profiles: vec![pb::ScopeProfiles {
@@ -102,7 +141,11 @@ fn build_plain(r: &Raw) -> pb::ProfilesData {
             locs.push((d.location_table.len() - 1) as i32);
         }
         d.stack_table.push(pb::Stack { location_indices: locs });
-        d.attribute_table.push(pb::KeyValueAndUnit { key_strindex: 6, value: Some(AttrValue::Int(tid).to_any()), unit_strindex: 0 });
+        d.attribute_table.push(pb::KeyValueAndUnit {
+            key_strindex: 6,
+            value: Some(AttrValue::Int(tid).to_any()),
+            unit_strindex: 0,
+        });
         rps[p].scope_profiles[0].profiles[0].samples.push(pb::Sample {
             stack_index: (d.stack_table.len() - 1) as i32,
             attribute_indices: vec![(d.attribute_table.len() - 1) as i32],
@@ -134,7 +177,9 @@ fn bench(c: &mut Criterion) {
     let bytes = built.encode_to_vec();
     let plain_bytes = prost::Message::encode_to_vec(&plain);
     g.bench_function("decode/interned", |b| b.iter(|| Profiles::decode(&bytes).unwrap()));
-    g.bench_function("decode/plain_prost (baseline)", |b| b.iter(|| <pb::ProfilesData as prost::Message>::decode(&plain_bytes[..]).unwrap()));
+    g.bench_function("decode/plain_prost (baseline)", |b| {
+        b.iter(|| <pb::ProfilesData as prost::Message>::decode(&plain_bytes[..]).unwrap())
+    });
     g.bench_function("merge/interned", |b| {
         b.iter_batched(|| (built.clone(), built.clone()), |(mut a, other)| a.merge(other), BatchSize::LargeInput)
     });

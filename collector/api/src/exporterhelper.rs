@@ -98,7 +98,10 @@ impl Default for QueueConfig {
 pub fn without_host_keys(raw: &serde_yaml::Value) -> serde_yaml::Value {
     match raw {
         serde_yaml::Value::Mapping(m) => serde_yaml::Value::Mapping(
-            m.iter().filter(|(k, _)| !k.as_str().is_some_and(|k| KEYS.contains(&k))).map(|(k, v)| (k.clone(), v.clone())).collect(),
+            m.iter()
+                .filter(|(k, _)| !k.as_str().is_some_and(|k| KEYS.contains(&k)))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         ),
         other => other.clone(),
     }

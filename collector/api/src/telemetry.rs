@@ -120,7 +120,11 @@ impl Telemetry {
             accepted: self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
             refused: self.counter(&format!("profcol_{k}_refused_samples_total"), "Samples refused downstream.", &l),
             dropped: self.counter(&format!("profcol_{k}_dropped_samples_total"), "Samples dropped.", &l),
-            send_failed: self.counter(&format!("profcol_{k}_send_failed_samples_total"), "Samples whose export failed for good.", &l),
+            send_failed: self.counter(
+                &format!("profcol_{k}_send_failed_samples_total"),
+                "Samples whose export failed for good.",
+                &l,
+            ),
             queue_size: self.gauge(&format!("profcol_{k}_queue_size"), "Batches waiting in the sending queue.", &l),
             export_latency: self.timer(&format!("profcol_{k}_export_latency"), "Time of successful export calls.", &l),
             registry: self.clone(),

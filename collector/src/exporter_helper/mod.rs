@@ -136,10 +136,8 @@ impl ExporterHandle {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
         self.tx.close();
         let mut set = self.consumers.lock().await;
-        let drained = tokio::time::timeout_at(deadline.into(), async {
-            while set.join_next().await.is_some() {}
-        })
-        .await;
+        let drained =
+            tokio::time::timeout_at(deadline.into(), async { while set.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             set.abort_all();
             warn!(exporter = %self.id, left = self.tx.len(), "shutdown_timeout passed before the sending queue drained");

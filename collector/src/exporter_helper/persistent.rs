@@ -38,7 +38,9 @@ pub struct Ticket {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
-    #[error("the persistent queue in {dir} is full ({used} of max_storage_bytes {max} bytes used; this batch needs {need})")]
+    #[error(
+        "the persistent queue in {dir} is full ({used} of max_storage_bytes {max} bytes used; this batch needs {need})"
+    )]
     Full { dir: String, used: u64, max: u64, need: u64 },
     #[error("the persistent queue cannot write {path}: {source}")]
     Io {
@@ -112,7 +114,11 @@ impl PersistentQueue {
     /// Opens (creating) `root/<exporter id>` and returns the queue with the
     /// batches left from a previous run, oldest first. Unreadable files are
     /// set aside as `*.corrupt` with a warning.
-    pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<(Arc<Self>, Vec<(Ticket, Profiles)>)> {
+    pub fn open(
+        root: &Path,
+        exporter_id: &str,
+        max_bytes: u64,
+    ) -> std::io::Result<(Arc<Self>, Vec<(Ticket, Profiles)>)> {
         let dir = root.join(sanitize(exporter_id));
         std::fs::create_dir_all(&dir)?;
         let mut files: Vec<(u64, PathBuf)> = Vec::new();
@@ -155,7 +161,12 @@ impl PersistentQueue {
             }
         }
         if !replay.is_empty() {
-            tracing::info!(exporter = exporter_id, batches = replay.len(), bytes = used, "persistent queue: replaying batches from the last run");
+            tracing::info!(
+                exporter = exporter_id,
+                batches = replay.len(),
+                bytes = used,
+                "persistent queue: replaying batches from the last run"
+            );
         }
         let q = Arc::new(PersistentQueue {
             dir,
@@ -188,7 +199,12 @@ impl PersistentQueue {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             if cur + need > self.max_bytes {
-                return Err(PersistError::Full { dir: self.dir.display().to_string(), used: cur, max: self.max_bytes, need });
+                return Err(PersistError::Full {
+                    dir: self.dir.display().to_string(),
+                    used: cur,
+                    max: self.max_bytes,
+                    need,
+                });
             }
             match self.used.compare_exchange_weak(cur, cur + need, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => break,
@@ -235,7 +251,9 @@ impl PersistentQueue {
                 self.used.fetch_sub(t.bytes.min(self.used.load(Ordering::Relaxed)), Ordering::AcqRel);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(file = %self.path(t.seq).display(), "persistent queue: cannot remove an exported batch: {e}"),
+            Err(e) => {
+                tracing::warn!(file = %self.path(t.seq).display(), "persistent queue: cannot remove an exported batch: {e}")
+            }
         }
     }
 }
@@ -247,7 +265,8 @@ mod tests {
     fn batch(n: usize) -> Profiles {
         let mut b = profcol_api::ProfilesBuilder::new();
         let r = b.resource(Default::default());
-        let p = b.profile(r, &profcol_api::model::ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
+        let p =
+            b.profile(r, &profcol_api::model::ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
         for k in 0..n {
             let f = b.function(&format!("f{k}"), "", "", 0);
             let l = b.location(profcol_api::model::pb::Location {
@@ -303,7 +322,10 @@ mod tests {
         let (_q, replay) = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
         assert_eq!(replay.len(), 1);
         assert_eq!(replay[0].0, good);
-        let corrupt = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "corrupt").count();
+        let corrupt = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "corrupt")
+            .count();
         assert_eq!(corrupt, 3);
         assert!(!dir.join("00000000000000000100.tmp").exists());
     }

@@ -3,7 +3,9 @@
 use super::HostStatus;
 use async_trait::async_trait;
 use axum::http::StatusCode;
-use profcol_api::component::{factory as make_factory, Component, ComponentError, Extension, Factory, FactoryMeta, Kind, Stability};
+use profcol_api::component::{
+    factory as make_factory, Component, ComponentError, Extension, Factory, FactoryMeta, Kind, Stability,
+};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -51,7 +53,10 @@ pub fn factory(status: HostStatus) -> Arc<dyn Factory> {
 impl Extension for HealthCheck {
     async fn start(&self) -> Result<(), ComponentError> {
         let listener = tokio::net::TcpListener::bind(&self.cfg.endpoint).await.map_err(|e| {
-            ComponentError::io(format!("health_check cannot listen on {} (set endpoint to a free address)", self.cfg.endpoint), e)
+            ComponentError::io(
+                format!("health_check cannot listen on {} (set endpoint to a free address)", self.cfg.endpoint),
+                e,
+            )
         })?;
         let status = self.status.clone();
         let app = axum::Router::new().route(

@@ -133,7 +133,12 @@ impl Service {
     }
 
     /// Fills `g`; returns the receivers that still have to be started.
-    async fn build_into(&self, g: &mut Graph, checked: &CheckedComponents, old: Option<&Graph>) -> Result<Vec<ComponentId>, BuildError> {
+    async fn build_into(
+        &self,
+        g: &mut Graph,
+        checked: &CheckedComponents,
+        old: Option<&Graph>,
+    ) -> Result<Vec<ComponentId>, BuildError> {
         let get = |kind: Kind, id: &ComponentId| checked.get(&(kind, id.clone())).cloned();
         // Extensions.
         for id in g.config.service.extensions.iter().filter_map(|s| s.parse::<ComponentId>().ok()) {
@@ -142,12 +147,15 @@ impl Service {
                 g.extensions.insert(id, RunningExtension { instance: Arc::clone(&o.instance), checked: c });
                 continue;
             }
-            let Component::Extension(x) = self.create(Kind::Extension, &id, &c)? else { return Err(wrong_kind(Kind::Extension, &id)) };
+            let Component::Extension(x) = self.create(Kind::Extension, &id, &c)? else {
+                return Err(wrong_kind(Kind::Extension, &id));
+            };
             x.start().await.map_err(|e| berr(Kind::Extension, &id, e))?;
             g.extensions.insert(id, RunningExtension { instance: x, checked: c });
         }
         // Exporters, shared by the pipelines that list them.
-        let used_exporters: Vec<ComponentId> = g.config.pipelines.values().flat_map(|p| p.exporters.iter().cloned()).collect();
+        let used_exporters: Vec<ComponentId> =
+            g.config.pipelines.values().flat_map(|p| p.exporters.iter().cloned()).collect();
         for id in used_exporters {
             if g.exporters.contains_key(&id) {
                 continue;
@@ -157,10 +165,13 @@ impl Service {
                 g.exporters.insert(id, RunningExporter { handle: Arc::clone(&o.handle), checked: c });
                 continue;
             }
-            let Component::Exporter(x) = self.create(Kind::Exporter, &id, &c)? else { return Err(wrong_kind(Kind::Exporter, &id)) };
+            let Component::Exporter(x) = self.create(Kind::Exporter, &id, &c)? else {
+                return Err(wrong_kind(Kind::Exporter, &id));
+            };
             let helper = c.helper.clone().unwrap_or_default();
             let t = self.telemetry.component(Kind::Exporter, &id);
-            let handle = ExporterHandle::start(id.clone(), x, helper, t).await.map_err(|e| berr(Kind::Exporter, &id, e))?;
+            let handle =
+                ExporterHandle::start(id.clone(), x, helper, t).await.map_err(|e| berr(Kind::Exporter, &id, e))?;
             g.exporters.insert(id, RunningExporter { handle, checked: c });
         }
         // Processors, one instance per pipeline.
@@ -174,7 +185,9 @@ impl Service {
                     g.processors.insert(key, RunningProcessor { instance: Arc::clone(&o.instance), checked: c });
                     continue;
                 }
-                let Component::Processor(x) = self.create(Kind::Processor, id, &c)? else { return Err(wrong_kind(Kind::Processor, id)) };
+                let Component::Processor(x) = self.create(Kind::Processor, id, &c)? else {
+                    return Err(wrong_kind(Kind::Processor, id));
+                };
                 x.start().await.map_err(|e| berr(Kind::Processor, id, e))?;
                 g.processors.insert(key, RunningProcessor { instance: x, checked: c });
             }
@@ -187,9 +200,15 @@ impl Service {
                 processors: p
                     .processors
                     .iter()
-                    .filter_map(|id| g.processors.get(&(name.clone(), id.clone())).map(|r| (id.clone(), Arc::clone(&r.instance))))
+                    .filter_map(|id| {
+                        g.processors.get(&(name.clone(), id.clone())).map(|r| (id.clone(), Arc::clone(&r.instance)))
+                    })
                     .collect(),
-                exporters: p.exporters.iter().filter_map(|id| g.exporters.get(id).map(|e| Arc::clone(&e.handle))).collect(),
+                exporters: p
+                    .exporters
+                    .iter()
+                    .filter_map(|id| g.exporters.get(id).map(|e| Arc::clone(&e.handle)))
+                    .collect(),
             };
             let span = tracing::info_span!("pipeline", name = %name);
             let task = tokio::spawn(tracing::Instrument::instrument(pipeline::run(parts, rx), span));
@@ -197,7 +216,8 @@ impl Service {
         }
         // Receivers: created once, feeding every pipeline that lists them.
         let mut to_start = Vec::new();
-        let mut receiver_ids: Vec<ComponentId> = pipelines.iter().flat_map(|(_, p)| p.receivers.iter().cloned()).collect();
+        let mut receiver_ids: Vec<ComponentId> =
+            pipelines.iter().flat_map(|(_, p)| p.receivers.iter().cloned()).collect();
         receiver_ids.sort();
         receiver_ids.dedup();
         for id in receiver_ids {
@@ -213,7 +233,9 @@ impl Service {
                 g.receivers.insert(id, RunningReceiver { instance: Arc::clone(&o.instance), next, checked: c });
                 continue;
             }
-            let Component::Receiver(x) = self.create(Kind::Receiver, &id, &c)? else { return Err(wrong_kind(Kind::Receiver, &id)) };
+            let Component::Receiver(x) = self.create(Kind::Receiver, &id, &c)? else {
+                return Err(wrong_kind(Kind::Receiver, &id));
+            };
             let next = Next::new(targets, self.telemetry.component(Kind::Receiver, &id));
             g.receivers.insert(id.clone(), RunningReceiver { instance: x, next, checked: c });
             to_start.push(id);
@@ -222,10 +244,9 @@ impl Service {
     }
 
     fn create(&self, kind: Kind, id: &ComponentId, c: &Checked) -> Result<Component, BuildError> {
-        let f = self
-            .registry
-            .get(kind, id.type_name())
-            .ok_or_else(|| berr(kind, id, profcol_api::ComponentError::msg(format!("unknown {kind} type {:?}", id.type_name()))))?;
+        let f = self.registry.get(kind, id.type_name()).ok_or_else(|| {
+            berr(kind, id, profcol_api::ComponentError::msg(format!("unknown {kind} type {:?}", id.type_name())))
+        })?;
         f.create(settings(&self.telemetry, kind, id), &c.config).map_err(|e| berr(kind, id, e))
     }
 

@@ -48,7 +48,12 @@ pub fn batch(seed: u64, procs: usize, samples: usize, stacks: usize, depth: usiz
         ));
     }
     let file = b.string("/usr/bin/app");
-    let mapping = b.mapping(pb::Mapping { memory_start: 0x400000, memory_limit: 0x800000, filename_strindex: file, ..Default::default() });
+    let mapping = b.mapping(pb::Mapping {
+        memory_start: 0x400000,
+        memory_limit: 0x800000,
+        filename_strindex: file,
+        ..Default::default()
+    });
     let stack_ids: Vec<i32> = (0..stacks)
         .map(|s| {
             let locs: Vec<i32> = (0..depth)

@@ -301,3 +301,18 @@ ffffffffc0001000 t p\t[bpf]\n";
         assert_eq!(p.stats.non_text, 1);
     }
 }
+
+#[cfg(test)]
+mod perf_probe {
+    #[test]
+    #[ignore = "profiling aid: KS_PROBE=file cargo test --release -- --ignored probe"]
+    fn probe() {
+        let Ok(p) = std::env::var("KS_PROBE") else { return };
+        let text = std::fs::read(p).unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..100 {
+            std::hint::black_box(super::parse(&text, &super::ParseOptions::default()));
+        }
+        eprintln!("parse: {:?} per run", t.elapsed() / 100);
+    }
+}

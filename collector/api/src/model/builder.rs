@@ -558,7 +558,6 @@ fn function_key(f: &pb::Function) -> (i32, i32, i32, i64) {
     (f.name_strindex, f.system_name_strindex, f.filename_strindex, f.start_line)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

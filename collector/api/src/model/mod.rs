@@ -71,11 +71,7 @@ impl Profiles {
 
     /// Every profile of the batch, in order.
     pub fn profiles(&self) -> impl Iterator<Item = &pb::Profile> {
-        self.0
-            .resource_profiles
-            .iter()
-            .flat_map(|r| r.scope_profiles.iter())
-            .flat_map(|s| s.profiles.iter())
+        self.0.resource_profiles.iter().flat_map(|r| r.scope_profiles.iter()).flat_map(|s| s.profiles.iter())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -108,17 +104,11 @@ impl Profiles {
 
     /// Wraps the batch into the OTLP export request (same fields, same bytes).
     pub fn into_request(self) -> ExportProfilesServiceRequest {
-        ExportProfilesServiceRequest {
-            resource_profiles: self.0.resource_profiles,
-            dictionary: self.0.dictionary,
-        }
+        ExportProfilesServiceRequest { resource_profiles: self.0.resource_profiles, dictionary: self.0.dictionary }
     }
 
     pub fn from_request(req: ExportProfilesServiceRequest) -> Self {
-        Self(pb::ProfilesData {
-            resource_profiles: req.resource_profiles,
-            dictionary: req.dictionary,
-        })
+        Self(pb::ProfilesData { resource_profiles: req.resource_profiles, dictionary: req.dictionary })
     }
 
     /// Checks the spec's invariants; run on every batch that comes from outside.
@@ -141,9 +131,5 @@ impl Profiles {
 
 /// Looks up string `i` of a string table; out-of-range indices read as "".
 pub fn str_at(table: &[String], i: i32) -> &str {
-    usize::try_from(i)
-        .ok()
-        .and_then(|i| table.get(i))
-        .map(String::as_str)
-        .unwrap_or("")
+    usize::try_from(i).ok().and_then(|i| table.get(i)).map(String::as_str).unwrap_or("")
 }

@@ -60,8 +60,18 @@ pub(super) fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
         check_idx(kv.unit_strindex, ns, || format!("dictionary.attribute_table[{i}].unit_strindex"), "string_table")?;
     }
     for (i, m) in d.mapping_table.iter().enumerate() {
-        check_idx(m.filename_strindex, ns, || format!("dictionary.mapping_table[{i}].filename_strindex"), "string_table")?;
-        check_all(&m.attribute_indices, na, || format!("dictionary.mapping_table[{i}].attribute_indices"), "attribute_table")?;
+        check_idx(
+            m.filename_strindex,
+            ns,
+            || format!("dictionary.mapping_table[{i}].filename_strindex"),
+            "string_table",
+        )?;
+        check_all(
+            &m.attribute_indices,
+            na,
+            || format!("dictionary.mapping_table[{i}].attribute_indices"),
+            "attribute_table",
+        )?;
     }
     for (i, f) in d.function_table.iter().enumerate() {
         let p = |field: &str| format!("dictionary.function_table[{i}].{field}");
@@ -73,13 +83,28 @@ pub(super) fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
     for (i, l) in d.location_table.iter().enumerate() {
         check_idx(l.mapping_index, nm, || format!("dictionary.location_table[{i}].mapping_index"), "mapping_table")?;
         for (k, ln) in l.lines.iter().enumerate() {
-            check_idx(ln.function_index, nf, || format!("dictionary.location_table[{i}].lines[{k}].function_index"), "function_table")?;
+            check_idx(
+                ln.function_index,
+                nf,
+                || format!("dictionary.location_table[{i}].lines[{k}].function_index"),
+                "function_table",
+            )?;
         }
-        check_all(&l.attribute_indices, na, || format!("dictionary.location_table[{i}].attribute_indices"), "attribute_table")?;
+        check_all(
+            &l.attribute_indices,
+            na,
+            || format!("dictionary.location_table[{i}].attribute_indices"),
+            "attribute_table",
+        )?;
     }
     let nl = d.location_table.len();
     for (i, s) in d.stack_table.iter().enumerate() {
-        check_all(&s.location_indices, nl, || format!("dictionary.stack_table[{i}].location_indices"), "location_table")?;
+        check_all(
+            &s.location_indices,
+            nl,
+            || format!("dictionary.stack_table[{i}].location_indices"),
+            "location_table",
+        )?;
     }
     let (nst, nlk) = (d.stack_table.len(), d.link_table.len());
     for (r, rp) in data.resource_profiles.iter().enumerate() {
@@ -128,10 +153,22 @@ mod tests {
         let r = b.resource(Default::default());
         let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
         let f = b.function("main", "main", "a.c", 1);
-        let l = b.location(pb::Location { lines: vec![pb::Line { function_index: f, line: 3, column: 0 }], ..Default::default() });
+        let l = b.location(pb::Location {
+            lines: vec![pb::Line { function_index: f, line: 3, column: 0 }],
+            ..Default::default()
+        });
         let st = b.stack(&[l]);
         let a = b.attribute("thread.id", AttrValue::Int(1));
-        b.sample(p, pb::Sample { stack_index: st, attribute_indices: vec![a], values: vec![1], timestamps_unix_nano: vec![5], ..Default::default() });
+        b.sample(
+            p,
+            pb::Sample {
+                stack_index: st,
+                attribute_indices: vec![a],
+                values: vec![1],
+                timestamps_unix_nano: vec![5],
+                ..Default::default()
+            },
+        );
         b.build()
     }
 

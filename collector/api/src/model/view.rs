@@ -70,11 +70,9 @@ impl<'a> FrameView<'a> {
     pub fn lines(&self) -> impl Iterator<Item = (&'a str, &'a str, i64)> + 'a {
         let dict = self.dict;
         self.location.lines.iter().map(move |ln| match get(&dict.function_table, ln.function_index) {
-            Some(f) => (
-                str_at(&dict.string_table, f.name_strindex),
-                str_at(&dict.string_table, f.filename_strindex),
-                ln.line,
-            ),
+            Some(f) => {
+                (str_at(&dict.string_table, f.name_strindex), str_at(&dict.string_table, f.filename_strindex), ln.line)
+            }
             None => ("", "", ln.line),
         })
     }
