@@ -73,18 +73,25 @@ impl Walker<'_> {
     }
 }
 
+impl Walker<'_> {
+    /// A scalar value ends where it begins.
+    fn pop_if(&mut self, pushed: bool) {
+        if pushed {
+            self.path.pop();
+        }
+    }
+}
+
 impl MarkedEventReceiver for Walker<'_> {
     fn on_event(&mut self, ev: Event, m: Marker) {
         match ev {
             Event::Scalar(v, ..) => {
-                if self.begin_node(Some(&v), m) {
-                    self.path.pop();
-                }
+                let pushed = self.begin_node(Some(&v), m);
+                self.pop_if(pushed);
             }
             Event::Alias(_) => {
-                if self.begin_node(None, m) {
-                    self.path.pop();
-                }
+                let pushed = self.begin_node(None, m);
+                self.pop_if(pushed);
             }
             Event::MappingStart(..) => {
                 let pushed = self.begin_node(None, m);
