@@ -22,12 +22,31 @@ fn settings(kind: Kind, id: &str) -> CreateSettings {
 fn batch(seed: u64) -> Profiles {
     let mut b = ProfilesBuilder::new();
     let r = b.resource(Default::default());
-    let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), period_type: ("cpu", "nanoseconds"), period: 1, ..Default::default() });
+    let p = b.profile(
+        r,
+        &ProfileMeta {
+            sample_type: ("samples", "count"),
+            period_type: ("cpu", "nanoseconds"),
+            period: 1,
+            ..Default::default()
+        },
+    );
     for k in 0..20u64 {
         let f = b.function(&format!("fn_{seed}_{}", k % 7), "", "a.c", 0);
-        let l = b.location(pb::Location { lines: vec![pb::Line { function_index: f, line: k as i64, column: 0 }], ..Default::default() });
+        let l = b.location(pb::Location {
+            lines: vec![pb::Line { function_index: f, line: k as i64, column: 0 }],
+            ..Default::default()
+        });
         let st = b.stack(&[l]);
-        b.sample(p, pb::Sample { stack_index: st, values: vec![1 + (k % 3) as i64], timestamps_unix_nano: vec![seed * 1000 + k], ..Default::default() });
+        b.sample(
+            p,
+            pb::Sample {
+                stack_index: st,
+                values: vec![1 + (k % 3) as i64],
+                timestamps_unix_nano: vec![seed * 1000 + k],
+                ..Default::default()
+            },
+        );
     }
     b.build()
 }
@@ -72,7 +91,11 @@ async fn wait_port(port: u16, child: &mut Child, log: &std::path::Path) {
         if let Ok(Some(st)) = child.try_wait() {
             panic!("profcol exited with {st}: {}", std::fs::read_to_string(log).unwrap_or_default());
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "profcol did not listen: {}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "profcol did not listen: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -119,13 +142,18 @@ async fn send_all(port_in: u16, batches: &[Profiles]) {
 
 async fn backend(port_out: u16) -> (OtlpReceiver, Arc<Sink>) {
     let cfg = OtlpReceiverConfig {
-        protocols: Protocols { grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port_out}"), ..Default::default() }), http: None },
+        protocols: Protocols {
+            grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port_out}"), ..Default::default() }),
+            http: None,
+        },
         ..Default::default()
     };
     let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/backend"), cfg).unwrap();
     let sink = Arc::new(Sink::default());
     let id: ComponentId = "otlp/backend".parse().unwrap();
-    r.start(Next::new(vec![sink.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id))).await.unwrap();
+    r.start(Next::new(vec![sink.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id)))
+        .await
+        .unwrap();
     (r, sink)
 }
 

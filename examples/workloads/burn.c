@@ -4,8 +4,9 @@
 //     cc -O1 -g -fno-omit-frame-pointer -fno-inline -o burn burn.c
 //
 // Protocol (driven by receivers/tests/ebpf_sampling.rs):
-//   prints "ready <pid>", waits for a line on stdin, burns CPU for argv[1]
-//   seconds (default 3) inside profcol_burn_hot, then prints
+//   prints "ready <pid>", waits for a line on stdin, burns argv[1] seconds
+//   of CPU time (default 3; CPU time, not wall time, so a shared host only
+//   stretches the run) inside profcol_burn_hot, then prints
 //   "cpu_ns <process CPU time in ns>" and exits.
 #include <stdint.h>
 #include <stdio.h>
@@ -33,8 +34,8 @@ __attribute__((noinline)) uint64_t profcol_burn_hot(uint64_t iters)
 
 __attribute__((noinline)) void profcol_burn_outer(double seconds)
 {
-	uint64_t deadline = now_ns(CLOCK_MONOTONIC) + (uint64_t)(seconds * 1e9);
-	while (now_ns(CLOCK_MONOTONIC) < deadline)
+	uint64_t deadline = now_ns(CLOCK_THREAD_CPUTIME_ID) + (uint64_t)(seconds * 1e9);
+	while (now_ns(CLOCK_THREAD_CPUTIME_ID) < deadline)
 		sink = profcol_burn_hot(2000000);
 }
 

@@ -15,7 +15,7 @@ mod common;
 
 use common::*;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use profcol_api::component::{ConsumeError, Consumer, ComponentId, Kind, Next};
+use profcol_api::component::{ComponentId, ConsumeError, Consumer, Kind, Next};
 use profcol_api::model::ExportProfilesServiceRequest;
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{Exporter, Profiles, Receiver};
@@ -52,7 +52,10 @@ fn next(c: Arc<dyn Consumer>) -> Next {
 
 async fn receiver(next: Next) -> OtlpReceiver {
     let cfg = OtlpReceiverConfig {
-        protocols: Protocols { grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }), http: None },
+        protocols: Protocols {
+            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
+            http: None,
+        },
         ..Default::default()
     };
     let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp"), cfg).unwrap();

@@ -64,7 +64,11 @@ pub struct FlamegraphExporter {
 impl FlamegraphExporter {
     pub fn new(settings: CreateSettings, cfg: FlamegraphConfig) -> Result<Self, ComponentError> {
         std::fs::create_dir_all(&cfg.directory).map_err(|e| {
-            ComponentError::msg(format!("exporter {}: directory {}: cannot create it: {e}", settings.id, cfg.directory.display()))
+            ComponentError::msg(format!(
+                "exporter {}: directory {}: cannot create it: {e}",
+                settings.id,
+                cfg.directory.display()
+            ))
         })?;
         Ok(FlamegraphExporter { cfg })
     }
@@ -77,8 +81,8 @@ pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String
         let mut frames: Vec<String> = s
             .frames()
             .map(|f| {
-                let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel")
-                    || f.mapping_filename() == keys::KERNEL_MAPPING;
+                let kernel =
+                    f.attribute_str(keys::FRAME_TYPE) == Some("kernel") || f.mapping_filename() == keys::KERNEL_MAPPING;
                 let name = match f.function_name() {
                     Some(n) => n.to_owned(),
                     None => {
@@ -138,7 +142,8 @@ impl Exporter for FlamegraphExporter {
                     .map_err(|e| ExportError::permanent(format!("drawing the flame graph: {e}")))?;
                 let prefix = sanitize(&cfg.file_prefix);
                 let path = unique_path(&cfg.directory, &prefix, t0, &group, "svg");
-                write_atomic(&path, &svg).map_err(|e| ExportError::retryable(format!("writing {}: {e}", path.display())))?;
+                write_atomic(&path, &svg)
+                    .map_err(|e| ExportError::retryable(format!("writing {}: {e}", path.display())))?;
                 if cfg.folded {
                     let mut text = lines.join("\n");
                     text.push('\n');

@@ -30,10 +30,9 @@ fn show(v: &AnyValue) -> Option<String> {
 
 /// Attribute `key` of the sample, else of its resource.
 pub fn attr(s: &SampleView<'_>, key: &str) -> Option<String> {
-    s.attributes()
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, v)| v.and_then(show))
-        .or_else(|| s.resource.and_then(|r| r.attributes.iter().find(|kv| kv.key == key)?.value.as_ref().and_then(show)))
+    s.attributes().find(|(k, _)| *k == key).and_then(|(_, v)| v.and_then(show)).or_else(|| {
+        s.resource.and_then(|r| r.attributes.iter().find(|kv| kv.key == key)?.value.as_ref().and_then(show))
+    })
 }
 
 /// Integer attribute `key` of the sample, else of its resource.

@@ -15,5 +15,13 @@ use std::sync::Arc;
 
 /// Every exporter factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![file::factory_file(), debug::factory_debug(), otlp::grpc::factory_otlp(), otlp::grpc::factory_otlp_grpc(), otlp::http::factory_otlp_http(), pprof::factory_pprof(), flamegraph::factory_flamegraph()]
+    vec![
+        file::factory_file(),
+        debug::factory_debug(),
+        otlp::grpc::factory_otlp(),
+        otlp::grpc::factory_otlp_grpc(),
+        otlp::http::factory_otlp_http(),
+        pprof::factory_pprof(),
+        flamegraph::factory_flamegraph(),
+    ]
 }

@@ -11,7 +11,12 @@ use profcol_exporters::group::GroupBy;
 #[tokio::test]
 async fn svg_and_folded_per_group() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = FlamegraphConfig { directory: dir.path().into(), folded: true, group_by: GroupBy::Process, ..Default::default() };
+    let cfg = FlamegraphConfig {
+        directory: dir.path().into(),
+        folded: true,
+        group_by: GroupBy::Process,
+        ..Default::default()
+    };
     let e = FlamegraphExporter::new(settings(Kind::Exporter, "flamegraph"), cfg).unwrap();
     let batch = cpu_batch(2, 2, 50);
     e.export(&batch).await.unwrap();

@@ -61,9 +61,8 @@ async fn grpc_send(addr: std::net::SocketAddr, body: Vec<u8>, gzip: bool) -> Res
 }
 
 async fn http_send(addr: std::net::SocketAddr, body: Vec<u8>, ct: &str, gzip: bool) -> (u16, Option<String>, String) {
-    let mut req = reqwest::Client::new()
-        .post(format!("http://{addr}/v1development/profiles"))
-        .header("content-type", ct);
+    let mut req =
+        reqwest::Client::new().post(format!("http://{addr}/v1development/profiles")).header("content-type", ct);
     if gzip {
         req = req.header("content-encoding", "gzip");
     }
@@ -78,7 +77,11 @@ async fn start(max_mib: f64, backpressure: Duration) -> (Arc<OtlpReceiver>, Arc<
     let cfg = OtlpReceiverConfig {
         protocols: Protocols {
             grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), max_recv_msg_size_mib: max_mib, tls: None }),
-            http: Some(HttpConfig { endpoint: "127.0.0.1:0".into(), max_recv_msg_size_mib: max_mib, ..Default::default() }),
+            http: Some(HttpConfig {
+                endpoint: "127.0.0.1:0".into(),
+                max_recv_msg_size_mib: max_mib,
+                ..Default::default()
+            }),
         },
         backpressure_timeout: backpressure,
     };
@@ -177,7 +180,9 @@ async fn oversized_and_gzip_bombs_are_refused_with_bounded_memory() {
         for k in 0..8 {
             let b = big_bomb.clone();
             if (round + k) % 4 != 0 {
-                js.push(tokio::spawn(async move { http_send(h, (*b).clone(), "application/x-protobuf", true).await.0 }));
+                js.push(tokio::spawn(
+                    async move { http_send(h, (*b).clone(), "application/x-protobuf", true).await.0 },
+                ));
             } else {
                 js.push(tokio::spawn(async move {
                     // Raw gzip frame written by hand would need h2 framing;
@@ -226,7 +231,10 @@ async fn taken_port_fails_start_clearly() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let cfg = OtlpReceiverConfig {
-        protocols: Protocols { grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port}"), ..Default::default() }), http: None },
+        protocols: Protocols {
+            grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port}"), ..Default::default() }),
+            http: None,
+        },
         ..Default::default()
     };
     let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/busy"), cfg).unwrap();

@@ -7,7 +7,9 @@ use common::*;
 use profcol_api::component::Kind;
 use profcol_api::model::canonical;
 use profcol_api::{Exporter, Receiver};
-use profcol_exporters::otlp::{Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
+use profcol_exporters::otlp::{
+    Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
+};
 use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,7 +47,11 @@ async fn roundtrip(exporter: &dyn Exporter, collector: &Collector) {
 async fn grpc_roundtrip_gzip_and_plain() {
     for compression in [Compression::Gzip, Compression::None] {
         let (r, c) = start_receiver().await;
-        let mut cfg = OtlpGrpcConfig { endpoint: format!("http://{}", r.grpc_addr().unwrap()), compression, ..Default::default() };
+        let mut cfg = OtlpGrpcConfig {
+            endpoint: format!("http://{}", r.grpc_addr().unwrap()),
+            compression,
+            ..Default::default()
+        };
         cfg.headers.insert("authorization".into(), "Bearer t0ken".into());
         let e = OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp/out"), cfg).unwrap();
         roundtrip(&e, &c).await;

@@ -17,7 +17,11 @@ use std::sync::{Arc, Mutex};
 fn expected(batch: &profcol_api::Profiles) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
     let (mut flat, mut cum) = (BTreeMap::new(), BTreeMap::new());
     for s in batch.samples() {
-        let n = if s.sample.values.is_empty() { s.sample.timestamps_unix_nano.len() as i64 } else { s.sample.values.iter().sum() };
+        let n = if s.sample.values.is_empty() {
+            s.sample.timestamps_unix_nano.len() as i64
+        } else {
+            s.sample.values.iter().sum()
+        };
         let names: Vec<String> = s.frames().map(|f| f.function_name().unwrap_or("?").to_owned()).collect();
         *flat.entry(names[0].clone()).or_insert(0) += n;
         let mut seen = std::collections::BTreeSet::new();
@@ -136,7 +140,12 @@ async fn group_by_process_and_container() {
         (GroupBy::Container, vec!["container-c0ffee01", "container-c0ffee03", "host"]),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = PprofConfig { directory: Some(dir.path().into()), group_by: by, file_prefix: "cpu".into(), ..Default::default() };
+        let cfg = PprofConfig {
+            directory: Some(dir.path().into()),
+            group_by: by,
+            file_prefix: "cpu".into(),
+            ..Default::default()
+        };
         let e = PprofExporter::new(settings(Kind::Exporter, "pprof"), cfg).unwrap();
         e.export(&batch).await.unwrap();
         let fs = files(dir.path());
@@ -177,11 +186,12 @@ async fn pushes_to_pyroscope_ingest() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}")), group_by: GroupBy::Process, ..Default::default() };
+    let cfg =
+        PprofConfig { endpoint: Some(format!("http://{addr}")), group_by: GroupBy::Process, ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
     let batch = cpu_batch(5, 2, 30);
     e.export(&batch).await.unwrap();
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
     for (q, body) in seen.iter() {
         assert_eq!(q["format"], "pprof");

@@ -60,8 +60,7 @@ fn kallsyms_file() -> PathBuf {
         return p.into();
     }
     let dest = std::env::temp_dir().join("profcol-bench-kallsyms");
-    std::fs::copy("/proc/kallsyms", &dest)
-        .expect("copy /proc/kallsyms (run as root so addresses are real)");
+    std::fs::copy("/proc/kallsyms", &dest).expect("copy /proc/kallsyms (run as root so addresses are real)");
     dest
 }
 
@@ -108,10 +107,7 @@ fn time_per_iter(mut f: impl FnMut(), min: Duration) -> Duration {
 }
 
 fn report(what: &str, ours: f64, base: f64, unit: &str, goal: &str) {
-    println!(
-        "RATIO {what}: ours {ours:.3} {unit}, baseline {base:.3} {unit}, ratio {:.3} (goal {goal})",
-        ours / base
-    );
+    println!("RATIO {what}: ours {ours:.3} {unit}, baseline {base:.3} {unit}, ratio {:.3} (goal {goal})", ours / base);
 }
 
 fn bench_parse(c: &mut Criterion) {
@@ -128,10 +124,7 @@ fn bench_parse(c: &mut Criterion) {
         })
     });
     g.finish();
-    let ours = time_per_iter(
-        || drop(black_box(ours_parse(&path))),
-        Duration::from_secs(2),
-    );
+    let ours = time_per_iter(|| drop(black_box(ours_parse(&path))), Duration::from_secs(2));
     let base = time_per_iter(
         || {
             let s = Symbolizer::new();
@@ -139,13 +132,7 @@ fn bench_parse(c: &mut Criterion) {
         },
         Duration::from_secs(2),
     );
-    report(
-        "parse time",
-        ours.as_secs_f64() * 1e3,
-        base.as_secs_f64() * 1e3,
-        "ms",
-        "<= 0.5",
-    );
+    report("parse time", ours.as_secs_f64() * 1e3, base.as_secs_f64() * 1e3, "ms", "<= 0.5");
 }
 
 fn bench_bytes(_c: &mut Criterion) {
@@ -179,22 +166,13 @@ fn bench_bytes(_c: &mut Criterion) {
     let blaze_before = live();
     let s = Symbolizer::new();
     let src = blaze_src(&path);
-    black_box(
-        s.symbolize_single(&src, Input::AbsAddr(random_addrs(&path, 1)[0]))
-            .unwrap(),
-    );
+    black_box(s.symbolize_single(&src, Input::AbsAddr(random_addrs(&path, 1)[0])).unwrap());
     let blaze_held = live() - blaze_before;
     println!(
         "BYTES parsed tables {held:.0}, Store {store_held}, layout baseline {baseline}, blazesym resolver {blaze_held}; symbols kept {} of {} lines",
         parsed.stats.symbols, parsed.stats.lines
     );
-    report(
-        "bytes held",
-        held / 1024.0,
-        baseline as f64 / 1024.0,
-        "KiB",
-        "<= 0.6",
-    );
+    report("bytes held", held / 1024.0, baseline as f64 / 1024.0, "KiB", "<= 0.6");
     drop((parsed, store, s));
 }
 
@@ -229,14 +207,25 @@ fn bench_lookup(c: &mut Criterion) {
     };
     assert_eq!(ours(&addrs), addrs.len());
     let mut g = c.benchmark_group("kallsyms_lookup");
-    g.throughput(Throughput::Elements(addrs.len() as u64))
-        .sample_size(10);
+    g.throughput(Throughput::Elements(addrs.len() as u64)).sample_size(10);
     g.bench_function("profcol", |b| b.iter(|| black_box(ours(&addrs))));
     g.bench_function("blazesym", |b| b.iter(|| black_box(blaze(&addrs))));
     g.finish();
     let n = addrs.len() as f64;
-    let o = time_per_iter(|| { black_box(ours(&addrs)); }, Duration::from_secs(2)).as_secs_f64();
-    let b = time_per_iter(|| { black_box(blaze(&addrs)); }, Duration::from_secs(2)).as_secs_f64();
+    let o = time_per_iter(
+        || {
+            black_box(ours(&addrs));
+        },
+        Duration::from_secs(2),
+    )
+    .as_secs_f64();
+    let b = time_per_iter(
+        || {
+            black_box(blaze(&addrs));
+        },
+        Duration::from_secs(2),
+    )
+    .as_secs_f64();
     // Throughput ratio: higher is better, so baseline time / our time.
     println!(
         "RATIO lookup throughput: ours {:.1} M/s, blazesym {:.1} M/s, ratio {:.2} (goal >= 2)",
@@ -277,24 +266,13 @@ fn bench_storm(_c: &mut Criterion) {
         })
         .unwrap(),
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let secs = 10u64;
     let min_interval = Duration::from_secs(1);
     let idle = lookup_p99(&store, &addrs, Duration::from_secs(3));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let _guard = rt.enter();
-    let task = reload::spawn(
-        store.clone(),
-        ReloadConfig {
-            min_interval,
-            ..Default::default()
-        },
-        rx,
-    );
+    let task = reload::spawn(store.clone(), ReloadConfig { min_interval, ..Default::default() }, rx);
     let reads0 = store.counters.full_reads.load(Ordering::Relaxed);
     let done = Arc::new(AtomicBool::new(false));
     let storm = {
@@ -323,13 +301,7 @@ fn bench_storm(_c: &mut Criterion) {
         (secs as f64 / min_interval.as_secs_f64()).ceil() as u64 + 1,
         store.counters.metadata_refreshes.load(Ordering::Relaxed)
     );
-    report(
-        "lookup p99 (64 lookups) storm vs idle",
-        during.as_secs_f64() * 1e6,
-        idle.as_secs_f64() * 1e6,
-        "us",
-        "<= 2",
-    );
+    report("lookup p99 (64 lookups) storm vs idle", during.as_secs_f64() * 1e6, idle.as_secs_f64() * 1e6, "us", "<= 2");
     task.abort();
 }
 

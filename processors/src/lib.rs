@@ -10,5 +10,5 @@ use std::sync::Arc;
 
 /// Every processor factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![batch::factory_batch()]
+    vec![batch::factory_batch(), kernel_symbols::factory()]
 }

@@ -29,10 +29,7 @@ fn open_at(kallsyms: &Path, sysfs: &Path) -> Store {
 }
 
 fn open() -> Store {
-    open_at(
-        &fixtures().join("quirks.kallsyms"),
-        &fixtures().join("sysfs"),
-    )
+    open_at(&fixtures().join("quirks.kallsyms"), &fixtures().join("sysfs"))
 }
 
 /// Name (and module) an address resolves to in the newest generation.
@@ -44,10 +41,7 @@ fn name_of(store: &Store, addr: u64) -> String {
 fn describe(s: Option<Symbol<'_>>) -> String {
     match s {
         Some(Symbol::Kernel { name, off }) => format!("{name}+{off:#x}"),
-        Some(Symbol::Module {
-            module,
-            sym: Some((name, off)),
-        }) => format!("{name}+{off:#x} [{}]", module.name),
+        Some(Symbol::Module { module, sym: Some((name, off)) }) => format!("{name}+{off:#x} [{}]", module.name),
         Some(Symbol::Module { module, sym: None }) => format!("? [{}]", module.name),
         Some(Symbol::Loose { module, name, off }) => format!("{name}+{off:#x} [{module}]"),
         Some(Symbol::Bpf { func, off, .. }) => format!("{}+{off:#x} [bpf]", func.name),
@@ -87,10 +81,7 @@ fn data_symbols_are_skipped() {
     let s = open();
     assert_eq!(name_of(&s, 0xffffffff81000608), "after_big+0x108");
     assert_eq!(name_of(&s, 0xffffffff81000700), "after_big+0x200");
-    assert_eq!(
-        name_of(&s, 0xffffffffc0a00400),
-        "lm_cleanup+0x200 [live_mod]"
-    );
+    assert_eq!(name_of(&s, 0xffffffffc0a00400), "lm_cleanup+0x200 [live_mod]");
     assert!(s.last_parse().non_text >= 3);
 }
 
@@ -112,19 +103,12 @@ fn malformed_lines_are_counted_and_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("kallsyms");
     std::fs::write(&bad, "garbage\n\nzz T x\n").unwrap();
-    let e = Store::open(StoreConfig {
-        kallsyms: bad,
-        sysfs: dir.path().into(),
-        bpf_syscall: false,
-        ..Default::default()
-    })
-    .err()
-    .expect("no symbols is an error");
+    let e =
+        Store::open(StoreConfig { kallsyms: bad, sysfs: dir.path().into(), bpf_syscall: false, ..Default::default() })
+            .err()
+            .expect("no symbols is an error");
     let msg = e.to_string();
-    assert!(
-        msg.contains("no usable kernel text symbols") && msg.contains("3 malformed"),
-        "{msg}"
-    );
+    assert!(msg.contains("no usable kernel text symbols") && msg.contains("3 malformed"), "{msg}");
 }
 
 #[test]
@@ -163,37 +147,21 @@ fn module_in_sysfs_but_not_kallsyms_gets_mapping_and_build_id() {
 
 #[test]
 fn builtin_modules_and_build_ids_from_sysfs() {
-    let mods = sysfs::read_modules(&fixtures().join("sysfs"))
-        .unwrap()
-        .unwrap();
+    let mods = sysfs::read_modules(&fixtures().join("sysfs")).unwrap().unwrap();
     let names: Vec<&str> = mods.iter().map(|m| &*m.name).collect();
     assert_eq!(names, ["live_mod", "new_mod", "fresh_mod"]);
-    assert_eq!(
-        hex(mods[0].build_id.as_deref().unwrap()),
-        "11223344556677889900aabbccddeeff00112233"
-    );
+    assert_eq!(hex(mods[0].build_id.as_deref().unwrap()), "11223344556677889900aabbccddeeff00112233");
     let v = sysfs::vmlinux_build_id(&fixtures().join("sysfs")).unwrap();
     assert_eq!(hex(&v), "0123456789abcdef0123456789abcdef01234567");
-    assert!(sysfs::read_modules(Path::new("/nonexistent"))
-        .unwrap()
-        .is_none());
+    assert!(sysfs::read_modules(Path::new("/nonexistent")).unwrap().is_none());
 }
 
 #[test]
 fn bpf_and_pseudo_module_lines() {
     let s = open();
-    assert_eq!(
-        name_of(&s, 0xffffffffc0e00010),
-        "bpf_prog_6deef7357e7b4530_sd_fw_egress+0x10 [bpf]"
-    );
-    assert_eq!(
-        name_of(&s, 0xffffffffc0e00810),
-        "bpf_prog_00112233aabbccdd_second+0x10 [bpf]"
-    );
-    assert_eq!(
-        name_of(&s, 0xffffffffc0f00010),
-        "ftrace_trampoline+0x10 [__builtin__ftrace]"
-    );
+    assert_eq!(name_of(&s, 0xffffffffc0e00010), "bpf_prog_6deef7357e7b4530_sd_fw_egress+0x10 [bpf]");
+    assert_eq!(name_of(&s, 0xffffffffc0e00810), "bpf_prog_00112233aabbccdd_second+0x10 [bpf]");
+    assert_eq!(name_of(&s, 0xffffffffc0f00010), "ftrace_trampoline+0x10 [__builtin__ftrace]");
 }
 
 #[test]
@@ -265,21 +233,11 @@ fn reload_reparses_only_changed_modules() {
     let (_dir, k, sys) = scratch();
     let s = open_at(&k, &sys);
     let before = s.generations().current();
-    let table = |g: &Arc<profcol_processors::kernel_symbols::generations::Generation>,
-                 name: &str| {
-        g.snapshot
-            .modules
-            .iter()
-            .find(|m| &*m.meta.name == name)
-            .and_then(|m| m.syms.clone())
-            .unwrap()
+    let table = |g: &Arc<profcol_processors::kernel_symbols::generations::Generation>, name: &str| {
+        g.snapshot.modules.iter().find(|m| &*m.meta.name == name).and_then(|m| m.syms.clone()).unwrap()
     };
     s.reload_kallsyms().unwrap();
-    assert_eq!(
-        s.last_parse().symbols,
-        2,
-        "only loose tables (gone_mod, ftrace) rebuilt"
-    );
+    assert_eq!(s.last_parse().symbols, 2, "only loose tables (gone_mod, ftrace) rebuilt");
     std::thread::sleep(Duration::from_millis(20));
     // new_mod is reloaded (new sysfs dir mtime): its table is rebuilt.
     let d = sys.join("module/new_mod");
@@ -287,27 +245,15 @@ fn reload_reparses_only_changed_modules() {
     std::fs::File::open(&d).unwrap().set_modified(t).unwrap();
     s.reload_kallsyms().unwrap();
     let after = s.generations().current();
-    assert!(Arc::ptr_eq(
-        &table(&before, "live_mod"),
-        &table(&after, "live_mod")
-    ));
-    assert!(!Arc::ptr_eq(
-        &table(&before, "new_mod"),
-        &table(&after, "new_mod")
-    ));
-    assert!(Arc::ptr_eq(
-        &before.snapshot.vmlinux,
-        &after.snapshot.vmlinux
-    ));
+    assert!(Arc::ptr_eq(&table(&before, "live_mod"), &table(&after, "live_mod")));
+    assert!(!Arc::ptr_eq(&table(&before, "new_mod"), &table(&after, "new_mod")));
+    assert!(Arc::ptr_eq(&before.snapshot.vmlinux, &after.snapshot.vmlinux));
 }
 
 #[test]
 fn bpf_records_apply_without_kallsyms_reads() {
     let s = open();
-    let reads = s
-        .counters
-        .full_reads
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let reads = s.counters.full_reads.load(std::sync::atomic::Ordering::Relaxed);
     let t0 = now_ns();
     let f = BpfFunc {
         start: 0xffffffffc1000000,
@@ -318,36 +264,13 @@ fn bpf_records_apply_without_kallsyms_reads() {
         lines: Arc::from([]),
     };
     s.bpf_register(t0, f);
-    assert_eq!(
-        name_of(&s, 0xffffffffc1000010),
-        "bpf_prog_0123456789abcdef_probe+0x10 [bpf]"
-    );
+    assert_eq!(name_of(&s, 0xffffffffc1000010), "bpf_prog_0123456789abcdef_probe+0x10 [bpf]");
     assert_eq!(name_of(&s, 0xffffffffc1000080), "?");
     s.bpf_unregister(t0 + 1000, 0xffffffffc1000000);
     let list = s.generations().load();
-    assert_eq!(
-        describe(
-            Generations::at(&list, t0 + 999)
-                .snapshot
-                .lookup(0xffffffffc1000010)
-        )
-        .contains("probe"),
-        true
-    );
-    assert_eq!(
-        describe(
-            Generations::at(&list, t0 + 1000)
-                .snapshot
-                .lookup(0xffffffffc1000010)
-        ),
-        "?"
-    );
-    assert_eq!(
-        s.counters
-            .full_reads
-            .load(std::sync::atomic::Ordering::Relaxed),
-        reads
-    );
+    assert!(describe(Generations::at(&list, t0 + 999).snapshot.lookup(0xffffffffc1000010)).contains("probe"));
+    assert_eq!(describe(Generations::at(&list, t0 + 1000).snapshot.lookup(0xffffffffc1000010)), "?");
+    assert_eq!(s.counters.full_reads.load(std::sync::atomic::Ordering::Relaxed), reads);
 }
 
 #[test]
@@ -391,12 +314,7 @@ fn kernel_batch(addrs: &[u64], ts: u64) -> Profiles {
     let locs: Vec<i32> = addrs
         .iter()
         .map(|&a| {
-            b.location(pb::Location {
-                mapping_index: m,
-                address: a,
-                lines: vec![],
-                attribute_indices: vec![kind],
-            })
+            b.location(pb::Location { mapping_index: m, address: a, lines: vec![], attribute_indices: vec![kind] })
         })
         .collect();
     let stack = b.stack(&locs);
@@ -413,12 +331,7 @@ fn kernel_batch(addrs: &[u64], ts: u64) -> Profiles {
     );
     b.sample(
         p,
-        pb::Sample {
-            stack_index: stack,
-            values: vec![1],
-            timestamps_unix_nano: vec![ts],
-            ..Default::default()
-        },
+        pb::Sample { stack_index: stack, values: vec![1], timestamps_unix_nano: vec![ts], ..Default::default() },
     );
     b.build()
 }
@@ -434,11 +347,7 @@ fn frames(p: &Profiles) -> Vec<(String, String, u64, String)> {
             let l = &d.location_table[li as usize];
             let m = &d.mapping_table[l.mapping_index as usize];
             let f = l.lines.first().map_or(String::new(), |ln| {
-                str_at(
-                    &d.string_table,
-                    d.function_table[ln.function_index as usize].name_strindex,
-                )
-                .to_owned()
+                str_at(&d.string_table, d.function_table[ln.function_index as usize].name_strindex).to_owned()
             });
             let bid = m
                 .attribute_indices
@@ -450,17 +359,12 @@ fn frames(p: &Profiles) -> Vec<(String, String, u64, String)> {
                     _ => None,
                 })
                 .unwrap_or_default();
-            let kind_ok = l.attribute_indices.iter().any(|&a| {
-                str_at(&d.string_table, d.attribute_table[a as usize].key_strindex)
-                    == keys::FRAME_TYPE
-            });
+            let kind_ok = l
+                .attribute_indices
+                .iter()
+                .any(|&a| str_at(&d.string_table, d.attribute_table[a as usize].key_strindex) == keys::FRAME_TYPE);
             assert!(kind_ok, "frame type attribute kept");
-            (
-                f,
-                str_at(&d.string_table, m.filename_strindex).to_owned(),
-                l.address,
-                bid,
-            )
+            (f, str_at(&d.string_table, m.filename_strindex).to_owned(), l.address, bid)
         })
         .collect()
 }
@@ -471,15 +375,8 @@ fn batch_frames_get_function_mapping_build_id() {
     // leaf in vfs_read; caller's return address is the first byte after
     // lm_helper (== lm_export's start) so it must be looked up at -1; then a
     // frame in fresh_mod (no names) and one nothing owns.
-    let batch = kernel_batch(
-        &[
-            0xffffffff81000115,
-            0xffffffffc0a00100,
-            0xffffffffc0d00020,
-            0xffffffffc0ff0000,
-        ],
-        now_ns(),
-    );
+    let batch =
+        kernel_batch(&[0xffffffff81000115, 0xffffffffc0a00100, 0xffffffffc0d00020, 0xffffffffc0ff0000], now_ns());
     let (out, outcome) = symbolize(batch, &s.generations().load());
     let f = frames(&out);
     assert_eq!(
@@ -491,29 +388,10 @@ fn batch_frames_get_function_mapping_build_id() {
             "0123456789abcdef0123456789abcdef01234567".into()
         )
     );
-    assert_eq!(
-        f[1],
-        (
-            "lm_helper".into(),
-            "live_mod".into(),
-            0x100,
-            "11223344556677889900aabbccddeeff00112233".into()
-        )
-    );
-    assert_eq!(
-        f[2],
-        (String::new(), "fresh_mod".into(), 0x20, "f".repeat(40))
-    );
+    assert_eq!(f[1], ("lm_helper".into(), "live_mod".into(), 0x100, "11223344556677889900aabbccddeeff00112233".into()));
+    assert_eq!(f[2], (String::new(), "fresh_mod".into(), 0x20, "f".repeat(40)));
     assert_eq!(f[3].0, "");
-    assert_eq!(
-        (
-            outcome.kernel_frames,
-            outcome.resolved,
-            outcome.module_only,
-            outcome.unresolved
-        ),
-        (4, 2, 1, 1)
-    );
+    assert_eq!((outcome.kernel_frames, outcome.resolved, outcome.module_only, outcome.unresolved), (4, 2, 1, 1));
     out.validate().expect("output is a valid batch");
 }
 
@@ -548,11 +426,7 @@ fn samples_use_the_generation_of_their_timestamp() {
             let st = &d.stack_table[p.samples[0].stack_index as usize];
             let l = &d.location_table[st.location_indices[0] as usize];
             l.lines.first().map_or("?".into(), |ln| {
-                str_at(
-                    &d.string_table,
-                    d.function_table[ln.function_index as usize].name_strindex,
-                )
-                .to_owned()
+                str_at(&d.string_table, d.function_table[ln.function_index as usize].name_strindex).to_owned()
             })
         })
         .collect();
@@ -612,8 +486,5 @@ async fn processor_start_fails_with_a_clear_error() {
         ..Default::default()
     });
     let e = p.start().await.unwrap_err().to_string();
-    assert!(
-        e.contains("/nonexistent/kallsyms") && e.contains("kallsyms` path"),
-        "{e}"
-    );
+    assert!(e.contains("/nonexistent/kallsyms") && e.contains("kallsyms` path"), "{e}");
 }

@@ -20,9 +20,7 @@ fn require_root(what: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    let msg = format!(
-        "{what} needs root (kallsyms addresses, bpf, perf_event_open); run the tests as root"
-    );
+    let msg = format!("{what} needs root (kallsyms addresses, bpf, perf_event_open); run the tests as root");
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("{msg}");
     }
@@ -39,11 +37,7 @@ fn proc_kallsyms_parses_and_vfs_read_resolves() {
     if !require_root("proc_kallsyms_parses") {
         return;
     }
-    let store = Store::open(StoreConfig {
-        bpf_syscall: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let store = Store::open(StoreConfig { bpf_syscall: false, ..Default::default() }).unwrap();
     let p = store.last_parse();
     assert!(p.symbols > 10_000, "{p:?}");
     assert_eq!(p.malformed, 0, "{p:?}");
@@ -60,8 +54,7 @@ fn proc_kallsyms_parses_and_vfs_read_resolves() {
 /// A two-instruction socket filter (`r0 = 0; exit`) with BTF naming its
 /// function and a source line.
 fn load_test_prog() -> std::os::fd::OwnedFd {
-    let (blob, offs) =
-        btf::build_for_test(&["profcol_test_fn"], &["/src/profcol_test.c", "return 0;"]);
+    let (blob, offs) = btf::build_for_test(&["profcol_test_fn"], &["/src/profcol_test.c", "return 0;"]);
     let btf_fd = sys::btf_load(&blob).unwrap_or_else(|e| missing("BPF_BTF_LOAD", e));
     let insns: [u64; 2] = [0xb7, 0x95];
     let line_col = (42 << 10) | 5;
@@ -82,8 +75,7 @@ fn kallsyms_entry(suffix: &str) -> Option<(u64, String)> {
     text.lines().find_map(|l| {
         let mut f = l.split_whitespace();
         let (a, _, n) = (f.next()?, f.next()?, f.next()?);
-        n.ends_with(suffix)
-            .then(|| (u64::from_str_radix(a, 16).ok().unwrap_or(0), n.to_owned()))
+        n.ends_with(suffix).then(|| (u64::from_str_radix(a, 16).ok().unwrap_or(0), n.to_owned()))
     })
 }
 
@@ -93,11 +85,7 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
         return;
     }
     let store = Arc::new(Store::open(StoreConfig::default()).unwrap());
-    assert_eq!(
-        store.bpf_source(),
-        BpfSource::Syscall,
-        "bpf syscall enumeration works as root"
-    );
+    assert_eq!(store.bpf_source(), BpfSource::Syscall, "bpf syscall enumeration works as root");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let rings = perf_ksymbol::spawn(tx.clone()).unwrap_or_else(|e| missing("perf_event_open", e));
     let task = reload::spawn(store.clone(), ReloadConfig::default(), rx);
@@ -120,20 +108,13 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
                 );
             }
         }
-        assert!(
-            loaded.elapsed() < Duration::from_secs(1),
-            "not resolved within 1 s"
-        );
+        assert!(loaded.elapsed() < Duration::from_secs(1), "not resolved within 1 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert_eq!(resolved.0, kname);
     assert_eq!(resolved.1.as_deref(), Some("profcol_test_fn"));
     assert_eq!(resolved.2, Some(("/src/profcol_test.c".to_owned(), 42)));
-    assert_eq!(
-        store.counters.full_reads.load(Relaxed),
-        reads,
-        "no kallsyms re-read for BPF"
-    );
+    assert_eq!(store.counters.full_reads.load(Relaxed), reads, "no kallsyms re-read for BPF");
 
     let before_unload = now_ns();
     std::thread::sleep(Duration::from_millis(2));
@@ -146,27 +127,14 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
         if !matches!(g.snapshot.lookup(addr), Some(Symbol::Bpf { .. })) {
             break;
         }
-        assert!(
-            unloaded.elapsed() < Duration::from_secs(5),
-            "unload not seen"
-        );
+        assert!(unloaded.elapsed() < Duration::from_secs(5), "unload not seen");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let after_unload = now_ns();
     let list = store.generations().load();
-    assert!(matches!(
-        Generations::at(&list, before_unload).snapshot.lookup(addr),
-        Some(Symbol::Bpf { .. })
-    ));
-    assert!(!matches!(
-        Generations::at(&list, after_unload).snapshot.lookup(addr),
-        Some(Symbol::Bpf { .. })
-    ));
-    assert_eq!(
-        store.counters.full_reads.load(Relaxed),
-        reads,
-        "no kallsyms re-read for BPF"
-    );
+    assert!(matches!(Generations::at(&list, before_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
+    assert!(!matches!(Generations::at(&list, after_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
+    assert_eq!(store.counters.full_reads.load(Relaxed), reads, "no kallsyms re-read for BPF");
 
     for r in rings {
         r.abort();
@@ -181,7 +149,6 @@ async fn uevent_socket_opens() {
         return;
     }
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let t = profcol_processors::kernel_symbols::uevent::spawn(tx)
-        .expect("NETLINK_KOBJECT_UEVENT socket");
+    let t = profcol_processors::kernel_symbols::uevent::spawn(tx).expect("NETLINK_KOBJECT_UEVENT socket");
     t.abort();
 }

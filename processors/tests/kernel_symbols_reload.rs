@@ -48,11 +48,7 @@ async fn storm_of_uevents_is_rate_limited() {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let task = reload::spawn(
         s.clone(),
-        ReloadConfig {
-            debounce: Duration::from_millis(100),
-            min_interval,
-            max_backoff: Duration::from_secs(5),
-        },
+        ReloadConfig { debounce: Duration::from_millis(100), min_interval, max_backoff: Duration::from_secs(5) },
         rx,
     );
     let reads0 = s.counters.full_reads.load(Relaxed);
@@ -61,10 +57,7 @@ async fn storm_of_uevents_is_rate_limited() {
     tokio::time::sleep(min_interval + Duration::from_millis(300)).await;
     let reads = s.counters.full_reads.load(Relaxed) - reads0;
     let bound = (10.0 / min_interval.as_secs_f64()).ceil() as u64 + 1;
-    assert!(
-        reads <= bound,
-        "{reads} full kallsyms reads for a 10 s storm, bound {bound}"
-    );
+    assert!(reads <= bound, "{reads} full kallsyms reads for a 10 s storm, bound {bound}");
     assert!(reads >= 5, "reloads still happen during a storm: {reads}");
     // Metadata is refreshed per debounce window, not per event.
     let meta = s.counters.metadata_refreshes.load(Relaxed);
@@ -95,20 +88,12 @@ async fn failed_reads_back_off() {
     assert!((4..=11).contains(&failed), "{failed} reads");
     assert_eq!(s.counters.read_failures.load(Relaxed), failed);
     // The old generation keeps serving lookups.
-    assert!(s
-        .generations()
-        .current()
-        .snapshot
-        .find("vfs_read")
-        .is_some());
+    assert!(s.generations().current().snapshot.find("vfs_read").is_some());
     // Once the file is back, the next retry succeeds and backoff resets.
     std::fs::copy(fixtures().join("quirks.kallsyms"), &k).unwrap();
     tokio::time::sleep(Duration::from_millis(900)).await;
     let failures = s.counters.read_failures.load(Relaxed);
-    assert!(
-        s.counters.full_reads.load(Relaxed) - reads0 > failures,
-        "a read succeeded after recovery"
-    );
+    assert!(s.counters.full_reads.load(Relaxed) - reads0 > failures, "a read succeeded after recovery");
     drop(tx);
     task.await.unwrap();
 }

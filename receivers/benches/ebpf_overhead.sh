@@ -64,17 +64,17 @@ for load in idle busy; do
 	h0=$(host_busy)
 	CPU[$load,profcol]=$(cpu_of "$BIN" --frequency "$FREQ" --seconds "$DURATION" --quiet)
 	h1=$(host_busy)
-	startup=$(grep -o 'since_process_start_ms=[0-9]*' "$TMP/err" | head -1 | cut -d= -f2)
-	load_ms=$(grep -o 'load_ms=[0-9]*' "$TMP/err" | head -1 | cut -d= -f2)
-	samples=$(grep -o '^total: [0-9]*' "$TMP/out" | cut -d' ' -f2)
-	lost=$(grep -o 'lost_ringbuf_total{receiver="ebpf"} [0-9]*' "$TMP/out" | cut -d' ' -f2)
+	startup=$(grep -o 'since_process_start_ms=[0-9]*' "$TMP/err" | head -1 | cut -d= -f2 || true)
+	load_ms=$(grep -o 'load_ms=[0-9]*' "$TMP/err" | head -1 | cut -d= -f2 || true)
+	samples=$(grep -o '^total: [0-9]*' "$TMP/out" | cut -d' ' -f2 || true)
+	lost=$(grep -o 'lost_ringbuf_total{receiver="ebpf"} [0-9]*' "$TMP/out" | cut -d' ' -f2 || true)
 	printf '%-6s %-28s %10s %12s   (startup %s ms, load %s ms, %s samples, %s lost)\n' "$load" "profcol ebpf receiver" \
 		"${CPU[$load,profcol]}" "$(( (h1 - h0) / hz ))" "$startup" "$load_ms" "$samples" "$lost"
 
 	h0=$(host_busy)
 	CPU[$load,perf]=$(cpu_of perf record -F "$FREQ" -a -g -o "$TMP/perf.data" -- sleep "$DURATION")
 	h1=$(host_busy)
-	psamples=$(grep -o '([0-9]* samples)' "$TMP/err" | tr -dc 0-9)
+	psamples=$(grep -o '([0-9]* samples)' "$TMP/err" | tr -dc 0-9 || true)
 	printf '%-6s %-28s %10s %12s   (%s samples)\n' "$load" "perf record -F $FREQ -a -g" \
 		"${CPU[$load,perf]}" "$(( (h1 - h0) / hz ))" "$psamples"
 	rm -f "$TMP/perf.data"
@@ -86,12 +86,27 @@ done
 
 if [[ $RSS_SECONDS -gt 0 ]]; then
 	start_burners
+	# In-kernel cost of the BPF program (charged to the sampled tasks, not
+	# to profcol): kernel.bpf_stats_enabled counts its run time.
+	old_stats=$(cat /proc/sys/kernel/bpf_stats_enabled)
+	echo 1 >/proc/sys/kernel/bpf_stats_enabled
 	"$BIN" --frequency "$FREQ" --quiet >/dev/null 2>&1 &
 	pid=$!
 	sleep "$RSS_SECONDS"
 	rss=$(awk '/^VmRSS/{print $2}' "/proc/$pid/status")
 	hwm=$(awk '/^VmHWM/{print $2}' "/proc/$pid/status")
-	kill -TERM "$pid"; wait "$pid" || true
+	if command -v bpftool >/dev/null; then
+		bpftool -j prog show 2>/dev/null | python3 -c '
+import json, sys
+for p in json.load(sys.stdin):
+    if p.get("name", "").startswith("profcol_cpu"):
+        n, t = p.get("run_cnt", 0), p.get("run_time_ns", 0)
+        if n:
+            print(f"BPF program: {n} runs, {t/n:.0f} ns per sample on average ({t/1e9:.3f} s in {sys.argv[1]} s)")
+' "$RSS_SECONDS" || true
+	fi
+	echo "$old_stats" >/proc/sys/kernel/bpf_stats_enabled
+	kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
 	stop_burners
 	printf 'RSS after %ss (busy host, %s Hz): %s KiB (peak %s KiB)\n' "$RSS_SECONDS" "$FREQ" "$rss" "$hwm"
 fi

@@ -24,11 +24,7 @@ struct Summary {
 #[async_trait]
 impl Consumer for Summary {
     async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError> {
-        let obs: usize = batch
-            .profiles()
-            .flat_map(|p| p.samples.iter())
-            .map(|s| s.timestamps_unix_nano.len())
-            .sum();
+        let obs: usize = batch.profiles().flat_map(|p| p.samples.iter()).map(|s| s.timestamps_unix_nano.len()).sum();
         self.observations.fetch_add(obs as u64, Ordering::Relaxed);
         if !self.quiet {
             let procs = batch.0.resource_profiles.len();
@@ -46,18 +42,15 @@ impl Consumer for Summary {
 
 fn arg_values(name: &str) -> Vec<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.windows(2)
-        .filter(|w| w[0] == name)
-        .map(|w| w[1].clone())
-        .collect()
+    args.windows(2).filter(|w| w[0] == name).map(|w| w[1].clone()).collect()
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let mut config = EbpfConfig::default();
     if let Some(f) = arg_values("--frequency").first() {
@@ -66,36 +59,21 @@ async fn main() {
     if let Some(s) = arg_values("--interval").first() {
         config.report_interval = Duration::from_secs_f64(s.parse().expect("--interval SECONDS"));
     }
-    config.pids = arg_values("--pid")
-        .iter()
-        .map(|p| p.parse().expect("--pid PID"))
-        .collect();
-    let seconds: Option<f64> = arg_values("--seconds")
-        .first()
-        .map(|s| s.parse().expect("--seconds S"));
+    config.pids = arg_values("--pid").iter().map(|p| p.parse().expect("--pid PID")).collect();
+    let seconds: Option<f64> = arg_values("--seconds").first().map(|s| s.parse().expect("--seconds S"));
     let quiet = std::env::args().any(|a| a == "--quiet");
 
     let registry = Telemetry::new();
     let id: ComponentId = "ebpf".parse().expect("id");
     let telemetry = registry.component(Kind::Receiver, &id);
-    let receiver = EbpfReceiver::new(
-        CreateSettings {
-            id,
-            telemetry: telemetry.clone(),
-        },
-        config,
-    );
-    let sink = Arc::new(Summary {
-        quiet,
-        observations: AtomicU64::new(0),
-    });
+    let receiver = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, config);
+    let sink = Arc::new(Summary { quiet, observations: AtomicU64::new(0) });
     let next = Next::new(vec![sink.clone() as Arc<dyn Consumer>], telemetry);
     if let Err(e) = receiver.start(next).await {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     let wait = async {
         match seconds {
             Some(s) => tokio::time::sleep(Duration::from_secs_f64(s)).await,
@@ -108,10 +86,7 @@ async fn main() {
         _ = term.recv() => {}
     }
     receiver.shutdown().await.expect("shutdown");
-    println!(
-        "total: {} samples delivered",
-        sink.observations.load(Ordering::Relaxed)
-    );
+    println!("total: {} samples delivered", sink.observations.load(Ordering::Relaxed));
     for line in registry.render().lines() {
         if line.contains("ebpf") && !line.starts_with('#') {
             println!("{line}");

@@ -133,7 +133,12 @@ impl OtlpGrpcExporter {
         }
         let (uri, tls) = endpoint_uri(&cfg);
         let mut ep = Endpoint::from_shared(uri.clone())
-            .map_err(|e| err(format!("endpoint {:?} is not a valid address ({e}); write host:port or http(s)://host:port", cfg.endpoint)))?
+            .map_err(|e| {
+                err(format!(
+                    "endpoint {:?} is not a valid address ({e}); write host:port or http(s)://host:port",
+                    cfg.endpoint
+                ))
+            })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))
@@ -228,9 +233,10 @@ mod tests {
         assert!(profcol_api::config::decode::<OtlpGrpcConfig>(&v).is_err());
         let v: serde_yaml::Value = serde_yaml::from_str("endpoint: a:1\ncompression: zstd").unwrap();
         assert!(profcol_api::config::decode::<OtlpGrpcConfig>(&v).is_err());
-        let v: serde_yaml::Value =
-            serde_yaml::from_str("endpoint: a:1\ncompression: none\nheaders: {authorization: Bearer x}\ntls: {insecure: true}")
-                .unwrap();
+        let v: serde_yaml::Value = serde_yaml::from_str(
+            "endpoint: a:1\ncompression: none\nheaders: {authorization: Bearer x}\ntls: {insecure: true}",
+        )
+        .unwrap();
         let c: OtlpGrpcConfig = profcol_api::config::decode(&v).unwrap();
         assert_eq!(c.compression, Compression::None);
     }

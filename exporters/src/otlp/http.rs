@@ -136,7 +136,8 @@ impl OtlpHttpExporter {
             Compression::None => body,
             Compression::Gzip => {
                 req = req.header("content-encoding", "gzip");
-                let mut e = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 4), flate2::Compression::fast());
+                let mut e =
+                    flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 4), flate2::Compression::fast());
                 e.write_all(&body).and_then(|_| e.finish()).map_err(|e| ExportError::permanent(format!("gzip: {e}")))?
             }
         };

@@ -73,7 +73,8 @@ impl ClientTlsConfig {
 /// Header names and values checked once, at creation.
 pub(crate) fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), String> {
     for (k, v) in headers {
-        ::http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| format!("headers: {k:?} is not a valid header name: {e}"))?;
+        ::http::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|e| format!("headers: {k:?} is not a valid header name: {e}"))?;
         ::http::HeaderValue::from_str(v).map_err(|e| format!("headers.{k}: not a valid header value: {e}"))?;
     }
     Ok(())
@@ -91,10 +92,8 @@ pub(crate) struct OtlpCounters {
 impl OtlpCounters {
     pub(crate) fn new(t: &ComponentTelemetry) -> Self {
         OtlpCounters {
-            rejected_profiles: t.counter(
-                "rejected_profiles_total",
-                "Profiles the backend rejected in a partial_success answer.",
-            ),
+            rejected_profiles: t
+                .counter("rejected_profiles_total", "Profiles the backend rejected in a partial_success answer."),
             partial_success: t.counter("partial_success_total", "Export answers that carried a partial_success."),
             permanent_errors: t.counter("permanent_errors_total", "Export attempts that failed for good."),
             retryable_errors: t.counter("retryable_errors_total", "Export attempts that failed and may be retried."),

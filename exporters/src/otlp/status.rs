@@ -119,7 +119,9 @@ pub fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool
     .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
     let message = format!("HTTP {status}: {detail}");
     match status {
-        429 | 502 | 503 | 504 => ExportError::Retryable { message, retry_after: retry_after.and_then(parse_retry_after) },
+        429 | 502 | 503 | 504 => {
+            ExportError::Retryable { message, retry_after: retry_after.and_then(parse_retry_after) }
+        }
         _ => ExportError::Permanent { message },
     }
 }
@@ -141,7 +143,10 @@ mod tests {
             ExportError::Retryable { retry_after, .. } => assert_eq!(retry_after, Some(Duration::from_millis(3500))),
             e => panic!("{e:?}"),
         }
-        assert!(matches!(from_grpc(&tonic::Status::resource_exhausted("x")), ExportError::Retryable { retry_after: None, .. }));
+        assert!(matches!(
+            from_grpc(&tonic::Status::resource_exhausted("x")),
+            ExportError::Retryable { retry_after: None, .. }
+        ));
         assert!(matches!(from_grpc(&tonic::Status::invalid_argument("x")), ExportError::Permanent { .. }));
         assert!(matches!(from_grpc(&tonic::Status::unauthenticated("x")), ExportError::Permanent { .. }));
     }

@@ -15,16 +15,21 @@ use profcol_api::Profiles;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
+/// (mapping id, address, [(function id, line)]) of a pprof location.
+type LocationKey = (u64, u64, Vec<(u64, i64)>);
+/// A sample before its value columns are known: locations, (column, value), labels.
+type PendingSample = (Vec<u64>, Vec<(usize, i64)>, Vec<pp::Label>);
+
 #[derive(Default)]
 struct Builder {
     p: pp::Profile,
     strings: FxHashMap<String, i64>,
     functions: FxHashMap<(i64, i64, i64, i64), u64>,
     mappings: FxHashMap<(u64, u64, u64, i64, i64), u64>,
-    locations: FxHashMap<(u64, u64, Vec<(u64, i64)>), u64>,
+    locations: FxHashMap<LocationKey, u64>,
     columns: Vec<(String, String)>,
     /// Samples with their values as (column, value).
-    samples: Vec<(Vec<u64>, Vec<(usize, i64)>, Vec<pp::Label>)>,
+    samples: Vec<PendingSample>,
     kernel_mapping: u64,
     period: Option<(i64, String, String)>,
     t0: u64,
@@ -186,7 +191,8 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
             let mut lines = Vec::new();
             for ln in &f.location.lines {
                 let Some(func) = s.dict.function_table.get(ln.function_index.max(0) as usize) else { continue };
-                let (n, sn, file) = (s.str(func.name_strindex), s.str(func.system_name_strindex), s.str(func.filename_strindex));
+                let (n, sn, file) =
+                    (s.str(func.name_strindex), s.str(func.system_name_strindex), s.str(func.filename_strindex));
                 if n.is_empty() && sn.is_empty() {
                     continue;
                 }
@@ -221,11 +227,8 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
         };
         let (t, u) = if t.is_empty() { ("samples", "count") } else { (t, u) };
         let mut vals = vec![(b.column(t, u), count)];
-        let (pt, pu) = prof
-            .period_type
-            .as_ref()
-            .map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex)))
-            .unwrap_or(("", ""));
+        let (pt, pu) =
+            prof.period_type.as_ref().map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex))).unwrap_or(("", ""));
         if prof.period > 0 && !pt.is_empty() {
             if b.period.is_none() {
                 b.period = Some((prof.period, pt.to_owned(), pu.to_owned()));

@@ -89,7 +89,8 @@ impl PprofExporter {
         let err = |m: String| ComponentError::msg(format!("exporter {id}: {m}"));
         let dest = match (&cfg.directory, &cfg.endpoint) {
             (Some(d), None) => {
-                std::fs::create_dir_all(d).map_err(|e| err(format!("directory {}: cannot create it: {e}", d.display())))?;
+                std::fs::create_dir_all(d)
+                    .map_err(|e| err(format!("directory {}: cannot create it: {e}", d.display())))?;
                 Dest::Files(d.clone())
             }
             (None, Some(e)) => {
@@ -116,7 +117,9 @@ impl PprofExporter {
                 Dest::Push { client, base: e.trim_end_matches('/').to_owned(), headers }
             }
             (Some(_), Some(_)) => {
-                return Err(err("set either `directory` or `endpoint`, not both (use two pprof exporters for both)".into()))
+                return Err(err(
+                    "set either `directory` or `endpoint`, not both (use two pprof exporters for both)".into()
+                ))
             }
             (None, None) => return Err(err("set `directory` (files) or `endpoint` (Pyroscope push)".into())),
         };
@@ -184,7 +187,8 @@ impl Exporter for PprofExporter {
                 }
                 Dest::Push { client, base, headers } => {
                     let (from, until) = if g.start > 0 { (g.start, g.end.max(g.start)) } else { (bt0, bt0) };
-                    let (from, until) = (from / 1_000_000_000, until.div_ceil(1_000_000_000).max(from / 1_000_000_000 + 1));
+                    let (from, until) =
+                        (from / 1_000_000_000, until.div_ceil(1_000_000_000).max(from / 1_000_000_000 + 1));
                     let name = self.app_name(g);
                     let url = format!("{base}/ingest");
                     let resp = client
@@ -201,7 +205,10 @@ impl Exporter for PprofExporter {
                         .body(data)
                         .send()
                         .await
-                        .map_err(|e| ExportError::Retryable { message: format!("POST {url}: {e}"), retry_after: None })?;
+                        .map_err(|e| ExportError::Retryable {
+                            message: format!("POST {url}: {e}"),
+                            retry_after: None,
+                        })?;
                     let code = resp.status().as_u16();
                     if !(200..300).contains(&code) {
                         let ra = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);

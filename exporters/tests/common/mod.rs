@@ -3,7 +3,7 @@
 //! there when CI=true.
 #![allow(dead_code)]
 
-use profcol_api::component::{ConsumeError, Consumer, ComponentId, CreateSettings, Kind, Next};
+use profcol_api::component::{ComponentId, ConsumeError, Consumer, CreateSettings, Kind, Next};
 use profcol_api::model::{keys, pb, AnyValue, AttrValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{Profiles, ProfilesBuilder};
@@ -57,7 +57,7 @@ pub fn cpu_batch(seed: u64, processes: usize, samples_per_process: usize) -> Pro
             kv(keys::HOST_NAME, s("node-1")),
             kv("service.name", s("demo")),
         ];
-        if p % 2 == 1 {
+        if !p.is_multiple_of(2) {
             attrs.push(kv(keys::CONTAINER_ID, s(&format!("c0ffee{p:02}"))));
         }
         let r = b.resource(Resource { attributes: attrs, ..Default::default() });
@@ -85,7 +85,7 @@ pub fn cpu_batch(seed: u64, processes: usize, samples_per_process: usize) -> Pro
             let depth = 2 + (x % 4) as usize;
             let mut locs = Vec::new();
             // Leaf first: kernel frames (some samples), then user frames up to main.
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 for d in 0..2 {
                     let name = kernel_fn[(x as usize + d) % kernel_fn.len()];
                     let f = b.function(name, name, "", 0);
@@ -109,7 +109,7 @@ pub fn cpu_batch(seed: u64, processes: usize, samples_per_process: usize) -> Pro
             }
             let stack = b.stack(&locs);
             let tid = b.attribute(keys::THREAD_ID, AttrValue::Int(pid + (k % 3) as i64));
-            let tname = b.attribute(keys::THREAD_NAME, AttrValue::Str(if k % 3 == 0 { "main" } else { "worker" }));
+            let tname = b.attribute(keys::THREAD_NAME, AttrValue::Str(if k.is_multiple_of(3) { "main" } else { "worker" }));
             let n = 1 + (x % 5) as usize;
             b.sample(
                 prof,

@@ -41,10 +41,7 @@ impl BpfFunc {
 
     /// Source line covering `addr`.
     pub fn line(&self, addr: u64) -> Option<&BpfLine> {
-        let i = self
-            .lines
-            .partition_point(|l| l.addr <= addr)
-            .checked_sub(1)?;
+        let i = self.lines.partition_point(|l| l.addr <= addr).checked_sub(1)?;
         Some(&self.lines[i])
     }
 }
@@ -59,9 +56,7 @@ impl BpfFuncs {
     pub fn new(mut funcs: Vec<BpfFunc>) -> Self {
         funcs.sort_by_key(|f| f.start);
         funcs.dedup_by_key(|f| f.start);
-        BpfFuncs {
-            funcs: funcs.into(),
-        }
+        BpfFuncs { funcs: funcs.into() }
     }
 
     /// From `[bpf]` kallsyms lines: lengths unknown, so each runs to the next
@@ -100,10 +95,7 @@ impl BpfFuncs {
 
     #[inline]
     pub fn lookup(&self, addr: u64) -> Option<&BpfFunc> {
-        let i = self
-            .funcs
-            .partition_point(|f| f.start <= addr)
-            .checked_sub(1)?;
+        let i = self.funcs.partition_point(|f| f.start <= addr).checked_sub(1)?;
         let f = &self.funcs[i];
         f.contains(addr).then_some(f)
     }
@@ -124,14 +116,7 @@ impl BpfFuncs {
 
     /// A copy without the function starting at `start`.
     pub fn without(&self, start: u64) -> Self {
-        BpfFuncs {
-            funcs: self
-                .funcs
-                .iter()
-                .filter(|f| f.start != start)
-                .cloned()
-                .collect(),
-        }
+        BpfFuncs { funcs: self.funcs.iter().filter(|f| f.start != start).cloned().collect() }
     }
 
     pub fn heap_bytes(&self) -> usize {

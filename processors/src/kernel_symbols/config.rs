@@ -49,10 +49,7 @@ impl Config {
     /// What is wrong with the values serde accepted.
     pub fn validate(&self) -> Result<(), String> {
         if self.reload.min_interval.is_zero() {
-            return Err(
-                "reload.min_interval must be above 0 (it rate-limits kallsyms reads; default 10s)"
-                    .into(),
-            );
+            return Err("reload.min_interval must be above 0 (it rate-limits kallsyms reads; default 10s)".into());
         }
         if self.reload.max_backoff < self.reload.min_interval {
             return Err(format!(

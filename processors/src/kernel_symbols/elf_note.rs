@@ -16,9 +16,7 @@ pub struct Note<'a> {
 /// Iterates notes in native byte order; stops at the first truncated one.
 pub fn notes(mut data: &[u8]) -> impl Iterator<Item = Note<'_>> {
     std::iter::from_fn(move || {
-        let word = |d: &[u8], i: usize| -> Option<u32> {
-            Some(u32::from_ne_bytes(d.get(i..i + 4)?.try_into().ok()?))
-        };
+        let word = |d: &[u8], i: usize| -> Option<u32> { Some(u32::from_ne_bytes(d.get(i..i + 4)?.try_into().ok()?)) };
         let namesz = word(data, 0)? as usize;
         let descsz = word(data, 4)? as usize;
         let kind = word(data, 8)?;
@@ -40,9 +38,7 @@ fn align4(n: usize) -> Option<usize> {
 
 /// The GNU build ID in a notes blob, if any.
 pub fn gnu_build_id(data: &[u8]) -> Option<&[u8]> {
-    notes(data)
-        .find(|n| n.kind == NT_GNU_BUILD_ID && n.name == b"GNU" && !n.desc.is_empty())
-        .map(|n| n.desc)
+    notes(data).find(|n| n.kind == NT_GNU_BUILD_ID && n.name == b"GNU" && !n.desc.is_empty()).map(|n| n.desc)
 }
 
 /// Encodes one note; used by tests and fixtures.

@@ -19,9 +19,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "{path}: {what}; this file is written by the kernel, so the sysfs root is probably wrong"
-    )]
+    #[error("{path}: {what}; this file is written by the kernel, so the sysfs root is probably wrong")]
     SysfsFormat { path: PathBuf, what: String },
     #[error("bpf({cmd}) failed: {source}; BPF program names need CAP_SYS_ADMIN (or CAP_BPF+CAP_PERFMON), falling back to [bpf] lines of kallsyms")]
     Bpf {
@@ -37,7 +35,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot open the kobject uevent netlink socket: {source}; module loads are then only seen on periodic reloads")]
+    #[error(
+        "cannot open the kobject uevent netlink socket: {source}; module loads are then only seen on periodic reloads"
+    )]
     Netlink {
         #[source]
         source: std::io::Error,

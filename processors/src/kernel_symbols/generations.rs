@@ -16,9 +16,7 @@ use super::snapshot::Snapshot;
 
 /// Now, as unix nanoseconds.
 pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// One snapshot and when it became live.
@@ -42,11 +40,7 @@ pub struct Generations {
 
 impl Generations {
     pub fn new(first: Snapshot, live_since_ns: u64, retain_ns: u64) -> Self {
-        let g = Arc::new(Generation {
-            id: 1,
-            live_since_ns,
-            snapshot: Arc::new(first),
-        });
+        let g = Arc::new(Generation { id: 1, live_since_ns, snapshot: Arc::new(first) });
         Generations {
             list: ArcSwap::from_pointee(vec![g]),
             write: Mutex::new(()),
@@ -86,11 +80,7 @@ impl Generations {
             live_since_ns: since,
             snapshot: Arc::new(snapshot),
         });
-        let mut v: Vec<Arc<Generation>> = old
-            .iter()
-            .filter(|o| o.live_since_ns < since)
-            .cloned()
-            .collect();
+        let mut v: Vec<Arc<Generation>> = old.iter().filter(|o| o.live_since_ns < since).cloned().collect();
         v.push(g.clone());
         self.prune(&mut v, now_ns);
         self.list.store(Arc::new(v));
@@ -127,9 +117,8 @@ impl Generations {
     /// once its successor has been live longer than `retain`.
     fn prune(&self, v: &mut Vec<Arc<Generation>>, now_ns: u64) {
         let cutoff = now_ns.saturating_sub(self.retain_ns);
-        let keep_from = (0..v.len().saturating_sub(1))
-            .find(|&i| v[i + 1].live_since_ns > cutoff)
-            .unwrap_or(v.len() - 1);
+        let keep_from =
+            (0..v.len().saturating_sub(1)).find(|&i| v[i + 1].live_since_ns > cutoff).unwrap_or(v.len() - 1);
         v.drain(..keep_from);
     }
 

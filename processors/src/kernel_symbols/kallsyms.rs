@@ -23,10 +23,7 @@ pub struct ParseOptions<'f> {
 
 impl Default for ParseOptions<'_> {
     fn default() -> Self {
-        ParseOptions {
-            vmlinux: true,
-            module: &|_| true,
-        }
+        ParseOptions { vmlinux: true, module: &|_| true }
     }
 }
 
@@ -86,6 +83,18 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
         };
         rest = next;
         stats.lines += 1;
+        // Most dropped lines (padding, data) are dropped here, before any
+        // parsing, when the line has the kernel's fixed layout.
+        if line.len() > 19 && line[16] == b' ' && line[18] == b' ' {
+            if !matches!(line[17], b'T' | b't' | b'W' | b'w') {
+                stats.non_text += 1;
+                continue;
+            }
+            if line[19..].starts_with(PFX.as_bytes()) {
+                stats.pfx_skipped += 1;
+                continue;
+            }
+        }
         let Some(l) = split_line(line) else {
             stats.malformed += 1;
             continue;
@@ -101,18 +110,11 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
         if l.addr == 0 {
             stats.zero_addr += 1;
         }
-        let entry = Entry {
-            addr: l.addr,
-            rank: table::rank(l.kind, l.name),
-            name: l.name,
-        };
+        let entry = Entry { addr: l.addr, rank: table::rank(l.kind, l.name), name: l.name };
         match l.module {
             None if opts.vmlinux => vmlinux.push(entry),
             None => stats.unchanged += 1,
-            Some("bpf") => bpf.push(BpfLine {
-                addr: l.addr,
-                name: l.name.into(),
-            }),
+            Some("bpf") => bpf.push(BpfLine { addr: l.addr, name: l.name.into() }),
             Some(m) => {
                 let slot = match current {
                     Some((name, slot)) if name == m => slot,
@@ -137,21 +139,14 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
 
     let mut bs = BuildStats::default();
     let vmlinux = (!vmlinux.is_empty()).then(|| table::build(vmlinux, &mut bs));
-    let modules: Vec<(Box<str>, SymbolTable)> = modules
-        .into_iter()
-        .map(|(name, entries)| (Box::from(name), table::build(entries, &mut bs)))
-        .collect();
-    stats.symbols = vmlinux.as_ref().map_or(0, |t| t.len() as u64)
-        + modules.iter().map(|(_, t)| t.len() as u64).sum::<u64>();
+    let modules: Vec<(Box<str>, SymbolTable)> =
+        modules.into_iter().map(|(name, entries)| (Box::from(name), table::build(entries, &mut bs))).collect();
+    stats.symbols =
+        vmlinux.as_ref().map_or(0, |t| t.len() as u64) + modules.iter().map(|(_, t)| t.len() as u64).sum::<u64>();
     stats.truncated = bs.truncated;
     stats.aliases = bs.aliases;
     stats.out_of_range = bs.out_of_range;
-    Parsed {
-        vmlinux,
-        modules,
-        bpf,
-        stats,
-    }
+    Parsed { vmlinux, modules, bpf, stats }
 }
 
 struct Line<'a> {
@@ -176,7 +171,17 @@ fn fast_split(line: &[u8]) -> Option<Line<'_>> {
     let addr = parse_hex(&line[..16])?;
     let kind = line[17];
     let rest = &line[19..];
-    let (name, module) = match memchr::memchr(b'\t', rest) {
+    // Names are short: a plain loop beats a memchr call here, and checks
+    // that the name is printable ASCII on the way.
+    let mut end = 0;
+    while end < rest.len() && rest[end] != b'\t' {
+        if rest[end] <= b' ' || rest[end] >= 0x7f {
+            return None;
+        }
+        end += 1;
+    }
+    let tab = (end < rest.len()).then_some(end);
+    let (name, module) = match tab {
         None => (rest, None),
         Some(i) => {
             let m = rest[i + 1..].strip_prefix(b"[")?.strip_suffix(b"]")?;
@@ -186,16 +191,18 @@ fn fast_split(line: &[u8]) -> Option<Line<'_>> {
             (&rest[..i], Some(std::str::from_utf8(m).ok()?))
         }
     };
-    if name.is_empty() || name.iter().any(|&b| b == b' ') {
+    // Printable ASCII (what kernels emit) is valid UTF-8; anything else,
+    // spaces included, took the general path above.
+    if name.is_empty() {
         return None;
     }
-    Some(Line { addr, kind, name: std::str::from_utf8(name).ok()?, module })
+    // SAFETY: checked in the loop to be ASCII.
+    let name = unsafe { std::str::from_utf8_unchecked(name) };
+    Some(Line { addr, kind, name, module })
 }
 
 fn slow_split(line: &[u8]) -> Option<Line<'_>> {
-    let mut fields = line
-        .split(|&b| b == b' ' || b == b'\t')
-        .filter(|f| !f.is_empty());
+    let mut fields = line.split(|&b| b == b' ' || b == b'\t').filter(|f| !f.is_empty());
     let addr = parse_hex(fields.next()?)?;
     let kind = match fields.next()? {
         [k] => *k,
@@ -215,29 +222,38 @@ fn slow_split(line: &[u8]) -> Option<Line<'_>> {
     if fields.next().is_some() {
         return None;
     }
-    Some(Line {
-        addr,
-        kind,
-        name,
-        module,
-    })
+    Some(Line { addr, kind, name, module })
 }
+
+/// Hex digit values; 0x80 marks a non-digit.
+const HEX: [u8; 256] = {
+    let mut t = [0x80u8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 fn parse_hex(s: &[u8]) -> Option<u64> {
     if s.is_empty() || s.len() > 16 {
         return None;
     }
     let mut v = 0u64;
+    let mut bad = 0u8;
     for &b in s {
-        let d = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => return None,
-        };
-        v = (v << 4) | u64::from(d);
+        let d = HEX[b as usize];
+        bad |= d;
+        v = (v << 4) | u64::from(d & 0x0f);
     }
-    Some(v)
+    (bad & 0x80 == 0).then_some(v)
 }
 
 #[cfg(test)]
@@ -247,10 +263,7 @@ mod tests {
     #[test]
     fn splits_fields() {
         let l = split_line(b"ffffffffc0a00000 t foo\t[mod]").unwrap();
-        assert_eq!(
-            (l.addr, l.kind, l.name, l.module),
-            (0xffffffffc0a00000, b't', "foo", Some("mod"))
-        );
+        assert_eq!((l.addr, l.kind, l.name, l.module), (0xffffffffc0a00000, b't', "foo", Some("mod")));
         let l = split_line(b"ffffffff81000000 T _stext").unwrap();
         assert_eq!(l.module, None);
         assert!(split_line(b"").is_none());

@@ -31,9 +31,7 @@ pub use store::{Store, StoreConfig};
 
 use std::sync::Arc;
 
-use profcol_api::component::{
-    self, Component, ComponentError, Factory, FactoryMeta, Kind, Stability,
-};
+use profcol_api::component::{self, Component, ComponentError, Factory, FactoryMeta, Kind, Stability};
 
 /// Factory of the `kernel_symbols` processor.
 pub fn factory() -> Arc<dyn Factory> {
@@ -42,7 +40,8 @@ pub fn factory() -> Arc<dyn Factory> {
             type_name: "kernel_symbols",
             kind: Kind::Processor,
             stability: Stability::Alpha,
-            description: "names kernel frames (vmlinux, modules, BPF programs) with the symbols live at each sample's time",
+            description:
+                "names kernel frames (vmlinux, modules, BPF programs) with the symbols live at each sample's time",
         },
         |_settings, cfg: Config| {
             cfg.validate().map_err(|e| ComponentError::msg(format!("kernel_symbols: {e}")))?;

@@ -106,10 +106,7 @@ impl Ring {
         // CLOCK_REALTIME timestamps where the kernel allows them.
         let (fd, timed) = match open_event(cpu, true) {
             Ok(fd) => (fd, true),
-            Err(_) => (
-                open_event(cpu, false).map_err(|source| Error::PerfOpen { cpu, source })?,
-                false,
-            ),
+            Err(_) => (open_event(cpu, false).map_err(|source| Error::PerfOpen { cpu, source })?, false),
         };
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
@@ -126,22 +123,12 @@ impl Ring {
             )
         };
         if base == libc::MAP_FAILED {
-            return Err(Error::PerfOpen {
-                cpu,
-                source: io::Error::last_os_error(),
-            });
+            return Err(Error::PerfOpen { cpu, source: io::Error::last_os_error() });
         }
         let nb = 1i32;
         // SAFETY: FIONBIO with a valid int pointer.
         unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONBIO, &nb) };
-        Ok(Ring {
-            fd,
-            base: base.cast(),
-            map_len,
-            page,
-            timed,
-            scratch: Vec::new(),
-        })
+        Ok(Ring { fd, base: base.cast(), map_len, page, timed, scratch: Vec::new() })
     }
 
     fn meta_u64(&self, off: usize) -> &AtomicU64 {
@@ -181,21 +168,11 @@ impl Ring {
 /// Turns one record into a trigger.
 pub fn parse_record(rec: &[u8], timed: bool) -> Option<Trigger> {
     let u16_at = |o: usize| rec.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| {
-        rec.get(o..o + 4)
-            .map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])))
-    };
-    let u64_at = |o: usize| {
-        rec.get(o..o + 8)
-            .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
-    };
+    let u32_at = |o: usize| rec.get(o..o + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
+    let u64_at = |o: usize| rec.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])));
     let kind = u32_at(0)?;
     // With sample_id_all and only PERF_SAMPLE_TIME, the time ends the record.
-    let ts = if timed {
-        u64_at(rec.len().checked_sub(8)?)?
-    } else {
-        now_ns()
-    };
+    let ts = if timed { u64_at(rec.len().checked_sub(8)?)? } else { now_ns() };
     match kind {
         PERF_RECORD_KSYMBOL => {
             let addr = u64_at(8)?;
@@ -209,23 +186,13 @@ pub fn parse_record(rec: &[u8], timed: bool) -> Option<Trigger> {
             } else {
                 Some(Trigger::KsymbolRegister {
                     ts_ns: ts,
-                    func: BpfFunc {
-                        start: addr,
-                        len,
-                        prog_id: 0,
-                        name: name.into(),
-                        func: None,
-                        lines: Arc::from([]),
-                    },
+                    func: BpfFunc { start: addr, len, prog_id: 0, name: name.into(), func: None, lines: Arc::from([]) },
                 })
             }
         }
-        PERF_RECORD_BPF_EVENT => (u16_at(8)? == BPF_EVENT_PROG_LOAD).then(|| {
-            Some(Trigger::BpfProgLoad {
-                ts_ns: ts,
-                id: u32_at(12)?,
-            })
-        })?,
+        PERF_RECORD_BPF_EVENT => {
+            (u16_at(8)? == BPF_EVENT_PROG_LOAD).then(|| Some(Trigger::BpfProgLoad { ts_ns: ts, id: u32_at(12)? }))?
+        }
         PERF_RECORD_LOST => Some(Trigger::Lost),
         _ => None,
     }
@@ -257,13 +224,8 @@ pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<Vec<JoinHandle<()>>> {
     let mut tasks = Vec::new();
     for ring in rings {
         // SAFETY: the Ring owns its fd and returns the same one for its lifetime.
-        let afd =
-            unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }.map_err(|e| {
-                Error::PerfOpen {
-                    cpu: 0,
-                    source: io::Error::other(e.to_string()),
-                }
-            })?;
+        let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| Error::PerfOpen { cpu: 0, source: io::Error::other(e.to_string()) })?;
         let tx = tx.clone();
         tasks.push(tokio::spawn(async move { run_ring(afd, tx).await }));
     }
@@ -273,9 +235,7 @@ pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<Vec<JoinHandle<()>>> {
 async fn run_ring(mut afd: AsyncFd<Ring>, tx: UnboundedSender<Trigger>) {
     loop {
         // Poll wakeups, with a slow tick in case one is missed.
-        if let Ok(Ok(mut guard)) =
-            tokio::time::timeout(Duration::from_millis(500), afd.readable_mut()).await
-        {
+        if let Ok(Ok(mut guard)) = tokio::time::timeout(Duration::from_millis(500), afd.readable_mut()).await {
             guard.clear_ready();
         }
         let mut closed = false;

@@ -20,11 +20,7 @@ pub struct KernelSymbols {
 
 impl KernelSymbols {
     pub fn new(cfg: Config) -> Self {
-        KernelSymbols {
-            cfg,
-            store: OnceLock::new(),
-            tasks: Mutex::new(Vec::new()),
-        }
+        KernelSymbols { cfg, store: OnceLock::new(), tasks: Mutex::new(Vec::new()) }
     }
 
     /// The store, once started.
@@ -39,9 +35,7 @@ impl Processor for KernelSymbols {
         let sc = self.cfg.store();
         let store = tokio::task::spawn_blocking(move || Store::open(sc))
             .await
-            .map_err(|e| {
-                ComponentError::msg(format!("kernel_symbols: loading symbols panicked: {e}"))
-            })?
+            .map_err(|e| ComponentError::msg(format!("kernel_symbols: loading symbols panicked: {e}")))?
             .map_err(|e| ComponentError::msg(format!("kernel_symbols: {e}")))?;
         let store = Arc::new(store);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -61,10 +55,7 @@ impl Processor for KernelSymbols {
         drop(tx);
         tasks.push(reload::spawn(store.clone(), self.cfg.reload.clone(), rx));
         let _ = self.store.set(store);
-        self.tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(tasks);
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).extend(tasks);
         Ok(())
     }
 
@@ -81,12 +72,7 @@ impl Processor for KernelSymbols {
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
+        for t in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             t.abort();
         }
         Ok(())

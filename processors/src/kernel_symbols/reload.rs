@@ -55,11 +55,7 @@ impl Default for ReloadConfig {
 }
 
 /// Runs the reload loop until every sender of `rx` is gone.
-pub fn spawn(
-    store: Arc<Store>,
-    cfg: ReloadConfig,
-    rx: UnboundedReceiver<Trigger>,
-) -> JoinHandle<()> {
+pub fn spawn(store: Arc<Store>, cfg: ReloadConfig, rx: UnboundedReceiver<Trigger>) -> JoinHandle<()> {
     tokio::spawn(run(store, cfg, rx))
 }
 
@@ -103,9 +99,8 @@ async fn run(store: Arc<Store>, cfg: ReloadConfig, mut rx: UnboundedReceiver<Tri
             _ = sleep_until(meta_at.unwrap_or_else(Instant::now)), if meta_at.is_some() => {
                 let Some((since, _)) = pending.take() else { continue };
                 let s = store.clone();
-                match blocking(move || s.refresh_metadata(since)).await {
-                    Some(Err(e)) => tracing::warn!(error = %e, "module metadata refresh failed"),
-                    _ => {}
+                if let Some(Err(e)) = blocking(move || s.refresh_metadata(since)).await {
+                    tracing::warn!(error = %e, "module metadata refresh failed");
                 }
                 kallsyms_due = true;
             }

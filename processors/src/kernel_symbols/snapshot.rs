@@ -46,22 +46,11 @@ pub enum Symbol<'a> {
     /// In vmlinux.
     Kernel { name: &'a str, off: u64 },
     /// Inside a loaded module's range; `sym` is `None` until its names are read.
-    Module {
-        module: &'a ModuleMeta,
-        sym: Option<(&'a str, u64)>,
-    },
+    Module { module: &'a ModuleMeta, sym: Option<(&'a str, u64)> },
     /// Named by a table of a module that does not own the address.
-    Loose {
-        module: &'a str,
-        name: &'a str,
-        off: u64,
-    },
+    Loose { module: &'a str, name: &'a str, off: u64 },
     /// In a JIT-ed BPF function.
-    Bpf {
-        func: &'a BpfFunc,
-        off: u64,
-        line: Option<&'a BpfLine>,
-    },
+    Bpf { func: &'a BpfFunc, off: u64, line: Option<&'a BpfLine> },
 }
 
 impl Snapshot {
@@ -77,18 +66,11 @@ impl Snapshot {
             }
         }
         if let Some(func) = self.bpf.lookup(addr) {
-            return Some(Symbol::Bpf {
-                func,
-                off: addr - func.start,
-                line: func.line(addr),
-            });
+            return Some(Symbol::Bpf { func, off: addr - func.start, line: func.line(addr) });
         }
         if let Some(m) = self.owner(addr) {
             let sym = m.syms.as_ref().and_then(|t| t.lookup(addr));
-            return Some(Symbol::Module {
-                module: &m.meta,
-                sym,
-            });
+            return Some(Symbol::Module { module: &m.meta, sym });
         }
         self.nearest_loose(addr)
     }
@@ -96,10 +78,7 @@ impl Snapshot {
     /// The loaded module whose `[text, text + coresize)` holds `addr`; with
     /// overlapping ranges the one starting closest below wins.
     fn owner(&self, addr: u64) -> Option<&ModuleEntry> {
-        let i = self
-            .modules
-            .partition_point(|m| m.meta.text <= addr)
-            .checked_sub(1)?;
+        let i = self.modules.partition_point(|m| m.meta.text <= addr).checked_sub(1)?;
         let m = &self.modules[i];
         m.meta.contains(addr).then_some(m)
     }
@@ -118,11 +97,7 @@ impl Snapshot {
         }
         let (_, t) = best?;
         let (name, off) = t.syms.lookup(addr)?;
-        Some(Symbol::Loose {
-            module: &t.module,
-            name,
-            off,
-        })
+        Some(Symbol::Loose { module: &t.module, name, off })
     }
 
     /// Symbols held: vmlinux, every module table, BPF functions.
@@ -133,11 +108,7 @@ impl Snapshot {
     /// Heap bytes of the symbol data of this snapshot.
     pub fn heap_bytes(&self) -> usize {
         self.vmlinux.heap_bytes()
-            + self
-                .loose
-                .iter()
-                .map(|l| l.syms.heap_bytes())
-                .sum::<usize>()
+            + self.loose.iter().map(|l| l.syms.heap_bytes()).sum::<usize>()
             + self.bpf.heap_bytes()
     }
 

@@ -114,12 +114,7 @@ impl Store {
         let snap = snapshot_of(&state);
         let gens = Generations::new(snap, started, cfg.retain.as_nanos() as u64);
         counters.generations.store(1, Relaxed);
-        Ok(Store {
-            cfg,
-            gens,
-            counters,
-            state: Mutex::new(state),
-        })
+        Ok(Store { cfg, gens, counters, state: Mutex::new(state) })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -178,14 +173,10 @@ impl Store {
         if let Some(f) = fresh {
             st.sysfs = Some(f.into_iter().map(Arc::new).collect());
         }
-        let before: Vec<*const SymbolTable> =
-            st.tables.values().map(|t| Arc::as_ptr(&t.syms)).collect();
+        let before: Vec<*const SymbolTable> = st.tables.values().map(|t| Arc::as_ptr(&t.syms)).collect();
         let bpf_lines = read_kallsyms(&self.cfg, &mut st, &self.counters)?;
-        let mut changed = before.len() != st.tables.len()
-            || st
-                .tables
-                .values()
-                .any(|t| !before.contains(&Arc::as_ptr(&t.syms)));
+        let mut changed =
+            before.len() != st.tables.len() || st.tables.values().any(|t| !before.contains(&Arc::as_ptr(&t.syms)));
         // Also catches BPF changes whose perf records never arrived (no
         // perf listener, or records lost before a rescan).
         let bpf = match st.bpf_source {
@@ -217,10 +208,7 @@ impl Store {
                     let mut m = m.clone();
                     if m.syms.is_none() {
                         if let Some(t) = st.tables.get(&m.meta.name) {
-                            if t.instance
-                                .as_ref()
-                                .is_some_and(|i| i.same_instance(&m.meta))
-                            {
+                            if t.instance.as_ref().is_some_and(|i| i.same_instance(&m.meta)) {
                                 m.syms = Some(t.syms.clone());
                                 hit = true;
                             }
@@ -229,10 +217,7 @@ impl Store {
                     m
                 })
                 .collect();
-            hit.then(|| Snapshot {
-                modules: modules.into(),
-                ..snap.clone()
-            })
+            hit.then(|| Snapshot { modules: modules.into(), ..snap.clone() })
         });
     }
 
@@ -241,11 +226,7 @@ impl Store {
         self.counters.ksymbol_events.fetch_add(1, Relaxed);
         let mut st = self.lock();
         // Keep the richer entry from the bpf syscall if it is already there.
-        if st
-            .bpf
-            .lookup(func.start)
-            .is_some_and(|f| f.start == func.start && f.name == func.name)
-        {
+        if st.bpf.lookup(func.start).is_some_and(|f| f.start == func.start && f.name == func.name) {
             return;
         }
         st.bpf = st.bpf.with(func);
@@ -308,23 +289,15 @@ impl Store {
 }
 
 /// Reads and parses kallsyms into `st`; returns the `[bpf]` lines.
-fn read_kallsyms(
-    cfg: &StoreConfig,
-    st: &mut State,
-    counters: &Counters,
-) -> Result<Vec<kallsyms::BpfLine>> {
+fn read_kallsyms(cfg: &StoreConfig, st: &mut State, counters: &Counters) -> Result<Vec<kallsyms::BpfLine>> {
     counters.full_reads.fetch_add(1, Relaxed);
     let t0 = Instant::now();
     let text = std::fs::read(&cfg.kallsyms).map_err(|source| {
         counters.read_failures.fetch_add(1, Relaxed);
-        Error::ReadKallsyms {
-            path: cfg.kallsyms.clone(),
-            source,
-        }
+        Error::ReadKallsyms { path: cfg.kallsyms.clone(), source }
     })?;
     let t1 = Instant::now();
-    let current: FxHashMap<&str, &Arc<ModuleMeta>> =
-        st.sysfs.iter().flatten().map(|m| (&*m.name, m)).collect();
+    let current: FxHashMap<&str, &Arc<ModuleMeta>> = st.sysfs.iter().flatten().map(|m| (&*m.name, m)).collect();
     let seen: RefCell<FxHashSet<Box<str>>> = RefCell::default();
     let tables = &st.tables;
     let want = |m: &str| {
@@ -335,47 +308,26 @@ fn read_kallsyms(
             _ => true,
         }
     };
-    let parsed = kallsyms::parse(
-        &text,
-        &ParseOptions {
-            vmlinux: st.vmlinux.is_empty(),
-            module: &want,
-        },
-    );
+    let parsed = kallsyms::parse(&text, &ParseOptions { vmlinux: st.vmlinux.is_empty(), module: &want });
     let p = parsed.stats;
     if p.symbols == 0 && st.vmlinux.is_empty() || p.zero_addr > 0 && p.zero_addr == p.symbols {
         counters.read_failures.fetch_add(1, Relaxed);
-        return Err(Error::NoSymbols {
-            path: cfg.kallsyms.clone(),
-            malformed: p.malformed,
-        });
+        return Err(Error::NoSymbols { path: cfg.kallsyms.clone(), malformed: p.malformed });
     }
     if let Some(v) = parsed.vmlinux {
         st.vmlinux = Arc::new(v);
     }
     let seen = seen.into_inner();
-    let mut tables: FxHashMap<Arc<str>, Table> = std::mem::take(&mut st.tables)
-        .into_iter()
-        .filter(|(n, _)| seen.contains(&**n))
-        .collect();
+    let mut tables: FxHashMap<Arc<str>, Table> =
+        std::mem::take(&mut st.tables).into_iter().filter(|(n, _)| seen.contains(&**n)).collect();
     for (name, syms) in parsed.modules {
         let instance = current.get(&*name).map(|m| Arc::clone(m));
-        tables.insert(
-            Arc::from(name),
-            Table {
-                instance,
-                syms: Arc::new(syms),
-            },
-        );
+        tables.insert(Arc::from(name), Table { instance, syms: Arc::new(syms) });
     }
     st.tables = tables;
     st.last_parse = p;
-    counters
-        .last_read_ns
-        .store((t1 - t0).as_nanos() as u64, Relaxed);
-    counters
-        .last_parse_ns
-        .store(t1.elapsed().as_nanos() as u64, Relaxed);
+    counters.last_read_ns.store((t1 - t0).as_nanos() as u64, Relaxed);
+    counters.last_parse_ns.store(t1.elapsed().as_nanos() as u64, Relaxed);
     Ok(parsed.bpf)
 }
 
@@ -394,14 +346,8 @@ fn snapshot_of(st: &State) -> Snapshot {
             .collect(),
         None => Vec::new(),
     };
-    let loose: Vec<LooseTable> = st
-        .tables
-        .iter()
-        .map(|(n, t)| LooseTable {
-            module: n.clone(),
-            syms: t.syms.clone(),
-        })
-        .collect();
+    let loose: Vec<LooseTable> =
+        st.tables.iter().map(|(n, t)| LooseTable { module: n.clone(), syms: t.syms.clone() }).collect();
     Snapshot {
         vmlinux: st.vmlinux.clone(),
         vmlinux_build_id: st.vmlinux_build_id.clone(),

@@ -44,26 +44,16 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
         .iter()
         .enumerate()
         .flat_map(|(r, rp)| {
-            rp.scope_profiles
-                .iter()
-                .enumerate()
-                .flat_map(move |(s, sp)| {
-                    sp.profiles
-                        .iter()
-                        .enumerate()
-                        .map(move |(p, prof)| (r, s, p, prof.time_unix_nano))
-                })
+            rp.scope_profiles.iter().enumerate().flat_map(move |(s, sp)| {
+                sp.profiles.iter().enumerate().map(move |(p, prof)| (r, s, p, prof.time_unix_nano))
+            })
         })
         .collect();
     let mut b = ProfilesBuilder::from_profiles(batch);
     let mut ctx = Ctx::new(&mut b);
     let mut stacks: FxHashMap<(i32, u64), i32> = FxHashMap::default();
     for (resource, scope, profile, start) in shape {
-        let r = profcol_api::model::ProfileRef {
-            resource,
-            scope,
-            profile,
-        };
+        let r = profcol_api::model::ProfileRef { resource, scope, profile };
         let n = ctx.b.profile_mut(r).samples.len();
         for i in 0..n {
             let s = &ctx.b.profile_mut(r).samples[i];
@@ -120,24 +110,11 @@ struct Ctx<'b> {
 impl<'b> Ctx<'b> {
     fn new(b: &'b mut ProfilesBuilder) -> Self {
         let frame_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str(KERNEL_FRAME));
-        Ctx {
-            b,
-            locs: FxHashMap::default(),
-            frame_attr,
-        }
+        Ctx { b, locs: FxHashMap::default(), frame_attr }
     }
 
-    fn stack(
-        &mut self,
-        stack: i32,
-        g: &Generation,
-        kernel: &FxHashSet<i32>,
-        out: &mut Outcome,
-    ) -> i32 {
-        let Some(st) = usize::try_from(stack)
-            .ok()
-            .and_then(|i| self.b.dictionary().stack_table.get(i))
-        else {
+    fn stack(&mut self, stack: i32, g: &Generation, kernel: &FxHashSet<i32>, out: &mut Outcome) -> i32 {
+        let Some(st) = usize::try_from(stack).ok().and_then(|i| self.b.dictionary().stack_table.get(i)) else {
             return stack;
         };
         let locs = st.location_indices.clone();
@@ -166,13 +143,7 @@ impl<'b> Ctx<'b> {
 
     fn location(&mut self, loc: i32, g: &Generation, leaf: bool, out: &mut Outcome) -> i32 {
         out.kernel_frames += 1;
-        let Some(addr) = self
-            .b
-            .dictionary()
-            .location_table
-            .get(loc as usize)
-            .map(|l| l.address)
-        else {
+        let Some(addr) = self.b.dictionary().location_table.get(loc as usize).map(|l| l.address) else {
             return loc;
         };
         let lookup = if leaf { addr } else { addr.saturating_sub(1) };
@@ -189,12 +160,7 @@ impl<'b> Ctx<'b> {
                 (m, addr, Some(self.func_line(name, name, "", 0)))
             }
             Some(Symbol::Module { module, sym }) => {
-                let m = self.mapping(
-                    &module.name,
-                    module.text,
-                    module.text + module.size,
-                    module.build_id.as_deref(),
-                );
+                let m = self.mapping(&module.name, module.text, module.text + module.size, module.build_id.as_deref());
                 let line = sym.map(|(name, _)| self.func_line(name, name, "", 0));
                 (m, addr - module.text, line)
             }
@@ -203,12 +169,7 @@ impl<'b> Ctx<'b> {
                 (m, addr, Some(self.func_line(name, name, "", 0)))
             }
             Some(Symbol::Bpf { func, line, .. }) => {
-                let m = self.mapping(
-                    BPF_MAPPING,
-                    func.start,
-                    func.start + u64::from(func.len),
-                    None,
-                );
+                let m = self.mapping(BPF_MAPPING, func.start, func.start + u64::from(func.len), None);
                 let name = func.func.as_deref().unwrap_or(&func.name);
                 let (file, no) = line.map_or(("", 0), |l| (&*l.file, i64::from(l.line)));
                 (m, addr, Some(self.func_line(name, &func.name, file, no)))
@@ -234,9 +195,7 @@ impl<'b> Ctx<'b> {
     fn mapping(&mut self, file: &str, start: u64, limit: u64, build_id: Option<&[u8]>) -> i32 {
         let filename_strindex = self.b.string(file);
         let attribute_indices = match build_id {
-            Some(id) => vec![self
-                .b
-                .attribute(keys::BUILD_ID_GNU, AttrValue::Str(&hex(id)))],
+            Some(id) => vec![self.b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(&hex(id)))],
             None => Vec::new(),
         };
         self.b.mapping(pb::Mapping {
@@ -249,10 +208,6 @@ impl<'b> Ctx<'b> {
     }
 
     fn func_line(&mut self, name: &str, system_name: &str, file: &str, line: i64) -> pb::Line {
-        pb::Line {
-            function_index: self.b.function(name, system_name, file, 0),
-            line,
-            column: 0,
-        }
+        pb::Line { function_index: self.b.function(name, system_name, file, 0), line, column: 0 }
     }
 }

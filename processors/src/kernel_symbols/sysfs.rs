@@ -50,10 +50,7 @@ pub fn read_modules(root: &Path) -> Result<Option<Vec<ModuleMeta>>> {
     };
     let mut out = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|source| Error::Sysfs {
-            path: dir.clone(),
-            source,
-        })?;
+        let entry = entry.map_err(|source| Error::Sysfs { path: dir.clone(), source })?;
         let Ok(name) = entry.file_name().into_string() else {
             continue;
         };
@@ -74,12 +71,7 @@ fn read_module(path: &Path, name: &str) -> Result<Option<ModuleMeta>> {
     let text = match std::fs::read_to_string(&text_path) {
         Ok(s) => s,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None), // built-in
-        Err(source) => {
-            return Err(Error::Sysfs {
-                path: text_path,
-                source,
-            })
-        }
+        Err(source) => return Err(Error::Sysfs { path: text_path, source }),
     };
     let text = parse_hex(&text).ok_or_else(|| Error::SysfsFormat {
         path: text_path.clone(),
@@ -87,16 +79,11 @@ fn read_module(path: &Path, name: &str) -> Result<Option<ModuleMeta>> {
     })?;
     if text == 0 {
         // Unprivileged readers see 0: useless as a range.
-        return Err(Error::SysfsFormat {
-            path: text_path,
-            what: "address reads as 0 (not root?)".into(),
-        });
+        return Err(Error::SysfsFormat { path: text_path, what: "address reads as 0 (not root?)".into() });
     }
     let size_path = path.join("coresize");
-    let size = std::fs::read_to_string(&size_path).map_err(|source| Error::Sysfs {
-        path: size_path.clone(),
-        source,
-    })?;
+    let size =
+        std::fs::read_to_string(&size_path).map_err(|source| Error::Sysfs { path: size_path.clone(), source })?;
     let size = size.trim().parse::<u64>().map_err(|_| Error::SysfsFormat {
         path: size_path,
         what: format!("expected a decimal size, found {:?}", size.trim()),
@@ -109,13 +96,7 @@ fn read_module(path: &Path, name: &str) -> Result<Option<ModuleMeta>> {
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos() as i64);
-    Ok(Some(ModuleMeta {
-        name: name.into(),
-        text,
-        size,
-        build_id,
-        mtime_ns,
-    }))
+    Ok(Some(ModuleMeta { name: name.into(), text, size, build_id, mtime_ns }))
 }
 
 /// Build ID of the running kernel from `kernel/notes`.

@@ -33,9 +33,7 @@ impl SymbolTable {
 
     /// Address of the last symbol (the table's end is not known from kallsyms).
     pub fn last_addr(&self) -> u64 {
-        self.offsets
-            .last()
-            .map_or(self.base, |&o| self.base + u64::from(o))
+        self.offsets.last().map_or(self.base, |&o| self.base + u64::from(o))
     }
 
     /// The symbol covering `addr` (the last one at or below it) and the
@@ -67,9 +65,7 @@ impl SymbolTable {
 
     /// Address of a symbol by name: a linear scan, used only by tools and tests.
     pub fn find(&self, name: &str) -> Option<u64> {
-        (0..self.len())
-            .find(|&i| self.name(i) == name)
-            .map(|i| self.base + u64::from(self.offsets[i]))
+        (0..self.len()).find(|&i| self.name(i) == name).map(|i| self.base + u64::from(self.offsets[i]))
     }
 
     /// (address, name) of every symbol, in address order.
@@ -122,15 +118,28 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
     if entries.is_empty() {
         return SymbolTable::default();
     }
-    // kallsyms is mostly sorted already; a stable sort keeps first-seen order
-    // among equal (addr, rank), and is near linear on sorted input.
-    if !entries.windows(2).all(|w| {
-        (w[0].addr, std::cmp::Reverse(w[0].rank)) <= (w[1].addr, std::cmp::Reverse(w[1].rank))
-    }) {
-        entries.sort_by_key(|e| (e.addr, std::cmp::Reverse(e.rank)));
-    }
+    // kallsyms is sorted by address already (vmlinux and most modules):
+    // then keep the best of each run of equal addresses without sorting.
+    // Otherwise a stable sort puts the best first, keeping first-seen order
+    // among equals.
     let before = entries.len();
-    entries.dedup_by_key(|e| e.addr);
+    if entries.windows(2).all(|w| w[0].addr <= w[1].addr) {
+        let mut w = 0;
+        for r in 0..entries.len() {
+            if w > 0 && entries[w - 1].addr == entries[r].addr {
+                if entries[r].rank > entries[w - 1].rank {
+                    entries[w - 1] = entries[r];
+                }
+            } else {
+                entries[w] = entries[r];
+                w += 1;
+            }
+        }
+        entries.truncate(w);
+    } else {
+        entries.sort_by_key(|e| (e.addr, std::cmp::Reverse(e.rank)));
+        entries.dedup_by_key(|e| e.addr);
+    }
     stats.aliases += (before - entries.len()) as u64;
 
     let base = entries[0].addr;
@@ -174,11 +183,7 @@ mod tests {
     use super::*;
 
     fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
-        Entry {
-            addr,
-            rank: rank(kind, name),
-            name,
-        }
+        Entry { addr, rank: rank(kind, name), name }
     }
 
     #[test]

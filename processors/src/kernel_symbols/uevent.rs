@@ -62,13 +62,7 @@ fn open_socket() -> io::Result<OwnedFd> {
     let size: libc::c_int = 1 << 20;
     // SAFETY: setsockopt with a valid int.
     unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&size as *const libc::c_int).cast(),
-            4,
-        )
+        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&size as *const libc::c_int).cast(), 4)
     };
     Ok(fd)
 }
@@ -77,11 +71,8 @@ fn open_socket() -> io::Result<OwnedFd> {
 pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<JoinHandle<()>> {
     let fd = open_socket().map_err(|source| Error::Netlink { source })?;
     // SAFETY: the OwnedFd is moved in and stays open as long as the AsyncFd.
-    let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(|e| {
-        Error::Netlink {
-            source: io::Error::other(e.to_string()),
-        }
-    })?;
+    let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+        .map_err(|e| Error::Netlink { source: io::Error::other(e.to_string()) })?;
     Ok(tokio::spawn(run(afd, tx)))
 }
 
@@ -147,12 +138,8 @@ mod tests {
         assert!(is_module_event(
             b"add@/module/xxhash\0ACTION=add\0DEVPATH=/module/xxhash\0SUBSYSTEM=module\0SEQNUM=1\0"
         ));
-        assert!(!is_module_event(
-            b"add@/devices/x\0ACTION=add\0SUBSYSTEM=block\0"
-        ));
-        assert!(!is_module_event(
-            b"libudev\0\xfe\xed\xca\xfeSUBSYSTEM=module\0"
-        ));
+        assert!(!is_module_event(b"add@/devices/x\0ACTION=add\0SUBSYSTEM=block\0"));
+        assert!(!is_module_event(b"libudev\0\xfe\xed\xca\xfeSUBSYSTEM=module\0"));
         assert!(!is_module_event(b""));
     }
 }

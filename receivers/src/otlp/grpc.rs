@@ -13,7 +13,7 @@ use profcol_api::model::ExportProfilesServiceResponse;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder, EnabledCompressionEncodings};
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EnabledCompressionEncodings, EncodeBuf, Encoder};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::Status;
 
@@ -142,7 +142,8 @@ pub(crate) fn serve(
         let key = tls::read(&t.key_file, "key_file").map_err(err)?;
         let mut tc = tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(cert, key));
         if let Some(ca) = &t.client_ca_file {
-            tc = tc.client_ca_root(tonic::transport::Certificate::from_pem(tls::read(ca, "client_ca_file").map_err(err)?));
+            tc = tc
+                .client_ca_root(tonic::transport::Certificate::from_pem(tls::read(ca, "client_ca_file").map_err(err)?));
         }
         builder = builder.tls_config(tc).map_err(|e| err(e.to_string()))?;
     }

@@ -102,12 +102,14 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
     let bytes = match axum::body::to_bytes(body, st.max_size).await {
         Ok(b) => b,
         Err(_) => {
-            let e = IngestError::TooLarge(format!("the request body is larger than the limit of {} bytes", st.max_size));
+            let e =
+                IngestError::TooLarge(format!("the request body is larger than the limit of {} bytes", st.max_size));
             st.ingest.count(&e);
             return error(enc, e);
         }
     };
-    let ce = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("").trim().to_ascii_lowercase();
+    let ce =
+        headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("").trim().to_ascii_lowercase();
     let inflated;
     let data: &[u8] = match ce.as_str() {
         "" | "identity" => &bytes,
@@ -123,7 +125,12 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
         },
         other => {
             st.ingest.count(&IngestError::Invalid(String::new()));
-            return reply(enc, StatusCode::UNSUPPORTED_MEDIA_TYPE, 3, format!("unsupported Content-Encoding {other:?}; use gzip or none"));
+            return reply(
+                enc,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                3,
+                format!("unsupported Content-Encoding {other:?}; use gzip or none"),
+            );
         }
     };
     let decoded = match enc {

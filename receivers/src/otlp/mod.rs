@@ -160,12 +160,14 @@ impl OtlpReceiver {
 
 /// Binds `endpoint` (host:port), with an error that says what to do.
 pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(endpoint).await.map_err(|e| {
-        ComponentError::msg(format!(
-            "receiver {id}: protocols.{proto}.endpoint {endpoint:?} is not a host:port that resolves: {e}"
-        ))
-    })?
-    .collect();
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(endpoint)
+        .await
+        .map_err(|e| {
+            ComponentError::msg(format!(
+                "receiver {id}: protocols.{proto}.endpoint {endpoint:?} is not a host:port that resolves: {e}"
+            ))
+        })?
+        .collect();
     // Prefer IPv4 for `localhost` so the usual clients find us.
     let addr = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| {
         ComponentError::msg(format!("receiver {id}: protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
@@ -192,7 +194,10 @@ impl Receiver for OtlpReceiver {
             backpressure_timeout: self.cfg.backpressure_timeout,
             telemetry: tel.clone(),
             invalid: tel.counter("invalid_requests_total", "Requests refused as malformed or too large."),
-            busy: tel.counter("backpressure_refusals_total", "Requests answered with retry-later because the pipeline pushed back."),
+            busy: tel.counter(
+                "backpressure_refusals_total",
+                "Requests answered with retry-later because the pipeline pushed back.",
+            ),
         });
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();

@@ -15,10 +15,7 @@ pub struct Btf<'a> {
 impl<'a> Btf<'a> {
     pub fn parse(data: &'a [u8]) -> Result<Self, String> {
         let u16_at = |o: usize| data.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-        let u32_at = |o: usize| {
-            data.get(o..o + 4)
-                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        };
+        let u32_at = |o: usize| data.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
         if u16_at(0) != Some(MAGIC) {
             return Err("bad magic (not native-endian BTF)".into());
         }
@@ -35,9 +32,7 @@ impl<'a> Btf<'a> {
         let mut at = 0usize;
         while at < types_data.len() {
             let w = |i: usize| {
-                types_data
-                    .get(at + 4 * i..at + 4 * i + 4)
-                    .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                types_data.get(at + 4 * i..at + 4 * i + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
             };
             let (name_off, info) = (w(0).ok_or("truncated type")?, w(1).ok_or("truncated type")?);
             let kind = (info >> 24) & 0x1f;
@@ -67,10 +62,7 @@ impl<'a> Btf<'a> {
     /// Name of a FUNC type.
     pub fn func_name(&self, type_id: u32) -> Option<&'a str> {
         let &(kind, name_off) = self.types.get(type_id as usize)?;
-        (kind == KIND_FUNC)
-            .then(|| self.str_at(name_off))
-            .flatten()
-            .filter(|s| !s.is_empty())
+        (kind == KIND_FUNC).then(|| self.str_at(name_off)).flatten().filter(|s| !s.is_empty())
     }
 }
 
@@ -99,13 +91,7 @@ pub fn build_for_test(funcs: &[&str], extra: &[&str]) -> (Vec<u8>, Vec<u32>) {
     out.extend_from_slice(&MAGIC.to_ne_bytes());
     out.push(1); // version
     out.push(0); // flags
-    for w in [
-        24u32,
-        0,
-        types.len() as u32,
-        types.len() as u32,
-        strings.len() as u32,
-    ] {
+    for w in [24u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
         out.extend_from_slice(&w.to_ne_bytes());
     }
     out.extend_from_slice(&types);

@@ -35,8 +35,7 @@ mod info {
 }
 
 fn rd32(b: &[u8], o: usize) -> u32 {
-    b.get(o..o + 4)
-        .map_or(0, |s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]))
+    b.get(o..o + 4).map_or(0, |s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]))
 }
 
 fn wr32(b: &mut [u8], o: usize, v: u32) {
@@ -104,16 +103,8 @@ pub fn prog_funcs(id: u32) -> Result<Vec<BpfFunc>> {
     wr32(&mut second, info::LINE_INFO_REC_SIZE, line_rec as u32);
     wr64(&mut second, info::LINE_INFO, lines.as_mut_ptr() as u64);
     wr32(&mut second, info::NR_JITED_LINE_INFO, n_jline as u32);
-    wr32(
-        &mut second,
-        info::JITED_LINE_INFO_REC_SIZE,
-        jline_rec as u32,
-    );
-    wr64(
-        &mut second,
-        info::JITED_LINE_INFO,
-        jlines.as_mut_ptr() as u64,
-    );
+    wr32(&mut second, info::JITED_LINE_INFO_REC_SIZE, jline_rec as u32);
+    wr64(&mut second, info::JITED_LINE_INFO, jlines.as_mut_ptr() as u64);
     wr32(&mut second, info::NR_PROG_TAGS, n_tags as u32);
     wr64(&mut second, info::PROG_TAGS, tags.as_mut_ptr() as u64);
     sys::obj_info(&fd, &mut second).map_err(bpf_err("BPF_OBJ_GET_INFO_BY_FD"))?;
@@ -121,11 +112,7 @@ pub fn prog_funcs(id: u32) -> Result<Vec<BpfFunc>> {
 
     let prog_tag = &second[info::TAG..info::TAG + 8];
     let prog_name = cstr(&second[info::NAME..info::NAME + 16]);
-    let btf_bytes = if btf_id != 0 && (n_func > 0 || n_line > 0) {
-        btf_raw(btf_id).ok()
-    } else {
-        None
-    };
+    let btf_bytes = if btf_id != 0 && (n_func > 0 || n_line > 0) { btf_raw(btf_id).ok() } else { None };
     let btf = match &btf_bytes {
         Some(b) => Some(btf::Btf::parse(b).map_err(|what| Error::Btf { prog_id: id, what })?),
         None => None,
@@ -161,18 +148,9 @@ pub fn prog_funcs(id: u32) -> Result<Vec<BpfFunc>> {
         let mut all: Vec<BpfLine> = (0..n_line.min(n_jline))
             .filter_map(|i| {
                 let rec = lines.get(i * line_rec..i * line_rec + 16)?;
-                let addr = u64::from_ne_bytes(
-                    jlines
-                        .get(i * jline_rec..i * jline_rec + 8)?
-                        .try_into()
-                        .ok()?,
-                );
+                let addr = u64::from_ne_bytes(jlines.get(i * jline_rec..i * jline_rec + 8)?.try_into().ok()?);
                 let file = b.str_at(rd32(rec, 4))?;
-                Some(BpfLine {
-                    addr,
-                    file: Arc::from(file),
-                    line: rd32(rec, 12) >> 10,
-                })
+                Some(BpfLine { addr, file: Arc::from(file), line: rd32(rec, 12) >> 10 })
             })
             .collect();
         all.sort_by_key(|l| l.addr);

@@ -40,14 +40,7 @@ impl Attr {
 pub fn bpf(cmd: u32, attr: &mut Attr) -> io::Result<i64> {
     // SAFETY: attr points to a live, writable, 144-byte bpf_attr; the kernel
     // reads and writes at most that many bytes.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd as libc::c_long,
-            attr as *mut Attr,
-            144 as libc::c_long,
-        )
-    };
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, attr as *mut Attr, 144 as libc::c_long) };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -83,18 +76,14 @@ pub fn btf_fd_by_id(id: u32) -> io::Result<OwnedFd> {
 /// BPF_OBJ_GET_INFO_BY_FD into `info` (a zeroed or partly filled struct).
 pub fn obj_info(fd: &OwnedFd, info: &mut [u8]) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let mut a = Attr::default()
-        .u32(0, fd.as_raw_fd() as u32)
-        .u32(4, info.len() as u32)
-        .u64(8, info.as_mut_ptr() as u64);
+    let mut a =
+        Attr::default().u32(0, fd.as_raw_fd() as u32).u32(4, info.len() as u32).u64(8, info.as_mut_ptr() as u64);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a).map(|_| ())
 }
 
 /// Loads raw BTF; used to give test programs func and line info.
 pub fn btf_load(btf: &[u8]) -> io::Result<OwnedFd> {
-    let mut a = Attr::default()
-        .u64(0, btf.as_ptr() as u64)
-        .u32(16, btf.len() as u32);
+    let mut a = Attr::default().u64(0, btf.as_ptr() as u64).u32(16, btf.len() as u32);
     bpf(BPF_BTF_LOAD, &mut a).map(fd_result)
 }
 
