@@ -16,9 +16,7 @@ struct Aligned<B: ?Sized> {
     bytes: B,
 }
 
-static CPU_SAMPLE_ALIGNED: &Aligned<[u8]> = &Aligned {
-    bytes: *include_bytes!("../obj/cpu_sample.bpf.o"),
-};
+static CPU_SAMPLE_ALIGNED: &Aligned<[u8]> = &Aligned { bytes: *include_bytes!("../obj/cpu_sample.bpf.o") };
 
 /// The built `cpu_sample.bpf.o` object (8-byte aligned).
 pub fn cpu_sample_object() -> &'static [u8] {
@@ -140,9 +138,7 @@ impl<'a> Sample<'a> {
             comm,
         };
         let n = header.kstack_len as usize + header.ustack_len as usize;
-        if header.kstack_len as usize > MAX_STACK_DEPTH
-            || header.ustack_len as usize > MAX_STACK_DEPTH
-        {
+        if header.kstack_len as usize > MAX_STACK_DEPTH || header.ustack_len as usize > MAX_STACK_DEPTH {
             return None;
         }
         let frames = bytes.get(SAMPLE_HEADER_SIZE..SAMPLE_HEADER_SIZE + n * 8)?;
@@ -200,10 +196,7 @@ mod tests {
         assert_eq!(s.header.tid, 8);
         assert_eq!(s.header.cpu, 1);
         assert_eq!(s.comm(), "worker");
-        assert_eq!(
-            s.kernel_stack().collect::<Vec<_>>(),
-            vec![0xffff_ffff_8100_0000, 2]
-        );
+        assert_eq!(s.kernel_stack().collect::<Vec<_>>(), vec![0xffff_ffff_8100_0000, 2]);
         assert_eq!(s.user_stack().collect::<Vec<_>>(), vec![0x401000]);
     }
 

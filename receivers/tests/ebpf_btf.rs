@@ -39,13 +39,7 @@ impl OpenWatch {
         let c = CString::new(path).unwrap();
         // SAFETY: valid fd and NUL-terminated path.
         let r = unsafe {
-            libc::fanotify_mark(
-                fd.as_raw_fd(),
-                libc::FAN_MARK_ADD,
-                libc::FAN_OPEN,
-                libc::AT_FDCWD,
-                c.as_ptr(),
-            )
+            libc::fanotify_mark(fd.as_raw_fd(), libc::FAN_MARK_ADD, libc::FAN_OPEN, libc::AT_FDCWD, c.as_ptr())
         };
         if r != 0 {
             return Err(std::io::Error::last_os_error());
@@ -67,8 +61,7 @@ impl OpenWatch {
             let size = std::mem::size_of::<libc::fanotify_event_metadata>();
             while off + size <= n as usize {
                 // SAFETY: the kernel wrote a full metadata record at off.
-                let m: libc::fanotify_event_metadata =
-                    unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
+                let m: libc::fanotify_event_metadata = unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
                 if m.fd >= 0 {
                     // SAFETY: the event carries an fd we must close.
                     unsafe { libc::close(m.fd) };
@@ -95,8 +88,7 @@ async fn loading_does_not_open_kernel_btf() {
         return;
     }
     let me = std::process::id() as i32;
-    let watch =
-        OpenWatch::new(VMLINUX).expect("fanotify watch on vmlinux BTF (needs CAP_SYS_ADMIN)");
+    let watch = OpenWatch::new(VMLINUX).expect("fanotify watch on vmlinux BTF (needs CAP_SYS_ADMIN)");
 
     // Positive control: our own open is reported.
     drop(std::fs::File::open(VMLINUX).unwrap());
@@ -107,17 +99,10 @@ async fn loading_does_not_open_kernel_btf() {
     );
 
     // Load, attach on every CPU, sample a little, shut down.
-    let running = start(EbpfConfig {
-        report_interval: Duration::from_millis(200),
-        ..Default::default()
-    })
-    .await;
+    let running = start(EbpfConfig { report_interval: Duration::from_millis(200), ..Default::default() }).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = running.stop().await;
     std::thread::sleep(Duration::from_millis(50));
     let openers = watch.openers();
-    assert!(
-        !openers.contains(&me),
-        "loading the ebpf receiver opened {VMLINUX}"
-    );
+    assert!(!openers.contains(&me), "loading the ebpf receiver opened {VMLINUX}");
 }

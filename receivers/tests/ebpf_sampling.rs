@@ -25,47 +25,26 @@ async fn burn_workload_is_sampled_in_its_hot_function() {
     let pid = w.pid;
 
     // Whole host (no pid filter), as the node agent runs.
-    let running = start(EbpfConfig {
-        sample_frequency: FREQ,
-        report_interval: Duration::from_secs(1),
-        ..Default::default()
-    })
-    .await;
-    let t0 = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
+    let running =
+        start(EbpfConfig { sample_frequency: FREQ, report_interval: Duration::from_secs(1), ..Default::default() })
+            .await;
+    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     w.go();
-    let cpu_ns = tokio::task::spawn_blocking(move || w.wait_cpu_ns())
-        .await
-        .unwrap();
+    let cpu_ns = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (batches, metrics) = running.stop().await;
-    let t1 = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
+    let t1 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
 
     let samples = samples_of(&batches, pid);
-    assert!(
-        !samples.is_empty(),
-        "no batch contains pid {pid}; {} batches\n{metrics}",
-        batches.len()
-    );
+    assert!(!samples.is_empty(), "no batch contains pid {pid}; {} batches\n{metrics}", batches.len());
     let total: usize = samples.iter().map(|s| s.count).sum();
 
     // Sample count ~ frequency x CPU seconds the workload actually burned
     // (CPU time, not wall time: the host may be shared).
     let expected = FREQ as f64 * cpu_ns as f64 / 1e9;
     let ratio = total as f64 / expected;
-    eprintln!(
-        "burn: {total} samples, expected {expected:.0} (cpu {:.2}s), ratio {ratio:.2}",
-        cpu_ns as f64 / 1e9
-    );
-    assert!(
-        (0.7..=1.3).contains(&ratio),
-        "sample count {total} not within ±30% of {expected:.0}\n{metrics}"
-    );
+    eprintln!("burn: {total} samples, expected {expected:.0} (cpu {:.2}s), ratio {ratio:.2}", cpu_ns as f64 / 1e9);
+    assert!((0.7..=1.3).contains(&ratio), "sample count {total} not within ±30% of {expected:.0}\n{metrics}");
 
     // >= 70% of samples have profcol_burn_hot in the user stack, symbolized
     // from the binary's own symbol table through the batch's mappings.
@@ -73,76 +52,38 @@ async fn burn_workload_is_sampled_in_its_hot_function() {
     let exe = bin.to_string_lossy().to_string();
     let mut hot = 0;
     for s in &samples {
-        let found = s
-            .frames
-            .iter()
-            .filter(|f| f.frame_type == "native")
-            .any(|f| {
-                f.mapping_filename == exe
-                    && f.mapping.as_ref().and_then(|m| sym.function(m, f.address))
-                        == Some("profcol_burn_hot")
-            });
+        let found = s.frames.iter().filter(|f| f.frame_type == "native").any(|f| {
+            f.mapping_filename == exe
+                && f.mapping.as_ref().and_then(|m| sym.function(m, f.address)) == Some("profcol_burn_hot")
+        });
         if found {
             hot += s.count;
         }
     }
     let share = hot as f64 / total as f64;
-    eprintln!(
-        "burn: {hot}/{total} samples in profcol_burn_hot ({:.0}%)",
-        share * 100.0
-    );
-    assert!(
-        share >= 0.7,
-        "only {:.0}% of samples in profcol_burn_hot",
-        share * 100.0
-    );
+    eprintln!("burn: {hot}/{total} samples in profcol_burn_hot ({:.0}%)", share * 100.0);
+    assert!(share >= 0.7, "only {:.0}% of samples in profcol_burn_hot", share * 100.0);
 
     // The data model: resource, sample attributes, timestamps, build id.
     let s = samples.iter().max_by_key(|s| s.count).unwrap();
-    assert!(s.resource.contains(&(
-        keys::PROCESS_EXECUTABLE_NAME.into(),
-        Value::StringValue("burn".into())
-    )));
-    assert!(s.resource.contains(&(
-        keys::PROCESS_EXECUTABLE_PATH.into(),
-        Value::StringValue(exe.clone())
-    )));
+    assert!(s.resource.contains(&(keys::PROCESS_EXECUTABLE_NAME.into(), Value::StringValue("burn".into()))));
+    assert!(s.resource.contains(&(keys::PROCESS_EXECUTABLE_PATH.into(), Value::StringValue(exe.clone()))));
     assert!(s.resource.iter().any(|(k, _)| k == keys::HOST_NAME));
-    assert!(s
-        .attrs
-        .contains(&(keys::THREAD_ID.into(), Value::IntValue(pid as i64))));
-    assert!(s
-        .attrs
-        .contains(&(keys::THREAD_NAME.into(), Value::StringValue("burn".into()))));
+    assert!(s.attrs.contains(&(keys::THREAD_ID.into(), Value::IntValue(pid as i64))));
+    assert!(s.attrs.contains(&(keys::THREAD_NAME.into(), Value::StringValue("burn".into()))));
     assert!(s.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER));
     for s in &samples {
         for &t in &s.timestamps {
-            assert!(
-                t >= t0 - 1_000_000_000 && t <= t1,
-                "timestamp {t} outside [{t0}, {t1}]"
-            );
+            assert!(t >= t0 - 1_000_000_000 && t <= t1, "timestamp {t} outside [{t0}, {t1}]");
         }
     }
-    let exe_frame = s
-        .frames
-        .iter()
-        .find(|f| f.mapping_filename == exe)
-        .expect("a frame in the executable");
+    let exe_frame = s.frames.iter().find(|f| f.mapping_filename == exe).expect("a frame in the executable");
     assert!(sym.build_id.is_some(), "workload linked with --build-id");
-    assert_eq!(
-        exe_frame.build_id, sym.build_id,
-        "mapping carries the GNU build id"
-    );
+    assert_eq!(exe_frame.build_id, sym.build_id, "mapping carries the GNU build id");
     // Leaf first: the first user frame is the hot function itself.
     let first_user = s.frames.iter().find(|f| f.frame_type == "native").unwrap();
-    assert_eq!(
-        sym.function(first_user.mapping.as_ref().unwrap(), first_user.address),
-        Some("profcol_burn_hot")
-    );
-    assert!(
-        metrics.contains("profcol_receiver_ebpf_samples_lost_ringbuf_total{receiver=\"ebpf\"} 0"),
-        "{metrics}"
-    );
+    assert_eq!(sym.function(first_user.mapping.as_ref().unwrap(), first_user.address), Some("profcol_burn_hot"));
+    assert!(metrics.contains("profcol_receiver_ebpf_samples_lost_ringbuf_total{receiver=\"ebpf\"} 0"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,44 +104,26 @@ async fn syscall_workload_yields_kernel_frames_in_kernel_text() {
     })
     .await;
     w.go();
-    let _cpu = tokio::task::spawn_blocking(move || w.wait_cpu_ns())
-        .await
-        .unwrap();
+    let _cpu = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (batches, metrics) = running.stop().await;
 
     // With the pid filter, no other process appears.
     for b in &batches {
         for rp in &b.0.resource_profiles {
-            let pid_attr = rp
-                .resource
-                .as_ref()
-                .unwrap()
-                .attributes
-                .iter()
-                .find(|a| a.key == keys::PROCESS_PID);
-            assert_eq!(
-                pid_attr.and_then(|a| a.value.clone()).and_then(|v| v.value),
-                Some(Value::IntValue(pid as i64))
-            );
+            let pid_attr = rp.resource.as_ref().unwrap().attributes.iter().find(|a| a.key == keys::PROCESS_PID);
+            assert_eq!(pid_attr.and_then(|a| a.value.clone()).and_then(|v| v.value), Some(Value::IntValue(pid as i64)));
         }
     }
     let samples = samples_of(&batches, pid);
     let total: usize = samples.iter().map(|s| s.count).sum();
     assert!(total > 50, "too few samples ({total})\n{metrics}");
     let (stext, etext) = kernel_text();
-    assert!(
-        stext != 0,
-        "/proc/kallsyms shows zero addresses (kptr_restrict); run as root"
-    );
+    assert!(stext != 0, "/proc/kallsyms shows zero addresses (kptr_restrict); run as root");
     let mut with_kernel = 0;
     let mut kernel_frames = 0;
     for s in &samples {
-        let k: Vec<_> = s
-            .frames
-            .iter()
-            .filter(|f| f.frame_type == "kernel")
-            .collect();
+        let k: Vec<_> = s.frames.iter().filter(|f| f.frame_type == "kernel").collect();
         if !k.is_empty() {
             with_kernel += s.count;
         }
@@ -215,28 +138,15 @@ async fn syscall_workload_yields_kernel_frames_in_kernel_text() {
         }
         // Kernel frames come first (leaf first), then user frames.
         if let Some(first_native) = s.frames.iter().position(|f| f.frame_type == "native") {
-            assert!(s.frames[first_native..]
-                .iter()
-                .all(|f| f.frame_type == "native"));
+            assert!(s.frames[first_native..].iter().all(|f| f.frame_type == "native"));
         }
     }
     if let Some(top) = samples.iter().max_by_key(|s| s.count) {
-        let names = kallsyms_names(
-            top.frames
-                .iter()
-                .filter(|f| f.frame_type == "kernel")
-                .map(|f| f.address),
-        );
-        eprintln!(
-            "readzero: most common stack ({} samples), kernel part: {names:?}",
-            top.count
-        );
+        let names = kallsyms_names(top.frames.iter().filter(|f| f.frame_type == "kernel").map(|f| f.address));
+        eprintln!("readzero: most common stack ({} samples), kernel part: {names:?}", top.count);
     }
     eprintln!("readzero: {with_kernel}/{total} samples with kernel frames, {kernel_frames} kernel frames checked");
-    assert!(
-        with_kernel as f64 >= 0.5 * total as f64,
-        "only {with_kernel}/{total} samples have kernel frames"
-    );
+    assert!(with_kernel as f64 >= 0.5 * total as f64, "only {with_kernel}/{total} samples have kernel frames");
 }
 
 /// Nearest preceding text symbol of each address, from /proc/kallsyms.
@@ -255,9 +165,7 @@ fn kallsyms_names(addrs: impl Iterator<Item = u64>) -> Vec<String> {
     addrs
         .map(|a| {
             let i = syms.partition_point(|(s, _)| *s <= a);
-            i.checked_sub(1)
-                .map(|i| syms[i].1.clone())
-                .unwrap_or_else(|| format!("{a:#x}"))
+            i.checked_sub(1).map(|i| syms[i].1.clone()).unwrap_or_else(|| format!("{a:#x}"))
         })
         .collect()
 }
@@ -270,10 +178,7 @@ struct Stuck {
 
 #[async_trait::async_trait]
 impl profcol_api::component::Consumer for Stuck {
-    async fn consume(
-        &self,
-        _batch: profcol_api::Profiles,
-    ) -> Result<(), profcol_api::component::ConsumeError> {
+    async fn consume(&self, _batch: profcol_api::Profiles) -> Result<(), profcol_api::component::ConsumeError> {
         let _permit = self.release.acquire().await;
         self.got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
@@ -294,10 +199,7 @@ async fn backpressure_fills_the_ring_and_losses_are_counted() {
     let id: ComponentId = "ebpf".parse().unwrap();
     let telemetry = registry.component(Kind::Receiver, &id);
     let receiver = profcol_receivers::ebpf::EbpfReceiver::new(
-        profcol_api::CreateSettings {
-            id,
-            telemetry: telemetry.clone(),
-        },
+        profcol_api::CreateSettings { id, telemetry: telemetry.clone() },
         EbpfConfig {
             sample_frequency: 999,
             report_interval: Duration::from_millis(100),
@@ -305,21 +207,10 @@ async fn backpressure_fills_the_ring_and_losses_are_counted() {
             ..Default::default()
         },
     );
-    let sink = Arc::new(Stuck {
-        release: tokio::sync::Semaphore::new(0),
-        got: Default::default(),
-    });
-    receiver
-        .start(Next::new(
-            vec![sink.clone() as Arc<dyn Consumer>],
-            telemetry,
-        ))
-        .await
-        .unwrap();
+    let sink = Arc::new(Stuck { release: tokio::sync::Semaphore::new(0), got: Default::default() });
+    receiver.start(Next::new(vec![sink.clone() as Arc<dyn Consumer>], telemetry)).await.unwrap();
     w.go();
-    let _ = tokio::task::spawn_blocking(move || w.wait_cpu_ns())
-        .await
-        .unwrap();
+    let _ = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
     // Downstream was stuck the whole time; now let it drain and stop.
     sink.release.add_permits(1_000_000);
     receiver.shutdown().await.unwrap();
@@ -336,10 +227,7 @@ async fn backpressure_fills_the_ring_and_losses_are_counted() {
     let dropped = value("profcol_receiver_dropped_samples_total");
     let delivered = value("profcol_receiver_ebpf_samples_total");
     eprintln!("backpressure: {delivered} samples read, {lost} lost to the full ring buffer");
-    assert!(
-        lost > 0,
-        "a one-page ring with stuck downstream must overflow\n{metrics}"
-    );
+    assert!(lost > 0, "a one-page ring with stuck downstream must overflow\n{metrics}");
     assert_eq!(dropped, lost);
     assert!(sink.got.load(std::sync::atomic::Ordering::SeqCst) >= 1);
 }

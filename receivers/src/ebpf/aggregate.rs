@@ -55,12 +55,7 @@ pub struct Interval {
 
 impl Interval {
     pub fn new(start_unix_ns: u64) -> Self {
-        Interval {
-            start_unix_ns,
-            samples: FxHashMap::default(),
-            procs: FxHashMap::default(),
-            count: 0,
-        }
+        Interval { start_unix_ns, samples: FxHashMap::default(), procs: FxHashMap::default(), count: 0 }
     }
 
     pub fn sample_count(&self) -> usize {
@@ -73,24 +68,12 @@ impl Interval {
 
     /// Adds a sample. `process` is `None` when /proc was unreadable: the
     /// sample keeps its pid and raw user addresses without mappings.
-    pub fn add(
-        &mut self,
-        s: &SampleIn<'_>,
-        process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>,
-    ) {
+    pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
         let generation = process.map_or(0, |(_, m)| m.generation);
-        self.procs
-            .entry((s.pid, generation))
-            .or_insert_with(|| match process {
-                Some((info, maps)) => (info.clone(), Some(maps.clone())),
-                None => (
-                    Arc::new(ProcessInfo {
-                        pid: s.pid,
-                        ..Default::default()
-                    }),
-                    None,
-                ),
-            });
+        self.procs.entry((s.pid, generation)).or_insert_with(|| match process {
+            Some((info, maps)) => (info.clone(), Some(maps.clone())),
+            None => (Arc::new(ProcessInfo { pid: s.pid, ..Default::default() }), None),
+        });
         let key = Key {
             pid: s.pid,
             generation,
@@ -110,10 +93,7 @@ impl Interval {
         let mut b = ProfilesBuilder::new();
         let kernel_mapping = {
             let filename_strindex = b.string(keys::KERNEL_MAPPING);
-            b.mapping(pb::Mapping {
-                filename_strindex,
-                ..Default::default()
-            })
+            b.mapping(pb::Mapping { filename_strindex, ..Default::default() })
         };
         let kernel_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
         let native_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("native"));
@@ -128,10 +108,7 @@ impl Interval {
         // Deterministic order: by pid, generation, then sample identity.
         let mut groups: FxHashMap<(u32, u32), Group> = FxHashMap::default();
         for (k, ts) in self.samples {
-            groups
-                .entry((k.pid, k.generation))
-                .or_default()
-                .push((k, ts));
+            groups.entry((k.pid, k.generation)).or_default().push((k, ts));
         }
         let mut group_keys: Vec<(u32, u32)> = groups.keys().copied().collect();
         group_keys.sort_unstable();
@@ -142,12 +119,7 @@ impl Interval {
                 continue;
             };
             samples.sort_unstable_by(|a, b| {
-                (a.0.tid, a.0.cpu, &a.0.kstack, &a.0.ustack).cmp(&(
-                    b.0.tid,
-                    b.0.cpu,
-                    &b.0.kstack,
-                    &b.0.ustack,
-                ))
+                (a.0.tid, a.0.cpu, &a.0.kstack, &a.0.ustack).cmp(&(b.0.tid, b.0.cpu, &b.0.kstack, &b.0.ustack))
             });
             let (info, maps) = match self.procs.get(&gk) {
                 Some((i, m)) => (i.clone(), m.clone()),
@@ -171,10 +143,7 @@ impl Interval {
                     let mapping_index = maps
                         .as_ref()
                         .and_then(|set| {
-                            let i = set
-                                .mappings
-                                .partition_point(|m| m.start <= addr)
-                                .checked_sub(1)?;
+                            let i = set.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
                             let m = &set.mappings[i];
                             (addr < m.end).then_some((i, m))
                         })
@@ -229,11 +198,7 @@ impl Interval {
 }
 
 fn kv(key: &str, v: any_value::Value) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue { value: Some(v) }),
-        ..Default::default()
-    }
+    KeyValue { key: key.to_owned(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
 }
 
 fn resource(host_name: &str, info: &ProcessInfo) -> Resource {
@@ -244,10 +209,7 @@ fn resource(host_name: &str, info: &ProcessInfo) -> Resource {
     }
     attributes.push(kv(keys::PROCESS_PID, IntValue(info.pid as i64)));
     if !info.exe_name.is_empty() {
-        attributes.push(kv(
-            keys::PROCESS_EXECUTABLE_NAME,
-            StringValue(info.exe_name.clone()),
-        ));
+        attributes.push(kv(keys::PROCESS_EXECUTABLE_NAME, StringValue(info.exe_name.clone())));
     }
     if let Some(p) = &info.exe_path {
         attributes.push(kv(keys::PROCESS_EXECUTABLE_PATH, StringValue(p.clone())));
@@ -255,10 +217,7 @@ fn resource(host_name: &str, info: &ProcessInfo) -> Resource {
     if let Some(c) = &info.container_id {
         attributes.push(kv(keys::CONTAINER_ID, StringValue(c.clone())));
     }
-    Resource {
-        attributes,
-        ..Default::default()
-    }
+    Resource { attributes, ..Default::default() }
 }
 
 #[cfg(test)]
@@ -307,15 +266,7 @@ mod tests {
             );
         }
         iv.add(
-            &SampleIn {
-                pid: 7,
-                tid: 7,
-                cpu: 0,
-                comm: comm("gone"),
-                unix_ns: 1_300,
-                kstack: &[],
-                ustack: &[0x5555],
-            },
+            &SampleIn { pid: 7, tid: 7, cpu: 0, comm: comm("gone"), unix_ns: 1_300, kstack: &[], ustack: &[0x5555] },
             None,
         );
         assert_eq!(iv.sample_count(), 3);
@@ -328,24 +279,10 @@ mod tests {
         let s = |i: i32| d.string_table[i as usize].as_str();
         // pid 7 first (sorted), then 42.
         let attrs = &rp[1].resource.as_ref().unwrap().attributes;
-        let get = |k: &str| {
-            attrs
-                .iter()
-                .find(|a| a.key == k)
-                .and_then(|a| a.value.clone())
-        };
-        assert_eq!(
-            get("process.pid").unwrap().value,
-            Some(any_value::Value::IntValue(42))
-        );
-        assert_eq!(
-            get("process.executable.name").unwrap().value,
-            Some(any_value::Value::StringValue("burn".into()))
-        );
-        assert_eq!(
-            get("host.name").unwrap().value,
-            Some(any_value::Value::StringValue("host1".into()))
-        );
+        let get = |k: &str| attrs.iter().find(|a| a.key == k).and_then(|a| a.value.clone());
+        assert_eq!(get("process.pid").unwrap().value, Some(any_value::Value::IntValue(42)));
+        assert_eq!(get("process.executable.name").unwrap().value, Some(any_value::Value::StringValue("burn".into())));
+        assert_eq!(get("host.name").unwrap().value, Some(any_value::Value::StringValue("host1".into())));
         let prof = &rp[1].scope_profiles[0].profiles[0];
         assert_eq!(prof.period, 52_631_578);
         assert_eq!(s(prof.sample_type.unwrap().type_strindex), "samples");
@@ -364,33 +301,21 @@ mod tests {
         };
         // Kernel leaf first.
         assert_eq!(loc(0).address, 0xffff_ffff_8100_1234);
-        assert_eq!(
-            s(d.mapping_table[loc(0).mapping_index as usize].filename_strindex),
-            "[kernel.kallsyms]"
-        );
+        assert_eq!(s(d.mapping_table[loc(0).mapping_index as usize].filename_strindex), "[kernel.kallsyms]");
         assert_eq!(
             frame_type(loc(0)),
-            (
-                "profile.frame.type".into(),
-                Some(any_value::Value::StringValue("kernel".into()))
-            )
+            ("profile.frame.type".into(), Some(any_value::Value::StringValue("kernel".into())))
         );
         // User frame in the file mapping with its build id.
         let m = &d.mapping_table[loc(1).mapping_index as usize];
-        assert_eq!(
-            (m.memory_start, m.memory_limit, m.file_offset),
-            (0x1000, 0x2000, 0x1000)
-        );
+        assert_eq!((m.memory_start, m.memory_limit, m.file_offset), (0x1000, 0x2000, 0x1000));
         assert_eq!(s(m.filename_strindex), "/opt/burn");
         let bid = &d.attribute_table[m.attribute_indices[0] as usize];
         assert_eq!(s(bid.key_strindex), "process.executable.build_id.gnu");
         assert_eq!(loc(1).address, 0x1100);
         assert_eq!(
             frame_type(loc(1)),
-            (
-                "profile.frame.type".into(),
-                Some(any_value::Value::StringValue("native".into()))
-            )
+            ("profile.frame.type".into(), Some(any_value::Value::StringValue("native".into())))
         );
         // Unmapped user address: no mapping, still a native frame.
         assert_eq!(loc(3).mapping_index, 0);
@@ -401,17 +326,11 @@ mod tests {
             .iter()
             .map(|&i| {
                 let a = &d.attribute_table[i as usize];
-                (
-                    s(a.key_strindex).to_owned(),
-                    a.value.clone().unwrap().value.unwrap(),
-                )
+                (s(a.key_strindex).to_owned(), a.value.clone().unwrap().value.unwrap())
             })
             .collect();
         assert!(sa.contains(&("thread.id".into(), any_value::Value::IntValue(43))));
-        assert!(sa.contains(&(
-            "thread.name".into(),
-            any_value::Value::StringValue("worker".into())
-        )));
+        assert!(sa.contains(&("thread.name".into(), any_value::Value::StringValue("worker".into()))));
         assert!(sa.contains(&("cpu.logical_number".into(), any_value::Value::IntValue(1))));
     }
 }

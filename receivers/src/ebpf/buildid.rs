@@ -54,17 +54,9 @@ pub fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
         if n < 64 {
             return Ok(None);
         }
-        (
-            r.u64(&ident[32..]),
-            r.u16(&ident[54..]) as usize,
-            r.u16(&ident[56..]) as usize,
-        )
+        (r.u64(&ident[32..]), r.u16(&ident[54..]) as usize, r.u16(&ident[56..]) as usize)
     } else {
-        (
-            r.u32(&ident[28..]) as u64,
-            r.u16(&ident[42..]) as usize,
-            r.u16(&ident[44..]) as usize,
-        )
+        (r.u32(&ident[28..]) as u64, r.u16(&ident[42..]) as usize, r.u16(&ident[44..]) as usize)
     };
     let min_ent = if is64 { 56 } else { 32 };
     if phoff == 0 || phentsize < min_ent || phnum == 0 || phnum > MAX_PHNUM {
@@ -78,11 +70,8 @@ pub fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
         if r.u32(e) != PT_NOTE {
             continue;
         }
-        let (off, size) = if is64 {
-            (r.u64(&e[8..]), r.u64(&e[32..]))
-        } else {
-            (r.u32(&e[4..]) as u64, r.u32(&e[16..]) as u64)
-        };
+        let (off, size) =
+            if is64 { (r.u64(&e[8..]), r.u64(&e[32..])) } else { (r.u32(&e[4..]) as u64, r.u32(&e[16..]) as u64) };
         if size == 0 || size > MAX_NOTE_SEGMENT {
             continue;
         }
@@ -121,10 +110,7 @@ struct Reader {
 
 impl Reader {
     fn u16(self, b: &[u8]) -> u16 {
-        let a = [
-            b.first().copied().unwrap_or(0),
-            b.get(1).copied().unwrap_or(0),
-        ];
+        let a = [b.first().copied().unwrap_or(0), b.get(1).copied().unwrap_or(0)];
         if self.le {
             u16::from_le_bytes(a)
         } else {
@@ -196,11 +182,7 @@ pub struct BuildIdCache {
 
 impl BuildIdCache {
     pub fn new(capacity: usize) -> Self {
-        BuildIdCache {
-            entries: FxHashMap::default(),
-            capacity: capacity.max(1),
-            reads: 0,
-        }
+        BuildIdCache { entries: FxHashMap::default(), capacity: capacity.max(1), reads: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -215,10 +197,7 @@ impl BuildIdCache {
     /// mtime, size) match.
     pub fn get(&mut self, file: &File) -> io::Result<Option<Arc<str>>> {
         let md = file.metadata()?;
-        let key = FileKey {
-            dev: md.dev(),
-            inode: md.ino(),
-        };
+        let key = FileKey { dev: md.dev(), inode: md.ino() };
         let mtime = (md.mtime(), md.mtime_nsec());
         if let Some(e) = self.entries.get(&key) {
             if e.mtime == mtime && e.size == md.size() {
@@ -230,14 +209,7 @@ impl BuildIdCache {
         if self.entries.len() >= self.capacity {
             self.entries.clear();
         }
-        self.entries.insert(
-            key,
-            Entry {
-                mtime,
-                size: md.size(),
-                build_id: build_id.clone(),
-            },
-        );
+        self.entries.insert(key, Entry { mtime, size: md.size(), build_id: build_id.clone() });
         Ok(build_id)
     }
 }
@@ -268,10 +240,7 @@ mod tests {
         n.extend(note(b"Go\0\0", 4, b"xyz"));
         n.extend(note(b"GNU\0", 3, &[0xde, 0xad, 0xbe, 0xef]));
         let r = Reader { le: true };
-        assert_eq!(
-            find_gnu_build_id(&n, r),
-            Some(&[0xde, 0xad, 0xbe, 0xef][..])
-        );
+        assert_eq!(find_gnu_build_id(&n, r), Some(&[0xde, 0xad, 0xbe, 0xef][..]));
         assert_eq!(find_gnu_build_id(&n[..n.len() - 6], r), None);
         // Absurd sizes must not panic or overflow.
         let mut bad = vec![0xff; 12];
@@ -289,12 +258,9 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(cache.reads, 1);
         // rustc links test binaries with a GNU build ID on Linux (gcc/ld default).
-        let libc = [
-            "/lib/x86_64-linux-gnu/libc.so.6",
-            "/usr/lib/x86_64-linux-gnu/libc.so.6",
-        ]
-        .iter()
-        .find_map(|p| File::open(p).ok());
+        let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+            .iter()
+            .find_map(|p| File::open(p).ok());
         if let Some(libc) = libc {
             let id = read_build_id(&libc).unwrap().expect("libc has a build id");
             assert_eq!(id.len(), 20);

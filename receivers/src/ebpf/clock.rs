@@ -8,15 +8,10 @@
 
 /// Nanoseconds of a clock.
 pub fn now_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid out-pointer; clock ids used here always exist.
     unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 /// Fixed CLOCK_MONOTONIC → CLOCK_REALTIME conversion.
@@ -41,9 +36,7 @@ impl KtimeToUnix {
                 best = Some((width, off));
             }
         }
-        KtimeToUnix {
-            offset_ns: best.map_or(0, |(_, o)| o),
-        }
+        KtimeToUnix { offset_ns: best.map_or(0, |(_, o)| o) }
     }
 
     pub fn to_unix_ns(&self, ktime_ns: u64) -> u64 {
@@ -65,10 +58,7 @@ mod tests {
         let c = KtimeToUnix::measure();
         let converted = c.to_unix_ns(now_ns(libc::CLOCK_MONOTONIC));
         let real = now_ns(libc::CLOCK_REALTIME);
-        assert!(
-            converted.abs_diff(real) < 5_000_000,
-            "{converted} vs {real}"
-        );
+        assert!(converted.abs_diff(real) < 5_000_000, "{converted} vs {real}");
         assert!(c.to_unix_ns(1) < c.to_unix_ns(2));
     }
 }

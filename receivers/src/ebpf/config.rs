@@ -49,10 +49,7 @@ impl EbpfConfig {
             ));
         }
         if self.report_interval < Duration::from_millis(100) {
-            return Err(format!(
-                "report_interval: {:?} is too short; use at least 100ms",
-                self.report_interval
-            ));
+            return Err(format!("report_interval: {:?} is too short; use at least 100ms", self.report_interval));
         }
         if self.max_stack_depth == 0 || self.max_stack_depth > MAX_STACK_DEPTH {
             return Err(format!(
@@ -110,9 +107,7 @@ mod tests {
         c.validate().unwrap();
         let e = serde_yaml::from_str::<EbpfConfig>("sample_freq: 3").unwrap_err();
         assert!(e.to_string().contains("unknown field"), "{e}");
-        let c: EbpfConfig =
-            serde_yaml::from_str("report_interval: 2s\npids: [1, 2]\nsample_frequency: 99")
-                .unwrap();
+        let c: EbpfConfig = serde_yaml::from_str("report_interval: 2s\npids: [1, 2]\nsample_frequency: 99").unwrap();
         assert_eq!(c.report_interval, Duration::from_secs(2));
         assert_eq!(c.pids, vec![1, 2]);
         assert_eq!(c.period_ns(), 10_101_010);
@@ -128,9 +123,7 @@ mod tests {
         assert!(bad(|c| c.sample_frequency = 0).starts_with("sample_frequency"));
         assert!(bad(|c| c.max_stack_depth = 500).starts_with("max_stack_depth"));
         assert!(bad(|c| c.ring_buffer_size = 5000).starts_with("ring_buffer_size"));
-        assert!(
-            bad(|c| c.report_interval = Duration::from_millis(1)).starts_with("report_interval")
-        );
+        assert!(bad(|c| c.report_interval = Duration::from_millis(1)).starts_with("report_interval"));
         assert!(bad(|c| c.pids = vec![0]).starts_with("pids"));
     }
 }

@@ -55,10 +55,7 @@ fn other(context: &str, err: &dyn std::error::Error) -> LoadError {
 /// Raises RLIMIT_MEMLOCK for kernels that still charge BPF memory to it
 /// (before 5.11); harmless elsewhere. Best effort.
 fn raise_memlock() {
-    let lim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: lim is a valid rlimit.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
         tracing::debug!("could not raise RLIMIT_MEMLOCK (fine on kernels >= 5.11)");
@@ -86,12 +83,9 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         let map = ebpf
             .map_mut(obj::PID_FILTER_MAP)
             .ok_or_else(|| LoadError::Other("BPF object lacks the pid_filter map".into()))?;
-        let mut filter: BpfHashMap<_, u32, u8> =
-            BpfHashMap::try_from(map).map_err(|e| other("pid_filter map", &e))?;
+        let mut filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(map).map_err(|e| other("pid_filter map", &e))?;
         for pid in &cfg.pids {
-            filter
-                .insert(pid, &1u8, 0)
-                .map_err(|e| other(&format!("adding pid {pid} to the pid filter"), &e))?;
+            filter.insert(pid, &1u8, 0).map_err(|e| other(&format!("adding pid {pid} to the pid filter"), &e))?;
         }
     }
 
@@ -100,8 +94,7 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::PROGRAM_NAME)))?
         .try_into()
         .map_err(|e: ProgramError| other("BPF program type", &e))?;
-    prog.load()
-        .map_err(|e| other("the kernel refused the BPF program", &e))?;
+    prog.load().map_err(|e| other("the kernel refused the BPF program", &e))?;
     Ok(ebpf)
 }
 
@@ -126,9 +119,7 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<Loaded, LoadError> {
             false,
         ) {
             Ok(_) => attached.push(cpu),
-            Err(ProgramError::SyscallError(e))
-                if e.io_error.raw_os_error() == Some(libc::ENODEV) =>
-            {
+            Err(ProgramError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENODEV) => {
                 // The CPU went offline since we listed them.
                 tracing::warn!(cpu, "CPU went offline; not sampled");
             }
@@ -146,21 +137,14 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<Loaded, LoadError> {
         return Err(LoadError::Other("no online CPU could be sampled".into()));
     }
     let ring = RingBuf::try_from(
-        ebpf.take_map(obj::EVENTS_MAP)
-            .ok_or_else(|| LoadError::Other("BPF object lacks the events map".into()))?,
+        ebpf.take_map(obj::EVENTS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the events map".into()))?,
     )
     .map_err(|e| other("events ring buffer", &e))?;
     let stats = PerCpuArray::try_from(
-        ebpf.take_map(obj::STATS_MAP)
-            .ok_or_else(|| LoadError::Other("BPF object lacks the stats map".into()))?,
+        ebpf.take_map(obj::STATS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the stats map".into()))?,
     )
     .map_err(|e| other("stats map", &e))?;
-    Ok(Loaded {
-        _ebpf: ebpf,
-        ring,
-        stats,
-        cpus: attached,
-    })
+    Ok(Loaded { _ebpf: ebpf, ring, stats, cpus: attached })
 }
 
 impl Loaded {

@@ -28,8 +28,8 @@ pub use config::EbpfConfig;
 
 use async_trait::async_trait;
 use profcol_api::component::{
-    factory as typed_factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta,
-    Kind, Next, Receiver, Stability,
+    factory as typed_factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver,
+    Stability,
 };
 use sampler::{Counters, SamplerHandle};
 use std::sync::{Arc, Mutex};
@@ -44,16 +44,11 @@ pub fn factory() -> Arc<dyn Factory> {
             type_name: TYPE_NAME,
             kind: Kind::Receiver,
             stability: Stability::Development,
-            description:
-                "whole-host on-CPU profiling with eBPF: kernel and user stacks, mappings, build IDs",
+            description: "whole-host on-CPU profiling with eBPF: kernel and user stacks, mappings, build IDs",
         },
         |settings: CreateSettings, config: EbpfConfig| {
-            config
-                .validate()
-                .map_err(|m| ComponentError::msg(format!("receivers::{}: {m}", settings.id)))?;
-            Ok(Component::Receiver(Arc::new(EbpfReceiver::new(
-                settings, config,
-            ))))
+            config.validate().map_err(|m| ComponentError::msg(format!("receivers::{}: {m}", settings.id)))?;
+            Ok(Component::Receiver(Arc::new(EbpfReceiver::new(settings, config))))
         },
     )
 }
@@ -69,12 +64,7 @@ pub struct EbpfReceiver {
 impl EbpfReceiver {
     pub fn new(settings: CreateSettings, config: EbpfConfig) -> Self {
         let counters = Counters::new(&settings.telemetry);
-        EbpfReceiver {
-            settings,
-            config,
-            counters,
-            running: Mutex::new(None),
-        }
+        EbpfReceiver { settings, config, counters, running: Mutex::new(None) }
     }
 
     /// Self-telemetry counters (also registered in the host's registry).
@@ -87,14 +77,10 @@ impl EbpfReceiver {
 impl Receiver for EbpfReceiver {
     async fn start(&self, next: Next) -> Result<(), ComponentError> {
         let id = self.settings.id.to_string();
-        let handle = SamplerHandle::start(
-            self.config.clone(),
-            next,
-            self.counters.clone(),
-            self.settings.telemetry.clone(),
-        )
-        .await
-        .map_err(|e| ComponentError::msg(format!("receivers::{id}: {e}")))?;
+        let handle =
+            SamplerHandle::start(self.config.clone(), next, self.counters.clone(), self.settings.telemetry.clone())
+                .await
+                .map_err(|e| ComponentError::msg(format!("receivers::{id}: {e}")))?;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = running.replace(handle) {
             // start twice: keep the new one, stop the old in the background.
@@ -104,11 +90,7 @@ impl Receiver for EbpfReceiver {
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {
-        let handle = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let handle = self.running.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
             h.stop().await;
         }

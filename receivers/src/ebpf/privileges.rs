@@ -18,13 +18,9 @@ pub struct Privileges {
 impl Privileges {
     pub fn current() -> Self {
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        Privileges {
-            cap_eff: parse_cap_eff(&status).unwrap_or(0),
-            perf_event_paranoid: paranoid,
-        }
+        let paranoid =
+            std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok().and_then(|s| s.trim().parse().ok());
+        Privileges { cap_eff: parse_cap_eff(&status).unwrap_or(0), perf_event_paranoid: paranoid }
     }
 
     pub fn has(&self, cap: u32) -> bool {
@@ -49,9 +45,7 @@ impl Privileges {
     /// Whether CPU-wide perf events are allowed: with CAP_PERFMON (or
     /// CAP_SYS_ADMIN) always; otherwise only if perf_event_paranoid <= 0.
     pub fn cpu_wide_perf_allowed(&self) -> bool {
-        self.has(CAP_PERFMON)
-            || self.has(CAP_SYS_ADMIN)
-            || self.perf_event_paranoid.is_some_and(|p| p <= 0)
+        self.has(CAP_PERFMON) || self.has(CAP_SYS_ADMIN) || self.perf_event_paranoid.is_some_and(|p| p <= 0)
     }
 
     /// Fails with a message naming what is missing and how to grant it.
@@ -60,11 +54,7 @@ impl Privileges {
         if missing.is_empty() {
             return Ok(());
         }
-        Err(PrivilegeError {
-            missing,
-            paranoid: self.perf_event_paranoid,
-            perf_allowed: self.cpu_wide_perf_allowed(),
-        })
+        Err(PrivilegeError { missing, paranoid: self.perf_event_paranoid, perf_allowed: self.cpu_wide_perf_allowed() })
     }
 }
 
@@ -133,10 +123,7 @@ pub fn perf_open_hint(err: &std::io::Error, privs: &Privileges, frequency: u64) 
 }
 
 fn parse_cap_eff(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
 }
 
 #[cfg(test)]
@@ -145,42 +132,24 @@ mod tests {
 
     #[test]
     fn parses_status() {
-        assert_eq!(
-            parse_cap_eff("Name:\tx\nCapEff:\t000001ffffffffff\n"),
-            Some(0x1ffffffffff)
-        );
+        assert_eq!(parse_cap_eff("Name:\tx\nCapEff:\t000001ffffffffff\n"), Some(0x1ffffffffff));
         assert_eq!(parse_cap_eff("CapEff: zz"), None);
         assert_eq!(parse_cap_eff(""), None);
     }
 
     #[test]
     fn root_and_caps_ok_and_messages() {
-        let root = Privileges {
-            cap_eff: 0x1ff_ffff_ffff,
-            perf_event_paranoid: Some(2),
-        };
+        let root = Privileges { cap_eff: 0x1ff_ffff_ffff, perf_event_paranoid: Some(2) };
         assert!(root.check().is_ok());
-        let caps = Privileges {
-            cap_eff: (1 << CAP_BPF) | (1 << CAP_PERFMON),
-            perf_event_paranoid: Some(4),
-        };
+        let caps = Privileges { cap_eff: (1 << CAP_BPF) | (1 << CAP_PERFMON), perf_event_paranoid: Some(4) };
         assert!(caps.check().is_ok());
-        let none = Privileges {
-            cap_eff: 0,
-            perf_event_paranoid: Some(2),
-        };
+        let none = Privileges { cap_eff: 0, perf_event_paranoid: Some(2) };
         let e = none.check().unwrap_err().to_string();
         assert!(e.contains("missing: CAP_BPF, CAP_PERFMON"), "{e}");
         assert!(e.contains("setcap cap_bpf,cap_perfmon"), "{e}");
         assert!(e.contains("kernel.perf_event_paranoid is 2"), "{e}");
-        let bpf_only = Privileges {
-            cap_eff: 1 << CAP_BPF,
-            perf_event_paranoid: Some(-1),
-        };
+        let bpf_only = Privileges { cap_eff: 1 << CAP_BPF, perf_event_paranoid: Some(-1) };
         let e = bpf_only.check().unwrap_err().to_string();
-        assert!(
-            e.contains("missing: CAP_PERFMON") && !e.contains("paranoid"),
-            "{e}"
-        );
+        assert!(e.contains("missing: CAP_PERFMON") && !e.contains("paranoid"), "{e}");
     }
 }

@@ -259,27 +259,11 @@ impl ProcessTable {
             } else {
                 None
             };
-            let name = if e.path.is_empty() {
-                "[anon]"
-            } else {
-                e.path.as_str()
-            };
-            let path = paths
-                .entry(name.to_owned())
-                .or_insert_with(|| Arc::from(name))
-                .clone();
-            mappings.push(Mapping {
-                start: e.start,
-                end: e.end,
-                file_offset: e.offset,
-                path,
-                build_id,
-            });
+            let name = if e.path.is_empty() { "[anon]" } else { e.path.as_str() };
+            let path = paths.entry(name.to_owned()).or_insert_with(|| Arc::from(name)).clone();
+            mappings.push(Mapping { start: e.start, end: e.end, file_offset: e.offset, path, build_id });
         }
-        Some(MappingSet {
-            generation,
-            mappings,
-        })
+        Some(MappingSet { generation, mappings })
     }
 
     /// Opens the mapped file the way the process sees it: through
@@ -287,9 +271,7 @@ impl ProcessTable {
     /// else through the process's root.
     fn build_id_of(&mut self, pid: u32, e: &MapsEntry) -> Option<Arc<str>> {
         let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", e.start, e.end);
-        let file = File::open(via_map_files)
-            .or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path)))
-            .ok()?;
+        let file = File::open(via_map_files).or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path))).ok()?;
         self.build_ids.get(&file).ok().flatten()
     }
 
@@ -352,13 +334,7 @@ mod tests {
             generation: 1,
             mappings: ranges
                 .iter()
-                .map(|&(s, e)| Mapping {
-                    start: s,
-                    end: e,
-                    file_offset: 0,
-                    path: Arc::from("/x"),
-                    build_id: None,
-                })
+                .map(|&(s, e)| Mapping { start: s, end: e, file_offset: 0, path: Arc::from("/x"), build_id: None })
                 .collect(),
         }
     }
@@ -384,12 +360,7 @@ mod tests {
         assert_eq!(st.info.pid, me);
         assert!(!st.mappings.mappings.is_empty());
         let exe = std::env::current_exe().unwrap();
-        let m = st
-            .mappings
-            .mappings
-            .iter()
-            .find(|m| *m.path == *exe.to_string_lossy())
-            .expect("exe mapped");
+        let m = st.mappings.mappings.iter().find(|m| *m.path == *exe.to_string_lossy()).expect("exe mapped");
         assert!(m.build_id.is_some(), "test binary has a GNU build id");
         // A pid that does not exist: one counted drop, however many samples.
         let ghost = u32::MAX - 7;

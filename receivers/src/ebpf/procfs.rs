@@ -67,25 +67,14 @@ fn parse_maps_line(line: &str) -> Option<MapsEntry> {
     }
     let offset = u64::from_str_radix(offset, 16).ok()?;
     let (maj, min) = dev.split_once(':')?;
-    let dev = (
-        u32::from_str_radix(maj, 16).ok()?,
-        u32::from_str_radix(min, 16).ok()?,
-    );
+    let dev = (u32::from_str_radix(maj, 16).ok()?, u32::from_str_radix(min, 16).ok()?);
     let inode = inode.parse().ok()?;
     let mut path = rest.trim_start_matches(' ').to_owned();
     let deleted = path.ends_with(" (deleted)");
     if deleted {
         path.truncate(path.len() - " (deleted)".len());
     }
-    Some(MapsEntry {
-        start,
-        end,
-        offset,
-        dev,
-        inode,
-        path,
-        deleted,
-    })
+    Some(MapsEntry { start, end, offset, dev, inode, path, deleted })
 }
 
 /// Container id from /proc/PID/cgroup: the last 64-hex-digit component of
@@ -146,8 +135,14 @@ pub fn proc_dir(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}"))
 }
 
+/// Reads a /proc file as text; bytes that are not UTF-8 (paths and comms
+/// may hold any byte) are replaced, never an error.
 fn read_small(path: &Path) -> io::Result<String> {
-    std::fs::read_to_string(path)
+    let bytes = std::fs::read(path)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 /// Reads stat, comm, exe and cgroup. Fails only if the process is gone or
@@ -157,23 +152,11 @@ pub fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
     let stat = read_small(&dir.join("stat"))?;
     let start_time = stat_start_time(&stat)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/stat"))?;
-    let comm = read_small(&dir.join("comm"))
-        .map(|c| c.trim_end_matches('\n').to_owned())
-        .unwrap_or_default();
-    let exe_path = std::fs::read_link(dir.join("exe")).ok().map(|p| {
-        p.to_string_lossy()
-            .trim_end_matches(" (deleted)")
-            .to_owned()
-    });
-    let container_id = read_small(&dir.join("cgroup"))
-        .ok()
-        .and_then(|c| container_id(&c));
-    Ok(ProcessFacts {
-        start_time,
-        comm,
-        exe_path,
-        container_id,
-    })
+    let comm = read_small(&dir.join("comm")).map(|c| c.trim_end_matches('\n').to_owned()).unwrap_or_default();
+    let exe_path =
+        std::fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
+    let container_id = read_small(&dir.join("cgroup")).ok().and_then(|c| container_id(&c));
+    Ok(ProcessFacts { start_time, comm, exe_path, container_id })
 }
 
 /// Reads and parses /proc/PID/maps.
@@ -184,15 +167,12 @@ pub fn read_maps(pid: u32) -> io::Result<Vec<MapsEntry>> {
 /// Reads the start time only (cheap identity check against pid reuse).
 pub fn read_start_time(pid: u32) -> io::Result<u64> {
     let stat = read_small(&proc_dir(pid).join("stat"))?;
-    stat_start_time(&stat)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/stat"))
+    stat_start_time(&stat).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/stat"))
 }
 
 /// The host name (`host.name`).
 pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -247,40 +227,35 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
     #[test]
     fn container_ids() {
         let id = "3f1c0a6c2d5b4e7f8a9b0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f";
+        assert_eq!(container_id(&format!("0::/system.slice/docker-{id}.scope\n")).as_deref(), Some(id));
+        assert_eq!(container_id(&format!("12:pids:/kubepods/burstable/pod1234/{id}\n")).as_deref(), Some(id));
         assert_eq!(
-            container_id(&format!("0::/system.slice/docker-{id}.scope\n")).as_deref(),
+            container_id(&format!("0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{id}.scope")).as_deref(),
             Some(id)
         );
-        assert_eq!(
-            container_id(&format!("12:pids:/kubepods/burstable/pod1234/{id}\n")).as_deref(),
-            Some(id)
-        );
-        assert_eq!(
-            container_id(&format!(
-                "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{id}.scope"
-            ))
-            .as_deref(),
-            Some(id)
-        );
-        assert_eq!(
-            container_id(&format!("0::/machine.slice/libpod-{id}.scope/container")).as_deref(),
-            Some(id)
-        );
-        assert_eq!(
-            container_id("0::/user.slice/user-0.slice/session-1.scope\n"),
-            None
-        );
+        assert_eq!(container_id(&format!("0::/machine.slice/libpod-{id}.scope/container")).as_deref(), Some(id));
+        assert_eq!(container_id("0::/user.slice/user-0.slice/session-1.scope\n"), None);
         assert_eq!(container_id("garbage"), None);
         assert_eq!(container_id(""), None);
     }
 
     #[test]
     fn stat_start_time_with_odd_comm() {
-        let stat =
-            "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 987654 1000 100";
+        let stat = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 987654 1000 100";
         assert_eq!(stat_start_time(stat), Some(987654));
         assert_eq!(stat_start_time("1 (x) S"), None);
         assert_eq!(stat_start_time("no paren"), None);
+    }
+
+    #[test]
+    fn non_utf8_proc_text_is_lossy_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("maps");
+        std::fs::write(&p, b"1000-2000 r-xp 0 08:01 5 /tmp/\xff\xfe.so\n").unwrap();
+        let text = read_small(&p).unwrap();
+        let m = parse_maps(&text);
+        assert_eq!(m.len(), 1);
+        assert!(m[0].path.starts_with("/tmp/"));
     }
 
     #[test]

@@ -56,43 +56,22 @@ pub struct Counters {
 impl Counters {
     pub fn new(t: &ComponentTelemetry) -> Self {
         Counters {
-            samples: t.counter(
-                "ebpf_samples_total",
-                "Samples read from the BPF ring buffer",
-            ),
+            samples: t.counter("ebpf_samples_total", "Samples read from the BPF ring buffer"),
             lost_ringbuf: t.counter(
                 "ebpf_samples_lost_ringbuf_total",
                 "Samples dropped by the BPF program because the ring buffer was full",
             ),
-            kernel_stack_errors: t.counter(
-                "ebpf_kernel_stack_errors_total",
-                "bpf_get_stack failures (kernel stack)",
-            ),
-            user_stack_errors: t.counter(
-                "ebpf_user_stack_errors_total",
-                "bpf_get_stack failures (user stack)",
-            ),
-            malformed: t.counter(
-                "ebpf_records_malformed_total",
-                "Ring buffer records that did not decode",
-            ),
+            kernel_stack_errors: t.counter("ebpf_kernel_stack_errors_total", "bpf_get_stack failures (kernel stack)"),
+            user_stack_errors: t.counter("ebpf_user_stack_errors_total", "bpf_get_stack failures (user stack)"),
+            malformed: t.counter("ebpf_records_malformed_total", "Ring buffer records that did not decode"),
             proc_unreadable: t.counter(
                 "ebpf_proc_unreadable_total",
                 "Processes whose /proc entry could not be read (samples kept without mappings)",
             ),
-            maps_refreshes: t.counter(
-                "ebpf_maps_refreshes_total",
-                "Re-reads of /proc/PID/maps after an address miss",
-            ),
-            build_id_reads: t.counter(
-                "ebpf_build_id_reads_total",
-                "ELF files read for a build ID (cache misses)",
-            ),
+            maps_refreshes: t.counter("ebpf_maps_refreshes_total", "Re-reads of /proc/PID/maps after an address miss"),
+            build_id_reads: t.counter("ebpf_build_id_reads_total", "ELF files read for a build ID (cache misses)"),
             batches: t.counter("ebpf_batches_total", "Batches pushed downstream"),
-            processes: t.gauge(
-                "ebpf_processes",
-                "Processes currently known to the receiver",
-            ),
+            processes: t.gauge("ebpf_processes", "Processes currently known to the receiver"),
             dropped: t.dropped.clone(),
         }
     }
@@ -152,9 +131,7 @@ impl SamplerHandle {
             }
             Err(_) => {
                 let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-                return Err(LoadError::Other(
-                    "the sampler thread exited during start".into(),
-                ));
+                return Err(LoadError::Other("the sampler thread exited during start".into()));
             }
         }
         let sender = tokio::spawn(async move {
@@ -164,12 +141,7 @@ impl SamplerHandle {
                 }
             }
         });
-        Ok(SamplerHandle {
-            stop,
-            wake,
-            thread: Some(thread),
-            sender,
-        })
+        Ok(SamplerHandle { stop, wake, thread: Some(thread), sender })
     }
 
     /// Stops sampling, flushes the last partial interval downstream and
@@ -250,9 +222,7 @@ fn run(
     loop {
         let stopping = stop.load(Ordering::SeqCst);
         if !stopping {
-            let timeout = next_report
-                .saturating_duration_since(Instant::now())
-                .min(DRAIN_PERIOD);
+            let timeout = next_report.saturating_duration_since(Instant::now()).min(DRAIN_PERIOD);
             wait(loaded.ring.as_raw_fd(), wake.as_raw_fd(), timeout);
         }
         s.drain(&mut loaded);
@@ -278,16 +248,8 @@ fn run(
 /// Waits until the ring has data, the wake eventfd is signalled, or timeout.
 fn wait(ring: RawFd, wake: RawFd, timeout: Duration) {
     let mut fds = [
-        libc::pollfd {
-            fd: ring,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: wake,
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        libc::pollfd { fd: ring, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
     ];
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: fds is a valid array of two pollfd.
@@ -358,12 +320,8 @@ impl Sampler {
         let lost = delta(Stat::LostRingbuf);
         self.counters.lost_ringbuf.add(lost);
         self.counters.dropped.add(lost);
-        self.counters
-            .kernel_stack_errors
-            .add(delta(Stat::KernelStackError));
-        self.counters
-            .user_stack_errors
-            .add(delta(Stat::UserStackError));
+        self.counters.kernel_stack_errors.add(delta(Stat::KernelStackError));
+        self.counters.user_stack_errors.add(delta(Stat::UserStackError));
         if lost > 0 {
             tracing::warn!(
                 lost,
@@ -375,17 +333,11 @@ impl Sampler {
         self.table.sweep(now, self.interval_started);
         self.interval_started = now;
         let ts = self.table.stats;
-        self.counters
-            .proc_unreadable
-            .add(ts.unreadable - self.last_table.unreadable);
-        self.counters
-            .maps_refreshes
-            .add(ts.refreshes - self.last_table.refreshes);
+        self.counters.proc_unreadable.add(ts.unreadable - self.last_table.unreadable);
+        self.counters.maps_refreshes.add(ts.refreshes - self.last_table.refreshes);
         self.last_table = ts;
         let reads = self.table.build_id_reads();
-        self.counters
-            .build_id_reads
-            .add(reads - self.last_build_id_reads);
+        self.counters.build_id_reads.add(reads - self.last_build_id_reads);
         self.last_build_id_reads = reads;
         self.counters.processes.set(self.table.len() as i64);
 

@@ -52,21 +52,11 @@ pub async fn start(config: EbpfConfig) -> Running {
     let registry = Telemetry::new();
     let id: ComponentId = "ebpf".parse().unwrap();
     let telemetry = registry.component(Kind::Receiver, &id);
-    let receiver = EbpfReceiver::new(
-        CreateSettings {
-            id,
-            telemetry: telemetry.clone(),
-        },
-        config,
-    );
+    let receiver = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, config);
     let sink = Arc::new(Collect::default());
     let next = Next::new(vec![sink.clone() as Arc<dyn Consumer>], telemetry);
     receiver.start(next).await.expect("ebpf receiver starts");
-    Running {
-        receiver,
-        sink,
-        registry,
-    }
+    Running { receiver, sink, registry }
 }
 
 impl Running {
@@ -79,19 +69,10 @@ impl Running {
 
 /// Compiles examples/workloads/<name>.c with frame pointers into `dir`.
 pub fn build_workload(name: &str, dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/workloads")
-        .join(format!("{name}.c"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads").join(format!("{name}.c"));
     let out = dir.join(name);
     let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args([
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-fno-inline",
-            "-Wl,--build-id",
-            "-o",
-        ])
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-Wl,--build-id", "-o"])
         .arg(&out)
         .arg(&src)
         .status()
@@ -120,18 +101,8 @@ impl Workload {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        let pid = line
-            .trim()
-            .strip_prefix("ready ")
-            .expect("ready line")
-            .parse()
-            .unwrap();
-        Workload {
-            child,
-            pid,
-            stdin,
-            stdout,
-        }
+        let pid = line.trim().strip_prefix("ready ").expect("ready line").parse().unwrap();
+        Workload { child, pid, stdin, stdout }
     }
 
     pub fn go(&mut self) {
@@ -143,11 +114,7 @@ impl Workload {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         assert!(self.child.wait().unwrap().success());
-        line.trim()
-            .strip_prefix("cpu_ns ")
-            .expect("cpu_ns line")
-            .parse()
-            .unwrap()
+        line.trim().strip_prefix("cpu_ns ").expect("cpu_ns line").parse().unwrap()
     }
 }
 
@@ -176,10 +143,7 @@ fn str_of(d: &pb::ProfilesDictionary, i: i32) -> String {
 
 fn attr(d: &pb::ProfilesDictionary, i: i32) -> (String, any_value::Value) {
     let a = &d.attribute_table[i as usize];
-    (
-        str_of(d, a.key_strindex),
-        a.value.clone().and_then(|v| v.value).unwrap(),
-    )
+    (str_of(d, a.key_strindex), a.value.clone().and_then(|v| v.value).unwrap())
 }
 
 /// Every sample of process `pid` across batches.
@@ -195,17 +159,9 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
                 .unwrap()
                 .attributes
                 .iter()
-                .map(|kv| {
-                    (
-                        kv.key.clone(),
-                        kv.value.clone().and_then(|v| v.value).unwrap(),
-                    )
-                })
+                .map(|kv| (kv.key.clone(), kv.value.clone().and_then(|v| v.value).unwrap()))
                 .collect();
-            if !res.contains(&(
-                keys::PROCESS_PID.into(),
-                any_value::Value::IntValue(pid as i64),
-            )) {
+            if !res.contains(&(keys::PROCESS_PID.into(), any_value::Value::IntValue(pid as i64))) {
                 continue;
             }
             for sp in &rp.scope_profiles {
@@ -217,8 +173,8 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
                             .iter()
                             .map(|&li| {
                                 let l = &d.location_table[li as usize];
-                                let m = (l.mapping_index != 0)
-                                    .then(|| d.mapping_table[l.mapping_index as usize].clone());
+                                let m =
+                                    (l.mapping_index != 0).then(|| d.mapping_table[l.mapping_index as usize].clone());
                                 let build_id = m.as_ref().and_then(|m| {
                                     m.attribute_indices
                                         .iter()
@@ -291,30 +247,17 @@ impl Symbolizer {
             .map(|s| (s.address(), s.size(), s.name().unwrap_or("").to_owned()))
             .collect();
         symbols.sort();
-        let build_id = file
-            .build_id()
-            .ok()
-            .flatten()
-            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
-        Symbolizer {
-            segments,
-            symbols,
-            build_id,
-        }
+        let build_id = file.build_id().ok().flatten().map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
+        Symbolizer { segments, symbols, build_id }
     }
 
     /// Function holding the runtime `address` of a frame in `mapping`.
     pub fn function(&self, mapping: &pb::Mapping, address: u64) -> Option<&str> {
         let file_off = address.checked_sub(mapping.memory_start)? + mapping.file_offset;
-        let &(seg_off, _, vaddr) = self
-            .segments
-            .iter()
-            .find(|&&(off, size, _)| file_off >= off && file_off < off + size)?;
+        let &(seg_off, _, vaddr) =
+            self.segments.iter().find(|&&(off, size, _)| file_off >= off && file_off < off + size)?;
         let v = file_off - seg_off + vaddr;
-        self.symbols
-            .iter()
-            .find(|(a, sz, _)| v >= *a && v < a + sz)
-            .map(|(_, _, n)| n.as_str())
+        self.symbols.iter().find(|(a, sz, _)| v >= *a && v < a + sz).map(|(_, _, n)| n.as_str())
     }
 }
 
@@ -327,9 +270,7 @@ pub fn kernel_text() -> (u64, u64) {
                 let mut f = l.split_whitespace();
                 let addr = f.next()?;
                 let _ty = f.next()?;
-                (f.next()? == name)
-                    .then(|| u64::from_str_radix(addr, 16).ok())
-                    .flatten()
+                (f.next()? == name).then(|| u64::from_str_radix(addr, 16).ok()).flatten()
             })
             .unwrap_or_else(|| panic!("{name} not in /proc/kallsyms"))
     };
