@@ -231,3 +231,53 @@ async fn backpressure_fills_the_ring_and_losses_are_counted() {
     assert_eq!(dropped, lost);
     assert!(sink.got.load(std::sync::atomic::Ordering::SeqCst) >= 1);
 }
+
+/// Re-runs this test binary as `nobody` (no capabilities) and checks that
+/// start fails with a message naming what is missing and how to grant it.
+#[test]
+fn start_without_privileges_names_what_is_missing() {
+    if std::env::var("PROFCOL_EBPF_UNPRIVILEGED_CHILD").is_ok() {
+        return; // we are the child: the check runs in unprivileged_child_start
+    }
+    if !require_bpf("start_without_privileges_names_what_is_missing") {
+        return; // already unprivileged: needs root to drop to nobody
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(&exe)
+        .args(["--exact", "unprivileged_child_start", "--nocapture", "--test-threads=1"])
+        .env("PROFCOL_EBPF_UNPRIVILEGED_CHILD", "1")
+        .env_remove("CI")
+        .output()
+        .expect("run setpriv (util-linux)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(text.contains("UNPRIVILEGED-START-ERROR"), "child did not run the check:\n{text}");
+}
+
+#[tokio::test]
+async fn unprivileged_child_start() {
+    use profcol_api::component::{ComponentId, Kind, Next, Receiver};
+    if std::env::var("PROFCOL_EBPF_UNPRIVILEGED_CHILD").is_err() {
+        return; // only meaningful in the child of the test above
+    }
+    let id: ComponentId = "ebpf".parse().unwrap();
+    let telemetry = profcol_api::telemetry::ComponentTelemetry::detached(Kind::Receiver, &id);
+    let receiver = profcol_receivers::ebpf::EbpfReceiver::new(
+        profcol_api::CreateSettings { id, telemetry: telemetry.clone() },
+        EbpfConfig::default(),
+    );
+    let err = receiver.start(Next::new(vec![], telemetry)).await.expect_err("start must fail unprivileged");
+    let msg = err.to_string();
+    assert!(msg.contains("receivers::ebpf"), "{msg}");
+    assert!(msg.contains("missing: CAP_BPF, CAP_PERFMON"), "{msg}");
+    assert!(msg.contains("setcap cap_bpf,cap_perfmon"), "{msg}");
+    assert!(msg.contains("root"), "{msg}");
+    if std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .is_ok_and(|p| p.trim().parse::<i32>().unwrap_or(0) > 0)
+    {
+        assert!(msg.contains("kernel.perf_event_paranoid"), "{msg}");
+    }
+    println!("UNPRIVILEGED-START-ERROR: {msg}");
+}

@@ -141,6 +141,8 @@ impl OtlpGrpcExporter {
             })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
+            .initial_stream_window_size(Some(1 << 20))
+            .initial_connection_window_size(Some(4 << 20))
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(false);
         if tls {

@@ -6,9 +6,10 @@ use std::time::Duration;
 /// Largest stack the BPF program copies.
 pub const MAX_STACK_DEPTH: u32 = profcol_ebpf::MAX_STACK_DEPTH as u32;
 
-/// `receivers: ebpf:` section. Every field has a default.
+/// `receivers: ebpf:` section. Every field has a default. Ranges are
+/// checked while deserializing, so `profcol validate` reports them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(try_from = "Unchecked")]
 pub struct EbpfConfig {
     /// Samples per second per CPU (software cpu-clock). 19 Hz by default so
     /// sampling does not run in lock-step with 10 ms / 100 Hz timers.
@@ -24,6 +25,49 @@ pub struct EbpfConfig {
     pub max_stack_depth: u32,
     /// BPF ring buffer size in bytes: a power of two, at least one page.
     pub ring_buffer_size: u32,
+}
+
+/// The section as written, before range checks.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct Unchecked {
+    sample_frequency: u64,
+    #[serde(with = "humantime_serde")]
+    report_interval: Duration,
+    pids: Vec<u32>,
+    exclude_idle: bool,
+    max_stack_depth: u32,
+    ring_buffer_size: u32,
+}
+
+impl Default for Unchecked {
+    fn default() -> Self {
+        let d = EbpfConfig::default();
+        Unchecked {
+            sample_frequency: d.sample_frequency,
+            report_interval: d.report_interval,
+            pids: d.pids,
+            exclude_idle: d.exclude_idle,
+            max_stack_depth: d.max_stack_depth,
+            ring_buffer_size: d.ring_buffer_size,
+        }
+    }
+}
+
+impl TryFrom<Unchecked> for EbpfConfig {
+    type Error = String;
+    fn try_from(u: Unchecked) -> Result<Self, String> {
+        let c = EbpfConfig {
+            sample_frequency: u.sample_frequency,
+            report_interval: u.report_interval,
+            pids: u.pids,
+            exclude_idle: u.exclude_idle,
+            max_stack_depth: u.max_stack_depth,
+            ring_buffer_size: u.ring_buffer_size,
+        };
+        c.validate()?;
+        Ok(c)
+    }
 }
 
 impl Default for EbpfConfig {
@@ -111,6 +155,18 @@ mod tests {
         assert_eq!(c.report_interval, Duration::from_secs(2));
         assert_eq!(c.pids, vec![1, 2]);
         assert_eq!(c.period_ns(), 10_101_010);
+    }
+
+    #[test]
+    fn ranges_are_checked_when_deserializing() {
+        let e = serde_yaml::from_str::<EbpfConfig>("max_stack_depth: 500").unwrap_err().to_string();
+        assert!(e.contains("max_stack_depth: 500 is out of range"), "{e}");
+        let e = serde_yaml::from_str::<EbpfConfig>("ring_buffer_size: 1000").unwrap_err().to_string();
+        assert!(e.contains("ring_buffer_size"), "{e}");
+        // Round trip of the effective config.
+        let c = EbpfConfig::default();
+        let back: EbpfConfig = serde_yaml::from_str(&serde_yaml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
     }
 
     #[test]

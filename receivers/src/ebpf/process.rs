@@ -372,6 +372,26 @@ mod tests {
     }
 
     #[test]
+    fn exited_process_is_dropped_on_sweep() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let t0 = Instant::now();
+        let mut t = ProcessTable::new(8);
+        let st = t.get(pid, t0).expect("child is readable");
+        assert_eq!(st.info.exe_name, "sleep");
+        // Still alive and sampled in this interval: kept.
+        t.sweep(t0, t0);
+        assert_eq!(t.len(), 1);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Not sampled since `later` and gone from /proc: dropped.
+        let later = t0 + Duration::from_millis(1);
+        t.sweep(later, later);
+        assert_eq!(t.len(), 0);
+        assert_eq!(t.stats.exited, 1);
+    }
+
+    #[test]
     fn capacity_is_bounded() {
         let now = Instant::now();
         let mut t = ProcessTable::new(2);

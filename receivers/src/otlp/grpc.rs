@@ -148,8 +148,17 @@ pub(crate) fn serve(
         builder = builder.tls_config(tc).map_err(|e| err(e.to_string()))?;
     }
     let svc = ProfilesService { ingest, max_size: super::config::mib(cfg.max_recv_msg_size_mib) };
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let router = builder.add_service(svc);
+    // Small answers must not wait for delayed ACKs, and a 1 MiB window lets
+    // a typical batch through without flow-control round trips.
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
+        s.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
+    let router = builder
+        .initial_stream_window_size(Some(1 << 20))
+        .initial_connection_window_size(Some(4 << 20))
+        .add_service(svc);
     let id = id.to_owned();
     Ok(tokio::spawn(async move {
         if let Err(e) = router.serve_with_incoming_shutdown(incoming, cancel.cancelled_owned()).await {
