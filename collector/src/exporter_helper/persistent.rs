@@ -50,6 +50,9 @@ pub enum PersistError {
     },
 }
 
+/// Batches left from a previous run, oldest first, with their tickets.
+pub type Replay = Vec<(Ticket, Profiles)>;
+
 /// A directory of batches waiting to be exported.
 pub struct PersistentQueue {
     dir: PathBuf,
@@ -114,11 +117,7 @@ impl PersistentQueue {
     /// Opens (creating) `root/<exporter id>` and returns the queue with the
     /// batches left from a previous run, oldest first. Unreadable files are
     /// set aside as `*.corrupt` with a warning.
-    pub fn open(
-        root: &Path,
-        exporter_id: &str,
-        max_bytes: u64,
-    ) -> std::io::Result<(Arc<Self>, Vec<(Ticket, Profiles)>)> {
+    pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<(Arc<Self>, Replay)> {
         let dir = root.join(sanitize(exporter_id));
         std::fs::create_dir_all(&dir)?;
         let mut files: Vec<(u64, PathBuf)> = Vec::new();

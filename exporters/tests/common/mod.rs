@@ -109,7 +109,8 @@ pub fn cpu_batch(seed: u64, processes: usize, samples_per_process: usize) -> Pro
             }
             let stack = b.stack(&locs);
             let tid = b.attribute(keys::THREAD_ID, AttrValue::Int(pid + (k % 3) as i64));
-            let tname = b.attribute(keys::THREAD_NAME, AttrValue::Str(if k.is_multiple_of(3) { "main" } else { "worker" }));
+            let tname =
+                b.attribute(keys::THREAD_NAME, AttrValue::Str(if k.is_multiple_of(3) { "main" } else { "worker" }));
             let n = 1 + (x % 5) as usize;
             b.sample(
                 prof,
