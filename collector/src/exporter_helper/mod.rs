@@ -4,8 +4,16 @@
 //!
 //! Each exporter has its own queue, so a slow or stalled backend fills only
 //! its own queue and never holds up another exporter of the same pipeline.
+//!
+//! With `sending_queue.storage` the queue is also on disk (see
+//! [`persistent`]): a batch is written before `enqueue` returns, its file is
+//! removed once the batch was exported or dropped for good, and what is left
+//! at start-up (a crash, or a shutdown during an outage) is queued first.
 
+mod persistent;
 mod retry;
+
+use persistent::{PersistError, PersistentQueue, Ticket};
 
 use profcol_api::exporterhelper::ExporterHelperConfig;
 use profcol_api::telemetry::ComponentTelemetry;
@@ -13,7 +21,29 @@ use profcol_api::{ComponentId, Exporter, Profiles};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
-use tracing::{debug, warn, Instrument};
+use tracing::{debug, info, warn, Instrument};
+
+/// One queued batch, with its file when the queue is persistent.
+struct Queued {
+    batch: Arc<Profiles>,
+    ticket: Option<Ticket>,
+}
+
+/// What became of a batch the consumers took from the queue.
+enum Outcome {
+    /// Exported, or dropped for good (permanent error, retries exhausted).
+    Done,
+    /// The shutdown deadline stopped the retries: a persistent queue keeps
+    /// the batch for the next start.
+    Interrupted,
+}
+
+/// A persistent queue and the signal that it has room again.
+struct Store {
+    queue: Arc<PersistentQueue>,
+    room: tokio::sync::Notify,
+    bytes: profcol_api::telemetry::Gauge,
+}
 
 /// A running exporter: its queue, the tasks draining it, and the exporter.
 pub struct ExporterHandle {
@@ -21,7 +51,8 @@ pub struct ExporterHandle {
     exporter: Arc<dyn Exporter>,
     config: ExporterHelperConfig,
     telemetry: ComponentTelemetry,
-    tx: async_channel::Sender<Arc<Profiles>>,
+    tx: async_channel::Sender<Queued>,
+    store: Option<Store>,
     consumers: tokio::sync::Mutex<JoinSet<()>>,
     /// Set when the host has begun draining: stop waiting between retries
     /// once the shutdown deadline has passed.
@@ -36,14 +67,34 @@ impl ExporterHandle {
         config: ExporterHelperConfig,
         telemetry: ComponentTelemetry,
     ) -> Result<Arc<Self>, profcol_api::ComponentError> {
-        exporter.start().await?;
         let q = &config.sending_queue;
+        let (store, replay) = match q.storage.clone() {
+            Some(dir) => {
+                let (name, max) = (id.to_string(), q.max_storage_bytes);
+                let opened = tokio::task::spawn_blocking(move || PersistentQueue::open(&dir, &name, max).map_err(|e| (dir, e)))
+                    .await
+                    .map_err(|e| profcol_api::ComponentError::Message(format!("opening the persistent queue: {e}")))?;
+                let (queue, replay) = opened.map_err(|(dir, source)| profcol_api::ComponentError::Io {
+                    context: format!(
+                        "cannot open the persistent queue under sending_queue.storage {} (it must be a writable directory)",
+                        dir.display()
+                    ),
+                    source,
+                })?;
+                let bytes = telemetry.gauge("queue_storage_bytes", "Bytes of batches in the persistent sending queue.");
+                bytes.set(queue.used_bytes() as i64);
+                (Some(Store { queue, room: tokio::sync::Notify::new(), bytes }), replay)
+            }
+            None => (None, Vec::new()),
+        };
+        exporter.start().await?;
         let (tx, rx) = async_channel::bounded(if q.enabled { q.queue_size.max(1) } else { 1 });
         let h = Arc::new(ExporterHandle {
             id,
             exporter,
             telemetry,
             tx,
+            store,
             consumers: tokio::sync::Mutex::new(JoinSet::new()),
             deadline: Arc::default(),
             config,
@@ -55,13 +106,35 @@ impl ExporterHandle {
             let span = tracing::info_span!("exporter", id = %me.id);
             set.spawn(
                 async move {
-                    while let Ok(batch) = rx.recv().await {
+                    while let Ok(item) = rx.recv().await {
                         me.telemetry.queue_size.set(rx.len() as i64);
-                        me.send_with_retry(&batch).await;
+                        let outcome = me.send_with_retry(&item.batch).await;
+                        if let (Outcome::Done, Some(ticket)) = (outcome, item.ticket) {
+                            me.forget(ticket).await;
+                        }
                     }
                 }
                 .instrument(span),
             );
+        }
+        if !replay.is_empty() {
+            // Left from the last run: queued ahead of new batches, waiting for room like them.
+            let me = Arc::clone(&h);
+            set.spawn(async move {
+                let Some(store) = &me.store else { return };
+                let n = replay.len();
+                for ticket in replay {
+                    let (queue, name, t) = (Arc::clone(&store.queue), me.id.to_string(), ticket.clone());
+                    let Ok(Some(batch)) = tokio::task::spawn_blocking(move || queue.load(&name, &t)).await else {
+                        store.bytes.set(store.queue.used_bytes() as i64);
+                        continue;
+                    };
+                    if me.tx.send(Queued { batch: Arc::new(batch), ticket: Some(ticket) }).await.is_err() {
+                        return; // shutting down: the files stay for the next start
+                    }
+                }
+                info!(exporter = %me.id, batches = n, "persistent queue: the batches from the last run are queued again");
+            });
         }
         drop(set);
         Ok(h)
@@ -72,26 +145,86 @@ impl ExporterHandle {
     }
 
     /// Hands a batch to the queue. With `block_on_overflow` (or the queue
-    /// disabled) this waits for room; otherwise a full queue drops the batch
-    /// and counts it.
-    pub async fn enqueue(&self, batch: Arc<Profiles>) {
+    /// disabled) this waits for room; otherwise a full in-memory queue drops
+    /// the batch and counts it. With a persistent queue the batch is on disk
+    /// before this returns `Ok`; when it cannot be kept (disk queue full,
+    /// write error) it is refused with the reason, never silently lost.
+    pub async fn enqueue(&self, batch: Arc<Profiles>) -> Result<(), String> {
         let q = &self.config.sending_queue;
         let n = batch.sample_count() as u64;
-        if !q.enabled || q.block_on_overflow {
-            if self.tx.send(batch).await.is_err() {
-                self.telemetry.dropped.add(n);
+        let blocking = !q.enabled || q.block_on_overflow;
+        let ticket = match &self.store {
+            Some(store) => Some(self.persist(store, &batch, blocking).await.inspect_err(|_| {
+                self.telemetry.refused.add(n);
+            })?),
+            None => None,
+        };
+        let item = Queued { batch, ticket };
+        let rejected = if blocking {
+            self.tx.send(item).await.err().map(|e| (e.into_inner(), false))
+        } else {
+            self.tx.try_send(item).err().map(|e| {
+                let full = e.is_full();
+                (e.into_inner(), full)
+            })
+        };
+        self.telemetry.queue_size.set(self.tx.len() as i64);
+        let Some((item, full)) = rejected else { return Ok(()) };
+        match item.ticket {
+            // Closed for shutdown: the batch is on disk and goes out after the next start.
+            Some(_) if !full => Ok(()),
+            Some(ticket) => {
+                self.forget(ticket).await;
+                self.telemetry.refused.add(n);
+                Err(format!(
+                    "exporter {}: the sending queue is full ({} batches); retry later, or raise sending_queue.queue_size",
+                    self.id, q.queue_size
+                ))
             }
-        } else if let Err(e) = self.tx.try_send(batch) {
-            self.telemetry.dropped.add(n);
-            if e.is_full() {
-                warn!(exporter = %self.id, samples = n, queue_size = q.queue_size,
-                    "sending queue is full; batch dropped (raise sending_queue.queue_size or set block_on_overflow: true)");
+            None => {
+                self.telemetry.dropped.add(n);
+                if full {
+                    warn!(exporter = %self.id, samples = n, queue_size = q.queue_size,
+                        "sending queue is full; batch dropped (raise sending_queue.queue_size or set block_on_overflow: true)");
+                }
+                Ok(())
             }
         }
-        self.telemetry.queue_size.set(self.tx.len() as i64);
     }
 
-    async fn send_with_retry(&self, batch: &Profiles) {
+    /// Writes a batch to the persistent queue; when the queue is full, waits
+    /// for room if `blocking`, else refuses.
+    async fn persist(&self, store: &Store, batch: &Arc<Profiles>, blocking: bool) -> Result<Ticket, String> {
+        loop {
+            // Registered before the attempt, so a removal in between is not missed.
+            let room = store.room.notified();
+            match store.queue.persist(Arc::clone(batch)).await {
+                Ok(ticket) => {
+                    store.bytes.set(store.queue.used_bytes() as i64);
+                    return Ok(ticket);
+                }
+                Err(PersistError::Full { .. }) if blocking && !self.tx.is_closed() => {
+                    // Bounded wait, so a shutdown that closes the queue is noticed.
+                    let _ = tokio::time::timeout(Duration::from_millis(500), room).await;
+                }
+                Err(e) => {
+                    warn!(exporter = %self.id, samples = batch.sample_count(), error = %e, "persistent queue refused a batch");
+                    return Err(format!("exporter {}: {e}; the sender should retry later", self.id));
+                }
+            }
+        }
+    }
+
+    /// Removes an exported (or abandoned) batch from the persistent queue.
+    async fn forget(&self, ticket: Ticket) {
+        let Some(store) = &self.store else { return };
+        let queue = Arc::clone(&store.queue);
+        let _ = tokio::task::spawn_blocking(move || queue.remove(&ticket)).await;
+        store.bytes.set(store.queue.used_bytes() as i64);
+        store.room.notify_waiters();
+    }
+
+    async fn send_with_retry(&self, batch: &Profiles) -> Outcome {
         let n = batch.sample_count() as u64;
         let mut backoff = retry::Backoff::new(&self.config.retry_on_failure);
         loop {
@@ -106,7 +239,7 @@ impl ExporterHandle {
             let err = match result {
                 Ok(()) => {
                     self.telemetry.export_latency.record(t0.elapsed());
-                    return;
+                    return Outcome::Done;
                 }
                 Err(e) => e,
             };
@@ -122,10 +255,15 @@ impl ExporterHandle {
                     debug!(exporter = %self.id, error = %err, wait = ?w, "export failed; retrying");
                     tokio::time::sleep(w).await;
                 }
+                Some(_) if self.store.is_some() => {
+                    info!(exporter = %self.id, samples = n, error = %err,
+                        "shutting down during a retry; the batch stays in the persistent queue for the next start");
+                    return Outcome::Interrupted;
+                }
                 _ => {
                     self.telemetry.send_failed.add(n);
                     warn!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped");
-                    return;
+                    return Outcome::Done;
                 }
             }
         }

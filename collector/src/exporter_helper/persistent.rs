@@ -13,12 +13,12 @@
 //! flipped bits, not protobuf) is renamed to `*.corrupt` with a warning and
 //! skipped: it never blocks start-up.
 //!
-//! Hook (in `ExporterHandle`): open the queue at start and enqueue what
-//! [`PersistentQueue::open`] returns first; in `enqueue`, `persist` the batch
-//! before it goes into the channel (that is before the pipeline returns to
-//! the receiver); carry the [`Ticket`] with the batch; after the export
-//! succeeded or failed for good, `remove(ticket)`. A batch still in memory at
-//! shutdown keeps its file and is replayed at the next start.
+//! `ExporterHandle` opens the queue at start and queues what
+//! [`PersistentQueue::open`] returns first; `enqueue` persists a batch before
+//! it goes into the channel (so before the pipeline answers the receiver) and
+//! carries its [`Ticket`]; after the export succeeded or failed for good the
+//! ticket is removed. A batch still queued at shutdown keeps its file and is
+//! replayed at the next start.
 
 use profcol_api::Profiles;
 use std::io::{Read, Write};
@@ -50,8 +50,10 @@ pub enum PersistError {
     },
 }
 
-/// Batches left from a previous run, oldest first, with their tickets.
-pub type Replay = Vec<(Ticket, Profiles)>;
+/// Batches left from a previous run, oldest first; read with
+/// [`PersistentQueue::load`] one at a time, so a long backlog is not held in
+/// memory all at once.
+pub type Replay = Vec<Ticket>;
 
 /// A directory of batches waiting to be exported.
 pub struct PersistentQueue {
@@ -91,6 +93,19 @@ fn fsync_dir(dir: &Path) {
     }
 }
 
+/// Renames a batch file that cannot be replayed to `*.corrupt`, with a warning.
+fn set_aside(exporter_id: &str, p: &Path, why: &str) {
+    let aside = p.with_extension("corrupt");
+    let moved = std::fs::rename(p, &aside);
+    tracing::warn!(
+        exporter = exporter_id,
+        file = %p.display(),
+        moved_to = %aside.display(),
+        moved = moved.is_ok(),
+        "persistent queue: a batch file is set aside, not replayed, because {why}; inspect or delete it"
+    );
+}
+
 /// Reads and checks one batch file.
 fn read_batch(path: &Path) -> Result<Profiles, String> {
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
@@ -115,8 +130,8 @@ fn read_batch(path: &Path) -> Result<Profiles, String> {
 
 impl PersistentQueue {
     /// Opens (creating) `root/<exporter id>` and returns the queue with the
-    /// batches left from a previous run, oldest first. Unreadable files are
-    /// set aside as `*.corrupt` with a warning.
+    /// batches left from a previous run, oldest first. Nothing is decoded
+    /// here, so start-up does not wait for a backlog to be read.
     pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<(Arc<Self>, Replay)> {
         let dir = root.join(sanitize(exporter_id));
         std::fs::create_dir_all(&dir)?;
@@ -130,34 +145,21 @@ impl PersistentQueue {
                 let _ = std::fs::remove_file(&p);
                 continue;
             }
-            if let Some(seq) = name.strip_suffix(".batch").and_then(|s| s.parse::<u64>().ok()) {
-                files.push((seq, p));
+            let Some(stem) = name.strip_suffix(".batch") else { continue };
+            match stem.parse::<u64>() {
+                Ok(seq) if seq < u64::MAX => files.push((seq, p)),
+                _ => set_aside(exporter_id, &p, "its name is not a queue sequence number"),
             }
         }
         files.sort();
-        let mut replay = Vec::new();
+        let mut replay = Vec::with_capacity(files.len());
         let mut used = 0u64;
         let mut max_seq = 0u64;
         for (seq, p) in files {
             max_seq = max_seq.max(seq);
-            match read_batch(&p) {
-                Ok(batch) => {
-                    let bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
-                    used += bytes;
-                    replay.push((Ticket { seq, bytes }, batch));
-                }
-                Err(why) => {
-                    let aside = p.with_extension("corrupt");
-                    let moved = std::fs::rename(&p, &aside);
-                    tracing::warn!(
-                        exporter = exporter_id,
-                        file = %p.display(),
-                        moved_to = %aside.display(),
-                        ok = moved.is_ok(),
-                        "persistent queue: a batch file does not read back ({why}); set aside, not replayed"
-                    );
-                }
-            }
+            let bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+            used += bytes;
+            replay.push(Ticket { seq, bytes });
         }
         if !replay.is_empty() {
             tracing::info!(
@@ -176,10 +178,6 @@ impl PersistentQueue {
         Ok((q, replay))
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Bytes on disk now.
     pub fn used_bytes(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
@@ -187,6 +185,21 @@ impl PersistentQueue {
 
     fn path(&self, seq: u64) -> PathBuf {
         self.dir.join(format!("{seq:020}.batch"))
+    }
+
+    /// Reads a batch left from a previous run (blocking I/O). A file that does
+    /// not read back (torn, truncated, flipped bits, not protobuf) is set
+    /// aside as `*.corrupt` with a warning and yields `None`.
+    pub fn load(&self, exporter_id: &str, t: &Ticket) -> Option<Profiles> {
+        let p = self.path(t.seq);
+        match read_batch(&p) {
+            Ok(batch) => Some(batch),
+            Err(why) => {
+                set_aside(exporter_id, &p, &format!("it does not read back: {why}"));
+                self.used.fetch_sub(t.bytes.min(self.used.load(Ordering::Relaxed)), Ordering::AcqRel);
+                None
+            }
+        }
     }
 
     /// Writes the batch durably (blocking I/O: call from `spawn_blocking`,
@@ -289,13 +302,13 @@ mod tests {
         drop(q);
         let (q, replay) = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
         assert_eq!(replay.len(), 1);
-        assert_eq!(replay[0].1, batch(4));
-        assert!(q.used_bytes() > 0);
+        assert_eq!(q.load("otlp/backend", &replay[0]), Some(batch(4)));
+        assert_eq!(q.used_bytes(), replay[0].bytes);
         let (small, _) = PersistentQueue::open(d.path(), "other", 64).unwrap();
         assert!(matches!(small.persist_blocking(&batch(50)), Err(PersistError::Full { .. })));
         // New sequence numbers continue after the replayed ones.
         let t3 = q.persist_blocking(&batch(1)).unwrap();
-        assert!(t3.seq > replay[0].0.seq);
+        assert!(t3.seq > replay[0].seq);
     }
 
     #[test]
@@ -317,15 +330,17 @@ mod tests {
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
         std::fs::write(dir.join("00000000000000000099.batch"), b"garbage").unwrap();
+        std::fs::write(dir.join("99999999999999999999.batch"), b"name past u64").unwrap();
         std::fs::write(dir.join("00000000000000000100.tmp"), b"half").unwrap();
-        let (_q, replay) = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
-        assert_eq!(replay.len(), 1);
-        assert_eq!(replay[0].0, good);
+        let (q, replay) = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        let loaded: Vec<_> = replay.iter().filter_map(|t| q.load("otlp", t).map(|b| (t.clone(), b))).collect();
+        assert_eq!(loaded, vec![(good.clone(), batch(2))]);
+        assert_eq!(q.used_bytes(), good.bytes);
         let corrupt = std::fs::read_dir(&dir)
             .unwrap()
             .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "corrupt")
             .count();
-        assert_eq!(corrupt, 3);
+        assert_eq!(corrupt, 4);
         assert!(!dir.join("00000000000000000100.tmp").exists());
     }
 }
