@@ -21,6 +21,7 @@ use profcol_api::{ComponentId, Exporter, Profiles};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 /// One queued batch, with its file when the queue is persistent.
@@ -57,6 +58,8 @@ pub struct ExporterHandle {
     /// Set when the host has begun draining: stop waiting between retries
     /// once the shutdown deadline has passed.
     deadline: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// Cancelled when the host begins draining.
+    stopping: CancellationToken,
 }
 
 impl ExporterHandle {
@@ -71,9 +74,12 @@ impl ExporterHandle {
         let (store, replay) = match q.storage.clone() {
             Some(dir) => {
                 let (name, max) = (id.to_string(), q.max_storage_bytes);
-                let opened = tokio::task::spawn_blocking(move || PersistentQueue::open(&dir, &name, max).map_err(|e| (dir, e)))
-                    .await
-                    .map_err(|e| profcol_api::ComponentError::Message(format!("opening the persistent queue: {e}")))?;
+                let opened =
+                    tokio::task::spawn_blocking(move || PersistentQueue::open(&dir, &name, max).map_err(|e| (dir, e)))
+                        .await
+                        .map_err(|e| {
+                            profcol_api::ComponentError::Message(format!("opening the persistent queue: {e}"))
+                        })?;
                 let (queue, replay) = opened.map_err(|(dir, source)| profcol_api::ComponentError::Io {
                     context: format!(
                         "cannot open the persistent queue under sending_queue.storage {} (it must be a writable directory)",
@@ -97,6 +103,7 @@ impl ExporterHandle {
             store,
             consumers: tokio::sync::Mutex::new(JoinSet::new()),
             deadline: Arc::default(),
+            stopping: CancellationToken::new(),
             config,
         });
         let n = if h.config.sending_queue.enabled { h.config.sending_queue.num_consumers.max(1) } else { 1 };
@@ -107,6 +114,9 @@ impl ExporterHandle {
             set.spawn(
                 async move {
                     while let Ok(item) = rx.recv().await {
+                        if me.store.is_some() && me.shutting_down() {
+                            break; // the rest is on disk and goes out after the next start
+                        }
                         me.telemetry.queue_size.set(rx.len() as i64);
                         let outcome = me.send_with_retry(&item.batch).await;
                         if let (Outcome::Done, Some(ticket)) = (outcome, item.ticket) {
@@ -247,19 +257,19 @@ impl ExporterHandle {
                 profcol_api::ExportError::Retryable { retry_after, .. } => backoff.next(*retry_after),
                 profcol_api::ExportError::Permanent { .. } => None,
             };
-            let past_deadline = |w: Duration| {
-                self.deadline.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|d| Instant::now() + w > d)
-            };
+            let deadline = *self.deadline.lock().unwrap_or_else(|p| p.into_inner());
+            // Shutting down, a persistent queue keeps the batch rather than waiting to retry.
+            let keep = self.store.is_some() && deadline.is_some();
+            let past_deadline = |w: Duration| deadline.is_some_and(|d| Instant::now() + w > d);
             match wait {
-                Some(w) if !past_deadline(w) => {
+                Some(w) if !keep && !past_deadline(w) => {
                     debug!(exporter = %self.id, error = %err, wait = ?w, "export failed; retrying");
-                    tokio::time::sleep(w).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(w) => {}
+                        _ = self.stopping.cancelled(), if self.store.is_some() => return self.keep_for_next_start(n, &err),
+                    }
                 }
-                Some(_) if self.store.is_some() => {
-                    info!(exporter = %self.id, samples = n, error = %err,
-                        "shutting down during a retry; the batch stays in the persistent queue for the next start");
-                    return Outcome::Interrupted;
-                }
+                Some(_) if self.store.is_some() => return self.keep_for_next_start(n, &err),
                 _ => {
                     self.telemetry.send_failed.add(n);
                     warn!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped");
@@ -269,9 +279,22 @@ impl ExporterHandle {
         }
     }
 
-    /// Drains the queue (waiting at most until `deadline`), then shuts the exporter down.
+    fn shutting_down(&self) -> bool {
+        self.stopping.is_cancelled()
+    }
+
+    fn keep_for_next_start(&self, samples: u64, err: &profcol_api::ExportError) -> Outcome {
+        info!(exporter = %self.id, samples, error = %err,
+            "shutting down during a retry; the batch stays in the persistent queue for the next start");
+        Outcome::Interrupted
+    }
+
+    /// Drains the queue (waiting at most until `deadline`), then shuts the
+    /// exporter down. A persistent queue is not drained: what is queued stays
+    /// on disk, and batches waiting for a retry stop waiting.
     pub async fn shutdown(&self, deadline: Instant) {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
+        self.stopping.cancel();
         self.tx.close();
         let mut set = self.consumers.lock().await;
         let drained =
