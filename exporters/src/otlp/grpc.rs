@@ -1,6 +1,6 @@
 //! `otlp` (alias `otlp_grpc`): OTLP profiles over gRPC with tonic.
 
-use super::{check_headers, status, ClientTlsConfig, Compression, OtlpCounters};
+use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters};
 use bytes::{BufMut, Bytes};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::ExportProfilesServiceResponse;
@@ -145,7 +145,9 @@ impl OtlpGrpcExporter {
             .initial_connection_window_size(Some(4 << 20))
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(false);
-        if tls {
+        if !tls {
+            cfg.tls.check_plaintext(&cfg.endpoint).map_err(err)?;
+        } else {
             let (ca, ident) = cfg.tls.load().map_err(err)?;
             let mut tc = tonic::transport::ClientTlsConfig::new();
             tc = match ca {
@@ -182,7 +184,7 @@ impl OtlpGrpcExporter {
         grpc = grpc.accept_compressed(tonic::codec::CompressionEncoding::Gzip);
         let result = async {
             grpc.ready().await.map_err(|e| ExportError::Retryable {
-                message: format!("cannot reach the backend: {e}"),
+                message: format!("cannot reach the backend: {}", error_chain(&e)),
                 retry_after: None,
             })?;
             let mut req = tonic::Request::new(body);

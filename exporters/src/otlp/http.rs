@@ -1,7 +1,7 @@
 //! `otlp_http`: OTLP profiles over HTTP (`POST {endpoint}/v1development/profiles`),
 //! protobuf by default, JSON as an option.
 
-use super::{check_headers, status, ClientTlsConfig, Compression, OtlpCounters};
+use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::ExportProfilesServiceResponse;
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
@@ -88,6 +88,16 @@ impl OtlpHttpExporter {
         if !matches!(url.scheme(), "http" | "https") {
             return Err(err(format!("endpoint {url_text:?}: the scheme must be http or https")));
         }
+        if cfg.endpoint.trim().starts_with("http://") {
+            cfg.tls.check_plaintext(&cfg.endpoint).map_err(err)?;
+        }
+        if cfg.tls.server_name_override.is_some() {
+            // reqwest checks the certificate against the URL's host only; ignoring
+            // the setting would quietly verify another name than the one asked for.
+            return Err(err("tls.server_name_override is not supported by otlp_http; write the name the server's \
+                 certificate is valid for as the endpoint's host"
+                .into()));
+        }
         let mut headers = reqwest::header::HeaderMap::new();
         for (k, v) in &cfg.headers {
             // Checked by check_headers above.
@@ -166,17 +176,6 @@ impl OtlpHttpExporter {
         }
         Ok(())
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[async_trait::async_trait]

@@ -47,7 +47,8 @@ pub struct ClientTlsConfig {
     pub cert_file: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
-    /// Name to check the server's certificate against (default: the endpoint's host).
+    /// Name to check the server's certificate against (default: the endpoint's
+    /// host). gRPC only: `otlp_http` refuses it (put that name in the endpoint).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_name_override: Option<String>,
 }
@@ -55,6 +56,24 @@ pub struct ClientTlsConfig {
 impl ClientTlsConfig {
     pub(crate) fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
         std::fs::read(path).map_err(|e| format!("tls.{what}: cannot read {}: {e}", path.display()))
+    }
+
+    /// Refuses TLS settings on a plain-text endpoint: ignoring them would send
+    /// in clear text what the config meant to protect.
+    pub(crate) fn check_plaintext(&self, endpoint: &str) -> Result<(), String> {
+        let set = [
+            ("ca_file", self.ca_file.is_some()),
+            ("cert_file", self.cert_file.is_some()),
+            ("key_file", self.key_file.is_some()),
+            ("server_name_override", self.server_name_override.is_some()),
+        ];
+        match set.iter().find(|(_, on)| *on) {
+            Some((key, _)) => Err(format!(
+                "tls.{key} is set but endpoint {endpoint:?} is plain text (http://, or tls.insecure); \
+                 use https:// or remove the tls settings"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// (CA PEM, (cert PEM, key PEM)) read from the files, checked for pairs.
@@ -67,6 +86,25 @@ impl ClientTlsConfig {
             _ => return Err("tls.cert_file and tls.key_file must be given together".into()),
         };
         Ok((ca, id))
+    }
+}
+
+/// `e` and its sources, `: `-separated.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    push_causes(&mut s, e.source());
+    s
+}
+
+/// Appends the messages of `cause` and its sources that `s` does not already say.
+pub(crate) fn push_causes(s: &mut String, mut cause: Option<&dyn std::error::Error>) {
+    while let Some(c) = cause {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cause = c.source();
     }
 }
 

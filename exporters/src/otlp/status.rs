@@ -57,13 +57,21 @@ pub fn retry_delay(details: &[u8]) -> Option<Duration> {
 
 /// gRPC status → export error: UNAVAILABLE and RESOURCE_EXHAUSTED are
 /// retryable (after the RetryInfo delay when given); the rest is permanent.
+/// An UNKNOWN status that carries a source error was made by the client's
+/// own transport (a reset connection, a failed handshake), not answered by
+/// the server: like a refused connection, it is retried.
 pub fn from_grpc(s: &tonic::Status) -> ExportError {
     use tonic::Code;
-    let message = format!("gRPC {:?}: {}", s.code(), s.message());
+    let mut message = format!("gRPC {:?}: {}", s.code(), s.message());
+    // A transport failure says what happened (a TLS alert, a reset) only in
+    // its sources; the message itself is "transport error".
+    let source = std::error::Error::source(s);
+    super::push_causes(&mut message, source);
     match s.code() {
         Code::Unavailable | Code::ResourceExhausted => {
             ExportError::Retryable { message, retry_after: retry_delay(s.details()) }
         }
+        Code::Unknown if source.is_some() => ExportError::Retryable { message, retry_after: None },
         _ => ExportError::Permanent { message },
     }
 }
@@ -149,6 +157,15 @@ mod tests {
         ));
         assert!(matches!(from_grpc(&tonic::Status::invalid_argument("x")), ExportError::Permanent { .. }));
         assert!(matches!(from_grpc(&tonic::Status::unauthenticated("x")), ExportError::Permanent { .. }));
+        // The server said UNKNOWN: permanent. The client's transport failed: retried, with the cause in the message.
+        assert!(matches!(from_grpc(&tonic::Status::unknown("x")), ExportError::Permanent { .. }));
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset by peer");
+        match from_grpc(&tonic::Status::from_error(Box::new(reset))) {
+            ExportError::Retryable { message, .. } => {
+                assert!(message.contains("connection reset by peer"), "{message}")
+            }
+            e => panic!("{e:?}"),
+        }
     }
 
     #[test]
