@@ -395,6 +395,68 @@ fn batch_frames_get_function_mapping_build_id() {
     out.validate().expect("output is a valid batch");
 }
 
+/// Entries per table: strings, attributes, mappings, functions, locations, stacks, links.
+fn table_sizes(p: &Profiles) -> [usize; 7] {
+    let d = p.dictionary().unwrap();
+    [
+        d.string_table.len(),
+        d.attribute_table.len(),
+        d.mapping_table.len(),
+        d.function_table.len(),
+        d.location_table.len(),
+        d.stack_table.len(),
+        d.link_table.len(),
+    ]
+}
+
+/// Locations still as the receiver wrote them: kernel mapping, no lines.
+fn raw_kernel_locations(p: &Profiles) -> Vec<u64> {
+    let d = p.dictionary().unwrap();
+    d.location_table
+        .iter()
+        .skip(1)
+        .filter(|l| {
+            l.lines.is_empty()
+                && str_at(&d.string_table, d.mapping_table[l.mapping_index as usize].filename_strindex)
+                    == keys::KERNEL_MAPPING
+        })
+        .map(|l| l.address)
+        .collect()
+}
+
+#[test]
+fn symbolized_batches_carry_no_raw_kernel_entries() {
+    let s = open();
+    let gens = s.generations().load();
+    // vmlinux leaf, live_mod caller, fresh_mod (mapping only): all rewritten.
+    let batch = kernel_batch(&[0xffffffff81000115, 0xffffffffc0a00100, 0xffffffffc0d00020], now_ns());
+    assert_eq!(raw_kernel_locations(&batch).len(), 3);
+    let (out, outcome) = symbolize(batch.clone(), &gens);
+    assert_eq!(outcome.unresolved, 0);
+    out.validate().expect("valid");
+    assert_eq!(profcol_api::model::canonical::samples(&out).len(), 1);
+    assert!(raw_kernel_locations(&out).is_empty(), "{:?}", raw_kernel_locations(&out));
+    // The receiver's catch-all kernel mapping went with the raw locations.
+    assert!(out.dictionary().unwrap().mapping_table.iter().all(|m| m.memory_limit != u64::MAX));
+    // strings: "", [kernel.kallsyms], profile.frame.type, samples, count,
+    //   cpu, nanoseconds, build-id key, vfs_read, live_mod, lm_helper, fresh_mod;
+    // attributes: 0, frame type, 3 build IDs; mappings: 0, vmlinux, live_mod,
+    // fresh_mod; functions: 0, vfs_read, lm_helper; locations: 0 + 3;
+    // stacks: 0 + 1; links: 0.
+    assert_eq!(table_sizes(&out), [12, 5, 4, 3, 4, 2, 1]);
+    // Nothing left to rewrite: a second pass returns the batch as it is.
+    assert_eq!(symbolize(out.clone(), &gens).0, out);
+
+    // An unresolved frame keeps its raw location (and mapping): it is still used.
+    let batch = kernel_batch(&[0xffffffff81000115, 0xffffffffc0ff0000], now_ns());
+    let (out, outcome) = symbolize(batch, &gens);
+    assert_eq!((outcome.resolved, outcome.unresolved), (1, 1));
+    out.validate().expect("valid");
+    assert_eq!(raw_kernel_locations(&out), [0xffffffffc0ff0000]);
+    // mappings: 0, raw catch-all, vmlinux; locations: 0, vfs_read, raw.
+    assert_eq!(table_sizes(&out)[2..6], [3, 2, 3, 2]);
+}
+
 #[test]
 fn the_leaf_is_looked_up_exactly() {
     let s = open();

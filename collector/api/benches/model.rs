@@ -1,9 +1,12 @@
 //! The data model on a realistic batch: 10k samples, 2k distinct stacks of
 //! depth 30, 50 processes. Building with interning is compared side by side
 //! with building the same data as plain prost structs without interning (the
-//! baseline), and encode / decode / merge are measured on the result.
+//! baseline), and encode / decode / merge are measured on the result. The
+//! `compact` group times dictionary compaction of the batch as a frame
+//! rewriter leaves it, next to encoding the same batch (the baseline).
 //!
 //! cargo bench -p profcol-api --bench model
+//! cargo bench -p profcol-api --bench model -- compact
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
@@ -157,6 +160,73 @@ fn build_plain(r: &Raw) -> pb::ProfilesData {
     pb::ProfilesData { resource_profiles: rps, dictionary: Some(d) }
 }
 
+/// `built` as a frame-rewriting processor (kernel_symbols) leaves it: 30% of
+/// the locations get a rewritten copy appended, every stack using one is
+/// re-interned and samples moved to it; the originals stay behind, dead.
+fn with_dead(built: &Profiles) -> Profiles {
+    let mut b = ProfilesBuilder::from_profiles(built.clone());
+    let file = b.string("[kernel.kallsyms]");
+    let m = b.mapping(pb::Mapping { memory_limit: u64::MAX, filename_strindex: file, ..Default::default() });
+    let n = b.dictionary().location_table.len();
+    let mut locs: Vec<i32> = (0..n as i32).collect();
+    for (i, new) in locs.iter_mut().enumerate().skip(1).filter(|(i, _)| i % 10 < 3) {
+        let l = &b.dictionary().location_table[i];
+        *new = b.location(pb::Location { mapping_index: m, address: l.address | 1 << 63, ..Default::default() });
+    }
+    let mut buf = Vec::new();
+    let stacks: Vec<i32> = (0..b.dictionary().stack_table.len())
+        .map(|i| {
+            buf.clear();
+            buf.extend(b.dictionary().stack_table[i].location_indices.iter().map(|&l| locs[l as usize]));
+            b.stack(&buf)
+        })
+        .collect();
+    let mut p = b.build();
+    for rp in &mut p.0.resource_profiles {
+        for prof in rp.scope_profiles.iter_mut().flat_map(|s| &mut s.profiles) {
+            for s in &mut prof.samples {
+                s.stack_index = stacks[s.stack_index as usize];
+            }
+        }
+    }
+    p
+}
+
+fn entries(p: &Profiles) -> usize {
+    let d = p.dictionary().unwrap();
+    d.string_table.len()
+        + d.attribute_table.len()
+        + d.mapping_table.len()
+        + d.function_table.len()
+        + d.location_table.len()
+        + d.stack_table.len()
+        + d.link_table.len()
+}
+
+fn bench_compact(c: &mut Criterion, built: &Profiles) {
+    let dead = with_dead(built);
+    let mut compacted = dead.clone();
+    let removed = compacted.compact();
+    eprintln!(
+        "compact: {} of {} dictionary entries dead ({:.0}%: {removed:?}); encoded {} -> {} bytes",
+        removed.total(),
+        entries(&dead),
+        100.0 * removed.total() as f64 / entries(&dead) as f64,
+        dead.encoded_len(),
+        compacted.encoded_len()
+    );
+    let mut g = c.benchmark_group("compact");
+    g.throughput(Throughput::Elements(SAMPLES as u64));
+    g.sample_size(20);
+    g.bench_function("with_dead", |b| b.iter_batched(|| dead.clone(), |mut p| (p.compact(), p), BatchSize::LargeInput));
+    g.bench_function("encode_with_dead (baseline)", |b| b.iter(|| dead.encode_to_vec()));
+    // Nothing dead: a no-op, so the same batch can be reused.
+    let mut clean = built.clone();
+    g.bench_function("nothing_dead", |b| b.iter(|| clean.compact()));
+    g.bench_function("encode_compacted", |b| b.iter(|| compacted.encode_to_vec()));
+    g.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let r = raw();
     let built = build_interned(&r);
@@ -185,6 +255,7 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("validate", |b| b.iter(|| built.validate().unwrap()));
     g.finish();
+    bench_compact(c, &built);
 }
 
 criterion_group!(benches, bench);

@@ -4,7 +4,8 @@
 //! generation live at its timestamp.
 //!
 //! Work is per distinct (stack, generation) and (location, generation,
-//! leaf?), never per sample: samples only get a new stack index.
+//! leaf?), never per sample: samples only get a new stack index. Entries
+//! the rewrite orphaned are then dropped from the dictionary.
 
 use profcol_api::model::{keys, pb, str_at, AttrValue, Profiles, ProfilesBuilder};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -52,6 +53,7 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
     let mut b = ProfilesBuilder::from_profiles(batch);
     let mut ctx = Ctx::new(&mut b);
     let mut stacks: FxHashMap<(i32, u64), i32> = FxHashMap::default();
+    let mut rewritten = false;
     for (resource, scope, profile, start) in shape {
         let r = profcol_api::model::ProfileRef { resource, scope, profile };
         let n = ctx.b.profile_mut(r).samples.len();
@@ -68,10 +70,16 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
                     n
                 }
             };
+            rewritten |= new != stack;
             ctx.b.profile_mut(r).samples[i].stack_index = new;
         }
     }
-    (b.build(), out)
+    let mut batch = b.build();
+    if rewritten {
+        // The raw locations and old stacks are orphans now; don't export them.
+        batch.compact();
+    }
+    (batch, out)
 }
 
 /// Locations with the kernel mapping and the kernel frame-type attribute

@@ -6,14 +6,17 @@
 //! [`ProfilesBuilder`] interns every dictionary table; [`view`] walks samples
 //! with their frames resolved; [`ProfilesBuilder::append`] merges batches by
 //! remapping one dictionary into another; [`validate`] checks the spec's
-//! invariants on input from outside.
+//! invariants on input from outside; [`Profiles::compact`] drops dictionary
+//! entries nothing refers to any more.
 
 mod builder;
 pub mod canonical;
+mod compact;
 mod validate;
 pub mod view;
 
 pub use builder::{AttrValue, ProfileMeta, ProfileRef, ProfilesBuilder};
+pub use compact::Compacted;
 pub use validate::InvalidProfiles;
 
 pub use opentelemetry_proto::tonic::collector::profiles::v1development::{
@@ -114,6 +117,12 @@ impl Profiles {
     /// Checks the spec's invariants; run on every batch that comes from outside.
     pub fn validate(&self) -> Result<(), InvalidProfiles> {
         validate::validate(&self.0)
+    }
+
+    /// Drops dictionary entries nothing live refers to (e.g. frames a
+    /// processor replaced), keeping entry 0 and the order of the rest.
+    pub fn compact(&mut self) -> Compacted {
+        compact::compact(&mut self.0)
     }
 
     /// Walks every sample with its frames resolved.
