@@ -11,7 +11,6 @@
 //!
 //! cargo bench -p profcol --bench gateway_host
 
-#[allow(dead_code)]
 #[path = "../../exporters/tests/common/mod.rs"]
 mod common;
 
