@@ -416,7 +416,13 @@ impl ProfilesBuilder {
         let src = dictionary.unwrap_or_default();
         let remap = self.remap_dictionary(&src);
         for mut rp in resource_profiles {
+            if let Some(r) = &mut rp.resource {
+                remap.attributes(&mut r.attributes);
+            }
             for sp in &mut rp.scope_profiles {
+                if let Some(sc) = &mut sp.scope {
+                    remap.attributes(&mut sc.attributes);
+                }
                 for p in &mut sp.profiles {
                     remap.profile(p);
                 }
@@ -432,7 +438,13 @@ impl ProfilesBuilder {
         let attrs: Vec<i32> = src
             .attribute_table
             .iter()
-            .map(|kv| self.attribute_raw(s(kv.key_strindex), kv.value.clone(), s(kv.unit_strindex)))
+            .map(|kv| {
+                let mut value = kv.value.clone();
+                if let Some(v) = &mut value {
+                    super::strindex::any_mut(v, &mut |i| *i = s(*i));
+                }
+                self.attribute_raw(s(kv.key_strindex), value, s(kv.unit_strindex))
+            })
             .collect();
         let a = |v: &[i32]| v.iter().map(|&i| lookup(&attrs, i)).collect::<Vec<i32>>();
         let mappings: Vec<i32> = src
@@ -518,6 +530,11 @@ struct Remap {
 }
 
 impl Remap {
+    /// Resource and scope attributes may name strings by index too.
+    fn attributes(&self, kvs: &mut [super::KeyValue]) {
+        super::strindex::kvs_mut(kvs, &mut |i| *i = lookup(&self.strings, *i));
+    }
+
     fn profile(&self, p: &mut pb::Profile) {
         for vt in p.sample_type.iter_mut().chain(p.period_type.iter_mut()) {
             vt.type_strindex = lookup(&self.strings, vt.type_strindex);
@@ -579,5 +596,74 @@ mod tests {
         assert_eq!(d.string_table[0], "");
         assert_eq!(d.stack_table[0], pb::Stack::default());
         assert_eq!(d.mapping_table[0], pb::Mapping::default());
+    }
+
+    /// A batch whose attributes name strings by index (values, nested values,
+    /// keys of resource and scope attributes).
+    fn by_index(words: &[&str]) -> Profiles {
+        use super::super::{any_value::Value, KeyValue};
+        use opentelemetry_proto::tonic::common::v1::ArrayValue;
+        let mut b = ProfilesBuilder::new();
+        let ix: Vec<i32> = words.iter().map(|w| b.string(w)).collect();
+        let sv = |i: i32| AnyValue { value: Some(Value::StringValueStrindex(i)) };
+        let nested = AnyValue { value: Some(Value::ArrayValue(ArrayValue { values: vec![sv(ix[2])] })) };
+        let a1 = b.attribute_raw(ix[0], Some(sv(ix[1])), 0);
+        let a2 = b.attribute_raw(ix[0], Some(nested), 0);
+        let kv = |k: i32, v: i32| KeyValue { key: String::new(), value: Some(sv(v)), key_strindex: k };
+        let r = b.resource(Resource { attributes: vec![kv(ix[3], ix[4])], ..Default::default() });
+        let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
+        let l = b.location(pb::Location { address: 1, ..Default::default() });
+        let st = b.stack(&[l]);
+        b.sample(
+            p,
+            pb::Sample { stack_index: st, values: vec![1], attribute_indices: vec![a1, a2], ..Default::default() },
+        );
+        let mut out = b.build();
+        out.0.resource_profiles[0].scope_profiles[0].scope =
+            Some(super::super::InstrumentationScope { attributes: vec![kv(ix[5], ix[1])], ..Default::default() });
+        out
+    }
+
+    #[test]
+    fn append_remaps_string_indices_inside_attribute_values_and_keys() {
+        let words = ["key", "value", "nested", "res.key", "res.value", "scope.key"];
+        let mut merged = by_index(&["other", "strings", "first", "x", "y", "z"]);
+        // The appended batch's string indices all move.
+        merged.merge(by_index(&words));
+        assert!(merged.validate().is_ok());
+        let d = merged.dictionary().unwrap();
+        let t = &d.string_table;
+        let text = |v: &AnyValue| match &v.value {
+            Some(any_value::Value::StringValueStrindex(i)) => t[*i as usize].clone(),
+            Some(any_value::Value::ArrayValue(a)) => format!(
+                "[{}]",
+                t[match a.values[0].value {
+                    Some(any_value::Value::StringValueStrindex(i)) => i as usize,
+                    _ => 0,
+                }]
+            ),
+            other => panic!("{other:?}"),
+        };
+        let rp = &merged.0.resource_profiles[1];
+        let sample = &rp.scope_profiles[0].profiles[0].samples[0];
+        let attrs: Vec<String> = sample
+            .attribute_indices
+            .iter()
+            .map(|&a| {
+                let kv = &d.attribute_table[a as usize];
+                format!("{}={}", t[kv.key_strindex as usize], text(kv.value.as_ref().unwrap()))
+            })
+            .collect();
+        assert_eq!(attrs, ["key=value", "key=[nested]"]);
+        let res = &rp.resource.as_ref().unwrap().attributes[0];
+        assert_eq!(
+            (t[res.key_strindex as usize].as_str(), text(res.value.as_ref().unwrap())),
+            ("res.key", "res.value".into())
+        );
+        let sc = &rp.scope_profiles[0].scope.as_ref().unwrap().attributes[0];
+        assert_eq!(
+            (t[sc.key_strindex as usize].as_str(), text(sc.value.as_ref().unwrap())),
+            ("scope.key", "value".into())
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! two batches hold the same samples when their sorted canonical forms are equal,
 //! however their dictionaries are laid out.
 
-use super::{AnyValue, KeyValue, Profiles};
+use super::{str_at, AnyValue, KeyValue, Profiles};
 
 /// One frame: mapping filename, address, (function, file, line) per line, location attributes.
 pub type CanonicalFrame = (String, u64, Vec<(String, String, i64)>, Vec<(String, String)>);
@@ -18,15 +18,50 @@ pub struct CanonicalSample {
     pub attributes: Vec<(String, String)>,
 }
 
-fn show(v: Option<&AnyValue>) -> String {
-    match v.and_then(|v| v.value.as_ref()) {
+/// A value with every string index replaced by its string, so a value named
+/// by index and the same value written out compare equal.
+fn resolve(v: &AnyValue, t: &[String]) -> AnyValue {
+    use super::any_value::Value;
+    use opentelemetry_proto::tonic::common::v1::{ArrayValue, KeyValueList};
+    let value = match &v.value {
+        Some(Value::StringValueStrindex(i)) => Value::StringValue(str_at(t, *i).to_owned()),
+        Some(Value::ArrayValue(a)) => {
+            Value::ArrayValue(ArrayValue { values: a.values.iter().map(|v| resolve(v, t)).collect() })
+        }
+        Some(Value::KvlistValue(l)) => Value::KvlistValue(KeyValueList {
+            values: l
+                .values
+                .iter()
+                .map(|kv| KeyValue {
+                    key: key(kv, t),
+                    value: kv.value.as_ref().map(|v| resolve(v, t)),
+                    key_strindex: 0,
+                })
+                .collect(),
+        }),
+        Some(other) => other.clone(),
+        None => return AnyValue::default(),
+    };
+    AnyValue { value: Some(value) }
+}
+
+fn key(kv: &KeyValue, t: &[String]) -> String {
+    if kv.key_strindex != 0 {
+        str_at(t, kv.key_strindex).to_owned()
+    } else {
+        kv.key.clone()
+    }
+}
+
+fn show(v: Option<&AnyValue>, t: &[String]) -> String {
+    match v.map(|v| resolve(v, t)).and_then(|v| v.value) {
         None => String::new(),
         Some(v) => format!("{v:?}"),
     }
 }
 
-fn kvs(attrs: &[KeyValue]) -> Vec<(String, String)> {
-    let mut v: Vec<_> = attrs.iter().map(|kv| (kv.key.clone(), show(kv.value.as_ref()))).collect();
+fn kvs(attrs: &[KeyValue], t: &[String]) -> Vec<(String, String)> {
+    let mut v: Vec<_> = attrs.iter().map(|kv| (key(kv, t), show(kv.value.as_ref(), t))).collect();
     v.sort();
     v
 }
@@ -36,11 +71,12 @@ pub fn samples(p: &Profiles) -> Vec<CanonicalSample> {
     let mut out: Vec<CanonicalSample> = p
         .samples()
         .map(|s| {
-            let mut attributes: Vec<_> = s.attributes().map(|(k, v)| (k.to_owned(), show(v))).collect();
+            let strings = &s.dict.string_table;
+            let mut attributes: Vec<_> = s.attributes().map(|(k, v)| (k.to_owned(), show(v, strings))).collect();
             attributes.sort();
             let (t, u) = s.sample_type();
             CanonicalSample {
-                resource: s.resource.map(|r| kvs(&r.attributes)).unwrap_or_default(),
+                resource: s.resource.map(|r| kvs(&r.attributes, strings)).unwrap_or_default(),
                 sample_type: (t.to_owned(), u.to_owned()),
                 frames: s
                     .frames()
@@ -50,7 +86,7 @@ pub fn samples(p: &Profiles) -> Vec<CanonicalSample> {
                             .attribute_indices
                             .iter()
                             .filter_map(|&i| s.dict.attribute_table.get(i as usize))
-                            .map(|kv| (s.str(kv.key_strindex).to_owned(), show(kv.value.as_ref())))
+                            .map(|kv| (s.str(kv.key_strindex).to_owned(), show(kv.value.as_ref(), strings)))
                             .collect();
                         la.sort();
                         (

@@ -12,6 +12,7 @@
 mod builder;
 pub mod canonical;
 mod compact;
+mod strindex;
 mod validate;
 pub mod view;
 
