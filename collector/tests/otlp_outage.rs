@@ -329,3 +329,60 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
     let _ = child.wait();
     r.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_receiver_waits_out_a_full_persistent_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    let batches: Vec<Profiles> = (0..6).map(batch).collect();
+    for (k, b) in batches.iter().enumerate() {
+        std::fs::write(input.join(format!("{k:02}.pb")), b.encode_to_vec()).unwrap();
+    }
+    let port_out = free_port();
+    // Room for two batches: the other four are refused until the backend drains the queue.
+    let room = 2 * (batch(0).encode_to_vec().len() + 16) + 8;
+    let text = format!(
+        "receivers:
+  file:
+    path: {}
+exporters:
+  otlp:
+    endpoint: http://127.0.0.1:{port_out}
+    retry_on_failure:
+      initial_interval: 200ms
+      max_interval: 1s
+      max_elapsed_time: 0s
+    sending_queue:
+      storage: {}
+      max_storage_bytes: {room}
+service:
+  telemetry:
+    metrics:
+      address: \"\"
+  pipelines:
+    profiles:
+      receivers: [file]
+      exporters: [otlp]
+",
+        input.display(),
+        dir.path().join("queue").display()
+    );
+    let cfg = dir.path().join("profcol.yaml");
+    std::fs::write(&cfg, text).unwrap();
+    let log = dir.path().join("profcol.log");
+    let mut child = start_profcol(&cfg, &log);
+    let t = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("batch refused") {
+        assert!(t.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(child.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (r, sink) = backend(port_out).await;
+    let n: usize = batches.iter().map(|b| b.sample_count()).sum();
+    wait_samples(&sink, n, Duration::from_secs(30)).await;
+    assert!(merged(&sink.0.lock().unwrap()) == merged(&batches));
+    let _ = child.kill();
+    let _ = child.wait();
+    r.shutdown().await.unwrap();
+}

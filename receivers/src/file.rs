@@ -9,7 +9,8 @@
 
 use async_trait::async_trait;
 use profcol_api::component::{
-    factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver, Stability,
+    factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver,
+    Stability,
 };
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::Profiles;
@@ -191,8 +192,20 @@ impl Receiver for FileReceiver {
                         if stop.is_cancelled() {
                             break 'outer;
                         }
-                        if next.send(b).await.is_err() {
-                            break 'outer;
+                        // A refusal (a full persistent queue downstream) is retried
+                        // with backoff: the file is the only copy. The clone that
+                        // allows it costs less than the decode that made the batch.
+                        let mut backoff = Duration::from_millis(100);
+                        loop {
+                            match next.send(b.clone()).await {
+                                Ok(()) => break,
+                                Err(ConsumeError::Closed) => break 'outer,
+                                Err(ConsumeError::Refused(why)) => {
+                                    warn!(file = %f.display(), retry_in = ?backoff, "file receiver: batch refused ({why})");
+                                    tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = stop.cancelled() => break 'outer }
+                                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                                }
+                            }
                         }
                         sent += 1;
                         if let Some(g) = gap {
