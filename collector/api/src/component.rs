@@ -228,7 +228,13 @@ pub trait Receiver: Send + Sync + 'static {
     async fn shutdown(&self) -> Result<(), ComponentError>;
 }
 
-/// A batch transformer: returns the batch (possibly changed) or None to drop it.
+/// A batch transformer: returns the batch (possibly changed), or None when it
+/// dropped it or holds it back.
+///
+/// Contract for processors that hold batches back: they have a
+/// `flush_interval`, and a batch they return (from `process` or `flush`)
+/// carries everything they held until then. The host relies on it to
+/// acknowledge held batches once they are queued.
 #[async_trait]
 pub trait Processor: Send + Sync + 'static {
     async fn start(&self) -> Result<(), ComponentError> {

@@ -154,6 +154,11 @@ impl ExporterHandle {
         &self.id
     }
 
+    /// Whether batches are on disk once `enqueue` returns.
+    pub fn is_persistent(&self) -> bool {
+        self.store.is_some()
+    }
+
     /// Hands a batch to the queue. With `block_on_overflow` (or the queue
     /// disabled) this waits for room; otherwise a full in-memory queue drops
     /// the batch and counts it. With a persistent queue the batch is on disk

@@ -5,7 +5,10 @@
 //! processors and into every exporter's queue (on disk, for an exporter with
 //! a persistent queue), so an acknowledgement upstream means "queued", and a
 //! persistent queue that cannot take the batch is reported back to the
-//! receiver (which tells its sender to retry) instead of being lost.
+//! receiver (which tells its sender to retry) instead of being lost. In a
+//! pipeline with a persistent exporter, a batch a processor holds back (the
+//! batch processor) is acknowledged when the batch that carries it is
+//! queued, so "acknowledged" still means "on disk".
 
 use crate::exporter_helper::ExporterHandle;
 use async_trait::async_trait;
@@ -44,6 +47,18 @@ pub struct PipelineParts {
     pub exporters: Vec<Arc<ExporterHandle>>,
 }
 
+type Ack = oneshot::Sender<Result<(), ConsumeError>>;
+
+/// Acknowledgements waiting for a batch a processor holds (batching): with a
+/// persistent exporter in the pipeline, a receiver hears "queued" only once
+/// its batch is on disk, so the acks travel with the batch that contains it.
+struct Held {
+    /// Per processor, the acks of the batches it absorbed and has not yet let go.
+    acks: Vec<Vec<Ack>>,
+    /// Whether acks wait for held batches (some exporter has a persistent queue).
+    durable: bool,
+}
+
 /// Runs until every sender of `rx` is gone, then flushes held-back batches
 /// through the rest of the pipeline and returns.
 pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
@@ -51,54 +66,71 @@ pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
     let mut ticker = tokio::time::interval(flush_every.unwrap_or(Duration::from_secs(3600)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
+    let mut held = Held {
+        acks: parts.processors.iter().map(|_| Vec::new()).collect(),
+        durable: parts.exporters.iter().any(|e| e.is_persistent()),
+    };
     loop {
         tokio::select! {
             batch = rx.recv() => match batch {
-                Some((b, ack)) => {
-                    // The receiver may have stopped waiting (its own timeout); the batch is queued regardless.
-                    let _ = ack.send(process_from(&parts, 0, b).await);
-                }
+                Some((b, ack)) => process_from(&parts, &mut held, 0, b, vec![ack]).await,
                 None => break,
             },
-            _ = ticker.tick(), if flush_every.is_some() => flush(&parts).await,
+            _ = ticker.tick(), if flush_every.is_some() => flush(&parts, &mut held).await,
         }
     }
-    flush(&parts).await;
+    flush(&parts, &mut held).await;
 }
 
 /// Each processor's held-back batch goes through the processors after it.
-async fn flush(parts: &PipelineParts) {
+async fn flush(parts: &PipelineParts, held: &mut Held) {
     for (i, (id, p)) in parts.processors.iter().enumerate() {
+        let acks = std::mem::take(&mut held.acks[i]);
         match p.flush().await {
-            Ok(Some(b)) => {
-                if let Err(e) = process_from(parts, i + 1, b).await {
-                    warn!(pipeline = %parts.name, processor = %id, error = %e, "a flushed batch was refused");
-                }
+            Ok(Some(b)) => process_from(parts, held, i + 1, b, acks).await,
+            Ok(None) => answer(acks, Ok(())),
+            Err(e) => {
+                warn!(pipeline = %parts.name, processor = %id, error = %e, "flush failed");
+                answer(acks, Ok(()));
             }
-            Ok(None) => {}
-            Err(e) => warn!(pipeline = %parts.name, processor = %id, error = %e, "flush failed"),
         }
+    }
+}
+
+/// Tells each waiting receiver what became of its batch. A receiver may have
+/// stopped waiting (its own timeout); the batch went its way regardless.
+fn answer(acks: Vec<Ack>, result: Result<(), ConsumeError>) {
+    for a in acks {
+        let _ = a.send(result.clone());
     }
 }
 
 /// Runs `batch` through the processors from `start` on and into every
-/// exporter's queue. A processor that fails drops the batch with a warning
-/// (a retry would fail the same way); an exporter whose persistent queue
-/// cannot take it makes the whole batch refused, so the sender retries.
-async fn process_from(parts: &PipelineParts, start: usize, mut batch: Profiles) -> Result<(), ConsumeError> {
-    for (id, p) in &parts.processors[start..] {
+/// exporter's queue, then answers `acks`. A processor that fails drops the
+/// batch with a warning (a retry would fail the same way); an exporter whose
+/// persistent queue cannot take it makes the whole batch refused, so the
+/// sender retries. A processor that holds the batch back keeps its acks
+/// (durable pipelines) or answers them at once.
+async fn process_from(parts: &PipelineParts, held: &mut Held, start: usize, mut batch: Profiles, mut acks: Vec<Ack>) {
+    for (i, (id, p)) in parts.processors.iter().enumerate().skip(start) {
         let n = batch.sample_count();
         match p.process(batch).await {
-            Ok(Some(b)) => batch = b,
-            Ok(None) => return Ok(()),
+            Ok(Some(b)) => {
+                batch = b;
+                // What the processor held went out with this batch.
+                acks.append(&mut held.acks[i]);
+            }
+            // Only processors with a flush timer hold batches; for the rest None means dropped.
+            Ok(None) if held.durable && p.flush_interval().is_some() => return held.acks[i].append(&mut acks),
+            Ok(None) => return answer(acks, Ok(())),
             Err(e) => {
                 warn!(pipeline = %parts.name, processor = %id, samples = n, error = %e, "processor failed; batch dropped");
-                return Ok(());
+                return answer(acks, Ok(()));
             }
         }
     }
     if batch.is_empty() {
-        return Ok(());
+        return answer(acks, Ok(()));
     }
     let batch = Arc::new(batch);
     let mut refused = Vec::new();
@@ -108,8 +140,12 @@ async fn process_from(parts: &PipelineParts, start: usize, mut batch: Profiles) 
         }
     }
     if refused.is_empty() {
-        Ok(())
+        answer(acks, Ok(()));
     } else {
-        Err(ConsumeError::Refused(refused.join("; ")))
+        let why = refused.join("; ");
+        if acks.is_empty() {
+            warn!(pipeline = %parts.name, error = %why, "a flushed batch was refused");
+        }
+        answer(acks, Err(ConsumeError::Refused(why)));
     }
 }
