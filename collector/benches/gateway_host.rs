@@ -7,7 +7,8 @@
 //! and retry wrapper); clients and the backend live in the same process.
 //! One measurement sends requests from 4 concurrent clients and stops the
 //! clock when the backend has every sample, so the batch processor's last
-//! flush is inside the time.
+//! flush is inside the time. The third case adds the persistent sending
+//! queue (`sending_queue.storage`: one fsynced file per outgoing batch).
 //!
 //! cargo bench -p profcol --bench gateway_host
 
@@ -52,7 +53,7 @@ struct Setup {
     clients: Vec<Arc<OtlpGrpcExporter>>,
 }
 
-async fn setup(compression: Compression) -> Setup {
+async fn setup(compression: Compression, storage: Option<&std::path::Path>) -> Setup {
     let arrived = Arc::new(Count::default());
     let id: ComponentId = "otlp/backend".parse().unwrap();
     let backend = OtlpReceiver::new(
@@ -72,6 +73,7 @@ async fn setup(compression: Compression) -> Setup {
         .unwrap();
     let port_in = free_port();
     let gzip = if compression == Compression::Gzip { "gzip" } else { "none" };
+    let storage = storage.map(|d| format!("\n    sending_queue:\n      storage: {}", d.display())).unwrap_or_default();
     let text = format!(
         "receivers:
   otlp:
@@ -85,7 +87,7 @@ processors:
 exporters:
   otlp:
     endpoint: http://{}
-    compression: {gzip}
+    compression: {gzip}{storage}
 service:
   telemetry:
     metrics:
@@ -170,15 +172,21 @@ fn bench(c: &mut Criterion) {
         }
         (k * n) as f64 / t.elapsed().as_secs_f64()
     };
-    for compression in [Compression::None, Compression::Gzip] {
-        let mut s = rt.block_on(setup(compression));
-        let name = format!("otlp_batch_otlp_{}", if compression == Compression::Gzip { "gzip" } else { "plain" });
+    let queue_dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (Compression::None, None, "plain"),
+        (Compression::Gzip, None, "gzip"),
+        (Compression::None, Some(queue_dir.path()), "plain_persistent_queue"),
+    ];
+    for (compression, storage, label) in cases {
+        let mut s = rt.block_on(setup(compression, storage));
+        let name = format!("otlp_batch_otlp_{label}");
         g.bench_function(&name, |b| b.iter_custom(|iters| rt.block_on(run(&s, &batch, iters))));
         // The ratio, measured plainly in the same run: 400 requests, 1.6 M samples.
         let took = rt.block_on(run(&s, &batch, 400));
         let gw = (400 * n) as f64 / took.as_secs_f64();
         eprintln!(
-            "RATIO host gateway({compression:?}) {gw:.0} samples/s vs floor (prost decode+encode) {floor:.0} samples/s: \
+            "RATIO host gateway({label}) {gw:.0} samples/s vs floor (prost decode+encode) {floor:.0} samples/s: \
              gateway = {:.3} × floor",
             gw / floor
         );
