@@ -407,3 +407,57 @@ service:
     let _ = child.wait();
     r.shutdown().await.unwrap();
 }
+
+fn log_has(log: &std::path::Path, text: &str) -> bool {
+    std::fs::read_to_string(log).unwrap_or_default().contains(text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_replaces_the_persistent_exporter_hands_its_queue_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let QueuedNode { cfg, storage, mut child, port_in, port_out } = start_queued(dir.path(), "", false).await;
+    let log = dir.path().join("profcol.log");
+    let first: Vec<Profiles> = (0..8).map(batch).collect();
+    send_all(port_in, &first).await;
+    // A changed exporter section makes a new exporter instance, on the same queue directory.
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("timeout: 2s", "timeout: 3s");
+    std::fs::write(&cfg, text).unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let t = Instant::now();
+    while !log_has(&log, "configuration reloaded") {
+        assert!(t.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(&log).unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second: Vec<Profiles> = (8..12).map(batch).collect();
+    send_all(port_in, &second).await;
+    assert_eq!(queue_files(&storage, "batch").len(), first.len() + second.len());
+    let (r, sink) = backend(port_out).await;
+    let all: Vec<Profiles> = first.iter().chain(&second).cloned().collect();
+    let n: usize = all.iter().map(|b| b.sample_count()).sum();
+    wait_samples(&sink, n, Duration::from_secs(30)).await;
+    // Exactly once: nothing lost in the hand-over, nothing sent by both instances.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(merged(&sink.0.lock().unwrap()) == merged(&all));
+    let _ = child.kill();
+    let _ = child.wait();
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_profcol_on_the_same_persistent_queue_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let QueuedNode { storage, mut child, port_out, .. } = start_queued(dir.path(), "", false).await;
+    // Same storage, its own config file and listening port.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let cfg = config(&other, free_port(), port_out, Some(&storage), "", false);
+    let log = other.join("profcol.log");
+    let mut second = start_profcol(&cfg, &log);
+    let st = wait_exit(&mut second, Duration::from_secs(20)).await;
+    assert!(!st.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let holder = format!("another process (pid {})", child.id());
+    assert!(text.contains(&holder) && text.contains("sending_queue.storage"), "{text}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

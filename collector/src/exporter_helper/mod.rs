@@ -39,10 +39,9 @@ enum Outcome {
     Interrupted,
 }
 
-/// A persistent queue and the signal that it has room again.
+/// A persistent queue and its size gauge.
 struct Store {
     queue: Arc<PersistentQueue>,
-    room: tokio::sync::Notify,
     bytes: profcol_api::telemetry::Gauge,
 }
 
@@ -53,6 +52,8 @@ pub struct ExporterHandle {
     config: ExporterHelperConfig,
     telemetry: ComponentTelemetry,
     tx: async_channel::Sender<Queued>,
+    /// Kept to hand a persistent queue's leftovers back at shutdown.
+    rx: async_channel::Receiver<Queued>,
     store: Option<Store>,
     consumers: tokio::sync::Mutex<JoinSet<()>>,
     /// Set when the host has begun draining: stop waiting between retries
@@ -71,7 +72,7 @@ impl ExporterHandle {
         telemetry: ComponentTelemetry,
     ) -> Result<Arc<Self>, profcol_api::ComponentError> {
         let q = &config.sending_queue;
-        let (store, replay) = match q.storage.clone() {
+        let store = match q.storage.clone() {
             Some(dir) => {
                 let (name, max) = (id.to_string(), q.max_storage_bytes);
                 let opened =
@@ -80,18 +81,15 @@ impl ExporterHandle {
                         .map_err(|e| {
                             profcol_api::ComponentError::Message(format!("opening the persistent queue: {e}"))
                         })?;
-                let (queue, replay) = opened.map_err(|(dir, source)| profcol_api::ComponentError::Io {
-                    context: format!(
-                        "cannot open the persistent queue under sending_queue.storage {} (it must be a writable directory)",
-                        dir.display()
-                    ),
+                let queue = opened.map_err(|(dir, source)| profcol_api::ComponentError::Io {
+                    context: format!("cannot open the persistent queue under sending_queue.storage {}", dir.display()),
                     source,
                 })?;
                 let bytes = telemetry.gauge("queue_storage_bytes", "Bytes of batches in the persistent sending queue.");
                 bytes.set(queue.used_bytes() as i64);
-                (Some(Store { queue, room: tokio::sync::Notify::new(), bytes }), replay)
+                Some(Store { queue, bytes })
             }
-            None => (None, Vec::new()),
+            None => None,
         };
         exporter.start().await?;
         let (tx, rx) = async_channel::bounded(if q.enabled { q.queue_size.max(1) } else { 1 });
@@ -100,6 +98,7 @@ impl ExporterHandle {
             exporter,
             telemetry,
             tx,
+            rx: rx.clone(),
             store,
             consumers: tokio::sync::Mutex::new(JoinSet::new()),
             deadline: Arc::default(),
@@ -114,37 +113,28 @@ impl ExporterHandle {
             set.spawn(
                 async move {
                     while let Ok(item) = rx.recv().await {
-                        if me.store.is_some() && me.shutting_down() {
-                            break; // the rest is on disk and goes out after the next start
+                        if let (Some(store), true) = (&me.store, me.shutting_down()) {
+                            // On disk: goes out through whoever uses the queue next.
+                            store.queue.hand_back(item.ticket);
+                            break;
                         }
                         me.telemetry.queue_size.set(rx.len() as i64);
                         let outcome = me.send_with_retry(&item.batch).await;
-                        if let (Outcome::Done, Some(ticket)) = (outcome, item.ticket) {
-                            me.forget(ticket).await;
+                        match (outcome, item.ticket, &me.store) {
+                            (Outcome::Done, Some(ticket), _) => me.forget(ticket).await,
+                            (Outcome::Interrupted, Some(ticket), Some(store)) => store.queue.hand_back([ticket]),
+                            _ => {}
                         }
                     }
                 }
                 .instrument(span),
             );
         }
-        if !replay.is_empty() {
-            // Left from the last run: queued ahead of new batches, waiting for room like them.
+        if h.store.is_some() {
             let me = Arc::clone(&h);
-            set.spawn(async move {
-                let Some(store) = &me.store else { return };
-                let n = replay.len();
-                for ticket in replay {
-                    let (queue, name, t) = (Arc::clone(&store.queue), me.id.to_string(), ticket.clone());
-                    let Ok(Some(batch)) = tokio::task::spawn_blocking(move || queue.load(&name, &t)).await else {
-                        store.bytes.set(store.queue.used_bytes() as i64);
-                        continue;
-                    };
-                    if me.tx.send(Queued { batch: Arc::new(batch), ticket: Some(ticket) }).await.is_err() {
-                        return; // shutting down: the files stay for the next start
-                    }
-                }
-                info!(exporter = %me.id, batches = n, "persistent queue: the batches from the last run are queued again");
-            });
+            set.spawn(
+                async move { me.requeue_unclaimed().await }.instrument(tracing::info_span!("exporter", id = %h.id)),
+            );
         }
         drop(set);
         Ok(h)
@@ -212,7 +202,7 @@ impl ExporterHandle {
     async fn persist(&self, store: &Store, batch: &Arc<Profiles>, blocking: bool) -> Result<Ticket, String> {
         loop {
             // Registered before the attempt, so a removal in between is not missed.
-            let room = store.room.notified();
+            let room = store.queue.room.notified();
             match store.queue.persist(Arc::clone(batch)).await {
                 Ok(ticket) => {
                     store.bytes.set(store.queue.used_bytes() as i64);
@@ -236,7 +226,46 @@ impl ExporterHandle {
         let queue = Arc::clone(&store.queue);
         let _ = tokio::task::spawn_blocking(move || queue.remove(&ticket)).await;
         store.bytes.set(store.queue.used_bytes() as i64);
-        store.room.notify_waiters();
+    }
+
+    /// Queues the persistent queue's unclaimed batches (left from the last
+    /// run, or handed back by the handle a reload replaced), oldest first,
+    /// waiting for room like new batches; then waits for more until shutdown.
+    async fn requeue_unclaimed(&self) {
+        let Some(store) = &self.store else { return };
+        let queue = &store.queue;
+        loop {
+            let handed_back = queue.handed_back.notified();
+            tokio::pin!(handed_back);
+            handed_back.as_mut().enable();
+            let tickets = queue.take_unclaimed();
+            let n = tickets.len();
+            let mut rest = tickets.into_iter();
+            while let Some(ticket) = rest.next() {
+                let (q, name, t) = (Arc::clone(queue), self.id.to_string(), ticket.clone());
+                let Ok(Some(batch)) = tokio::task::spawn_blocking(move || q.load(&name, &t)).await else {
+                    store.bytes.set(queue.used_bytes() as i64);
+                    continue; // set aside as corrupt, with a warning
+                };
+                let item = Queued { batch: Arc::new(batch), ticket: Some(ticket.clone()) };
+                // A send dropped unfinished leaves nothing in the channel.
+                let sent = tokio::select! {
+                    r = self.tx.send(item) => r.is_ok(),
+                    _ = self.stopping.cancelled() => false,
+                };
+                if !sent {
+                    queue.hand_back(std::iter::once(ticket).chain(rest));
+                    return;
+                }
+            }
+            if n > 0 {
+                info!(exporter = %self.id, batches = n, "persistent queue: batches from disk are queued again");
+            }
+            tokio::select! {
+                _ = handed_back => {}
+                _ = self.stopping.cancelled() => return,
+            }
+        }
     }
 
     async fn send_with_retry(&self, batch: &Profiles) -> Outcome {
@@ -307,6 +336,14 @@ impl ExporterHandle {
         if drained.is_err() {
             set.abort_all();
             warn!(exporter = %self.id, left = self.tx.len(), "shutdown_timeout passed before the sending queue drained");
+        }
+        if let Some(store) = &self.store {
+            // Still on disk: for the handle a reload starts, or the next start.
+            let mut left = Vec::new();
+            while let Ok(item) = self.rx.try_recv() {
+                left.extend(item.ticket);
+            }
+            store.queue.hand_back(left);
         }
         if let Err(e) = self.exporter.shutdown().await {
             warn!(exporter = %self.id, error = %e, "exporter shutdown failed");

@@ -24,7 +24,7 @@ use profcol_api::Profiles;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 const MAGIC: &[u8; 4] = b"PCQ1";
 const HEADER: usize = 4 + 4 + 8;
@@ -50,17 +50,52 @@ pub enum PersistError {
     },
 }
 
-/// Batches left from a previous run, oldest first; read with
-/// [`PersistentQueue::load`] one at a time, so a long backlog is not held in
-/// memory all at once.
-pub type Replay = Vec<Ticket>;
-
 /// A directory of batches waiting to be exported.
+///
+/// One per directory in the process (a reload that replaces an exporter
+/// shares it between the old and the new handle, so sequence numbers and the
+/// byte bound stay whole), and one per directory on the host: an exclusive
+/// `flock` on `DIR/<id>/.lock` keeps a second profcol off it.
 pub struct PersistentQueue {
     dir: PathBuf,
-    max_bytes: u64,
+    max_bytes: AtomicU64,
     used: AtomicU64,
     next_seq: AtomicU64,
+    /// Batches on disk that no exporter has in its channel: left from the
+    /// last run, or handed back by a handle that stopped. Read with
+    /// [`PersistentQueue::load`] one at a time, so a backlog is never all in memory.
+    unclaimed: Mutex<Vec<Ticket>>,
+    /// Signalled when batches are handed back.
+    pub(super) handed_back: tokio::sync::Notify,
+    /// Signalled when a batch left the disk, so a writer waiting for room retries.
+    pub(super) room: tokio::sync::Notify,
+    /// Holds the flock for as long as the queue is open.
+    _lock: std::fs::File,
+}
+
+/// The queues open in this process, by directory.
+static OPEN: Mutex<Vec<(PathBuf, Weak<PersistentQueue>)>> = Mutex::new(Vec::new());
+
+/// Takes the exclusive lock of a queue directory, or says who holds it.
+fn lock(dir: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(".lock");
+    let mut f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path)?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            format!(
+                "another process (pid {}) uses this persistent queue; give each profcol its own sending_queue.storage",
+                holder.trim()
+            ),
+        ));
+    }
+    f.set_len(0)?;
+    write!(f, "{}", std::process::id())?;
+    Ok(f)
 }
 
 fn crc32(data: &[u8]) -> u32 {
@@ -129,12 +164,27 @@ fn read_batch(path: &Path) -> Result<Profiles, String> {
 }
 
 impl PersistentQueue {
-    /// Opens (creating) `root/<exporter id>` and returns the queue with the
-    /// batches left from a previous run, oldest first. Nothing is decoded
-    /// here, so start-up does not wait for a backlog to be read.
-    pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<(Arc<Self>, Replay)> {
+    /// Opens (creating) `root/<exporter id>`, or returns the queue this
+    /// process already has open there. What a previous run left is
+    /// unclaimed, oldest first. Nothing is decoded here, so start-up does not
+    /// wait for a backlog to be read.
+    pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<Arc<Self>> {
         let dir = root.join(sanitize(exporter_id));
         std::fs::create_dir_all(&dir)?;
+        let dir = std::fs::canonicalize(&dir)?;
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|(_, q)| q.strong_count() > 0);
+        if let Some(q) = open.iter().find(|(d, _)| *d == dir).and_then(|(_, q)| q.upgrade()) {
+            q.max_bytes.store(max_bytes, Ordering::Relaxed);
+            return Ok(q);
+        }
+        let q = Arc::new(Self::open_dir(dir.clone(), exporter_id, max_bytes)?);
+        open.push((dir, Arc::downgrade(&q)));
+        Ok(q)
+    }
+
+    fn open_dir(dir: PathBuf, exporter_id: &str, max_bytes: u64) -> std::io::Result<Self> {
+        let lock = lock(&dir)?;
         let mut files: Vec<(u64, PathBuf)> = Vec::new();
         for e in std::fs::read_dir(&dir)? {
             let Ok(e) = e else { continue };
@@ -169,13 +219,34 @@ impl PersistentQueue {
                 "persistent queue: replaying batches from the last run"
             );
         }
-        let q = Arc::new(PersistentQueue {
+        Ok(PersistentQueue {
             dir,
-            max_bytes,
+            max_bytes: AtomicU64::new(max_bytes),
             used: AtomicU64::new(used),
             next_seq: AtomicU64::new(max_seq + 1),
-        });
-        Ok((q, replay))
+            unclaimed: Mutex::new(replay),
+            handed_back: tokio::sync::Notify::new(),
+            room: tokio::sync::Notify::new(),
+            _lock: lock,
+        })
+    }
+
+    /// Takes every unclaimed batch, oldest first.
+    pub fn take_unclaimed(&self) -> Vec<Ticket> {
+        let mut v = std::mem::take(&mut *self.unclaimed.lock().unwrap_or_else(|p| p.into_inner()));
+        v.sort_by_key(|t| t.seq);
+        v
+    }
+
+    /// Hands batches back (a stopping handle's queue), for whichever handle
+    /// uses this queue next (a reload's new one) or the next start.
+    pub fn hand_back(&self, tickets: impl IntoIterator<Item = Ticket>) {
+        let mut u = self.unclaimed.lock().unwrap_or_else(|p| p.into_inner());
+        let before = u.len();
+        u.extend(tickets);
+        if u.len() > before {
+            self.handed_back.notify_waiters();
+        }
     }
 
     /// Bytes on disk now.
@@ -210,13 +281,9 @@ impl PersistentQueue {
         // Reserve the space first so concurrent writers respect the bound.
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
-            if cur + need > self.max_bytes {
-                return Err(PersistError::Full {
-                    dir: self.dir.display().to_string(),
-                    used: cur,
-                    max: self.max_bytes,
-                    need,
-                });
+            let max = self.max_bytes.load(Ordering::Relaxed);
+            if cur + need > max {
+                return Err(PersistError::Full { dir: self.dir.display().to_string(), used: cur, max, need });
             }
             match self.used.compare_exchange_weak(cur, cur + need, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => break,
@@ -261,6 +328,7 @@ impl PersistentQueue {
         match std::fs::remove_file(self.path(t.seq)) {
             Ok(()) => {
                 self.used.fetch_sub(t.bytes.min(self.used.load(Ordering::Relaxed)), Ordering::AcqRel);
+                self.room.notify_waiters();
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -294,17 +362,18 @@ mod tests {
     #[test]
     fn persists_replays_removes_and_bounds() {
         let d = tempfile::tempdir().unwrap();
-        let (q, replay) = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
-        assert!(replay.is_empty());
+        let q = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
+        assert!(q.take_unclaimed().is_empty());
         let t1 = q.persist_blocking(&batch(3)).unwrap();
         let _t2 = q.persist_blocking(&batch(4)).unwrap();
         q.remove(&t1);
         drop(q);
-        let (q, replay) = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
+        let q = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
+        let replay = q.take_unclaimed();
         assert_eq!(replay.len(), 1);
         assert_eq!(q.load("otlp/backend", &replay[0]), Some(batch(4)));
         assert_eq!(q.used_bytes(), replay[0].bytes);
-        let (small, _) = PersistentQueue::open(d.path(), "other", 64).unwrap();
+        let small = PersistentQueue::open(d.path(), "other", 64).unwrap();
         assert!(matches!(small.persist_blocking(&batch(50)), Err(PersistError::Full { .. })));
         // New sequence numbers continue after the replayed ones.
         let t3 = q.persist_blocking(&batch(1)).unwrap();
@@ -314,7 +383,7 @@ mod tests {
     #[test]
     fn corrupt_files_are_set_aside_and_do_not_block_startup() {
         let d = tempfile::tempdir().unwrap();
-        let (q, _) = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        let q = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
         let good = q.persist_blocking(&batch(2)).unwrap();
         let bad = q.persist_blocking(&batch(5)).unwrap();
         let torn = q.persist_blocking(&batch(6)).unwrap();
@@ -332,15 +401,48 @@ mod tests {
         std::fs::write(dir.join("00000000000000000099.batch"), b"garbage").unwrap();
         std::fs::write(dir.join("99999999999999999999.batch"), b"name past u64").unwrap();
         std::fs::write(dir.join("00000000000000000100.tmp"), b"half").unwrap();
-        let (q, replay) = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        let q = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        let replay = q.take_unclaimed();
         let loaded: Vec<_> = replay.iter().filter_map(|t| q.load("otlp", t).map(|b| (t.clone(), b))).collect();
         assert_eq!(loaded, vec![(good.clone(), batch(2))]);
         assert_eq!(q.used_bytes(), good.bytes);
         let corrupt = std::fs::read_dir(&dir)
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().path().extension().unwrap() == "corrupt")
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "corrupt"))
             .count();
         assert_eq!(corrupt, 4);
         assert!(!dir.join("00000000000000000100.tmp").exists());
+    }
+
+    #[test]
+    fn one_queue_per_directory_in_the_process_and_handed_back_batches_come_back() {
+        let d = tempfile::tempdir().unwrap();
+        let a = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        // A reload's new handle gets the same queue: one sequence, one byte count.
+        let b = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let t1 = a.persist_blocking(&batch(1)).unwrap();
+        let t2 = b.persist_blocking(&batch(2)).unwrap();
+        assert_ne!(t1.seq, t2.seq);
+        assert_eq!(a.used_bytes(), t1.bytes + t2.bytes);
+        assert!(b.take_unclaimed().is_empty());
+        a.hand_back([t2.clone(), t1.clone()]);
+        assert_eq!(b.take_unclaimed(), vec![t1, t2]);
+    }
+
+    #[test]
+    fn a_queue_locked_by_another_process_is_refused_with_its_pid() {
+        use std::os::fd::AsRawFd;
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("otlp");
+        std::fs::create_dir_all(&dir).unwrap();
+        // Another open file description on the lock file stands in for another process.
+        let other = std::fs::File::create(dir.join(".lock")).unwrap();
+        assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        std::fs::write(dir.join(".lock"), "4242").unwrap();
+        let err = PersistentQueue::open(d.path(), "otlp", 1 << 20).err().expect("opened a locked queue");
+        assert!(err.to_string().contains("another process (pid 4242)"), "{err}");
+        drop(other);
+        assert!(PersistentQueue::open(d.path(), "otlp", 1 << 20).is_ok());
     }
 }
