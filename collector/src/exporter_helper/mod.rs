@@ -8,7 +8,8 @@
 //! With `sending_queue.storage` the queue is also on disk (see
 //! [`persistent`]): a batch is written before `enqueue` returns, its file is
 //! removed once the batch was exported or dropped for good, and what is left
-//! at start-up (a crash, or a shutdown during an outage) is queued first.
+//! at start-up (a crash, or a shutdown during an outage) is queued first; a
+//! handle that stops hands its backlog to the next user of the same queue.
 
 mod persistent;
 mod retry;
@@ -34,8 +35,8 @@ struct Queued {
 enum Outcome {
     /// Exported, or dropped for good (permanent error, retries exhausted).
     Done,
-    /// The shutdown deadline stopped the retries: a persistent queue keeps
-    /// the batch for the next start.
+    /// Shutdown stopped the retries: a persistent queue keeps the batch for
+    /// the next user of the queue.
     Interrupted,
 }
 
@@ -176,8 +177,14 @@ impl ExporterHandle {
         self.telemetry.queue_size.set(self.tx.len() as i64);
         let Some((item, full)) = rejected else { return Ok(()) };
         match item.ticket {
-            // Closed for shutdown: the batch is on disk and goes out after the next start.
-            Some(_) if !full => Ok(()),
+            // Closed for shutdown: the batch is on disk and goes out through
+            // whoever uses the queue next (a reload's new handle, or the next start).
+            Some(ticket) if !full => {
+                if let Some(store) = &self.store {
+                    store.queue.hand_back([ticket]);
+                }
+                Ok(())
+            }
             Some(ticket) => {
                 self.forget(ticket).await;
                 self.telemetry.refused.add(n);
