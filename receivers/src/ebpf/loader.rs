@@ -8,21 +8,28 @@
 use super::config::EbpfConfig;
 use super::privileges::{perf_open_hint, Privileges};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::perf_event::{
+    PerfEventConfig, PerfEventGroup, PerfEventLink, PerfEventScope, SamplePolicy, SoftwareEvent,
+};
 use aya::programs::{PerfEvent, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use profcol_ebpf as obj;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 /// A loaded and attached sampler. Dropping it detaches every perf event and
 /// unloads the program.
 pub struct Loaded {
-    /// Owns the program and its perf links.
-    _ebpf: Ebpf,
+    /// Live perf event of each sampled CPU (dropping one detaches it).
+    events: BTreeMap<u32, CpuEvent>,
+    /// CPUs whose attach failed, with the time of the next attempt.
+    retry: BTreeMap<u32, Retry>,
+    sample_frequency: u64,
+    /// Owns the program.
+    ebpf: Ebpf,
     pub ring: RingBuf<MapData>,
     pub stats: PerCpuArray<MapData, u64>,
-    /// CPUs with an attached perf event.
-    pub cpus: Vec<u32>,
 }
 
 /// Why the sampler could not be set up.
@@ -98,44 +105,15 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
     Ok(ebpf)
 }
 
-/// Loads, attaches one cpu-clock perf event per online CPU, and takes the
-/// maps the reader needs.
-pub fn load_and_attach(cfg: &EbpfConfig) -> Result<Loaded, LoadError> {
+/// Loads the program, attaches one cpu-clock perf event per online CPU, and
+/// takes the maps the reader needs. Start fails only when no CPU could be
+/// attached (with the explained reason of the first failure); CPUs that
+/// failed while others worked are in the returned [`CpuSync`] and are
+/// retried by [`Loaded::sync_cpus`].
+pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError> {
     let mut ebpf = load_program(cfg)?;
-    let privs = Privileges::current();
-    let cpus = aya::util::online_cpus()
+    let online = aya::util::online_cpus()
         .map_err(|(path, e)| LoadError::Other(format!("reading online CPUs from {path}: {e}")))?;
-    let prog: &mut PerfEvent = ebpf
-        .program_mut(obj::PROGRAM_NAME)
-        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::PROGRAM_NAME)))?
-        .try_into()
-        .map_err(|e: ProgramError| other("BPF program type", &e))?;
-    let mut attached = Vec::with_capacity(cpus.len());
-    for &cpu in &cpus {
-        match prog.attach(
-            PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            PerfEventScope::AllProcessesOneCpu { cpu },
-            SamplePolicy::Frequency(cfg.sample_frequency),
-            false,
-        ) {
-            Ok(_) => attached.push(cpu),
-            Err(ProgramError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENODEV) => {
-                // The CPU went offline since we listed them.
-                tracing::warn!(cpu, "CPU went offline; not sampled");
-            }
-            Err(ProgramError::SyscallError(e)) => {
-                return Err(LoadError::Other(format!(
-                    "opening the cpu-clock perf event on CPU {cpu}: {} ({})",
-                    perf_open_hint(&e.io_error, &privs, cfg.sample_frequency),
-                    e.io_error
-                )));
-            }
-            Err(e) => return Err(other(&format!("attaching to CPU {cpu}"), &e)),
-        }
-    }
-    if attached.is_empty() {
-        return Err(LoadError::Other("no online CPU could be sampled".into()));
-    }
     let ring = RingBuf::try_from(
         ebpf.take_map(obj::EVENTS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the events map".into()))?,
     )
@@ -144,10 +122,203 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<Loaded, LoadError> {
         ebpf.take_map(obj::STATS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the stats map".into()))?,
     )
     .map_err(|e| other("stats map", &e))?;
-    Ok(Loaded { _ebpf: ebpf, ring, stats, cpus: attached })
+    let mut loaded = Loaded {
+        events: BTreeMap::new(),
+        retry: BTreeMap::new(),
+        sample_frequency: cfg.sample_frequency,
+        ebpf,
+        ring,
+        stats,
+    };
+    let sync = loaded.sync_cpus(&online, Instant::now())?;
+    if loaded.events.is_empty() {
+        return Err(LoadError::Other(match sync.failed.first() {
+            Some(f) => f.message.clone(),
+            None => "no online CPU could be sampled".into(),
+        }));
+    }
+    Ok((loaded, sync))
+}
+
+/// Backoff of the retries of a CPU whose perf event could not be attached.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// One CPU's sampling perf event and its liveness probe.
+///
+/// When a CPU goes offline the kernel tears down every per-CPU perf event
+/// of that CPU, and they stay dead when the CPU comes back (checked on 6.18:
+/// the count and the enabled time freeze, `PERF_EVENT_IOC_ENABLE` does not
+/// revive them; a fresh `perf_event_open` works). The BPF link hides the
+/// sampling event's fd, so a counting cpu-clock event is opened on the same
+/// CPU next to it: both die together, and a probe whose enabled time did not
+/// move since the last check means the CPU went offline and came back in
+/// between (or was suspended), so the pair is replaced.
+struct CpuEvent {
+    /// Detaches the program and closes the perf event when dropped.
+    _link: PerfEventLink,
+    /// Counting only (no sample period, so no timer and no interrupts).
+    probe: PerfEventGroup,
+    enabled_ns: u64,
+}
+
+impl CpuEvent {
+    /// Whether the probe's enabled time moved since the last call.
+    fn alive(&mut self) -> bool {
+        match self.probe.read() {
+            Ok(r) => {
+                let moved = r.enabled_nanos != self.enabled_ns;
+                self.enabled_ns = r.enabled_nanos;
+                moved
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+struct Retry {
+    at: Instant,
+    delay: Duration,
+}
+
+/// What [`Loaded::sync_cpus`] changed.
+#[derive(Debug, Default)]
+pub struct CpuSync {
+    /// CPUs that got a perf event (came online, or failed before).
+    pub added: Vec<u32>,
+    /// CPUs seen offline: their perf event was detached.
+    pub removed: Vec<u32>,
+    /// CPUs whose perf event had died although the CPU is online (it went
+    /// offline and came back between two checks): replaced by a fresh one.
+    pub revived: Vec<u32>,
+    /// CPUs that could not be attached (retried later, with backoff).
+    pub failed: Vec<AttachFailure>,
+}
+
+impl CpuSync {
+    /// Whether the set of sampled CPUs changed.
+    pub fn changed(&self) -> bool {
+        !self.added.is_empty() || !self.removed.is_empty()
+    }
+}
+
+/// A CPU whose perf event could not be attached.
+#[derive(Debug)]
+pub struct AttachFailure {
+    pub cpu: u32,
+    /// Explained, as for start-up errors.
+    pub message: String,
+    /// First failure since the CPU was last sampled or offline (later
+    /// retries are not worth a warning each).
+    pub first: bool,
+}
+
+enum AttachError {
+    /// ENODEV: the CPU is offline (it went away since the online list was read).
+    Offline,
+    Failed(String),
+}
+
+fn attach_cpu(prog: &mut PerfEvent, cpu: u32, frequency: u64) -> Result<CpuEvent, AttachError> {
+    let explain = |io: &std::io::Error, what: &str| {
+        if io.raw_os_error() == Some(libc::ENODEV) {
+            return AttachError::Offline;
+        }
+        AttachError::Failed(format!(
+            "opening the cpu-clock perf event{what} on CPU {cpu}: {} ({io})",
+            perf_open_hint(io, &Privileges::current(), frequency)
+        ))
+    };
+    let scope = PerfEventScope::AllProcessesOneCpu { cpu };
+    // The probe first: if the CPU cycles between the two opens, the probe
+    // is the one that dies, and the next check replaces both.
+    let mut probe = PerfEventGroup::open(PerfEventConfig::Software(SoftwareEvent::CpuClock), [], scope)
+        .map_err(|e| explain(&e.io_error, " (liveness probe)"))?;
+    probe.enable().map_err(|e| explain(&e, " (liveness probe)"))?;
+    let enabled_ns = probe.read().map(|r| r.enabled_nanos).unwrap_or(0);
+    let id = prog
+        .attach(PerfEventConfig::Software(SoftwareEvent::CpuClock), scope, SamplePolicy::Frequency(frequency), false)
+        .map_err(|e| match e {
+            ProgramError::SyscallError(e) => explain(&e.io_error, ""),
+            e => AttachError::Failed(chain(&e)).prefixed(cpu),
+        })?;
+    let link = prog.take_link(id).map_err(|e| AttachError::Failed(chain(&e)).prefixed(cpu))?;
+    Ok(CpuEvent { _link: link, probe, enabled_ns })
+}
+
+impl AttachError {
+    fn prefixed(self, cpu: u32) -> Self {
+        match self {
+            AttachError::Failed(m) => AttachError::Failed(format!("attaching to CPU {cpu}: {m}")),
+            o => o,
+        }
+    }
 }
 
 impl Loaded {
+    /// CPUs with a live perf event, ascending.
+    pub fn cpus(&self) -> Vec<u32> {
+        self.events.keys().copied().collect()
+    }
+
+    /// Brings the perf events in line with `online` (the CPUs online now):
+    /// detaches the events of CPUs that went offline, replaces events that
+    /// died while their CPU went offline and came back unseen, and attaches
+    /// one to every online CPU without one (a CPU that failed before only
+    /// once its backoff has passed). A CPU that fails does not affect the
+    /// others. Errors only when the program itself is gone (never expected).
+    pub fn sync_cpus(&mut self, online: &[u32], now: Instant) -> Result<CpuSync, LoadError> {
+        let online: BTreeSet<u32> = online.iter().copied().collect();
+        let mut sync = CpuSync::default();
+        let mut dead = BTreeSet::new();
+        self.events.retain(|&cpu, ev| {
+            if !online.contains(&cpu) {
+                sync.removed.push(cpu);
+                false
+            } else if !ev.alive() {
+                dead.insert(cpu);
+                false
+            } else {
+                true
+            }
+        });
+        self.retry.retain(|cpu, _| online.contains(cpu));
+        let prog: &mut PerfEvent = self
+            .ebpf
+            .program_mut(obj::PROGRAM_NAME)
+            .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::PROGRAM_NAME)))?
+            .try_into()
+            .map_err(|e: ProgramError| other("BPF program type", &e))?;
+        for &cpu in &online {
+            if self.events.contains_key(&cpu) || self.retry.get(&cpu).is_some_and(|r| now < r.at) {
+                continue;
+            }
+            match attach_cpu(prog, cpu, self.sample_frequency) {
+                Ok(ev) => {
+                    self.events.insert(cpu, ev);
+                    self.retry.remove(&cpu);
+                    if dead.remove(&cpu) {
+                        sync.revived.push(cpu);
+                    } else {
+                        sync.added.push(cpu);
+                    }
+                }
+                // Went offline since the list was read: the next check sees it.
+                Err(AttachError::Offline) => {}
+                Err(AttachError::Failed(message)) => {
+                    let first = !self.retry.contains_key(&cpu);
+                    let delay = self.retry.get(&cpu).map_or(RETRY_FIRST, |r| (r.delay * 2).min(RETRY_MAX));
+                    self.retry.insert(cpu, Retry { at: now + delay, delay });
+                    sync.failed.push(AttachFailure { cpu, message, first });
+                }
+            }
+        }
+        // A dead event not replaced (offline again, or failing) leaves the set.
+        sync.removed.extend(dead);
+        sync.removed.sort_unstable();
+        Ok(sync)
+    }
+
     /// Sum over CPUs of every counter slot, indexed by [`obj::Stat`].
     pub fn read_stats(&self) -> [u64; obj::Stat::SLOTS as usize] {
         let mut out = [0u64; obj::Stat::SLOTS as usize];

@@ -10,11 +10,17 @@
 //! The BPF program writes records without waking the reader unless the
 //! ring is over a quarter full, so the thread wakes on its own timer
 //! ([`DRAIN_PERIOD`]), on such a forced wakeup, or when asked to stop.
+//!
+//! CPU hotplug: on those wake-ups, at most once per [`CPU_CHECK_PERIOD`],
+//! the thread re-reads `/sys/devices/system/cpu/online` and lets
+//! [`Loaded::sync_cpus`] attach a perf event to every online CPU without a
+//! live one and detach those of offline CPUs (a per-CPU perf event does not
+//! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
 use super::aggregate::{Interval, SampleIn};
 use super::clock::{now_ns, KtimeToUnix};
 use super::config::EbpfConfig;
-use super::loader::{load_and_attach, LoadError, Loaded};
+use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
 use super::process::ProcessTable;
 use super::procfs;
 use profcol_api::component::Next;
@@ -28,6 +34,8 @@ use std::time::{Duration, Instant};
 
 /// How often the ring buffer is drained when nothing forces a wakeup.
 pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// How often the online CPUs are re-read (on the loop's existing wake-ups).
+pub const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// Processes remembered at most.
 pub const MAX_PROCESSES: usize = 4096;
 
@@ -49,6 +57,12 @@ pub struct Counters {
     pub batches: Counter,
     /// Known processes.
     pub processes: Gauge,
+    /// CPUs with a live perf event.
+    pub cpus_sampled: Gauge,
+    /// Per-CPU perf events attached (at start, and after hotplug).
+    pub cpu_attaches: Counter,
+    /// Failed attempts to attach a CPU's perf event (retried with backoff).
+    pub cpu_attach_failures: Counter,
     /// The standard `dropped` counter: samples lost for any reason.
     pub dropped: Counter,
 }
@@ -72,6 +86,15 @@ impl Counters {
             build_id_reads: t.counter("ebpf_build_id_reads_total", "ELF files read for a build ID (cache misses)"),
             batches: t.counter("ebpf_batches_total", "Batches pushed downstream"),
             processes: t.gauge("ebpf_processes", "Processes currently known to the receiver"),
+            cpus_sampled: t.gauge("ebpf_cpus_sampled", "CPUs with a live sampling perf event"),
+            cpu_attaches: t.counter(
+                "ebpf_cpu_attaches_total",
+                "Per-CPU perf events attached (at start, when a CPU comes online, after an offline/online cycle)",
+            ),
+            cpu_attach_failures: t.counter(
+                "ebpf_cpu_attach_failures_total",
+                "Failed attempts to attach a CPU's perf event (that CPU is not sampled; retried with backoff)",
+            ),
             dropped: t.dropped.clone(),
         }
     }
@@ -187,15 +210,16 @@ fn run(
     started: Instant,
 ) {
     let clock = KtimeToUnix::measure();
-    let mut loaded = match load_and_attach(&config) {
+    let (mut loaded, first_sync) = match load_and_attach(&config) {
         Ok(l) => l,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
+    record_cpu_sync(&counters, &loaded, &first_sync);
     tracing::info!(
-        cpus = loaded.cpus.len(),
+        cpus = %cpu_list(&loaded.cpus()),
         sample_frequency = config.sample_frequency,
         load_ms = started.elapsed().as_millis() as u64,
         since_process_start_ms = ms_since_process_start().unwrap_or(0),
@@ -219,6 +243,7 @@ fn run(
         ubuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
     };
     let mut next_report = Instant::now() + config.report_interval;
+    let mut next_cpu_check = Instant::now() + CPU_CHECK_PERIOD;
     loop {
         let stopping = stop.load(Ordering::SeqCst);
         if !stopping {
@@ -227,6 +252,10 @@ fn run(
         }
         s.drain(&mut loaded);
         let now = Instant::now();
+        if !stopping && now >= next_cpu_check {
+            check_cpus(&mut loaded, &s.counters, now);
+            next_cpu_check = now + CPU_CHECK_PERIOD;
+        }
         if stopping || now >= next_report || s.interval.is_full() {
             let batch = s.cut(&loaded, now);
             if now >= next_report {
@@ -243,6 +272,76 @@ fn run(
         }
     }
     // Dropping `loaded` detaches the perf events and unloads the program.
+}
+
+/// Follows CPU hotplug: re-reads the online CPUs and re-syncs perf events.
+fn check_cpus(loaded: &mut Loaded, counters: &Counters, now: Instant) {
+    let online = match aya::util::online_cpus() {
+        Ok(o) => o,
+        Err((path, e)) => {
+            tracing::debug!(error = %e, "ebpf receiver: cannot read {path}; CPU set not re-checked");
+            return;
+        }
+    };
+    match loaded.sync_cpus(&online, now) {
+        Ok(sync) => {
+            record_cpu_sync(counters, loaded, &sync);
+            if sync.changed() {
+                tracing::info!(
+                    cpus = %cpu_list(&loaded.cpus()),
+                    added = %cpu_list(&sync.added),
+                    removed = %cpu_list(&sync.removed),
+                    "ebpf receiver: sampled CPUs changed"
+                );
+            }
+            if !sync.revived.is_empty() {
+                tracing::info!(
+                    cpus = %cpu_list(&sync.revived),
+                    "ebpf receiver: perf events lost to an unseen offline/online cycle (or suspend); re-attached"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "ebpf receiver: cannot re-sync CPUs"),
+    }
+}
+
+/// Counts attaches and failures of one sync, logs failures.
+fn record_cpu_sync(counters: &Counters, loaded: &Loaded, sync: &CpuSync) {
+    counters.cpu_attaches.add((sync.added.len() + sync.revived.len()) as u64);
+    counters.cpu_attach_failures.add(sync.failed.len() as u64);
+    counters.cpus_sampled.set(loaded.cpus().len() as i64);
+    for f in &sync.failed {
+        if f.first {
+            tracing::warn!(cpu = f.cpu, "ebpf receiver: CPU not sampled (retrying): {}", f.message);
+        } else {
+            tracing::debug!(cpu = f.cpu, "ebpf receiver: CPU still not sampled: {}", f.message);
+        }
+    }
+}
+
+/// `0-3,6` style list of ascending CPU numbers (`-` when empty).
+pub fn cpu_list(cpus: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        out.push_str(&cpus[i].to_string());
+        if j > i {
+            out.push('-');
+            out.push_str(&cpus[j].to_string());
+        }
+        i = j + 1;
+    }
+    if out.is_empty() {
+        out.push('-');
+    }
+    out
 }
 
 /// Waits until the ring has data, the wake eventfd is signalled, or timeout.
@@ -349,5 +448,17 @@ impl Sampler {
         let batch = interval.build(&self.host, self.period_ns, end);
         self.counters.batches.inc();
         Some(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_list;
+
+    #[test]
+    fn cpu_lists_are_ranges() {
+        assert_eq!(cpu_list(&[]), "-");
+        assert_eq!(cpu_list(&[1]), "1");
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 5, 7, 8]), "0-3,5,7-8");
     }
 }
