@@ -7,7 +7,7 @@
 //! flamegraph colour palettes tell them apart; unsymbolized frames show as
 //! `mapping+0xaddr`.
 
-use crate::group::{attr, group_of, sanitize, unique_path, write_atomic, GroupBy};
+use crate::group::{attr, bounded_group, group_of, sanitize, unique_path, write_atomic, GroupBy};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::keys;
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
@@ -74,6 +74,18 @@ impl FlamegraphExporter {
     }
 }
 
+/// A name as one folded-stacks frame: `;` separates frames and whitespace
+/// the count (a line break would split the line), so they are replaced.
+fn frame_name(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ';' => ':',
+            c if c.is_whitespace() || c.is_control() => '_',
+            c => c,
+        })
+        .collect()
+}
+
 /// Folded stacks of a batch per group: `frames (root first) → count`.
 pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
@@ -91,8 +103,7 @@ pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String
                         format!("{m}+0x{:x}", f.location.address)
                     }
                 };
-                // ';' separates frames and ' ' the count: keep them out of names.
-                let name = name.replace(';', ":").replace(' ', "_");
+                let name = frame_name(&name);
                 if kernel {
                     format!("{name}_[k]")
                 } else {
@@ -103,18 +114,20 @@ pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String
         frames.reverse();
         if root_comm {
             if let Some(c) = attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)) {
-                frames.insert(0, c.replace(';', ":").replace(' ', "_"));
+                frames.insert(0, frame_name(&c));
             }
         }
         if frames.is_empty() {
             frames.push("[no stack]".into());
         }
         let count: u64 = if !s.sample.values.is_empty() {
-            s.sample.values.iter().map(|&v| v.max(0) as u64).sum()
+            s.sample.values.iter().fold(0u64, |a, &v| a.saturating_add(v.max(0) as u64))
         } else {
             s.sample.timestamps_unix_nano.len().max(1) as u64
         };
-        *out.entry(group_of(&s, by)).or_default().entry(frames.join(";")).or_default() += count;
+        let group = bounded_group(&out, group_of(&s, by));
+        let n = out.entry(group).or_default().entry(frames.join(";")).or_default();
+        *n = n.saturating_add(count);
     }
     out
 }
@@ -130,6 +143,11 @@ impl Exporter for FlamegraphExporter {
         let cfg = self.cfg.clone();
         tokio::task::spawn_blocking(move || -> Result<(), ExportError> {
             for (group, stacks) in groups {
+                if stacks.values().all(|&n| n == 0) {
+                    // inferno draws nothing of zero counts (and says so as an error).
+                    tracing::debug!(%group, "no positive counts: no flame graph for this group");
+                    continue;
+                }
                 let lines: Vec<String> = stacks.iter().map(|(k, v)| format!("{k} {v}")).collect();
                 let mut opts = inferno::flamegraph::Options::default();
                 opts.title = cfg.title.clone();

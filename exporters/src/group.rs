@@ -40,16 +40,43 @@ pub fn attr_int(s: &SampleView<'_>, key: &str) -> Option<i64> {
     attr(s, key).and_then(|v| v.parse().ok())
 }
 
+/// Most groups a batch is split into; the samples of further groups go to
+/// [`OVERFLOW_GROUP`] (a pprof report still tells their processes apart by
+/// the `pid` label), so that a batch of many processes or containers cannot
+/// make a report (and its memory) per sample.
+pub const MAX_GROUPS: usize = 1024;
+
+/// The group of the samples past [`MAX_GROUPS`].
+pub const OVERFLOW_GROUP: &str = "other";
+
+/// Longest process id kept in a group name (which is part of a file name).
+const MAX_PID_CHARS: usize = 64;
+
+/// `group`, or [`OVERFLOW_GROUP`] when `groups` already holds [`MAX_GROUPS`]
+/// other groups.
+pub fn bounded_group<V>(groups: &std::collections::BTreeMap<String, V>, group: String) -> String {
+    if groups.len() < MAX_GROUPS || groups.contains_key(&group) {
+        group
+    } else {
+        OVERFLOW_GROUP.into()
+    }
+}
+
+/// The first `n` characters of `s`, made safe for a file name.
+fn clipped(s: &str, n: usize) -> String {
+    sanitize(&s.chars().take(n).collect::<String>())
+}
+
 /// The group a sample belongs to, as it appears in file names.
 pub fn group_of(s: &SampleView<'_>, by: GroupBy) -> String {
     match by {
         GroupBy::None => "all".into(),
         GroupBy::Process => match attr(s, keys::PROCESS_PID) {
-            Some(pid) => format!("pid-{}", sanitize(&pid)),
+            Some(pid) => format!("pid-{}", clipped(&pid, MAX_PID_CHARS)),
             None => "pid-unknown".into(),
         },
         GroupBy::Container => match attr(s, keys::CONTAINER_ID) {
-            Some(c) => format!("container-{}", sanitize(&c[..c.len().min(24)])),
+            Some(c) => format!("container-{}", clipped(&c, 24)),
             None => "host".into(),
         },
     }

@@ -162,7 +162,7 @@ impl OtlpHttpExporter {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
-        let bytes = resp.bytes().await.unwrap_or_default();
+        let bytes = super::read_answer(resp, super::MAX_ANSWER_BYTES).await;
         if !(200..300).contains(&code) {
             return Err(status::from_http(code, retry_after.as_deref(), &bytes, json));
         }

@@ -108,6 +108,26 @@ pub(crate) fn push_causes(s: &mut String, mut cause: Option<&dyn std::error::Err
     }
 }
 
+/// Most bytes of a server's answer that are read: an answer is a short
+/// status or `partial_success`, and a broken or hostile server streaming an
+/// endless body must not grow our memory.
+pub(crate) const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// The body of `resp`, up to `cap` bytes (the rest is not read); a body cut
+/// short by the connection is what arrived.
+pub(crate) async fn read_answer(mut resp: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = cap.saturating_sub(out.len());
+        if chunk.len() >= room {
+            out.extend_from_slice(&chunk[..room]);
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    out
+}
+
 /// Header names and values checked once, at creation.
 pub(crate) fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), String> {
     for (k, v) in headers {

@@ -43,6 +43,14 @@ pub struct ProtoDuration {
 
 pub const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
 
+/// The longest delay a server's RetryInfo / Retry-After is honoured with:
+/// a larger one (up to `u64::MAX` seconds on the wire) would overflow the
+/// host's deadline arithmetic or park the exporter for ever.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// Longest server-supplied error detail kept in a message.
+const MAX_DETAIL_CHARS: usize = 512;
+
 /// The retry delay a `google.rpc.Status` carries in a RetryInfo detail.
 pub fn retry_delay(details: &[u8]) -> Option<Duration> {
     let st = RpcStatus::decode(details).ok()?;
@@ -51,7 +59,7 @@ pub fn retry_delay(details: &[u8]) -> Option<Duration> {
         if d.seconds < 0 || d.nanos < 0 {
             return None;
         }
-        Some(Duration::new(d.seconds as u64, d.nanos.min(999_999_999) as u32))
+        Some(Duration::new(d.seconds as u64, d.nanos.min(999_999_999) as u32).min(MAX_RETRY_AFTER))
     })
 }
 
@@ -76,14 +84,14 @@ pub fn from_grpc(s: &tonic::Status) -> ExportError {
     }
 }
 
-/// `Retry-After`: delay-seconds or an HTTP-date.
+/// `Retry-After`: delay-seconds or an HTTP-date (at most [`MAX_RETRY_AFTER`]).
 pub fn parse_retry_after(v: &str) -> Option<Duration> {
     let v = v.trim();
     if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     }
     let t = parse_http_date(v)?;
-    Some(t.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
+    Some(t.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO).min(MAX_RETRY_AFTER))
 }
 
 /// IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form servers send.
@@ -99,7 +107,11 @@ fn parse_http_date(v: &str) -> Option<std::time::SystemTime> {
         + 1;
     let year: i64 = p[3].parse().ok()?;
     let hms: Vec<u64> = p[4].split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
-    if hms.len() != 3 || !(1..=31).contains(&day) {
+    // In range, the arithmetic below cannot overflow.
+    if hms.len() != 3 || !(1..=31).contains(&day) || !(1..=9999).contains(&year) {
+        return None;
+    }
+    if hms[0] > 23 || hms[1] > 59 || hms[2] > 60 {
         return None;
     }
     // Days from civil (Howard Hinnant's algorithm).
@@ -124,7 +136,11 @@ pub fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool
     } else {
         RpcStatus::decode(body).ok().map(|s| s.message).filter(|m| !m.is_empty())
     }
-    .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned());
+    .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(MAX_DETAIL_CHARS)]).into_owned());
+    let detail = match detail.char_indices().nth(MAX_DETAIL_CHARS) {
+        Some((cut, _)) => format!("{}…", &detail[..cut]),
+        None => detail,
+    };
     let message = format!("HTTP {status}: {detail}");
     match status {
         429 | 502 | 503 | 504 => {
@@ -186,5 +202,43 @@ mod tests {
         let t = parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
         assert_eq!(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(), 784111777);
         assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT"), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn absurd_retry_after_values_neither_panic_nor_stall_the_exporter() {
+        // Fields that overflow the date arithmetic are not a date.
+        for v in [
+            "Sun, 06 Nov 1994 18446744073709551615:00:00 GMT",
+            "Sun, 06 Nov 1994 08:18446744073709551615:00 GMT",
+            "Sun, 06 Nov 9223372036854775807 08:49:37 GMT",
+            "Sun, 06 Nov -9223372036854775808 08:49:37 GMT",
+            "Sun, 06 Nov 1994 25:61:99 GMT",
+        ] {
+            assert_eq!(parse_http_date(v), None, "{v}");
+        }
+        // A delay the host could not add to an Instant (or would wait on for
+        // ever) is capped.
+        for ra in ["18446744073709551615", "Fri, 31 Dec 9999 23:59:59 GMT"] {
+            match from_http(503, Some(ra), b"", false) {
+                ExportError::Retryable { retry_after: Some(d), .. } => assert!(d <= MAX_RETRY_AFTER, "{ra}: {d:?}"),
+                e => panic!("{ra}: {e:?}"),
+            }
+        }
+        let ri = RetryInfo { retry_delay: Some(ProtoDuration { seconds: i64::MAX, nanos: 999_999_999 }) };
+        let st = RpcStatus {
+            code: 14,
+            message: "busy".into(),
+            details: vec![Any { type_url: RETRY_INFO_TYPE.into(), value: ri.encode_to_vec() }],
+        };
+        assert_eq!(retry_delay(&st.encode_to_vec()), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn long_error_bodies_make_bounded_messages() {
+        let long = "x".repeat(100_000);
+        let body = RpcStatus { code: 3, message: long.clone(), details: vec![] }.encode_to_vec();
+        assert!(from_http(400, None, &body, false).to_string().len() < 2048);
+        let json = serde_json::json!({ "message": long }).to_string();
+        assert!(from_http(400, None, json.as_bytes(), true).to_string().len() < 2048);
     }
 }

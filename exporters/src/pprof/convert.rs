@@ -9,8 +9,9 @@
 //! mapping; stacks are leaf first. Ids are 1-based and unique, string 0 is "".
 
 use super::proto as pp;
-use crate::group::{attr, attr_int, group_of, GroupBy};
+use crate::group::{attr, attr_int, bounded_group, group_of, GroupBy};
 use profcol_api::model::keys;
+use profcol_api::model::view::SampleView;
 use profcol_api::Profiles;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -19,6 +20,20 @@ use std::collections::BTreeMap;
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
 /// A sample before its value columns are known: locations, (column, value), labels.
 type PendingSample = (Vec<u64>, Vec<(usize, i64)>, Vec<pp::Label>);
+
+/// Most sample types (value columns) of one pprof profile. Every pprof
+/// sample carries a value per column, so without a bound a batch of many
+/// profiles, each of its own sample type, would need profiles × types values.
+pub const MAX_SAMPLE_TYPES: usize = 32;
+
+/// Most stack frames (location ids) the reports of one batch hold. pprof
+/// repeats the whole stack in every sample, so a batch of many samples on a
+/// deep stack (a few bytes each on the wire) would otherwise need samples ×
+/// depth ids. Samples with the same stack and labels are merged first.
+pub const MAX_FRAMES: usize = 32 << 20;
+
+/// Samples that are merged: stack index and labels (pid, tid, comm's string index).
+type SampleKey = (i32, Option<i64>, Option<i64>, Option<i64>);
 
 #[derive(Default)]
 struct Builder {
@@ -34,6 +49,12 @@ struct Builder {
     period: Option<(i64, String, String)>,
     t0: u64,
     t1: u64,
+    /// Index in `samples` of the sample with this stack and these labels.
+    merged: FxHashMap<SampleKey, usize>,
+    /// Location ids of each stack converted so far.
+    stacks: FxHashMap<i32, Vec<u64>>,
+    /// Samples left out: they would pass [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
+    skipped: u64,
 }
 
 impl Builder {
@@ -61,6 +82,12 @@ impl Builder {
                 self.columns.len() - 1
             }
         }
+    }
+
+    /// Whether the columns `want` fit within [`MAX_SAMPLE_TYPES`].
+    fn columns_fit(&self, want: &[(&str, &str)]) -> bool {
+        let new = want.iter().filter(|(t, u)| !self.columns.iter().any(|(a, b)| a == t && b == u)).count();
+        self.columns.len() + new <= MAX_SAMPLE_TYPES
     }
 
     fn mapping(&mut self, start: u64, limit: u64, offset: u64, filename: &str, build_id: &str) -> u64 {
@@ -91,6 +118,71 @@ impl Builder {
         id
     }
 
+    /// pprof location ids of the sample's stack, leaf first.
+    fn stack(&mut self, s: &SampleView<'_>) -> Vec<u64> {
+        let mut locs = Vec::new();
+        for f in s.frames() {
+            let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel");
+            let mapping_id = match f.mapping() {
+                Some(m) => {
+                    let name = f.mapping_filename();
+                    let name = if name.is_empty() && kernel { keys::KERNEL_MAPPING } else { name };
+                    let build_id = m
+                        .attribute_indices
+                        .iter()
+                        .filter_map(|&i| s.dict.attribute_table.get(i as usize))
+                        .find(|kv| s.str(kv.key_strindex) == keys::BUILD_ID_GNU)
+                        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                            profcol_api::model::any_value::Value::StringValue(x) => Some(x.clone()),
+                            profcol_api::model::any_value::Value::BytesValue(x) => {
+                                Some(x.iter().map(|b| format!("{b:02x}")).collect())
+                            }
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    self.mapping(m.memory_start, m.memory_limit, m.file_offset, name, &build_id)
+                }
+                None if kernel => {
+                    if self.kernel_mapping == 0 {
+                        self.kernel_mapping = self.mapping(0, 0, 0, keys::KERNEL_MAPPING, "");
+                    }
+                    self.kernel_mapping
+                }
+                None => 0,
+            };
+            let mut lines = Vec::new();
+            for ln in &f.location.lines {
+                let Some(func) = s.dict.function_table.get(ln.function_index.max(0) as usize) else { continue };
+                let (n, sn, file) =
+                    (s.str(func.name_strindex), s.str(func.system_name_strindex), s.str(func.filename_strindex));
+                if n.is_empty() && sn.is_empty() {
+                    continue;
+                }
+                let fid = self.function(n, sn, file, func.start_line);
+                lines.push((fid, ln.line));
+            }
+            if !lines.is_empty() && mapping_id != 0 {
+                if let Some(m) = self.p.mapping.get_mut(mapping_id as usize - 1) {
+                    m.has_functions = true;
+                }
+            }
+            let key = (mapping_id, f.location.address, lines);
+            let next = self.p.location.len() as u64 + 1;
+            let id = *self.locations.entry(key.clone()).or_insert(next);
+            if id == next {
+                self.p.location.push(pp::Location {
+                    id,
+                    mapping_id,
+                    address: f.location.address,
+                    line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
+                    is_folded: false,
+                });
+            }
+            locs.push(id);
+        }
+        locs
+    }
+
     fn finish(mut self) -> pp::Profile {
         let ncols = self.columns.len();
         for (t, u) in std::mem::take(&mut self.columns) {
@@ -109,8 +201,9 @@ impl Builder {
             self.p.period = period;
         }
         if self.t0 != u64::MAX {
-            self.p.time_nanos = self.t0 as i64;
-            self.p.duration_nanos = self.t1.saturating_sub(self.t0) as i64;
+            // Times past i64 (year 2262) saturate instead of wrapping negative.
+            self.p.time_nanos = i64::try_from(self.t0).unwrap_or(i64::MAX);
+            self.p.duration_nanos = i64::try_from(self.t1.saturating_sub(self.t0)).unwrap_or(i64::MAX);
         }
         self.p
     }
@@ -124,13 +217,17 @@ pub struct GroupProfile {
     pub end: u64,
     /// Resource attributes of the group's first sample (for push labels).
     pub resource: Vec<(String, String)>,
+    /// Samples of the group that are not in `profile`: they would have
+    /// passed [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
+    pub skipped_samples: u64,
 }
 
 /// Converts a batch into one pprof profile per group.
 pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
     let mut groups: BTreeMap<String, (Builder, Vec<(String, String)>)> = BTreeMap::new();
+    let mut frames = 0usize;
     for s in batch.samples() {
-        let g = group_of(&s, by);
+        let g = bounded_group(&groups, group_of(&s, by));
         let (b, _) = groups.entry(g).or_insert_with(|| {
             let res = s
                 .resource
@@ -153,110 +250,91 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
             (Builder::new(), res)
         });
         let prof = s.profile;
+        // Value columns first: a sample whose columns do not fit is left out (and counted).
+        let (t, u) = s.sample_type();
+        let (t, u) = if t.is_empty() { ("samples", "count") } else { (t, u) };
+        let (pt, pu) =
+            prof.period_type.as_ref().map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex))).unwrap_or(("", ""));
+        let has_period = prof.period > 0 && !pt.is_empty();
+        let cpu_ns = has_period && (t, u) == ("samples", "count") && (pt, pu) == ("cpu", "nanoseconds");
+        let fits = if cpu_ns { b.columns_fit(&[(t, u), ("cpu", "nanoseconds")]) } else { b.columns_fit(&[(t, u)]) };
+        if !fits {
+            b.skipped += 1;
+            continue;
+        }
+        let pid = attr_int(&s, keys::PROCESS_PID);
+        let tid = attr_int(&s, keys::THREAD_ID);
+        let comm = attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)).map(|c| b.s(&c));
+        let key: SampleKey = (s.sample.stack_index, pid, tid, comm);
+        let same = b.merged.get(&key).copied();
+        if same.is_none() {
+            let depth = usize::try_from(s.sample.stack_index)
+                .ok()
+                .and_then(|i| s.dict.stack_table.get(i))
+                .map_or(0, |st| st.location_indices.len());
+            if frames.saturating_add(depth) > MAX_FRAMES {
+                b.skipped += 1;
+                continue;
+            }
+            frames += depth;
+        }
         if prof.time_unix_nano > 0 {
             b.t0 = b.t0.min(prof.time_unix_nano);
             b.t1 = b.t1.max(prof.time_unix_nano.saturating_add(prof.duration_nano));
         }
-        // Stack, leaf first.
-        let mut locs = Vec::new();
-        for f in s.frames() {
-            let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel");
-            let mapping_id = match f.mapping() {
-                Some(m) => {
-                    let name = f.mapping_filename();
-                    let name = if name.is_empty() && kernel { keys::KERNEL_MAPPING } else { name };
-                    let build_id = m
-                        .attribute_indices
-                        .iter()
-                        .filter_map(|&i| s.dict.attribute_table.get(i as usize))
-                        .find(|kv| s.str(kv.key_strindex) == keys::BUILD_ID_GNU)
-                        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-                            profcol_api::model::any_value::Value::StringValue(x) => Some(x.clone()),
-                            profcol_api::model::any_value::Value::BytesValue(x) => {
-                                Some(x.iter().map(|b| format!("{b:02x}")).collect())
-                            }
-                            _ => None,
-                        })
-                        .unwrap_or_default();
-                    b.mapping(m.memory_start, m.memory_limit, m.file_offset, name, &build_id)
-                }
-                None if kernel => {
-                    if b.kernel_mapping == 0 {
-                        b.kernel_mapping = b.mapping(0, 0, 0, keys::KERNEL_MAPPING, "");
-                    }
-                    b.kernel_mapping
-                }
-                None => 0,
-            };
-            let mut lines = Vec::new();
-            for ln in &f.location.lines {
-                let Some(func) = s.dict.function_table.get(ln.function_index.max(0) as usize) else { continue };
-                let (n, sn, file) =
-                    (s.str(func.name_strindex), s.str(func.system_name_strindex), s.str(func.filename_strindex));
-                if n.is_empty() && sn.is_empty() {
-                    continue;
-                }
-                let fid = b.function(n, sn, file, func.start_line);
-                lines.push((fid, ln.line));
-            }
-            if !lines.is_empty() && mapping_id != 0 {
-                if let Some(m) = b.p.mapping.get_mut(mapping_id as usize - 1) {
-                    m.has_functions = true;
-                }
-            }
-            let key = (mapping_id, f.location.address, lines);
-            let next = b.p.location.len() as u64 + 1;
-            let id = *b.locations.entry(key.clone()).or_insert(next);
-            if id == next {
-                b.p.location.push(pp::Location {
-                    id,
-                    mapping_id,
-                    address: f.location.address,
-                    line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
-                    is_folded: false,
-                });
-            }
-            locs.push(id);
-        }
         // Values.
-        let (t, u) = s.sample_type();
         let count: i64 = if !s.sample.values.is_empty() {
             s.sample.values.iter().fold(0i64, |a, &v| a.saturating_add(v))
         } else {
-            s.sample.timestamps_unix_nano.len().max(1) as i64
+            i64::try_from(s.sample.timestamps_unix_nano.len().max(1)).unwrap_or(i64::MAX)
         };
-        let (t, u) = if t.is_empty() { ("samples", "count") } else { (t, u) };
         let mut vals = vec![(b.column(t, u), count)];
-        let (pt, pu) =
-            prof.period_type.as_ref().map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex))).unwrap_or(("", ""));
-        if prof.period > 0 && !pt.is_empty() {
-            if b.period.is_none() {
-                b.period = Some((prof.period, pt.to_owned(), pu.to_owned()));
-            }
-            if (t, u) == ("samples", "count") && (pt, pu) == ("cpu", "nanoseconds") {
-                vals.push((b.column("cpu", "nanoseconds"), count.saturating_mul(prof.period)));
-            }
+        if has_period && b.period.is_none() {
+            b.period = Some((prof.period, pt.to_owned(), pu.to_owned()));
         }
+        if cpu_ns {
+            vals.push((b.column("cpu", "nanoseconds"), count.saturating_mul(prof.period)));
+        }
+        if let Some(k) = same {
+            let have = &mut b.samples[k].1;
+            for (c, v) in vals {
+                match have.iter_mut().find(|(hc, _)| *hc == c) {
+                    Some((_, hv)) => *hv = hv.saturating_add(v),
+                    None => have.push((c, v)),
+                }
+            }
+            continue;
+        }
+        // Stack, leaf first.
+        let locs = match b.stacks.get(&s.sample.stack_index) {
+            Some(l) => l.clone(),
+            None => {
+                let l = b.stack(&s);
+                b.stacks.insert(s.sample.stack_index, l.clone());
+                l
+            }
+        };
         // Labels.
         let mut labels = Vec::new();
-        if let Some(pid) = attr_int(&s, keys::PROCESS_PID) {
+        if let Some(pid) = key.1 {
             labels.push(pp::Label { key: b.s("pid"), num: pid, ..Default::default() });
         }
-        if let Some(tid) = attr_int(&s, keys::THREAD_ID) {
+        if let Some(tid) = key.2 {
             labels.push(pp::Label { key: b.s("tid"), num: tid, ..Default::default() });
         }
-        if let Some(comm) = attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)) {
-            labels.push(pp::Label { key: b.s("comm"), str: b.s(&comm), ..Default::default() });
+        if let Some(comm) = key.3 {
+            labels.push(pp::Label { key: b.s("comm"), str: comm, ..Default::default() });
         }
+        b.merged.insert(key, b.samples.len());
         b.samples.push((locs, vals, labels));
     }
     groups
         .into_iter()
         .map(|(group, (b, resource))| {
-            let (start, end) = (b.t0, b.t1);
+            let (start, end, skipped_samples) = (b.t0, b.t1, b.skipped);
             let profile = b.finish();
             let (start, end) = if start == u64::MAX { (0, 0) } else { (start, end) };
-            GroupProfile { group, profile, start, end, resource }
+            GroupProfile { group, profile, start, end, resource, skipped_samples }
         })
         .collect()
 }

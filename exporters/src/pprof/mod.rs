@@ -165,6 +165,14 @@ impl Exporter for PprofExporter {
             return Ok(());
         }
         let groups = convert::to_pprof(batch, self.cfg.group_by);
+        if groups.len() > crate::group::MAX_GROUPS {
+            tracing::warn!(
+                exporter = %self.id,
+                "the batch has more than {} groups; the samples of the rest are in the group {:?}",
+                crate::group::MAX_GROUPS,
+                crate::group::OVERFLOW_GROUP
+            );
+        }
         let (bt0, _) = crate::group::time_range(batch);
         for g in &groups {
             if let Err(e) = convert::check_valid(&g.profile) {
@@ -212,7 +220,7 @@ impl Exporter for PprofExporter {
                     let code = resp.status().as_u16();
                     if !(200..300).contains(&code) {
                         let ra = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
-                        let body = resp.bytes().await.unwrap_or_default();
+                        let body = crate::otlp::read_answer(resp, crate::otlp::MAX_ANSWER_BYTES).await;
                         let e = status::from_http(code, ra.as_deref(), &body, false);
                         if let ExportError::Permanent { .. } = &e {
                             tracing::error!(exporter = %self.id, "Pyroscope refused the profile: {e}");
@@ -222,6 +230,22 @@ impl Exporter for PprofExporter {
                 }
             }
             self.written.inc();
+        }
+        // Reported after the rest is written; permanent, so nothing is written twice.
+        let skipped: Vec<String> = groups
+            .iter()
+            .filter(|g| g.skipped_samples > 0)
+            .map(|g| format!("{} in group {}", g.skipped_samples, g.group))
+            .collect();
+        if !skipped.is_empty() {
+            return Err(ExportError::permanent(format!(
+                "samples left out of the pprof reports ({}): a report holds at most {} sample types, and the reports \
+                 of one batch at most {} stack frames; send smaller batches or fewer sample types per batch \
+                 (e.g. a pipeline per profile type)",
+                skipped.join(", "),
+                convert::MAX_SAMPLE_TYPES,
+                convert::MAX_FRAMES
+            )));
         }
         Ok(())
     }

@@ -75,7 +75,7 @@ fn error(enc: Encoding, e: IngestError) -> Response {
 /// within the cap however far the input would inflate).
 pub(crate) fn gunzip_capped(data: &[u8], cap: usize) -> Result<Vec<u8>, IngestError> {
     let mut out = Vec::with_capacity(data.len().saturating_mul(4).min(cap));
-    let mut d = flate2::read::MultiGzDecoder::new(data).take(cap as u64 + 1);
+    let mut d = flate2::read::MultiGzDecoder::new(data).take((cap as u64).saturating_add(1));
     d.read_to_end(&mut out).map_err(|e| IngestError::Invalid(format!("the gzip body does not inflate: {e}")))?;
     if out.len() > cap {
         return Err(IngestError::TooLarge(format!("the request inflates past the limit of {cap} bytes")));
@@ -264,5 +264,17 @@ mod tests {
         assert!(matches!(gunzip_capped(&bomb, 1 << 20), Err(IngestError::TooLarge(_))));
         assert_eq!(gunzip_capped(&bomb, 8 << 20).unwrap().len(), 4 << 20);
         assert!(matches!(gunzip_capped(b"garbage", 1 << 20), Err(IngestError::Invalid(_))));
+    }
+
+    #[test]
+    fn gunzip_with_the_largest_cap_inflates_everything() {
+        // `max_recv_msg_size_mib` saturates to usize::MAX: the cap + 1 of the
+        // reader must not overflow (a panic, or in release a take(0) that
+        // turned every gzip body into an empty, accepted request).
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(b"profiles").unwrap();
+        let gz = e.finish().unwrap();
+        assert_eq!(gunzip_capped(&gz, usize::MAX).unwrap(), b"profiles");
     }
 }

@@ -135,6 +135,20 @@ impl OtlpReceiver {
                 settings.id
             )));
         }
+        for (name, mib) in [
+            ("grpc", cfg.protocols.grpc.as_ref().map(|g| g.max_recv_msg_size_mib)),
+            ("http", cfg.protocols.http.as_ref().map(|h| h.max_recv_msg_size_mib)),
+        ] {
+            // Otherwise the cap would be 1 byte and every request refused as too large.
+            if mib.is_some_and(|m| m.is_nan() || m <= 0.0) {
+                return Err(ComponentError::msg(format!(
+                    "receiver {}: protocols.{name}.max_recv_msg_size_mib must be a positive number of MiB \
+                     (fractions allowed, default 32), not {}",
+                    settings.id,
+                    mib.unwrap_or_default()
+                )));
+            }
+        }
         for (name, tls) in [
             ("grpc", cfg.protocols.grpc.as_ref().and_then(|g| g.tls.as_ref())),
             ("http", cfg.protocols.http.as_ref().and_then(|h| h.tls.as_ref())),
@@ -239,5 +253,34 @@ impl Receiver for OtlpReceiver {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profcol_api::component::ComponentId;
+
+    fn create(cfg: OtlpReceiverConfig) -> Result<OtlpReceiver, ComponentError> {
+        let id: ComponentId = "otlp".parse().unwrap();
+        let settings = CreateSettings { telemetry: ComponentTelemetry::detached(Kind::Receiver, &id), id };
+        OtlpReceiver::new(settings, cfg)
+    }
+
+    #[test]
+    fn a_size_cap_that_is_not_a_positive_number_is_a_config_error() {
+        for bad in [0.0, -1.0, f64::NAN] {
+            let mut cfg = OtlpReceiverConfig::default();
+            cfg.protocols.grpc = Some(GrpcConfig { max_recv_msg_size_mib: bad, ..Default::default() });
+            let e = create(cfg).err().expect("refused").to_string();
+            assert!(e.contains("protocols.grpc.max_recv_msg_size_mib"), "{e}");
+            let mut cfg = OtlpReceiverConfig::default();
+            cfg.protocols.http = Some(HttpConfig { max_recv_msg_size_mib: bad, ..Default::default() });
+            let e = create(cfg).err().expect("refused").to_string();
+            assert!(e.contains("protocols.http.max_recv_msg_size_mib"), "{e}");
+        }
+        let mut cfg = OtlpReceiverConfig::default();
+        cfg.protocols.http = Some(HttpConfig { max_recv_msg_size_mib: 0.5, ..Default::default() });
+        create(cfg).unwrap();
     }
 }
