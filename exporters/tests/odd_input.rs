@@ -253,3 +253,39 @@ fn samples_on_a_deep_stack_are_bounded_in_pprof_and_equal_ones_merge() {
     assert!(g.skipped_samples > 0);
     assert_eq!(deep_kept as u64 + g.skipped_samples, n_deep as u64);
 }
+
+#[test]
+fn a_deep_stack_of_long_names_folds_within_the_budget_and_keeps_its_count() {
+    // One 4 MiB name repeated 20 deep is a ~4 MB batch but an 80 MiB folded line.
+    let mut b = ProfilesBuilder::new();
+    let long = "x".repeat(4 << 20);
+    let f = b.function(&long, "", "", 0);
+    let loc = b.location(pb::Location {
+        lines: vec![pb::Line { function_index: f, line: 0, column: 0 }],
+        ..Default::default()
+    });
+    let deep = b.stack(&[loc; 20]);
+    let g = b.function("shallow", "", "", 0);
+    let loc2 = b.location(pb::Location {
+        lines: vec![pb::Line { function_index: g, line: 0, column: 0 }],
+        ..Default::default()
+    });
+    let shallow = b.stack(&[loc2]);
+    let r = b.resource(Resource::default());
+    let p = b.profile(r, &CPU);
+    for _ in 0..50 {
+        b.sample(p, pb::Sample { stack_index: deep, values: vec![1], ..Default::default() });
+    }
+    b.sample(p, pb::Sample { stack_index: shallow, values: vec![7], ..Default::default() });
+    let f = folded(&b.build(), GroupBy::None, false);
+    let lines = &f["all"];
+    assert_eq!(
+        lines.get(profcol_exporters::flamegraph::OVER_BUDGET),
+        Some(&50),
+        "{:?}",
+        lines.keys().map(|k| k.len()).collect::<Vec<_>>()
+    );
+    assert_eq!(lines.get("shallow"), Some(&7));
+    let bytes: usize = lines.keys().map(String::len).sum();
+    assert!(bytes <= profcol_exporters::flamegraph::MAX_FOLDED_BYTES);
+}
