@@ -120,13 +120,28 @@ impl Telemetry {
             accepted: self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
             refused: self.counter(&format!("profcol_{k}_refused_samples_total"), "Samples refused downstream.", &l),
             dropped: self.counter(&format!("profcol_{k}_dropped_samples_total"), "Samples dropped.", &l),
-            send_failed: self.counter(
-                &format!("profcol_{k}_send_failed_samples_total"),
-                "Samples whose export failed for good.",
-                &l,
-            ),
-            queue_size: self.gauge(&format!("profcol_{k}_queue_size"), "Batches waiting in the sending queue.", &l),
-            export_latency: self.timer(&format!("profcol_{k}_export_latency"), "Time of successful export calls.", &l),
+            // The sending-queue cells mean something for exporters only; other
+            // kinds get unregistered ones, so /metrics shows no always-zero series.
+            send_failed: match kind {
+                Kind::Exporter => self.counter(
+                    &format!("profcol_{k}_send_failed_samples_total"),
+                    "Samples whose export failed for good.",
+                    &l,
+                ),
+                _ => Counter::default(),
+            },
+            queue_size: match kind {
+                Kind::Exporter => {
+                    self.gauge(&format!("profcol_{k}_queue_size"), "Batches waiting in the sending queue.", &l)
+                }
+                _ => Gauge::default(),
+            },
+            export_latency: match kind {
+                Kind::Exporter => {
+                    self.timer(&format!("profcol_{k}_export_latency"), "Time of successful export calls.", &l)
+                }
+                _ => Timer::default(),
+            },
             registry: self.clone(),
             kind,
             id: id.clone(),
@@ -224,6 +239,9 @@ mod tests {
         t.component(Kind::Receiver, &id).accepted.add(4);
         let text = t.render();
         assert!(text.contains("profcol_receiver_accepted_samples_total{receiver=\"file/in\"} 7"), "{text}");
-        assert!(text.contains("# TYPE profcol_receiver_queue_size gauge"), "{text}");
+        assert!(!text.contains("profcol_receiver_queue_size"), "{text}");
+        let x: ComponentId = "otlp".parse().unwrap();
+        t.component(Kind::Exporter, &x).queue_size.set(2);
+        assert!(t.render().contains("profcol_exporter_queue_size{exporter=\"otlp\"} 2"));
     }
 }
