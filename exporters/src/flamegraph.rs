@@ -60,6 +60,8 @@ pub fn factory_flamegraph() -> Arc<dyn Factory> {
 
 pub struct FlamegraphExporter {
     cfg: FlamegraphConfig,
+    /// Graphs written, so a retried batch does not write them again.
+    delivered: Arc<crate::group::Delivered>,
 }
 
 impl FlamegraphExporter {
@@ -71,7 +73,7 @@ impl FlamegraphExporter {
                 cfg.directory.display()
             ))
         })?;
-        Ok(FlamegraphExporter { cfg })
+        Ok(FlamegraphExporter { cfg, delivered: Arc::default() })
     }
 }
 
@@ -183,7 +185,7 @@ impl Exporter for FlamegraphExporter {
         }
         let groups = folded(batch, self.cfg.group_by, self.cfg.root_comm);
         let (t0, _) = crate::group::time_range(batch);
-        let cfg = self.cfg.clone();
+        let (cfg, delivered) = (self.cfg.clone(), Arc::clone(&self.delivered));
         tokio::task::spawn_blocking(move || -> Result<(), ExportError> {
             for (group, stacks) in groups {
                 if stacks.values().all(|&n| n == 0) {
@@ -192,6 +194,10 @@ impl Exporter for FlamegraphExporter {
                     continue;
                 }
                 let lines: Vec<String> = stacks.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                let key = crate::group::Delivered::key(&format!("{group} {t0}"), lines.iter().map(|l| l.as_bytes()));
+                if delivered.contains(key) {
+                    continue; // written by an earlier attempt of this batch
+                }
                 let mut opts = inferno::flamegraph::Options::default();
                 opts.title = cfg.title.clone();
                 opts.subtitle = Some(format!("{group} — {}", crate::group::timestamp(t0)));
@@ -212,6 +218,7 @@ impl Exporter for FlamegraphExporter {
                     write_atomic(&fpath, text.as_bytes())
                         .map_err(|e| ExportError::retryable(format!("writing {}: {e}", fpath.display())))?;
                 }
+                delivered.insert(key);
             }
             Ok(())
         })

@@ -160,7 +160,10 @@ async fn group_by_process_and_container() {
         assert_eq!(groups, want);
         let total: i64 = fs.iter().map(|f| read_pprof(f).sample.iter().map(|s| s.value[0]).sum::<i64>()).sum();
         assert_eq!(total as usize, batch.samples().map(|s| s.sample.values.len()).sum::<usize>());
-        // A second export of the same interval does not overwrite.
+        // Another batch of the same interval does not overwrite the files.
+        e.export(&cpu_batch(4, 4, 20)).await.unwrap();
+        assert_eq!(files(dir.path()).len(), 2 * want.len());
+        // The same batch again (a retry, or an upstream resend) is not written twice.
         e.export(&batch).await.unwrap();
         assert_eq!(files(dir.path()).len(), 2 * want.len());
     }
@@ -208,4 +211,42 @@ async fn pushes_to_pyroscope_ingest() {
     let cfg = PprofConfig { endpoint: Some(format!("http://127.0.0.1:{}", free_port())), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/down"), cfg).unwrap();
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
+}
+
+#[tokio::test]
+async fn a_retried_batch_does_not_push_the_groups_that_went_out_again() {
+    // The second push of the first attempt fails with 503; the host retries the whole batch.
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (s2, c2) = (seen.clone(), calls.clone());
+    let app = axum::Router::new().route(
+        "/ingest",
+        axum::routing::post(move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>| {
+            let (s2, c2) = (s2.clone(), c2.clone());
+            async move {
+                if c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy");
+                }
+                s2.lock().unwrap().push(q["name"].clone());
+                (axum::http::StatusCode::OK, "ok")
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let cfg =
+        PprofConfig { endpoint: Some(format!("http://{addr}")), group_by: GroupBy::Process, ..Default::default() };
+    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
+    let batch = cpu_batch(5, 2, 30);
+    assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
+    e.export(&batch).await.unwrap();
+    let mut names = seen.lock().unwrap().clone();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3, "{names:?}");
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 2, "each group exactly once: {names:?}");
+    // A new batch with other content is pushed in full.
+    e.export(&cpu_batch(6, 2, 30)).await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 4);
 }

@@ -81,6 +81,8 @@ pub struct PprofExporter {
     cfg: PprofConfig,
     dest: Dest,
     written: profcol_api::telemetry::Counter,
+    /// Reports that went out, so a retried batch skips them.
+    delivered: crate::group::Delivered,
 }
 
 impl PprofExporter {
@@ -124,7 +126,7 @@ impl PprofExporter {
             (None, None) => return Err(err("set `directory` (files) or `endpoint` (Pyroscope push)".into())),
         };
         let written = settings.telemetry.counter("pprof_reports_total", "pprof reports written or pushed.");
-        Ok(PprofExporter { id, cfg, dest, written })
+        Ok(PprofExporter { id, cfg, dest, written, delivered: Default::default() })
     }
 
     /// Pyroscope's `name` parameter: `app{k=v,...}` with label names made
@@ -179,7 +181,13 @@ impl Exporter for PprofExporter {
                 // A bug of ours, not the backend's: never retried.
                 return Err(ExportError::permanent(format!("the pprof profile for {} is invalid: {e}", g.group)));
             }
-            let data = gzip(&g.profile.encode_to_vec()).map_err(|e| ExportError::permanent(format!("gzip: {e}")))?;
+            let raw = g.profile.encode_to_vec();
+            let key = crate::group::Delivered::key(&g.group, [raw.as_slice()]);
+            if self.delivered.contains(key) {
+                tracing::debug!(exporter = %self.id, group = %g.group, "report delivered by an earlier attempt; skipped");
+                continue;
+            }
+            let data = gzip(&raw).map_err(|e| ExportError::permanent(format!("gzip: {e}")))?;
             match &self.dest {
                 Dest::Files(dir) => {
                     let (dir, prefix, group) = (dir.clone(), sanitize(&self.cfg.file_prefix), g.group.clone());
@@ -230,6 +238,7 @@ impl Exporter for PprofExporter {
                 }
             }
             self.written.inc();
+            self.delivered.insert(key);
         }
         // Reported after the rest is written; permanent, so nothing is written twice.
         let skipped: Vec<String> = groups
