@@ -4,6 +4,7 @@
 use profcol_api::model::view::SampleView;
 use profcol_api::model::{any_value, keys, AnyValue};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// `group_by`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,26 +19,38 @@ pub enum GroupBy {
     Container,
 }
 
-fn show(v: &AnyValue) -> Option<String> {
+fn show(v: &AnyValue) -> Option<Cow<'_, str>> {
     match v.value.as_ref()? {
-        any_value::Value::StringValue(s) => Some(s.clone()),
-        any_value::Value::IntValue(i) => Some(i.to_string()),
-        any_value::Value::BoolValue(b) => Some(b.to_string()),
-        any_value::Value::DoubleValue(d) => Some(d.to_string()),
+        any_value::Value::StringValue(s) => Some(Cow::Borrowed(s)),
+        any_value::Value::IntValue(i) => Some(Cow::Owned(i.to_string())),
+        any_value::Value::BoolValue(b) => Some(Cow::Owned(b.to_string())),
+        any_value::Value::DoubleValue(d) => Some(Cow::Owned(d.to_string())),
         _ => None,
     }
 }
 
-/// Attribute `key` of the sample, else of its resource.
-pub fn attr(s: &SampleView<'_>, key: &str) -> Option<String> {
-    s.attributes().find(|(k, _)| *k == key).and_then(|(_, v)| v.and_then(show)).or_else(|| {
-        s.resource.and_then(|r| r.attributes.iter().find(|kv| kv.key == key)?.value.as_ref().and_then(show))
+/// Attribute `key` of the sample, else of its resource: the first with a
+/// value that reads as text or a number.
+fn attr_value<'a>(s: &SampleView<'a>, key: &str) -> Option<&'a AnyValue> {
+    let readable = |v: &&AnyValue| show(v).is_some();
+    s.attributes().find(|(k, _)| *k == key).and_then(|(_, v)| v).filter(readable).or_else(|| {
+        s.resource.and_then(|r| r.attributes.iter().find(|kv| kv.key == key)?.value.as_ref()).filter(readable)
     })
+}
+
+/// Attribute `key` of the sample, else of its resource, as text (borrowed
+/// when it is a string: this runs per sample).
+pub fn attr<'a>(s: &SampleView<'a>, key: &str) -> Option<Cow<'a, str>> {
+    attr_value(s, key).and_then(show)
 }
 
 /// Integer attribute `key` of the sample, else of its resource.
 pub fn attr_int(s: &SampleView<'_>, key: &str) -> Option<i64> {
-    attr(s, key).and_then(|v| v.parse().ok())
+    match attr_value(s, key)?.value.as_ref()? {
+        any_value::Value::IntValue(i) => Some(*i),
+        any_value::Value::StringValue(v) => v.parse().ok(),
+        _ => None,
+    }
 }
 
 /// Most groups a batch is split into; the samples of further groups go to
