@@ -250,3 +250,37 @@ async fn a_retried_batch_does_not_push_the_groups_that_went_out_again() {
     e.export(&cpu_batch(6, 2, 30)).await.unwrap();
     assert_eq!(seen.lock().unwrap().len(), 4);
 }
+
+#[tokio::test]
+async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s2 = seen.clone();
+    let app = axum::Router::new().route(
+        "/ingest",
+        axum::routing::post(move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>| {
+            let s2 = s2.clone();
+            async move {
+                s2.lock().unwrap().push(q["name"].clone());
+                "ok"
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let mut batch = cpu_batch(5, 1, 10);
+    for rp in &mut batch.0.resource_profiles {
+        for kv in &mut rp.resource.as_mut().unwrap().attributes {
+            if kv.key == "service.name" {
+                kv.value = Some(s("shop api{env=prod},x"));
+            }
+        }
+    }
+    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}")), ..Default::default() };
+    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
+    e.export(&batch).await.unwrap();
+    let names = seen.lock().unwrap().clone();
+    assert_eq!(names.len(), 1);
+    assert!(names[0].starts_with("shop_api_env_prod__x{"), "{}", names[0]);
+    assert_eq!(names[0].matches('{').count(), 1, "{}", names[0]);
+}

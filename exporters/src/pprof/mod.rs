@@ -138,13 +138,20 @@ impl PprofExporter {
             .clone()
             .or_else(|| g.resource.iter().find(|(k, _)| k == "service.name").map(|(_, v)| v.clone()))
             .unwrap_or_else(|| "profcol".into());
+        // `service.name` comes from whoever sent the data: a `{`, `,` or space
+        // in it would make the whole name unparsable to Pyroscope.
+        let app: String = app
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+            .collect();
+        let app = if app.is_empty() { "profcol".to_owned() } else { app };
         let mut labels: Vec<String> = g
             .resource
             .iter()
             .filter(|(k, _)| k != "service.name")
             .map(|(k, v)| {
                 let k: String = k.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-                let v: String = v.chars().filter(|c| !matches!(c, ',' | '{' | '}' | '=')).collect();
+                let v: String = v.chars().filter(|c| !matches!(c, ',' | '{' | '}' | '=') && !c.is_control()).collect();
                 format!("{k}={v}")
             })
             .collect();
