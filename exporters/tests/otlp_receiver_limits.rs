@@ -84,6 +84,7 @@ async fn start(max_mib: f64, backpressure: Duration) -> (Arc<OtlpReceiver>, Arc<
             }),
         },
         backpressure_timeout: backpressure,
+        ..Default::default()
     };
     let r = Arc::new(OtlpReceiver::new(settings(Kind::Receiver, "otlp"), cfg).unwrap());
     let c = Arc::new(Collector::default());

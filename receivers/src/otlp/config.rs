@@ -13,6 +13,12 @@ pub struct OtlpReceiverConfig {
     /// the sender is told to retry (gRPC UNAVAILABLE, HTTP 503).
     #[serde(with = "humantime_serde")]
     pub backpressure_timeout: Duration,
+    /// How many requests (gRPC and HTTP together) may be read, decoded and
+    /// waiting on the pipeline at once; more wait briefly for a slot and are
+    /// then told to retry (gRPC UNAVAILABLE, HTTP 503). With the size cap this
+    /// bounds the receiver's memory: about `max_concurrent_requests` ×
+    /// (`max_recv_msg_size_mib` + the decoded size). At least 1.
+    pub max_concurrent_requests: usize,
 }
 
 /// Which servers run. A protocol is on when its key is present, even empty
@@ -90,7 +96,11 @@ pub struct TlsServerConfig {
 
 impl Default for OtlpReceiverConfig {
     fn default() -> Self {
-        OtlpReceiverConfig { protocols: Protocols::default(), backpressure_timeout: Duration::from_secs(5) }
+        OtlpReceiverConfig {
+            protocols: Protocols::default(),
+            backpressure_timeout: Duration::from_secs(5),
+            max_concurrent_requests: 16,
+        }
     }
 }
 

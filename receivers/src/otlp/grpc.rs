@@ -5,6 +5,11 @@
 //! message becomes `INVALID_ARGUMENT` with the decoder's reason. tonic caps
 //! the message size before and after gzip decompression
 //! (`OUT_OF_RANGE` / `RESOURCE_EXHAUSTED`).
+//!
+//! The `max_concurrent_requests` slot is taken in [`ProfilesService::call`],
+//! the outermost point of a request, before `Grpc::unary` reads and
+//! decompresses the body: a request without a slot has no more in memory
+//! than what the HTTP/2 flow-control windows let the connection buffer.
 
 use super::{tls, GrpcConfig, Ingest, IngestError};
 use bytes::{Buf, Bytes};
@@ -116,6 +121,11 @@ where
         let ingest = self.ingest.clone();
         let max = self.max_size;
         Box::pin(async move {
+            // Held until the pipeline took or refused the batch (unary returns after ExportCall).
+            let _slot = match ingest.admit().await {
+                Ok(slot) => slot,
+                Err(e) => return Ok(to_status(e).into_http()),
+            };
             let mut enc = EnabledCompressionEncodings::default();
             enc.enable(CompressionEncoding::Gzip);
             let mut grpc = tonic::server::Grpc::new(RawCodec)

@@ -4,7 +4,8 @@
 //! Errors answer with a `google.rpc.Status` in the request's encoding, as
 //! OTLP/HTTP specifies: 400 malformed, 413 too large (also after
 //! decompression), 415 unknown content type or encoding, 503 with
-//! `Retry-After` when the pipeline pushes back.
+//! `Retry-After` when the pipeline pushes back or `max_concurrent_requests`
+//! requests are in flight.
 
 use super::{tls, HttpConfig, Ingest, IngestError};
 use axum::body::Body;
@@ -98,6 +99,13 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
                 format!("unsupported Content-Type {ct:?}; send application/x-protobuf or application/json"),
             );
         }
+    };
+    // A slot before the body is read, held until the pipeline took or
+    // refused the batch: a request without one has nothing in memory but
+    // what the socket buffers.
+    let _slot = match st.ingest.admit().await {
+        Ok(slot) => slot,
+        Err(e) => return error(enc, e),
     };
     let bytes = match axum::body::to_bytes(body, st.max_size).await {
         Ok(b) => b,

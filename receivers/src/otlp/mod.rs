@@ -8,6 +8,14 @@
 //! panic. When the pipeline does not take a batch within
 //! `backpressure_timeout` (or refuses it) the sender is told to retry:
 //! gRPC `UNAVAILABLE` / HTTP 503.
+//!
+//! At most `max_concurrent_requests` requests (gRPC and HTTP together) are
+//! read, decoded and pushed at once: a request takes a slot before its body
+//! is read and keeps it until the pipeline took or refused its batch, so the
+//! receiver's memory is bounded by slots × (size cap + decoded size) however
+//! many senders there are. A request that finds no slot free within
+//! `MAX_SLOT_WAIT` (1 s, at most `backpressure_timeout`) is told to retry, as
+//! for backpressure.
 
 mod config;
 mod grpc;
@@ -28,6 +36,16 @@ use tokio_util::sync::CancellationToken;
 
 /// How long [`Receiver::shutdown`] waits for in-flight requests.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The longest a request waits for one of the `max_concurrent_requests`
+/// slots (never longer than `backpressure_timeout`). With a healthy pipeline
+/// a slot frees within milliseconds, so this absorbs bursts; when all slots
+/// wait on a slow pipeline they are likely to wait up to
+/// `backpressure_timeout`, and a longer wait would only hold the sender's
+/// connection and eat its export timeout (default 5 s, like
+/// `backpressure_timeout`) before the same retry-later answer. 1 s matches
+/// the `Retry-After: 1` of the 503.
+pub(crate) const MAX_SLOT_WAIT: Duration = Duration::from_secs(1);
 
 pub fn factory_otlp() -> Arc<dyn Factory> {
     factory::<OtlpReceiverConfig, _>(
@@ -59,7 +77,16 @@ pub(crate) struct Ingest {
     telemetry: ComponentTelemetry,
     invalid: Counter,
     busy: Counter,
+    /// `max_concurrent_requests` permits, shared by the gRPC and HTTP servers.
+    slots: Arc<tokio::sync::Semaphore>,
+    max_concurrent: usize,
+    slot_wait: Duration,
+    /// Requests refused because no slot freed within `slot_wait`.
+    inflight_refused: Counter,
 }
+
+/// One of the `max_concurrent_requests` slots; freed on drop.
+pub(crate) type Slot = tokio::sync::OwnedSemaphorePermit;
 
 impl Ingest {
     pub(crate) fn decode_proto(bytes: &[u8]) -> Result<Profiles, IngestError> {
@@ -73,6 +100,30 @@ impl Ingest {
         serde_json::from_slice::<ExportProfilesServiceRequest>(bytes)
             .map(Profiles::from_request)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest JSON document: {e}")))
+    }
+
+    /// Takes a slot for one request, waiting up to `slot_wait` for one to
+    /// free. Call before the request's body is read, and hold the slot until
+    /// [`Ingest::accept`] returned: a request without a slot never has its
+    /// body or decoded form in memory.
+    pub(crate) async fn admit(&self) -> Result<Slot, IngestError> {
+        // `timeout` polls the acquire first, so a free slot is taken even
+        // when the wait is zero.
+        match tokio::time::timeout(self.slot_wait, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            // Err(Closed) cannot happen (the semaphore is never closed); answer retry-later anyway.
+            Ok(Err(_)) | Err(_) => {
+                self.inflight_refused.inc();
+                self.busy.inc();
+                Err(IngestError::Unavailable(format!(
+                    "this gateway has {} {} in flight (its max_concurrent_requests) and none finished \
+                     within {}; retry later",
+                    self.max_concurrent,
+                    if self.max_concurrent == 1 { "request" } else { "requests" },
+                    humantime::format_duration(self.slot_wait)
+                )))
+            }
+        }
     }
 
     /// Counts an error the server found before [`Ingest::accept`].
@@ -149,6 +200,16 @@ impl OtlpReceiver {
                 )));
             }
         }
+        if cfg.max_concurrent_requests == 0 || cfg.max_concurrent_requests > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err(ComponentError::msg(format!(
+                "receiver {}: max_concurrent_requests must be between 1 and {} (default 16), not {}; \
+                 it is how many requests gRPC and HTTP together may read and decode at once, \
+                 and 0 would refuse every request",
+                settings.id,
+                tokio::sync::Semaphore::MAX_PERMITS,
+                cfg.max_concurrent_requests
+            )));
+        }
         for (name, tls) in [
             ("grpc", cfg.protocols.grpc.as_ref().and_then(|g| g.tls.as_ref())),
             ("http", cfg.protocols.http.as_ref().and_then(|h| h.tls.as_ref())),
@@ -210,7 +271,15 @@ impl Receiver for OtlpReceiver {
             invalid: tel.counter("invalid_requests_total", "Requests refused as malformed or too large."),
             busy: tel.counter(
                 "backpressure_refusals_total",
-                "Requests answered with retry-later because the pipeline pushed back.",
+                "Requests answered with retry-later because the pipeline pushed back \
+                 (or max_concurrent_requests were in flight).",
+            ),
+            slots: Arc::new(tokio::sync::Semaphore::new(self.cfg.max_concurrent_requests)),
+            max_concurrent: self.cfg.max_concurrent_requests,
+            slot_wait: self.cfg.backpressure_timeout.min(MAX_SLOT_WAIT),
+            inflight_refused: tel.counter(
+                "inflight_refusals_total",
+                "Requests answered with retry-later because max_concurrent_requests were in flight.",
             ),
         });
         let cancel = CancellationToken::new();
@@ -282,5 +351,72 @@ mod tests {
         let mut cfg = OtlpReceiverConfig::default();
         cfg.protocols.http = Some(HttpConfig { max_recv_msg_size_mib: 0.5, ..Default::default() });
         create(cfg).unwrap();
+    }
+
+    fn http_only(max_concurrent_requests: usize) -> OtlpReceiverConfig {
+        let mut cfg = OtlpReceiverConfig { max_concurrent_requests, ..Default::default() };
+        cfg.protocols.http = Some(HttpConfig::default());
+        cfg
+    }
+
+    #[test]
+    fn max_concurrent_requests_defaults_to_16_and_0_is_a_config_error() {
+        assert_eq!(OtlpReceiverConfig::default().max_concurrent_requests, 16);
+        let e = create(http_only(0)).err().expect("refused").to_string();
+        assert!(e.contains("otlp") && e.contains("max_concurrent_requests") && e.contains("not 0"), "{e}");
+        // Past what a semaphore holds: refused, not a panic at start.
+        let e = create(http_only(usize::MAX)).err().expect("refused").to_string();
+        assert!(e.contains("max_concurrent_requests"), "{e}");
+        create(http_only(1)).unwrap();
+    }
+
+    #[test]
+    fn max_concurrent_requests_is_read_from_yaml() {
+        let cfg: OtlpReceiverConfig =
+            serde_yaml::from_str("protocols: {grpc: {}}\nmax_concurrent_requests: 2\n").unwrap();
+        assert_eq!(cfg.max_concurrent_requests, 2);
+        assert_eq!(cfg.backpressure_timeout, Duration::from_secs(5));
+        let cfg: OtlpReceiverConfig = serde_yaml::from_str("protocols: {grpc: {}}\n").unwrap();
+        assert_eq!(cfg.max_concurrent_requests, 16);
+        let e = create(serde_yaml::from_str("protocols: {http: {}}\nmax_concurrent_requests: 0\n").unwrap())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("max_concurrent_requests"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_at_most_the_slot_wait_then_is_told_to_retry() {
+        let id: ComponentId = "otlp".parse().unwrap();
+        let tel = ComponentTelemetry::detached(Kind::Receiver, &id);
+        let ingest = |bp: Duration| Ingest {
+            next: Next::new(vec![], tel.clone()),
+            backpressure_timeout: bp,
+            telemetry: tel.clone(),
+            invalid: tel.counter("invalid_requests_total", ""),
+            busy: tel.counter("backpressure_refusals_total", ""),
+            slots: Arc::new(tokio::sync::Semaphore::new(1)),
+            max_concurrent: 1,
+            slot_wait: bp.min(MAX_SLOT_WAIT),
+            inflight_refused: tel.counter("inflight_refusals_total", ""),
+        };
+        // A zero wait still takes a free slot.
+        let i = ingest(Duration::ZERO);
+        let held = i.admit().await.unwrap();
+        let t = std::time::Instant::now();
+        let e = i.admit().await.unwrap_err();
+        assert!(t.elapsed() < Duration::from_millis(500));
+        assert!(matches!(&e, IngestError::Unavailable(m) if m.contains("has 1 request in flight")), "{e:?}");
+        drop(held);
+        let _again = i.admit().await.unwrap();
+        // The wait is capped at MAX_SLOT_WAIT even with a long backpressure_timeout.
+        let i = ingest(Duration::from_secs(60));
+        let _held = i.admit().await.unwrap();
+        let t = std::time::Instant::now();
+        i.admit().await.unwrap_err();
+        let waited = t.elapsed();
+        assert!(waited >= MAX_SLOT_WAIT && waited < MAX_SLOT_WAIT * 3, "{waited:?}");
+        assert_eq!(tel.counter("inflight_refusals_total", "").get(), 2);
+        assert_eq!(tel.counter("backpressure_refusals_total", "").get(), 2);
     }
 }
