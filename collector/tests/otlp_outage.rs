@@ -1,8 +1,11 @@
 //! Outage: profcol's otlp exporter points at a closed port; the backend
 //! appears 10 s later and every batch profcol accepted arrives (the host's
 //! retry wrapper around the otlp exporter). With the persistent queue,
-//! profcol is SIGKILLed during the outage and restarted: every batch it had
-//! accepted still arrives.
+//! profcol is SIGKILLed during the outage (with and without a batch
+//! processor in front) and restarted: every batch it had accepted still
+//! arrives, exactly once. Also: SIGTERM keeps the queue; a full queue makes
+//! senders retry instead of losing data; a reload hands the queue to the new
+//! exporter instance; a second profcol cannot share the queue directory.
 
 use profcol_api::component::{ComponentId, ConsumeError, Consumer, CreateSettings, Kind, Next};
 use profcol_api::model::{canonical, pb, ProfileMeta};
