@@ -464,3 +464,44 @@ async fn a_second_profcol_on_the_same_persistent_queue_is_refused() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_batches_wait_on_disk_not_in_memory() {
+    // Retries every 3 s at first, so the files can be changed in between.
+    let dir = tempfile::tempdir().unwrap();
+    let QueuedNode { cfg, storage, mut child, port_in, port_out } = start_queued(dir.path(), "", false).await;
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("initial_interval: 200ms", "initial_interval: 3s");
+    std::fs::write(&cfg, text).unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let log = dir.path().join("profcol.log");
+    let t = Instant::now();
+    while !log_has(&log, "configuration reloaded") {
+        assert!(t.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(&log).unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let batches: Vec<Profiles> = (0..6).map(batch).collect();
+    send_all(port_in, &batches).await;
+    // The queue holds only the files: a batch whose file goes bad while it waits is set aside, not sent.
+    let mut files = queue_files(&storage, "batch");
+    files.sort();
+    assert_eq!(files.len(), batches.len());
+    let last = files.last().unwrap();
+    let mut bytes = std::fs::read(last).unwrap();
+    let end = bytes.len() - 1;
+    bytes[end] ^= 0xff;
+    std::fs::write(last, bytes).unwrap();
+    let (r, sink) = backend(port_out).await;
+    let n: usize = batches[..5].iter().map(|b| b.sample_count()).sum();
+    wait_samples(&sink, n, Duration::from_secs(30)).await;
+    let t = Instant::now();
+    while queue_files(&storage, "corrupt").is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", std::fs::read_to_string(&log).unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(merged(&sink.0.lock().unwrap()) == merged(&batches[..5]));
+    assert!(log_has(&log, "checksum mismatch"), "{}", std::fs::read_to_string(&log).unwrap());
+    let _ = child.kill();
+    let _ = child.wait();
+    r.shutdown().await.unwrap();
+}

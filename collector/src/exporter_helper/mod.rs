@@ -25,10 +25,20 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
-/// One queued batch, with its file when the queue is persistent.
-struct Queued {
-    batch: Arc<Profiles>,
-    ticket: Option<Ticket>,
+/// One queued batch: in memory, or (persistent queue) only its file, read
+/// back when a consumer takes it, so a long outage costs disk, not memory.
+enum Queued {
+    Memory(Arc<Profiles>),
+    Disk(Ticket),
+}
+
+impl Queued {
+    fn ticket(self) -> Option<Ticket> {
+        match self {
+            Queued::Disk(t) => Some(t),
+            Queued::Memory(_) => None,
+        }
+    }
 }
 
 /// What became of a batch the consumers took from the queue.
@@ -116,12 +126,20 @@ impl ExporterHandle {
                     while let Ok(item) = rx.recv().await {
                         if let (Some(store), true) = (&me.store, me.shutting_down()) {
                             // On disk: goes out through whoever uses the queue next.
-                            store.queue.hand_back(item.ticket);
+                            store.queue.hand_back(item.ticket());
                             break;
                         }
                         me.telemetry.queue_size.set(rx.len() as i64);
-                        let outcome = me.send_with_retry(&item.batch).await;
-                        match (outcome, item.ticket, &me.store) {
+                        let (batch, ticket) = match item {
+                            Queued::Memory(b) => (b, None),
+                            Queued::Disk(t) => match me.load(&t).await {
+                                Some(b) => (Arc::new(b), Some(t)),
+                                None => continue, // set aside as corrupt, with a warning
+                            },
+                        };
+                        let outcome = me.send_with_retry(&batch).await;
+                        drop(batch);
+                        match (outcome, ticket, &me.store) {
                             (Outcome::Done, Some(ticket), _) => me.forget(ticket).await,
                             (Outcome::Interrupted, Some(ticket), Some(store)) => store.queue.hand_back([ticket]),
                             _ => {}
@@ -159,13 +177,13 @@ impl ExporterHandle {
         let q = &self.config.sending_queue;
         let n = batch.sample_count() as u64;
         let blocking = !q.enabled || q.block_on_overflow;
-        let ticket = match &self.store {
-            Some(store) => Some(self.persist(store, &batch, blocking).await.inspect_err(|_| {
+        let item = match &self.store {
+            // The channel carries the file only; the batch itself is dropped here.
+            Some(store) => Queued::Disk(self.persist(store, &batch, blocking).await.inspect_err(|_| {
                 self.telemetry.refused.add(n);
             })?),
-            None => None,
+            None => Queued::Memory(batch),
         };
-        let item = Queued { batch, ticket };
         let rejected = if blocking {
             self.tx.send(item).await.err().map(|e| (e.into_inner(), false))
         } else {
@@ -176,16 +194,16 @@ impl ExporterHandle {
         };
         self.telemetry.queue_size.set(self.tx.len() as i64);
         let Some((item, full)) = rejected else { return Ok(()) };
-        match item.ticket {
+        match item {
             // Closed for shutdown: the batch is on disk and goes out through
             // whoever uses the queue next (a reload's new handle, or the next start).
-            Some(ticket) if !full => {
+            Queued::Disk(ticket) if !full => {
                 if let Some(store) = &self.store {
                     store.queue.hand_back([ticket]);
                 }
                 Ok(())
             }
-            Some(ticket) => {
+            Queued::Disk(ticket) => {
                 self.forget(ticket).await;
                 self.telemetry.refused.add(n);
                 Err(format!(
@@ -193,7 +211,7 @@ impl ExporterHandle {
                     self.id, q.queue_size
                 ))
             }
-            None => {
+            Queued::Memory(_) => {
                 self.telemetry.dropped.add(n);
                 if full {
                     warn!(exporter = %self.id, samples = n, queue_size = q.queue_size,
@@ -227,6 +245,18 @@ impl ExporterHandle {
         }
     }
 
+    /// Reads a queued batch back from disk; `None` when its file does not
+    /// read back (set aside as `*.corrupt`, with a warning).
+    async fn load(&self, ticket: &Ticket) -> Option<Profiles> {
+        let store = self.store.as_ref()?;
+        let (q, name, t) = (Arc::clone(&store.queue), self.id.to_string(), ticket.clone());
+        let batch = tokio::task::spawn_blocking(move || q.load(&name, &t)).await.ok().flatten();
+        if batch.is_none() {
+            store.bytes.set(store.queue.used_bytes() as i64);
+        }
+        batch
+    }
+
     /// Removes an exported (or abandoned) batch from the persistent queue.
     async fn forget(&self, ticket: Ticket) {
         let Some(store) = &self.store else { return };
@@ -249,12 +279,7 @@ impl ExporterHandle {
             let n = tickets.len();
             let mut rest = tickets.into_iter();
             while let Some(ticket) = rest.next() {
-                let (q, name, t) = (Arc::clone(queue), self.id.to_string(), ticket.clone());
-                let Ok(Some(batch)) = tokio::task::spawn_blocking(move || q.load(&name, &t)).await else {
-                    store.bytes.set(queue.used_bytes() as i64);
-                    continue; // set aside as corrupt, with a warning
-                };
-                let item = Queued { batch: Arc::new(batch), ticket: Some(ticket.clone()) };
+                let item = Queued::Disk(ticket.clone());
                 // A send dropped unfinished leaves nothing in the channel.
                 let sent = tokio::select! {
                     r = self.tx.send(item) => r.is_ok(),
@@ -348,7 +373,7 @@ impl ExporterHandle {
             // Still on disk: for the handle a reload starts, or the next start.
             let mut left = Vec::new();
             while let Ok(item) = self.rx.try_recv() {
-                left.extend(item.ticket);
+                left.extend(item.ticket());
             }
             store.queue.hand_back(left);
         }
