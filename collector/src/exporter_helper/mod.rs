@@ -25,17 +25,19 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
-/// One queued batch: in memory, or (persistent queue) only its file, read
-/// back when a consumer takes it, so a long outage costs disk, not memory.
+/// One queued batch: in memory, or (persistent queue) its file, with the
+/// batch kept in memory too only while the channel is short. Past that the
+/// batch is read back when a consumer takes it, so a long outage costs disk,
+/// not memory, while a healthy backend pays no read-back.
 enum Queued {
     Memory(Arc<Profiles>),
-    Disk(Ticket),
+    Disk(Ticket, Option<Arc<Profiles>>),
 }
 
 impl Queued {
     fn ticket(self) -> Option<Ticket> {
         match self {
-            Queued::Disk(t) => Some(t),
+            Queued::Disk(t, _) => Some(t),
             Queued::Memory(_) => None,
         }
     }
@@ -132,7 +134,8 @@ impl ExporterHandle {
                         me.telemetry.queue_size.set(rx.len() as i64);
                         let (batch, ticket) = match item {
                             Queued::Memory(b) => (b, None),
-                            Queued::Disk(t) => match me.load(&t).await {
+                            Queued::Disk(t, Some(b)) => (b, Some(t)),
+                            Queued::Disk(t, None) => match me.load(&t).await {
                                 Some(b) => (Arc::new(b), Some(t)),
                                 None => continue, // set aside as corrupt, with a warning
                             },
@@ -178,10 +181,14 @@ impl ExporterHandle {
         let n = batch.sample_count() as u64;
         let blocking = !q.enabled || q.block_on_overflow;
         let item = match &self.store {
-            // The channel carries the file only; the batch itself is dropped here.
-            Some(store) => Queued::Disk(self.persist(store, &batch, blocking).await.inspect_err(|_| {
-                self.telemetry.refused.add(n);
-            })?),
+            Some(store) => {
+                let ticket = self.persist(store, &batch, blocking).await.inspect_err(|_| {
+                    self.telemetry.refused.add(n);
+                })?;
+                // Kept in memory only if a consumer is about to take it; else only the file waits.
+                let window = if q.enabled { q.num_consumers.max(1) } else { 1 };
+                Queued::Disk(ticket, (self.tx.len() < window).then_some(batch))
+            }
             None => Queued::Memory(batch),
         };
         let rejected = if blocking {
@@ -197,13 +204,13 @@ impl ExporterHandle {
         match item {
             // Closed for shutdown: the batch is on disk and goes out through
             // whoever uses the queue next (a reload's new handle, or the next start).
-            Queued::Disk(ticket) if !full => {
+            Queued::Disk(ticket, _) if !full => {
                 if let Some(store) = &self.store {
                     store.queue.hand_back([ticket]);
                 }
                 Ok(())
             }
-            Queued::Disk(ticket) => {
+            Queued::Disk(ticket, _) => {
                 self.forget(ticket).await;
                 self.telemetry.refused.add(n);
                 Err(format!(
@@ -279,7 +286,7 @@ impl ExporterHandle {
             let n = tickets.len();
             let mut rest = tickets.into_iter();
             while let Some(ticket) = rest.next() {
-                let item = Queued::Disk(ticket.clone());
+                let item = Queued::Disk(ticket.clone(), None);
                 // A send dropped unfinished leaves nothing in the channel.
                 let sent = tokio::select! {
                     r = self.tx.send(item) => r.is_ok(),
