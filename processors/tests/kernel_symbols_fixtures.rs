@@ -538,6 +538,40 @@ async fn processor_symbolizes_batches_after_start() {
 }
 
 #[tokio::test]
+async fn processor_counts_frames_and_store_work_in_metrics() {
+    use profcol_api::component::{ComponentId, Kind, Processor};
+    use profcol_api::telemetry::Telemetry;
+    use profcol_processors::kernel_symbols::{Config, KernelSymbols};
+    let registry = Telemetry::new();
+    let id: ComponentId = "kernel_symbols".parse().unwrap();
+    let cfg = Config {
+        kallsyms: fixtures().join("quirks.kallsyms"),
+        sysfs: fixtures().join("sysfs"),
+        uevents: false,
+        bpf: false,
+        ..Default::default()
+    };
+    let p = KernelSymbols::with_telemetry(cfg, &registry.component(Kind::Processor, &id));
+    p.start().await.unwrap();
+    // One frame inside vfs_read, one far outside every symbol.
+    p.process(kernel_batch(&[0xffffffff81000115, 0x1000], now_ns())).await.unwrap().unwrap();
+    p.process(kernel_batch(&[0xffffffff81000115], now_ns())).await.unwrap().unwrap();
+    let m = registry.render();
+    let series = |name: &str| {
+        m.lines()
+            .find(|l| l.starts_with(&format!("profcol_processor_kernel_symbols_{name}{{")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    assert_eq!(series("frames_resolved_total"), Some(2), "{m}");
+    assert_eq!(series("frames_unresolved_total"), Some(1), "{m}");
+    // The store's one full read at start, mirrored once, not once per batch.
+    assert_eq!(series("kallsyms_reads_total"), Some(1), "{m}");
+    assert_eq!(series("generations"), Some(1), "{m}");
+    p.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn processor_start_fails_with_a_clear_error() {
     use profcol_api::component::Processor;
     use profcol_processors::kernel_symbols::{Config, KernelSymbols};

@@ -43,9 +43,9 @@ pub fn factory() -> Arc<dyn Factory> {
             description:
                 "names kernel frames (vmlinux, modules, BPF programs) with the symbols live at each sample's time",
         },
-        |_settings, cfg: Config| {
+        |settings, cfg: Config| {
             cfg.validate().map_err(|e| ComponentError::msg(format!("kernel_symbols: {e}")))?;
-            Ok(Component::Processor(Arc::new(KernelSymbols::new(cfg))))
+            Ok(Component::Processor(Arc::new(KernelSymbols::with_telemetry(cfg, &settings.telemetry))))
         },
     )
 }

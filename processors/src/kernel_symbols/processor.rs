@@ -1,10 +1,12 @@
 //! The processor: opens the store at start, runs the listeners and the
 //! reload task, and symbolizes each batch against lock-free generations.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use profcol_api::component::{ComponentError, Processor};
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::Profiles;
 use tokio::task::JoinHandle;
 
@@ -16,11 +18,71 @@ pub struct KernelSymbols {
     cfg: Config,
     store: OnceLock<Arc<Store>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    metrics: Option<Metrics>,
+}
+
+/// The processor's series in /metrics: frames by outcome, and the store's
+/// own counters mirrored at each batch (the store counts with plain atomics,
+/// read by tests and `profcol kernel-symbols stats` too).
+struct Metrics {
+    resolved: Counter,
+    module_only: Counter,
+    unresolved: Counter,
+    generations: Gauge,
+    /// (store counter, its series, the value mirrored last).
+    mirrored: [(fn(&Store) -> &AtomicU64, Counter, AtomicU64); 4],
+}
+
+impl Metrics {
+    fn new(t: &ComponentTelemetry) -> Self {
+        let c = |name: &str, help: &str| t.counter(&format!("kernel_symbols_{name}"), help);
+        Metrics {
+            resolved: c("frames_resolved_total", "Kernel frames named"),
+            module_only: c("frames_module_only_total", "Kernel frames placed in a module whose names are not read yet"),
+            unresolved: c("frames_unresolved_total", "Kernel frames no live symbol covered"),
+            generations: t.gauge("kernel_symbols_generations", "Symbol generations kept"),
+            mirrored: [
+                (|s| &s.counters.full_reads, c("kallsyms_reads_total", "Full reads of kallsyms"), AtomicU64::new(0)),
+                (
+                    |s| &s.counters.read_failures,
+                    c("kallsyms_read_failures_total", "kallsyms reads that failed (retried with backoff)"),
+                    AtomicU64::new(0),
+                ),
+                (
+                    |s| &s.counters.metadata_refreshes,
+                    c("module_refreshes_total", "Module metadata refreshes after uevents"),
+                    AtomicU64::new(0),
+                ),
+                (
+                    |s| &s.counters.ksymbol_events,
+                    c("bpf_symbol_events_total", "BPF program load/unload events applied"),
+                    AtomicU64::new(0),
+                ),
+            ],
+        }
+    }
+
+    fn record(&self, store: &Store, outcome: &symbolize::Outcome) {
+        self.resolved.add(outcome.resolved);
+        self.module_only.add(outcome.module_only);
+        self.unresolved.add(outcome.unresolved);
+        self.generations.set(store.counters.generations.load(Relaxed) as i64);
+        for (of, series, seen) in &self.mirrored {
+            let now = of(store).load(Relaxed);
+            series.add(now.saturating_sub(seen.swap(now, Relaxed)));
+        }
+    }
 }
 
 impl KernelSymbols {
+    /// Without series in /metrics (tests, tools).
     pub fn new(cfg: Config) -> Self {
-        KernelSymbols { cfg, store: OnceLock::new(), tasks: Mutex::new(Vec::new()) }
+        KernelSymbols { cfg, store: OnceLock::new(), tasks: Mutex::new(Vec::new()), metrics: None }
+    }
+
+    /// With its series in the host's /metrics.
+    pub fn with_telemetry(cfg: Config, telemetry: &ComponentTelemetry) -> Self {
+        KernelSymbols { metrics: Some(Metrics::new(telemetry)), ..Self::new(cfg) }
     }
 
     /// The store, once started.
@@ -67,6 +129,9 @@ impl Processor for KernelSymbols {
         let (batch, outcome) = symbolize::symbolize(batch, &gens);
         if outcome.unresolved > 0 {
             tracing::debug!(?outcome, "kernel frames left unresolved");
+        }
+        if let Some(m) = &self.metrics {
+            m.record(store, &outcome);
         }
         Ok(Some(batch))
     }
