@@ -29,9 +29,11 @@ struct Metrics {
     module_only: Counter,
     unresolved: Counter,
     generations: Gauge,
-    /// (store counter, its series, the value mirrored last).
-    mirrored: [(fn(&Store) -> &AtomicU64, Counter, AtomicU64); 4],
+    mirrored: [Mirrored; 4],
 }
+
+/// A store counter, its series, and the value mirrored last.
+type Mirrored = (fn(&Store) -> &AtomicU64, Counter, AtomicU64);
 
 impl Metrics {
     fn new(t: &ComponentTelemetry) -> Self {
