@@ -188,6 +188,30 @@ async fn wait_samples(sink: &Sink, n: usize, timeout: Duration) {
     }
 }
 
+/// Waits until the backend has exactly the samples of `batches` (a multiset:
+/// nothing lost, nothing twice).
+async fn expect_delivered(sink: &Sink, batches: &[Profiles]) {
+    let n: usize = batches.iter().map(|b| b.sample_count()).sum();
+    wait_samples(sink, n, Duration::from_secs(30)).await;
+    assert!(merged(&sink.0.lock().unwrap()) == merged(batches));
+}
+
+/// Stops profcol and the backend.
+async fn finish(mut child: Child, backend: OtlpReceiver) {
+    let _ = child.kill();
+    let _ = child.wait();
+    backend.shutdown().await.unwrap();
+}
+
+/// Waits up to 20 s for `cond`; a timeout shows profcol's log.
+async fn wait_for(log: &std::path::Path, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(log).unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_appears_10s_later_and_every_batch_arrives() {
     let dir = tempfile::tempdir().unwrap();
@@ -201,12 +225,8 @@ async fn backend_appears_10s_later_and_every_batch_arrives() {
     send_all(port_in, &batches).await;
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(t0.elapsed())).await;
     let (r, sink) = backend(port_out).await;
-    let n: usize = batches.iter().map(|b| b.sample_count()).sum();
-    wait_samples(&sink, n, Duration::from_secs(30)).await;
-    assert!(merged(&sink.0.lock().unwrap()) == merged(&batches));
-    let _ = child.kill();
-    let _ = child.wait();
-    r.shutdown().await.unwrap();
+    expect_delivered(&sink, &batches).await;
+    finish(child, r).await;
 }
 
 fn queue_files(storage: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
@@ -275,9 +295,7 @@ async fn sigkill_during_outage(batch_processor: bool) {
     let log2 = dir.path().join("profcol2.log");
     let mut child = start_profcol(&cfg, &log2);
     wait_port(port_in, &mut child, &log2).await;
-    let n: usize = batches.iter().map(|b| b.sample_count()).sum();
-    wait_samples(&sink, n, Duration::from_secs(30)).await;
-    assert!(merged(&sink.0.lock().unwrap()) == merged(&batches));
+    expect_delivered(&sink, &batches).await;
     // Exported batches leave the disk; the torn file is set aside with a log line.
     let t = Instant::now();
     while !queue_files(&storage, "batch").is_empty() {
@@ -291,9 +309,7 @@ async fn sigkill_during_outage(batch_processor: bool) {
     assert_eq!(queue_files(&storage, "corrupt").len(), 1);
     let text = std::fs::read_to_string(&log2).unwrap();
     assert!(text.contains("does not read back") && text.contains("00000000009999999999"), "{text}");
-    let _ = child.kill();
-    let _ = child.wait();
-    r.shutdown().await.unwrap();
+    finish(child, r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,13 +324,9 @@ async fn sigterm_during_outage_keeps_the_persistent_queue_for_the_next_start() {
     assert!(st.success(), "{st}: {}", std::fs::read_to_string(dir.path().join("profcol.log")).unwrap_or_default());
     assert_eq!(queue_files(&storage, "batch").len(), batches.len());
     let (r, sink) = backend(port_out).await;
-    let mut child = start_profcol(&cfg, &dir.path().join("profcol2.log"));
-    let n: usize = batches.iter().map(|b| b.sample_count()).sum();
-    wait_samples(&sink, n, Duration::from_secs(30)).await;
-    assert!(merged(&sink.0.lock().unwrap()) == merged(&batches));
-    let _ = child.kill();
-    let _ = child.wait();
-    r.shutdown().await.unwrap();
+    let child = start_profcol(&cfg, &dir.path().join("profcol2.log"));
+    expect_delivered(&sink, &batches).await;
+    finish(child, r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +335,7 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
     let one = batch(0).encode_to_vec().len();
     // Room for two batches on disk, not three.
     let room = format!("\n      max_storage_bytes: {}", 2 * (one + 16) + 8);
-    let QueuedNode { storage, mut child, port_in, port_out, .. } = start_queued(dir.path(), &room, false).await;
+    let QueuedNode { storage, child, port_in, port_out, .. } = start_queued(dir.path(), &room, false).await;
     send_all(port_in, &[batch(0), batch(1)]).await;
     let client = OtlpGrpcExporter::new(
         settings(Kind::Exporter, "otlp/client"),
@@ -349,9 +361,7 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     wait_samples(&sink, 3 * batch(0).sample_count(), Duration::from_secs(30)).await;
-    let _ = child.kill();
-    let _ = child.wait();
-    r.shutdown().await.unwrap();
+    finish(child, r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,19 +406,11 @@ service:
     std::fs::write(&cfg, text).unwrap();
     let log = dir.path().join("profcol.log");
     let mut child = start_profcol(&cfg, &log);
-    let t = Instant::now();
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("batch refused") {
-        assert!(t.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(&log).unwrap_or_default());
-        assert!(child.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(&log, || log_has(&log, "batch refused")).await;
+    assert!(child.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
     let (r, sink) = backend(port_out).await;
-    let n: usize = batches.iter().map(|b| b.sample_count()).sum();
-    wait_samples(&sink, n, Duration::from_secs(30)).await;
-    assert!(merged(&sink.0.lock().unwrap()) == merged(&batches));
-    let _ = child.kill();
-    let _ = child.wait();
-    r.shutdown().await.unwrap();
+    expect_delivered(&sink, &batches).await;
+    finish(child, r).await;
 }
 
 fn log_has(log: &std::path::Path, text: &str) -> bool {
@@ -418,7 +420,7 @@ fn log_has(log: &std::path::Path, text: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_replaces_the_persistent_exporter_hands_its_queue_over() {
     let dir = tempfile::tempdir().unwrap();
-    let QueuedNode { cfg, storage, mut child, port_in, port_out } = start_queued(dir.path(), "", false).await;
+    let QueuedNode { cfg, storage, child, port_in, port_out } = start_queued(dir.path(), "", false).await;
     let log = dir.path().join("profcol.log");
     let first: Vec<Profiles> = (0..8).map(batch).collect();
     send_all(port_in, &first).await;
@@ -426,24 +428,17 @@ async fn a_reload_that_replaces_the_persistent_exporter_hands_its_queue_over() {
     let text = std::fs::read_to_string(&cfg).unwrap().replace("timeout: 2s", "timeout: 3s");
     std::fs::write(&cfg, text).unwrap();
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
-    let t = Instant::now();
-    while !log_has(&log, "configuration reloaded") {
-        assert!(t.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(&log).unwrap());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(&log, || log_has(&log, "configuration reloaded")).await;
     let second: Vec<Profiles> = (8..12).map(batch).collect();
     send_all(port_in, &second).await;
     assert_eq!(queue_files(&storage, "batch").len(), first.len() + second.len());
     let (r, sink) = backend(port_out).await;
     let all: Vec<Profiles> = first.iter().chain(&second).cloned().collect();
-    let n: usize = all.iter().map(|b| b.sample_count()).sum();
-    wait_samples(&sink, n, Duration::from_secs(30)).await;
+    expect_delivered(&sink, &all).await;
     // Exactly once: nothing lost in the hand-over, nothing sent by both instances.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(merged(&sink.0.lock().unwrap()) == merged(&all));
-    let _ = child.kill();
-    let _ = child.wait();
-    r.shutdown().await.unwrap();
+    finish(child, r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -469,16 +464,12 @@ async fn a_second_profcol_on_the_same_persistent_queue_is_refused() {
 async fn queued_batches_wait_on_disk_not_in_memory() {
     // Retries every 3 s at first, so the files can be changed in between.
     let dir = tempfile::tempdir().unwrap();
-    let QueuedNode { cfg, storage, mut child, port_in, port_out } = start_queued(dir.path(), "", false).await;
+    let QueuedNode { cfg, storage, child, port_in, port_out } = start_queued(dir.path(), "", false).await;
     let text = std::fs::read_to_string(&cfg).unwrap().replace("initial_interval: 200ms", "initial_interval: 3s");
     std::fs::write(&cfg, text).unwrap();
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     let log = dir.path().join("profcol.log");
-    let t = Instant::now();
-    while !log_has(&log, "configuration reloaded") {
-        assert!(t.elapsed() < Duration::from_secs(20), "{}", std::fs::read_to_string(&log).unwrap());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(&log, || log_has(&log, "configuration reloaded")).await;
     let batches: Vec<Profiles> = (0..6).map(batch).collect();
     send_all(port_in, &batches).await;
     // The queue holds only the files: a batch whose file goes bad while it waits is set aside, not sent.
@@ -493,15 +484,9 @@ async fn queued_batches_wait_on_disk_not_in_memory() {
     let (r, sink) = backend(port_out).await;
     let n: usize = batches[..5].iter().map(|b| b.sample_count()).sum();
     wait_samples(&sink, n, Duration::from_secs(30)).await;
-    let t = Instant::now();
-    while queue_files(&storage, "corrupt").is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(10), "{}", std::fs::read_to_string(&log).unwrap());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(&log, || !queue_files(&storage, "corrupt").is_empty()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(merged(&sink.0.lock().unwrap()) == merged(&batches[..5]));
     assert!(log_has(&log, "checksum mismatch"), "{}", std::fs::read_to_string(&log).unwrap());
-    let _ = child.kill();
-    let _ = child.wait();
-    r.shutdown().await.unwrap();
+    finish(child, r).await;
 }
