@@ -6,7 +6,6 @@
 
 mod common;
 
-use bytes::{BufMut, Bytes};
 use common::*;
 use profcol_api::component::{ComponentId, ConsumeError, Consumer, CreateSettings, ExportError, Kind, Next};
 use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
@@ -18,64 +17,10 @@ use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiver
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
-const PATH: &str = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
-
-/// Sends pre-encoded bytes as the request (so garbage and oversized bodies can be sent).
-#[derive(Clone, Copy)]
-struct Raw;
-struct RawEnc;
-struct RawDec;
-impl Encoder for RawEnc {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-impl Decoder for RawDec {
-    type Item = ();
-    type Error = tonic::Status;
-    fn decode(&mut self, _src: &mut DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
-        Ok(Some(()))
-    }
-}
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = ();
-    type Encoder = RawEnc;
-    type Decoder = RawDec;
-    fn encoder(&mut self) -> RawEnc {
-        RawEnc
-    }
-    fn decoder(&mut self) -> RawDec {
-        RawDec
-    }
-}
-
-async fn grpc_send(addr: std::net::SocketAddr, body: Vec<u8>) -> Result<(), tonic::Status> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-    let mut g = tonic::client::Grpc::new(ch);
-    g.ready().await.unwrap();
-    g.unary(tonic::Request::new(Bytes::from(body)), http::uri::PathAndQuery::from_static(PATH), Raw).await.map(|_| ())
-}
-
-/// (status, Retry-After, body)
-async fn http_send(addr: std::net::SocketAddr, body: Vec<u8>, ct: &str) -> (u16, Option<String>, String) {
-    let r = reqwest::Client::new()
-        .post(format!("http://{addr}/v1development/profiles"))
-        .header("content-type", ct)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let ra = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
-    let code = r.status().as_u16();
-    let text = String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned();
-    (code, ra, text)
-}
+#[path = "common/raw.rs"]
+mod raw;
+use raw::{grpc_send, http_send};
 
 /// The test [`Collector`] (with its `stall` flag), counting the batches that
 /// reached the pipeline, so a test knows when requests hold their slots.
@@ -195,14 +140,15 @@ async fn over_the_limit_is_unavailable_and_503_promptly_and_nothing_accepted_is_
 
     // A third request over gRPC: UNAVAILABLE with the message, after the short wait.
     let t = Instant::now();
-    let e = grpc_send(s.grpc(), cpu_batch(12, 1, 5).encode_to_vec()).await.unwrap_err();
+    let e = grpc_send(s.grpc(), cpu_batch(12, 1, 5).encode_to_vec(), false).await.unwrap_err();
     assert_prompt(t);
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     assert!(e.message().contains(IN_FLIGHT) && e.message().contains("retry later"), "{}", e.message());
 
     // And over HTTP: 503, Retry-After, a google.rpc.Status in the request's encoding.
     let t = Instant::now();
-    let (code, ra, text) = http_send(s.http(), cpu_batch(13, 1, 5).to_json().into_bytes(), "application/json").await;
+    let (code, ra, text) =
+        http_send(s.http(), cpu_batch(13, 1, 5).to_json().into_bytes(), "application/json", false).await;
     assert_prompt(t);
     assert_eq!(code, 503, "{text}");
     assert_eq!(ra.as_deref(), Some("1"));
@@ -235,8 +181,8 @@ async fn over_the_limit_is_unavailable_and_503_promptly_and_nothing_accepted_is_
     tokio::time::timeout(Duration::from_secs(10), hang_http).await.unwrap().unwrap().unwrap();
     let (c, d) = (cpu_batch(16, 2, 10), cpu_batch(17, 1, 10));
     let (nc, nd) = (c.sample_count(), d.sample_count());
-    grpc_send(s.grpc(), c.encode_to_vec()).await.unwrap();
-    let (code, _, text) = http_send(s.http(), d.encode_to_vec(), "application/x-protobuf").await;
+    grpc_send(s.grpc(), c.encode_to_vec(), false).await.unwrap();
+    let (code, _, text) = http_send(s.http(), d.encode_to_vec(), "application/x-protobuf", false).await;
     assert_eq!(code, 200, "{text}");
 
     // Exactly the accepted batches arrived, whole.
@@ -255,15 +201,16 @@ async fn a_request_without_a_slot_is_refused_before_its_body_is_read() {
     let (a, b) = (cpu_batch(20, 1, 10), cpu_batch(21, 1, 10));
     let n = a.sample_count() + b.sample_count();
     let (g, h) = (s.grpc(), s.http());
-    let hang_a = tokio::spawn(async move { grpc_send(g, a.encode_to_vec()).await });
-    let hang_b = tokio::spawn(async move { http_send(h, b.encode_to_vec(), "application/x-protobuf").await });
+    let hang_a = tokio::spawn(async move { grpc_send(g, a.encode_to_vec(), false).await });
+    let hang_b = tokio::spawn(async move { http_send(h, b.encode_to_vec(), "application/x-protobuf", false).await });
     s.pipe.wait_entered(2).await;
 
-    let e = grpc_send(g, vec![0u8; 1 << 20]).await.unwrap_err();
+    let e = grpc_send(g, vec![0u8; 1 << 20], false).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "an oversized body was read: {e:?}");
-    let e = grpc_send(g, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec()).await.unwrap_err();
+    let e = grpc_send(g, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec(), false).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable, "garbage was decoded: {e:?}");
-    let (code, _, text) = http_send(h, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec(), "application/x-protobuf").await;
+    let (code, _, text) =
+        http_send(h, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec(), "application/x-protobuf", false).await;
     assert_eq!(code, 503, "garbage was decoded: {text}");
     // Still answered in the request's encoding: the protobuf Status carries the message.
     assert!(text.contains(IN_FLIGHT), "{text}");
@@ -273,9 +220,10 @@ async fn a_request_without_a_slot_is_refused_before_its_body_is_read() {
     assert_eq!(hang_b.await.unwrap().0, 200);
     assert_eq!(s.c.sample_count(), n);
     // With slots free, the same bodies get their usual answers.
-    let e = grpc_send(g, vec![0u8; 1 << 20]).await.unwrap_err();
+    let e = grpc_send(g, vec![0u8; 1 << 20], false).await.unwrap_err();
     assert!(matches!(e.code(), tonic::Code::OutOfRange | tonic::Code::ResourceExhausted), "{e:?}");
-    let (code, _, _) = http_send(h, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec(), "application/x-protobuf").await;
+    let (code, _, _) =
+        http_send(h, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec(), "application/x-protobuf", false).await;
     assert_eq!(code, 400);
     assert_eq!(s.inflight_refusals(), 3);
     s.r.shutdown().await.unwrap();
@@ -288,19 +236,19 @@ async fn slots_are_given_back_on_every_outcome() {
     let (g, h) = (s.grpc(), s.http());
     // Refusals as malformed give the slot back.
     for _ in 0..3 {
-        let e = grpc_send(g, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec()).await.unwrap_err();
+        let e = grpc_send(g, b"\xff\xff\xff\xff\x0fnot protobuf".to_vec(), false).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-        let (code, _, _) = http_send(h, b"{not json".to_vec(), "application/json").await;
+        let (code, _, _) = http_send(h, b"{not json".to_vec(), "application/json", false).await;
         assert_eq!(code, 400);
     }
     // A pipeline refusal (backpressure timeout) gives it back: the next
     // request is refused by the pipeline again, not for want of a slot.
     s.c.stall.store(true, Ordering::SeqCst);
     for _ in 0..2 {
-        let e = grpc_send(g, cpu_batch(30, 1, 5).encode_to_vec()).await.unwrap_err();
+        let e = grpc_send(g, cpu_batch(30, 1, 5).encode_to_vec(), false).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
         assert!(e.message().contains("did not take the batch"), "{}", e.message());
-        let (code, _, text) = http_send(h, cpu_batch(31, 1, 5).to_json().into_bytes(), "application/json").await;
+        let (code, _, text) = http_send(h, cpu_batch(31, 1, 5).to_json().into_bytes(), "application/json", false).await;
         assert_eq!(code, 503);
         assert!(text.contains("did not take the batch"), "{text}");
     }
@@ -308,7 +256,7 @@ async fn slots_are_given_back_on_every_outcome() {
     assert_eq!(s.backpressure_refusals(), 4);
     s.c.stall.store(false, Ordering::SeqCst);
     let batch = cpu_batch(32, 2, 10);
-    grpc_send(g, batch.encode_to_vec()).await.unwrap();
+    grpc_send(g, batch.encode_to_vec(), false).await.unwrap();
     assert_eq!(s.c.sample_count(), batch.sample_count());
     s.r.shutdown().await.unwrap();
 }
@@ -325,12 +273,12 @@ async fn a_burst_above_the_limit_waits_for_slots_when_the_pipeline_is_healthy() 
         let batch = cpu_batch(100 + k, 2, 20);
         want += batch.sample_count();
         if k % 2 == 0 {
-            tasks.push(tokio::spawn(
-                async move { grpc_send(g, batch.encode_to_vec()).await.map_err(|e| e.to_string()) },
-            ));
+            tasks.push(tokio::spawn(async move {
+                grpc_send(g, batch.encode_to_vec(), false).await.map_err(|e| e.to_string())
+            }));
         } else {
             tasks.push(tokio::spawn(async move {
-                match http_send(h, batch.encode_to_vec(), "application/x-protobuf").await {
+                match http_send(h, batch.encode_to_vec(), "application/x-protobuf", false).await {
                     (200, _, _) => Ok(()),
                     (code, _, text) => Err(format!("{code} {text}")),
                 }
