@@ -14,8 +14,10 @@ use profcol::service::{check, Service};
 use profcol_api::component::{factory, Component, FactoryMeta, Kind, Stability};
 use profcol_api::telemetry::Telemetry;
 use profcol_api::{ProcessError, ProcessOutcome, Processor, Profiles};
+use profcol_testkit::batch::random_batch;
 use prost::Message;
 use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// What the test processor does with every batch.
@@ -71,11 +73,11 @@ fn series(text: &str, name: &str, id: &str) -> u64 {
 async fn processor_outcomes_reach_the_sender_and_the_counters() {
     let dir = tempfile::tempdir().unwrap();
     let actions = ["forward", "drop", "refuse", "refuse_retryable"];
-    let ports: Vec<(u16, u16)> = actions.iter().map(|_| (common::free_port(), common::free_port())).collect();
+    let log = profcol_testkit::log::capture();
     let mut yaml = String::from("receivers:\n");
-    for (a, (g, h)) in actions.iter().zip(&ports) {
+    for a in actions {
         yaml += &format!(
-            "  otlp/{a}:\n    protocols:\n      grpc: {{ endpoint: 127.0.0.1:{g} }}\n      http: {{ endpoint: 127.0.0.1:{h} }}\n"
+            "  otlp/{a}:\n    protocols:\n      grpc: {{ endpoint: 127.0.0.1:0 }}\n      http: {{ endpoint: 127.0.0.1:0 }}\n"
         );
     }
     yaml += "processors:\n";
@@ -98,17 +100,26 @@ async fn processor_outcomes_reach_the_sender_and_the_counters() {
     let mut service = Service::new(registry, telemetry.clone(), status);
     service.start(config, checked).await.expect("the service starts");
 
-    let batch = common::batch(7, 2, 40, 5, 4);
+    // Each receiver bound port 0 and logged what it got.
+    let ports: Vec<(SocketAddr, SocketAddr)> = actions
+        .iter()
+        .map(|a| {
+            let needles = ["otlp receiver listening", &format!("receiver=otlp/{a} ")];
+            let addr = |key| log.addr(&needles, key).unwrap_or_else(|| panic!("otlp/{a}: no {key} address logged"));
+            (addr("grpc"), addr("http"))
+        })
+        .collect();
+    let batch = random_batch(7, 2, 40, 5, 4);
     let n = batch.sample_count() as u64;
     let request = batch.clone().into_request();
     let body = request.encode_to_vec();
     let http = reqwest::Client::new();
     let mut codes = Vec::new();
     for (a, (g, h)) in actions.iter().zip(&ports) {
-        let mut client = ProfilesServiceClient::connect(format!("http://127.0.0.1:{g}")).await.unwrap();
+        let mut client = ProfilesServiceClient::connect(format!("http://{g}")).await.unwrap();
         let grpc = client.export(request.clone()).await.map(|_| ()).map_err(|s| s.code());
         let r = http
-            .post(format!("http://127.0.0.1:{h}/v1development/profiles"))
+            .post(format!("http://{h}/v1development/profiles"))
             .header("content-type", "application/x-protobuf")
             .body(body.clone())
             .send()
