@@ -236,3 +236,65 @@ async fn run_ring(mut afd: AsyncFd<Ring>, tx: UnboundedSender<Trigger>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `body` as the kernel lays it out, then `tail` (name, sample_id).
+    fn record<T: Copy>(body: T, tail: &[u8]) -> Vec<u8> {
+        // SAFETY: the record structs are #[repr(C)] integers with no padding
+        // (their sizes are checked against the uapi in profcol_ebpf::sys).
+        let head = unsafe { std::slice::from_raw_parts((&body as *const T).cast::<u8>(), size_of::<T>()) };
+        [head, tail].concat()
+    }
+
+    fn header(type_: u32, size: usize) -> perf_event_header {
+        perf_event_header { type_, misc: 0, size: size as u16 }
+    }
+
+    #[test]
+    fn parses_ksymbol_and_bpf_event_records_by_their_structs() {
+        let ts = 1_700_000_000_123_456_789u64;
+        let mut tail = b"bpf_prog_0123456789abcdef_f\0\0\0\0\0".to_vec();
+        tail.extend_from_slice(&ts.to_ne_bytes());
+        let size = size_of::<KsymbolRecord>() + tail.len();
+        let k = KsymbolRecord {
+            header: header(PERF_RECORD_KSYMBOL, size),
+            addr: 0xffff_ffff_c000_1000,
+            len: 96,
+            ksym_type: 1,
+            flags: 0,
+        };
+        match parse_record(&record(k, &tail), true) {
+            Some(Trigger::KsymbolRegister { ts_ns, func }) => {
+                assert_eq!((ts_ns, func.start, func.len), (ts, 0xffff_ffff_c000_1000, 96));
+                assert_eq!(&*func.name, "bpf_prog_0123456789abcdef_f");
+            }
+            other => panic!("{other:?}"),
+        }
+        let gone = KsymbolRecord { flags: sys::PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER, ..k };
+        assert!(matches!(
+            parse_record(&record(gone, &tail), true),
+            Some(Trigger::KsymbolUnregister { ts_ns, addr: 0xffff_ffff_c000_1000 }) if ts_ns == ts
+        ));
+
+        let e = BpfEventRecord {
+            header: header(PERF_RECORD_BPF_EVENT, size_of::<BpfEventRecord>() + 8),
+            type_: sys::PERF_BPF_EVENT_PROG_LOAD,
+            flags: 0,
+            id: 4242,
+            tag: [7; 8],
+        };
+        let load = record(e, &ts.to_ne_bytes());
+        assert!(matches!(parse_record(&load, true), Some(Trigger::BpfProgLoad { ts_ns, id: 4242 }) if ts_ns == ts));
+        let unload = record(BpfEventRecord { type_: 2, ..e }, &ts.to_ne_bytes());
+        assert!(parse_record(&unload, true).is_none());
+
+        // Truncated records are refused, never read past their end.
+        let full = record(k, &tail);
+        for n in 0..size_of::<KsymbolRecord>() {
+            assert!(parse_record(&full[..n], false).is_none(), "{n} bytes");
+        }
+    }
+}
