@@ -26,6 +26,8 @@
 #include <linux/bpf.h>
 #include <linux/bpf_perf_event.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <asm/ptrace.h>
 
 #include "record.h"
 
@@ -115,8 +117,13 @@ static __always_inline void count(__u32 slot)
 		*v += 1; /* per-CPU slot: no atomics needed */
 }
 
-/* Copies stacks and identity into the scratch record and writes it. */
-static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe)
+/* Copies stacks and identity into the scratch record and writes it.
+ * `entry_ret` nonzero: the sample is taken at a function's first
+ * instruction (a uprobe), where the frame-pointer walk skips the caller
+ * (its frame is not set up yet); the return address found at the stack
+ * pointer is put back as the second user frame. */
+static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe,
+					__u64 entry_ret)
 {
 	__u32 zero = 0;
 	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
@@ -148,7 +155,11 @@ static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 
 	if (kn > MAX_STACK_DEPTH)
 		kn = MAX_STACK_DEPTH;
 
-	long ubytes = bpf_get_stack(ctx, &s->ips[kn], depth * sizeof(__u64),
+	/* With entry_ret the walk lands one slot later, leaving room for it. */
+	__u32 at = entry_ret ? kn + 1 : kn;
+	if (at > MAX_STACK_DEPTH + 1)
+		at = MAX_STACK_DEPTH + 1;
+	long ubytes = bpf_get_stack(ctx, &s->ips[at], depth * sizeof(__u64),
 				    BPF_F_USER_STACK);
 	__u32 un = 0;
 	if (ubytes < 0)
@@ -157,6 +168,13 @@ static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 
 		un = (__u64)ubytes / sizeof(__u64);
 	if (un > MAX_STACK_DEPTH)
 		un = MAX_STACK_DEPTH;
+	if (entry_ret && un > 0 && kn <= MAX_STACK_DEPTH) {
+		s->ips[kn] = s->ips[kn + 1]; /* the leaf: the probed function */
+		s->ips[kn + 1] = entry_ret;  /* its caller */
+		un += 1;
+		if (un > depth)
+			un = depth;
+	}
 
 	s->kstack_len = kn;
 	s->ustack_len = un;
@@ -195,11 +213,11 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 		count(STAT_FILTERED);
 		return 0;
 	}
-	return write_sample(ctx, tgid, tid, SAMPLE_CPU, 0);
+	return write_sample(ctx, tgid, tid, SAMPLE_CPU, 0, 0);
 }
 
 SEC("uprobe")
-int profcol_uprobe(void *ctx)
+int profcol_uprobe(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
@@ -211,7 +229,10 @@ int profcol_uprobe(void *ctx)
 		count(STAT_FILTERED);
 		return 0;
 	}
-	return write_sample(ctx, tgid, (__u32)id, SAMPLE_PROBE, (__u32)bpf_get_attach_cookie(ctx));
+	__u64 ret = 0;
+	if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)))
+		ret = 0;
+	return write_sample(ctx, tgid, (__u32)id, SAMPLE_PROBE, (__u32)bpf_get_attach_cookie(ctx), ret);
 }
 
 static __always_inline int proc_event(__u32 kind)

@@ -28,7 +28,8 @@ struct sample {
 	char comm[TASK_COMM_LEN];
 	__u32 kind;              /* enum sample_kind */
 	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe */
-	__u64 ips[2 * MAX_STACK_DEPTH];
+	/* One spare slot: a probe hit inserts its return address. */
+	__u64 ips[2 * MAX_STACK_DEPTH + 1];
 };
 
 #define SAMPLE_HEADER_SIZE (__builtin_offsetof(struct sample, ips))
