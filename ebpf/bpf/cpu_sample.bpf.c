@@ -48,9 +48,6 @@ enum stat {
 const volatile __u32 cfg_max_stack_depth = MAX_STACK_DEPTH;
 const volatile __u32 cfg_exclude_idle = 1;
 const volatile __u32 cfg_filter_pids = 0;
-/* Nonzero when uprobes are configured: wake the reader on every process
- * event so a new process is looked at before it runs far. */
-const volatile __u32 cfg_wake_on_proc_event = 0;
 /* profcol's own tgid: its calls of probed functions are not counted (and
  * cannot feed back into more events). */
 const volatile __u32 cfg_self_tgid = 0;
@@ -247,8 +244,8 @@ static __always_inline int proc_event(__u32 kind)
 	if (kind == PROC_EXIT && (__u32)id != e.pid)
 		return 0;
 	bpf_get_current_comm(e.comm, sizeof(e.comm));
-	__u64 flags = cfg_wake_on_proc_event ? 0 : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&proc_events, &e, sizeof(e), flags)) {
+	/* Never woken per event: the reader drains on a short timer. */
+	if (bpf_ringbuf_output(&proc_events, &e, sizeof(e), BPF_RB_NO_WAKEUP)) {
 		__u32 zero = 0;
 		__u64 *v = bpf_map_lookup_elem(&proc_event_lost, &zero);
 		if (v)

@@ -53,8 +53,6 @@ pub mod globals {
     pub const EXCLUDE_IDLE: &str = "cfg_exclude_idle";
     /// `u32`: nonzero to keep only tgids present in the pid filter map.
     pub const FILTER_PIDS: &str = "cfg_filter_pids";
-    /// `u32`: nonzero to wake the reader on every exec/exit event.
-    pub const WAKE_ON_PROC_EVENT: &str = "cfg_wake_on_proc_event";
     /// `u32`: the receiver's own tgid, whose probe hits are ignored.
     pub const SELF_TGID: &str = "cfg_self_tgid";
 }
@@ -122,7 +120,6 @@ mod tests {
             globals::MAX_STACK_DEPTH,
             globals::EXCLUDE_IDLE,
             globals::FILTER_PIDS,
-            globals::WAKE_ON_PROC_EVENT,
             globals::SELF_TGID,
             UPROBE_PROGRAM,
             EXEC_PROGRAM,

@@ -97,13 +97,11 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
     let depth = cfg.max_stack_depth;
     let exclude_idle = u32::from(cfg.exclude_idle);
     let filter_pids = u32::from(!cfg.pids.is_empty());
-    let wake_on_proc_event = u32::from(!cfg.uprobes.is_empty());
     let self_tgid = std::process::id();
     let mut ebpf = EbpfLoader::new()
         .override_global(obj::globals::MAX_STACK_DEPTH, &depth, true)
         .override_global(obj::globals::EXCLUDE_IDLE, &exclude_idle, true)
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
-        .override_global(obj::globals::WAKE_ON_PROC_EVENT, &wake_on_proc_event, true)
         .override_global(obj::globals::SELF_TGID, &self_tgid, true)
         .map_max_entries(obj::EVENTS_MAP, cfg.ring_buffer_size)
         .load(obj::cpu_sample_object())

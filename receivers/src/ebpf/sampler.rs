@@ -36,6 +36,11 @@ use std::time::{Duration, Instant};
 
 /// How often the ring buffer is drained when nothing forces a wakeup.
 pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// How often exec/exit events are read when probes are configured (the
+/// BPF programs never wake the reader per event: a burst of short-lived
+/// processes costs one wake-up per period, and a process that exec'd and
+/// exited within one costs no /proc read at all).
+pub const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
 /// How often the online CPUs are re-read (on the loop's existing wake-ups).
 pub const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// Processes remembered at most.
@@ -278,11 +283,13 @@ fn run(
         let stopping = stop.load(Ordering::SeqCst);
         if !stopping {
             let mut timeout = next_report.saturating_duration_since(Instant::now()).min(DRAIN_PERIOD);
-            if let Some(due) = s.uprobes.as_ref().and_then(Uprobes::next_due) {
-                timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+            if let Some(u) = &s.uprobes {
+                timeout = timeout.min(PROC_EVENT_PERIOD);
+                if let Some(due) = u.next_due() {
+                    timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+                }
             }
-            let proc_fd = loaded.proc_events.as_ref().map(|p| p.ring.as_raw_fd());
-            wait(loaded.ring.as_raw_fd(), proc_fd, wake.as_raw_fd(), timeout);
+            wait(loaded.ring.as_raw_fd(), wake.as_raw_fd(), timeout);
         }
         s.drain_proc_events(&mut loaded);
         s.drain(&mut loaded);
@@ -389,17 +396,15 @@ pub fn cpu_list(cpus: &[u32]) -> String {
     out
 }
 
-/// Waits until a ring has data, the wake eventfd is signalled, or timeout.
-fn wait(ring: RawFd, proc_events: Option<RawFd>, wake: RawFd, timeout: Duration) {
+/// Waits until the ring has data, the wake eventfd is signalled, or timeout.
+fn wait(ring: RawFd, wake: RawFd, timeout: Duration) {
     let mut fds = [
         libc::pollfd { fd: ring, events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
-        // A negative fd is ignored by poll.
-        libc::pollfd { fd: proc_events.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
     ];
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: fds is a valid array of three pollfd.
-    unsafe { libc::poll(fds.as_mut_ptr(), 3, ms) };
+    // SAFETY: fds is a valid array of two pollfd.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
 }
 
 struct Sampler {
@@ -437,11 +442,15 @@ impl Sampler {
             }
         }
         let now = Instant::now();
-        for e in events {
+        for (i, e) in events.iter().enumerate() {
             match e.kind {
                 ProcEventKind::Exec => {
                     self.counters.process_execs.inc();
-                    if let Some(u) = self.uprobes.as_mut() {
+                    // Exited already, or exec'd again (a later event of the
+                    // same pid in this batch): /proc shows only the last
+                    // image, so only the last exec is looked at.
+                    let superseded = events[i + 1..].iter().any(|l| l.pid == e.pid);
+                    if let (Some(u), false) = (self.uprobes.as_mut(), superseded) {
                         u.on_exec(e.pid, now, &mut loaded.attacher());
                     }
                 }

@@ -99,6 +99,14 @@ pub trait Attacher {
     fn attach(&mut self, file: &File, offset: u64, cookie: u32) -> Result<Self::Link, AttachError>;
 }
 
+/// Where the path of a file comes from (read only on a cache miss).
+enum PathOf<'a> {
+    /// From /proc/PID/maps.
+    Known(&'a str),
+    /// The `/proc/PID/exe` link.
+    ExeLink,
+}
+
 /// The links of one attached file.
 pub struct Attachment<L> {
     pub links: Vec<L>,
@@ -164,7 +172,9 @@ struct Probe {
 
 /// A followed process.
 struct Followed {
-    start_time: u64,
+    /// /proc/PID/stat start time, read at the first liveness check (not at
+    /// exec: most short-lived processes are gone before one).
+    start_time: Option<u64>,
     /// Files it holds a reference on (attached).
     held: Vec<FileKey>,
     /// Files already looked at (held or not), so rescans cost no lookup.
@@ -182,6 +192,11 @@ pub struct Uprobes<L> {
     next_liveness_check: Option<Instant>,
     initial_scan_done: bool,
     holders: i64,
+    /// Whether any probe has a `binary:` pattern (else paths are not needed).
+    any_pattern: bool,
+    /// Whether some probe may select a shared library, so new processes'
+    /// maps are read (a pattern that names an executable needs no maps).
+    maps_needed: bool,
 }
 
 impl<L> Uprobes<L> {
@@ -193,7 +208,7 @@ impl<L> Uprobes<L> {
     /// As [`Self::new`] with explicit cache limits (a zero TTL disables the
     /// negative cache: benchmarks compare with it).
     pub fn with_limits(specs: &[UprobeSpec], limits: CacheLimits, counters: UprobeCounters) -> Self {
-        let probes = specs
+        let probes: Vec<Probe> = specs
             .iter()
             .map(|s| Probe {
                 spec: s.clone(),
@@ -211,6 +226,8 @@ impl<L> Uprobes<L> {
             next_liveness_check: None,
             initial_scan_done: false,
             holders: 0,
+            any_pattern: specs.iter().any(|s| s.binary.is_some()),
+            maps_needed: probes_may_select_libraries(specs),
         }
     }
 
@@ -229,7 +246,9 @@ impl<L> Uprobes<L> {
                 continue; // the BPF program ignores our own calls
             }
             self.follow(pid, now, att);
-            self.scan_maps(pid, now, att);
+            if self.maps_needed {
+                self.scan_maps(pid, now, att);
+            }
         }
         self.initial_scan_done = true;
         for p in &self.probes {
@@ -249,7 +268,7 @@ impl<L> Uprobes<L> {
     pub fn on_exec(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
         self.release(pid);
         self.follow(pid, now, att);
-        if self.procs.contains_key(&pid) {
+        if self.maps_needed && self.procs.contains_key(&pid) {
             self.rescans.push((now + MAPS_RESCAN_DELAYS[0], pid, 0));
         }
         self.publish();
@@ -266,7 +285,9 @@ impl<L> Uprobes<L> {
     pub fn on_probe_hit(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
         if !self.procs.contains_key(&pid) {
             self.follow(pid, now, att);
-            self.scan_maps(pid, now, att);
+            if self.maps_needed {
+                self.scan_maps(pid, now, att);
+            }
             self.publish();
         }
     }
@@ -291,12 +312,15 @@ impl<L> Uprobes<L> {
         }
         if self.next_liveness_check.is_none_or(|t| now >= t) {
             self.next_liveness_check = Some(now + LIVENESS_CHECK_PERIOD);
-            let gone: Vec<u32> = self
-                .procs
-                .iter()
-                .filter(|(&pid, f)| procfs::read_start_time(pid).ok() != Some(f.start_time))
-                .map(|(&pid, _)| pid)
-                .collect();
+            let mut gone = Vec::new();
+            for (&pid, f) in self.procs.iter_mut() {
+                match (procfs::read_start_time(pid).ok(), f.start_time) {
+                    (None, _) => gone.push(pid),
+                    (Some(now), None) => f.start_time = Some(now),
+                    (Some(now), Some(then)) if now != then => gone.push(pid),
+                    _ => {}
+                }
+            }
             for pid in gone {
                 self.release(pid);
             }
@@ -354,35 +378,33 @@ impl<L> Uprobes<L> {
         for key in f.held {
             self.holders -= 1;
             // Dropping the attachment detaches its uprobes.
-            drop(self.cache.release(key));
+            if self.cache.release(key).is_some() {
+                tracing::trace!(pid, ?key, "detached");
+            }
         }
     }
 
-    /// Starts following `pid` and looks at its executable.
+    /// Looks at the executable of `pid`: open `/proc/PID/exe`, `fstat`,
+    /// lookup; its path is read only on a miss (for the patterns). The
+    /// process is followed when it holds something or its maps are to be
+    /// read (some probe may select a library).
     fn follow(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
-        let Ok(start_time) = procfs::read_start_time(pid) else {
-            return; // gone already
-        };
         if self.procs.len() >= MAX_FOLLOWED {
             return;
         }
-        self.procs.insert(pid, Followed { start_time, held: Vec::new(), seen: Vec::new() });
-        let dir = procfs::proc_dir(pid);
-        let Ok(path) = std::fs::read_link(dir.join("exe")) else {
+        let Ok(file) = File::open(procfs::proc_dir(pid).join("exe")) else {
             return; // kernel thread, or gone
         };
-        let path = path.to_string_lossy();
-        let path = path.trim_end_matches(" (deleted)");
-        if !self.selects(path) {
-            return;
-        }
-        if let Ok(file) = File::open(dir.join("exe")) {
-            self.consider(pid, &file, path, now, att);
+        self.procs.insert(pid, Followed { start_time: None, held: Vec::new(), seen: Vec::new() });
+        self.consider(pid, &file, PathOf::ExeLink, now, att);
+        if !self.maps_needed && self.procs.get(&pid).is_some_and(|f| f.held.is_empty()) {
+            self.procs.remove(&pid);
         }
     }
 
     /// Looks at every executable file mapping of `pid` a probe selects.
     fn scan_maps(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
+        self.procs.entry(pid).or_insert_with(|| Followed { start_time: None, held: Vec::new(), seen: Vec::new() });
         let Ok(maps) = procfs::read_maps(pid) else {
             return;
         };
@@ -393,7 +415,7 @@ impl<L> Uprobes<L> {
             let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
             let file = File::open(via_map_files).or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)));
             if let Ok(file) = file {
-                self.consider(pid, &file, &m.path, now, att);
+                self.consider(pid, &file, PathOf::Known(&m.path), now, att);
             }
         }
     }
@@ -402,8 +424,10 @@ impl<L> Uprobes<L> {
         self.probes.iter().any(|p| p.pattern.as_ref().is_none_or(|pat| pat.matches(path)))
     }
 
-    /// The per-file decision: cached verdict, or parse and attach.
-    fn consider(&mut self, pid: u32, file: &File, path: &str, now: Instant, att: &mut impl Attacher<Link = L>) {
+    /// The per-file decision: cached verdict, or parse and attach. A file no
+    /// pattern selects gets a negative verdict without being parsed, so the
+    /// next exec of it costs the same `fstat` and lookup.
+    fn consider(&mut self, pid: u32, file: &File, path: PathOf<'_>, now: Instant, att: &mut impl Attacher<Link = L>) {
         let Ok(md) = file.metadata() else {
             return;
         };
@@ -419,7 +443,17 @@ impl<L> Uprobes<L> {
             Acquire::Positive(_) => self.hold(pid, key),
             Acquire::Negative => {}
             Acquire::Miss => {
-                let links = self.parse_and_attach(file, path, att);
+                let path = match path {
+                    PathOf::Known(p) => p.to_owned(),
+                    PathOf::ExeLink if self.any_pattern => {
+                        match std::fs::read_link(procfs::proc_dir(pid).join("exe")) {
+                            Ok(p) => p.to_string_lossy().trim_end_matches(" (deleted)").to_owned(),
+                            Err(_) => return, // gone
+                        }
+                    }
+                    PathOf::ExeLink => String::new(),
+                };
+                let links = if self.selects(&path) { self.parse_and_attach(file, &path, att) } else { Vec::new() };
                 if links.is_empty() {
                     self.cache.insert_negative(key, stamp, now);
                 } else {
@@ -483,6 +517,18 @@ impl<L> Uprobes<L> {
         }
         links
     }
+}
+
+/// Whether a probe may select a shared library: one without `binary:`, or
+/// whose pattern could match a name with `.so` in it (a wildcard, or `.so`
+/// written out). A pattern that names an executable (`kubectl`,
+/// `/usr/bin/node`: no wildcard in the base name, no `.so`) never needs the
+/// maps read.
+fn probes_may_select_libraries(specs: &[UprobeSpec]) -> bool {
+    specs.iter().any(|s| match s.binary.as_deref() {
+        None => true,
+        Some(b) => b.contains(".so") || b.rsplit('/').next().is_some_and(|base| base.contains(['*', '?', '['])),
+    })
 }
 
 #[cfg(test)]

@@ -112,3 +112,17 @@ fn lost_exit_events_are_caught_by_the_liveness_check() {
     assert_eq!(u.attached_files(), 0);
     assert_eq!(att.detached.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn exec_again_releases_then_looks_again() {
+    let mut u = uprobes(&[("clock_nanosleep", Some("sleep"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let c = sleeper();
+    // `sleep` has no clock_nanosleep of its own (libc has): negative.
+    u.on_exec(c.id(), t0, &mut att);
+    u.on_exec(c.id(), t0, &mut att);
+    assert_eq!((u.counters().binaries_parsed.get(), u.counters().negative_hits.get()), (1, 1));
+    assert_eq!(u.counters().processes.get(), 0, "nothing held, no maps to read: not followed");
+    kill(c);
+}
