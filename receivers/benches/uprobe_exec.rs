@@ -95,7 +95,7 @@ fn bench(c: &mut Criterion) {
             g.bench_function(format!("per_exec/{case}"), |b| {
                 b.iter(|| {
                     // A fresh clock point per exec, as the receiver sees them.
-                    let now = t0 + Duration::from_millis(i);
+                    let now = t0 + Duration::from_micros(i);
                     i += 1;
                     u.on_exec(pid, now, &mut att);
                     u.poll(now + MAPS_RESCAN_DELAYS[0], &mut att);
