@@ -100,7 +100,7 @@ fn bench(c: &mut Criterion) {
                     u.on_exec(pid, now, &mut att);
                     u.poll(now + MAPS_RESCAN_DELAYS[0], &mut att);
                     u.poll(now + MAPS_RESCAN_DELAYS[1], &mut att);
-                    u.on_exit(pid);
+                    u.on_exit(pid, now);
                 })
             });
             let parsed = u.counters().binaries_parsed.get();

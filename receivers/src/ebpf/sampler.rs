@@ -457,7 +457,7 @@ impl Sampler {
                 ProcEventKind::Exit => {
                     self.counters.process_exits.inc();
                     if let Some(u) = self.uprobes.as_mut() {
-                        u.on_exit(e.pid);
+                        u.on_exit(e.pid, now);
                     }
                 }
             }

@@ -6,8 +6,13 @@
 //! receiver, plain values in tests).
 //!
 //! - **Positive**: one attachment per binary, refcounted by the live
-//!   processes that map it; [`AttachmentCache::release`] hands the
-//!   attachment back when the last one goes, and dropping it detaches.
+//!   processes that map it; when the last one goes the entry lingers
+//!   unused, and [`AttachmentCache::reap`] hands it back once it has been
+//!   unused for a grace period (dropping it detaches). A holder that comes
+//!   back within the grace period (the same binary run again at once)
+//!   reuses it: a uprobe is never detached and attached again on the same
+//!   file in quick succession, which on Linux 6.18 can leave the new one
+//!   silent in processes that already map the file.
 //! - **Negative**: a binary with no configured symbol, remembered with its
 //!   size and mtime; a lookup hits only while both still match and the
 //!   entry is younger than the TTL (a replacement that keeps both is caught
@@ -81,6 +86,8 @@ struct Positive<A> {
     stamp: FileStamp,
     refs: u32,
     attachment: A,
+    /// When the last holder went (refs == 0): reaped after the grace period.
+    unused_since: Option<Instant>,
 }
 
 struct Negative {
@@ -122,6 +129,7 @@ impl<A> AttachmentCache<A> {
         if let Some(p) = self.positive.get_mut(&key) {
             if p.stamp == stamp {
                 p.refs += 1;
+                p.unused_since = None;
                 self.stats.positive_hits += 1;
                 return Acquire::Positive(p.refs);
             }
@@ -190,24 +198,37 @@ impl<A> AttachmentCache<A> {
             Some(p) => {
                 p.stamp = stamp;
                 p.refs += 1;
+                p.unused_since = None;
                 Some(std::mem::replace(&mut p.attachment, attachment))
             }
             None => {
-                self.positive.insert(key, Positive { stamp, refs: 1, attachment });
+                self.positive.insert(key, Positive { stamp, refs: 1, attachment, unused_since: None });
                 None
             }
         }
     }
 
-    /// Drops one holder of `key`; returns the attachment when it was the
-    /// last (the caller drops it, which detaches).
-    pub fn release(&mut self, key: FileKey) -> Option<A> {
-        let p = self.positive.get_mut(&key)?;
-        p.refs = p.refs.saturating_sub(1);
-        if p.refs > 0 {
-            return None;
+    /// Drops one holder of `key`; the last one leaves the entry unused
+    /// (reaped by [`Self::reap`] after the grace period).
+    pub fn release(&mut self, key: FileKey, now: Instant) {
+        if let Some(p) = self.positive.get_mut(&key) {
+            p.refs = p.refs.saturating_sub(1);
+            if p.refs == 0 {
+                p.unused_since = Some(now);
+            }
         }
-        self.positive.remove(&key).map(|p| p.attachment)
+    }
+
+    /// Removes the positive entries unused for at least `grace` and hands
+    /// their attachments back (drop them to detach).
+    pub fn reap(&mut self, now: Instant, grace: Duration) -> Vec<A> {
+        let due: Vec<FileKey> = self
+            .positive
+            .iter()
+            .filter(|(_, p)| p.unused_since.is_some_and(|t| now.saturating_duration_since(t) >= grace))
+            .map(|(&k, _)| k)
+            .collect();
+        due.into_iter().filter_map(|k| self.positive.remove(&k)).map(|p| p.attachment).collect()
     }
 
     /// Holders of a positive entry (0 when none).
@@ -360,11 +381,21 @@ mod tests {
         assert_eq!(c.stats.positive_hits, 49);
         assert_eq!(c.refcount(key(1)), 50);
         for _ in 0..49 {
-            assert_eq!(c.release(key(1)), None);
+            c.release(key(1), t0);
         }
-        assert_eq!(c.release(key(1)), Some("links"));
+        assert!(c.reap(t0 + Duration::from_secs(60), Duration::ZERO).is_empty(), "one holder left");
+        c.release(key(1), t0);
+        assert_eq!(c.refcount(key(1)), 0);
+        // Unused, but kept for the grace period; a holder coming back reuses it.
+        let grace = Duration::from_secs(2);
+        assert!(c.reap(t0 + Duration::from_secs(1), grace).is_empty());
+        assert_eq!(c.acquire(key(1), stamp(2), t0 + Duration::from_secs(1)), Acquire::Positive(1));
+        c.release(key(1), t0 + Duration::from_secs(1));
+        assert!(c.reap(t0 + Duration::from_secs(2), grace).is_empty(), "the grace period restarted");
+        assert_eq!(c.reap(t0 + Duration::from_secs(3), grace), vec!["links"]);
         assert_eq!((c.positive_len(), c.refcount(key(1))), (0, 0));
-        assert_eq!(c.release(key(1)), None, "releasing an unknown key is a no-op");
+        c.release(key(1), t0);
+        assert!(c.reap(t0 + TTL, grace).is_empty(), "releasing an unknown key is a no-op");
         // Rewritten while attached: a miss, and the new attachment replaces
         // the old one, holders kept.
         c.insert_positive(key(2), stamp(1), "old");

@@ -46,6 +46,9 @@ use std::time::{Duration, Instant};
 pub const MAPS_RESCAN_DELAYS: [Duration; 2] = [Duration::from_millis(30), Duration::from_millis(500)];
 /// How often followed processes are checked against /proc (lost exit events).
 pub const LIVENESS_CHECK_PERIOD: Duration = Duration::from_secs(5);
+/// How long an attachment whose last holder exited stays attached before it
+/// is detached (a binary run again at once reuses it; see `cache`).
+pub const DETACH_GRACE: Duration = Duration::from_secs(1);
 /// Processes followed at most (each costs a few bytes and holds references).
 pub const MAX_FOLLOWED: usize = 1 << 20;
 
@@ -266,17 +269,25 @@ impl<L> Uprobes<L> {
     /// A process started a new image: forget what it held, look at its
     /// executable now and at its maps shortly (libraries come later).
     pub fn on_exec(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
-        self.release(pid);
+        // Take the new references before dropping the old ones, so a file
+        // the new image maps too (the same executable seen twice, a shared
+        // library) is never detached and attached again.
+        let old = self.procs.remove(&pid);
+        self.rescans.retain(|r| r.1 != pid);
         self.follow(pid, now, att);
+        if let Some(old) = old {
+            self.drop_references(old.held, now);
+        }
         if self.maps_needed && self.procs.contains_key(&pid) {
             self.rescans.push((now + MAPS_RESCAN_DELAYS[0], pid, 0));
         }
         self.publish();
     }
 
-    /// The process exited: drop its references (detaching what it held last).
-    pub fn on_exit(&mut self, pid: u32) {
-        self.release(pid);
+    /// The process exited: drop its references (what it held last is
+    /// detached [`DETACH_GRACE`] later unless taken again).
+    pub fn on_exit(&mut self, pid: u32, now: Instant) {
+        self.release(pid, now);
         self.publish();
     }
 
@@ -322,9 +333,11 @@ impl<L> Uprobes<L> {
                 }
             }
             for pid in gone {
-                self.release(pid);
+                self.release(pid, now);
             }
         }
+        // Dropping the attachments detaches their uprobes.
+        drop(self.cache.reap(now, DETACH_GRACE));
         self.publish();
     }
 
@@ -351,9 +364,11 @@ impl<L> Uprobes<L> {
     /// Stops following everything and detaches every uprobe.
     pub fn clear(&mut self) {
         let pids: Vec<u32> = self.procs.keys().copied().collect();
+        let now = Instant::now();
         for pid in pids {
-            self.release(pid);
+            self.release(pid, now);
         }
+        drop(self.cache.reap(now, Duration::ZERO));
         self.publish();
     }
 
@@ -370,17 +385,18 @@ impl<L> Uprobes<L> {
         c.processes.set(self.procs.len() as i64);
     }
 
-    fn release(&mut self, pid: u32) {
+    fn release(&mut self, pid: u32, now: Instant) {
         let Some(f) = self.procs.remove(&pid) else {
             return;
         };
         self.rescans.retain(|r| r.1 != pid);
-        for key in f.held {
+        self.drop_references(f.held, now);
+    }
+
+    fn drop_references(&mut self, held: Vec<FileKey>, now: Instant) {
+        for key in held {
             self.holders -= 1;
-            // Dropping the attachment detaches its uprobes.
-            if self.cache.release(key).is_some() {
-                tracing::trace!(pid, ?key, "detached");
-            }
+            self.cache.release(key, now);
         }
     }
 

@@ -70,10 +70,16 @@ fn library_attached_once_and_refcounted_by_processes() {
     let hits = u.counters().negative_hits.get();
     u.poll(t0 + Duration::from_secs(5), &mut att);
     assert_eq!((u.counters().binaries_parsed.get(), u.counters().negative_hits.get()), (parsed, hits));
-    u.on_exit(a.id());
+    let t1 = t0 + Duration::from_secs(6);
+    u.on_exit(a.id(), t1);
+    u.poll(t1 + DETACH_GRACE, &mut att);
     assert_eq!(att.detached.load(Ordering::SeqCst), 0, "one holder left");
-    u.on_exit(b.id());
-    assert_eq!(att.detached.load(Ordering::SeqCst), 1, "the last exit detaches");
+    u.on_exit(b.id(), t1);
+    u.poll(t1 + DETACH_GRACE / 2, &mut att);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 0, "kept for the grace period");
+    assert_eq!(u.counters().holders.get(), 0);
+    u.poll(t1 + DETACH_GRACE, &mut att);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 1, "detached after the last exit and the grace period");
     assert_eq!((u.attached_files(), u.counters().holders.get(), u.counters().attachments.get()), (0, 0, 0));
     kill(a);
     kill(b);
@@ -88,7 +94,7 @@ fn executable_without_the_symbol_is_parsed_once() {
         let c = sleeper();
         u.on_exec(c.id(), t0 + Duration::from_secs(i), &mut att);
         u.poll(t0 + Duration::from_secs(i) + Duration::from_secs(1), &mut att);
-        u.on_exit(c.id());
+        u.on_exit(c.id(), t0 + Duration::from_secs(i));
         kill(c);
     }
     assert_eq!(u.counters().binaries_parsed.get(), 1);
@@ -108,7 +114,9 @@ fn lost_exit_events_are_caught_by_the_liveness_check() {
     u.poll(t0 + Duration::from_secs(1), &mut att);
     assert_eq!(u.attached_files(), 1);
     kill(c); // no on_exit: as if the event was lost
-    u.poll(t0 + Duration::from_secs(1) + LIVENESS_CHECK_PERIOD, &mut att);
+    let t1 = t0 + Duration::from_secs(1) + LIVENESS_CHECK_PERIOD;
+    u.poll(t1, &mut att);
+    u.poll(t1 + DETACH_GRACE, &mut att);
     assert_eq!(u.attached_files(), 0);
     assert_eq!(att.detached.load(Ordering::SeqCst), 1);
 }
@@ -125,4 +133,39 @@ fn exec_again_releases_then_looks_again() {
     assert_eq!((u.counters().binaries_parsed.get(), u.counters().negative_hits.get()), (1, 1));
     assert_eq!(u.counters().processes.get(), 0, "nothing held, no maps to read: not followed");
     kill(c);
+}
+
+/// probe_target (examples/workloads) built in `dir`, unstripped.
+fn probe_target(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/probe_target.c");
+    let out = dir.join("probe_target");
+    let ok = Command::new("cc").arg("-O1").arg("-o").arg(&out).arg(&src).status().expect("run cc (install gcc)");
+    assert!(ok.success());
+    out
+}
+
+#[test]
+fn exec_events_of_an_attached_process_keep_one_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = probe_target(dir.path());
+    let mut u = uprobes(&[("profcol_probe_target", Some("probe_target"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let mut c =
+        Command::new(&bin).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    u.on_exec(c.id(), t0, &mut att);
+    assert_eq!((att.attached.len(), u.attached_files(), u.counters().holders.get()), (1, 1, 1));
+    // A second exec event of the same pid (a shell that exec'd it, seen
+    // late): the new reference is taken before the old one goes, so the
+    // uprobe stays attached, never detached and attached again.
+    u.on_exec(c.id(), t0, &mut att);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 0);
+    assert_eq!((att.attached.len(), u.attached_files(), u.counters().holders.get()), (1, 1, 1));
+    assert_eq!((u.counters().binaries_parsed.get(), u.counters().positive_hits.get()), (1, 1));
+    u.on_exit(c.id(), t0);
+    u.poll(t0 + DETACH_GRACE, &mut att);
+    assert_eq!((att.detached.load(Ordering::SeqCst), u.attached_files()), (1, 0));
+    let _ = c.kill();
+    let _ = c.wait();
 }
