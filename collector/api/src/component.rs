@@ -221,11 +221,23 @@ impl Next {
 /// A source of batches (eBPF sampling, OTLP server, files).
 #[async_trait]
 pub trait Receiver: Send + Sync + 'static {
-    /// Sets up (failing here with a clear error), spawns its own tasks, returns.
+    /// Sets up (failing here with a clear error, having released whatever it
+    /// had set up), spawns its own tasks, returns.
     async fn start(&self, next: Next) -> Result<(), ComponentError>;
     /// Stops producing, flushes what it holds into `next`, waits for its tasks.
     /// After this returns the receiver sends nothing more.
     async fn shutdown(&self) -> Result<(), ComponentError>;
+    /// What only one instance can hold at a time (a TCP port, the host's CPU
+    /// sampler), named so that equal strings mean the same thing.
+    ///
+    /// On reload, a changed receiver's new instance starts while the old one
+    /// still runs, so a new instance that cannot start leaves the old one
+    /// serving. Only when the two name a common resource does the old one stop
+    /// first; if the new one then fails, the old one is started again, so a
+    /// receiver that names resources must support `start` after `shutdown`.
+    fn exclusive_resources(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A batch transformer: returns the batch (possibly changed), or None when it

@@ -2,6 +2,8 @@
 //! a running profcol process.
 #![allow(dead_code)]
 
+pub mod service;
+
 use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{Profiles, ProfilesBuilder};
 use std::io::{BufRead, BufReader};

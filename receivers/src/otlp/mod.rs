@@ -300,12 +300,37 @@ impl Receiver for OtlpReceiver {
         }
         if let Some((l, h)) = http_l {
             http_addr = l.local_addr().ok();
-            tasks.push(http::serve(&id, l, h, ingest.clone(), cancel.clone())?);
+            match http::serve(&id, l, h, ingest.clone(), cancel.clone()) {
+                Ok(t) => tasks.push(t),
+                Err(e) => {
+                    // A failed start leaves nothing running: the gRPC server goes too.
+                    cancel.cancel();
+                    for t in tasks {
+                        let _ = t.await;
+                    }
+                    return Err(e);
+                }
+            }
         }
         tracing::info!(receiver = %id, grpc = ?grpc_addr, http = ?http_addr, "otlp receiver listening");
         *self.addrs.lock().unwrap_or_else(|p| p.into_inner()) = (grpc_addr, http_addr);
         *self.running.lock().unwrap_or_else(|p| p.into_inner()) = Some(Running { cancel, tasks });
         Ok(())
+    }
+
+    /// The TCP ports it listens on (port 0, an ephemeral port, clashes with nothing).
+    fn exclusive_resources(&self) -> Vec<String> {
+        let endpoints = [
+            self.cfg.protocols.grpc.as_ref().map(|g| g.endpoint.as_str()),
+            self.cfg.protocols.http.as_ref().map(|h| h.endpoint.as_str()),
+        ];
+        endpoints
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()))
+            .filter(|p| *p != 0)
+            .map(|p| format!("tcp port {p}"))
+            .collect()
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {
