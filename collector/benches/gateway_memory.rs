@@ -21,7 +21,7 @@ use common::{cpu_batch, free_port, settings};
 use profcol_api::component::Kind;
 use profcol_api::model::ExportProfilesServiceRequest;
 use profcol_api::{ExportError, Profiles};
-use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
+use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter, Shape};
 use prost::bytes::Bytes;
 use prost::Message;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -210,7 +210,7 @@ async fn flood(port: u16, body: &Bytes) -> Outcome {
         .iter()
         .map(|c| {
             let (c, body) = (Arc::clone(c), body.clone());
-            tokio::spawn(async move { c.export_encoded(body).await })
+            tokio::spawn(async move { c.export_encoded(body, Shape::default()).await })
         })
         .collect();
     let mut out = Outcome::default();

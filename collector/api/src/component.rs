@@ -140,13 +140,23 @@ impl ComponentError {
     }
 }
 
-/// An export attempt failed: retry it later, or give up on the batch.
+/// An export attempt failed, in whole or in part: retry it later, give up
+/// on the batch, or (the backend took the rest) count what it rejected.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ExportError {
+    /// Nothing was taken; the same batch may be sent again, after at least
+    /// `retry_after` when the backend said so.
     #[error("{message} (will retry)")]
     Retryable { message: String, retry_after: Option<Duration> },
+    /// Nothing was taken, and sending it again would fail the same way:
+    /// every sample of the batch is rejected.
     #[error("{message} (permanent: the batch is dropped)")]
     Permanent { message: String },
+    /// The backend took the batch except `rejected_samples` samples (OTLP
+    /// `partial_success`). Never retried: the rest arrived, and a retry would
+    /// send it twice.
+    #[error("{message} ({rejected_samples} samples rejected; the rest was accepted)")]
+    Partial { message: String, rejected_samples: u64 },
 }
 
 impl ExportError {
@@ -155,6 +165,15 @@ impl ExportError {
     }
     pub fn permanent(message: impl Into<String>) -> Self {
         ExportError::Permanent { message: message.into() }
+    }
+
+    /// How many of a batch's `samples` this failure rejected for good, if the
+    /// attempt is not retried: all of them, except for a partial success.
+    pub fn rejected_samples(&self, samples: u64) -> u64 {
+        match self {
+            ExportError::Partial { rejected_samples, .. } => (*rejected_samples).min(samples),
+            ExportError::Retryable { .. } | ExportError::Permanent { .. } => samples,
+        }
     }
 }
 

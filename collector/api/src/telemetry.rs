@@ -117,7 +117,19 @@ impl Telemetry {
         let l = [(kind.as_str(), ids.as_str())];
         let k = kind.as_str();
         ComponentTelemetry {
-            accepted: self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
+            // An exporter's samples go out: it counts them as sent (the OTel Collector's name).
+            accepted: match kind {
+                Kind::Exporter => Counter::default(),
+                _ => self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
+            },
+            sent: match kind {
+                Kind::Exporter => self.counter(
+                    &format!("profcol_{k}_sent_samples_total"),
+                    "Samples the backend took (a partial success counts what it did not reject).",
+                    &l,
+                ),
+                _ => Counter::default(),
+            },
             refused: self.counter(&format!("profcol_{k}_refused_samples_total"), "Samples refused downstream.", &l),
             dropped: self.counter(&format!("profcol_{k}_dropped_samples_total"), "Samples dropped.", &l),
             // The sending-queue cells mean something for exporters only; other
@@ -131,9 +143,19 @@ impl Telemetry {
                 _ => Counter::default(),
             },
             queue_size: match kind {
-                Kind::Exporter => {
-                    self.gauge(&format!("profcol_{k}_queue_size"), "Batches waiting in the sending queue.", &l)
-                }
+                Kind::Exporter => self.gauge(
+                    &format!("profcol_{k}_queue_size"),
+                    "What the sending queue holds (waiting or being sent), in the unit of sending_queue.sizer.",
+                    &l,
+                ),
+                _ => Gauge::default(),
+            },
+            queue_capacity: match kind {
+                Kind::Exporter => self.gauge(
+                    &format!("profcol_{k}_queue_capacity"),
+                    "The sending queue's bound (sending_queue.queue_size), in the unit of sending_queue.sizer.",
+                    &l,
+                ),
                 _ => Gauge::default(),
             },
             export_latency: match kind {
@@ -197,11 +219,15 @@ fn render_labels(labels: &[(&str, &str)]) -> String {
 /// component-specific ones.
 #[derive(Clone)]
 pub struct ComponentTelemetry {
+    /// Receivers and processors: samples taken.
     pub accepted: Counter,
+    /// Exporters: samples the backend took.
+    pub sent: Counter,
     pub refused: Counter,
     pub dropped: Counter,
     pub send_failed: Counter,
     pub queue_size: Gauge,
+    pub queue_capacity: Gauge,
     pub export_latency: Timer,
     registry: Telemetry,
     kind: Kind,

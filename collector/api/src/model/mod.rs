@@ -12,6 +12,7 @@
 mod builder;
 pub mod canonical;
 mod compact;
+mod memsize;
 mod strindex;
 mod validate;
 pub mod view;
@@ -71,6 +72,13 @@ impl Profiles {
     /// Number of samples across all resources, scopes and profiles.
     pub fn sample_count(&self) -> usize {
         self.profiles().map(|p| p.samples.len()).sum()
+    }
+
+    /// Bytes the batch occupies in memory (its value and every heap block it
+    /// owns, at capacity); what `sending_queue.sizer: bytes` counts. See
+    /// `model/memsize.rs` for what the estimate leaves out.
+    pub fn memory_size(&self) -> usize {
+        memsize::memory_size(&self.0)
     }
 
     /// Every profile of the batch, in order.
