@@ -25,7 +25,7 @@ mod tls;
 pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServerConfig};
 
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next};
-use profcol_api::model::ExportProfilesServiceRequest;
+use profcol_api::model::{ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
 use profcol_api::{Profiles, Receiver, Stability};
 use std::net::SocketAddr;
@@ -76,6 +76,8 @@ pub(crate) struct Ingest {
     backpressure_timeout: Duration,
     telemetry: ComponentTelemetry,
     invalid: Counter,
+    /// Requests accepted in part (invalid profiles dropped, partial_success answered).
+    partial_requests: Counter,
     busy: Counter,
     /// `max_concurrent_requests` permits, shared by the gRPC and HTTP servers.
     slots: Arc<tokio::sync::Semaphore>,
@@ -134,19 +136,47 @@ impl Ingest {
         }
     }
 
-    /// Validates a decoded request and pushes it into the pipeline.
-    pub(crate) async fn accept(&self, batch: Profiles) -> Result<(), IngestError> {
-        if let Err(e) = batch.validate() {
-            let e = IngestError::Invalid(e.to_string());
-            self.count(&e);
-            return Err(e);
-        }
+    /// Validates a decoded request and pushes it into the pipeline. Profiles
+    /// that break an invariant are dropped and the rest is taken: the answer
+    /// is then a `partial_success` naming how many profiles were rejected and
+    /// why (OTLP: the sender must not retry it). A request with nothing valid
+    /// left, or a broken dictionary, is refused whole.
+    pub(crate) async fn accept(
+        &self,
+        mut batch: Profiles,
+    ) -> Result<Option<ExportProfilesPartialSuccess>, IngestError> {
+        let partial = match batch.drop_invalid_profiles() {
+            Ok(None) => None,
+            Ok(Some(d)) if batch.profiles().next().is_some() => {
+                self.telemetry.refused.add(d.samples);
+                self.partial_requests.inc();
+                Some(ExportProfilesPartialSuccess {
+                    rejected_profiles: i64::try_from(d.profiles).unwrap_or(i64::MAX),
+                    error_message: format!(
+                        "{} invalid {} dropped, the rest accepted; the first: {}",
+                        d.profiles,
+                        if d.profiles == 1 { "profile" } else { "profiles" },
+                        d.first
+                    ),
+                })
+            }
+            Ok(Some(d)) => {
+                let e = IngestError::Invalid(d.first.to_string());
+                self.count(&e);
+                return Err(e);
+            }
+            Err(e) => {
+                let e = IngestError::Invalid(e.to_string());
+                self.count(&e);
+                return Err(e);
+            }
+        };
         if batch.sample_count() == 0 && batch.0.resource_profiles.is_empty() {
-            return Ok(());
+            return Ok(partial);
         }
         let n = batch.sample_count() as u64;
         match tokio::time::timeout(self.backpressure_timeout, self.next.send(batch)).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => Ok(partial),
             Ok(Err(e)) => {
                 let e = IngestError::Unavailable(format!("the pipeline refused the batch ({e}); retry later"));
                 self.count(&e);
@@ -269,6 +299,10 @@ impl Receiver for OtlpReceiver {
             backpressure_timeout: self.cfg.backpressure_timeout,
             telemetry: tel.clone(),
             invalid: tel.counter("invalid_requests_total", "Requests refused as malformed or too large."),
+            partial_requests: tel.counter(
+                "partial_requests_total",
+                "Requests accepted in part: invalid profiles dropped, the sender told with partial_success.",
+            ),
             busy: tel.counter(
                 "backpressure_refusals_total",
                 "Requests answered with retry-later because the pipeline pushed back \
@@ -419,6 +453,7 @@ mod tests {
             backpressure_timeout: bp,
             telemetry: tel.clone(),
             invalid: tel.counter("invalid_requests_total", ""),
+            partial_requests: tel.counter("partial_requests_total", ""),
             busy: tel.counter("backpressure_refusals_total", ""),
             slots: Arc::new(tokio::sync::Semaphore::new(1)),
             max_concurrent: 1,

@@ -19,7 +19,7 @@ pub mod view;
 
 pub use builder::{AttrValue, ProfileMeta, ProfileRef, ProfilesBuilder};
 pub use compact::Compacted;
-pub use validate::InvalidProfiles;
+pub use validate::{DroppedProfiles, InvalidProfiles};
 
 pub use opentelemetry_proto::tonic::collector::profiles::v1development::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
@@ -126,6 +126,13 @@ impl Profiles {
     /// Checks the spec's invariants; run on every batch that comes from outside.
     pub fn validate(&self) -> Result<(), InvalidProfiles> {
         validate::validate(&self.0)
+    }
+
+    /// Removes the profiles that break an invariant and keeps the rest, for
+    /// a receiver that accepts a request in part. `Ok(None)`: all valid. An
+    /// invalid dictionary spoils every profile: `Err`, and nothing removed.
+    pub fn drop_invalid_profiles(&mut self) -> Result<Option<DroppedProfiles>, InvalidProfiles> {
+        validate::drop_invalid_profiles(&mut self.0)
     }
 
     /// Drops dictionary entries nothing live refers to (e.g. frames a
