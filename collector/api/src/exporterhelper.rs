@@ -198,4 +198,20 @@ mod tests {
         let bad: serde_yaml::Value = serde_yaml::from_str("retry_on_failure: {enabeld: true}").unwrap();
         assert!(split(&bad).unwrap_err().message.contains("enabeld"));
     }
+
+    #[test]
+    fn sizer_names_the_unit_of_queue_size() {
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {sizer: bytes, queue_size: 67108864}").unwrap();
+        let (h, _) = split(&v).unwrap();
+        assert_eq!((h.sending_queue.sizer, h.sending_queue.queue_size), (Sizer::Bytes, 64 << 20));
+        assert_eq!(ExporterHelperConfig::default().sending_queue.sizer, Sizer::Requests);
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {sizer: megabytes}").unwrap();
+        assert!(split(&v).unwrap_err().message.contains("megabytes"));
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {sizer: items, storage: /tmp/q}").unwrap();
+        let e = split(&v).unwrap_err();
+        assert_eq!(e.path, "sending_queue.sizer");
+        assert!(e.message.contains("max_storage_bytes"), "{}", e.message);
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {queue_size: 0}").unwrap();
+        assert_eq!(split(&v).unwrap_err().path, "sending_queue.queue_size");
+    }
 }

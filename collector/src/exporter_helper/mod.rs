@@ -440,3 +440,81 @@ impl ExporterHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profcol_api::component::Kind;
+    use profcol_api::exporterhelper::Sizer;
+    use profcol_api::model::{pb, ProfileMeta, Resource};
+    use profcol_api::{ExportError, ProfilesBuilder};
+
+    /// A backend that never answers.
+    struct Stalled;
+
+    #[async_trait::async_trait]
+    impl Exporter for Stalled {
+        async fn export(&self, _: &Profiles) -> Result<(), ExportError> {
+            std::future::pending().await
+        }
+    }
+
+    fn batch(samples: usize) -> Arc<Profiles> {
+        let mut b = ProfilesBuilder::new();
+        let r = b.resource(Resource::default());
+        let meta = ProfileMeta {
+            sample_type: ("samples", "count"),
+            period_type: ("cpu", "nanoseconds"),
+            period: 1,
+            time_unix_nano: 1,
+            duration_nano: 1,
+        };
+        let p = b.profile(r, &meta);
+        for i in 0..samples {
+            b.sample(p, pb::Sample { values: vec![1], timestamps_unix_nano: vec![i as u64], ..Default::default() });
+        }
+        Arc::new(b.build())
+    }
+
+    async fn stalled_handle(sizer: Sizer, queue_size: u64) -> (Arc<ExporterHandle>, ComponentTelemetry) {
+        let id: ComponentId = "stalled".parse().unwrap();
+        let t = ComponentTelemetry::detached(Kind::Exporter, &id);
+        let mut cfg = ExporterHelperConfig { timeout: Duration::from_secs(3600), ..Default::default() };
+        cfg.sending_queue.sizer = sizer;
+        cfg.sending_queue.queue_size = queue_size;
+        cfg.sending_queue.num_consumers = 1;
+        (ExporterHandle::start(id, Arc::new(Stalled), cfg, t.clone()).await.unwrap(), t)
+    }
+
+    #[tokio::test]
+    async fn the_queue_holds_at_most_queue_size_in_the_sizers_unit_in_flight_included() {
+        let (h, t) = stalled_handle(Sizer::Items, 250).await;
+        assert_eq!(t.queue_capacity.get(), 250);
+        for _ in 0..3 {
+            h.enqueue(batch(100)).await.unwrap();
+        }
+        // One batch in the stalled consumer, one waiting: 200 items; the third did not fit.
+        assert_eq!((t.queue_size.get(), t.dropped.get()), (200, 100));
+        // Larger than the whole queue: dropped, and with blocking, refused.
+        h.enqueue(batch(300)).await.unwrap();
+        assert_eq!(t.dropped.get(), 400);
+        h.shutdown(Instant::now()).await;
+
+        let (h, t) = stalled_handle(Sizer::Bytes, 0).await;
+        assert_eq!(t.queue_capacity.get(), 1, "at least 1");
+        h.enqueue(batch(1)).await.unwrap();
+        assert_eq!((t.queue_size.get(), t.dropped.get()), (0, 1), "no batch fits in one byte");
+        h.shutdown(Instant::now()).await;
+
+        // Copies (vectors at their length) weigh less than the builder's output.
+        let one = batch(100);
+        let size = Profiles::clone(&one).memory_size() as u64;
+        assert!(size < one.memory_size() as u64);
+        let (h, t) = stalled_handle(Sizer::Bytes, 2 * size + size / 2).await;
+        for _ in 0..4 {
+            h.enqueue(Arc::new(Profiles::clone(&one))).await.unwrap();
+        }
+        assert_eq!((t.queue_size.get() as u64, t.dropped.get()), (2 * size, 200));
+        h.shutdown(Instant::now()).await;
+    }
+}
