@@ -20,36 +20,13 @@ use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::telemetry::Telemetry;
 use profcol_api::{Profiles, ProfilesBuilder};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Command;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Counts the bytes asked of the allocator (to compare the estimate with).
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's arguments.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Counting;
 
 /// The byte bound of the bytes case.
 const BOUND: u64 = 64 << 20;
@@ -128,9 +105,9 @@ fn child(sizer: Sizer, queue_size: u64) {
         helper.sending_queue.queue_size = queue_size;
         let handle = ExporterHandle::start(id, exporter, helper, telemetry.clone()).await.unwrap();
         let template = template();
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = profcol_testkit::alloc::live();
         let copy = template.clone();
-        let asked = (LIVE.load(Ordering::Relaxed) - before) as u64;
+        let asked = (profcol_testkit::alloc::live() - before) as u64;
         // What the queue weighs: a copy (vectors at their length), not the
         // builder's output (vectors with the room they grew into).
         let size = copy.memory_size() as u64;

@@ -5,15 +5,14 @@
 //! and never retried; RESOURCE_EXHAUSTED is retried only with a RetryInfo,
 //! after its delay; HTTP 429 is retried after its Retry-After.
 
-mod common;
-
-use common::batch;
 use profcol::exporter_helper::ExporterHandle;
 use profcol_api::component::{ComponentId, CreateSettings, Kind};
 use profcol_api::exporterhelper::{ExporterHelperConfig, RetryConfig};
 use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
 use profcol_api::{Exporter, Profiles};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
+use profcol_testkit::batch::random_batch;
+use profcol_testkit::tools::tool_available;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc};
@@ -26,15 +25,7 @@ assert v.startswith('1.45.'), v";
 
 /// The Python server is there, or (CI=true) the test fails.
 fn python_ready() -> bool {
-    let ok = Command::new("python3").args(["-c", CHECK]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "python3 with grpcio and opentelemetry-proto 1.45 is required under CI=true; run .ci/exporters.sh"
-        );
-        eprintln!("SKIPPED: python3 grpcio / opentelemetry-proto 1.45 missing (run .ci/exporters.sh)");
-    }
-    ok
+    tool_available("python3", &["-c", CHECK])
 }
 
 struct Server {
@@ -154,7 +145,7 @@ fn counter(t: &ComponentTelemetry, name: &str) -> u64 {
 
 /// Three processes: three profiles, so a partial success of one is a third.
 fn three_profiles() -> Profiles {
-    batch(5, 3, 300, 20, 6)
+    random_batch(5, 3, 300, 20, 6)
 }
 
 #[tokio::test]

@@ -57,12 +57,13 @@ async fn settle_to(base: Footprint) -> Footprint {
 #[test]
 fn a_hundred_failed_reloads_leave_threads_tasks_fds_and_bpf_links_where_they_were() {
     runtime().block_on(async {
+        log();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out.jsonl");
-        let port = free_port();
-        let mut host = Host::start(&gateway(port, "100ms", &out)).await;
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let busy = taken.local_addr().unwrap().port();
+        let mut host = Host::start(&gateway("otlp", "127.0.0.1:0", "100ms", &out)).await;
+        let addr = grpc_addr("otlp");
+        let (taken, busy) = profcol_testkit::net::listener();
+        let busy = busy.port();
         let bad = format!(
             "receivers:\n  otlp:\n    protocols:\n      grpc:\n        endpoint: 127.0.0.1:{busy}\n\
              \x20 ebpf:\n    sample_frequency: 49\n    report_interval: 1s\n\
@@ -89,12 +90,12 @@ fn a_hundred_failed_reloads_leave_threads_tasks_fds_and_bpf_links_where_they_wer
         let after = settle_to(base).await;
         assert_eq!(after, base, "before vs after 100 failed reloads");
         // The old graph still serves.
-        let batch = batch(7, 2, 200, 10, 6);
-        sender(port).export(&batch).await.unwrap();
+        let batch = profcol_testkit::batch::random_batch(7, 2, 200, 10, 6);
+        sender(addr).export(&batch).await.unwrap();
         assert_all_arrive_once(&out, std::slice::from_ref(&batch)).await;
         assert!(!out.with_file_name("extra.jsonl").exists() || read_jsonl(&dir.path().join("extra.jsonl")).is_empty());
         // Positive control: the same graph with a free port goes live, with BPF links.
-        let good = bad.replace(&format!(":{busy}"), &format!(":{}", free_port()));
+        let good = bad.replace(&format!(":{busy}"), ":0");
         host.reload(&good).await.unwrap();
         assert!(bpf_links() > 0, "the ebpf receiver of the new graph attached BPF links");
         host.service.shutdown().await;

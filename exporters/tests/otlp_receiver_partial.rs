@@ -3,14 +3,12 @@
 //! read that answer as a partial failure (not retried) over gRPC and HTTP
 //! (protobuf and JSON).
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::model::canonical;
 use profcol_api::{ExportError, Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
 use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_testkit::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -117,15 +117,30 @@ impl Telemetry {
         let l = [(kind.as_str(), ids.as_str())];
         let k = kind.as_str();
         ComponentTelemetry {
-            // An exporter's samples go out: it counts them as sent (the OTel Collector's name).
+            // Processors count what went in and out, exporters what they sent
+            // (the OTel Collector's names).
             accepted: match kind {
-                Kind::Exporter => Counter::default(),
+                Kind::Processor | Kind::Exporter => Counter::default(),
                 _ => self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
             },
             sent: match kind {
                 Kind::Exporter => self.counter(
                     &format!("profcol_{k}_sent_samples_total"),
                     "Samples the backend took (a partial success counts what it did not reject).",
+                    &l,
+                ),
+                _ => Counter::default(),
+            },
+            incoming: match kind {
+                Kind::Processor => {
+                    self.counter(&format!("profcol_{k}_incoming_samples_total"), "Samples handed to the processor.", &l)
+                }
+                _ => Counter::default(),
+            },
+            outgoing: match kind {
+                Kind::Processor => self.counter(
+                    &format!("profcol_{k}_outgoing_samples_total"),
+                    "Samples the processor passed on (after merging or changing them).",
                     &l,
                 ),
                 _ => Counter::default(),
@@ -219,10 +234,13 @@ fn render_labels(labels: &[(&str, &str)]) -> String {
 /// component-specific ones.
 #[derive(Clone)]
 pub struct ComponentTelemetry {
-    /// Receivers and processors: samples taken.
+    /// Receivers (and extensions): samples taken.
     pub accepted: Counter,
-    /// Exporters: samples the backend took.
+    /// Exporters only: samples the backend took.
     pub sent: Counter,
+    /// Processors only: samples in, and samples passed on.
+    pub incoming: Counter,
+    pub outgoing: Counter,
     pub refused: Counter,
     pub dropped: Counter,
     pub send_failed: Counter,
@@ -269,5 +287,10 @@ mod tests {
         let x: ComponentId = "otlp".parse().unwrap();
         t.component(Kind::Exporter, &x).queue_size.set(2);
         assert!(t.render().contains("profcol_exporter_queue_size{exporter=\"otlp\"} 2"));
+        let b: ComponentId = "batch".parse().unwrap();
+        t.component(Kind::Processor, &b).incoming.add(5);
+        let text = t.render();
+        assert!(text.contains("profcol_processor_incoming_samples_total{processor=\"batch\"} 5"), "{text}");
+        assert!(!text.contains("profcol_processor_accepted"), "{text}");
     }
 }

@@ -43,23 +43,40 @@ impl Host {
     }
 }
 
-/// An otlp receiver on `port` into a batch processor (`batch_timeout`) and a
-/// file exporter writing JSON lines to `out`; `extra_*` adds components.
-pub fn gateway(port: u16, batch_timeout: &str, out: &Path) -> String {
+/// An otlp receiver `id` listening (gRPC) on `endpoint` into a batch
+/// processor (`batch_timeout`) and a file exporter writing JSON lines to `out`.
+pub fn gateway(id: &str, endpoint: &str, batch_timeout: &str, out: &Path) -> String {
     format!(
-        "receivers:\n  otlp:\n    protocols:\n      grpc:\n        endpoint: 127.0.0.1:{port}\n\
+        "receivers:\n  {id}:\n    protocols:\n      grpc:\n        endpoint: {endpoint}\n\
          processors:\n  batch:\n    timeout: {batch_timeout}\n\
          exporters:\n  file:\n    path: {}\n\
          service:\n  shutdown_timeout: 20s\n  telemetry:\n    metrics:\n      address: \"\"\n\
-         \x20 pipelines:\n    profiles:\n      receivers: [otlp]\n      processors: [batch]\n      exporters: [file]\n",
+         \x20 pipelines:\n    profiles:\n      receivers: [{id}]\n      processors: [batch]\n      exporters: [file]\n",
         out.display()
     )
 }
 
-pub fn sender(port: u16) -> OtlpGrpcExporter {
+/// This process's log (captured once per process; receivers log the address they bound).
+pub fn log() -> &'static profcol_testkit::log::Captured {
+    static LOG: std::sync::OnceLock<profcol_testkit::log::Captured> = std::sync::OnceLock::new();
+    LOG.get_or_init(profcol_testkit::log::capture)
+}
+
+/// The gRPC address otlp receiver `id` logged last (its latest instance).
+pub fn grpc_addr(id: &str) -> std::net::SocketAddr {
+    let text = log().text();
+    let needle = format!("receiver={id} ");
+    text.lines()
+        .rev()
+        .filter(|l| l.contains("otlp receiver listening") && l.contains(&needle))
+        .find_map(|l| profcol_testkit::net::addr_in_log(l, "grpc"))
+        .unwrap_or_else(|| panic!("receiver {id} logged no gRPC address"))
+}
+
+pub fn sender(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
     let id = "otlp/sender".parse().unwrap();
     let settings = profcol_api::CreateSettings { telemetry: ComponentTelemetry::detached(Kind::Exporter, &id), id };
-    let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{port}"), ..Default::default() };
+    let cfg = OtlpGrpcConfig { endpoint: format!("http://{addr}"), ..Default::default() };
     OtlpGrpcExporter::new(settings, cfg).unwrap()
 }
 

@@ -24,7 +24,9 @@ mod tls;
 
 pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServerConfig};
 
-use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next};
+use profcol_api::component::{
+    factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
+};
 use profcol_api::model::{ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
 use profcol_api::{Profiles, Receiver, Stability};
@@ -68,6 +70,8 @@ pub(crate) enum IngestError {
     TooLarge(String),
     /// The pipeline pushed back: retry later.
     Unavailable(String),
+    /// A processor refused the data for good: a retry would fail the same way.
+    Rejected(String),
 }
 
 /// What both servers share: validation and the push into the pipeline.
@@ -133,6 +137,8 @@ impl Ingest {
         match e {
             IngestError::Invalid(_) | IngestError::TooLarge(_) => self.invalid.inc(),
             IngestError::Unavailable(_) => self.busy.inc(),
+            // Counted as refused by `Next::send`.
+            IngestError::Rejected(_) => {}
         }
     }
 
@@ -177,6 +183,9 @@ impl Ingest {
         let n = batch.sample_count() as u64;
         match tokio::time::timeout(self.backpressure_timeout, self.next.send(batch)).await {
             Ok(Ok(())) => Ok(partial),
+            Ok(Err(ConsumeError::Rejected(why))) => {
+                Err(IngestError::Rejected(format!("the pipeline rejected the batch ({why}); do not retry it")))
+            }
             Ok(Err(e)) => {
                 let e = IngestError::Unavailable(format!("the pipeline refused the batch ({e}); retry later"));
                 self.count(&e);
@@ -320,12 +329,19 @@ impl Receiver for OtlpReceiver {
         let mut tasks = Vec::new();
         let (mut grpc_addr, mut http_addr) = (None, None);
         // Bind both first so a taken port fails start-up before anything runs.
+        // Started again after a shutdown (a reload that failed puts the old
+        // instance back): the same ports, even where the config says port 0.
+        let (was_grpc, was_http) = *self.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let endpoint = |configured: &str, was: Option<SocketAddr>| match was {
+            Some(a) if configured.ends_with(":0") => format!("{}:{}", configured.trim_end_matches(":0"), a.port()),
+            _ => configured.to_owned(),
+        };
         let grpc_l = match &self.cfg.protocols.grpc {
-            Some(g) => Some((bind(&id, "grpc", &g.endpoint).await?, g)),
+            Some(g) => Some((bind(&id, "grpc", &endpoint(&g.endpoint, was_grpc)).await?, g)),
             None => None,
         };
         let http_l = match &self.cfg.protocols.http {
-            Some(h) => Some((bind(&id, "http", &h.endpoint).await?, h)),
+            Some(h) => Some((bind(&id, "http", &endpoint(&h.endpoint, was_http)).await?, h)),
             None => None,
         };
         if let Some((l, g)) = grpc_l {
@@ -352,19 +368,23 @@ impl Receiver for OtlpReceiver {
         Ok(())
     }
 
-    /// The TCP ports it listens on (port 0, an ephemeral port, clashes with nothing).
+    /// The TCP ports it listens on: once started, the ports it bound; before,
+    /// the configured ones (port 0, any free port, clashes with nothing).
     fn exclusive_resources(&self) -> Vec<String> {
-        let endpoints = [
-            self.cfg.protocols.grpc.as_ref().map(|g| g.endpoint.as_str()),
-            self.cfg.protocols.http.as_ref().map(|h| h.endpoint.as_str()),
-        ];
-        endpoints
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()))
-            .filter(|p| *p != 0)
-            .map(|p| format!("tcp port {p}"))
-            .collect()
+        let (grpc, http) = *self.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let configured = |e: Option<&str>| {
+            e.and_then(|e| e.rsplit_once(':')).and_then(|(_, p)| p.parse::<u16>().ok()).filter(|p| *p != 0)
+        };
+        [
+            grpc.map(|a| a.port())
+                .or_else(|| configured(self.cfg.protocols.grpc.as_ref().map(|g| g.endpoint.as_str()))),
+            http.map(|a| a.port())
+                .or_else(|| configured(self.cfg.protocols.http.as_ref().map(|h| h.endpoint.as_str()))),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|p| format!("tcp port {p}"))
+        .collect()
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {
