@@ -49,8 +49,8 @@ async fn settle_to(base: Footprint) -> Footprint {
     }
 }
 
-/// 100 reloads that each start an ebpf receiver (BPF program, perf events,
-/// sampler thread), a kernel_symbols processor (netlink and perf fds, tasks),
+/// 100 reloads that each start a health_check extension (a socket, a task),
+/// an ebpf receiver (BPF program, perf events, sampler thread), a kernel_symbols processor (netlink and perf fds, tasks),
 /// a changed batch processor and a second file exporter (an open file), and
 /// then fail on the otlp receiver's port, held by someone else: afterwards the
 /// process has the OS threads, live tokio tasks, fds and BPF links it had.
@@ -69,7 +69,9 @@ fn a_hundred_failed_reloads_leave_threads_tasks_fds_and_bpf_links_where_they_wer
              \x20 ebpf:\n    sample_frequency: 49\n    report_interval: 1s\n\
              processors:\n  batch:\n    timeout: 300ms\n  kernel_symbols:\n\
              exporters:\n  file:\n    path: {out}\n  file/extra:\n    path: {extra}\n\
-             service:\n  shutdown_timeout: 20s\n  telemetry:\n    metrics:\n      address: \"\"\n\
+             extensions:\n  health_check/extra:\n    endpoint: 127.0.0.1:0\n\
+             service:\n  extensions: [health_check/extra]\n  shutdown_timeout: 20s\n\
+             \x20 telemetry:\n    metrics:\n      address: \"\"\n\
              \x20 pipelines:\n    profiles:\n      receivers: [ebpf, otlp]\n      processors: [kernel_symbols, batch]\n\
              \x20     exporters: [file, file/extra]\n",
             out = out.display(),
@@ -86,6 +88,11 @@ fn a_hundred_failed_reloads_leave_threads_tasks_fds_and_bpf_links_where_they_wer
             let e = host.reload(&bad).await.expect_err("the otlp port is taken");
             assert!(e.contains("cannot listen"), "reload {i}: {e}");
             assert!(host.status.running(), "a failed reload leaves the host running (health OK)");
+        }
+        // Each failed reload did start the parts it then released.
+        let text = log().text();
+        for started in ["health_check listening", "ebpf receiver: perf events attached"] {
+            assert!(text.matches(started).count() >= 101, "{started:?} logged {} times", text.matches(started).count());
         }
         let after = settle_to(base).await;
         assert_eq!(after, base, "before vs after 100 failed reloads");
