@@ -364,6 +364,12 @@ pub trait Exporter: Send + Sync + 'static {
 pub trait Extension: Send + Sync + 'static {
     async fn start(&self) -> Result<(), ComponentError>;
     async fn shutdown(&self) -> Result<(), ComponentError>;
+    /// As [`Receiver::exclusive_resources`]: what only one instance can hold
+    /// (a TCP port); on reload an extension that names any must support
+    /// `start` after `shutdown`.
+    fn exclusive_resources(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What a factory made.
