@@ -261,11 +261,46 @@ pub trait Consumer: Send + Sync + 'static {
 pub struct Next {
     targets: Arc<ArcSwap<Vec<Arc<dyn Consumer>>>>,
     telemetry: ComponentTelemetry,
+    gate: Arc<tokio::sync::watch::Sender<Gate>>,
+}
+
+/// Whether a [`Next`] delivers yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// The graph it feeds is not live yet: sends wait.
+    Pending,
+    Open,
+    /// The graph it feeds will never go live: sends fail.
+    Closed,
 }
 
 impl Next {
     pub fn new(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry) -> Self {
-        Next { targets: Arc::new(ArcSwap::from_pointee(targets)), telemetry }
+        Self::with_gate(targets, telemetry, Gate::Open)
+    }
+
+    /// A handle for a receiver of a graph that is not live yet: its sends
+    /// wait until [`Next::open`], or fail with [`ConsumeError::Closed`] after
+    /// [`Next::close`]. So a receiver started by a reload that then fails
+    /// delivers nothing into the abandoned graph's pipelines (and, through
+    /// them, into exporters the running graph shares).
+    pub fn pending(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry) -> Self {
+        Self::with_gate(targets, telemetry, Gate::Pending)
+    }
+
+    fn with_gate(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry, gate: Gate) -> Self {
+        let gate = Arc::new(tokio::sync::watch::Sender::new(gate));
+        Next { targets: Arc::new(ArcSwap::from_pointee(targets)), telemetry, gate }
+    }
+
+    /// The graph went live: sends (waiting ones included) deliver.
+    pub fn open(&self) {
+        self.gate.send_replace(Gate::Open);
+    }
+
+    /// The graph will never go live: sends (waiting ones included) fail.
+    pub fn close(&self) {
+        self.gate.send_replace(Gate::Closed);
     }
 
     /// Rewires the handle (and every clone of it) to new targets.
@@ -277,6 +312,14 @@ impl Next {
     /// Counts the samples as accepted, or as refused when a target refuses.
     pub async fn send(&self, batch: Profiles) -> Result<(), ConsumeError> {
         let n = batch.sample_count() as u64;
+        if *self.gate.borrow() != Gate::Open {
+            let mut rx = self.gate.subscribe();
+            let gate = rx.wait_for(|g| *g != Gate::Pending).await.map(|g| *g).unwrap_or(Gate::Closed);
+            if gate == Gate::Closed {
+                self.telemetry.refused.add(n);
+                return Err(ConsumeError::Closed);
+            }
+        }
         let targets = self.targets.load_full();
         let mut result = Ok(());
         if let Some((last, rest)) = targets.split_last() {

@@ -284,7 +284,8 @@ impl Service {
             let Component::Receiver(x) = self.create(Kind::Receiver, &id, &c)? else {
                 return Err(wrong_kind(Kind::Receiver, &id));
             };
-            let next = Next::new(targets, self.telemetry.component(Kind::Receiver, &id));
+            // Delivers once the graph goes live (switch::start_in_place_of opens it).
+            let next = Next::pending(targets, self.telemetry.component(Kind::Receiver, &id));
             g.receivers.insert(id.clone(), RunningReceiver { instance: x, next, checked: c });
             fresh.receivers.push(id);
         }

@@ -2,7 +2,10 @@
 //! then receivers) in place of the old graph's, make before break.
 //!
 //! A new instance starts while the one it replaces still runs, so a new
-//! instance that cannot start leaves the old one serving. Only when the two
+//! instance that cannot start leaves the old one serving. New receivers'
+//! `Next`s are pending: what they send waits until every part started (then
+//! it is delivered) or one failed (then it is refused), so a rolled-back
+//! receiver never delivers into exporters the running graph shares. Only when the two
 //! name a common exclusive resource (a TCP port, the CPU sampler) does the
 //! old one stop just before; if anything then fails, every new instance
 //! started so far stops and every old one stopped for it starts again.
@@ -96,8 +99,20 @@ pub(super) async fn start_in_place_of(
         }
     }
     let Some(err) = failure else {
+        // The new graph is live: its receivers deliver.
+        for (_, live) in fresh {
+            if let Live::Receiver(_, next) = live {
+                next.open();
+            }
+        }
         return Ok(stopped.iter().map(|(id, _)| id.clone()).collect());
     };
+    // Nothing the new receivers produced (nor flush on shutdown) goes anywhere.
+    for (_, live) in fresh {
+        if let Live::Receiver(_, next) = live {
+            next.close();
+        }
+    }
     for (_, live) in started.iter().rev() {
         live.shutdown().await;
     }
