@@ -72,7 +72,7 @@ async fn otlp_http_reads_an_endless_answer_only_up_to_a_bound() {
 #[tokio::test]
 async fn pprof_push_reads_an_endless_error_answer_only_up_to_a_bound() {
     let addr = endless_server("503 Service Unavailable").await;
-    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}")), ..Default::default() };
+    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof"), cfg).unwrap();
     match bounded(e.export(&cpu_batch(1, 1, 5))).await {
         Err(ExportError::Retryable { message, .. }) => assert!(message.starts_with("HTTP 503"), "{message}"),

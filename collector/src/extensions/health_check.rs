@@ -17,7 +17,14 @@ pub struct HealthCheckConfig {
     pub path: String,
 }
 
-impl profcol_api::config::Validate for HealthCheckConfig {}
+impl profcol_api::config::Validate for HealthCheckConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        p.check("endpoint", profcol_api::config::checks::host_port(&self.endpoint, true));
+        if !self.path.starts_with('/') {
+            p.add("path", format!("{:?} must start with '/' (default /)", self.path));
+        }
+    }
+}
 
 impl Default for HealthCheckConfig {
     fn default() -> Self {
@@ -56,7 +63,7 @@ impl Extension for HealthCheck {
     async fn start(&self) -> Result<(), ComponentError> {
         let listener = tokio::net::TcpListener::bind(&self.cfg.endpoint).await.map_err(|e| {
             ComponentError::io(
-                format!("health_check cannot listen on {} (set endpoint to a free address)", self.cfg.endpoint),
+                format!("endpoint: cannot listen on {} (set endpoint to a free address)", self.cfg.endpoint),
                 e,
             )
         })?;

@@ -31,7 +31,28 @@ pub struct OtlpGrpcConfig {
     pub max_recv_msg_size_mib: u64,
 }
 
-impl profcol_api::config::Validate for OtlpGrpcConfig {}
+impl profcol_api::config::Validate for OtlpGrpcConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks;
+        let e = self.endpoint.trim();
+        if e.contains("://") {
+            p.check("endpoint", checks::http_url(e));
+        } else {
+            p.check("endpoint", checks::host_port(e, false));
+        }
+        if !endpoint_uri(self).1 {
+            p.check("", self.tls.check_plaintext(&self.endpoint));
+        }
+        super::validate_headers(p, &self.headers);
+        p.nested("tls", &self.tls);
+        if self.max_recv_msg_size_mib == 0 || self.max_recv_msg_size_mib > 4096 {
+            p.add(
+                "max_recv_msg_size_mib",
+                format!("{} is out of range; use 1 to 4096 MiB (default 4)", self.max_recv_msg_size_mib),
+            );
+        }
+    }
+}
 
 impl Default for OtlpGrpcConfig {
     fn default() -> Self {
@@ -123,7 +144,7 @@ fn endpoint_uri(cfg: &OtlpGrpcConfig) -> (String, bool) {
 impl OtlpGrpcExporter {
     pub fn new(settings: CreateSettings, cfg: OtlpGrpcConfig) -> Result<Self, ComponentError> {
         let id = settings.id.to_string();
-        let err = |m: String| ComponentError::msg(format!("exporter {id}: {m}"));
+        let err = ComponentError::msg;
         check_headers(&cfg.headers).map_err(err)?;
         let mut metadata = MetadataMap::new();
         for (k, v) in &cfg.headers {

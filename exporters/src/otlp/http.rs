@@ -38,7 +38,26 @@ pub struct OtlpHttpConfig {
     pub tls: ClientTlsConfig,
 }
 
-impl profcol_api::config::Validate for OtlpHttpConfig {}
+impl profcol_api::config::Validate for OtlpHttpConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks;
+        p.check("endpoint", checks::http_url(self.endpoint.trim()));
+        if let Some(u) = &self.profiles_endpoint {
+            p.check("profiles_endpoint", checks::http_url(u.trim()));
+        }
+        if self.endpoint.trim().starts_with("http://") {
+            p.check("", self.tls.check_plaintext(&self.endpoint));
+        }
+        if self.tls.server_name_override.is_some() {
+            p.add(
+                "tls.server_name_override",
+                "is not supported by otlp_http; write the name the server's certificate is valid for as the endpoint's host",
+            );
+        }
+        super::validate_headers(p, &self.headers);
+        p.nested("tls", &self.tls);
+    }
+}
 
 impl Default for OtlpHttpConfig {
     fn default() -> Self {
@@ -79,7 +98,7 @@ pub struct OtlpHttpExporter {
 impl OtlpHttpExporter {
     pub fn new(settings: CreateSettings, cfg: OtlpHttpConfig) -> Result<Self, ComponentError> {
         let id = settings.id.to_string();
-        let err = |m: String| ComponentError::msg(format!("exporter {id}: {m}"));
+        let err = ComponentError::msg;
         check_headers(&cfg.headers).map_err(err)?;
         let url_text = match &cfg.profiles_endpoint {
             Some(u) => u.clone(),

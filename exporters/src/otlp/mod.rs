@@ -53,6 +53,40 @@ pub struct ClientTlsConfig {
     pub server_name_override: Option<String>,
 }
 
+impl profcol_api::config::Validate for ClientTlsConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks::{pem_certificates, pem_private_key};
+        if let Some(ca) = &self.ca_file {
+            p.check("ca_file", pem_certificates(ca));
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(c), Some(k)) => {
+                p.check("cert_file", pem_certificates(c));
+                p.check("key_file", pem_private_key(k));
+            }
+            (Some(_), None) => p.add("key_file", "is missing: cert_file and key_file must be given together"),
+            (None, Some(_)) => p.add("cert_file", "is missing: cert_file and key_file must be given together"),
+            (None, None) => {}
+        }
+    }
+}
+
+/// Header names and values, checked by `profcol validate` (values are
+/// secrets: an error never shows them).
+pub(crate) fn validate_headers(
+    p: &mut profcol_api::config::Problems,
+    headers: &BTreeMap<String, profcol_api::config::Secret>,
+) {
+    for (k, v) in headers {
+        if ::http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            p.add("headers", format!("{k:?} is not a valid header name (letters, digits and -_ only)"));
+        }
+        if ::http::HeaderValue::from_str(v.expose()).is_err() {
+            p.add(&format!("headers.{k}"), "is not a valid header value (visible ASCII only; the value is not shown)");
+        }
+    }
+}
+
 impl ClientTlsConfig {
     pub(crate) fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
         std::fs::read(path).map_err(|e| format!("tls.{what}: cannot read {}: {e}", path.display()))

@@ -189,44 +189,12 @@ pub struct OtlpReceiver {
 
 impl OtlpReceiver {
     pub fn new(settings: CreateSettings, cfg: OtlpReceiverConfig) -> Result<Self, ComponentError> {
-        if cfg.protocols.grpc.is_none() && cfg.protocols.http.is_none() {
-            return Err(ComponentError::msg(format!(
-                "receiver {}: no protocol is enabled; add `protocols: {{grpc: {{}}}}` and/or `protocols: {{http: {{}}}}`",
-                settings.id
-            )));
-        }
-        for (name, mib) in [
-            ("grpc", cfg.protocols.grpc.as_ref().map(|g| g.max_recv_msg_size_mib)),
-            ("http", cfg.protocols.http.as_ref().map(|h| h.max_recv_msg_size_mib)),
-        ] {
-            // Otherwise the cap would be 1 byte and every request refused as too large.
-            if mib.is_some_and(|m| m.is_nan() || m <= 0.0) {
-                return Err(ComponentError::msg(format!(
-                    "receiver {}: protocols.{name}.max_recv_msg_size_mib must be a positive number of MiB \
-                     (fractions allowed, default 32), not {}",
-                    settings.id,
-                    mib.unwrap_or_default()
-                )));
-            }
-        }
-        if cfg.max_concurrent_requests == 0 || cfg.max_concurrent_requests > tokio::sync::Semaphore::MAX_PERMITS {
-            return Err(ComponentError::msg(format!(
-                "receiver {}: max_concurrent_requests must be between 1 and {} (default 16), not {}; \
-                 it is how many requests gRPC and HTTP together may read and decode at once, \
-                 and 0 would refuse every request",
-                settings.id,
-                tokio::sync::Semaphore::MAX_PERMITS,
-                cfg.max_concurrent_requests
-            )));
-        }
-        for (name, tls) in [
-            ("grpc", cfg.protocols.grpc.as_ref().and_then(|g| g.tls.as_ref())),
-            ("http", cfg.protocols.http.as_ref().and_then(|h| h.tls.as_ref())),
-        ] {
-            if let Some(t) = tls {
-                tls::load_server_config(t)
-                    .map_err(|e| ComponentError::msg(format!("receiver {}: protocols.{name}.tls: {e}", settings.id)))?;
-            }
+        // The same check `profcol validate` runs; kept here for callers
+        // that build the receiver directly.
+        let mut problems = profcol_api::config::Problems::new();
+        profcol_api::config::Validate::validate(&cfg, &mut problems);
+        if let Some(e) = problems.into_errors().into_iter().next() {
+            return Err(ComponentError::msg(e.to_string()));
         }
         Ok(OtlpReceiver { settings, cfg, running: Mutex::new(None), addrs: Mutex::new((None, None)) })
     }
@@ -243,18 +211,18 @@ impl OtlpReceiver {
 }
 
 /// Binds `endpoint` (host:port), with an error that says what to do.
-pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
+pub(crate) async fn bind(proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(endpoint)
         .await
         .map_err(|e| {
             ComponentError::msg(format!(
-                "receiver {id}: protocols.{proto}.endpoint {endpoint:?} is not a host:port that resolves: {e}"
+                "protocols.{proto}.endpoint {endpoint:?} is not a host:port that resolves: {e}"
             ))
         })?
         .collect();
     // Prefer IPv4 for `localhost` so the usual clients find us.
     let addr = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| {
-        ComponentError::msg(format!("receiver {id}: protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
+        ComponentError::msg(format!("protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
     })?;
     tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -262,9 +230,7 @@ pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio:
         } else {
             ""
         };
-        ComponentError::msg(format!(
-            "receiver {id}: cannot listen on {addr} (protocols.{proto}.endpoint {endpoint:?}): {e}{hint}"
-        ))
+        ComponentError::msg(format!("cannot listen on {addr} (protocols.{proto}.endpoint {endpoint:?}): {e}{hint}"))
     })
 }
 
@@ -296,11 +262,11 @@ impl Receiver for OtlpReceiver {
         let (mut grpc_addr, mut http_addr) = (None, None);
         // Bind both first so a taken port fails start-up before anything runs.
         let grpc_l = match &self.cfg.protocols.grpc {
-            Some(g) => Some((bind(&id, "grpc", &g.endpoint).await?, g)),
+            Some(g) => Some((bind("grpc", &g.endpoint).await?, g)),
             None => None,
         };
         let http_l = match &self.cfg.protocols.http {
-            Some(h) => Some((bind(&id, "http", &h.endpoint).await?, h)),
+            Some(h) => Some((bind("http", &h.endpoint).await?, h)),
             None => None,
         };
         if let Some((l, g)) = grpc_l {
@@ -372,7 +338,8 @@ mod tests {
     fn max_concurrent_requests_defaults_to_16_and_0_is_a_config_error() {
         assert_eq!(OtlpReceiverConfig::default().max_concurrent_requests, 16);
         let e = create(http_only(0)).err().expect("refused").to_string();
-        assert!(e.contains("otlp") && e.contains("max_concurrent_requests") && e.contains("not 0"), "{e}");
+        // The component id is the host's prefix (BuildError); the path is the receiver's.
+        assert!(e.starts_with("max_concurrent_requests: ") && e.contains("not 0"), "{e}");
         // Past what a semaphore holds: refused, not a panic at start.
         let e = create(http_only(usize::MAX)).err().expect("refused").to_string();
         assert!(e.contains("max_concurrent_requests"), "{e}");
