@@ -23,7 +23,9 @@ use std::sync::Arc;
 pub struct FlamegraphConfig {
     /// Where `{file_prefix}-{time}-{group}.svg` (and `.folded`) go.
     pub directory: PathBuf,
+    /// First part of each file name (no '/').
     pub file_prefix: String,
+    /// One graph per report (`none`), per process (`process`) or per container (`container`).
     pub group_by: GroupBy,
     /// Also write the folded stacks next to each SVG.
     pub folded: bool,

@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthCheckConfig {
+    /// Listen address, host:port.
     pub endpoint: String,
+    /// URL path answered (starts with '/').
     pub path: String,
 }
 

@@ -25,7 +25,9 @@ pub struct OtlpGrpcConfig {
     pub endpoint: String,
     /// Sent with every request, e.g. `authorization: "Bearer ${env:TOKEN}"`.
     pub headers: BTreeMap<String, profcol_api::config::Secret>,
+    /// Request compression: `gzip` or `none`.
     pub compression: Compression,
+    /// Client TLS (the endpoint's scheme, or `tls.insecure`, decides whether TLS is used).
     pub tls: ClientTlsConfig,
     /// Largest answer accepted from the server, in MiB.
     pub max_recv_msg_size_mib: u64,

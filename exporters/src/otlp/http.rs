@@ -31,8 +31,11 @@ pub struct OtlpHttpConfig {
     /// Full URL of the profiles route, used as is (overrides `endpoint`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profiles_endpoint: Option<String>,
+    /// Body encoding: `proto` or `json`.
     pub encoding: HttpEncoding,
+    /// Extra HTTP headers (values are secrets: never printed).
     pub headers: BTreeMap<String, profcol_api::config::Secret>,
+    /// Request compression: `gzip` or `none`.
     pub compression: Compression,
     /// `ca_file`, `cert_file`, `key_file` apply to `https://` endpoints.
     pub tls: ClientTlsConfig,

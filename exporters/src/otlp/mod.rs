@@ -45,6 +45,7 @@ pub struct ClientTlsConfig {
     /// Client certificate (PEM) for mutual TLS; needs `key_file`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS; with `cert_file`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
     /// Name to check the server's certificate against (default: the endpoint's

@@ -28,6 +28,7 @@ pub struct PprofConfig {
     /// Write `{file_prefix}-{YYYYmmddTHHMMSSZ}-{group}.pb.gz` files here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub directory: Option<PathBuf>,
+    /// First part of each file name (no '/').
     pub file_prefix: String,
     /// Push to this Pyroscope server (base URL, e.g. http://pyroscope:4040).
     /// Credentials in it (`https://user:password@host`) are never shown.
@@ -42,6 +43,7 @@ pub struct PprofConfig {
     /// CA (PEM) to trust for an `https://` endpoint, instead of the system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// One report per batch (`none`), per process (`process`) or per container (`container`).
     pub group_by: GroupBy,
 }
 

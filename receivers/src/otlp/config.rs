@@ -147,8 +147,11 @@ impl Default for HttpConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsServerConfig {
+    /// Server certificate chain (PEM).
     pub cert_file: PathBuf,
+    /// Private key of the certificate (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+    /// CA (PEM) that client certificates must chain to; set, clients must present one (mutual TLS).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_ca_file: Option<PathBuf>,
 }
