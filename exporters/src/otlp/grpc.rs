@@ -39,6 +39,13 @@ impl profcol_api::config::Validate for OtlpGrpcConfig {
         let e = self.endpoint.trim();
         if e.contains("://") {
             p.check("endpoint", checks::http_url(e));
+            let authority = e.split_once("://").map_or("", |(_, r)| r.split(['/', '?', '#']).next().unwrap_or(""));
+            if authority.contains('@') {
+                p.add(
+                    "endpoint",
+                    "credentials in a gRPC endpoint are not sent; remove them and use headers: {authorization: ...}",
+                );
+            }
         } else {
             p.check("endpoint", checks::host_port(e, false));
         }
