@@ -88,6 +88,9 @@ const CASES: &[Case] = &[
     // extensions
     case("extensions:\n  health_check:\n    endpoint: localhost\n", "extensions::health_check::endpoint", "endpoint:", "write host:port"),
     case("extensions:\n  health_check:\n    path: healthz\n", "extensions::health_check::path", "path:", "must start with '/'"),
+    // service
+    case("service:\n  telemetry:\n    metrics:\n      address: localhost:88888\n", "service::telemetry::metrics::address", "address:", "or \"\" to turn /metrics off"),
+    case("service:\n  shutdown_timeout: 0s\n", "service::shutdown_timeout", "shutdown_timeout:", "must be greater than 0"),
 ];
 
 fn fill(text: &str, dir: &Path) -> String {

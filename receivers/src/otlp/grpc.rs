@@ -148,7 +148,7 @@ pub(crate) fn serve(
 ) -> Result<JoinHandle<()>, ComponentError> {
     let mut builder = tonic::transport::Server::builder();
     if let Some(t) = &cfg.tls {
-        let err = |e: String| ComponentError::msg(format!("protocols.grpc.tls: {e}"));
+        let err = |e: String| ComponentError::msg(format!("receiver {id}: protocols.grpc.tls: {e}"));
         let cert = tls::read(&t.cert_file, "cert_file").map_err(err)?;
         let key = tls::read(&t.key_file, "key_file").map_err(err)?;
         let mut tc = tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(cert, key));

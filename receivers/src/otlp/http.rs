@@ -247,8 +247,9 @@ pub(crate) fn serve(
             }
         })),
         Some(t) => {
-            let tc = tls::load_server_config(t).map_err(|e| ComponentError::msg(format!("protocols.http.tls: {e}")))?;
-            let l = TlsListener::new(listener, tc).map_err(|e| ComponentError::io("protocols.http.tls", e))?;
+            let tc = tls::load_server_config(t)
+                .map_err(|e| ComponentError::msg(format!("receiver {id}: protocols.http.tls: {e}")))?;
+            let l = TlsListener::new(listener, tc).map_err(|e| ComponentError::io(format!("receiver {id}"), e))?;
             Ok(tokio::spawn(async move {
                 if let Err(e) = axum::serve(l, app).with_graceful_shutdown(signal).await {
                     tracing::error!(receiver = %id, "HTTPS server stopped: {e}");

@@ -194,7 +194,7 @@ impl OtlpReceiver {
         let mut problems = profcol_api::config::Problems::new();
         profcol_api::config::Validate::validate(&cfg, &mut problems);
         if let Some(e) = problems.into_errors().into_iter().next() {
-            return Err(ComponentError::msg(e.to_string()));
+            return Err(ComponentError::msg(format!("receiver {}: {e}", settings.id)));
         }
         Ok(OtlpReceiver { settings, cfg, running: Mutex::new(None), addrs: Mutex::new((None, None)) })
     }
@@ -211,18 +211,18 @@ impl OtlpReceiver {
 }
 
 /// Binds `endpoint` (host:port), with an error that says what to do.
-pub(crate) async fn bind(proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
+pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(endpoint)
         .await
         .map_err(|e| {
             ComponentError::msg(format!(
-                "protocols.{proto}.endpoint {endpoint:?} is not a host:port that resolves: {e}"
+                "receiver {id}: protocols.{proto}.endpoint {endpoint:?} is not a host:port that resolves: {e}"
             ))
         })?
         .collect();
     // Prefer IPv4 for `localhost` so the usual clients find us.
     let addr = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| {
-        ComponentError::msg(format!("protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
+        ComponentError::msg(format!("receiver {id}: protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
     })?;
     tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -230,7 +230,9 @@ pub(crate) async fn bind(proto: &str, endpoint: &str) -> Result<tokio::net::TcpL
         } else {
             ""
         };
-        ComponentError::msg(format!("cannot listen on {addr} (protocols.{proto}.endpoint {endpoint:?}): {e}{hint}"))
+        ComponentError::msg(format!(
+            "receiver {id}: cannot listen on {addr} (protocols.{proto}.endpoint {endpoint:?}): {e}{hint}"
+        ))
     })
 }
 
@@ -262,11 +264,11 @@ impl Receiver for OtlpReceiver {
         let (mut grpc_addr, mut http_addr) = (None, None);
         // Bind both first so a taken port fails start-up before anything runs.
         let grpc_l = match &self.cfg.protocols.grpc {
-            Some(g) => Some((bind("grpc", &g.endpoint).await?, g)),
+            Some(g) => Some((bind(&id, "grpc", &g.endpoint).await?, g)),
             None => None,
         };
         let http_l = match &self.cfg.protocols.http {
-            Some(h) => Some((bind("http", &h.endpoint).await?, h)),
+            Some(h) => Some((bind(&id, "http", &h.endpoint).await?, h)),
             None => None,
         };
         if let Some((l, g)) = grpc_l {
@@ -338,8 +340,7 @@ mod tests {
     fn max_concurrent_requests_defaults_to_16_and_0_is_a_config_error() {
         assert_eq!(OtlpReceiverConfig::default().max_concurrent_requests, 16);
         let e = create(http_only(0)).err().expect("refused").to_string();
-        // The component id is the host's prefix (BuildError); the path is the receiver's.
-        assert!(e.starts_with("max_concurrent_requests: ") && e.contains("not 0"), "{e}");
+        assert!(e.contains("otlp") && e.contains("max_concurrent_requests") && e.contains("not 0"), "{e}");
         // Past what a semaphore holds: refused, not a panic at start.
         let e = create(http_only(usize::MAX)).err().expect("refused").to_string();
         assert!(e.contains("max_concurrent_requests"), "{e}");
