@@ -158,14 +158,25 @@ fn flatten(defs: &Map<String, Value>, s: &Value, prefix: &str, rows: &mut Vec<Ro
             flatten(defs, target, &key, rows);
             continue;
         }
+        // A list of structs: its keys as `key[].field`, after the list itself.
+        if target["type"] == json!("array") && non_null(defs, &target["items"])["properties"].is_object() {
+            let meaning = field["description"].as_str().unwrap_or_default().replace('\n', " ");
+            rows.push((key.clone(), "list".into(), default_text(&field["default"]), meaning));
+            flatten(defs, &target["items"], &format!("{key}[]"), rows);
+            continue;
+        }
         let meaning = field["description"].as_str().or(target["description"].as_str()).unwrap_or_default();
-        let default = match &field["default"] {
-            Value::Null => "—".to_owned(),
-            Value::String(s) if s.is_empty() => "\"\"".to_owned(),
-            Value::String(s) => s.clone(),
-            v => v.to_string(),
-        };
+        let default = default_text(&field["default"]);
         rows.push((key, type_name(defs, field), default, meaning.replace('\n', " ").replace('|', "\\|")));
+    }
+}
+
+fn default_text(v: &Value) -> String {
+    match v {
+        Value::Null => "—".to_owned(),
+        Value::String(s) if s.is_empty() => "\"\"".to_owned(),
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
     }
 }
 

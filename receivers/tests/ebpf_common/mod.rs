@@ -135,6 +135,10 @@ pub struct Observed {
     pub frames: Vec<Frame>,
     pub attrs: Vec<(String, any_value::Value)>,
     pub resource: Vec<(String, any_value::Value)>,
+    /// The profile's sample type, e.g. ("samples", "count"), ("calls", "count").
+    pub sample_type: (String, String),
+    /// The profile's attributes (a probe's symbol and binary).
+    pub profile_attrs: Vec<(String, any_value::Value)>,
 }
 
 fn str_of(d: &pb::ProfilesDictionary, i: i32) -> String {
@@ -166,6 +170,9 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
             }
             for sp in &rp.scope_profiles {
                 for p in &sp.profiles {
+                    let st = p.sample_type.unwrap_or_default();
+                    let sample_type = (str_of(d, st.type_strindex), str_of(d, st.unit_strindex));
+                    let profile_attrs: Vec<_> = p.attribute_indices.iter().map(|&i| attr(d, i)).collect();
                     for s in &p.samples {
                         let stack = &d.stack_table[s.stack_index as usize];
                         let frames = stack
@@ -213,6 +220,8 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
                             frames,
                             attrs: s.attribute_indices.iter().map(|&i| attr(d, i)).collect(),
                             resource: res.clone(),
+                            sample_type: sample_type.clone(),
+                            profile_attrs: profile_attrs.clone(),
                         });
                     }
                 }
