@@ -164,7 +164,12 @@ fn write(cfg: &FileExporterConfig, slot: &mut Option<Writer>, bytes: &[u8]) -> s
 #[async_trait]
 impl Exporter for FileExporter {
     /// Opens (creates) the file now, so a start that succeeds can write.
+    /// A FIFO or device (`/dev/stdout`) is opened at the first export
+    /// instead: opening a FIFO blocks until a reader comes.
     async fn start(&self) -> Result<(), ComponentError> {
+        if std::fs::metadata(&self.cfg.path).is_ok_and(|m| !m.is_file()) {
+            return Ok(());
+        }
         let w = open(&self.cfg.path)
             .map_err(|e| ComponentError::io(format!("path: cannot open {} for writing", self.cfg.path.display()), e))?;
         *self.out.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
