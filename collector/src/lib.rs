@@ -6,6 +6,7 @@ pub mod exporter_helper;
 pub mod extensions;
 pub mod print_config;
 pub mod registry;
+pub mod schema;
 pub mod service;
 pub mod telemetry_server;
 

@@ -37,6 +37,12 @@ enum Cmd {
     Components,
     /// Print the effective configuration (defaults filled, env expanded, secrets redacted).
     PrintConfig,
+    /// Print the JSON Schema of the configuration (for editors' YAML language servers).
+    Schema {
+        /// Print the component reference of docs/CONFIG.md instead.
+        #[arg(long)]
+        markdown: bool,
+    },
     /// Resolve kernel addresses and inspect the kernel symbol store.
     KernelSymbols {
         #[command(subcommand)]
@@ -100,6 +106,15 @@ fn main() -> ExitCode {
             for f in registry.all() {
                 let m = f.meta();
                 println!("{:<16} {:<10} {:<12} {}", m.type_name, m.kind, m.stability, m.description);
+            }
+            ExitCode::SUCCESS
+        }
+        Some(Cmd::Schema { markdown }) => {
+            let s = profcol::schema::schema(&registry);
+            if markdown {
+                print!("{}", profcol::schema::reference_markdown(&s));
+            } else {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             }
             ExitCode::SUCCESS
         }

@@ -123,7 +123,8 @@ async fn export_through_host(server: &Server, proto: Proto, batch: &Profiles) ->
             Arc::new(OtlpGrpcExporter::new(settings, cfg).unwrap())
         }
         Proto::Http => {
-            let cfg = OtlpHttpConfig { endpoint: format!("http://127.0.0.1:{}", server.http), ..Default::default() };
+            let cfg =
+                OtlpHttpConfig { endpoint: format!("http://127.0.0.1:{}", server.http).into(), ..Default::default() };
             Arc::new(OtlpHttpExporter::new(settings, cfg).unwrap())
         }
     };

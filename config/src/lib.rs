@@ -209,7 +209,10 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
             } else {
                 v
             }) {
-                Ok(s) => service = s,
+                Ok(s) => {
+                    check_service(&s, &mut r);
+                    service = s;
+                }
                 Err(e) => {
                     let mut path = vec!["service".to_owned()];
                     path.extend(
@@ -283,6 +286,20 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
     }
     let errors = r.errors;
     (Some(Config { receivers, processors, exporters, extensions, service, pipelines, positions }), errors)
+}
+
+/// What the typed `service` section must hold beyond its types.
+fn check_service(s: &ServiceConfig, r: &mut Report<'_>) {
+    use profcol_api::config::checks;
+    let addr = &s.telemetry.metrics.address;
+    if !addr.is_empty() {
+        if let Err(m) = checks::host_port(addr, true) {
+            r.at(&["service", "telemetry", "metrics", "address"], format!("{m}; or \"\" to turn /metrics off"));
+        }
+    }
+    if let Err(m) = checks::positive(s.shutdown_timeout, "the drain budget on SIGINT/SIGTERM; default 10s") {
+        r.at(&["service", "shutdown_timeout"], m);
+    }
 }
 
 impl Config {

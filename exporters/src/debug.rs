@@ -12,6 +12,7 @@ use tracing::info;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DebugExporterConfig {
+    /// `basic`: one line per batch; `detailed`: every sample.
     pub verbosity: Verbosity,
 }
 

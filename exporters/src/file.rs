@@ -21,7 +21,18 @@ pub struct FileExporterConfig {
     pub rotation: Rotation,
 }
 
-impl profcol_api::config::Validate for FileExporterConfig {}
+impl profcol_api::config::Validate for FileExporterConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        if self.path.as_os_str().is_empty() {
+            p.add("path", "is required: the file to write");
+        } else {
+            p.check("path", profcol_api::config::checks::writable_file(&self.path));
+        }
+        if self.rotation.max_megabytes > 1 << 20 {
+            p.add("rotation.max_megabytes", "is above 1048576 (1 TiB); use 0 for no rotation or a smaller size");
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -61,9 +72,6 @@ pub fn factory_file() -> Arc<dyn Factory> {
             description: "writes OTLP profiles as JSON lines or a length-prefixed protobuf stream, rotating by size",
         },
         |_set, cfg: FileExporterConfig| {
-            if cfg.path.as_os_str().is_empty() {
-                return Err(profcol_api::config::ConfigError::new("path", "is required: the file to write").into());
-            }
             Ok(Component::Exporter(Arc::new(FileExporter { cfg, out: Arc::new(Mutex::new(None)) })))
         },
     )
@@ -99,21 +107,37 @@ fn rotated_name(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Deletes the oldest rotated files beyond `keep`.
+/// Whether `name` is one of the names [`rotated_name`] gives `path`:
+/// `{stem}-{digits}[.{ext}]`. Other files in the directory are never touched.
+fn is_rotated_name(path: &Path, name: &str) -> bool {
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("profiles");
+    let rest = match path.extension().and_then(|e| e.to_str()) {
+        Some(ext) => name.strip_suffix(ext).and_then(|r| r.strip_suffix('.')),
+        None => Some(name),
+    };
+    rest.and_then(|r| r.strip_prefix(stem))
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|ms| !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Deletes the oldest rotated files beyond `keep`: only files this exporter's
+/// rotation names, never anything else in the directory.
 fn prune(path: &Path, keep: usize) -> std::io::Result<()> {
     if keep == 0 {
         return Ok(());
     }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("profiles");
-    let prefix = format!("{stem}-");
-    let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)?
+    let mut rotated: Vec<(u128, PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p != path && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)))
+        .filter(|p| p != path && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| is_rotated_name(path, n)))
+        .filter_map(|p| {
+            let ms = p.file_stem()?.to_str()?.rsplit('-').next()?.parse().ok()?;
+            Some((ms, p))
+        })
         .collect();
     rotated.sort();
     let excess = rotated.len().saturating_sub(keep);
-    for p in &rotated[..excess] {
+    for (_, p) in &rotated[..excess] {
         std::fs::remove_file(p)?;
     }
     Ok(())
@@ -139,6 +163,19 @@ fn write(cfg: &FileExporterConfig, slot: &mut Option<Writer>, bytes: &[u8]) -> s
 
 #[async_trait]
 impl Exporter for FileExporter {
+    /// Opens (creates) the file now, so a start that succeeds can write.
+    /// A FIFO or device (`/dev/stdout`) is opened at the first export
+    /// instead: opening a FIFO blocks until a reader comes.
+    async fn start(&self) -> Result<(), ComponentError> {
+        if std::fs::metadata(&self.cfg.path).is_ok_and(|m| !m.is_file()) {
+            return Ok(());
+        }
+        let w = open(&self.cfg.path)
+            .map_err(|e| ComponentError::io(format!("path: cannot open {} for writing", self.cfg.path.display()), e))?;
+        *self.out.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
+        Ok(())
+    }
+
     async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
         let bytes = match self.cfg.format {
             FileFormat::Json => {
@@ -200,5 +237,44 @@ mod tests {
         let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(files.len(), 3, "current file + 2 backups");
         assert!(std::fs::metadata(&path).unwrap().len() <= 1 << 20);
+    }
+
+    #[tokio::test]
+    async fn rotation_removes_only_files_it_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let others = ["out-important.jsonl", "out-123.txt", "out-.jsonl", "out-12a.jsonl", "other-1.jsonl"];
+        for o in others {
+            std::fs::write(dir.path().join(o), "keep").unwrap();
+        }
+        let cfg = FileExporterConfig {
+            path: path.clone(),
+            format: FileFormat::Json,
+            rotation: Rotation { max_megabytes: 1, max_backups: 1 },
+        };
+        let mut slot = None;
+        let line = vec![b'x'; 600 << 10];
+        for _ in 0..6 {
+            write(&cfg, &mut slot, &line).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        for o in others {
+            assert_eq!(std::fs::read_to_string(dir.path().join(o)).unwrap(), "keep", "{o}");
+        }
+        let ours = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| is_rotated_name(&path, e.as_ref().unwrap().file_name().to_str().unwrap()))
+            .count();
+        assert_eq!(ours, 1, "one backup kept");
+    }
+
+    #[tokio::test]
+    async fn start_fails_on_a_path_it_cannot_open() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("file"), "").unwrap();
+        let cfg = FileExporterConfig { path: dir.path().join("file/sub/out.jsonl"), ..Default::default() };
+        let x = FileExporter { cfg, out: Arc::new(Mutex::new(None)) };
+        let e = x.start().await.unwrap_err().to_string();
+        assert!(e.contains("cannot open") && e.contains("file/sub/out.jsonl"), "{e}");
     }
 }

@@ -23,7 +23,9 @@ use std::sync::Arc;
 pub struct FlamegraphConfig {
     /// Where `{file_prefix}-{time}-{group}.svg` (and `.folded`) go.
     pub directory: PathBuf,
+    /// First part of each file name (no '/').
     pub file_prefix: String,
+    /// One graph per report (`none`), per process (`process`) or per container (`container`).
     pub group_by: GroupBy,
     /// Also write the folded stacks next to each SVG.
     pub folded: bool,
@@ -33,7 +35,14 @@ pub struct FlamegraphConfig {
     pub root_comm: bool,
 }
 
-impl profcol_api::config::Validate for FlamegraphConfig {}
+impl profcol_api::config::Validate for FlamegraphConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        p.check("directory", profcol_api::config::checks::writable_dir(&self.directory));
+        if self.file_prefix.is_empty() || self.file_prefix.contains('/') {
+            p.add("file_prefix", "must be a non-empty file name prefix without '/' (default flamegraph)");
+        }
+    }
+}
 
 impl Default for FlamegraphConfig {
     fn default() -> Self {
@@ -67,13 +76,9 @@ pub struct FlamegraphExporter {
 }
 
 impl FlamegraphExporter {
-    pub fn new(settings: CreateSettings, cfg: FlamegraphConfig) -> Result<Self, ComponentError> {
+    pub fn new(_settings: CreateSettings, cfg: FlamegraphConfig) -> Result<Self, ComponentError> {
         std::fs::create_dir_all(&cfg.directory).map_err(|e| {
-            ComponentError::msg(format!(
-                "exporter {}: directory {}: cannot create it: {e}",
-                settings.id,
-                cfg.directory.display()
-            ))
+            ComponentError::msg(format!("directory {}: cannot create it: {e}", cfg.directory.display()))
         })?;
         Ok(FlamegraphExporter { cfg, delivered: Arc::default() })
     }

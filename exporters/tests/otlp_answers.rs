@@ -53,7 +53,7 @@ async fn otlp_http_reads_an_endless_answer_only_up_to_a_bound() {
     let batch = cpu_batch(1, 1, 5);
     for (status, ok) in [("200 OK", true), ("400 Bad Request", false)] {
         let addr = endless_server(status).await;
-        let cfg = OtlpHttpConfig { endpoint: format!("http://{addr}"), ..Default::default() };
+        let cfg = OtlpHttpConfig { endpoint: format!("http://{addr}").into(), ..Default::default() };
         let e = OtlpHttpExporter::new(settings(Kind::Exporter, "otlp_http"), cfg).unwrap();
         let r = bounded(e.export(&batch)).await;
         if ok {
@@ -72,7 +72,7 @@ async fn otlp_http_reads_an_endless_answer_only_up_to_a_bound() {
 #[tokio::test]
 async fn pprof_push_reads_an_endless_error_answer_only_up_to_a_bound() {
     let addr = endless_server("503 Service Unavailable").await;
-    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}")), ..Default::default() };
+    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof"), cfg).unwrap();
     match bounded(e.export(&cpu_batch(1, 1, 5))).await {
         Err(ExportError::Retryable { message, .. }) => assert!(message.starts_with("HTTP 503"), "{message}"),

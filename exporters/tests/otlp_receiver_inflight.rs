@@ -103,7 +103,7 @@ fn grpc_exporter(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
 
 fn http_exporter(addr: std::net::SocketAddr) -> OtlpHttpExporter {
     let cfg = OtlpHttpConfig {
-        endpoint: format!("http://{addr}"),
+        endpoint: format!("http://{addr}").into(),
         encoding: HttpEncoding::Proto,
         compression: Compression::None,
         ..Default::default()

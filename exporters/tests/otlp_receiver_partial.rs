@@ -39,7 +39,7 @@ async fn invalid_profiles_are_dropped_and_answered_with_partial_success() {
     r.start(c.next()).await.unwrap();
     let grpc = OtlpGrpcConfig { endpoint: format!("http://{}", r.grpc_addr().unwrap()), ..Default::default() };
     let http = |encoding| OtlpHttpConfig {
-        endpoint: format!("http://{}", r.http_addr().unwrap()),
+        endpoint: format!("http://{}", r.http_addr().unwrap()).into(),
         encoding,
         ..Default::default()
     };

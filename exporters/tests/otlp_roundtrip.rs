@@ -63,7 +63,7 @@ async fn http_roundtrip_proto_json_gzip_and_plain() {
         for compression in [Compression::Gzip, Compression::None] {
             let (r, c) = start_receiver().await;
             let cfg = OtlpHttpConfig {
-                endpoint: format!("http://{}", r.http_addr().unwrap()),
+                endpoint: format!("http://{}", r.http_addr().unwrap()).into(),
                 encoding,
                 compression,
                 ..Default::default()

@@ -97,7 +97,7 @@ fn grpc(endpoint: String, tls: ClientTlsConfig, compression: Compression) -> Otl
 }
 
 fn http(endpoint: String, tls: ClientTlsConfig, compression: Compression) -> OtlpHttpExporter {
-    let cfg = OtlpHttpConfig { endpoint, tls, compression, ..Default::default() };
+    let cfg = OtlpHttpConfig { endpoint: endpoint.into(), tls, compression, ..Default::default() };
     OtlpHttpExporter::new(settings(Kind::Exporter, "otlp_http/out"), cfg).unwrap()
 }
 

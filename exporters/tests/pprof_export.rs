@@ -187,8 +187,11 @@ async fn pushes_to_pyroscope_ingest() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    let cfg =
-        PprofConfig { endpoint: Some(format!("http://{addr}")), group_by: GroupBy::Process, ..Default::default() };
+    let cfg = PprofConfig {
+        endpoint: Some(format!("http://{addr}").into()),
+        group_by: GroupBy::Process,
+        ..Default::default()
+    };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
     let batch = cpu_batch(5, 2, 30);
     e.export(&batch).await.unwrap();
@@ -206,7 +209,8 @@ async fn pushes_to_pyroscope_ingest() {
         convert::check_valid(&proto::Profile::decode(raw.as_slice()).unwrap()).unwrap();
     }
     // A server that is down is retryable.
-    let cfg = PprofConfig { endpoint: Some(format!("http://127.0.0.1:{}", closed_port())), ..Default::default() };
+    let cfg =
+        PprofConfig { endpoint: Some(format!("http://127.0.0.1:{}", closed_port()).into()), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/down"), cfg).unwrap();
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
 }
@@ -233,8 +237,11 @@ async fn a_retried_batch_does_not_push_the_groups_that_went_out_again() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    let cfg =
-        PprofConfig { endpoint: Some(format!("http://{addr}")), group_by: GroupBy::Process, ..Default::default() };
+    let cfg = PprofConfig {
+        endpoint: Some(format!("http://{addr}").into()),
+        group_by: GroupBy::Process,
+        ..Default::default()
+    };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
     let batch = cpu_batch(5, 2, 30);
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
@@ -274,7 +281,7 @@ async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
             }
         }
     }
-    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}")), ..Default::default() };
+    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
     e.export(&batch).await.unwrap();
     let names = seen.lock().unwrap().clone();

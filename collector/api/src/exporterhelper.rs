@@ -40,10 +40,13 @@ impl Default for ExporterHelperConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
+    /// Retry retryable errors (false: a failed batch is dropped and counted).
     pub enabled: bool,
+    /// First wait before a retry.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "DurationText")]
     pub initial_interval: Duration,
+    /// Cap of the wait between retries.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "DurationText")]
     pub max_interval: Duration,
@@ -51,6 +54,7 @@ pub struct RetryConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "DurationText")]
     pub max_elapsed_time: Duration,
+    /// Growth of the wait after each retry (at least 1).
     pub multiplier: f64,
     /// Jitter: each wait is drawn from interval × [1 − f, 1 + f].
     pub randomization_factor: f64,
@@ -96,6 +100,7 @@ impl Sizer {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueConfig {
+    /// Queue batches between the pipeline and the exporter (false: the pipeline waits on each export).
     pub enabled: bool,
     /// The unit of `queue_size`.
     pub sizer: Sizer,

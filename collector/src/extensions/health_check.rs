@@ -13,11 +13,20 @@ use tokio_util::sync::CancellationToken;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthCheckConfig {
+    /// Listen address, host:port.
     pub endpoint: String,
+    /// URL path answered (starts with '/').
     pub path: String,
 }
 
-impl profcol_api::config::Validate for HealthCheckConfig {}
+impl profcol_api::config::Validate for HealthCheckConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        p.check("endpoint", profcol_api::config::checks::host_port(&self.endpoint, true));
+        if !self.path.starts_with('/') {
+            p.add("path", format!("{:?} must start with '/' (default /)", self.path));
+        }
+    }
+}
 
 impl Default for HealthCheckConfig {
     fn default() -> Self {
@@ -63,7 +72,7 @@ impl Extension for HealthCheck {
             None => self.cfg.endpoint.clone(),
         };
         let listener = tokio::net::TcpListener::bind(&endpoint).await.map_err(|e| {
-            ComponentError::io(format!("health_check cannot listen on {endpoint} (set endpoint to a free address)"), e)
+            ComponentError::io(format!("endpoint: cannot listen on {endpoint} (set endpoint to a free address)"), e)
         })?;
         if let Ok(a) = listener.local_addr() {
             *self.bound.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);

@@ -81,10 +81,24 @@ impl Fresh {
 
 /// What a build failure leaves: the error, after what it started is stopped.
 #[derive(Debug, thiserror::Error)]
-#[error("{component}: {error}")]
+#[error("{}", self.render())]
 pub struct BuildError {
     pub component: String,
     pub error: profcol_api::ComponentError,
+}
+
+impl BuildError {
+    /// The component's prefix once: a component whose message already
+    /// names itself (`receiver x: ...` or `receivers::x: ...`) is not prefixed again.
+    fn render(&self) -> String {
+        let e = self.error.to_string();
+        let path = self.component.split_once(' ').map(|(kind, id)| format!("{kind}s::{id}"));
+        if e.starts_with(&self.component) || path.is_some_and(|p| e.starts_with(&p)) {
+            e
+        } else {
+            format!("{}: {e}", self.component)
+        }
+    }
 }
 
 pub struct Service {

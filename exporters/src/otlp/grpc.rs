@@ -25,13 +25,43 @@ pub struct OtlpGrpcConfig {
     pub endpoint: String,
     /// Sent with every request, e.g. `authorization: "Bearer ${env:TOKEN}"`.
     pub headers: BTreeMap<String, profcol_api::config::Secret>,
+    /// Request compression: `gzip` or `none`.
     pub compression: Compression,
+    /// Client TLS (the endpoint's scheme, or `tls.insecure`, decides whether TLS is used).
     pub tls: ClientTlsConfig,
     /// Largest answer accepted from the server, in MiB.
     pub max_recv_msg_size_mib: u64,
 }
 
-impl profcol_api::config::Validate for OtlpGrpcConfig {}
+impl profcol_api::config::Validate for OtlpGrpcConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks;
+        let e = self.endpoint.trim();
+        if e.contains("://") {
+            p.check("endpoint", checks::http_url(e));
+            let authority = e.split_once("://").map_or("", |(_, r)| r.split(['/', '?', '#']).next().unwrap_or(""));
+            if authority.contains('@') {
+                p.add(
+                    "endpoint",
+                    "credentials in a gRPC endpoint are not sent; remove them and use headers: {authorization: ...}",
+                );
+            }
+        } else {
+            p.check("endpoint", checks::host_port(e, false));
+        }
+        if !endpoint_uri(self).1 {
+            p.check("", self.tls.check_plaintext(&self.endpoint));
+        }
+        super::validate_headers(p, &self.headers);
+        p.nested("tls", &self.tls);
+        if self.max_recv_msg_size_mib == 0 || self.max_recv_msg_size_mib > 4096 {
+            p.add(
+                "max_recv_msg_size_mib",
+                format!("{} is out of range; use 1 to 4096 MiB (default 4)", self.max_recv_msg_size_mib),
+            );
+        }
+    }
+}
 
 impl Default for OtlpGrpcConfig {
     fn default() -> Self {
@@ -123,7 +153,7 @@ fn endpoint_uri(cfg: &OtlpGrpcConfig) -> (String, bool) {
 impl OtlpGrpcExporter {
     pub fn new(settings: CreateSettings, cfg: OtlpGrpcConfig) -> Result<Self, ComponentError> {
         let id = settings.id.to_string();
-        let err = |m: String| ComponentError::msg(format!("exporter {id}: {m}"));
+        let err = ComponentError::msg;
         check_headers(&cfg.headers).map_err(err)?;
         let mut metadata = MetadataMap::new();
         for (k, v) in &cfg.headers {

@@ -3,6 +3,7 @@
 
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
+use profcol_api::config::SecretUrl;
 use profcol_api::model::ExportProfilesServiceResponse;
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
 use serde::{Deserialize, Serialize};
@@ -27,23 +28,45 @@ pub enum HttpEncoding {
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpHttpConfig {
     /// Base URL; `/v1development/profiles` is appended.
-    pub endpoint: String,
+    pub endpoint: SecretUrl,
     /// Full URL of the profiles route, used as is (overrides `endpoint`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub profiles_endpoint: Option<String>,
+    pub profiles_endpoint: Option<SecretUrl>,
+    /// Body encoding: `proto` or `json`.
     pub encoding: HttpEncoding,
+    /// Extra HTTP headers (values are secrets: never printed).
     pub headers: BTreeMap<String, profcol_api::config::Secret>,
+    /// Request compression: `gzip` or `none`.
     pub compression: Compression,
     /// `ca_file`, `cert_file`, `key_file` apply to `https://` endpoints.
     pub tls: ClientTlsConfig,
 }
 
-impl profcol_api::config::Validate for OtlpHttpConfig {}
+impl profcol_api::config::Validate for OtlpHttpConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks;
+        p.check("endpoint", checks::http_url(self.endpoint.expose().trim()));
+        if let Some(u) = &self.profiles_endpoint {
+            p.check("profiles_endpoint", checks::http_url(u.expose().trim()));
+        }
+        if self.endpoint.expose().trim().starts_with("http://") {
+            p.check("", self.tls.check_plaintext(&self.endpoint.redacted()));
+        }
+        if self.tls.server_name_override.is_some() {
+            p.add(
+                "tls.server_name_override",
+                "is not supported by otlp_http; write the name the server's certificate is valid for as the endpoint's host",
+            );
+        }
+        super::validate_headers(p, &self.headers);
+        p.nested("tls", &self.tls);
+    }
+}
 
 impl Default for OtlpHttpConfig {
     fn default() -> Self {
         OtlpHttpConfig {
-            endpoint: "http://localhost:4318".into(),
+            endpoint: SecretUrl::new("http://localhost:4318"),
             profiles_endpoint: None,
             encoding: HttpEncoding::Proto,
             headers: BTreeMap::new(),
@@ -70,6 +93,8 @@ pub struct OtlpHttpExporter {
     id: String,
     client: reqwest::Client,
     url: reqwest::Url,
+    /// `url` without its credentials, for messages.
+    shown: String,
     headers: reqwest::header::HeaderMap,
     encoding: HttpEncoding,
     compression: Compression,
@@ -79,19 +104,21 @@ pub struct OtlpHttpExporter {
 impl OtlpHttpExporter {
     pub fn new(settings: CreateSettings, cfg: OtlpHttpConfig) -> Result<Self, ComponentError> {
         let id = settings.id.to_string();
-        let err = |m: String| ComponentError::msg(format!("exporter {id}: {m}"));
+        let err = ComponentError::msg;
         check_headers(&cfg.headers).map_err(err)?;
-        let url_text = match &cfg.profiles_endpoint {
-            Some(u) => u.clone(),
-            None => format!("{}{PROFILES_PATH}", cfg.endpoint.trim_end_matches('/')),
-        };
-        let url = reqwest::Url::parse(&url_text)
-            .map_err(|e| err(format!("endpoint {url_text:?} is not a URL ({e}); write e.g. http://host:4318")))?;
+        let url_text = SecretUrl::new(match &cfg.profiles_endpoint {
+            Some(u) => u.expose().to_owned(),
+            None => format!("{}{PROFILES_PATH}", cfg.endpoint.expose().trim_end_matches('/')),
+        });
+        // Messages and logs show the URL without its credentials.
+        let shown = url_text.to_string();
+        let url = reqwest::Url::parse(url_text.expose())
+            .map_err(|e| err(format!("endpoint {shown:?} is not a URL ({e}); write e.g. http://host:4318")))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(err(format!("endpoint {url_text:?}: the scheme must be http or https")));
+            return Err(err(format!("endpoint {shown:?}: the scheme must be http or https")));
         }
-        if cfg.endpoint.trim().starts_with("http://") {
-            cfg.tls.check_plaintext(&cfg.endpoint).map_err(err)?;
+        if cfg.endpoint.expose().trim().starts_with("http://") {
+            cfg.tls.check_plaintext(&cfg.endpoint.redacted()).map_err(err)?;
         }
         if cfg.tls.server_name_override.is_some() {
             // reqwest checks the certificate against the URL's host only; ignoring
@@ -132,6 +159,7 @@ impl OtlpHttpExporter {
             id,
             client,
             url,
+            shown,
             headers,
             encoding: cfg.encoding,
             compression: cfg.compression,
@@ -155,7 +183,9 @@ impl OtlpHttpExporter {
         };
         let resp = req.body(body).send().await.map_err(|e| {
             // No answer at all (refused, reset, timed out): the backend may come back.
-            ExportError::Retryable { message: format!("POST {}: {}", self.url, error_chain(&e)), retry_after: None }
+            // reqwest's own message would carry the URL with its credentials.
+            let e = e.without_url();
+            ExportError::Retryable { message: format!("POST {}: {}", self.shown, error_chain(&e)), retry_after: None }
         })?;
         let code = resp.status().as_u16();
         let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);

@@ -49,12 +49,47 @@ pub struct ClientTlsConfig {
     /// Client certificate (PEM) for mutual TLS; needs `key_file`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS; with `cert_file`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
     /// Name to check the server's certificate against (default: the endpoint's
     /// host). gRPC only: `otlp_http` refuses it (put that name in the endpoint).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_name_override: Option<String>,
+}
+
+impl profcol_api::config::Validate for ClientTlsConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks::{pem_certificates, pem_private_key};
+        if let Some(ca) = &self.ca_file {
+            p.check("ca_file", pem_certificates(ca));
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(c), Some(k)) => {
+                p.check("cert_file", pem_certificates(c));
+                p.check("key_file", pem_private_key(k));
+            }
+            (Some(_), None) => p.add("key_file", "is missing: cert_file and key_file must be given together"),
+            (None, Some(_)) => p.add("cert_file", "is missing: cert_file and key_file must be given together"),
+            (None, None) => {}
+        }
+    }
+}
+
+/// Header names and values, checked by `profcol validate` (values are
+/// secrets: an error never shows them).
+pub(crate) fn validate_headers(
+    p: &mut profcol_api::config::Problems,
+    headers: &BTreeMap<String, profcol_api::config::Secret>,
+) {
+    for (k, v) in headers {
+        if ::http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            p.add("headers", format!("{k:?} is not a valid header name (letters, digits and -_ only)"));
+        }
+        if ::http::HeaderValue::from_str(v.expose()).is_err() {
+            p.add(&format!("headers.{k}"), "is not a valid header value (visible ASCII only; the value is not shown)");
+        }
+    }
 }
 
 impl ClientTlsConfig {

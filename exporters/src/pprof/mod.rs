@@ -31,6 +31,7 @@ pub struct PprofConfig {
     /// Write `{file_prefix}-{YYYYmmddTHHMMSSZ}-{group}.pb.gz` files here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub directory: Option<PathBuf>,
+    /// First part of each file name (no '/').
     pub file_prefix: String,
     /// `directory` only: keep at most this many of the files this exporter
     /// wrote, removing the oldest first (0: no limit).
@@ -41,8 +42,9 @@ pub struct PprofConfig {
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub max_age: Duration,
     /// Push to this Pyroscope server (base URL, e.g. http://pyroscope:4040).
+    /// Credentials in it (`https://user:password@host`) are never shown.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
+    pub endpoint: Option<profcol_api::config::SecretUrl>,
     /// Pyroscope application name; default: the resource's `service.name`,
     /// else `profcol`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,10 +54,35 @@ pub struct PprofConfig {
     /// CA (PEM) to trust for an `https://` endpoint, instead of the system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// One report per batch (`none`), per process (`process`) or per container (`container`).
     pub group_by: GroupBy,
 }
 
-impl profcol_api::config::Validate for PprofConfig {}
+impl profcol_api::config::Validate for PprofConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks;
+        match (&self.directory, &self.endpoint) {
+            (Some(d), None) => p.check("directory", checks::writable_dir(d)),
+            (None, Some(e)) => {
+                p.check("endpoint", checks::http_url(e.expose()));
+                crate::otlp::validate_headers(p, &self.headers);
+                if let Some(ca) = &self.ca_file {
+                    p.check("ca_file", checks::pem_certificates(ca));
+                }
+            }
+            (Some(_), Some(_)) => {
+                p.add("endpoint", "set either `directory` or `endpoint`, not both (use two pprof exporters for both)")
+            }
+            (None, None) => p.add("", "set `directory` (files) or `endpoint` (Pyroscope push)"),
+        }
+        if self.directory.is_some() && !self.headers.is_empty() {
+            p.add("headers", "apply to the Pyroscope push only; remove them or set `endpoint` instead of `directory`");
+        }
+        if self.file_prefix.is_empty() || self.file_prefix.contains('/') {
+            p.add("file_prefix", "must be a non-empty file name prefix without '/' (default profile)");
+        }
+    }
+}
 
 impl Default for PprofConfig {
     fn default() -> Self {
@@ -89,7 +116,12 @@ pub fn factory_pprof() -> Arc<dyn Factory> {
 
 enum Dest {
     Files(PathBuf, Arc<Retention>),
-    Push { client: reqwest::Client, base: String, headers: reqwest::header::HeaderMap },
+    /// `base` prints without its credentials.
+    Push {
+        client: reqwest::Client,
+        base: profcol_api::config::SecretUrl,
+        headers: reqwest::header::HeaderMap,
+    },
 }
 
 /// The `pprof` exporter component.
@@ -105,7 +137,7 @@ pub struct PprofExporter {
 impl PprofExporter {
     pub fn new(settings: CreateSettings, cfg: PprofConfig) -> Result<Self, ComponentError> {
         let id = settings.id.to_string();
-        let err = |m: String| ComponentError::msg(format!("exporter {id}: {m}"));
+        let err = ComponentError::msg;
         let dest = match (&cfg.directory, &cfg.endpoint) {
             (Some(d), None) => {
                 std::fs::create_dir_all(d)
@@ -123,9 +155,11 @@ impl PprofExporter {
             }
             (None, Some(e)) => {
                 crate::otlp::check_headers(&cfg.headers).map_err(err)?;
-                let url = reqwest::Url::parse(e).map_err(|x| err(format!("endpoint {e:?} is not a URL: {x}")))?;
+                // Errors show the URL without its credentials.
+                let url = reqwest::Url::parse(e.expose())
+                    .map_err(|x| err(format!("endpoint {:?} is not a URL: {x}", e.redacted())))?;
                 if !matches!(url.scheme(), "http" | "https") {
-                    return Err(err(format!("endpoint {e:?}: the scheme must be http or https")));
+                    return Err(err(format!("endpoint {:?}: the scheme must be http or https", e.redacted())));
                 }
                 let mut b = reqwest::Client::builder().use_rustls_tls().connect_timeout(Duration::from_secs(5));
                 if let Some(ca) = &cfg.ca_file {
@@ -143,7 +177,8 @@ impl PprofExporter {
                     }
                 }
                 let client = b.build().map_err(|x| err(format!("cannot build the HTTP client: {x}")))?;
-                Dest::Push { client, base: e.trim_end_matches('/').to_owned(), headers }
+                let base = profcol_api::config::SecretUrl::new(e.expose().trim_end_matches('/'));
+                Dest::Push { client, base, headers }
             }
             (Some(_), Some(_)) => {
                 return Err(err(
@@ -243,7 +278,7 @@ impl Exporter for PprofExporter {
                     let (from, until) =
                         (from / 1_000_000_000, until.div_ceil(1_000_000_000).max(from / 1_000_000_000 + 1));
                     let name = self.app_name(g);
-                    let url = format!("{base}/ingest");
+                    let url = format!("{}/ingest", base.expose());
                     let resp = client
                         .post(&url)
                         .headers(headers.clone())
@@ -259,7 +294,8 @@ impl Exporter for PprofExporter {
                         .send()
                         .await
                         .map_err(|e| ExportError::Retryable {
-                            message: format!("POST {url}: {e}"),
+                            // reqwest's error would print the URL with its credentials.
+                            message: format!("POST {base}/ingest: {}", crate::otlp::error_chain(&e.without_url())),
                             retry_after: None,
                         })?;
                     let code = resp.status().as_u16();

@@ -21,13 +21,19 @@ use super::store::StoreConfig;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
+#[schemars(rename = "KernelSymbolsConfig")]
 pub struct Config {
+    /// The kernel symbol table read at start and on reloads.
     pub kallsyms: PathBuf,
+    /// sysfs root for module sections and build ids.
     pub sysfs: PathBuf,
+    /// How long replaced symbol generations are kept for late samples.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub retain: Duration,
+    /// Follow module loads and unloads through kernel uevents.
     pub uevents: bool,
+    /// Name BPF programs (bpf syscall, PERF_RECORD_KSYMBOL events).
     pub bpf: bool,
     pub reload: ReloadConfig,
 }

@@ -36,12 +36,15 @@ pub enum Trigger {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReloadConfig {
+    /// Wait this long after a module event before re-reading, to take bursts at once.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub debounce: Duration,
+    /// Least time between two full kallsyms reads (above 0).
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub min_interval: Duration,
+    /// Longest wait after failed reads (at least min_interval).
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub max_backoff: Duration,

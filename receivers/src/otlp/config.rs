@@ -1,5 +1,6 @@
 //! Config of the `otlp` receiver (the OTel Collector's layout).
 
+use profcol_api::config::{checks, Problems, Validate};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,7 +23,62 @@ pub struct OtlpReceiverConfig {
     pub max_concurrent_requests: usize,
 }
 
-impl profcol_api::config::Validate for OtlpReceiverConfig {}
+impl Validate for OtlpReceiverConfig {
+    fn validate(&self, p: &mut Problems) {
+        if self.protocols.grpc.is_none() && self.protocols.http.is_none() {
+            p.add("protocols", "no protocol is enabled; add `protocols: {grpc: {}}` and/or `protocols: {http: {}}`");
+        }
+        if let Some(g) = &self.protocols.grpc {
+            p.within("protocols.grpc", |p| check_server(p, &g.endpoint, g.max_recv_msg_size_mib, g.tls.as_ref()));
+        }
+        if let Some(h) = &self.protocols.http {
+            p.within("protocols.http", |p| check_server(p, &h.endpoint, h.max_recv_msg_size_mib, h.tls.as_ref()));
+            if !h.profiles_url_path.starts_with('/') {
+                p.add("protocols.http.profiles_url_path", "must start with '/' (default /v1development/profiles)");
+            }
+        }
+        p.check(
+            "backpressure_timeout",
+            checks::positive(self.backpressure_timeout, "how long a request may wait for the pipeline; default 5s"),
+        );
+        if self.max_concurrent_requests == 0 || self.max_concurrent_requests > tokio::sync::Semaphore::MAX_PERMITS {
+            p.add(
+                "max_concurrent_requests",
+                format!(
+                    "must be between 1 and {} (default 16), not {}; it is how many requests gRPC and HTTP \
+                     together may read and decode at once, and 0 would refuse every request",
+                    tokio::sync::Semaphore::MAX_PERMITS,
+                    self.max_concurrent_requests
+                ),
+            );
+        }
+    }
+}
+
+/// What a gRPC or HTTP server section must hold: a listen address, a
+/// positive size cap, and TLS files that load.
+fn check_server(p: &mut Problems, endpoint: &str, mib: f64, tls: Option<&TlsServerConfig>) {
+    p.check("endpoint", checks::host_port(endpoint, true));
+    // Otherwise the cap would be 1 byte and every request refused as too large.
+    if mib.is_nan() || mib <= 0.0 {
+        p.add(
+            "max_recv_msg_size_mib",
+            format!("must be a positive number of MiB (fractions allowed, default 32), not {mib}"),
+        );
+    }
+    if let Some(t) = tls {
+        p.within("tls", |p| {
+            p.check("cert_file", checks::pem_certificates(&t.cert_file));
+            p.check("key_file", checks::pem_private_key(&t.key_file));
+            if let Some(ca) = &t.client_ca_file {
+                p.check("client_ca_file", checks::pem_certificates(ca));
+            }
+            if p.is_empty() {
+                p.check("", super::tls::load_server_config(t).map(|_| ()));
+            }
+        });
+    }
+}
 
 /// Which servers run. A protocol is on when its key is present, even empty
 /// (`grpc:`), as in the OTel Collector.
@@ -91,8 +147,11 @@ impl Default for HttpConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsServerConfig {
+    /// Server certificate chain (PEM).
     pub cert_file: PathBuf,
+    /// Private key of the certificate (PEM: PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+    /// CA (PEM) that client certificates must chain to; set, clients must present one (mutual TLS).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_ca_file: Option<PathBuf>,
 }

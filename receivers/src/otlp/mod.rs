@@ -219,44 +219,12 @@ pub struct OtlpReceiver {
 
 impl OtlpReceiver {
     pub fn new(settings: CreateSettings, cfg: OtlpReceiverConfig) -> Result<Self, ComponentError> {
-        if cfg.protocols.grpc.is_none() && cfg.protocols.http.is_none() {
-            return Err(ComponentError::msg(format!(
-                "receiver {}: no protocol is enabled; add `protocols: {{grpc: {{}}}}` and/or `protocols: {{http: {{}}}}`",
-                settings.id
-            )));
-        }
-        for (name, mib) in [
-            ("grpc", cfg.protocols.grpc.as_ref().map(|g| g.max_recv_msg_size_mib)),
-            ("http", cfg.protocols.http.as_ref().map(|h| h.max_recv_msg_size_mib)),
-        ] {
-            // Otherwise the cap would be 1 byte and every request refused as too large.
-            if mib.is_some_and(|m| m.is_nan() || m <= 0.0) {
-                return Err(ComponentError::msg(format!(
-                    "receiver {}: protocols.{name}.max_recv_msg_size_mib must be a positive number of MiB \
-                     (fractions allowed, default 32), not {}",
-                    settings.id,
-                    mib.unwrap_or_default()
-                )));
-            }
-        }
-        if cfg.max_concurrent_requests == 0 || cfg.max_concurrent_requests > tokio::sync::Semaphore::MAX_PERMITS {
-            return Err(ComponentError::msg(format!(
-                "receiver {}: max_concurrent_requests must be between 1 and {} (default 16), not {}; \
-                 it is how many requests gRPC and HTTP together may read and decode at once, \
-                 and 0 would refuse every request",
-                settings.id,
-                tokio::sync::Semaphore::MAX_PERMITS,
-                cfg.max_concurrent_requests
-            )));
-        }
-        for (name, tls) in [
-            ("grpc", cfg.protocols.grpc.as_ref().and_then(|g| g.tls.as_ref())),
-            ("http", cfg.protocols.http.as_ref().and_then(|h| h.tls.as_ref())),
-        ] {
-            if let Some(t) = tls {
-                tls::load_server_config(t)
-                    .map_err(|e| ComponentError::msg(format!("receiver {}: protocols.{name}.tls: {e}", settings.id)))?;
-            }
+        // The same check `profcol validate` runs; kept here for callers
+        // that build the receiver directly.
+        let mut problems = profcol_api::config::Problems::new();
+        profcol_api::config::Validate::validate(&cfg, &mut problems);
+        if let Some(e) = problems.into_errors().into_iter().next() {
+            return Err(ComponentError::msg(format!("receiver {}: {e}", settings.id)));
         }
         Ok(OtlpReceiver { settings, cfg, running: Mutex::new(None), addrs: Mutex::new((None, None)) })
     }

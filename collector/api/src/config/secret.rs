@@ -124,6 +124,18 @@ pub fn redact_url(url: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{}{shown}{}", &url[..scheme_end], &after[at..]))
 }
 
+impl From<String> for SecretUrl {
+    fn from(s: String) -> Self {
+        SecretUrl(s)
+    }
+}
+
+impl From<&str> for SecretUrl {
+    fn from(s: &str) -> Self {
+        SecretUrl(s.to_owned())
+    }
+}
+
 impl fmt::Debug for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}", self.redacted())

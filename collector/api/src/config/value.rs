@@ -31,7 +31,11 @@ impl ConfigValue {
         };
         serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
-            ConfigError { path, message: e.into_inner().to_string() }
+            let mut message = e.into_inner().to_string();
+            if message.ends_with("expected a duration") {
+                message.push_str("; write numbers with units, e.g. 200ms, 5s or 1m30s");
+            }
+            ConfigError { path, message }
         })
     }
 
