@@ -159,7 +159,7 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
     let ok = ExportProfilesServiceResponse { partial_success: None };
     let body = match enc {
         Encoding::Proto => ok.encode_to_vec(),
-        Encoding::Json => b"{}".to_vec(),
+        Encoding::Json => profcol_api::model::otlp_json::encode_response(&ok).into_bytes(),
     };
     (StatusCode::OK, [(header::CONTENT_TYPE, enc.content_type())], body).into_response()
 }

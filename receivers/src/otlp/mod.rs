@@ -101,8 +101,8 @@ impl Ingest {
     }
 
     pub(crate) fn decode_json(bytes: &[u8]) -> Result<Profiles, IngestError> {
-        serde_json::from_slice::<ExportProfilesServiceRequest>(bytes)
-            .map(Profiles::from_request)
+        // `ExportProfilesServiceRequest` and `ProfilesData` have the same fields.
+        Profiles::from_json(bytes)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest JSON document: {e}")))
     }
 
