@@ -5,7 +5,7 @@ v1.10 layout). Used by exporters/tests/otlp_python_interop.rs.
 
 Listens on 127.0.0.1 (port 0 unless --port), prints `PORT <n>` and flushes.
 Every request is decoded by Python's protobuf runtime; the server prints one
-JSON line per request (samples, resolved leaf function names) and writes the
+JSON line per request (Sample messages, resolved leaf function names) and writes the
 request, re-serialized by Python, to --out/<n>.pb. Options:
   --unavailable-first N  answer the first N requests UNAVAILABLE with a
                          google.rpc.RetryInfo of 1 s in grpc-status-details-bin
@@ -70,13 +70,13 @@ class Service(svc_grpc.ProfilesServiceServicer):
             self.n += 1
             n = self.n
         d = request.dictionary
-        samples = 0
+        sample_messages = 0
         leaves = {}
         for rp in request.resource_profiles:
             for sp in rp.scope_profiles:
                 for p in sp.profiles:
                     for s in p.samples:
-                        samples += 1
+                        sample_messages += 1
                         stack = d.stack_table[s.stack_index]
                         if stack.location_indices:
                             loc = d.location_table[stack.location_indices[0]]
@@ -87,7 +87,7 @@ class Service(svc_grpc.ProfilesServiceServicer):
         if self.args.out:
             with open(os.path.join(self.args.out, "%06d.pb" % n), "wb") as f:
                 f.write(request.SerializeToString())
-        print(json.dumps({"request": n, "samples": samples, "leaves": leaves}), flush=True)
+        print(json.dumps({"request": n, "sample_messages": sample_messages, "leaves": leaves}), flush=True)
         resp = svc_pb2.ExportProfilesServiceResponse()
         if self.args.partial:
             resp.partial_success.rejected_profiles = self.args.partial

@@ -147,7 +147,7 @@ impl Ingest {
             self.count(&e);
             return Err(e);
         }
-        if batch.sample_count() == 0 && batch.0.resource_profiles.is_empty() {
+        if batch.is_empty() && batch.0.resource_profiles.is_empty() {
             return Ok(());
         }
         let n = batch.sample_count() as u64;
