@@ -141,13 +141,23 @@ impl ComponentError {
     }
 }
 
-/// An export attempt failed: retry it later, or give up on the batch.
+/// An export attempt failed, in whole or in part: retry it later, give up
+/// on the batch, or (the backend took the rest) count what it rejected.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ExportError {
+    /// Nothing was taken; the same batch may be sent again, after at least
+    /// `retry_after` when the backend said so.
     #[error("{message} (will retry)")]
     Retryable { message: String, retry_after: Option<Duration> },
+    /// Nothing was taken, and sending it again would fail the same way:
+    /// every sample of the batch is rejected.
     #[error("{message} (permanent: the batch is dropped)")]
     Permanent { message: String },
+    /// The backend took the batch except `rejected_samples` samples (OTLP
+    /// `partial_success`). Never retried: the rest arrived, and a retry would
+    /// send it twice.
+    #[error("{message} ({rejected_samples} samples rejected; the rest was accepted)")]
+    Partial { message: String, rejected_samples: u64 },
 }
 
 impl ExportError {
@@ -156,6 +166,15 @@ impl ExportError {
     }
     pub fn permanent(message: impl Into<String>) -> Self {
         ExportError::Permanent { message: message.into() }
+    }
+
+    /// How many of a batch's `samples` this failure rejected for good, if the
+    /// attempt is not retried: all of them, except for a partial success.
+    pub fn rejected_samples(&self, samples: u64) -> u64 {
+        match self {
+            ExportError::Partial { rejected_samples, .. } => (*rejected_samples).min(samples),
+            ExportError::Retryable { .. } | ExportError::Permanent { .. } => samples,
+        }
     }
 }
 
@@ -280,11 +299,23 @@ impl Next {
 /// A source of batches (eBPF sampling, OTLP server, files).
 #[async_trait]
 pub trait Receiver: Send + Sync + 'static {
-    /// Sets up (failing here with a clear error), spawns its own tasks, returns.
+    /// Sets up (failing here with a clear error, having released whatever it
+    /// had set up), spawns its own tasks, returns.
     async fn start(&self, next: Next) -> Result<(), ComponentError>;
     /// Stops producing, flushes what it holds into `next`, waits for its tasks.
     /// After this returns the receiver sends nothing more.
     async fn shutdown(&self) -> Result<(), ComponentError>;
+    /// What only one instance can hold at a time (a TCP port, the host's CPU
+    /// sampler), named so that equal strings mean the same thing.
+    ///
+    /// On reload, a changed receiver's new instance starts while the old one
+    /// still runs, so a new instance that cannot start leaves the old one
+    /// serving. Only when the two name a common resource does the old one stop
+    /// first; if the new one then fails, the old one is started again, so a
+    /// receiver that names resources must support `start` after `shutdown`.
+    fn exclusive_resources(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A batch transformer: says what it did with each batch

@@ -63,12 +63,39 @@ impl Default for RetryConfig {
     }
 }
 
+/// What `queue_size` counts (the OTel Collector's `sending_queue.sizer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sizer {
+    /// Batches.
+    #[default]
+    Requests,
+    /// Samples.
+    Items,
+    /// Bytes of the batches in memory as the queue holds them
+    /// ([`crate::Profiles::memory_size`]), not their wire size.
+    Bytes,
+}
+
+impl Sizer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sizer::Requests => "requests",
+            Sizer::Items => "items",
+            Sizer::Bytes => "bytes",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueConfig {
     pub enabled: bool,
-    /// Capacity in batches.
-    pub queue_size: usize,
+    /// The unit of `queue_size`.
+    pub sizer: Sizer,
+    /// Capacity, in the unit of `sizer`: what the queue holds, batches
+    /// waiting and batches being sent alike.
+    pub queue_size: u64,
     /// Concurrent export calls draining the queue.
     pub num_consumers: usize,
     /// When full: wait (true) or drop the batch and count it (false).
@@ -85,6 +112,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {
             enabled: true,
+            sizer: Sizer::Requests,
             queue_size: 1000,
             num_consumers: 10,
             block_on_overflow: false,
@@ -121,7 +149,27 @@ pub fn split(raw: &serde_yaml::Value) -> Result<(ExporterHelperConfig, serde_yam
             rest.insert(k.clone(), v.clone());
         }
     }
-    let cfg = decode(&serde_yaml::Value::Mapping(helper))?;
+    let cfg: ExporterHelperConfig = decode(&serde_yaml::Value::Mapping(helper))?;
+    let q = &cfg.sending_queue;
+    if q.storage.is_some() && q.sizer != Sizer::Requests {
+        return Err(ConfigError {
+            path: "sending_queue.sizer".into(),
+            message: format!(
+                "sizer {} does not apply to a persistent queue (sending_queue.storage is set): it is bounded on \
+                 disk by max_storage_bytes and holds only file names in memory; use sizer: requests or remove storage",
+                q.sizer.as_str()
+            ),
+        });
+    }
+    if q.enabled && q.queue_size == 0 {
+        return Err(ConfigError {
+            path: "sending_queue.queue_size".into(),
+            message: format!(
+                "must be at least 1 ({}); to send without a queue, set sending_queue.enabled: false",
+                q.sizer.as_str()
+            ),
+        });
+    }
     Ok((cfg, serde_yaml::Value::Mapping(rest)))
 }
 
@@ -149,5 +197,21 @@ mod tests {
         assert_eq!(rest, serde_yaml::from_str::<serde_yaml::Value>("endpoint: x").unwrap());
         let bad: serde_yaml::Value = serde_yaml::from_str("retry_on_failure: {enabeld: true}").unwrap();
         assert!(split(&bad).unwrap_err().message.contains("enabeld"));
+    }
+
+    #[test]
+    fn sizer_names_the_unit_of_queue_size() {
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {sizer: bytes, queue_size: 67108864}").unwrap();
+        let (h, _) = split(&v).unwrap();
+        assert_eq!((h.sending_queue.sizer, h.sending_queue.queue_size), (Sizer::Bytes, 64 << 20));
+        assert_eq!(ExporterHelperConfig::default().sending_queue.sizer, Sizer::Requests);
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {sizer: megabytes}").unwrap();
+        assert!(split(&v).unwrap_err().message.contains("megabytes"));
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {sizer: items, storage: /tmp/q}").unwrap();
+        let e = split(&v).unwrap_err();
+        assert_eq!(e.path, "sending_queue.sizer");
+        assert!(e.message.contains("max_storage_bytes"), "{}", e.message);
+        let v: serde_yaml::Value = serde_yaml::from_str("sending_queue: {queue_size: 0}").unwrap();
+        assert_eq!(split(&v).unwrap_err().path, "sending_queue.queue_size");
     }
 }

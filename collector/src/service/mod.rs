@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 struct RunningReceiver {
     instance: Arc<dyn Receiver>,
@@ -110,24 +110,49 @@ impl Service {
             extensions: BTreeMap::new(),
             pipelines: BTreeMap::new(),
         };
-        let result = self.build_into(&mut g, &checked, old).await;
-        match result {
+        match self.build_into(&mut g, &checked, old).await {
             Ok(new_receivers) => Ok((g, new_receivers)),
             Err(e) => {
-                // Stop only what this build created (reused instances belong to `old`).
-                let deadline = Instant::now() + g.config.service.shutdown_timeout;
-                g.pipelines.clear();
-                for (id, e) in &g.exporters {
-                    if !old.is_some_and(|o| o.exporters.get(id).is_some_and(|x| Arc::ptr_eq(&x.handle, &e.handle))) {
-                        e.handle.shutdown(deadline).await;
-                    }
-                }
-                for (id, x) in &g.extensions {
-                    if !old.is_some_and(|o| o.extensions.contains_key(id)) {
-                        let _ = x.instance.shutdown().await;
-                    }
-                }
+                self.release_new(g, old).await;
                 Err(e)
+            }
+        }
+    }
+
+    /// Stops and frees what `g` holds that `old` does not: the parts of a new
+    /// graph that will not go live. Its receivers must not be running (the
+    /// caller stops those it started); kept ones still feed `old`'s pipelines.
+    async fn release_new(&self, g: Graph, old: Option<&Graph>) {
+        let deadline = Instant::now() + g.config.service.shutdown_timeout;
+        let Graph { receivers, processors, exporters, extensions, pipelines, .. } = g;
+        // The receivers' `Next`s and the graph hold the pipelines' inputs;
+        // once both are gone the pipeline tasks see their input close and end.
+        drop(receivers);
+        for (name, p) in pipelines {
+            let RunningPipeline { input, mut task } = p;
+            drop(input);
+            if tokio::time::timeout_at(deadline.into(), &mut task).await.is_err() {
+                warn!(pipeline = %name, "a pipeline of the abandoned graph did not end; stopping it");
+                task.abort();
+            }
+        }
+        for (key, p) in processors {
+            if !old.is_some_and(|o| o.processors.get(&key).is_some_and(|x| Arc::ptr_eq(&x.instance, &p.instance))) {
+                if let Err(e) = p.instance.shutdown().await {
+                    warn!(processor = %key.1, pipeline = %key.0, error = %e, "shutdown failed");
+                }
+            }
+        }
+        for (id, e) in exporters {
+            if !old.is_some_and(|o| o.exporters.get(&id).is_some_and(|x| Arc::ptr_eq(&x.handle, &e.handle))) {
+                e.handle.shutdown(deadline).await;
+            }
+        }
+        for (id, x) in extensions {
+            if !old.is_some_and(|o| o.extensions.get(&id).is_some_and(|o| Arc::ptr_eq(&o.instance, &x.instance))) {
+                if let Err(e) = x.instance.shutdown().await {
+                    warn!(extension = %id, error = %e, "shutdown failed");
+                }
             }
         }
     }
@@ -282,8 +307,15 @@ impl Service {
         Ok(())
     }
 
-    /// Replaces the running graph with one for `config`. If the new graph
-    /// cannot be built, the old one keeps running and the error is returned.
+    /// Replaces the running graph with one for `config`. If any step of the
+    /// new graph fails (a component that cannot be created or started), what
+    /// the new graph had started is stopped and freed, the old graph runs on
+    /// as it was, and the error is returned.
+    ///
+    /// A changed receiver's new instance starts while the old one still runs
+    /// (make before break), unless the two hold a common exclusive resource
+    /// ([`Receiver::exclusive_resources`], e.g. the same port): then the old
+    /// one stops first and, if the new one fails, starts again.
     pub async fn reload(&mut self, config: Config, checked: CheckedComponents) -> Result<(), BuildError> {
         let Some(old) = self.graph.take() else {
             return self.start(config, checked).await;
@@ -295,31 +327,81 @@ impl Service {
                 return Err(e);
             }
         };
-        let deadline = Instant::now() + new.config.service.shutdown_timeout;
-        // Receivers that go away or change stop first, flushing into the old pipelines.
-        for (id, r) in &old.receivers {
-            if !new.receivers.get(id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)) {
-                if let Err(e) = r.instance.shutdown().await {
-                    warn!(receiver = %id, error = %e, "shutdown failed");
+        // Old receivers the new graph does not keep (changed or removed).
+        let replaced: Vec<&ComponentId> = old
+            .receivers
+            .iter()
+            .filter(|(id, r)| !new.receivers.get(*id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)))
+            .map(|(id, _)| id)
+            .collect();
+        let mut stopped_early: Vec<ComponentId> = Vec::new();
+        let mut started: Vec<&ComponentId> = Vec::new();
+        let mut failure = None;
+        for id in &to_start {
+            let r = &new.receivers[id];
+            let wants = r.instance.exclusive_resources();
+            for old_id in &replaced {
+                let o = &old.receivers[*old_id];
+                if stopped_early.contains(old_id) || !o.instance.exclusive_resources().iter().any(|x| wants.contains(x))
+                {
+                    continue;
                 }
-                r.next.set_targets(vec![]);
+                info!(receiver = %old_id, "stopping the previous instance first: it holds what the new one needs");
+                if let Err(e) = o.instance.shutdown().await {
+                    warn!(receiver = %old_id, error = %e, "shutdown failed");
+                }
+                stopped_early.push((*old_id).clone());
+            }
+            match r.instance.start(r.next.clone()).await {
+                Ok(()) => {
+                    info!(receiver = %id, "started");
+                    started.push(id);
+                }
+                Err(e) => {
+                    failure = Some(berr(Kind::Receiver, id, e));
+                    break;
+                }
             }
         }
-        // Kept receivers switch to the new pipelines; new ones start.
+        if let Some(err) = failure {
+            // Back to the old graph: the new instances stop, the old ones stopped
+            // for them start again (their `Next` still points at the old pipelines).
+            for id in started.iter().rev() {
+                if let Err(e) = new.receivers[*id].instance.shutdown().await {
+                    warn!(receiver = %id, error = %e, "shutdown failed");
+                }
+            }
+            for id in &stopped_early {
+                let o = &old.receivers[id];
+                match o.instance.start(o.next.clone()).await {
+                    Ok(()) => info!(receiver = %id, "the previous instance is running again"),
+                    Err(e) => {
+                        self.status.set_running(false);
+                        error!(receiver = %id, error = %e,
+                            "the previous instance could not start again; it receives nothing until a reload succeeds");
+                    }
+                }
+            }
+            self.release_new(new, Some(&old)).await;
+            self.graph = Some(old);
+            return Err(err);
+        }
+        let deadline = Instant::now() + new.config.service.shutdown_timeout;
+        // The new graph is live: kept receivers switch to the new pipelines,
+        // and replaced ones stop, flushing into the old pipelines.
         for (id, r) in &new.receivers {
             if !to_start.contains(id) {
                 r.next.set_targets(Self::targets(&new, id));
             }
         }
-        for id in &to_start {
-            let r = &new.receivers[id];
-            match r.instance.start(r.next.clone()).await {
-                Ok(()) => info!(receiver = %id, "started"),
-                Err(e) => {
-                    self.status.set_running(false);
-                    warn!(receiver = %id, error = %e, "receiver failed to start after reload; its pipelines get no data from it");
+        for id in &replaced {
+            let r = &old.receivers[*id];
+            if !stopped_early.contains(id) {
+                if let Err(e) = r.instance.shutdown().await {
+                    warn!(receiver = %id, error = %e, "shutdown failed");
                 }
             }
+            r.next.set_targets(vec![]);
         }
         // The old pipelines drain into their exporters, then unused parts stop.
         let Graph { receivers: _, processors, exporters, extensions, pipelines, .. } = old;
@@ -343,6 +425,7 @@ impl Service {
             }
         }
         self.graph = Some(new);
+        self.status.set_running(true);
         Ok(())
     }
 

@@ -89,6 +89,12 @@ impl Receiver for EbpfReceiver {
         Ok(())
     }
 
+    /// Two samplers side by side would count the overlap twice: on reload the
+    /// old one stops before the new one starts (and starts again if it fails).
+    fn exclusive_resources(&self) -> Vec<String> {
+        vec!["ebpf cpu-clock sampler".to_owned()]
+    }
+
     async fn shutdown(&self) -> Result<(), ComponentError> {
         let handle = self.running.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {

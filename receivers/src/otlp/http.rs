@@ -153,10 +153,11 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
             return error(enc, e);
         }
     };
-    if let Err(e) = st.ingest.accept(batch).await {
-        return error(enc, e);
-    }
-    let ok = ExportProfilesServiceResponse { partial_success: None };
+    let partial_success = match st.ingest.accept(batch).await {
+        Ok(p) => p,
+        Err(e) => return error(enc, e),
+    };
+    let ok = ExportProfilesServiceResponse { partial_success };
     let body = match enc {
         Encoding::Proto => ok.encode_to_vec(),
         Encoding::Json => profcol_api::model::otlp_json::encode_response(&ok).into_bytes(),

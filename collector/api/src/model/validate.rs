@@ -33,6 +33,19 @@ fn check_all(v: &[i32], len: usize, path: impl Fn() -> String, table: &str) -> R
 pub(super) fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
     let empty = pb::ProfilesDictionary::default();
     let d = data.dictionary.as_ref().unwrap_or(&empty);
+    validate_dictionary(d)?;
+    for (r, rp) in data.resource_profiles.iter().enumerate() {
+        for (s, sp) in rp.scope_profiles.iter().enumerate() {
+            for (p, prof) in sp.profiles.iter().enumerate() {
+                validate_profile(d, prof, &|| format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{p}]"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The dictionary's invariants (what every profile relies on).
+fn validate_dictionary(d: &pb::ProfilesDictionary) -> Result<(), InvalidProfiles> {
     let ns = d.string_table.len();
     if let Some(s0) = d.string_table.first() {
         if !s0.is_empty() {
@@ -106,41 +119,86 @@ pub(super) fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
             "location_table",
         )?;
     }
+    Ok(())
+}
+
+/// One profile's invariants against a valid dictionary `d`; `base` names it.
+fn validate_profile(
+    d: &pb::ProfilesDictionary,
+    prof: &pb::Profile,
+    base: &dyn Fn() -> String,
+) -> Result<(), InvalidProfiles> {
+    let (ns, na) = (d.string_table.len(), d.attribute_table.len());
     let (nst, nlk) = (d.stack_table.len(), d.link_table.len());
-    for (r, rp) in data.resource_profiles.iter().enumerate() {
-        for (s, sp) in rp.scope_profiles.iter().enumerate() {
-            for (p, prof) in sp.profiles.iter().enumerate() {
-                let base = || format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{p}]");
-                for (name, vt) in [("sample_type", &prof.sample_type), ("period_type", &prof.period_type)] {
-                    if let Some(vt) = vt {
-                        check_idx(vt.type_strindex, ns, || format!("{}.{name}.type_strindex", base()), "string_table")?;
-                        check_idx(vt.unit_strindex, ns, || format!("{}.{name}.unit_strindex", base()), "string_table")?;
-                    }
-                }
-                check_all(&prof.attribute_indices, na, || format!("{}.attribute_indices", base()), "attribute_table")?;
-                for (k, smp) in prof.samples.iter().enumerate() {
-                    let sp = || format!("{}.samples[{k}]", base());
-                    check_idx(smp.stack_index, nst, || format!("{}.stack_index", sp()), "stack_table")?;
-                    check_idx(smp.link_index, nlk, || format!("{}.link_index", sp()), "link_table")?;
-                    check_all(&smp.attribute_indices, na, || format!("{}.attribute_indices", sp()), "attribute_table")?;
-                    if !smp.values.is_empty()
-                        && !smp.timestamps_unix_nano.is_empty()
-                        && smp.values.len() != smp.timestamps_unix_nano.len()
-                    {
-                        return Err(err(
-                            sp(),
-                            format!(
-                                "values ({}) and timestamps_unix_nano ({}) must have equal length when both are set",
-                                smp.values.len(),
-                                smp.timestamps_unix_nano.len()
-                            ),
-                        ));
-                    }
-                }
-            }
+    for (name, vt) in [("sample_type", &prof.sample_type), ("period_type", &prof.period_type)] {
+        if let Some(vt) = vt {
+            check_idx(vt.type_strindex, ns, || format!("{}.{name}.type_strindex", base()), "string_table")?;
+            check_idx(vt.unit_strindex, ns, || format!("{}.{name}.unit_strindex", base()), "string_table")?;
+        }
+    }
+    check_all(&prof.attribute_indices, na, || format!("{}.attribute_indices", base()), "attribute_table")?;
+    for (k, smp) in prof.samples.iter().enumerate() {
+        let sp = || format!("{}.samples[{k}]", base());
+        check_idx(smp.stack_index, nst, || format!("{}.stack_index", sp()), "stack_table")?;
+        check_idx(smp.link_index, nlk, || format!("{}.link_index", sp()), "link_table")?;
+        check_all(&smp.attribute_indices, na, || format!("{}.attribute_indices", sp()), "attribute_table")?;
+        if !smp.values.is_empty()
+            && !smp.timestamps_unix_nano.is_empty()
+            && smp.values.len() != smp.timestamps_unix_nano.len()
+        {
+            return Err(err(
+                sp(),
+                format!(
+                    "values ({}) and timestamps_unix_nano ({}) must have equal length when both are set",
+                    smp.values.len(),
+                    smp.timestamps_unix_nano.len()
+                ),
+            ));
         }
     }
     Ok(())
+}
+
+/// What [`drop_invalid_profiles`] took out of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedProfiles {
+    pub profiles: u64,
+    pub samples: u64,
+    /// The first problem found, with its path in the batch as it came.
+    pub first: InvalidProfiles,
+}
+
+/// Removes the profiles that break an invariant, keeping the rest (for a
+/// receiver that accepts a request in part). `Ok(None)`: nothing was wrong.
+/// An invalid dictionary spoils every profile: `Err`, nothing removed.
+pub(super) fn drop_invalid_profiles(data: &mut pb::ProfilesData) -> Result<Option<DroppedProfiles>, InvalidProfiles> {
+    let empty = pb::ProfilesDictionary::default();
+    let d = data.dictionary.as_ref().unwrap_or(&empty);
+    validate_dictionary(d)?;
+    let mut dropped: Option<DroppedProfiles> = None;
+    for (r, rp) in data.resource_profiles.iter_mut().enumerate() {
+        for (s, sp) in rp.scope_profiles.iter_mut().enumerate() {
+            let mut p = 0;
+            sp.profiles.retain(|prof| {
+                let at = p;
+                p += 1;
+                let base = || format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{at}]");
+                match validate_profile(d, prof, &base) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        let x = dropped.get_or_insert(DroppedProfiles { profiles: 0, samples: 0, first: e });
+                        x.profiles += 1;
+                        // Counted in observations, as every count of samples.
+                        let counts_events = super::profile_counts_events(prof, &d.string_table);
+                        let n = prof.samples.iter().map(|s| super::observations(s, counts_events));
+                        x.samples = n.fold(x.samples, u64::saturating_add);
+                        false
+                    }
+                }
+            });
+        }
+    }
+    Ok(dropped)
 }
 
 #[cfg(test)]
@@ -185,6 +243,26 @@ mod tests {
         let e = p.validate().unwrap_err();
         assert_eq!(e.path, "resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index");
         assert!(e.message.contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn invalid_profiles_are_dropped_and_the_rest_kept() {
+        let mut p = one();
+        let good = p.0.resource_profiles[0].scope_profiles[0].profiles[0].clone();
+        let mut bad = good.clone();
+        bad.samples[0].stack_index = 99;
+        let sp = &mut p.0.resource_profiles[0].scope_profiles[0];
+        sp.profiles = vec![bad, good.clone()];
+        let n_bad = sp.profiles[0].samples.len() as u64;
+        let dropped = drop_invalid_profiles(&mut p.0).unwrap().expect("one profile dropped");
+        assert_eq!((dropped.profiles, dropped.samples), (1, n_bad));
+        assert!(dropped.first.path.ends_with("profiles[0].samples[0].stack_index"), "{}", dropped.first);
+        assert_eq!(p.0.resource_profiles[0].scope_profiles[0].profiles, vec![good]);
+        assert!(p.validate().is_ok());
+        assert_eq!(drop_invalid_profiles(&mut p.0).unwrap(), None);
+        // A broken dictionary spoils everything: refused whole.
+        p.0.dictionary.as_mut().unwrap().string_table[0] = "x".into();
+        assert!(drop_invalid_profiles(&mut p.0).is_err());
     }
 
     #[test]
