@@ -78,7 +78,8 @@ fn links(text: &str) -> Vec<(usize, String)> {
 fn repo_paths(text: &str, top: &BTreeSet<String>) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
-        for word in line.split(|c: char| c.is_whitespace() || c == '`' || c == '(' || c == ')' || c == '[' || c == ']') {
+        for word in line.split(|c: char| c.is_whitespace() || c == '`' || c == '(' || c == ')' || c == '[' || c == ']')
+        {
             let word = word.trim_end_matches([',', '.', ';', ':']);
             let Some((first, _)) = word.split_once('/') else { continue };
             // Placeholders (`<dir>`, `{a,b}`, `…`) and URLs name no one file.
