@@ -202,3 +202,52 @@ fn sighup_moving_the_otlp_receiver_to_a_taken_port_keeps_the_old_listener() {
     p.signal(libc::SIGTERM);
     assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
 }
+
+fn http_get(addr: SocketAddr, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return 0 };
+    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+/// health_check keeps its port and changes its path: the old instance stops
+/// just before the new one binds the port. When a later part of the reload
+/// fails, the old instance is back on its port with its path.
+#[test]
+fn an_extension_changed_on_the_same_port_is_replaced_and_put_back_when_the_reload_fails() {
+    runtime().block_on(async {
+        log();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let id = "otlp/ext";
+        let with_health = |endpoint: &str, health: &str, path: &str| {
+            gateway(id, endpoint, "50ms", &out).replace(
+                "service:\n",
+                &format!(
+                    "extensions:\n  health_check/r:\n    endpoint: {health}\n    path: {path}\n\
+                     service:\n  extensions: [health_check/r]\n"
+                ),
+            )
+        };
+        let mut host = Host::start(&with_health("127.0.0.1:0", "127.0.0.1:0", "/a")).await;
+        let health =
+            log().addr(&["health_check listening", "path=/a"], "address").expect("health_check logged its address");
+        let addr = grpc_addr(id);
+        assert_eq!(http_get(health, "/a"), 200);
+        // Same port, another path: replaced in place.
+        host.reload(&with_health(&addr.to_string(), &health.to_string(), "/b")).await.unwrap();
+        assert_eq!((http_get(health, "/b"), http_get(health, "/a")), (200, 404));
+        // The receiver's move fails after the extension was replaced: all back.
+        let (_taken, busy) = listener();
+        let e = host.reload(&with_health(&busy.to_string(), &health.to_string(), "/c")).await.unwrap_err();
+        assert!(e.contains(&busy.to_string()), "{e}");
+        assert_eq!((http_get(health, "/b"), http_get(health, "/c")), (200, 404), "the previous health_check is back");
+        assert!(host.status.running());
+        let b = random_batch(11, 1, 20, 5, 4);
+        sender(addr).export(&b).await.unwrap();
+        assert_all_arrive_once(&out, std::slice::from_ref(&b)).await;
+        host.service.shutdown().await;
+    });
+}

@@ -13,6 +13,15 @@ fn count_dir(path: &str) -> usize {
     std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0)
 }
 
+/// What this process's fds point at (for a failure message).
+fn fd_targets() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let mut v: Vec<String> =
+        dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok()).map(|p| p.display().to_string()).collect();
+    v.sort();
+    v
+}
+
 /// BPF links among this process's fds (the kernel's `link_id` in fdinfo).
 fn bpf_links() -> usize {
     let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else { return 0 };
@@ -36,6 +45,23 @@ fn footprint() -> Footprint {
     }
 }
 
+/// The footprint once it holds still (the same over five readings 200 ms
+/// apart): transient threads and tasks of what just ran are gone.
+async fn steady_footprint() -> Footprint {
+    let mut last = footprint();
+    let mut same = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = footprint();
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+        if same >= 4 {
+            break;
+        }
+    }
+    last
+}
+
 /// Waits (threads of the blocking pool idle out, stopped tasks finish) until
 /// the footprint is back at `base`; returns the last one seen.
 async fn settle_to(base: Footprint) -> Footprint {
@@ -49,8 +75,8 @@ async fn settle_to(base: Footprint) -> Footprint {
     }
 }
 
-/// 100 reloads that each start an ebpf receiver (BPF program, perf events,
-/// sampler thread), a kernel_symbols processor (netlink and perf fds, tasks),
+/// 100 reloads that each start a health_check extension (a socket, a task),
+/// an ebpf receiver (BPF program, perf events, sampler thread), a kernel_symbols processor (netlink and perf fds, tasks),
 /// a changed batch processor and a second file exporter (an open file), and
 /// then fail on the otlp receiver's port, held by someone else: afterwards the
 /// process has the OS threads, live tokio tasks, fds and BPF links it had.
@@ -69,7 +95,9 @@ fn a_hundred_failed_reloads_leave_threads_tasks_fds_and_bpf_links_where_they_wer
              \x20 ebpf:\n    sample_frequency: 49\n    report_interval: 1s\n\
              processors:\n  batch:\n    timeout: 300ms\n  kernel_symbols:\n\
              exporters:\n  file:\n    path: {out}\n  file/extra:\n    path: {extra}\n\
-             service:\n  shutdown_timeout: 20s\n  telemetry:\n    metrics:\n      address: \"\"\n\
+             extensions:\n  health_check/extra:\n    endpoint: 127.0.0.1:0\n\
+             service:\n  extensions: [health_check/extra]\n  shutdown_timeout: 20s\n\
+             \x20 telemetry:\n    metrics:\n      address: \"\"\n\
              \x20 pipelines:\n    profiles:\n      receivers: [ebpf, otlp]\n      processors: [kernel_symbols, batch]\n\
              \x20     exporters: [file, file/extra]\n",
             out = out.display(),
@@ -79,21 +107,27 @@ fn a_hundred_failed_reloads_leave_threads_tasks_fds_and_bpf_links_where_they_wer
         // statics, the blocking pool's first threads) is not counted as a leak.
         let e = host.reload(&bad).await.unwrap_err();
         assert!(e.contains("receiver otlp") && e.contains(&busy.to_string()), "{e}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let base = footprint();
+        let base = steady_footprint().await;
         assert_eq!(base.bpf_links, 0, "the running graph has no ebpf receiver");
         for i in 0..100 {
             let e = host.reload(&bad).await.expect_err("the otlp port is taken");
             assert!(e.contains("cannot listen"), "reload {i}: {e}");
             assert!(host.status.running(), "a failed reload leaves the host running (health OK)");
         }
+        // Each failed reload did start the parts it then released.
+        let text = log().text();
+        for started in ["health_check listening", "ebpf receiver: perf events attached"] {
+            assert!(text.matches(started).count() >= 101, "{started:?} logged {} times", text.matches(started).count());
+        }
         let after = settle_to(base).await;
-        assert_eq!(after, base, "before vs after 100 failed reloads");
+        assert_eq!(after, base, "before vs after 100 failed reloads; fds now: {:?}", fd_targets());
         // The old graph still serves.
         let batch = profcol_testkit::batch::random_batch(7, 2, 200, 10, 6);
         sender(addr).export(&batch).await.unwrap();
         assert_all_arrive_once(&out, std::slice::from_ref(&batch)).await;
-        assert!(!out.with_file_name("extra.jsonl").exists() || read_jsonl(&dir.path().join("extra.jsonl")).is_empty());
+        // Nothing the failed graphs' receivers produced arrived anywhere (the
+        // file exporter is shared with the running graph).
+        assert!(read_jsonl(&dir.path().join("extra.jsonl")).is_empty());
         // Positive control: the same graph with a free port goes live, with BPF links.
         let good = bad.replace(&format!(":{busy}"), ":0");
         host.reload(&good).await.unwrap();

@@ -214,7 +214,7 @@ fn encoder_and_decoder_round_trip_exactly() {
 
 fn exporter_from_yaml(ty: &str, yaml: &str) -> Arc<dyn Exporter> {
     let f = profcol_exporters::factories().into_iter().find(|f| f.meta().type_name == ty).unwrap();
-    match f.create(settings(Kind::Exporter, ty), &serde_yaml::from_str(yaml).unwrap()).unwrap() {
+    match f.create(settings(Kind::Exporter, ty), &profcol_config::parse_section(yaml).unwrap()).unwrap() {
         Component::Exporter(e) => e,
         _ => unreachable!("an exporter factory"),
     }
@@ -222,7 +222,7 @@ fn exporter_from_yaml(ty: &str, yaml: &str) -> Arc<dyn Exporter> {
 
 fn receiver_from_yaml(ty: &str, yaml: &str) -> Arc<dyn Receiver> {
     let f = profcol_receivers::factories().into_iter().find(|f| f.meta().type_name == ty).unwrap();
-    match f.create(settings(Kind::Receiver, ty), &serde_yaml::from_str(yaml).unwrap()).unwrap() {
+    match f.create(settings(Kind::Receiver, ty), &profcol_config::parse_section(yaml).unwrap()).unwrap() {
         Component::Receiver(r) => r,
         _ => unreachable!("a receiver factory"),
     }

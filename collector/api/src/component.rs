@@ -1,11 +1,12 @@
 //! Components: ids, kinds, factories, the three component traits, and the
 //! [`Next`] handle through which receivers push batches downstream.
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, ConfigValue, Problems, Validate};
 use crate::telemetry::ComponentTelemetry;
 use crate::Profiles;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{de::DeserializeOwned, Serialize};
 use std::borrow::Cow;
 use std::fmt;
@@ -262,11 +263,46 @@ pub trait Consumer: Send + Sync + 'static {
 pub struct Next {
     targets: Arc<ArcSwap<Vec<Arc<dyn Consumer>>>>,
     telemetry: ComponentTelemetry,
+    gate: Arc<tokio::sync::watch::Sender<Gate>>,
+}
+
+/// Whether a [`Next`] delivers yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// The graph it feeds is not live yet: sends wait.
+    Pending,
+    Open,
+    /// The graph it feeds will never go live: sends fail.
+    Closed,
 }
 
 impl Next {
     pub fn new(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry) -> Self {
-        Next { targets: Arc::new(ArcSwap::from_pointee(targets)), telemetry }
+        Self::with_gate(targets, telemetry, Gate::Open)
+    }
+
+    /// A handle for a receiver of a graph that is not live yet: its sends
+    /// wait until [`Next::open`], or fail with [`ConsumeError::Closed`] after
+    /// [`Next::close`]. So a receiver started by a reload that then fails
+    /// delivers nothing into the abandoned graph's pipelines (and, through
+    /// them, into exporters the running graph shares).
+    pub fn pending(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry) -> Self {
+        Self::with_gate(targets, telemetry, Gate::Pending)
+    }
+
+    fn with_gate(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry, gate: Gate) -> Self {
+        let gate = Arc::new(tokio::sync::watch::Sender::new(gate));
+        Next { targets: Arc::new(ArcSwap::from_pointee(targets)), telemetry, gate }
+    }
+
+    /// The graph went live: sends (waiting ones included) deliver.
+    pub fn open(&self) {
+        self.gate.send_replace(Gate::Open);
+    }
+
+    /// The graph will never go live: sends (waiting ones included) fail.
+    pub fn close(&self) {
+        self.gate.send_replace(Gate::Closed);
     }
 
     /// Rewires the handle (and every clone of it) to new targets.
@@ -278,6 +314,14 @@ impl Next {
     /// Counts the samples as accepted, or as refused when a target refuses.
     pub async fn send(&self, batch: Profiles) -> Result<(), ConsumeError> {
         let n = batch.sample_count() as u64;
+        if *self.gate.borrow() != Gate::Open {
+            let mut rx = self.gate.subscribe();
+            let gate = rx.wait_for(|g| *g != Gate::Pending).await.map(|g| *g).unwrap_or(Gate::Closed);
+            if gate == Gate::Closed {
+                self.telemetry.refused.add(n);
+                return Err(ConsumeError::Closed);
+            }
+        }
         let targets = self.targets.load_full();
         let mut result = Ok(());
         if let Some((last, rest)) = targets.split_last() {
@@ -366,6 +410,12 @@ pub trait Exporter: Send + Sync + 'static {
 pub trait Extension: Send + Sync + 'static {
     async fn start(&self) -> Result<(), ComponentError>;
     async fn shutdown(&self) -> Result<(), ComponentError>;
+    /// As [`Receiver::exclusive_resources`]: what only one instance can hold
+    /// (a TCP port); on reload an extension that names any must support
+    /// `start` after `shutdown`.
+    fn exclusive_resources(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What a factory made.
@@ -396,13 +446,23 @@ pub struct FactoryMeta {
 /// Makes components of one type from their config sections.
 pub trait Factory: Send + Sync + 'static {
     fn meta(&self) -> FactoryMeta;
-    /// The effective config (defaults filled) of a raw section, or what is wrong with it.
-    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError>;
-    fn create(&self, settings: CreateSettings, config: &serde_yaml::Value) -> Result<Component, ComponentError>;
+    /// Decodes a section and runs its [`Validate`] check: everything knowable
+    /// without side effects. Returns the effective config (defaults filled,
+    /// secrets redacted) for print-config, or every problem found. The host
+    /// runs this before anything starts: for `profcol validate`, the start and
+    /// every reload.
+    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>>;
+    /// Makes the component from a section that passed [`Factory::check`].
+    fn create(&self, settings: CreateSettings, config: &ConfigValue) -> Result<Component, ComponentError>;
+    /// The JSON Schema of the section (definitions go into `generator`).
+    fn schema(&self, generator: &mut SchemaGenerator) -> Schema;
 }
 
-/// A [`Factory`] for config type `C` (serde, `Default`, `deny_unknown_fields`)
-/// and a create function: what most components need.
+/// A [`Factory`] for config type `C` and a create function: what most
+/// components need. `C` is a serde struct with `Default` and
+/// `#[serde(deny_unknown_fields, default)]`, derives `schemars::JsonSchema`
+/// (doc comments become the schema's descriptions) and implements
+/// [`Validate`] (empty when there is nothing to check).
 pub struct TypedFactory<C, F> {
     meta: FactoryMeta,
     create: F,
@@ -412,7 +472,7 @@ pub struct TypedFactory<C, F> {
 /// Builds a factory for config type `C`.
 pub fn factory<C, F>(meta: FactoryMeta, create: F) -> Arc<dyn Factory>
 where
-    C: DeserializeOwned + Serialize + Default + 'static,
+    C: DeserializeOwned + Serialize + Default + JsonSchema + Validate + 'static,
     F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
 {
     Arc::new(TypedFactory { meta, create, _config: PhantomData::<fn() -> C> })
@@ -420,19 +480,27 @@ where
 
 impl<C, F> Factory for TypedFactory<C, F>
 where
-    C: DeserializeOwned + Serialize + Default + 'static,
+    C: DeserializeOwned + Serialize + Default + JsonSchema + Validate + 'static,
     F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
 {
     fn meta(&self) -> FactoryMeta {
         self.meta
     }
-    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError> {
-        let c: C = crate::config::decode(raw)?;
-        crate::config::encode(&c)
+    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
+        let c: C = raw.decode().map_err(|e| vec![e])?;
+        let mut problems = Problems::new();
+        c.validate(&mut problems);
+        if !problems.is_empty() {
+            return Err(problems.into_errors());
+        }
+        ConfigValue::encode(&c).map_err(|e| vec![e])
     }
-    fn create(&self, settings: CreateSettings, config: &serde_yaml::Value) -> Result<Component, ComponentError> {
-        let c: C = crate::config::decode(config)?;
+    fn create(&self, settings: CreateSettings, config: &ConfigValue) -> Result<Component, ComponentError> {
+        let c: C = config.decode()?;
         (self.create)(settings, c)
+    }
+    fn schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        generator.subschema_for::<C>()
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod check;
 mod pipeline;
+mod switch;
 
 use crate::exporter_helper::ExporterHandle;
 use crate::extensions::HostStatus;
@@ -16,9 +17,10 @@ use profcol_config::Config;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
+use switch::{Live, Part};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 struct RunningReceiver {
     instance: Arc<dyn Receiver>,
@@ -55,6 +57,26 @@ pub struct Graph {
     exporters: BTreeMap<ComponentId, RunningExporter>,
     extensions: BTreeMap<ComponentId, RunningExtension>,
     pipelines: BTreeMap<String, RunningPipeline>,
+}
+
+/// The extensions and receivers of a new graph that are new instances: they
+/// start when the graph goes live ([`switch`]).
+#[derive(Default)]
+struct Fresh {
+    extensions: Vec<ComponentId>,
+    receivers: Vec<ComponentId>,
+}
+
+impl Fresh {
+    /// In start order: extensions, then receivers.
+    fn parts(&self, g: &Graph) -> Vec<Part> {
+        let x = self.extensions.iter().map(|id| (id.clone(), Live::Extension(Arc::clone(&g.extensions[id].instance))));
+        let r = self.receivers.iter().map(|id| {
+            let r = &g.receivers[id];
+            (id.clone(), Live::Receiver(Arc::clone(&r.instance), r.next.clone()))
+        });
+        x.chain(r).collect()
+    }
 }
 
 /// What a build failure leaves: the error, after what it started is stopped.
@@ -101,7 +123,7 @@ impl Service {
         config: Config,
         checked: CheckedComponents,
         old: Option<&Graph>,
-    ) -> Result<(Graph, Vec<ComponentId>), BuildError> {
+    ) -> Result<(Graph, Fresh), BuildError> {
         let mut g = Graph {
             config,
             receivers: BTreeMap::new(),
@@ -111,7 +133,7 @@ impl Service {
             pipelines: BTreeMap::new(),
         };
         match self.build_into(&mut g, &checked, old).await {
-            Ok(new_receivers) => Ok((g, new_receivers)),
+            Ok(fresh) => Ok((g, fresh)),
             Err(e) => {
                 self.release_new(g, old).await;
                 Err(e)
@@ -120,8 +142,9 @@ impl Service {
     }
 
     /// Stops and frees what `g` holds that `old` does not: the parts of a new
-    /// graph that will not go live. Its receivers must not be running (the
-    /// caller stops those it started); kept ones still feed `old`'s pipelines.
+    /// graph that will not go live. Its new receivers and extensions must not
+    /// be running ([`switch::start_in_place_of`] stops those it started);
+    /// kept ones belong to `old`.
     async fn release_new(&self, g: Graph, old: Option<&Graph>) {
         let deadline = Instant::now() + g.config.service.shutdown_timeout;
         let Graph { receivers, processors, exporters, extensions, pipelines, .. } = g;
@@ -148,22 +171,19 @@ impl Service {
                 e.handle.shutdown(deadline).await;
             }
         }
-        for (id, x) in extensions {
-            if !old.is_some_and(|o| o.extensions.get(&id).is_some_and(|o| Arc::ptr_eq(&o.instance, &x.instance))) {
-                if let Err(e) = x.instance.shutdown().await {
-                    warn!(extension = %id, error = %e, "shutdown failed");
-                }
-            }
-        }
+        drop(extensions);
     }
 
-    /// Fills `g`; returns the receivers that still have to be started.
+    /// Fills `g`, starting its new exporters, processors and pipelines;
+    /// returns the new extensions and receivers, which start when the graph
+    /// goes live.
     async fn build_into(
         &self,
         g: &mut Graph,
         checked: &CheckedComponents,
         old: Option<&Graph>,
-    ) -> Result<Vec<ComponentId>, BuildError> {
+    ) -> Result<Fresh, BuildError> {
+        let mut fresh = Fresh::default();
         let get = |kind: Kind, id: &ComponentId| checked.get(&(kind, id.clone())).cloned();
         // Extensions.
         for id in g.config.service.extensions.iter().filter_map(|s| s.parse::<ComponentId>().ok()) {
@@ -175,7 +195,7 @@ impl Service {
             let Component::Extension(x) = self.create(Kind::Extension, &id, &c)? else {
                 return Err(wrong_kind(Kind::Extension, &id));
             };
-            x.start().await.map_err(|e| berr(Kind::Extension, &id, e))?;
+            fresh.extensions.push(id.clone());
             g.extensions.insert(id, RunningExtension { instance: x, checked: c });
         }
         // Exporters, shared by the pipelines that list them.
@@ -244,7 +264,6 @@ impl Service {
             g.pipelines.insert(name.clone(), RunningPipeline { input: Arc::new(pipeline::PipelineInput { tx }), task });
         }
         // Receivers: created once, feeding every pipeline that lists them.
-        let mut to_start = Vec::new();
         let mut receiver_ids: Vec<ComponentId> =
             pipelines.iter().flat_map(|(_, p)| p.receivers.iter().cloned()).collect();
         receiver_ids.sort();
@@ -265,11 +284,12 @@ impl Service {
             let Component::Receiver(x) = self.create(Kind::Receiver, &id, &c)? else {
                 return Err(wrong_kind(Kind::Receiver, &id));
             };
-            let next = Next::new(targets, self.telemetry.component(Kind::Receiver, &id));
+            // Delivers once the graph goes live (switch::start_in_place_of opens it).
+            let next = Next::pending(targets, self.telemetry.component(Kind::Receiver, &id));
             g.receivers.insert(id.clone(), RunningReceiver { instance: x, next, checked: c });
-            to_start.push(id);
+            fresh.receivers.push(id);
         }
-        Ok(to_start)
+        Ok(fresh)
     }
 
     fn create(&self, kind: Kind, id: &ComponentId, c: &Checked) -> Result<Component, BuildError> {
@@ -291,16 +311,14 @@ impl Service {
 
     /// Builds and starts the first graph.
     pub async fn start(&mut self, config: Config, checked: CheckedComponents) -> Result<(), BuildError> {
-        let (g, to_start) = self.build(config, checked, None).await?;
-        for id in &to_start {
-            let r = &g.receivers[id];
-            if let Err(e) = r.instance.start(r.next.clone()).await {
-                let err = berr(Kind::Receiver, id, e);
-                self.graph = Some(g);
-                self.shutdown().await;
-                return Err(err);
-            }
-            info!(receiver = %id, "started");
+        let (g, fresh) = self.build(config, checked, None).await?;
+        let parts = fresh.parts(&g);
+        let started = switch::start_in_place_of(&parts, &[]).await;
+        // The parts hold the receivers' `Next`s, which keep the pipelines open.
+        drop(parts);
+        if let Err((e, _)) = started {
+            self.release_new(g, None).await;
+            return Err(e);
         }
         self.graph = Some(g);
         self.status.set_running(true);
@@ -320,82 +338,52 @@ impl Service {
         let Some(old) = self.graph.take() else {
             return self.start(config, checked).await;
         };
-        let (new, to_start) = match self.build(config, checked, Some(&old)).await {
+        let (new, fresh) = match self.build(config, checked, Some(&old)).await {
             Ok(x) => x,
             Err(e) => {
                 self.graph = Some(old);
                 return Err(e);
             }
         };
-        // Old receivers the new graph does not keep (changed or removed).
-        let replaced: Vec<&ComponentId> = old
-            .receivers
+        // Old receivers and extensions the new graph does not keep (changed or removed).
+        let replaced: Vec<Part> = old
+            .extensions
             .iter()
-            .filter(|(id, r)| !new.receivers.get(*id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)))
-            .map(|(id, _)| id)
+            .filter(|(id, x)| !new.extensions.get(*id).is_some_and(|n| Arc::ptr_eq(&n.instance, &x.instance)))
+            .map(|(id, x)| (id.clone(), Live::Extension(Arc::clone(&x.instance))))
+            .chain(
+                old.receivers
+                    .iter()
+                    .filter(|(id, r)| !new.receivers.get(*id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)))
+                    .map(|(id, r)| (id.clone(), Live::Receiver(Arc::clone(&r.instance), r.next.clone()))),
+            )
             .collect();
-        let mut stopped_early: Vec<ComponentId> = Vec::new();
-        let mut started: Vec<&ComponentId> = Vec::new();
-        let mut failure = None;
-        for id in &to_start {
-            let r = &new.receivers[id];
-            let wants = r.instance.exclusive_resources();
-            for old_id in &replaced {
-                let o = &old.receivers[*old_id];
-                if stopped_early.contains(old_id) || !o.instance.exclusive_resources().iter().any(|x| wants.contains(x))
-                {
-                    continue;
+        let parts = fresh.parts(&new);
+        let started = switch::start_in_place_of(&parts, &replaced).await;
+        drop((parts, replaced));
+        let stopped_early = match started {
+            Ok(stopped) => stopped,
+            Err((e, restored)) => {
+                if !restored {
+                    self.status.set_running(false);
                 }
-                info!(receiver = %old_id, "stopping the previous instance first: it holds what the new one needs");
-                if let Err(e) = o.instance.shutdown().await {
-                    warn!(receiver = %old_id, error = %e, "shutdown failed");
-                }
-                stopped_early.push((*old_id).clone());
+                self.release_new(new, Some(&old)).await;
+                self.graph = Some(old);
+                return Err(e);
             }
-            match r.instance.start(r.next.clone()).await {
-                Ok(()) => {
-                    info!(receiver = %id, "started");
-                    started.push(id);
-                }
-                Err(e) => {
-                    failure = Some(berr(Kind::Receiver, id, e));
-                    break;
-                }
-            }
-        }
-        if let Some(err) = failure {
-            // Back to the old graph: the new instances stop, the old ones stopped
-            // for them start again (their `Next` still points at the old pipelines).
-            for id in started.iter().rev() {
-                if let Err(e) = new.receivers[*id].instance.shutdown().await {
-                    warn!(receiver = %id, error = %e, "shutdown failed");
-                }
-            }
-            for id in &stopped_early {
-                let o = &old.receivers[id];
-                match o.instance.start(o.next.clone()).await {
-                    Ok(()) => info!(receiver = %id, "the previous instance is running again"),
-                    Err(e) => {
-                        self.status.set_running(false);
-                        error!(receiver = %id, error = %e,
-                            "the previous instance could not start again; it receives nothing until a reload succeeds");
-                    }
-                }
-            }
-            self.release_new(new, Some(&old)).await;
-            self.graph = Some(old);
-            return Err(err);
-        }
+        };
         let deadline = Instant::now() + new.config.service.shutdown_timeout;
         // The new graph is live: kept receivers switch to the new pipelines,
         // and replaced ones stop, flushing into the old pipelines.
         for (id, r) in &new.receivers {
-            if !to_start.contains(id) {
+            if !fresh.receivers.contains(id) {
                 r.next.set_targets(Self::targets(&new, id));
             }
         }
-        for id in &replaced {
-            let r = &old.receivers[*id];
+        for (id, r) in &old.receivers {
+            if new.receivers.get(id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)) {
+                continue;
+            }
             if !stopped_early.contains(id) {
                 if let Err(e) = r.instance.shutdown().await {
                     warn!(receiver = %id, error = %e, "shutdown failed");
@@ -420,7 +408,9 @@ impl Service {
             }
         }
         for (id, x) in extensions {
-            if !new.extensions.get(&id).is_some_and(|n| Arc::ptr_eq(&n.instance, &x.instance)) {
+            if !new.extensions.get(&id).is_some_and(|n| Arc::ptr_eq(&n.instance, &x.instance))
+                && !stopped_early.contains(&id)
+            {
                 let _ = x.instance.shutdown().await;
             }
         }
