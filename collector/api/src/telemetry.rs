@@ -260,6 +260,16 @@ impl ComponentTelemetry {
         self.registry.counter(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
     }
 
+    /// A component-specific counter with one more label (e.g. a `reason`).
+    pub fn counter_labeled(&self, name: &str, help: &str, label: (&str, &str)) -> Counter {
+        let ids = self.id.to_string();
+        self.registry.counter(
+            &format!("profcol_{}_{name}", self.kind.as_str()),
+            help,
+            &[(self.kind.as_str(), &ids), label],
+        )
+    }
+
     pub fn gauge(&self, name: &str, help: &str) -> Gauge {
         let ids = self.id.to_string();
         self.registry.gauge(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
