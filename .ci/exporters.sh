@@ -5,7 +5,9 @@
 #   - python3 grpcio + opentelemetry-proto 1.45.x (profiles v1development,
 #     proto v1.10 layout): the OTLP server on another stack
 #     (exporters/tests/python/otlp_server.py, used by
-#     exporters/tests/otlp_python_interop.rs and collector/tests/otlp_retry_rules.rs).
+#     exporters/tests/otlp_python_interop.rs and collector/tests/otlp_retry_rules.rs),
+#     and protobuf's official JSON printer and parser, which come with it
+#     (exporters/tests/otlp_json.rs, exporters/tests/python/otlp_json.py).
 # Idempotent and quiet: installs only what is missing. With CI=true the tests
 # fail (not skip) when one of these is missing.
 set -euo pipefail

@@ -76,3 +76,46 @@ async fn retries_follow_the_backoff_and_retry_after_on_a_paused_clock() {
     assert_eq!(telemetry.send_failed.get(), 0);
     handle.shutdown(std::time::Instant::now() + Duration::from_secs(5)).await;
 }
+
+/// A batch the wrapper gives up on is logged as dropped, with why, and never
+/// as something that will be retried.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_batch_is_logged_as_dropped_and_why() {
+    let log = profcol_testkit::log::capture();
+    let retry = RetryConfig {
+        enabled: true,
+        initial_interval: Duration::from_secs(1),
+        max_interval: Duration::from_secs(1),
+        max_elapsed_time: Duration::from_secs(3),
+        multiplier: 1.0,
+        randomization_factor: 0.0,
+    };
+    let cases = [
+        ("flaky/permanent", vec![ExportError::permanent("400 bad request")], "a retry would fail the same way"),
+        ("flaky/exhausted", vec![ExportError::retryable("down"); 10], "retries exhausted"),
+    ];
+    let batch = Arc::new(cpu_batch(2, 1, 4));
+    for (name, errors, why) in cases {
+        let flaky = Arc::new(Flaky { t0: Instant::now(), errors: Mutex::new(errors), attempts: Mutex::default() });
+        let config = ExporterHelperConfig {
+            timeout: Duration::from_secs(30),
+            retry_on_failure: retry.clone(),
+            sending_queue: QueueConfig { num_consumers: 1, ..Default::default() },
+        };
+        let id: ComponentId = name.parse().unwrap();
+        let telemetry = ComponentTelemetry::detached(Kind::Exporter, &id);
+        let handle = ExporterHandle::start(id, flaky.clone(), config, telemetry.clone()).await.unwrap();
+        handle.enqueue(batch.clone()).await.unwrap();
+        while telemetry.send_failed.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(telemetry.send_failed.get(), batch.sample_count() as u64, "{name}: every observation counted");
+        let text = log.text();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(&format!("exporter={name} "))).collect();
+        let dropped: Vec<&&str> = lines.iter().filter(|l| l.contains("batch dropped")).collect();
+        assert_eq!(dropped.len(), 1, "{name}: {lines:#?}");
+        assert!(dropped[0].contains(&format!("export failed; batch dropped: {why}")), "{name}: {}", dropped[0]);
+        assert!(!text.contains("will retry"), "{name}: a log line says it will retry:\n{text}");
+        handle.shutdown(std::time::Instant::now() + Duration::from_secs(5)).await;
+    }
+}

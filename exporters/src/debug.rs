@@ -45,15 +45,17 @@ struct DebugExporter {
     id: String,
 }
 
-/// One line: resources, profiles, samples, and dictionary sizes.
+/// One line: resources, profiles, samples (observations), Sample messages,
+/// and dictionary sizes.
 pub fn summary(batch: &Profiles) -> String {
     let d = batch.dictionary();
     let n = |f: fn(&profcol_api::model::pb::ProfilesDictionary) -> usize| d.map(f).unwrap_or(0).saturating_sub(1);
     format!(
-        "resources={} profiles={} samples={} stacks={} locations={} functions={} mappings={}",
+        "resources={} profiles={} samples={} sample_messages={} stacks={} locations={} functions={} mappings={}",
         batch.0.resource_profiles.len(),
         batch.profiles().count(),
         batch.sample_count(),
+        batch.sample_messages(),
         n(|d| d.stack_table.len()),
         n(|d| d.location_table.len()),
         n(|d| d.function_table.len()),

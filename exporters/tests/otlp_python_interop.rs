@@ -77,18 +77,22 @@ async fn python_grpcio_server_receives_and_decodes_every_sample() {
         let e = if k % 2 == 0 { &gz } else { &plain };
         e.export(b).await.unwrap();
     }
-    let mut samples = 0u64;
+    let (mut samples, mut sample_messages) = (0u64, 0u64);
     let mut leaves = std::collections::BTreeMap::<String, u64>::new();
     for _ in 0..batches.len() {
         let line = py.lines.recv_timeout(Duration::from_secs(10)).unwrap();
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         samples += v["samples"].as_u64().unwrap();
+        sample_messages += v["sample_messages"].as_u64().unwrap();
         for (k, n) in v["leaves"].as_object().unwrap() {
             *leaves.entry(k.clone()).or_default() += n.as_u64().unwrap();
         }
     }
     let want = merge(&batches);
+    // Python counted observations by the same rule, and the messages apart.
     assert_eq!(samples as usize, want.sample_count());
+    assert_eq!(sample_messages as usize, want.sample_messages());
+    assert!(samples > sample_messages, "cpu_batch has Samples of several observations");
     // Python resolved the same leaf functions through the dictionary.
     let mut want_leaves = std::collections::BTreeMap::<String, u64>::new();
     for s in want.samples() {

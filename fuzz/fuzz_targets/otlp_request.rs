@@ -40,8 +40,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         1 => {
-            if let Ok(req) = serde_json::from_slice::<ExportProfilesServiceRequest>(body) {
-                downstream(Profiles::from_request(req));
+            // The otlp receiver's JSON path: the same decoder.
+            if let Ok(p) = Profiles::from_json(body) {
+                downstream(p);
             }
         }
         _ => {

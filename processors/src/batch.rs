@@ -1,5 +1,6 @@
 //! `batch` processor: merges incoming batches until `send_batch_size` samples
-//! are held or `timeout` passes, so exporters make fewer, larger requests.
+//! (observations, as every count of samples) are held or `timeout` passes, so
+//! exporters make fewer, larger requests.
 
 use async_trait::async_trait;
 use profcol_api::component::{factory, Component, Factory, FactoryMeta, Kind, Stability};
@@ -11,7 +12,7 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
-    /// Send once this many samples are held.
+    /// Send once this many samples (observations) are held.
     pub send_batch_size: usize,
     /// Send what is held at least this often.
     #[serde(with = "humantime_serde")]
@@ -52,18 +53,26 @@ pub fn factory_batch() -> Arc<dyn Factory> {
 struct Batch {
     cfg: BatchConfig,
     /// Batches merged so far, interned into one dictionary.
-    held: Mutex<Option<ProfilesBuilder>>,
+    held: Mutex<Option<Held>>,
+}
+
+/// What the processor holds: the merged batches and their observations
+/// (counted per incoming batch, so a merge never recounts what is held).
+struct Held {
+    merged: ProfilesBuilder,
+    samples: usize,
 }
 
 #[async_trait]
 impl Processor for Batch {
     async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let b = held.get_or_insert_with(ProfilesBuilder::new);
-        b.append(batch);
-        if b.sample_count() >= self.cfg.send_batch_size {
+        let h = held.get_or_insert_with(|| Held { merged: ProfilesBuilder::new(), samples: 0 });
+        h.samples = h.samples.saturating_add(batch.sample_count());
+        h.merged.append(batch);
+        if h.samples >= self.cfg.send_batch_size {
             if let Some(full) = held.take() {
-                return Ok(ProcessOutcome::Forward(full.build()));
+                return Ok(ProcessOutcome::Forward(full.merged.build()));
             }
         }
         Ok(ProcessOutcome::Held)
@@ -75,7 +84,7 @@ impl Processor for Batch {
 
     async fn flush(&self) -> Result<Option<Profiles>, ComponentError> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(held.take().map(ProfilesBuilder::build).filter(|p| !p.is_empty()))
+        Ok(held.take().map(|h| h.merged.build()).filter(|p| !p.is_empty()))
     }
 }
 
@@ -85,9 +94,14 @@ mod tests {
     use profcol_api::model::{canonical, pb, AttrValue, ProfileMeta};
 
     fn batch(n: usize, tid: i64) -> Profiles {
+        weighted(n, tid, ("samples", "count"), 1)
+    }
+
+    /// `n` Sample messages of one data point `value` each, of `sample_type`.
+    fn weighted(n: usize, tid: i64, sample_type: (&str, &str), value: i64) -> Profiles {
         let mut b = ProfilesBuilder::new();
         let r = b.resource(Default::default());
-        let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
+        let p = b.profile(r, &ProfileMeta { sample_type, ..Default::default() });
         let f = b.function(&format!("f{tid}"), "", "", 0);
         let l = b.location(pb::Location {
             address: 16,
@@ -102,7 +116,7 @@ mod tests {
                 pb::Sample {
                     stack_index: st,
                     attribute_indices: vec![a],
-                    values: vec![1],
+                    values: vec![value],
                     timestamps_unix_nano: vec![i as u64],
                     ..Default::default()
                 },
@@ -126,5 +140,22 @@ mod tests {
         assert!(matches!(p.process(c.clone()).await.unwrap(), ProcessOutcome::Held));
         assert_eq!(canonical::samples(&p.flush().await.unwrap().unwrap()), canonical::samples(&c));
         assert!(p.flush().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn send_batch_size_counts_observations_not_sample_messages() {
+        let p =
+            Batch { cfg: BatchConfig { send_batch_size: 10, timeout: Duration::from_secs(1) }, held: Mutex::new(None) };
+        // Two Sample messages of 5 observations each: 10 samples, sent at once.
+        let heavy = weighted(2, 1, ("samples", "count"), 5);
+        assert_eq!((heavy.sample_messages(), heavy.sample_count()), (2, 10));
+        let ProcessOutcome::Forward(out) = p.process(heavy).await.unwrap() else { panic!("10 samples >= 10") };
+        assert_eq!(out.sample_count(), 10);
+        // Nanoseconds are not observations: 9 data points of 1 ms are 9 samples.
+        let cpu_ns = weighted(9, 2, ("cpu", "nanoseconds"), 1_000_000);
+        assert_eq!(cpu_ns.sample_count(), 9);
+        assert!(matches!(p.process(cpu_ns).await.unwrap(), ProcessOutcome::Held));
+        let ProcessOutcome::Forward(out) = p.process(batch(1, 3)).await.unwrap() else { panic!("9 + 1 >= 10") };
+        assert_eq!((out.sample_messages(), out.sample_count()), (10, 10));
     }
 }

@@ -197,3 +197,81 @@ pub fn merge(batches: &[Profiles]) -> Profiles {
     }
     b.build()
 }
+
+/// [`cpu_batch`] with every field of the schema set at least once, at the
+/// edges of its range where it has one: links (trace and span ids), profile
+/// ids, an original payload, a filled instrumentation scope, attribute values
+/// of every kind (double, bool, bytes, array, kvlist, negative int), a
+/// `u64::MAX` address and negative values. For codec tests (OTLP/JSON).
+pub fn every_field_batch(seed: u64) -> Profiles {
+    use profcol_api::model::any_value::Value as Av;
+    use profcol_api::model::{ArrayValue, InstrumentationScope, KeyValueList};
+    let mut p = cpu_batch(seed, 2, 6);
+    let dict = p.0.dictionary.get_or_insert_with(Default::default);
+    dict.link_table.push(pb::Link {
+        trace_id: (1..=16).map(|k| k * 15).collect(),
+        span_id: vec![0xff, 0, 0x7f, 0x80, 1, 2, 3, 0xfe],
+    });
+    let link = (dict.link_table.len() - 1) as i32;
+    dict.mapping_table.push(pb::Mapping {
+        memory_start: u64::MAX - 0xfff,
+        memory_limit: u64::MAX,
+        file_offset: u64::MAX / 3,
+        filename_strindex: 0,
+        attribute_indices: vec![],
+    });
+    let odd = [
+        ("double", Av::DoubleValue(-0.1)),
+        ("bool", Av::BoolValue(false)),
+        ("bytes", Av::BytesValue(vec![0, 0xfb, 0xff, 0x3e, 0x3f])),
+        ("int", Av::IntValue(i64::MIN)),
+        ("string", Av::StringValue("tab\tquote\"slash\\é\u{1}".into())),
+        ("array", Av::ArrayValue(ArrayValue { values: vec![i(-1), s(""), AnyValue { value: Some(Av::IntValue(0)) }] })),
+        ("kvlist", Av::KvlistValue(KeyValueList { values: vec![kv("nested", s("x")), kv("zero", i(0))] })),
+    ];
+    let mut odd_attrs = Vec::new();
+    for (k, v) in odd {
+        dict.string_table.push(format!("odd.{k}"));
+        let key = (dict.string_table.len() - 1) as i32;
+        dict.attribute_table.push(pb::KeyValueAndUnit {
+            key_strindex: key,
+            value: Some(AnyValue { value: Some(v) }),
+            unit_strindex: key,
+        });
+        odd_attrs.push((dict.attribute_table.len() - 1) as i32);
+    }
+    let high = (dict.mapping_table.len() - 1) as i32;
+    dict.location_table.push(pb::Location {
+        mapping_index: high,
+        address: u64::MAX,
+        lines: vec![pb::Line { function_index: 1, line: i64::MAX, column: -1 }],
+        attribute_indices: vec![],
+    });
+    let loc = (dict.location_table.len() - 1) as i32;
+    dict.stack_table.push(pb::Stack { location_indices: vec![loc] });
+    let stack = (dict.stack_table.len() - 1) as i32;
+    let rp = &mut p.0.resource_profiles[0];
+    rp.schema_url = "https://opentelemetry.io/schemas/1.30.0".into();
+    rp.resource.get_or_insert_with(Default::default).dropped_attributes_count = 2;
+    let sp = &mut rp.scope_profiles[0];
+    sp.scope = Some(InstrumentationScope {
+        name: "profcol".into(),
+        version: "0.1.0".into(),
+        attributes: vec![kv("scope.attr", i(7))],
+        dropped_attributes_count: 1,
+    });
+    let prof = &mut sp.profiles[0];
+    prof.profile_id = (0..16).map(|k| 0xf0 | k).collect();
+    prof.dropped_attributes_count = 3;
+    prof.original_payload_format = "pprof".into();
+    prof.original_payload = (0..=255).collect();
+    prof.attribute_indices = odd_attrs.clone();
+    prof.samples.push(pb::Sample {
+        stack_index: stack,
+        attribute_indices: odd_attrs,
+        link_index: link,
+        values: vec![-5, 3],
+        timestamps_unix_nano: vec![u64::MAX, 0],
+    });
+    p
+}

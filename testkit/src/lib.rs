@@ -28,7 +28,7 @@ pub fn settings(kind: Kind, id: &str) -> CreateSettings {
 
 /// What most test files use, in one `use profcol_testkit::prelude::*;`.
 pub mod prelude {
-    pub use crate::batch::{cpu_batch, i, kv, merge, random_batch, s};
+    pub use crate::batch::{cpu_batch, every_field_batch, i, kv, merge, random_batch, s};
     pub use crate::net::{closed_port, listener, tokio_listener};
     pub use crate::settings;
     pub use crate::sink::Collector;

@@ -148,11 +148,13 @@ impl ComponentError {
 pub enum ExportError {
     /// Nothing was taken; the same batch may be sent again, after at least
     /// `retry_after` when the backend said so.
-    #[error("{message} (will retry)")]
+    // The error says what it is; whoever handles it says what it did
+    // (retried, or dropped and why), so a log line never says both.
+    #[error("{message} (retryable)")]
     Retryable { message: String, retry_after: Option<Duration> },
     /// Nothing was taken, and sending it again would fail the same way:
     /// every sample of the batch is rejected.
-    #[error("{message} (permanent: the batch is dropped)")]
+    #[error("{message} (permanent)")]
     Permanent { message: String },
     /// The backend took the batch except `rejected_samples` samples (OTLP
     /// `partial_success`). Never retried: the rest arrived, and a retry would

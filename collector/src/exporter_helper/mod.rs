@@ -387,7 +387,7 @@ impl ExporterHandle {
             let past_deadline = |w: Duration| deadline.is_some_and(|d| Instant::now() + w > d);
             match wait {
                 Some(w) if !keep && !past_deadline(w) => {
-                    debug!(exporter = %self.id, error = %err, wait = ?w, "export failed; retrying");
+                    debug!(exporter = %self.id, samples = n, error = %err, wait = ?w, "export failed; retrying after the wait");
                     tokio::select! {
                         _ = tokio::time::sleep(w) => {}
                         _ = self.stopping.cancelled(), if self.store.is_some() => return self.keep_for_next_start(n, &err),
@@ -396,7 +396,13 @@ impl ExporterHandle {
                 Some(_) if self.store.is_some() => return self.keep_for_next_start(n, &err),
                 _ => {
                     self.telemetry.send_failed.add(err.rejected_samples(n));
-                    warn!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped");
+                    let why = match (&err, wait) {
+                        (profcol_api::ExportError::Permanent { .. }, _) => "a retry would fail the same way",
+                        (_, None) if !self.config.retry_on_failure.enabled => "retry_on_failure is off",
+                        (_, None) => "retries exhausted (retry_on_failure.max_elapsed_time)",
+                        (_, Some(_)) => "shutting down: the next retry would come after shutdown_timeout",
+                    };
+                    warn!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped: {why}");
                     return Outcome::Done;
                 }
             }

@@ -1,7 +1,9 @@
 //! Exponential backoff with jitter, bounded by `max_elapsed_time`.
 
 use profcol_api::exporterhelper::RetryConfig;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the same as std's in a running host, and virtual under a paused test clock.
+use tokio::time::Instant;
 
 pub struct Backoff {
     cfg: RetryConfig,

@@ -4,7 +4,6 @@
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::config::SecretUrl;
-use profcol_api::model::ExportProfilesServiceResponse;
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -199,7 +198,7 @@ impl OtlpHttpExporter {
             return Err(status::from_http(code, retry_after.as_deref(), &bytes, json));
         }
         let answer = if json {
-            serde_json::from_slice::<ExportProfilesServiceResponse>(&bytes).ok()
+            profcol_api::model::otlp_json::decode_response(&bytes).ok()
         } else {
             prost::Message::decode(bytes.as_ref()).ok()
         };

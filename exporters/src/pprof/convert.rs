@@ -252,6 +252,8 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
         let prof = s.profile;
         // Value columns first: a sample whose columns do not fit is left out (and counted).
         let (t, u) = s.sample_type();
+        // Left-out samples are counted in observations, as every count of samples.
+        let seen = profcol_api::model::observations(s.sample, u == "count");
         let (t, u) = if t.is_empty() { ("samples", "count") } else { (t, u) };
         let (pt, pu) =
             prof.period_type.as_ref().map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex))).unwrap_or(("", ""));
@@ -259,7 +261,7 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
         let cpu_ns = has_period && (t, u) == ("samples", "count") && (pt, pu) == ("cpu", "nanoseconds");
         let fits = if cpu_ns { b.columns_fit(&[(t, u), ("cpu", "nanoseconds")]) } else { b.columns_fit(&[(t, u)]) };
         if !fits {
-            b.skipped += 1;
+            b.skipped = b.skipped.saturating_add(seen);
             continue;
         }
         let pid = attr_int(&s, keys::PROCESS_PID);
@@ -273,7 +275,7 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
                 .and_then(|i| s.dict.stack_table.get(i))
                 .map_or(0, |st| st.location_indices.len());
             if frames.saturating_add(depth) > MAX_FRAMES {
-                b.skipped += 1;
+                b.skipped = b.skipped.saturating_add(seen);
                 continue;
             }
             frames += depth;

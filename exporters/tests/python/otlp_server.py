@@ -8,7 +8,8 @@ Listens on 127.0.0.1 (port 0 unless --port), prints `PORT <n>` and flushes;
 with --http also serves OTLP/HTTP (POST /v1development/profiles, protobuf or
 JSON, gzip or not) and prints `HTTP_PORT <n>`. Every request is decoded by
 Python's protobuf runtime; the server prints one JSON line per request it
-answers (request number, answer, monotonic time, samples, resolved leaf
+answers (request number, answer, monotonic time, samples counted as
+observations by profcol's rule, Sample messages, resolved leaf
 function names) and writes accepted requests, re-serialized by Python, to
 --out/<n>.pb. Options:
   --unavailable-first N  answer the first N requests UNAVAILABLE with a
@@ -68,16 +69,29 @@ def retry_info_status(code, message, seconds):
     return field(1, 0, varint(code)) + field(2, 2, message.encode()) + field(3, 2, any_msg)
 
 
+def observations(sample, counts_events):
+    """A Sample's observations (docs/CONFIG.md): the sum of its values where
+    the sample type's unit is `count`, else its number of data points; the
+    number of its timestamps when it has no values; 1 when it has neither."""
+    if counts_events and sample.values:
+        return sum(max(v, 0) for v in sample.values)
+    return len(sample.values) or len(sample.timestamps_unix_nano) or 1
+
+
 def summary(request):
-    """Samples and resolved leaf function names of a request."""
+    """Samples (observations), Sample messages and resolved leaf function
+    names of a request."""
     d = request.dictionary
     samples = 0
+    sample_messages = 0
     leaves = {}
     for rp in request.resource_profiles:
         for sp in rp.scope_profiles:
             for p in sp.profiles:
+                counts_events = d.string_table[p.sample_type.unit_strindex] == "count"
                 for s in p.samples:
-                    samples += 1
+                    samples += observations(s, counts_events)
+                    sample_messages += 1
                     stack = d.stack_table[s.stack_index]
                     if stack.location_indices:
                         loc = d.location_table[stack.location_indices[0]]
@@ -85,7 +99,7 @@ def summary(request):
                             fn = d.function_table[loc.lines[0].function_index]
                             name = d.string_table[fn.name_strindex]
                             leaves[name] = leaves.get(name, 0) + 1
-    return samples, leaves
+    return samples, sample_messages, leaves
 
 
 class Answers:
@@ -109,11 +123,12 @@ class Answers:
         return n, answer
 
     def report(self, n, answer, request):
-        samples, leaves = summary(request)
+        samples, sample_messages, leaves = summary(request)
         if self.args.out and (answer == "ok" or answer.startswith("partial:")):
             with open(os.path.join(self.args.out, "%06d.pb" % n), "wb") as f:
                 f.write(request.SerializeToString())
-        line = {"request": n, "answer": answer, "t": time.monotonic(), "samples": samples, "leaves": leaves}
+        line = {"request": n, "answer": answer, "t": time.monotonic(), "samples": samples,
+                "sample_messages": sample_messages, "leaves": leaves}
         print(json.dumps(line), flush=True)
 
     @staticmethod

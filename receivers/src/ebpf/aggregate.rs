@@ -333,7 +333,9 @@ mod tests {
         assert_eq!(iv.sample_count(), 3);
         let p = iv.build("host1", 52_631_578, 2_000, &[]);
         p.validate().expect("valid batch");
-        assert_eq!(p.sample_count(), 2);
+        // Three observations in two Sample messages (the two of pid 42 merged).
+        assert_eq!(p.sample_messages(), 2);
+        assert_eq!(p.sample_count(), 3);
         let rp = &p.0.resource_profiles;
         assert_eq!(rp.len(), 2);
         let d = p.dictionary().unwrap();

@@ -160,8 +160,7 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
     let ok = ExportProfilesServiceResponse { partial_success };
     let body = match enc {
         Encoding::Proto => ok.encode_to_vec(),
-        Encoding::Json if ok.partial_success.is_none() => b"{}".to_vec(),
-        Encoding::Json => serde_json::to_vec(&ok).unwrap_or_else(|_| b"{}".to_vec()),
+        Encoding::Json => profcol_api::model::otlp_json::encode_response(&ok).into_bytes(),
     };
     (StatusCode::OK, [(header::CONTENT_TYPE, enc.content_type())], body).into_response()
 }

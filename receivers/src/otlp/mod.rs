@@ -103,8 +103,8 @@ impl Ingest {
     }
 
     pub(crate) fn decode_json(bytes: &[u8]) -> Result<Profiles, IngestError> {
-        serde_json::from_slice::<ExportProfilesServiceRequest>(bytes)
-            .map(Profiles::from_request)
+        // `ExportProfilesServiceRequest` and `ProfilesData` have the same fields.
+        Profiles::from_json(bytes)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest JSON document: {e}")))
     }
 
@@ -177,7 +177,7 @@ impl Ingest {
                 return Err(e);
             }
         };
-        if batch.sample_count() == 0 && batch.0.resource_profiles.is_empty() {
+        if batch.is_empty() && batch.0.resource_profiles.is_empty() {
             return Ok(partial);
         }
         let n = batch.sample_count() as u64;

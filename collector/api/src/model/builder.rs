@@ -511,8 +511,9 @@ impl ProfilesBuilder {
         Profiles(pb::ProfilesData { resource_profiles: self.resources, dictionary: Some(self.dict) })
     }
 
-    /// Number of samples added so far.
-    pub fn sample_count(&self) -> usize {
+    /// Number of Sample messages added so far (not observations: see
+    /// `Profiles::sample_count`).
+    pub fn sample_messages(&self) -> usize {
         self.resources
             .iter()
             .flat_map(|r| &r.scope_profiles)

@@ -13,6 +13,7 @@ mod builder;
 pub mod canonical;
 mod compact;
 mod memsize;
+pub mod otlp_json;
 mod strindex;
 mod validate;
 pub mod view;
@@ -24,7 +25,9 @@ pub use validate::{DroppedProfiles, InvalidProfiles};
 pub use opentelemetry_proto::tonic::collector::profiles::v1development::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
 };
-pub use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+pub use opentelemetry_proto::tonic::common::v1::{
+    any_value, AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList,
+};
 pub use opentelemetry_proto::tonic::profiles::v1development as pb;
 pub use opentelemetry_proto::tonic::resource::v1::Resource;
 
@@ -55,8 +58,8 @@ pub struct Profiles(pub pb::ProfilesData);
 pub enum DecodeError {
     #[error("not a valid OTLP profiles protobuf message: {0}")]
     Protobuf(#[from] prost::DecodeError),
-    #[error("not a valid OTLP profiles JSON document: {0}")]
-    Json(#[from] serde_json::Error),
+    #[error("not a valid OTLP/JSON profiles document: {0}")]
+    Json(#[from] otlp_json::JsonError),
 }
 
 impl Profiles {
@@ -69,8 +72,20 @@ impl Profiles {
         self.0.dictionary.as_ref()
     }
 
-    /// Number of samples across all resources, scopes and profiles.
+    /// Observations across all resources, scopes and profiles: what every
+    /// counter, log line, batch size and limit calls "samples" (see
+    /// [`observations`]). Saturates instead of overflowing.
     pub fn sample_count(&self) -> usize {
+        let strings = self.dictionary().map(|d| d.string_table.as_slice()).unwrap_or(&[]);
+        self.profiles().fold(0usize, |n, p| {
+            let counted = profile_counts_events(p, strings);
+            p.samples.iter().fold(n, |n, s| n.saturating_add(observations(s, counted) as usize))
+        })
+    }
+
+    /// Number of Sample messages (distinct stack + attribute rows), for
+    /// where that number is shown as such; counts use [`Profiles::sample_count`].
+    pub fn sample_messages(&self) -> usize {
         self.profiles().map(|p| p.samples.len()).sum()
     }
 
@@ -86,8 +101,9 @@ impl Profiles {
         self.0.resource_profiles.iter().flat_map(|r| r.scope_profiles.iter()).flat_map(|s| s.profiles.iter())
     }
 
+    /// No Sample message at all.
     pub fn is_empty(&self) -> bool {
-        self.sample_count() == 0
+        self.profiles().all(|p| p.samples.is_empty())
     }
 
     /// Protobuf encoding of `ProfilesData`.
@@ -104,14 +120,16 @@ impl Profiles {
         Ok(Self(pb::ProfilesData::decode(bytes)?))
     }
 
-    /// OTLP/JSON encoding of `ProfilesData`.
+    /// OTLP/JSON encoding of `ProfilesData` (also the JSON of the export
+    /// request); see [`otlp_json`] for the rules.
     pub fn to_json(&self) -> String {
-        // Serializing generated structs to a String cannot fail.
-        serde_json::to_string(&self.0).unwrap_or_default()
+        otlp_json::encode(&self.0.resource_profiles, self.0.dictionary.as_ref())
     }
 
+    /// Reads OTLP/JSON `ProfilesData` or an `ExportProfilesServiceRequest`
+    /// (the same document), as any proto3 JSON printer writes it.
     pub fn from_json(text: &[u8]) -> Result<Self, DecodeError> {
-        Ok(Self(serde_json::from_slice(text)?))
+        Ok(Self(otlp_json::decode(text)?))
     }
 
     /// Wraps the batch into the OTLP export request (same fields, same bytes).
@@ -151,6 +169,28 @@ impl Profiles {
         let mut b = ProfilesBuilder::from_profiles(std::mem::take(self));
         b.append(other);
         *self = b.build();
+    }
+}
+
+/// Whether `p`'s sample type counts events (unit `count`, as in
+/// `samples/count` or `calls/count`): then a value is a number of observations.
+pub fn profile_counts_events(p: &pb::Profile, strings: &[String]) -> bool {
+    p.sample_type.is_some_and(|t| str_at(strings, t.unit_strindex) == "count")
+}
+
+/// A Sample's observations. Where the sample type counts events
+/// (`counts_events`), the sum of its values, or the number of its timestamps
+/// when it has no values; for any other unit (e.g. nanoseconds), its number
+/// of data points (values, else timestamps). A Sample with neither counts 1.
+/// Negative values count 0; never a sum of nanoseconds.
+pub fn observations(s: &pb::Sample, counts_events: bool) -> u64 {
+    if counts_events && !s.values.is_empty() {
+        return s.values.iter().fold(0u64, |n, &v| n.saturating_add(v.max(0) as u64));
+    }
+    match (s.values.len(), s.timestamps_unix_nano.len()) {
+        (0, 0) => 1,
+        (0, t) => t as u64,
+        (v, _) => v as u64,
     }
 }
 
