@@ -5,7 +5,7 @@
 //! OTLP receiver and WASM plugins use the same bytes with no conversion.
 //! [`ProfilesBuilder`] interns every dictionary table; [`view`] walks samples
 //! with their frames resolved; [`ProfilesBuilder::append`] merges batches by
-//! remapping one dictionary into another; [`validate`] checks the spec's
+//! remapping one dictionary into another; [`Profiles::validate`] checks the spec's
 //! invariants on input from outside; [`Profiles::compact`] drops dictionary
 //! entries nothing refers to any more.
 
@@ -13,12 +13,13 @@ mod builder;
 pub mod canonical;
 mod compact;
 mod strindex;
-mod validate;
+#[cfg(test)]
+mod validate_tests;
 pub mod view;
 
 pub use builder::{AttrValue, ProfileMeta, ProfileRef, ProfilesBuilder};
 pub use compact::Compacted;
-pub use validate::InvalidProfiles;
+pub use profcol_model_rules::validate::InvalidProfiles;
 
 pub use opentelemetry_proto::tonic::collector::profiles::v1development::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
@@ -117,7 +118,7 @@ impl Profiles {
 
     /// Checks the spec's invariants; run on every batch that comes from outside.
     pub fn validate(&self) -> Result<(), InvalidProfiles> {
-        validate::validate(&self.0)
+        profcol_model_rules::validate::validate(&self.0)
     }
 
     /// Drops dictionary entries nothing live refers to (e.g. frames a
