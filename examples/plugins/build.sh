@@ -17,7 +17,7 @@ install_if_changed() {
 	cmp -s "$1" "$2" || cp "$1" "$2"
 }
 
-rust_plugins=(drop_frames)
+rust_plugins=(drop_frames add_attribute folded_exporter)
 target="${PROFCOL_PLUGINS_TARGET_DIR:-$root/plugins/target}"
 pkgs=()
 for p in "${rust_plugins[@]}"; do pkgs+=(-p "$p"); done

@@ -23,10 +23,16 @@ pub mod exporter_world {
         pub_export_macro: true,
         export_macro_name: "__export_exporter_world",
         default_bindings_module: "$crate::guest::exporter_world",
+        // One Rust type per WIT type: the glue below serves both worlds.
+        with: {
+            "profcol:plugin/types@0.1.0": crate::guest::processor_world::profcol::plugin::types,
+            "profcol:plugin/host@0.1.0": crate::guest::processor_world::profcol::plugin::host,
+        },
     });
 }
 
-// Both worlds import the same `host` and `types`; one binding serves both.
+// Both worlds import the same `host` and `types`; the exporter world's
+// bindings reuse these.
 pub(crate) use processor_world::profcol::plugin::host;
 use processor_world::profcol::plugin::types;
 

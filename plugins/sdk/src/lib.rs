@@ -240,8 +240,8 @@ macro_rules! export_exporter {
                 fn export(
                     batch: ::std::vec::Vec<u8>,
                 ) -> ::std::result::Result<
-                    ::std::vec::Vec<$crate::guest::exporter_world::profcol::plugin::types::Output>,
-                    $crate::guest::exporter_world::profcol::plugin::types::PluginError,
+                    ::std::vec::Vec<$crate::guest::processor_world::profcol::plugin::types::Output>,
+                    $crate::guest::processor_world::profcol::plugin::types::PluginError,
                 > {
                     $crate::guest::export::<$t>(batch)
                 }
