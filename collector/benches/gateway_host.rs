@@ -12,10 +12,10 @@
 //!
 //! cargo bench -p profcol --bench gateway_host
 
-#[path = "../../exporters/tests/common/mod.rs"]
-mod common;
+use profcol_testkit::prelude::{cpu_batch, settings};
 
-use common::{cpu_batch, free_port, settings};
+/// The bench process's log (one subscriber per process).
+static LOG: std::sync::OnceLock<profcol_testkit::log::Captured> = std::sync::OnceLock::new();
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use profcol::extensions::HostStatus;
 use profcol::registry::Registry;
@@ -71,7 +71,8 @@ async fn setup(compression: Compression, storage: Option<&std::path::Path>) -> S
         .start(Next::new(vec![arrived.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id)))
         .await
         .unwrap();
-    let port_in = free_port();
+    // The receiver binds port 0; its address comes from the captured log.
+    let log = LOG.get_or_init(profcol_testkit::log::capture);
     let gzip = if compression == Compression::Gzip { "gzip" } else { "none" };
     let storage = storage.map(|d| format!("\n    sending_queue:\n      storage: {}", d.display())).unwrap_or_default();
     let text = format!(
@@ -79,7 +80,7 @@ async fn setup(compression: Compression, storage: Option<&std::path::Path>) -> S
   otlp:
     protocols:
       grpc:
-        endpoint: 127.0.0.1:{port_in}
+        endpoint: 127.0.0.1:0
 processors:
   batch:
     send_batch_size: 8192
@@ -109,6 +110,15 @@ service:
     let checked = check::check(&config, &registry).unwrap();
     let mut service = Service::new(registry, Telemetry::new(), status);
     service.start(config, checked).await.unwrap();
+    // The last "listening" line is this setup's receiver (setups run one after another).
+    let port_in = log
+        .text()
+        .lines()
+        .rev()
+        .find(|l| l.contains("otlp receiver listening") && l.contains("receiver=otlp "))
+        .and_then(|l| profcol_testkit::net::addr_in_log(l, "grpc"))
+        .expect("the gateway's receiver logged its address")
+        .port();
     let clients = (0..CLIENTS)
         .map(|k| {
             let cfg =

@@ -14,20 +14,15 @@
 //!
 //! cargo bench -p profcol --bench gateway_memory    # RATIO line at the end
 
-#[path = "../../exporters/tests/common/mod.rs"]
-mod common;
-
-use common::{cpu_batch, free_port, settings};
 use profcol_api::component::Kind;
 use profcol_api::model::ExportProfilesServiceRequest;
 use profcol_api::{ExportError, Profiles};
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
+use profcol_testkit::prelude::{closed_port, cpu_batch, settings};
 use prost::bytes::Bytes;
 use prost::Message;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,30 +35,8 @@ const LIMITS: [usize; 2] = [16, SENDERS];
 const PROCESSES: usize = 64;
 const SAMPLES_PER_PROCESS: usize = 3072;
 
-/// Counts live heap bytes of this process (to size the decoded form).
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's arguments.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static A: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Counting;
 
 fn mib(bytes: f64) -> f64 {
     bytes / 1048576.0
@@ -100,17 +73,13 @@ impl Gateway {
     /// Starts `profcol` with the flood config and waits until its receiver
     /// accepts connections.
     fn start(dir: &Path, limit: usize) -> Gateway {
-        let port = free_port();
-        let mut closed = free_port();
-        while closed == port {
-            closed = free_port();
-        }
+        let closed = closed_port();
         let text = format!(
             "receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: 127.0.0.1:{port}
+        endpoint: 127.0.0.1:0
         max_recv_msg_size_mib: 32
     backpressure_timeout: 5s
     max_concurrent_requests: {limit}
@@ -146,9 +115,16 @@ service:
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start the profcol binary");
-        let mut g = Gateway { child, port, log };
+        // The receiver binds port 0 and logs the port it got.
+        let mut g = Gateway { child, port: 0, log };
         let t = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while g.port == 0 {
+            let text = g.log_text();
+            let line = text.lines().find(|l| l.contains("otlp receiver listening"));
+            if let Some(a) = line.and_then(|l| profcol_testkit::net::addr_in_log(l, "grpc")) {
+                g.port = a.port();
+                break;
+            }
             if let Some(st) = g.child.try_wait().unwrap() {
                 panic!("the gateway exited ({st}) before listening:\n{}", g.log_text());
             }
@@ -268,9 +244,9 @@ fn main() {
     drop(batch);
     // The receiver's decode (ExportProfilesServiceRequest → Profiles), with
     // this process's live heap counted around it.
-    let before = LIVE.load(Ordering::SeqCst);
+    let before = profcol_testkit::alloc::live();
     let decoded = Profiles::from_request(ExportProfilesServiceRequest::decode(&body[..]).unwrap());
-    let decoded_bytes = (LIVE.load(Ordering::SeqCst) - before).max(0) as f64;
+    let decoded_bytes = (profcol_testkit::alloc::live() - before).max(0) as f64;
     drop(decoded);
     println!(
         "batch: {PROCESSES} processes × {SAMPLES_PER_PROCESS} samples = {samples} samples; \

@@ -25,6 +25,14 @@ impl Registry {
         r
     }
 
+    /// Adds (or replaces) a factory: for embedding hosts and tests that bring
+    /// their own components.
+    pub fn with(mut self, f: Arc<dyn Factory>) -> Self {
+        let m = f.meta();
+        self.factories.insert((m.kind, m.type_name), f);
+        self
+    }
+
     pub fn get(&self, kind: Kind, type_name: &str) -> Option<&Arc<dyn Factory>> {
         self.factories.iter().find(|((k, t), _)| *k == kind && *t == type_name).map(|(_, f)| f)
     }

@@ -8,6 +8,10 @@ pub async fn serve(address: &str, telemetry: Telemetry) -> anyhow::Result<()> {
             "cannot serve metrics on {address}: {e} (set service::telemetry::metrics::address to a free address, or \"\" to turn it off)"
         )
     })?;
+    // The bound address, so `address: 127.0.0.1:0` can be found (tests).
+    if let Ok(a) = listener.local_addr() {
+        tracing::info!(address = %a, "serving metrics at /metrics");
+    }
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {

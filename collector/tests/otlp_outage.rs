@@ -7,20 +7,16 @@
 //! senders retry instead of losing data; a reload hands the queue to the new
 //! exporter instance; a second profcol cannot share the queue directory.
 
-use profcol_api::component::{ComponentId, ConsumeError, Consumer, CreateSettings, Kind, Next};
+use profcol_api::component::{ComponentId, Consumer, Kind, Next};
 use profcol_api::model::{canonical, pb, ProfileMeta};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{Exporter, Profiles, ProfilesBuilder, Receiver};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter};
 use profcol_receivers::otlp::{GrpcConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_testkit::prelude::{closed_port, settings, Collector};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn settings(kind: Kind, id: &str) -> CreateSettings {
-    let id: ComponentId = id.parse().unwrap();
-    CreateSettings { telemetry: ComponentTelemetry::detached(kind, &id), id }
-}
 
 fn batch(seed: u64) -> Profiles {
     let mut b = ProfilesBuilder::new();
@@ -54,21 +50,6 @@ fn batch(seed: u64) -> Profiles {
     b.build()
 }
 
-#[derive(Default)]
-struct Sink(Mutex<Vec<Profiles>>);
-
-#[async_trait::async_trait]
-impl Consumer for Sink {
-    async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError> {
-        self.0.lock().unwrap().push(batch);
-        Ok(())
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn merged(v: &[Profiles]) -> Vec<canonical::CanonicalSample> {
     let mut b = ProfilesBuilder::new();
     for p in v {
@@ -88,9 +69,16 @@ fn start_profcol(cfg: &std::path::Path, log: &std::path::Path) -> Child {
         .unwrap()
 }
 
-async fn wait_port(port: u16, child: &mut Child, log: &std::path::Path) {
+/// Waits until profcol logged the port its otlp receiver bound (it is
+/// configured with port 0, so no other process can take the port first).
+async fn wait_listening(child: &mut Child, log: &std::path::Path) -> u16 {
     let t = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let line = text.lines().find(|l| l.contains("otlp receiver listening"));
+        if let Some(a) = line.and_then(|l| profcol_testkit::net::addr_in_log(l, "grpc")) {
+            return a.port();
+        }
         if let Ok(Some(st)) = child.try_wait() {
             panic!("profcol exited with {st}: {}", std::fs::read_to_string(log).unwrap_or_default());
         }
@@ -159,7 +147,7 @@ async fn send_all(port_in: u16, batches: &[Profiles]) {
     }
 }
 
-async fn backend(port_out: u16) -> (OtlpReceiver, Arc<Sink>) {
+async fn backend(port_out: u16) -> (OtlpReceiver, Arc<Collector>) {
     let cfg = OtlpReceiverConfig {
         protocols: Protocols {
             grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port_out}"), ..Default::default() }),
@@ -168,7 +156,7 @@ async fn backend(port_out: u16) -> (OtlpReceiver, Arc<Sink>) {
         ..Default::default()
     };
     let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/backend"), cfg).unwrap();
-    let sink = Arc::new(Sink::default());
+    let sink = Arc::new(Collector::default());
     let id: ComponentId = "otlp/backend".parse().unwrap();
     r.start(Next::new(vec![sink.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id)))
         .await
@@ -176,10 +164,10 @@ async fn backend(port_out: u16) -> (OtlpReceiver, Arc<Sink>) {
     (r, sink)
 }
 
-async fn wait_samples(sink: &Sink, n: usize, timeout: Duration) {
+async fn wait_samples(sink: &Collector, n: usize, timeout: Duration) {
     let t = Instant::now();
     loop {
-        let got: usize = sink.0.lock().unwrap().iter().map(|b| b.sample_count()).sum();
+        let got: usize = sink.batches.lock().unwrap().iter().map(|b| b.sample_count()).sum();
         if got >= n {
             return;
         }
@@ -190,10 +178,10 @@ async fn wait_samples(sink: &Sink, n: usize, timeout: Duration) {
 
 /// Waits until the backend has exactly the samples of `batches` (a multiset:
 /// nothing lost, nothing twice).
-async fn expect_delivered(sink: &Sink, batches: &[Profiles]) {
+async fn expect_delivered(sink: &Collector, batches: &[Profiles]) {
     let n: usize = batches.iter().map(|b| b.sample_count()).sum();
     wait_samples(sink, n, Duration::from_secs(30)).await;
-    assert!(merged(&sink.0.lock().unwrap()) == merged(batches));
+    assert!(merged(&sink.batches.lock().unwrap()) == merged(batches));
 }
 
 /// Stops profcol and the backend.
@@ -215,11 +203,12 @@ async fn wait_for(log: &std::path::Path, mut cond: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_appears_10s_later_and_every_batch_arrives() {
     let dir = tempfile::tempdir().unwrap();
-    let (port_in, port_out) = (free_port(), free_port());
-    let cfg = config(dir.path(), port_in, port_out, None, "", false);
+    // The backend's port stays closed for 10 s, then the backend binds it.
+    let port_out = closed_port();
+    let cfg = config(dir.path(), 0, port_out, None, "", false);
     let log = dir.path().join("profcol.log");
     let mut child = start_profcol(&cfg, &log);
-    wait_port(port_in, &mut child, &log).await;
+    let port_in = wait_listening(&mut child, &log).await;
     let t0 = Instant::now();
     let batches: Vec<Profiles> = (0..10).map(batch).collect();
     send_all(port_in, &batches).await;
@@ -257,11 +246,11 @@ struct QueuedNode {
 
 async fn start_queued(dir: &std::path::Path, queue_extra: &str, batch_processor: bool) -> QueuedNode {
     let storage = dir.join("queue");
-    let (port_in, port_out) = (free_port(), free_port());
-    let cfg = config(dir, port_in, port_out, Some(&storage), queue_extra, batch_processor);
+    let port_out = closed_port();
+    let cfg = config(dir, 0, port_out, Some(&storage), queue_extra, batch_processor);
     let log = dir.join("profcol.log");
     let mut child = start_profcol(&cfg, &log);
-    wait_port(port_in, &mut child, &log).await;
+    let port_in = wait_listening(&mut child, &log).await;
     QueuedNode { cfg, storage, child, port_in, port_out }
 }
 
@@ -294,7 +283,7 @@ async fn sigkill_during_outage(batch_processor: bool) {
     let (r, sink) = backend(port_out).await;
     let log2 = dir.path().join("profcol2.log");
     let mut child = start_profcol(&cfg, &log2);
-    wait_port(port_in, &mut child, &log2).await;
+    wait_listening(&mut child, &log2).await;
     expect_delivered(&sink, &batches).await;
     // Exported batches leave the disk; the torn file is set aside with a log line.
     let t = Instant::now();
@@ -373,7 +362,7 @@ async fn a_file_receiver_waits_out_a_full_persistent_queue() {
     for (k, b) in batches.iter().enumerate() {
         std::fs::write(input.join(format!("{k:02}.pb")), b.encode_to_vec()).unwrap();
     }
-    let port_out = free_port();
+    let port_out = closed_port();
     // Room for two batches: the other four are refused until the backend drains the queue.
     let room = 2 * (batch(0).encode_to_vec().len() + 16) + 8;
     let text = format!(
@@ -437,7 +426,7 @@ async fn a_reload_that_replaces_the_persistent_exporter_hands_its_queue_over() {
     expect_delivered(&sink, &all).await;
     // Exactly once: nothing lost in the hand-over, nothing sent by both instances.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(merged(&sink.0.lock().unwrap()) == merged(&all));
+    assert!(merged(&sink.batches.lock().unwrap()) == merged(&all));
     finish(child, r).await;
 }
 
@@ -448,7 +437,7 @@ async fn a_second_profcol_on_the_same_persistent_queue_is_refused() {
     // Same storage, its own config file and listening port.
     let other = dir.path().join("other");
     std::fs::create_dir(&other).unwrap();
-    let cfg = config(&other, free_port(), port_out, Some(&storage), "", false);
+    let cfg = config(&other, 0, port_out, Some(&storage), "", false);
     let log = other.join("profcol.log");
     let mut second = start_profcol(&cfg, &log);
     let st = wait_exit(&mut second, Duration::from_secs(20)).await;
@@ -486,7 +475,7 @@ async fn queued_batches_wait_on_disk_not_in_memory() {
     wait_samples(&sink, n, Duration::from_secs(30)).await;
     wait_for(&log, || !queue_files(&storage, "corrupt").is_empty()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(merged(&sink.0.lock().unwrap()) == merged(&batches[..5]));
+    assert!(merged(&sink.batches.lock().unwrap()) == merged(&batches[..5]));
     assert!(log_has(&log, "checksum mismatch"), "{}", std::fs::read_to_string(&log).unwrap());
     finish(child, r).await;
 }

@@ -71,7 +71,10 @@ fn sigterm_under_load_loses_nothing() {
         all
     });
     assert!(p.wait_log("profcol started", Duration::from_secs(20)));
-    std::thread::sleep(Duration::from_millis(300));
+    // SIGTERM stops the file receiver where it is: wait until it has handed
+    // the whole corpus to the pipeline (most of it still queued behind the
+    // slow exporter), so "nothing lost" covers every batch of the corpus.
+    assert!(p.wait_log("file receiver: done reading", Duration::from_secs(60)));
     p.signal(libc::SIGTERM);
     let status = p.wait_exit(Duration::from_secs(90)).expect("profcol exits within shutdown_timeout");
     assert!(status.success());
@@ -206,21 +209,21 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
 fn metrics_and_health_check_are_served() {
     let dir = tempfile::tempdir().unwrap();
     write_corpus(&dir.path().join("in"), 4, 25);
-    let (mport, hport) = (free_port(), free_port());
     let cfg = config(
         dir.path(),
         "  file:\n    path: DIR/in",
         "  file:\n    path: DIR/out.jsonl",
         "file",
-        &format!("extensions:\n  health_check:\n    endpoint: 127.0.0.1:{hport}\n"),
+        "extensions:\n  health_check:\n    endpoint: 127.0.0.1:0\n",
     )
-    .replace("address: \"\"", &format!("address: 127.0.0.1:{mport}"))
+    .replace("address: \"\"", "address: 127.0.0.1:0")
     .replace("service:\n", "service:\n  extensions: [health_check]\n");
     let cfgp = write(&dir.path().join("c.yaml"), &cfg);
     let mut p = Profcol::start(&["--config", cfgp.to_str().unwrap()]);
     assert!(p.wait_log("profcol started", Duration::from_secs(20)));
-    assert_eq!(http_get(&format!("127.0.0.1:{hport}"), "/").0, 200);
-    let maddr = format!("127.0.0.1:{mport}");
+    let haddr = p.wait_addr("health_check listening", "address", Duration::from_secs(5));
+    assert_eq!(http_get(&haddr.to_string(), "/").0, 200);
+    let maddr = p.wait_addr("serving metrics", "address", Duration::from_secs(5)).to_string();
     assert!(wait_until(Duration::from_secs(10), || http_get(&maddr, "/metrics")
         .1
         .contains("profcol_receiver_accepted_samples_total{receiver=\"file\"} 100")));

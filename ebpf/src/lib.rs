@@ -7,8 +7,13 @@
 //! relocations: loading it never needs the kernel's BTF.
 //!
 //! Everything here mirrors `ebpf/bpf/cpu_sample.bpf.c`; change both together.
+//! [`sys`] is the kernel ABI (bpf(2), perf_event_open(2) and their structs
+//! from generated bindings) for the rest of profcol.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)] // syscalls and the kernel's structs
+pub mod sys;
 
 /// 8-byte aligned wrapper so the ELF parser can read headers in place.
 #[repr(C, align(8))]

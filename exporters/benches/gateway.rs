@@ -10,10 +10,6 @@
 //!
 //! cargo bench -p profcol-exporters --bench gateway
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
-use common::*;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use profcol_api::component::{ComponentId, ConsumeError, Consumer, Kind, Next};
 use profcol_api::model::ExportProfilesServiceRequest;
@@ -21,6 +17,7 @@ use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
 use profcol_receivers::otlp::{GrpcConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_testkit::prelude::*;
 use prost::Message;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

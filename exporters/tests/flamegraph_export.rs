@@ -1,12 +1,10 @@
 //! The flamegraph exporter writes an inferno SVG (and folded stacks) per group.
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::Exporter;
 use profcol_exporters::flamegraph::{FlamegraphConfig, FlamegraphExporter};
 use profcol_exporters::group::GroupBy;
+use profcol_testkit::prelude::*;
 
 #[tokio::test]
 async fn svg_and_folded_per_group() {

@@ -2,15 +2,13 @@
 //! panic the pprof / flamegraph exporters, must not grow their memory past a
 //! bound, and must not lose samples silently.
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::model::{keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{ExportError, Exporter, Profiles, ProfilesBuilder};
 use profcol_exporters::flamegraph::{folded, FlamegraphConfig, FlamegraphExporter};
 use profcol_exporters::group::GroupBy;
 use profcol_exporters::pprof::{convert, PprofConfig, PprofExporter};
+use profcol_testkit::prelude::*;
 
 fn kv(k: &str, v: AnyValue) -> KeyValue {
     KeyValue { key: k.into(), value: Some(v), ..Default::default() }

@@ -2,13 +2,11 @@
 //! streams an endless body must not grow the exporter's memory (nor hold the
 //! export until the host's timeout).
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::{ExportError, Exporter};
 use profcol_exporters::otlp::{OtlpHttpConfig, OtlpHttpExporter};
 use profcol_exporters::pprof::{PprofConfig, PprofExporter};
+use profcol_testkit::prelude::*;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

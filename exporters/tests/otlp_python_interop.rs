@@ -3,13 +3,11 @@
 //! v1.10 profiles layout), started here on loopback. Every sample arrives
 //! and decodes; RetryInfo and partial_success from that server are honoured.
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::model::{canonical, ExportProfilesServiceRequest};
 use profcol_api::{ExportError, Exporter, Profiles};
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
+use profcol_testkit::prelude::*;
 use prost::Message;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};

@@ -4,9 +4,6 @@
 //! see it as retryable; the requests that hold slots finish once the pipeline
 //! moves, and nothing accepted is lost.
 
-mod common;
-
-use common::*;
 use profcol_api::component::{ComponentId, ConsumeError, Consumer, CreateSettings, ExportError, Kind, Next};
 use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
 use profcol_api::{Exporter, Profiles, Receiver};
@@ -14,13 +11,12 @@ use profcol_exporters::otlp::{
     Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
 use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_testkit::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "common/raw.rs"]
-mod raw;
-use raw::{grpc_send, http_send};
+use profcol_testkit::raw::{grpc_send, http_send};
 
 /// The test [`Collector`] (with its `stall` flag), counting the batches that
 /// reached the pipeline, so a test knows when requests hold their slots.

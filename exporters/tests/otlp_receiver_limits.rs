@@ -3,20 +3,16 @@
 //! invariants, a pipeline that pushes back, a taken port; shutdown finishes
 //! in-flight requests.
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::Receiver;
 use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_testkit::prelude::*;
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[path = "common/raw.rs"]
-mod raw;
-use raw::{grpc_send, http_send};
+use profcol_testkit::raw::{grpc_send, http_send};
 
 async fn start(max_mib: f64, backpressure: Duration) -> (Arc<OtlpReceiver>, Arc<Collector>) {
     let cfg = OtlpReceiverConfig {

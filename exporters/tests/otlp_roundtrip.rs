@@ -1,9 +1,6 @@
 //! exporter → second collector's otlp receiver, over gRPC and HTTP (protobuf
 //! and JSON), gzip on and off: the sample multisets are equal.
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::model::canonical;
 use profcol_api::{Exporter, Receiver};
@@ -11,6 +8,7 @@ use profcol_exporters::otlp::{
     Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
 use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_testkit::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,10 +77,9 @@ async fn http_roundtrip_proto_json_gzip_and_plain() {
 
 #[tokio::test]
 async fn factories_build_from_yaml() {
-    let port = free_port();
     let f = profcol_receivers::otlp::factory_otlp();
     let raw: serde_yaml::Value =
-        serde_yaml::from_str(&format!("protocols:\n  grpc:\n    endpoint: 127.0.0.1:{port}\n  http:\n")).unwrap();
+        serde_yaml::from_str("protocols:\n  grpc:\n    endpoint: 127.0.0.1:0\n  http:\n").unwrap();
     let eff = f.effective_config(&raw).unwrap();
     let text = serde_yaml::to_string(&eff).unwrap();
     assert!(text.contains("localhost:4318") && text.contains("max_recv_msg_size_mib"), "{text}");

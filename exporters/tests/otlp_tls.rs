@@ -4,9 +4,6 @@
 //! or server name fails with an error about the certificate; bad TLS settings
 //! are refused at construction, naming the setting and the file.
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::model::canonical;
 use profcol_api::{Exporter, Receiver};
@@ -14,6 +11,7 @@ use profcol_exporters::otlp::{
     ClientTlsConfig, Compression, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
 use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols, TlsServerConfig};
+use profcol_testkit::prelude::*;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose as Eku, IsCa, KeyPair, KeyUsagePurpose,
 };

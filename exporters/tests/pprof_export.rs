@@ -1,13 +1,11 @@
 //! pprof files open with `go tool pprof -top` and show the same functions and
 //! counts as the batch they came from; grouping; Pyroscope push.
 
-mod common;
-
-use common::*;
 use profcol_api::component::Kind;
 use profcol_api::Exporter;
 use profcol_exporters::group::GroupBy;
 use profcol_exporters::pprof::{convert, proto, PprofConfig, PprofExporter};
+use profcol_testkit::prelude::*;
 use prost::Message;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -208,7 +206,7 @@ async fn pushes_to_pyroscope_ingest() {
         convert::check_valid(&proto::Profile::decode(raw.as_slice()).unwrap()).unwrap();
     }
     // A server that is down is retryable.
-    let cfg = PprofConfig { endpoint: Some(format!("http://127.0.0.1:{}", free_port())), ..Default::default() };
+    let cfg = PprofConfig { endpoint: Some(format!("http://127.0.0.1:{}", closed_port())), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/down"), cfg).unwrap();
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
 }

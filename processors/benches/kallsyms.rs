@@ -9,10 +9,9 @@
 //!
 //! `KALLSYMS_BENCH_FILE=path` uses a given copy instead of /proc/kallsyms.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,33 +24,11 @@ use profcol_processors::kernel_symbols::kallsyms::{self, ParseOptions};
 use profcol_processors::kernel_symbols::reload::{self, ReloadConfig, Trigger};
 use profcol_processors::kernel_symbols::{Store, StoreConfig};
 
-/// Counts live heap bytes.
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: forwarded with the caller's arguments.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static A: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Counting;
 
 fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
+    profcol_testkit::alloc::live()
 }
 
 /// The kallsyms copy the benchmarks read.

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use profcol_api::component::{factory, Component, Factory, FactoryMeta, Kind, Stability};
-use profcol_api::{ComponentError, Processor, Profiles, ProfilesBuilder};
+use profcol_api::{ComponentError, ProcessError, ProcessOutcome, Processor, Profiles, ProfilesBuilder};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,14 +49,16 @@ struct Batch {
 
 #[async_trait]
 impl Processor for Batch {
-    async fn process(&self, batch: Profiles) -> Result<Option<Profiles>, ComponentError> {
+    async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let b = held.get_or_insert_with(ProfilesBuilder::new);
         b.append(batch);
         if b.sample_count() >= self.cfg.send_batch_size {
-            return Ok(held.take().map(ProfilesBuilder::build));
+            if let Some(full) = held.take() {
+                return Ok(ProcessOutcome::Forward(full.build()));
+            }
         }
-        Ok(None)
+        Ok(ProcessOutcome::Held)
     }
 
     fn flush_interval(&self) -> Option<Duration> {
@@ -109,11 +111,11 @@ mod tests {
         let mut want = canonical::samples(&a);
         want.extend(canonical::samples(&b));
         want.sort();
-        assert!(p.process(a).await.unwrap().is_none());
-        let out = p.process(b).await.unwrap().expect("12 samples >= 10");
+        assert!(matches!(p.process(a).await.unwrap(), ProcessOutcome::Held));
+        let ProcessOutcome::Forward(out) = p.process(b).await.unwrap() else { panic!("12 samples >= 10") };
         out.validate().unwrap();
         assert_eq!(canonical::samples(&out), want);
-        assert!(p.process(c.clone()).await.unwrap().is_none());
+        assert!(matches!(p.process(c.clone()).await.unwrap(), ProcessOutcome::Held));
         assert_eq!(canonical::samples(&p.flush().await.unwrap().unwrap()), canonical::samples(&c));
         assert!(p.flush().await.unwrap().is_none());
     }

@@ -527,12 +527,12 @@ async fn processor_symbolizes_batches_after_start() {
     });
     // Before start batches pass through untouched.
     let batch = kernel_batch(&[0xffffffff81000115], now_ns());
-    assert_eq!(p.process(batch.clone()).await.unwrap().unwrap(), batch);
+    assert_eq!(p.process(batch.clone()).await.unwrap().forwarded().unwrap(), batch);
     p.start().await.unwrap();
-    let out = p.process(batch).await.unwrap().unwrap();
+    let out = p.process(batch).await.unwrap().forwarded().unwrap();
     assert_eq!(frames(&out)[0].0, "vfs_read");
     // Already symbolized frames are left alone.
-    let again = p.process(out.clone()).await.unwrap().unwrap();
+    let again = p.process(out.clone()).await.unwrap().forwarded().unwrap();
     assert_eq!(frames(&again), frames(&out));
     p.shutdown().await.unwrap();
 }
@@ -554,8 +554,8 @@ async fn processor_counts_frames_and_store_work_in_metrics() {
     let p = KernelSymbols::with_telemetry(cfg, &registry.component(Kind::Processor, &id));
     p.start().await.unwrap();
     // One frame inside vfs_read, one far outside every symbol.
-    p.process(kernel_batch(&[0xffffffff81000115, 0x1000], now_ns())).await.unwrap().unwrap();
-    p.process(kernel_batch(&[0xffffffff81000115], now_ns())).await.unwrap().unwrap();
+    p.process(kernel_batch(&[0xffffffff81000115, 0x1000], now_ns())).await.unwrap().forwarded().unwrap();
+    p.process(kernel_batch(&[0xffffffff81000115], now_ns())).await.unwrap().forwarded().unwrap();
     let m = registry.render();
     let series = |name: &str| {
         m.lines()

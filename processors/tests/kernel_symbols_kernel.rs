@@ -2,12 +2,13 @@
 //! capability is missing the tests say so and pass, except with CI=true,
 //! where that is a failure.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use profcol_processors::kernel_symbols::bpf::{btf, sys};
+use profcol_ebpf::sys::{self, bpf_func_info, bpf_line_info, bpf_prog_type};
+use profcol_processors::kernel_symbols::bpf::btf;
 use profcol_processors::kernel_symbols::generations::{now_ns, Generations};
 use profcol_processors::kernel_symbols::reload::{self, ReloadConfig};
 use profcol_processors::kernel_symbols::snapshot::Symbol;
@@ -59,12 +60,12 @@ fn load_test_prog() -> std::os::fd::OwnedFd {
     let insns: [u64; 2] = [0xb7, 0x95];
     let line_col = (42 << 10) | 5;
     sys::prog_load(&sys::ProgLoad {
-        prog_type: 1, // BPF_PROG_TYPE_SOCKET_FILTER
+        prog_type: bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER,
         insns: &insns,
         name: "profcol_test",
-        btf_fd: Some(&btf_fd),
-        func_info: &[[0, 3]],
-        line_info: &[[0, offs[0], offs[1], line_col]],
+        btf_fd: Some(btf_fd.as_fd()),
+        func_info: &[bpf_func_info { insn_off: 0, type_id: 3 }],
+        line_info: &[bpf_line_info { insn_off: 0, file_name_off: offs[0], line_off: offs[1], line_col }],
     })
     .unwrap_or_else(|e| missing("BPF_PROG_LOAD", e))
 }

@@ -200,6 +200,12 @@ impl Receiver for FileReceiver {
                             match next.send(b.clone()).await {
                                 Ok(()) => break,
                                 Err(ConsumeError::Closed) => break 'outer,
+                                Err(ConsumeError::Rejected(why)) => {
+                                    // Refused for good (a processor rejected it): a retry
+                                    // would fail the same way; counted as refused.
+                                    warn!(file = %f.display(), "file receiver: batch rejected, skipped ({why})");
+                                    break;
+                                }
                                 Err(ConsumeError::Refused(why)) => {
                                     warn!(file = %f.display(), retry_in = ?backoff, "file receiver: batch refused ({why})");
                                     tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = stop.cancelled() => break 'outer }

@@ -7,6 +7,7 @@ use crate::Profiles;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use serde::{de::DeserializeOwned, Serialize};
+use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::str::FromStr;
@@ -163,8 +164,66 @@ impl ExportError {
 pub enum ConsumeError {
     #[error("the pipeline is shutting down and accepts no more data")]
     Closed,
+    /// Refused for now (a full queue, a processor that may succeed later):
+    /// the sender should retry (gRPC UNAVAILABLE, HTTP 503).
     #[error("{0}")]
     Refused(String),
+    /// Refused for good (a processor rejected the data): a retry would fail
+    /// the same way (gRPC INVALID_ARGUMENT, HTTP 400).
+    #[error("{0}")]
+    Rejected(String),
+}
+
+/// What a processor did with a batch. The host counts each outcome per
+/// processor (incoming, outgoing, dropped; an error counts as refused).
+#[derive(Debug)]
+pub enum ProcessOutcome {
+    /// The batch, possibly changed, goes on to the next stage.
+    Forward(Profiles),
+    /// Kept for a later flush. Only processors with a
+    /// [`Processor::flush_interval`] may hold; the host answers the sender
+    /// once the batch that carries it is queued.
+    Held,
+    /// Dropped on purpose (a filter, a sampler): nothing goes on, the sender
+    /// is told OK, and `samples` are counted as dropped.
+    Dropped { reason: Cow<'static, str>, samples: u64 },
+}
+
+impl ProcessOutcome {
+    /// A drop of the whole `batch`, counted in its samples.
+    pub fn dropped(reason: impl Into<Cow<'static, str>>, batch: &Profiles) -> Self {
+        ProcessOutcome::Dropped { reason: reason.into(), samples: batch.sample_count() as u64 }
+    }
+
+    /// The forwarded batch, if that is what happened.
+    pub fn forwarded(self) -> Option<Profiles> {
+        match self {
+            ProcessOutcome::Forward(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// A processor refused a batch: the receiver that produced it answers its
+/// sender with an error, and the samples are counted as refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProcessError {
+    /// The same batch may succeed later (a plugin temporarily disabled, a
+    /// resource not ready): the sender should retry.
+    #[error("{0} (retryable)")]
+    Retryable(String),
+    /// The batch cannot be processed; a retry would fail the same way.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl From<ProcessError> for ConsumeError {
+    fn from(e: ProcessError) -> Self {
+        match e {
+            ProcessError::Retryable(m) => ConsumeError::Refused(m),
+            ProcessError::Permanent(m) => ConsumeError::Rejected(m),
+        }
+    }
 }
 
 /// Anything a batch can be pushed into (a pipeline's input, a test sink).
@@ -228,19 +287,20 @@ pub trait Receiver: Send + Sync + 'static {
     async fn shutdown(&self) -> Result<(), ComponentError>;
 }
 
-/// A batch transformer: returns the batch (possibly changed), or None when it
-/// dropped it or holds it back.
+/// A batch transformer: says what it did with each batch
+/// ([`ProcessOutcome`]); an error means refused, and the sender hears it.
 ///
 /// Contract for processors that hold batches back: they have a
-/// `flush_interval`, and a batch they return (from `process` or `flush`)
-/// carries everything they held until then. The host relies on it to
-/// acknowledge held batches once they are queued.
+/// `flush_interval`, answer [`ProcessOutcome::Held`], and a batch they
+/// return (from `process` or `flush`) carries everything they held until
+/// then. The host relies on it to acknowledge held batches once they are
+/// queued.
 #[async_trait]
 pub trait Processor: Send + Sync + 'static {
     async fn start(&self) -> Result<(), ComponentError> {
         Ok(())
     }
-    async fn process(&self, batch: Profiles) -> Result<Option<Profiles>, ComponentError>;
+    async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError>;
     /// Processors that hold batches back (batch) say how often the host should
     /// call [`Processor::flush`].
     fn flush_interval(&self) -> Option<Duration> {

@@ -15,6 +15,6 @@ pub mod telemetry;
 
 pub use component::{
     Component, ComponentError, ComponentId, CreateSettings, ExportError, Exporter, Factory, FactoryMeta, Kind, Next,
-    Processor, Receiver, Stability,
+    ProcessError, ProcessOutcome, Processor, Receiver, Stability,
 };
 pub use model::{Profiles, ProfilesBuilder};

@@ -117,7 +117,25 @@ impl Telemetry {
         let l = [(kind.as_str(), ids.as_str())];
         let k = kind.as_str();
         ComponentTelemetry {
-            accepted: self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
+            // Processors count what went in and out instead (the OTel Collector's names).
+            accepted: match kind {
+                Kind::Processor => Counter::default(),
+                _ => self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
+            },
+            incoming: match kind {
+                Kind::Processor => {
+                    self.counter(&format!("profcol_{k}_incoming_samples_total"), "Samples handed to the processor.", &l)
+                }
+                _ => Counter::default(),
+            },
+            outgoing: match kind {
+                Kind::Processor => self.counter(
+                    &format!("profcol_{k}_outgoing_samples_total"),
+                    "Samples the processor passed on (after merging or changing them).",
+                    &l,
+                ),
+                _ => Counter::default(),
+            },
             refused: self.counter(&format!("profcol_{k}_refused_samples_total"), "Samples refused downstream.", &l),
             dropped: self.counter(&format!("profcol_{k}_dropped_samples_total"), "Samples dropped.", &l),
             // The sending-queue cells mean something for exporters only; other
@@ -198,6 +216,9 @@ fn render_labels(labels: &[(&str, &str)]) -> String {
 #[derive(Clone)]
 pub struct ComponentTelemetry {
     pub accepted: Counter,
+    /// Processors only: samples in, and samples passed on.
+    pub incoming: Counter,
+    pub outgoing: Counter,
     pub refused: Counter,
     pub dropped: Counter,
     pub send_failed: Counter,
@@ -243,5 +264,10 @@ mod tests {
         let x: ComponentId = "otlp".parse().unwrap();
         t.component(Kind::Exporter, &x).queue_size.set(2);
         assert!(t.render().contains("profcol_exporter_queue_size{exporter=\"otlp\"} 2"));
+        let b: ComponentId = "batch".parse().unwrap();
+        t.component(Kind::Processor, &b).incoming.add(5);
+        let text = t.render();
+        assert!(text.contains("profcol_processor_incoming_samples_total{processor=\"batch\"} 5"), "{text}");
+        assert!(!text.contains("profcol_processor_accepted"), "{text}");
     }
 }

@@ -58,6 +58,9 @@ impl Extension for HealthCheck {
                 e,
             )
         })?;
+        if let Ok(a) = listener.local_addr() {
+            tracing::info!(address = %a, path = %self.cfg.path, "health_check listening");
+        }
         let status = self.status.clone();
         let app = axum::Router::new().route(
             &self.cfg.path,

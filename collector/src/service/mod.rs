@@ -201,7 +201,11 @@ impl Service {
                     .processors
                     .iter()
                     .filter_map(|id| {
-                        g.processors.get(&(name.clone(), id.clone())).map(|r| (id.clone(), Arc::clone(&r.instance)))
+                        g.processors.get(&(name.clone(), id.clone())).map(|r| pipeline::PipelineProcessor {
+                            id: id.clone(),
+                            instance: Arc::clone(&r.instance),
+                            telemetry: self.telemetry.component(Kind::Processor, id),
+                        })
                     })
                     .collect(),
                 exporters: p

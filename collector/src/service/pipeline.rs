@@ -13,7 +13,8 @@
 use crate::exporter_helper::ExporterHandle;
 use async_trait::async_trait;
 use profcol_api::component::{ConsumeError, Consumer};
-use profcol_api::{ComponentId, Processor, Profiles};
+use profcol_api::telemetry::ComponentTelemetry;
+use profcol_api::{ComponentId, ProcessOutcome, Processor, Profiles};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
@@ -41,9 +42,17 @@ impl Consumer for PipelineInput {
     }
 }
 
+/// One processor of a pipeline, with the counters the host keeps for it.
+pub struct PipelineProcessor {
+    pub id: ComponentId,
+    pub instance: Arc<dyn Processor>,
+    /// incoming / outgoing / dropped / refused samples, labelled by id.
+    pub telemetry: ComponentTelemetry,
+}
+
 pub struct PipelineParts {
     pub name: String,
-    pub processors: Vec<(ComponentId, Arc<dyn Processor>)>,
+    pub processors: Vec<PipelineProcessor>,
     pub exporters: Vec<Arc<ExporterHandle>>,
 }
 
@@ -62,7 +71,7 @@ struct Held {
 /// Runs until every sender of `rx` is gone, then flushes held-back batches
 /// through the rest of the pipeline and returns.
 pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
-    let flush_every = parts.processors.iter().filter_map(|(_, p)| p.flush_interval()).min();
+    let flush_every = parts.processors.iter().filter_map(|p| p.instance.flush_interval()).min();
     let mut ticker = tokio::time::interval(flush_every.unwrap_or(Duration::from_secs(3600)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
@@ -84,14 +93,19 @@ pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
 
 /// Each processor's held-back batch goes through the processors after it.
 async fn flush(parts: &PipelineParts, held: &mut Held) {
-    for (i, (id, p)) in parts.processors.iter().enumerate() {
+    for (i, p) in parts.processors.iter().enumerate() {
         let acks = std::mem::take(&mut held.acks[i]);
-        match p.flush().await {
-            Ok(Some(b)) => process_from(parts, held, i + 1, b, acks).await,
+        match p.instance.flush().await {
+            Ok(Some(b)) => {
+                p.telemetry.outgoing.add(b.sample_count() as u64);
+                process_from(parts, held, i + 1, b, acks).await
+            }
             Ok(None) => answer(acks, Ok(())),
             Err(e) => {
-                warn!(pipeline = %parts.name, processor = %id, error = %e, "flush failed");
-                answer(acks, Ok(()));
+                // What it held is lost; its senders were already told OK
+                // (in-memory pipelines) or still wait (durable ones).
+                warn!(pipeline = %parts.name, processor = %p.id, error = %e, "flush failed; held samples lost");
+                answer(acks, Err(ConsumeError::Rejected(format!("processor {}: {e}", p.id))));
             }
         }
     }
@@ -106,26 +120,46 @@ fn answer(acks: Vec<Ack>, result: Result<(), ConsumeError>) {
 }
 
 /// Runs `batch` through the processors from `start` on and into every
-/// exporter's queue, then answers `acks`. A processor that fails drops the
-/// batch with a warning (a retry would fail the same way); an exporter whose
-/// persistent queue cannot take it makes the whole batch refused, so the
-/// sender retries. A processor that holds the batch back keeps its acks
-/// (durable pipelines) or answers them at once.
+/// exporter's queue, then answers `acks`. Each processor says what it did:
+/// forwarded (on to the next), held (its flush carries the batch later: in a
+/// durable pipeline the acks wait for that flush, else they are answered
+/// now), dropped (the sender is told OK: the drop was deliberate) or refused
+/// (an error: the sender hears it and may retry). An exporter whose
+/// persistent queue cannot take the batch makes it refused as well.
 async fn process_from(parts: &PipelineParts, held: &mut Held, start: usize, mut batch: Profiles, mut acks: Vec<Ack>) {
-    for (i, (id, p)) in parts.processors.iter().enumerate().skip(start) {
-        let n = batch.sample_count();
-        match p.process(batch).await {
-            Ok(Some(b)) => {
+    for (i, p) in parts.processors.iter().enumerate().skip(start) {
+        let n = batch.sample_count() as u64;
+        p.telemetry.incoming.add(n);
+        match p.instance.process(batch).await {
+            Ok(ProcessOutcome::Forward(b)) => {
+                p.telemetry.outgoing.add(b.sample_count() as u64);
                 batch = b;
                 // What the processor held went out with this batch.
                 acks.append(&mut held.acks[i]);
             }
-            // Only processors with a flush timer hold batches; for the rest None means dropped.
-            Ok(None) if held.durable && p.flush_interval().is_some() => return held.acks[i].append(&mut acks),
-            Ok(None) => return answer(acks, Ok(())),
-            Err(e) => {
-                warn!(pipeline = %parts.name, processor = %id, samples = n, error = %e, "processor failed; batch dropped");
+            Ok(ProcessOutcome::Held) if p.instance.flush_interval().is_none() => {
+                // A processor that never flushes cannot hold: the batch would vanish.
+                warn!(pipeline = %parts.name, processor = %p.id, samples = n,
+                    "processor held a batch but has no flush interval; counted as dropped");
+                p.telemetry.dropped.add(n);
                 return answer(acks, Ok(()));
+            }
+            Ok(ProcessOutcome::Held) if held.durable => return held.acks[i].append(&mut acks),
+            Ok(ProcessOutcome::Held) => return answer(acks, Ok(())),
+            Ok(ProcessOutcome::Dropped { reason, samples }) => {
+                tracing::debug!(pipeline = %parts.name, processor = %p.id, samples, %reason, "batch dropped");
+                p.telemetry.dropped.add(samples);
+                return answer(acks, Ok(()));
+            }
+            Err(e) => {
+                warn!(pipeline = %parts.name, processor = %p.id, samples = n, error = %e, "processor refused the batch");
+                p.telemetry.refused.add(n);
+                let e = match ConsumeError::from(e) {
+                    ConsumeError::Refused(m) => ConsumeError::Refused(format!("processor {}: {m}", p.id)),
+                    ConsumeError::Rejected(m) => ConsumeError::Rejected(format!("processor {}: {m}", p.id)),
+                    other => other,
+                };
+                return answer(acks, Err(e));
             }
         }
     }

@@ -1,9 +1,9 @@
-//! Shared by the host's integration tests: a corpus generator and a handle on
-//! a running profcol process.
+//! Shared by the host's integration tests: a corpus on disk and a handle on a
+//! running profcol process (what other crates share is in profcol-testkit).
 #![allow(dead_code)]
 
-use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
-use profcol_api::{Profiles, ProfilesBuilder};
+use profcol_api::Profiles;
+pub use profcol_testkit::batch::random_batch;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,87 +14,12 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_profcol")
 }
 
-/// A deterministic batch: `procs` processes, `samples` samples over `stacks`
-/// distinct stacks of depth `depth`, with thread attributes and timestamps.
-pub fn batch(seed: u64, procs: usize, samples: usize, stacks: usize, depth: usize) -> Profiles {
-    let mut b = ProfilesBuilder::new();
-    let mut rng = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    let mut profiles = Vec::new();
-    for p in 0..procs {
-        let res = Resource {
-            attributes: vec![KeyValue {
-                key: "process.pid".into(),
-                value: Some(AttrValue::Int(1000 + p as i64 + seed as i64 * 100).to_any()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let r = b.resource(res);
-        profiles.push(b.profile(
-            r,
-            &ProfileMeta {
-                sample_type: ("samples", "count"),
-                period_type: ("cpu", "nanoseconds"),
-                period: 10_000_000,
-                time_unix_nano: 1_700_000_000_000_000_000,
-                duration_nano: 5_000_000_000,
-            },
-        ));
-    }
-    let file = b.string("/usr/bin/app");
-    let mapping = b.mapping(pb::Mapping {
-        memory_start: 0x400000,
-        memory_limit: 0x800000,
-        filename_strindex: file,
-        ..Default::default()
-    });
-    let stack_ids: Vec<i32> = (0..stacks)
-        .map(|s| {
-            let locs: Vec<i32> = (0..depth)
-                .map(|d| {
-                    let f = b.function(&format!("fn_{}_{}", s % 97, d), "", "app.c", d as i64);
-                    b.location(pb::Location {
-                        mapping_index: mapping,
-                        address: 0x400000 + (s * depth + d) as u64 * 16,
-                        lines: vec![pb::Line { function_index: f, line: d as i64 + 1, column: 0 }],
-                        attribute_indices: vec![],
-                    })
-                })
-                .collect();
-            b.stack(&locs)
-        })
-        .collect();
-    for i in 0..samples {
-        let p = profiles[(next() as usize) % procs];
-        let st = stack_ids[(next() as usize) % stacks];
-        let tid = b.attribute("thread.id", AttrValue::Int((next() % 8) as i64));
-        let tname = b.attribute("thread.name", AttrValue::Str(["main", "worker", "io"][(next() % 3) as usize]));
-        b.sample(
-            p,
-            pb::Sample {
-                stack_index: st,
-                attribute_indices: vec![tid, tname],
-                link_index: 0,
-                values: vec![1],
-                timestamps_unix_nano: vec![1_700_000_000_000_000_000 + seed * 1_000_000 + i as u64],
-            },
-        );
-    }
-    b.build()
-}
-
 /// Writes `n` batches as `.pb` files into `dir`; returns them.
 pub fn write_corpus(dir: &Path, n: usize, samples: usize) -> Vec<Profiles> {
     std::fs::create_dir_all(dir).unwrap();
     (0..n)
         .map(|i| {
-            let p = batch(i as u64 + 1, 3, samples, 40, 8);
+            let p = random_batch(i as u64 + 1, 3, samples, 40, 8);
             std::fs::write(dir.join(format!("batch-{i:04}.pb")), p.encode_to_vec()).unwrap();
             p
         })
@@ -143,6 +68,23 @@ impl Profcol {
         self.log.lock().unwrap().iter().filter(|l| l.contains(needle)).count()
     }
 
+    /// The address a component logged it bound (configure it with port 0):
+    /// `key=ADDR` in the first log line containing `needle`.
+    pub fn wait_addr(&self, needle: &str, key: &str, timeout: Duration) -> std::net::SocketAddr {
+        let mut found = None;
+        wait_until(timeout, || {
+            found = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .find_map(|l| profcol_testkit::net::addr_in_log(l, key));
+            found.is_some()
+        });
+        found.unwrap_or_else(|| panic!("no log line with {needle:?} and {key}=ADDR within {timeout:?}"))
+    }
+
     /// Waits until a log line contains `needle`.
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
         wait_until(timeout, || self.log_count(needle) > 0)
@@ -176,11 +118,6 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     f()
-}
-
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 pub fn write(path: &Path, text: &str) -> PathBuf {

@@ -5,7 +5,9 @@
 //! generation becomes live exactly when the program did.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,31 +17,21 @@ use tokio::io::Interest;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
+use profcol_ebpf::sys::{
+    self, perf_event_attr, perf_event_header, perf_event_mmap_page, perf_event_sample_format, perf_event_type,
+    perf_sw_ids, perf_type_id, BpfEventRecord, KsymbolRecord,
+};
+
 use super::bpf_progs::BpfFunc;
 use super::error::{Error, Result};
 use super::generations::now_ns;
 use super::reload::Trigger;
 
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
-const PERF_COUNT_SW_DUMMY: u64 = 9;
-const PERF_SAMPLE_TIME: u64 = 1 << 2;
-const PERF_RECORD_LOST: u32 = 2;
-const PERF_RECORD_KSYMBOL: u32 = 17;
-const PERF_RECORD_BPF_EVENT: u32 = 18;
-const KSYMBOL_FLAG_UNREGISTER: u16 = 1;
-const BPF_EVENT_PROG_LOAD: u16 = 1;
+const PERF_RECORD_LOST: u32 = perf_event_type::PERF_RECORD_LOST as u32;
+const PERF_RECORD_KSYMBOL: u32 = perf_event_type::PERF_RECORD_KSYMBOL as u32;
+const PERF_RECORD_BPF_EVENT: u32 = perf_event_type::PERF_RECORD_BPF_EVENT as u32;
 /// Data pages per ring (power of two); records are rare and small.
 const DATA_PAGES: usize = 8;
-
-/// perf_event_attr bits used here (offset 40).
-mod bits {
-    pub const WATERMARK: u64 = 1 << 14;
-    pub const SAMPLE_ID_ALL: u64 = 1 << 18;
-    pub const USE_CLOCKID: u64 = 1 << 25;
-    pub const KSYMBOL: u64 = 1 << 29;
-    pub const BPF_EVENT: u64 = 1 << 30;
-}
 
 /// One CPU's event and its mapped ring.
 pub struct Ring {
@@ -69,36 +61,20 @@ impl AsRawFd for Ring {
 }
 
 fn open_event(cpu: u32, realtime: bool) -> io::Result<OwnedFd> {
-    let mut attr = [0u8; 128];
-    let put32 = |a: &mut [u8; 128], o: usize, v: u32| a[o..o + 4].copy_from_slice(&v.to_ne_bytes());
-    let put64 = |a: &mut [u8; 128], o: usize, v: u64| a[o..o + 8].copy_from_slice(&v.to_ne_bytes());
-    put32(&mut attr, 0, PERF_TYPE_SOFTWARE);
-    put32(&mut attr, 4, 128);
-    put64(&mut attr, 8, PERF_COUNT_SW_DUMMY);
-    let mut flags = bits::WATERMARK | bits::KSYMBOL | bits::BPF_EVENT;
+    let mut attr = sys::zeroed::<perf_event_attr>();
+    attr.type_ = perf_type_id::PERF_TYPE_SOFTWARE as u32;
+    attr.config = perf_sw_ids::PERF_COUNT_SW_DUMMY as u64;
+    attr.set_watermark(1);
+    attr.__bindgen_anon_2.wakeup_watermark = 1; // wake on every record
+    attr.set_ksymbol(1);
+    attr.set_bpf_event(1);
     if realtime {
-        put64(&mut attr, 24, PERF_SAMPLE_TIME);
-        flags |= bits::SAMPLE_ID_ALL | bits::USE_CLOCKID;
-        put32(&mut attr, 92, libc::CLOCK_REALTIME as u32);
+        attr.sample_type = perf_event_sample_format::PERF_SAMPLE_TIME as u64;
+        attr.set_sample_id_all(1);
+        attr.set_use_clockid(1);
+        attr.clockid = libc::CLOCK_REALTIME;
     }
-    put64(&mut attr, 40, flags);
-    put32(&mut attr, 48, 1); // wakeup_watermark: wake on every record
-                             // SAFETY: attr is a valid 128-byte perf_event_attr.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            attr.as_ptr(),
-            -1 as libc::c_int,
-            cpu as libc::c_int,
-            -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    sys::perf_event_open(&attr, -1, cpu as i32, None, 0)
 }
 
 impl Ring {
@@ -131,67 +107,78 @@ impl Ring {
         Ok(Ring { fd, base: base.cast(), map_len, page, timed, scratch: Vec::new() })
     }
 
-    fn meta_u64(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: offsets 1024..1056 of the first page hold aligned u64
-        // fields of perf_event_mmap_page shared with the kernel.
-        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    /// The ring's `data_head` (written by the kernel) and `data_tail`
+    /// (written by us) in the shared `perf_event_mmap_page`.
+    fn head_tail(&self) -> (&AtomicU64, &AtomicU64) {
+        let page = self.base.cast::<perf_event_mmap_page>();
+        // SAFETY: the first mapped page is the kernel's perf_event_mmap_page,
+        // alive as long as self; data_head and data_tail are aligned u64s
+        // shared with the kernel, so they are only accessed atomically.
+        unsafe {
+            (AtomicU64::from_ptr(addr_of_mut!((*page).data_head)), AtomicU64::from_ptr(addr_of_mut!((*page).data_tail)))
+        }
     }
 
     /// Hands every complete record to `f` and frees its ring space.
     pub fn drain(&mut self, mut f: impl FnMut(&[u8], bool)) {
-        let head = self.meta_u64(1024).load(Ordering::Acquire);
-        let mut tail = self.meta_u64(1032).load(Ordering::Relaxed);
+        let (head, tail_at) = self.head_tail();
+        let head = head.load(Ordering::Acquire);
+        let mut tail = tail_at.load(Ordering::Relaxed);
         let size = (self.map_len - self.page) as u64;
         // SAFETY: the data area starts one page in and is `size` bytes.
         let data = unsafe { std::slice::from_raw_parts(self.base.add(self.page), size as usize) };
-        while tail + 8 <= head {
+        const HEADER: u64 = size_of::<perf_event_header>() as u64;
+        // Records may wrap around the ring's end: copy byte by byte modulo size.
+        let copy = |out: &mut Vec<u8>, at: usize, len: usize| {
+            out.clear();
+            out.extend((0..len).map(|i| data[(at + i) % size as usize]));
+        };
+        while tail + HEADER <= head {
             let at = (tail % size) as usize;
-            let mut hdr = [0u8; 8];
-            for (i, b) in hdr.iter_mut().enumerate() {
-                *b = data[(at + i) % size as usize];
-            }
-            let len = u16::from_ne_bytes([hdr[6], hdr[7]]) as u64;
-            if len < 8 || tail + len > head {
+            copy(&mut self.scratch, at, HEADER as usize);
+            let Some(header) = sys::read::<perf_event_header>(&self.scratch) else { break };
+            let len = u64::from(header.size);
+            if len < HEADER || tail + len > head {
                 break;
             }
-            self.scratch.clear();
-            for i in 0..len as usize {
-                self.scratch.push(data[(at + i) % size as usize]);
-            }
+            copy(&mut self.scratch, at, len as usize);
             f(&self.scratch, self.timed);
             tail += len;
         }
-        self.meta_u64(1032).store(tail, Ordering::Release);
+        self.head_tail().1.store(tail, Ordering::Release);
     }
 }
 
 /// Turns one record into a trigger.
 pub fn parse_record(rec: &[u8], timed: bool) -> Option<Trigger> {
-    let u16_at = |o: usize| rec.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| rec.get(o..o + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
-    let u64_at = |o: usize| rec.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])));
-    let kind = u32_at(0)?;
+    let header = sys::read::<perf_event_header>(rec)?;
     // With sample_id_all and only PERF_SAMPLE_TIME, the time ends the record.
-    let ts = if timed { u64_at(rec.len().checked_sub(8)?)? } else { now_ns() };
-    match kind {
+    let ts = if timed { sys::read::<u64>(rec.get(rec.len().checked_sub(size_of::<u64>())?..)?)? } else { now_ns() };
+    match header.type_ {
         PERF_RECORD_KSYMBOL => {
-            let addr = u64_at(8)?;
-            let len = u32_at(16)?;
-            let flags = u16_at(22)?;
-            let name_bytes = rec.get(24..)?;
+            let k = sys::read::<KsymbolRecord>(rec)?;
+            let name_bytes = rec.get(size_of::<KsymbolRecord>()..)?;
             let end = name_bytes.iter().position(|&b| b == 0)?;
             let name = std::str::from_utf8(&name_bytes[..end]).ok()?;
-            if flags & KSYMBOL_FLAG_UNREGISTER != 0 {
-                Some(Trigger::KsymbolUnregister { ts_ns: ts, addr })
+            if k.flags & sys::PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER != 0 {
+                Some(Trigger::KsymbolUnregister { ts_ns: ts, addr: k.addr })
             } else {
                 Some(Trigger::KsymbolRegister {
                     ts_ns: ts,
-                    func: BpfFunc { start: addr, len, prog_id: 0, name: name.into(), func: None, lines: Arc::from([]) },
+                    func: BpfFunc {
+                        start: k.addr,
+                        len: k.len,
+                        prog_id: 0,
+                        name: name.into(),
+                        func: None,
+                        lines: Arc::from([]),
+                    },
                 })
             }
         }
         PERF_RECORD_BPF_EVENT => {
-            (u16_at(8)? == BPF_EVENT_PROG_LOAD).then(|| Some(Trigger::BpfProgLoad { ts_ns: ts, id: u32_at(12)? }))?
+            let e = sys::read::<BpfEventRecord>(rec)?;
+            (e.type_ == sys::PERF_BPF_EVENT_PROG_LOAD).then_some(Trigger::BpfProgLoad { ts_ns: ts, id: e.id })
         }
         PERF_RECORD_LOST => Some(Trigger::Lost),
         _ => None,
@@ -246,6 +233,68 @@ async fn run_ring(mut afd: AsyncFd<Ring>, tx: UnboundedSender<Trigger>) {
         });
         if closed || tx.is_closed() {
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `body` as the kernel lays it out, then `tail` (name, sample_id).
+    fn record<T: Copy>(body: T, tail: &[u8]) -> Vec<u8> {
+        // SAFETY: the record structs are #[repr(C)] integers with no padding
+        // (their sizes are checked against the uapi in profcol_ebpf::sys).
+        let head = unsafe { std::slice::from_raw_parts((&body as *const T).cast::<u8>(), size_of::<T>()) };
+        [head, tail].concat()
+    }
+
+    fn header(type_: u32, size: usize) -> perf_event_header {
+        perf_event_header { type_, misc: 0, size: size as u16 }
+    }
+
+    #[test]
+    fn parses_ksymbol_and_bpf_event_records_by_their_structs() {
+        let ts = 1_700_000_000_123_456_789u64;
+        let mut tail = b"bpf_prog_0123456789abcdef_f\0\0\0\0\0".to_vec();
+        tail.extend_from_slice(&ts.to_ne_bytes());
+        let size = size_of::<KsymbolRecord>() + tail.len();
+        let k = KsymbolRecord {
+            header: header(PERF_RECORD_KSYMBOL, size),
+            addr: 0xffff_ffff_c000_1000,
+            len: 96,
+            ksym_type: 1,
+            flags: 0,
+        };
+        match parse_record(&record(k, &tail), true) {
+            Some(Trigger::KsymbolRegister { ts_ns, func }) => {
+                assert_eq!((ts_ns, func.start, func.len), (ts, 0xffff_ffff_c000_1000, 96));
+                assert_eq!(&*func.name, "bpf_prog_0123456789abcdef_f");
+            }
+            other => panic!("{other:?}"),
+        }
+        let gone = KsymbolRecord { flags: sys::PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER, ..k };
+        assert!(matches!(
+            parse_record(&record(gone, &tail), true),
+            Some(Trigger::KsymbolUnregister { ts_ns, addr: 0xffff_ffff_c000_1000 }) if ts_ns == ts
+        ));
+
+        let e = BpfEventRecord {
+            header: header(PERF_RECORD_BPF_EVENT, size_of::<BpfEventRecord>() + 8),
+            type_: sys::PERF_BPF_EVENT_PROG_LOAD,
+            flags: 0,
+            id: 4242,
+            tag: [7; 8],
+        };
+        let load = record(e, &ts.to_ne_bytes());
+        assert!(matches!(parse_record(&load, true), Some(Trigger::BpfProgLoad { ts_ns, id: 4242 }) if ts_ns == ts));
+        let unload = record(BpfEventRecord { type_: 2, ..e }, &ts.to_ne_bytes());
+        assert!(parse_record(&unload, true).is_none());
+
+        // Truncated records are refused, never read past their end.
+        let full = record(k, &tail);
+        for n in 0..size_of::<KsymbolRecord>() {
+            assert!(parse_record(&full[..n], false).is_none(), "{n} bytes");
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
-use profcol_api::component::{ComponentError, Processor};
+use profcol_api::component::{ComponentError, ProcessError, ProcessOutcome, Processor};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::Profiles;
 use tokio::task::JoinHandle;
@@ -123,9 +123,9 @@ impl Processor for KernelSymbols {
         Ok(())
     }
 
-    async fn process(&self, batch: Profiles) -> Result<Option<Profiles>, ComponentError> {
+    async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
         let Some(store) = self.store.get() else {
-            return Ok(Some(batch)); // not started: pass through untouched
+            return Ok(ProcessOutcome::Forward(batch)); // not started: pass through untouched
         };
         let gens = store.generations().load();
         let (batch, outcome) = symbolize::symbolize(batch, &gens);
@@ -135,7 +135,7 @@ impl Processor for KernelSymbols {
         if let Some(m) = &self.metrics {
             m.record(store, &outcome);
         }
-        Ok(Some(batch))
+        Ok(ProcessOutcome::Forward(batch))
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {

@@ -68,6 +68,7 @@ fn to_status(e: IngestError) -> Status {
         IngestError::Invalid(m) => Status::invalid_argument(m),
         IngestError::TooLarge(m) => Status::resource_exhausted(m),
         IngestError::Unavailable(m) => Status::unavailable(m),
+        IngestError::Rejected(m) => Status::invalid_argument(m),
     }
 }
 

@@ -69,6 +69,7 @@ fn error(enc: Encoding, e: IngestError) -> Response {
         IngestError::Invalid(m) => reply(enc, StatusCode::BAD_REQUEST, 3, m),
         IngestError::TooLarge(m) => reply(enc, StatusCode::PAYLOAD_TOO_LARGE, 8, m),
         IngestError::Unavailable(m) => reply(enc, StatusCode::SERVICE_UNAVAILABLE, 14, m),
+        IngestError::Rejected(m) => reply(enc, StatusCode::BAD_REQUEST, 3, m),
     }
 }
 

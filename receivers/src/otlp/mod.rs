@@ -24,7 +24,9 @@ mod tls;
 
 pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServerConfig};
 
-use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next};
+use profcol_api::component::{
+    factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
+};
 use profcol_api::model::ExportProfilesServiceRequest;
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
 use profcol_api::{Profiles, Receiver, Stability};
@@ -68,6 +70,8 @@ pub(crate) enum IngestError {
     TooLarge(String),
     /// The pipeline pushed back: retry later.
     Unavailable(String),
+    /// A processor refused the data for good: a retry would fail the same way.
+    Rejected(String),
 }
 
 /// What both servers share: validation and the push into the pipeline.
@@ -131,6 +135,8 @@ impl Ingest {
         match e {
             IngestError::Invalid(_) | IngestError::TooLarge(_) => self.invalid.inc(),
             IngestError::Unavailable(_) => self.busy.inc(),
+            // Counted as refused by `Next::send`.
+            IngestError::Rejected(_) => {}
         }
     }
 
@@ -147,6 +153,9 @@ impl Ingest {
         let n = batch.sample_count() as u64;
         match tokio::time::timeout(self.backpressure_timeout, self.next.send(batch)).await {
             Ok(Ok(())) => Ok(()),
+            Ok(Err(ConsumeError::Rejected(why))) => {
+                Err(IngestError::Rejected(format!("the pipeline rejected the batch ({why}); do not retry it")))
+            }
             Ok(Err(e)) => {
                 let e = IngestError::Unavailable(format!("the pipeline refused the batch ({e}); retry later"));
                 self.count(&e);

@@ -1,21 +1,9 @@
-//! Shared helpers of the exporter integration tests: realistic batches, a
-//! collecting consumer, free loopback ports, and external tools that must be
-//! there when CI=true.
-#![allow(dead_code)]
+//! Deterministic batches for tests and benches.
 
-use profcol_api::component::{ComponentId, ConsumeError, Consumer, CreateSettings, Kind, Next};
 use profcol_api::model::{keys, pb, AnyValue, AttrValue, KeyValue, ProfileMeta, Resource};
-use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{Profiles, ProfilesBuilder};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-pub fn settings(kind: Kind, id: &str) -> CreateSettings {
-    let id: ComponentId = id.parse().unwrap();
-    CreateSettings { telemetry: ComponentTelemetry::detached(kind, &id), id }
-}
-
-fn kv(k: &str, v: AnyValue) -> KeyValue {
+pub fn kv(k: &str, v: AnyValue) -> KeyValue {
     KeyValue { key: k.into(), value: Some(v), ..Default::default() }
 }
 
@@ -127,52 +115,79 @@ pub fn cpu_batch(seed: u64, processes: usize, samples_per_process: usize) -> Pro
     b.build()
 }
 
-/// Collects every batch it is given.
-#[derive(Default)]
-pub struct Collector {
-    pub batches: Mutex<Vec<Profiles>>,
-    /// While set, consume() waits (simulates a full pipeline).
-    pub stall: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl Consumer for Collector {
-    async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError> {
-        while self.stall.load(std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        self.batches.lock().unwrap().push(batch);
-        Ok(())
+/// A deterministic batch: `procs` processes, `samples` samples over `stacks`
+/// distinct stacks of depth `depth`, with thread attributes and timestamps.
+pub fn random_batch(seed: u64, procs: usize, samples: usize, stacks: usize, depth: usize) -> Profiles {
+    let mut b = ProfilesBuilder::new();
+    let mut rng = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut profiles = Vec::new();
+    for p in 0..procs {
+        let res = Resource {
+            attributes: vec![KeyValue {
+                key: "process.pid".into(),
+                value: Some(AttrValue::Int(1000 + p as i64 + seed as i64 * 100).to_any()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let r = b.resource(res);
+        profiles.push(b.profile(
+            r,
+            &ProfileMeta {
+                sample_type: ("samples", "count"),
+                period_type: ("cpu", "nanoseconds"),
+                period: 10_000_000,
+                time_unix_nano: 1_700_000_000_000_000_000,
+                duration_nano: 5_000_000_000,
+            },
+        ));
     }
-}
-
-impl Collector {
-    pub fn next(self: &Arc<Self>) -> Next {
-        let id: ComponentId = "otlp/test".parse().unwrap();
-        Next::new(vec![self.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id))
+    let file = b.string("/usr/bin/app");
+    let mapping = b.mapping(pb::Mapping {
+        memory_start: 0x400000,
+        memory_limit: 0x800000,
+        filename_strindex: file,
+        ..Default::default()
+    });
+    let stack_ids: Vec<i32> = (0..stacks)
+        .map(|s| {
+            let locs: Vec<i32> = (0..depth)
+                .map(|d| {
+                    let f = b.function(&format!("fn_{}_{}", s % 97, d), "", "app.c", d as i64);
+                    b.location(pb::Location {
+                        mapping_index: mapping,
+                        address: 0x400000 + (s * depth + d) as u64 * 16,
+                        lines: vec![pb::Line { function_index: f, line: d as i64 + 1, column: 0 }],
+                        attribute_indices: vec![],
+                    })
+                })
+                .collect();
+            b.stack(&locs)
+        })
+        .collect();
+    for i in 0..samples {
+        let p = profiles[(next() as usize) % procs];
+        let st = stack_ids[(next() as usize) % stacks];
+        let tid = b.attribute("thread.id", AttrValue::Int((next() % 8) as i64));
+        let tname = b.attribute("thread.name", AttrValue::Str(["main", "worker", "io"][(next() % 3) as usize]));
+        b.sample(
+            p,
+            pb::Sample {
+                stack_index: st,
+                attribute_indices: vec![tid, tname],
+                link_index: 0,
+                values: vec![1],
+                timestamps_unix_nano: vec![1_700_000_000_000_000_000 + seed * 1_000_000 + i as u64],
+            },
+        );
     }
-
-    pub fn sample_count(&self) -> usize {
-        self.batches.lock().unwrap().iter().map(|b| b.sample_count()).sum()
-    }
-
-    /// Waits until `n` samples arrived (or panics after `timeout`).
-    pub async fn wait_for(&self, n: usize, timeout: Duration) {
-        let t = std::time::Instant::now();
-        while self.sample_count() < n {
-            assert!(t.elapsed() < timeout, "only {} of {n} samples arrived within {timeout:?}", self.sample_count());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Every collected batch merged into one.
-    pub fn merged(&self) -> Profiles {
-        let mut b = ProfilesBuilder::new();
-        for p in self.batches.lock().unwrap().iter() {
-            b.append(p.clone());
-        }
-        b.build()
-    }
+    b.build()
 }
 
 pub fn merge(batches: &[Profiles]) -> Profiles {
@@ -181,27 +196,4 @@ pub fn merge(batches: &[Profiles]) -> Profiles {
         b.append(p.clone());
     }
     b.build()
-}
-
-/// A loopback port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Whether an external tool runs; under CI=true a missing tool fails the test.
-pub fn tool_available(cmd: &str, args: &[&str]) -> bool {
-    let ok = std::process::Command::new(cmd)
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("`{cmd}` is required under CI=true; run .ci/exporters.sh to install it");
-        }
-        eprintln!("SKIPPED: `{cmd}` is not installed (run .ci/exporters.sh); CI=true turns this into a failure");
-    }
-    ok
 }

@@ -1,0 +1,40 @@
+//! A global allocator that counts live heap bytes, for benches that size
+//! what a structure holds. Install it in the bench binary:
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static A: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Counting;
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+/// Forwards to the system allocator and keeps a count of live bytes.
+pub struct Counting;
+
+// SAFETY: every call is forwarded to `System` with the caller's arguments;
+// the counter has no effect on the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's arguments.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+/// Live heap bytes (0 unless [`Counting`] is the global allocator).
+pub fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}

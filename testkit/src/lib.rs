@@ -1,0 +1,36 @@
+//! `profcol-testkit`: what profcol's test suites and benches share, in one
+//! place (a dev-dependency only; nothing here ships).
+//!
+//! - [`batch`]: deterministic batches shaped like the eBPF receiver's;
+//! - [`sink`]: a consumer that collects what a receiver pushes;
+//! - [`raw`]: OTLP requests sent as raw bytes over gRPC and HTTP;
+//! - [`net`]: loopback listeners handed over already bound (no port races);
+//! - [`log`]: the process's own log captured, to read bound addresses;
+//! - [`alloc`]: a global allocator that counts live heap bytes;
+//! - [`tools`]: external tools that must be there under CI=true.
+
+pub mod alloc;
+pub mod batch;
+pub mod log;
+pub mod net;
+pub mod raw;
+pub mod sink;
+pub mod tools;
+
+use profcol_api::component::{ComponentId, CreateSettings, Kind};
+use profcol_api::telemetry::ComponentTelemetry;
+
+/// Settings for a component created outside a host (detached telemetry).
+pub fn settings(kind: Kind, id: &str) -> CreateSettings {
+    let id: ComponentId = id.parse().expect("a valid component id");
+    CreateSettings { telemetry: ComponentTelemetry::detached(kind, &id), id }
+}
+
+/// What most test files use, in one `use profcol_testkit::prelude::*;`.
+pub mod prelude {
+    pub use crate::batch::{cpu_batch, i, kv, merge, random_batch, s};
+    pub use crate::net::{closed_port, listener, tokio_listener};
+    pub use crate::settings;
+    pub use crate::sink::Collector;
+    pub use crate::tools::{in_ci, tool_available};
+}
