@@ -3,10 +3,25 @@
 //! decode and pass the host's own validate (the harness panics, failing the
 //! test, where the host would count a plugin failure).
 //!
-//! ```ignore
-//! let mut h = Harness::<DropFrames>::processor(r#"{"pattern": "^std::"}"#).unwrap();
-//! let out = h.process(&harness::cpu_batch()).unwrap().expect("not dropped");
-//! assert!(out.samples().all(|s| s.frames().all(|f| !f.function_name().unwrap_or("").starts_with("std::"))));
+//! ```
+//! use profcol_plugin_sdk::harness::{cpu_batch, Harness};
+//! use profcol_plugin_sdk::{Batch, PluginError, Processor};
+//!
+//! struct DropPrefix(String);
+//!
+//! impl Processor for DropPrefix {
+//!     fn init(config: &str) -> Result<Self, String> {
+//!         Ok(DropPrefix(serde_json::from_str(config).map_err(|e| e.to_string())?))
+//!     }
+//!     fn process(&mut self, mut batch: Batch) -> Result<Option<Batch>, PluginError> {
+//!         batch.retain_frames(|f| !f.function_name().unwrap_or("").starts_with(self.0.as_str()));
+//!         Ok(Some(batch))
+//!     }
+//! }
+//!
+//! let mut h = Harness::<DropPrefix>::processor(r#""alloc::""#).unwrap();
+//! let out = h.process(&cpu_batch()).unwrap().expect("not dropped");
+//! assert!(out.samples().all(|s| s.frames().all(|f| !f.function_name().unwrap_or("").starts_with("alloc::"))));
 //! ```
 
 use crate::{Batch, BatchBuilder, Exporter, FrameSpec, Output, PluginError, Processor, ProfileSpec, SampleSpec, Value};

@@ -4,7 +4,7 @@
 //! the `processor` or `exporter` world of `profcol:plugin@0.1.0`
 //! (`plugins/wit/plugin.wit`). With this crate a plugin is a type:
 //!
-//! ```ignore
+//! ```
 //! use profcol_plugin_sdk::{Batch, PluginError, Processor};
 //!
 //! struct DropIdle;
@@ -18,6 +18,10 @@
 //! }
 //!
 //! profcol_plugin_sdk::export_processor!(DropIdle);
+//!
+//! // Natively, the harness calls it as the host would.
+//! let mut h = profcol_plugin_sdk::harness::Harness::<DropIdle>::processor("null").unwrap();
+//! assert!(h.process(&profcol_plugin_sdk::harness::cpu_batch()).unwrap().is_some());
 //! ```
 //!
 //! - The batch arrives as [`Batch`], the OTLP `ProfilesData` in the same
