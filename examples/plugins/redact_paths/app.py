@@ -8,7 +8,7 @@ profiles leave the host:
       wasm/redact_paths:
         path: examples/plugins/out/redact_paths.wasm
         config: { pattern: "^/home/[^/]+/", replacement: "/home/~/" }
-        call_timeout: 2s
+        call_timeout: 5s
 
 A changed path is added to the string table and only the function or
 mapping that names it points at it, so a function name that happens to
