@@ -20,6 +20,8 @@ COMPONENTIZE_PY=0.25.1
 if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('componentize-py') != '$COMPONENTIZE_PY')" 2>/dev/null; then
 	"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "componentize-py==$COMPONENTIZE_PY" >/dev/null
 fi
+# Under pyenv a new console script needs its shim.
+command -v componentize-py >/dev/null || { command -v pyenv >/dev/null && pyenv rehash; }
 
 if ! "$PY" -c "import opentelemetry.proto.profiles.v1development.profiles_pb2" 2>/dev/null; then
 	"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "opentelemetry-proto>=1.45,<1.46" >/dev/null

@@ -7,10 +7,13 @@
 //! - [`folded`]: the folded-stacks text (`frame;frame;... count`) that the
 //!   `flamegraph` exporter writes and the `folded_exporter` example plugin
 //!   produces: how a frame is named, unnamed and kernel frames included.
+//! - [`lookup`]: reading the dictionary by index, out-of-range indices
+//!   read as absent.
 //!
 //! Builds for `wasm32-wasip2`: it needs only the proto messages.
 
 pub mod folded;
+pub mod lookup;
 pub mod validate;
 
 pub use opentelemetry_proto::tonic::profiles::v1development as pb;

@@ -6,14 +6,8 @@ use crate::pb::resource::Resource;
 use crate::value::Value;
 use crate::Batch;
 
-pub(crate) fn get<T>(table: &[T], i: i32) -> Option<&T> {
-    usize::try_from(i).ok().and_then(|i| table.get(i))
-}
-
-/// String `i` of a string table; an index out of range reads as "".
-pub(crate) fn str_at(table: &[String], i: i32) -> &str {
-    get(table, i).map(String::as_str).unwrap_or("")
-}
+use profcol_model_rules::lookup;
+pub(crate) use profcol_model_rules::lookup::{get, str_at};
 
 /// One sample, with its profile, resource and the batch's dictionary.
 #[derive(Clone, Copy)]
@@ -29,11 +23,7 @@ impl<'a> Sample<'a> {
     /// The frames of the sample's stack, leaf first.
     pub fn frames(&self) -> impl Iterator<Item = Frame<'a>> + 'a {
         let dict = self.dict;
-        get(&dict.stack_table, self.raw.stack_index)
-            .into_iter()
-            .flat_map(|s| s.location_indices.iter())
-            .filter_map(move |&i| get(&dict.location_table, i))
-            .map(move |location| Frame { location, dict })
+        lookup::stack_locations(dict, self.raw.stack_index).map(move |location| Frame { location, dict })
     }
 
     /// The sample's attributes as (key, value).
@@ -56,12 +46,7 @@ impl<'a> Sample<'a> {
     pub(crate) fn raw_attributes(
         &self,
     ) -> impl Iterator<Item = (&'a str, Option<&'a crate::pb::common::AnyValue>)> + 'a {
-        let dict = self.dict;
-        self.raw
-            .attribute_indices
-            .iter()
-            .filter_map(move |&i| get(&dict.attribute_table, i))
-            .map(move |kv| (str_at(&dict.string_table, kv.key_strindex), kv.value.as_ref()))
+        lookup::attributes(self.dict, &self.raw.attribute_indices)
     }
 
     /// The profile's sample type as (type, unit), e.g. ("samples", "count").

@@ -141,6 +141,4 @@ impl Profiles {
 }
 
 /// Looks up string `i` of a string table; out-of-range indices read as "".
-pub fn str_at(table: &[String], i: i32) -> &str {
-    usize::try_from(i).ok().and_then(|i| table.get(i)).map(String::as_str).unwrap_or("")
-}
+pub use profcol_model_rules::lookup::str_at;
