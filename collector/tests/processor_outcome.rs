@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// What the test processor does with every batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 enum Action {
     #[default]
@@ -31,11 +31,13 @@ enum Action {
     RefuseRetryable,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 struct OutcomeConfig {
     action: Action,
 }
+
+impl profcol_api::config::Validate for OutcomeConfig {}
 
 struct Outcome(Action);
 

@@ -13,12 +13,15 @@ pub mod expand;
 pub mod merge;
 mod positions;
 mod service;
+mod value;
 
 pub use error::{render_path, ConfigError, ConfigErrors, Position};
 pub use positions::Positions;
 pub use service::{LogsConfig, MetricsConfig, PipelineConfig, ServiceConfig, TelemetryConfig};
+pub use value::{parse_section, to_config_value};
 
 use profcol_api::component::{ComponentId, Kind};
+use profcol_api::config::ConfigValue;
 use serde_yaml::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,10 +40,10 @@ pub enum Source {
 /// A loaded, structurally valid configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub receivers: BTreeMap<ComponentId, Value>,
-    pub processors: BTreeMap<ComponentId, Value>,
-    pub exporters: BTreeMap<ComponentId, Value>,
-    pub extensions: BTreeMap<ComponentId, Value>,
+    pub receivers: BTreeMap<ComponentId, ConfigValue>,
+    pub processors: BTreeMap<ComponentId, ConfigValue>,
+    pub exporters: BTreeMap<ComponentId, ConfigValue>,
+    pub extensions: BTreeMap<ComponentId, ConfigValue>,
     pub service: ServiceConfig,
     /// Pipelines with parsed ids, in name order.
     pub pipelines: BTreeMap<String, Pipeline>,
@@ -172,7 +175,7 @@ fn parse_file(
 /// Validates the merged document's structure.
 fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<ConfigError>) {
     let mut r = Report { positions: &positions, errors: vec![] };
-    let mut sections: BTreeMap<&str, BTreeMap<ComponentId, Value>> = BTreeMap::new();
+    let mut sections: BTreeMap<&str, BTreeMap<ComponentId, ConfigValue>> = BTreeMap::new();
     let mut service = ServiceConfig::default();
     let Value::Mapping(top) = merged else {
         r.at(
@@ -192,7 +195,7 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
                         let id_s = expand::key_str(&id);
                         match id_s.parse::<ComponentId>() {
                             Ok(id) => {
-                                comps.insert(id, cfg);
+                                comps.insert(id, value::to_config_value(cfg));
                             }
                             Err(e) => r.at(&[key.as_str(), id_s.as_str()], e.to_string()),
                         }
@@ -239,7 +242,7 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
             r.at(&path, format!("invalid pipeline id {pid:?}: profcol carries profiles only; name pipelines profiles or profiles/<name>"));
             continue;
         }
-        let mut resolve = |kind: &str, ids: &[String], known: &BTreeMap<ComponentId, Value>, field: &str| {
+        let mut resolve = |kind: &str, ids: &[String], known: &BTreeMap<ComponentId, ConfigValue>, field: &str| {
             let mut out = Vec::new();
             for (i, s) in ids.iter().enumerate() {
                 let ipath = ["service", "pipelines", pid.as_str(), field, &i.to_string()];
@@ -284,7 +287,7 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
 
 impl Config {
     /// The raw section of component `id` of `kind`.
-    pub fn section(&self, kind: Kind, id: &ComponentId) -> Option<&Value> {
+    pub fn section(&self, kind: Kind, id: &ComponentId) -> Option<&ConfigValue> {
         match kind {
             Kind::Receiver => self.receivers.get(id),
             Kind::Processor => self.processors.get(id),

@@ -1,10 +1,11 @@
 //! The typed `service` section.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServiceConfig {
     /// Extension ids to start.
@@ -14,6 +15,7 @@ pub struct ServiceConfig {
     pub telemetry: TelemetryConfig,
     /// How long a clean shutdown may take to drain in-flight batches.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub shutdown_timeout: Duration,
 }
 
@@ -28,7 +30,7 @@ impl Default for ServiceConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PipelineConfig {
     pub receivers: Vec<String>,
@@ -36,14 +38,14 @@ pub struct PipelineConfig {
     pub exporters: Vec<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     pub logs: LogsConfig,
     pub metrics: MetricsConfig,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogsConfig {
     /// error, warn, info, debug or trace (or a tracing filter directive).
@@ -56,7 +58,7 @@ impl Default for LogsConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Where Prometheus text is served (`/metrics`); empty turns it off.

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// `exporters: flamegraph: ...`
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct FlamegraphConfig {
     /// Where `{file_prefix}-{time}-{group}.svg` (and `.folded`) go.
@@ -29,6 +29,8 @@ pub struct FlamegraphConfig {
     /// Put the process/thread name at the root of every stack.
     pub root_comm: bool,
 }
+
+impl profcol_api::config::Validate for FlamegraphConfig {}
 
 impl Default for FlamegraphConfig {
     fn default() -> Self {

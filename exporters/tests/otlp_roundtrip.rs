@@ -78,16 +78,16 @@ async fn http_roundtrip_proto_json_gzip_and_plain() {
 #[tokio::test]
 async fn factories_build_from_yaml() {
     let f = profcol_receivers::otlp::factory_otlp();
-    let raw: serde_yaml::Value =
-        serde_yaml::from_str("protocols:\n  grpc:\n    endpoint: 127.0.0.1:0\n  http:\n").unwrap();
-    let eff = f.effective_config(&raw).unwrap();
-    let text = serde_yaml::to_string(&eff).unwrap();
+    let yaml = |t: &str| profcol_config::parse_section(t).unwrap();
+    let raw = yaml("protocols:\n  grpc:\n    endpoint: 127.0.0.1:0\n  http:\n");
+    let eff = f.check(&raw).unwrap();
+    let text = serde_json::to_string(&eff).unwrap();
     assert!(text.contains("localhost:4318") && text.contains("max_recv_msg_size_mib"), "{text}");
-    let bad: serde_yaml::Value = serde_yaml::from_str("protocols: {grpc: {endpiont: x}}").unwrap();
-    assert!(f.effective_config(&bad).unwrap_err().to_string().contains("endpiont"));
+    let bad = yaml("protocols: {grpc: {endpiont: x}}");
+    assert!(f.check(&bad).unwrap_err()[0].to_string().contains("endpiont"));
     for ty in ["otlp", "otlp_grpc", "otlp_http"] {
         let f = profcol_exporters::factories().into_iter().find(|f| f.meta().type_name == ty).unwrap();
-        let raw: serde_yaml::Value = serde_yaml::from_str("endpoint: http://127.0.0.1:1\ncompression: none").unwrap();
+        let raw = yaml("endpoint: http://127.0.0.1:1\ncompression: none");
         f.create(settings(Kind::Exporter, ty), &raw).unwrap();
     }
 }

@@ -8,14 +8,27 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
     /// Send once this many samples are held.
     pub send_batch_size: usize,
     /// Send what is held at least this often.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub timeout: Duration,
+}
+
+impl profcol_api::config::Validate for BatchConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        p.check(
+            "timeout",
+            profcol_api::config::checks::positive(self.timeout, "a held batch is sent after it; default 200ms"),
+        );
+        if self.send_batch_size == 0 {
+            p.add("send_batch_size", "must be at least 1 sample (default 8192)");
+        }
+    }
 }
 
 impl Default for BatchConfig {
@@ -32,12 +45,7 @@ pub fn factory_batch() -> Arc<dyn Factory> {
             stability: Stability::Beta,
             description: "merges batches up to send_batch_size samples or timeout",
         },
-        |_set, cfg: BatchConfig| {
-            if cfg.timeout.is_zero() {
-                return Err(profcol_api::config::ConfigError::new("timeout", "must be greater than 0").into());
-            }
-            Ok(Component::Processor(Arc::new(Batch { cfg, held: Mutex::new(None) })))
-        },
+        |_set, cfg: BatchConfig| Ok(Component::Processor(Arc::new(Batch { cfg, held: Mutex::new(None) }))),
     )
 }
 

@@ -500,18 +500,18 @@ fn samples_use_the_generation_of_their_timestamp() {
 #[test]
 fn config_defaults_and_unknown_fields() {
     use profcol_processors::kernel_symbols::Config;
-    let c: Config = profcol_api::config::decode(&serde_yaml::Value::Null).unwrap();
+    let c: Config = profcol_api::config::ConfigValue::null().decode().unwrap();
     assert_eq!(c, Config::default());
     assert_eq!(c.reload.min_interval, Duration::from_secs(10));
     assert_eq!(c.reload.max_backoff, Duration::from_secs(300));
     assert_eq!(c.reload.debounce, Duration::from_millis(100));
     assert_eq!(c.retain, Duration::from_secs(60));
-    let v: serde_yaml::Value = serde_yaml::from_str("reload: {min_intervall: 1s}").unwrap();
-    let e = profcol_api::config::decode::<Config>(&v).unwrap_err();
+    let v = profcol_config::parse_section("reload: {min_intervall: 1s}").unwrap();
+    let e = v.decode::<Config>().unwrap_err();
     assert_eq!(e.path, "reload.min_intervall");
-    let v: serde_yaml::Value = serde_yaml::from_str("reload: {min_interval: 0s}").unwrap();
-    let c: Config = profcol_api::config::decode(&v).unwrap();
-    assert!(c.validate().unwrap_err().contains("min_interval"));
+    let v = profcol_config::parse_section("reload: {min_interval: 0s}").unwrap();
+    let e = profcol_processors::kernel_symbols::factory().check(&v).unwrap_err();
+    assert_eq!(e[0].path, "reload.min_interval", "{e:?}");
 }
 
 #[tokio::test]

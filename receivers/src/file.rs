@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct FileReceiverConfig {
     /// A file, or a directory whose files are read in name order.
@@ -36,7 +36,20 @@ pub struct FileReceiverConfig {
     pub repeat: bool,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+impl profcol_api::config::Validate for FileReceiverConfig {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        if self.path.as_os_str().is_empty() {
+            p.add("path", "is required: a file or directory of OTLP profiles");
+        } else if let Err(e) = std::fs::metadata(&self.path) {
+            p.add("path", format!("cannot read {}: {e}; give an existing file or directory", self.path.display()));
+        }
+        if !(self.replay_rate >= 0.0 && self.replay_rate.is_finite()) {
+            p.add("replay_rate", "must be a finite number >= 0 (0 reads as fast as the pipeline takes)");
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     #[default]
@@ -65,16 +78,6 @@ pub fn factory_file() -> Arc<dyn Factory> {
                 "reads OTLP profiles files (protobuf or JSON), a file or a directory, optionally replayed at a rate",
         },
         |set: CreateSettings, cfg: FileReceiverConfig| {
-            if cfg.path.as_os_str().is_empty() {
-                return Err(profcol_api::config::ConfigError::new(
-                    "path",
-                    "is required: a file or directory of OTLP profiles",
-                )
-                .into());
-            }
-            if !(cfg.replay_rate >= 0.0 && cfg.replay_rate.is_finite()) {
-                return Err(profcol_api::config::ConfigError::new("replay_rate", "must be a finite number >= 0").into());
-            }
             Ok(Component::Receiver(Arc::new(FileReceiver {
                 cfg,
                 telemetry: set.telemetry,

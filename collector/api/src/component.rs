@@ -1,11 +1,12 @@
 //! Components: ids, kinds, factories, the three component traits, and the
 //! [`Next`] handle through which receivers push batches downstream.
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, ConfigValue, Problems, Validate};
 use crate::telemetry::ComponentTelemetry;
 use crate::Profiles;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{de::DeserializeOwned, Serialize};
 use std::borrow::Cow;
 use std::fmt;
@@ -363,13 +364,23 @@ pub struct FactoryMeta {
 /// Makes components of one type from their config sections.
 pub trait Factory: Send + Sync + 'static {
     fn meta(&self) -> FactoryMeta;
-    /// The effective config (defaults filled) of a raw section, or what is wrong with it.
-    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError>;
-    fn create(&self, settings: CreateSettings, config: &serde_yaml::Value) -> Result<Component, ComponentError>;
+    /// Decodes a section and runs its [`Validate`] check: everything knowable
+    /// without side effects. Returns the effective config (defaults filled,
+    /// secrets redacted) for print-config, or every problem found. The host
+    /// runs this before anything starts: for `profcol validate`, the start and
+    /// every reload.
+    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>>;
+    /// Makes the component from a section that passed [`Factory::check`].
+    fn create(&self, settings: CreateSettings, config: &ConfigValue) -> Result<Component, ComponentError>;
+    /// The JSON Schema of the section (definitions go into `generator`).
+    fn schema(&self, generator: &mut SchemaGenerator) -> Schema;
 }
 
-/// A [`Factory`] for config type `C` (serde, `Default`, `deny_unknown_fields`)
-/// and a create function: what most components need.
+/// A [`Factory`] for config type `C` and a create function: what most
+/// components need. `C` is a serde struct with `Default` and
+/// `#[serde(deny_unknown_fields, default)]`, derives `schemars::JsonSchema`
+/// (doc comments become the schema's descriptions) and implements
+/// [`Validate`] (empty when there is nothing to check).
 pub struct TypedFactory<C, F> {
     meta: FactoryMeta,
     create: F,
@@ -379,7 +390,7 @@ pub struct TypedFactory<C, F> {
 /// Builds a factory for config type `C`.
 pub fn factory<C, F>(meta: FactoryMeta, create: F) -> Arc<dyn Factory>
 where
-    C: DeserializeOwned + Serialize + Default + 'static,
+    C: DeserializeOwned + Serialize + Default + JsonSchema + Validate + 'static,
     F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
 {
     Arc::new(TypedFactory { meta, create, _config: PhantomData::<fn() -> C> })
@@ -387,19 +398,27 @@ where
 
 impl<C, F> Factory for TypedFactory<C, F>
 where
-    C: DeserializeOwned + Serialize + Default + 'static,
+    C: DeserializeOwned + Serialize + Default + JsonSchema + Validate + 'static,
     F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
 {
     fn meta(&self) -> FactoryMeta {
         self.meta
     }
-    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError> {
-        let c: C = crate::config::decode(raw)?;
-        crate::config::encode(&c)
+    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
+        let c: C = raw.decode().map_err(|e| vec![e])?;
+        let mut problems = Problems::new();
+        c.validate(&mut problems);
+        if !problems.is_empty() {
+            return Err(problems.into_errors());
+        }
+        ConfigValue::encode(&c).map_err(|e| vec![e])
     }
-    fn create(&self, settings: CreateSettings, config: &serde_yaml::Value) -> Result<Component, ComponentError> {
-        let c: C = crate::config::decode(config)?;
+    fn create(&self, settings: CreateSettings, config: &ConfigValue) -> Result<Component, ComponentError> {
+        let c: C = config.decode()?;
         (self.create)(settings, c)
+    }
+    fn schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        generator.subschema_for::<C>()
     }
 }
 

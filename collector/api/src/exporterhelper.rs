@@ -6,7 +6,9 @@
 //! section belong to the host; [`split`] takes them out before the rest goes
 //! to the exporter's factory.
 
-use crate::config::{decode, ConfigError};
+use crate::config::{checks, schema::DurationText};
+use crate::config::{ConfigError, ConfigValue, Problems, Validate};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,11 +16,12 @@ use std::time::Duration;
 /// The host-owned keys of an exporter section.
 pub const KEYS: [&str; 3] = ["timeout", "retry_on_failure", "sending_queue"];
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExporterHelperConfig {
     /// Per-attempt timeout of one export call.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "DurationText")]
     pub timeout: Duration,
     pub retry_on_failure: RetryConfig,
     pub sending_queue: QueueConfig,
@@ -34,16 +37,19 @@ impl Default for ExporterHelperConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
     pub enabled: bool,
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "DurationText")]
     pub initial_interval: Duration,
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "DurationText")]
     pub max_interval: Duration,
     /// Give up on a batch after this long; 0 retries forever.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "DurationText")]
     pub max_elapsed_time: Duration,
     pub multiplier: f64,
     /// Jitter: each wait is drawn from interval × [1 − f, 1 + f].
@@ -63,7 +69,7 @@ impl Default for RetryConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueConfig {
     pub enabled: bool,
@@ -94,35 +100,76 @@ impl Default for QueueConfig {
     }
 }
 
-/// An exporter section without the host-owned keys.
-pub fn without_host_keys(raw: &serde_yaml::Value) -> serde_yaml::Value {
-    match raw {
-        serde_yaml::Value::Mapping(m) => serde_yaml::Value::Mapping(
-            m.iter()
-                .filter(|(k, _)| !k.as_str().is_some_and(|k| KEYS.contains(&k)))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        ),
-        other => other.clone(),
+impl Validate for ExporterHelperConfig {
+    fn validate(&self, p: &mut Problems) {
+        p.check("timeout", checks::positive(self.timeout, "it bounds one export attempt; default 5s"));
+        p.nested("retry_on_failure", &self.retry_on_failure);
+        p.nested("sending_queue", &self.sending_queue);
     }
 }
 
-/// Splits an exporter section into (host settings, the exporter's own section).
-pub fn split(raw: &serde_yaml::Value) -> Result<(ExporterHelperConfig, serde_yaml::Value), ConfigError> {
-    let serde_yaml::Value::Mapping(m) = raw else {
-        return Ok((ExporterHelperConfig::default(), raw.clone()));
-    };
-    let mut helper = serde_yaml::Mapping::new();
-    let mut rest = serde_yaml::Mapping::new();
-    for (k, v) in m {
-        if k.as_str().is_some_and(|k| KEYS.contains(&k)) {
-            helper.insert(k.clone(), v.clone());
-        } else {
-            rest.insert(k.clone(), v.clone());
+impl Validate for RetryConfig {
+    fn validate(&self, p: &mut Problems) {
+        if !self.enabled {
+            return;
+        }
+        p.check(
+            "initial_interval",
+            checks::positive(self.initial_interval, "the first wait before a retry; default 5s"),
+        );
+        if self.max_interval < self.initial_interval {
+            p.add(
+                "max_interval",
+                format!(
+                    "must be at least initial_interval ({}); raise it or lower initial_interval",
+                    humantime::format_duration(self.initial_interval)
+                ),
+            );
+        }
+        if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
+            p.add("multiplier", format!("{} must be a number of at least 1 (default 1.5)", self.multiplier));
+        }
+        if !(0.0..=1.0).contains(&self.randomization_factor) {
+            p.add("randomization_factor", format!("{} must be within 0 to 1 (default 0.5)", self.randomization_factor));
         }
     }
-    let cfg = decode(&serde_yaml::Value::Mapping(helper))?;
-    Ok((cfg, serde_yaml::Value::Mapping(rest)))
+}
+
+impl Validate for QueueConfig {
+    fn validate(&self, p: &mut Problems) {
+        if !self.enabled {
+            return;
+        }
+        if self.queue_size == 0 {
+            p.add("queue_size", "must be at least 1 (default 1000); to send without a queue set enabled: false");
+        }
+        if self.num_consumers == 0 {
+            p.add("num_consumers", "must be at least 1 (default 10)");
+        }
+        if let Some(dir) = &self.storage {
+            p.check("storage", checks::writable_dir(dir));
+            if self.max_storage_bytes == 0 {
+                p.add("max_storage_bytes", "must be above 0 when storage is set (default 268435456)");
+            }
+        }
+    }
+}
+
+/// An exporter section without the host-owned keys.
+pub fn without_host_keys(raw: &ConfigValue) -> ConfigValue {
+    raw.split_keys(&KEYS).1
+}
+
+/// Splits an exporter section into (host settings, the exporter's own section).
+pub fn split(raw: &ConfigValue) -> Result<(ExporterHelperConfig, ConfigValue), Vec<ConfigError>> {
+    let (helper, rest) = raw.split_keys(&KEYS);
+    let cfg: ExporterHelperConfig = helper.decode().map_err(|e| vec![e])?;
+    let mut problems = Problems::new();
+    cfg.validate(&mut problems);
+    if !problems.is_empty() {
+        return Err(problems.into_errors());
+    }
+    Ok((cfg, rest))
 }
 
 #[cfg(test)]
@@ -141,13 +188,17 @@ mod tests {
 
     #[test]
     fn split_takes_host_keys_out() {
-        let v: serde_yaml::Value =
-            serde_yaml::from_str("endpoint: x\ntimeout: 2s\nsending_queue: {queue_size: 3}").unwrap();
+        let v = ConfigValue::from(
+            serde_json::json!({"endpoint": "x", "timeout": "2s", "sending_queue": {"queue_size": 3}}),
+        );
         let (h, rest) = split(&v).unwrap();
         assert_eq!(h.timeout, Duration::from_secs(2));
         assert_eq!(h.sending_queue.queue_size, 3);
-        assert_eq!(rest, serde_yaml::from_str::<serde_yaml::Value>("endpoint: x").unwrap());
-        let bad: serde_yaml::Value = serde_yaml::from_str("retry_on_failure: {enabeld: true}").unwrap();
-        assert!(split(&bad).unwrap_err().message.contains("enabeld"));
+        assert_eq!(rest, ConfigValue::from(serde_json::json!({"endpoint": "x"})));
+        let bad = ConfigValue::from(serde_json::json!({"retry_on_failure": {"enabeld": true}}));
+        assert!(split(&bad).unwrap_err()[0].message.contains("enabeld"));
+        let zero = ConfigValue::from(serde_json::json!({"timeout": "0s", "sending_queue": {"queue_size": 0}}));
+        let paths: Vec<_> = split(&zero).unwrap_err().into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["timeout", "sending_queue.queue_size"]);
     }
 }

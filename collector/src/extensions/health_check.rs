@@ -10,12 +10,14 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthCheckConfig {
     pub endpoint: String,
     pub path: String,
 }
+
+impl profcol_api::config::Validate for HealthCheckConfig {}
 
 impl Default for HealthCheckConfig {
     fn default() -> Self {

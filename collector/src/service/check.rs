@@ -3,16 +3,19 @@
 
 use crate::registry::Registry;
 use profcol_api::component::{ComponentId, Kind};
+use profcol_api::config::ConfigValue;
 use profcol_api::exporterhelper::{self, ExporterHelperConfig};
 use profcol_config::{Config, ConfigError, ConfigErrors};
-use serde_yaml::Value;
 use std::collections::BTreeMap;
 
 /// A component's checked settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checked {
-    /// The effective section handed to the factory (host keys removed for exporters).
-    pub config: Value,
+    /// The section handed to the factory (host keys removed for exporters),
+    /// as written: secrets in it are real.
+    pub config: ConfigValue,
+    /// The effective section (defaults filled, secrets redacted), for print-config.
+    pub effective: ConfigValue,
     /// Exporters only: the host's queue / retry / timeout settings.
     pub helper: Option<ExporterHelperConfig>,
 }
@@ -21,6 +24,9 @@ pub type CheckedComponents = BTreeMap<(Kind, ComponentId), Checked>;
 
 const KINDS: [Kind; 4] = [Kind::Receiver, Kind::Processor, Kind::Exporter, Kind::Extension];
 
+/// Runs every factory's check (decode and [`profcol_api::config::Validate`])
+/// on its section: the one check behind `profcol validate`, the start and
+/// every reload. Nothing is created or started here.
 pub fn check(config: &Config, registry: &Registry) -> Result<CheckedComponents, ConfigErrors> {
     let mut out = BTreeMap::new();
     let mut errors = Vec::new();
@@ -45,15 +51,17 @@ pub fn check(config: &Config, registry: &Registry) -> Result<CheckedComponents, 
                 ));
                 continue;
             };
+            let mut place = |es: Vec<profcol_api::config::ConfigError>| {
+                errors.extend(es.iter().map(|e| located(config, section, &ids, e)));
+            };
             let (helper, raw) = if kind == Kind::Exporter {
                 match exporterhelper::split(raw) {
                     Ok((h, rest)) => (Some(h), rest),
-                    Err(e) => {
-                        errors.push(located(config, section, &ids, &e));
+                    Err(es) => {
+                        place(es);
                         // Still check the exporter's own keys, so every error is reported.
-                        let rest = exporterhelper::without_host_keys(raw);
-                        if let Err(e) = f.effective_config(&rest) {
-                            errors.push(located(config, section, &ids, &e));
+                        if let Err(es) = f.check(&exporterhelper::without_host_keys(raw)) {
+                            place(es);
                         }
                         continue;
                     }
@@ -61,11 +69,11 @@ pub fn check(config: &Config, registry: &Registry) -> Result<CheckedComponents, 
             } else {
                 (None, raw.clone())
             };
-            match f.effective_config(&raw) {
-                Ok(config) => {
-                    out.insert((kind, id.clone()), Checked { config, helper });
+            match f.check(&raw) {
+                Ok(effective) => {
+                    out.insert((kind, id.clone()), Checked { config: raw, effective, helper });
                 }
-                Err(e) => errors.push(located(config, section, &ids, &e)),
+                Err(es) => place(es),
             }
         }
     }

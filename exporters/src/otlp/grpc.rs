@@ -18,18 +18,20 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.profiles.v1development
 
 /// `exporters: otlp: ...` (the host's `timeout`, `retry_on_failure` and
 /// `sending_queue` keys sit beside these).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpGrpcConfig {
     /// `host:port`, `http://host:port` (plain text) or `https://host:port`.
     pub endpoint: String,
     /// Sent with every request, e.g. `authorization: "Bearer ${env:TOKEN}"`.
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, profcol_api::config::Secret>,
     pub compression: Compression,
     pub tls: ClientTlsConfig,
     /// Largest answer accepted from the server, in MiB.
     pub max_recv_msg_size_mib: u64,
 }
+
+impl profcol_api::config::Validate for OtlpGrpcConfig {}
 
 impl Default for OtlpGrpcConfig {
     fn default() -> Self {
@@ -127,7 +129,7 @@ impl OtlpGrpcExporter {
         for (k, v) in &cfg.headers {
             let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
                 .map_err(|e| err(format!("headers: {k:?} is not a valid gRPC metadata key: {e}")))?;
-            let val = MetadataValue::try_from(v.as_str())
+            let val = MetadataValue::try_from(v.expose())
                 .map_err(|e| err(format!("headers.{k}: not a valid gRPC metadata value: {e}")))?;
             metadata.insert(key, val);
         }
@@ -233,15 +235,11 @@ mod tests {
 
     #[test]
     fn config_rejects_host_keys_and_typos() {
-        let v: serde_yaml::Value = serde_yaml::from_str("endpoint: a:1\ntimeout: 5s").unwrap();
-        assert!(profcol_api::config::decode::<OtlpGrpcConfig>(&v).is_err());
-        let v: serde_yaml::Value = serde_yaml::from_str("endpoint: a:1\ncompression: zstd").unwrap();
-        assert!(profcol_api::config::decode::<OtlpGrpcConfig>(&v).is_err());
-        let v: serde_yaml::Value = serde_yaml::from_str(
-            "endpoint: a:1\ncompression: none\nheaders: {authorization: Bearer x}\ntls: {insecure: true}",
-        )
-        .unwrap();
-        let c: OtlpGrpcConfig = profcol_api::config::decode(&v).unwrap();
+        let yaml = |t: &str| profcol_config::parse_section(t).unwrap();
+        assert!(yaml("endpoint: a:1\ntimeout: 5s").decode::<OtlpGrpcConfig>().is_err());
+        assert!(yaml("endpoint: a:1\ncompression: zstd").decode::<OtlpGrpcConfig>().is_err());
+        let v = yaml("endpoint: a:1\ncompression: none\nheaders: {authorization: Bearer x}\ntls: {insecure: true}");
+        let c: OtlpGrpcConfig = v.decode().unwrap();
         assert_eq!(c.compression, Compression::None);
     }
 }

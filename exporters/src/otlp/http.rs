@@ -14,7 +14,7 @@ use std::time::Duration;
 pub const PROFILES_PATH: &str = "/v1development/profiles";
 
 /// `encoding: proto | json`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HttpEncoding {
     #[default]
@@ -23,7 +23,7 @@ pub enum HttpEncoding {
 }
 
 /// `exporters: otlp_http: ...`
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpHttpConfig {
     /// Base URL; `/v1development/profiles` is appended.
@@ -32,11 +32,13 @@ pub struct OtlpHttpConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profiles_endpoint: Option<String>,
     pub encoding: HttpEncoding,
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, profcol_api::config::Secret>,
     pub compression: Compression,
     /// `ca_file`, `cert_file`, `key_file` apply to `https://` endpoints.
     pub tls: ClientTlsConfig,
 }
+
+impl profcol_api::config::Validate for OtlpHttpConfig {}
 
 impl Default for OtlpHttpConfig {
     fn default() -> Self {
@@ -101,7 +103,7 @@ impl OtlpHttpExporter {
         let mut headers = reqwest::header::HeaderMap::new();
         for (k, v) in &cfg.headers {
             // Checked by check_headers above.
-            if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_bytes()), v.parse()) {
+            if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_bytes()), v.expose().parse()) {
                 headers.insert(k, v);
             }
         }

@@ -24,7 +24,7 @@ pub use grpc::{OtlpGrpcConfig, OtlpGrpcExporter};
 pub use http::{HttpEncoding, OtlpHttpConfig, OtlpHttpExporter};
 
 /// `compression: gzip | none`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     #[default]
@@ -33,7 +33,7 @@ pub enum Compression {
 }
 
 /// Client-side TLS (rustls).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientTlsConfig {
     /// Plain text (no TLS) even without an `http://` scheme (gRPC only; for
@@ -129,11 +129,13 @@ pub(crate) async fn read_answer(mut resp: reqwest::Response, cap: usize) -> Vec<
 }
 
 /// Header names and values checked once, at creation.
-pub(crate) fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), String> {
+pub(crate) fn check_headers(headers: &BTreeMap<String, profcol_api::config::Secret>) -> Result<(), String> {
     for (k, v) in headers {
         ::http::HeaderName::from_bytes(k.as_bytes())
             .map_err(|e| format!("headers: {k:?} is not a valid header name: {e}"))?;
-        ::http::HeaderValue::from_str(v).map_err(|e| format!("headers.{k}: not a valid header value: {e}"))?;
+        // The value's own error would echo the secret.
+        ::http::HeaderValue::from_str(v.expose())
+            .map_err(|_| format!("headers.{k}: not a valid header value (visible ASCII only)"))?;
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// `exporters: pprof: ...`
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PprofConfig {
     /// Write `{file_prefix}-{YYYYmmddTHHMMSSZ}-{group}.pb.gz` files here.
@@ -37,12 +37,14 @@ pub struct PprofConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub application_name: Option<String>,
     /// Extra HTTP headers for the push (e.g. `authorization`, `x-scope-orgid`).
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, profcol_api::config::Secret>,
     /// CA (PEM) to trust for an `https://` endpoint, instead of the system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
     pub group_by: GroupBy,
 }
+
+impl profcol_api::config::Validate for PprofConfig {}
 
 impl Default for PprofConfig {
     fn default() -> Self {
@@ -111,7 +113,8 @@ impl PprofExporter {
                 }
                 let mut headers = reqwest::header::HeaderMap::new();
                 for (k, v) in &cfg.headers {
-                    if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_bytes()), v.parse()) {
+                    if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_bytes()), v.expose().parse())
+                    {
                         headers.insert(k, v);
                     }
                 }

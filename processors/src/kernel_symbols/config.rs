@@ -19,12 +19,13 @@ use serde::{Deserialize, Serialize};
 use super::reload::ReloadConfig;
 use super::store::StoreConfig;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub kallsyms: PathBuf,
     pub sysfs: PathBuf,
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub retain: Duration,
     pub uevents: bool,
     pub bpf: bool,
@@ -45,21 +46,28 @@ impl Default for Config {
     }
 }
 
+impl profcol_api::config::Validate for Config {
+    fn validate(&self, p: &mut profcol_api::config::Problems) {
+        use profcol_api::config::checks::positive;
+        p.check(
+            "reload.min_interval",
+            positive(self.reload.min_interval, "it rate-limits kallsyms reads; default 10s"),
+        );
+        if self.reload.max_backoff < self.reload.min_interval {
+            p.add(
+                "reload.max_backoff",
+                format!(
+                    "{:?} must be at least reload.min_interval ({:?}); raise it or lower min_interval",
+                    self.reload.max_backoff, self.reload.min_interval
+                ),
+            );
+        }
+        p.check("kallsyms", profcol_api::config::checks::readable_file(&self.kallsyms));
+    }
+}
+
 impl Config {
     /// What is wrong with the values serde accepted.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.reload.min_interval.is_zero() {
-            return Err("reload.min_interval must be above 0 (it rate-limits kallsyms reads; default 10s)".into());
-        }
-        if self.reload.max_backoff < self.reload.min_interval {
-            return Err(format!(
-                "reload.max_backoff ({:?}) must be at least reload.min_interval ({:?})",
-                self.reload.max_backoff, self.reload.min_interval
-            ));
-        }
-        Ok(())
-    }
-
     pub fn store(&self) -> StoreConfig {
         StoreConfig {
             kallsyms: self.kallsyms.clone(),

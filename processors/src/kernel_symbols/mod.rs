@@ -31,7 +31,7 @@ pub use store::{Store, StoreConfig};
 
 use std::sync::Arc;
 
-use profcol_api::component::{self, Component, ComponentError, Factory, FactoryMeta, Kind, Stability};
+use profcol_api::component::{self, Component, Factory, FactoryMeta, Kind, Stability};
 
 /// Factory of the `kernel_symbols` processor.
 pub fn factory() -> Arc<dyn Factory> {
@@ -44,7 +44,6 @@ pub fn factory() -> Arc<dyn Factory> {
                 "names kernel frames (vmlinux, modules, BPF programs) with the symbols live at each sample's time",
         },
         |settings, cfg: Config| {
-            cfg.validate().map_err(|e| ComponentError::msg(format!("kernel_symbols: {e}")))?;
             Ok(Component::Processor(Arc::new(KernelSymbols::with_telemetry(cfg, &settings.telemetry))))
         },
     )

@@ -33,14 +33,17 @@ pub enum Trigger {
 }
 
 /// `reload:` section of the processor config.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReloadConfig {
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub debounce: Duration,
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub min_interval: Duration,
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub max_backoff: Duration,
 }
 

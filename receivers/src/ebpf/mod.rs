@@ -47,7 +47,6 @@ pub fn factory() -> Arc<dyn Factory> {
             description: "whole-host on-CPU profiling with eBPF: kernel and user stacks, mappings, build IDs",
         },
         |settings: CreateSettings, config: EbpfConfig| {
-            config.validate().map_err(|m| ComponentError::msg(format!("receivers::{}: {m}", settings.id)))?;
             Ok(Component::Receiver(Arc::new(EbpfReceiver::new(settings, config))))
         },
     )

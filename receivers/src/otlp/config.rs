@@ -5,13 +5,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// `receivers: otlp: ...`
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpReceiverConfig {
     pub protocols: Protocols,
     /// How long a request may wait for the pipeline to take its batch before
     /// the sender is told to retry (gRPC UNAVAILABLE, HTTP 503).
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub backpressure_timeout: Duration,
     /// How many requests (gRPC and HTTP together) may be read, decoded and
     /// waiting on the pipeline at once; more wait briefly for a slot and are
@@ -21,9 +22,11 @@ pub struct OtlpReceiverConfig {
     pub max_concurrent_requests: usize,
 }
 
+impl profcol_api::config::Validate for OtlpReceiverConfig {}
+
 /// Which servers run. A protocol is on when its key is present, even empty
 /// (`grpc:`), as in the OTel Collector.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Protocols {
     #[serde(deserialize_with = "present", skip_serializing_if = "Option::is_none")]
@@ -41,7 +44,7 @@ where
     Ok(Some(Option::<T>::deserialize(d)?.unwrap_or_default()))
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpcConfig {
     /// host:port to listen on.
@@ -58,7 +61,7 @@ impl Default for GrpcConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// host:port to listen on.
@@ -85,7 +88,7 @@ impl Default for HttpConfig {
 
 /// Server-side TLS (rustls): a certificate chain and key in PEM; with
 /// `client_ca_file` clients must present a certificate signed by that CA.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsServerConfig {
     pub cert_file: PathBuf,

@@ -382,15 +382,24 @@ mod tests {
     #[test]
     fn max_concurrent_requests_is_read_from_yaml() {
         let cfg: OtlpReceiverConfig =
-            serde_yaml::from_str("protocols: {grpc: {}}\nmax_concurrent_requests: 2\n").unwrap();
+            profcol_config::parse_section("protocols: {grpc: {}}\nmax_concurrent_requests: 2\n")
+                .unwrap()
+                .decode()
+                .unwrap();
         assert_eq!(cfg.max_concurrent_requests, 2);
         assert_eq!(cfg.backpressure_timeout, Duration::from_secs(5));
-        let cfg: OtlpReceiverConfig = serde_yaml::from_str("protocols: {grpc: {}}\n").unwrap();
+        let cfg: OtlpReceiverConfig =
+            profcol_config::parse_section("protocols: {grpc: {}}\n").unwrap().decode().unwrap();
         assert_eq!(cfg.max_concurrent_requests, 16);
-        let e = create(serde_yaml::from_str("protocols: {http: {}}\nmax_concurrent_requests: 0\n").unwrap())
-            .err()
-            .expect("refused")
-            .to_string();
+        let e = create(
+            profcol_config::parse_section("protocols: {http: {}}\nmax_concurrent_requests: 0\n")
+                .unwrap()
+                .decode()
+                .unwrap(),
+        )
+        .err()
+        .expect("refused")
+        .to_string();
         assert!(e.contains("max_concurrent_requests"), "{e}");
     }
 

@@ -1,4 +1,20 @@
-//! Typed component configs from raw YAML sections.
+//! Typed component configs: the opaque section a factory receives
+//! ([`ConfigValue`]), the check every factory runs on its decoded struct
+//! ([`Validate`]), secrets that never print ([`Secret`], [`SecretUrl`]), and
+//! the schema helpers config structs use ([`schema`]).
+//!
+//! No YAML here: the config crate turns the files into [`ConfigValue`]s, and
+//! components only ever see their own structs.
+
+pub mod checks;
+pub mod schema;
+mod secret;
+mod validate;
+mod value;
+
+pub use secret::{Secret, SecretUrl, REDACTED};
+pub use validate::{Problems, Validate};
+pub use value::ConfigValue;
 
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -18,20 +34,14 @@ impl ConfigError {
 }
 
 /// Deserializes a section into `C`; an absent (null) section means all defaults.
-pub fn decode<C: DeserializeOwned>(raw: &serde_yaml::Value) -> Result<C, ConfigError> {
-    let value = match raw {
-        serde_yaml::Value::Null => serde_yaml::Value::Mapping(Default::default()),
-        v => v.clone(),
-    };
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        ConfigError { path, message: e.into_inner().to_string() }
-    })
+pub fn decode<C: DeserializeOwned>(raw: &ConfigValue) -> Result<C, ConfigError> {
+    raw.decode()
 }
 
-/// Serializes an effective config back to YAML (for print-config).
-pub fn encode<C: Serialize>(c: &C) -> Result<serde_yaml::Value, ConfigError> {
-    serde_yaml::to_value(c).map_err(|e| ConfigError::new("", e.to_string()))
+/// Serializes an effective config back to a value (for print-config); secrets
+/// come out as [`REDACTED`].
+pub fn encode<C: Serialize>(c: &C) -> Result<ConfigValue, ConfigError> {
+    ConfigValue::encode(c)
 }
 
 #[cfg(test)]
@@ -53,8 +63,8 @@ mod tests {
 
     #[test]
     fn null_is_defaults_and_errors_carry_the_path() {
-        assert_eq!(decode::<Cfg>(&serde_yaml::Value::Null).unwrap(), Cfg::default());
-        let v: serde_yaml::Value = serde_yaml::from_str("inner: {sise: 3}").unwrap();
+        assert_eq!(decode::<Cfg>(&ConfigValue::null()).unwrap(), Cfg::default());
+        let v = ConfigValue::from(serde_json::json!({"inner": {"sise": 3}}));
         let e = decode::<Cfg>(&v).unwrap_err();
         assert_eq!(e.path, "inner.sise");
         assert!(e.message.contains("unknown field `sise`"), "{e}");
