@@ -8,8 +8,9 @@
 
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
+use rustc_hash::FxHashMap;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Location attribute that marks a frame's kind (`kernel`, `native`, ...).
 pub const FRAME_TYPE_KEY: &str = "profile.frame.type";
@@ -114,14 +115,14 @@ where
 pub struct Folder<G> {
     budget: usize,
     /// Stack index → its frames root first, or None when over budget.
-    stacks: HashMap<i32, Option<String>>,
+    stacks: FxHashMap<i32, Option<String>>,
     /// (group, comm, stack index) → count; lines are made once per key in `finish`.
     counts: BTreeMap<(G, Option<String>, i32), u64>,
 }
 
 impl<G: Ord> Default for Folder<G> {
     fn default() -> Self {
-        Folder { budget: MAX_FOLDED_BYTES, stacks: HashMap::new(), counts: BTreeMap::new() }
+        Folder { budget: MAX_FOLDED_BYTES, stacks: FxHashMap::default(), counts: BTreeMap::new() }
     }
 }
 

@@ -8,7 +8,8 @@ use crate::pb::common::AnyValue;
 use crate::pb::profiles as pb;
 use crate::value::Value;
 use prost::Message;
-use std::collections::HashMap;
+// Fx, not std's RandomState: that would ask the host for randomness per map.
+use rustc_hash::FxHashMap as HashMap;
 
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
 struct LocationKey {
@@ -67,7 +68,7 @@ fn index<'m, T: Default, K: std::hash::Hash + Eq>(
         if table.is_empty() {
             table.push(T::default());
         }
-        let mut m = HashMap::with_capacity(table.len());
+        let mut m = HashMap::with_capacity_and_hasher(table.len(), Default::default());
         for (i, e) in table.iter().enumerate().rev() {
             // The lowest index wins when a table holds an entry twice.
             m.insert(key(e), i as i32);
