@@ -4,6 +4,9 @@
 #     `ebpf/build.sh --check` rebuilds ebpf/obj/*.bpf.o and fails if the
 #     committed object is stale;
 #   - gcc: the integration tests compile examples/workloads/*.c;
+#   - binutils (strip), util-linux (unshare) and mount: the uprobe tests
+#     (receivers/tests/ebpf_uprobes.rs, elf/src/tests.rs) strip binaries and
+#     run a workload in its own mount namespace;
 #   - strace: optional manual check that loading opens no kernel BTF.
 # The tests themselves (receivers/tests/ebpf_*.rs) need root, which CI has;
 # with CI=true they fail instead of skipping when privileges are missing.
@@ -15,6 +18,9 @@ command -v llvm-strip-16 >/dev/null || need+=(llvm-16)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -f /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v strip >/dev/null || need+=(binutils)
+command -v unshare >/dev/null || need+=(util-linux)
+command -v mount >/dev/null || need+=(mount)
 if [ ${#need[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq

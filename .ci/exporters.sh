@@ -4,7 +4,8 @@
 #     (exporters/tests/pprof_export.rs);
 #   - python3 grpcio + opentelemetry-proto 1.45.x (profiles v1development,
 #     proto v1.10 layout): the OTLP server on another stack
-#     (exporters/tests/otlp_python_interop.rs, tests/python/otlp_server.py).
+#     (exporters/tests/python/otlp_server.py, used by
+#     exporters/tests/otlp_python_interop.rs and collector/tests/otlp_retry_rules.rs).
 # Idempotent and quiet: installs only what is missing. With CI=true the tests
 # fail (not skip) when one of these is missing.
 set -euo pipefail

@@ -17,7 +17,7 @@
 use profcol_api::component::Kind;
 use profcol_api::model::ExportProfilesServiceRequest;
 use profcol_api::{ExportError, Profiles};
-use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
+use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter, Shape};
 use profcol_testkit::prelude::{closed_port, cpu_batch, settings};
 use prost::bytes::Bytes;
 use prost::Message;
@@ -186,7 +186,7 @@ async fn flood(port: u16, body: &Bytes) -> Outcome {
         .iter()
         .map(|c| {
             let (c, body) = (Arc::clone(c), body.clone());
-            tokio::spawn(async move { c.export_encoded(body).await })
+            tokio::spawn(async move { c.export_encoded(body, Shape::default()).await })
         })
         .collect();
     let mut out = Outcome::default();

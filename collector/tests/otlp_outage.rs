@@ -454,7 +454,11 @@ async fn queued_batches_wait_on_disk_not_in_memory() {
     // Retries every 3 s at first, so the files can be changed in between.
     let dir = tempfile::tempdir().unwrap();
     let QueuedNode { cfg, storage, child, port_in, port_out } = start_queued(dir.path(), "", false).await;
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("initial_interval: 200ms", "initial_interval: 3s");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("initial_interval: 200ms", "initial_interval: 3s")
+        // validate refuses a max_interval below initial_interval.
+        .replace("max_interval: 1s", "max_interval: 3s");
     std::fs::write(&cfg, text).unwrap();
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     let log = dir.path().join("profcol.log");

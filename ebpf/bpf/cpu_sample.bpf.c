@@ -1,9 +1,15 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0)
 //
-// profcol on-CPU sampler: a perf_event program attached to one software
-// cpu-clock event per online CPU. For every sample it copies pid, tid, cpu,
-// CLOCK_MONOTONIC time, comm and the kernel and user call stacks into one
-// variable-length record in a BPF ring buffer.
+// profcol's BPF programs, in one object so they share the ring buffer:
+//  * profcol_cpu_sample: a perf_event program attached to one software
+//    cpu-clock event per online CPU. For every sample it copies pid, tid,
+//    cpu, CLOCK_MONOTONIC time, comm and the kernel and user call stacks
+//    into one variable-length record in a BPF ring buffer.
+//  * profcol_uprobe: the same record for one call of a probed user
+//    function (kind SAMPLE_PROBE, probe index from the attach cookie).
+//  * profcol_exec / profcol_exit: raw tracepoints on sched_process_exec and
+//    sched_process_exit (no tracefs, no BTF) writing process events into
+//    their own small ring buffer: process discovery for the receiver.
 //
 // Design rules (see docs/arch-ebpf.md):
 //  * No CO-RE relocations and no BTF-defined maps: the object carries no
@@ -15,14 +21,15 @@
 //    reader drains on its own timer; only when the ring is over a quarter
 //    full do we force a wakeup so bursts are not dropped.
 //
-// The record layout is mirrored by `profcol_ebpf::SampleHeader` (Rust).
+// The record layouts are in record.h, mirrored by `profcol_ebpf::record`.
 
 #include <linux/bpf.h>
 #include <linux/bpf_perf_event.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <asm/ptrace.h>
 
-#define MAX_STACK_DEPTH 127 /* kernel.perf_event_max_stack default */
-#define TASK_COMM_LEN 16
+#include "record.h"
 
 /* Counter slots in the `stats` map; mirrored by profcol_ebpf::Stat. */
 enum stat {
@@ -33,26 +40,17 @@ enum stat {
 	STAT_IDLE = 4,          /* samples of the idle task, skipped */
 	STAT_FILTERED = 5,      /* samples of pids not in pid_filter */
 	STAT_NO_SCRATCH = 6,    /* scratch lookup failed (never expected) */
+	STAT_PROBE_HITS = 7,    /* uprobe hits (written or not) */
 	STAT_MAX = 8,
 };
-
-struct sample {
-	__u64 ktime_ns;          /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
-	__u32 pid;               /* tgid */
-	__u32 tid;
-	__u32 cpu;
-	__u16 kstack_len;        /* frames in ips[0 .. kstack_len) */
-	__u16 ustack_len;        /* frames in ips[kstack_len .. +ustack_len) */
-	char comm[TASK_COMM_LEN];
-	__u64 ips[2 * MAX_STACK_DEPTH];
-};
-
-#define SAMPLE_HEADER_SIZE (__builtin_offsetof(struct sample, ips))
 
 /* Read-only configuration, set by the loader before load (.rodata). */
 const volatile __u32 cfg_max_stack_depth = MAX_STACK_DEPTH;
 const volatile __u32 cfg_exclude_idle = 1;
 const volatile __u32 cfg_filter_pids = 0;
+/* profcol's own tgid: its calls of probed functions are not counted (and
+ * cannot feed back into more events). */
+const volatile __u32 cfg_self_tgid = 0;
 
 /* Legacy map definitions: no BTF needed to create them. */
 struct bpf_map_def {
@@ -85,6 +83,22 @@ struct bpf_map_def SEC("maps") scratch = {
 	.max_entries = 1,
 };
 
+/* Exec and exit events; small, they are few and read promptly. */
+struct bpf_map_def SEC("maps") proc_events = {
+	.type = BPF_MAP_TYPE_RINGBUF,
+	.key_size = 0,
+	.value_size = 0,
+	.max_entries = 1 << 18,
+};
+
+/* Exec/exit events lost because proc_events was full (slot 0). */
+struct bpf_map_def SEC("maps") proc_event_lost = {
+	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(__u64),
+	.max_entries = 1,
+};
+
 /* tgid -> 1 for the `pids` option; consulted only when cfg_filter_pids. */
 struct bpf_map_def SEC("maps") pid_filter = {
 	.type = BPF_MAP_TYPE_HASH,
@@ -100,23 +114,15 @@ static __always_inline void count(__u32 slot)
 		*v += 1; /* per-CPU slot: no atomics needed */
 }
 
-SEC("perf_event")
-int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
+/* Copies stacks and identity into the scratch record and writes it.
+ * `entry_ret` nonzero: the sample is taken at a function's first
+ * instruction (a uprobe), where the frame-pointer walk skips the caller
+ * (its frame is not set up yet); the return address found at the stack
+ * pointer is put back as the second user frame. */
+static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe,
+					__u64 entry_ret)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
-	__u32 tid = (__u32)id;
 	__u32 zero = 0;
-
-	if (tid == 0 && cfg_exclude_idle) {
-		count(STAT_IDLE);
-		return 0;
-	}
-	if (cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) {
-		count(STAT_FILTERED);
-		return 0;
-	}
-
 	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 	if (!s) {
 		count(STAT_NO_SCRATCH);
@@ -127,6 +133,8 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 	s->pid = tgid;
 	s->tid = tid;
 	s->cpu = bpf_get_smp_processor_id();
+	s->kind = kind;
+	s->probe = probe;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 
 	__u32 depth = cfg_max_stack_depth;
@@ -144,7 +152,11 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (kn > MAX_STACK_DEPTH)
 		kn = MAX_STACK_DEPTH;
 
-	long ubytes = bpf_get_stack(ctx, &s->ips[kn], depth * sizeof(__u64),
+	/* With entry_ret the walk lands one slot later, leaving room for it. */
+	__u32 at = entry_ret ? kn + 1 : kn;
+	if (at > MAX_STACK_DEPTH + 1)
+		at = MAX_STACK_DEPTH + 1;
+	long ubytes = bpf_get_stack(ctx, &s->ips[at], depth * sizeof(__u64),
 				    BPF_F_USER_STACK);
 	__u32 un = 0;
 	if (ubytes < 0)
@@ -153,6 +165,13 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 		un = (__u64)ubytes / sizeof(__u64);
 	if (un > MAX_STACK_DEPTH)
 		un = MAX_STACK_DEPTH;
+	if (entry_ret && un > 0 && kn <= MAX_STACK_DEPTH) {
+		s->ips[kn] = s->ips[kn + 1]; /* the leaf: the probed function */
+		s->ips[kn + 1] = entry_ret;  /* its caller */
+		un += 1;
+		if (un > depth)
+			un = depth;
+	}
 
 	s->kstack_len = kn;
 	s->ustack_len = un;
@@ -174,6 +193,77 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 	else
 		count(STAT_SAMPLES);
 	return 0;
+}
+
+SEC("perf_event")
+int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	__u32 tid = (__u32)id;
+
+	if (tid == 0 && cfg_exclude_idle) {
+		count(STAT_IDLE);
+		return 0;
+	}
+	if (cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) {
+		count(STAT_FILTERED);
+		return 0;
+	}
+	return write_sample(ctx, tgid, tid, SAMPLE_CPU, 0, 0);
+}
+
+SEC("uprobe")
+int profcol_uprobe(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+
+	if (tgid == cfg_self_tgid)
+		return 0;
+	count(STAT_PROBE_HITS);
+	if (cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) {
+		count(STAT_FILTERED);
+		return 0;
+	}
+	__u64 ret = 0;
+	if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)))
+		ret = 0;
+	return write_sample(ctx, tgid, (__u32)id, SAMPLE_PROBE, (__u32)bpf_get_attach_cookie(ctx), ret);
+}
+
+static __always_inline int proc_event(__u32 kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct proc_event e = {
+		.ktime_ns = bpf_ktime_get_ns(),
+		.pid = id >> 32,
+		.kind = kind,
+	};
+	/* Thread exits are not process exits: only the leader's counts. */
+	if (kind == PROC_EXIT && (__u32)id != e.pid)
+		return 0;
+	bpf_get_current_comm(e.comm, sizeof(e.comm));
+	/* Never woken per event: the reader drains on a short timer. */
+	if (bpf_ringbuf_output(&proc_events, &e, sizeof(e), BPF_RB_NO_WAKEUP)) {
+		__u32 zero = 0;
+		__u64 *v = bpf_map_lookup_elem(&proc_event_lost, &zero);
+		if (v)
+			*v += 1;
+	}
+	return 0;
+}
+
+SEC("raw_tracepoint/sched_process_exec")
+int profcol_exec(struct bpf_raw_tracepoint_args *ctx)
+{
+	return proc_event(PROC_EXEC);
+}
+
+SEC("raw_tracepoint/sched_process_exit")
+int profcol_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	return proc_event(PROC_EXIT);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -6,7 +6,8 @@
 //! needs no clang. It has no `.BTF`/`.BTF.ext` sections and therefore no CO-RE
 //! relocations: loading it never needs the kernel's BTF.
 //!
-//! Everything here mirrors `ebpf/bpf/cpu_sample.bpf.c`; change both together.
+//! Everything here mirrors `ebpf/bpf/cpu_sample.bpf.c` and
+//! `ebpf/bpf/record.h` (the records, in [`record`]); change both together.
 //! [`sys`] is the kernel ABI (bpf(2), perf_event_open(2) and their structs
 //! from generated bindings) for the rest of profcol.
 
@@ -30,6 +31,16 @@ pub fn cpu_sample_object() -> &'static [u8] {
 
 /// Name of the `perf_event` program in the object.
 pub const PROGRAM_NAME: &str = "profcol_cpu_sample";
+/// Name of the `uprobe` program (loaded only when probes are configured).
+pub const UPROBE_PROGRAM: &str = "profcol_uprobe";
+/// Raw tracepoint program on `sched_process_exec`.
+pub const EXEC_PROGRAM: &str = "profcol_exec";
+/// Raw tracepoint program on `sched_process_exit`.
+pub const EXIT_PROGRAM: &str = "profcol_exit";
+/// `BPF_MAP_TYPE_RINGBUF` of [`ProcEvent`] records.
+pub const PROC_EVENTS_MAP: &str = "proc_events";
+/// `BPF_MAP_TYPE_PERCPU_ARRAY`, one `u64`: process events lost (ring full).
+pub const PROC_EVENT_LOST_MAP: &str = "proc_event_lost";
 /// The `BPF_MAP_TYPE_RINGBUF` that carries [`SampleHeader`] records.
 pub const EVENTS_MAP: &str = "events";
 /// `BPF_MAP_TYPE_PERCPU_ARRAY` of `u64` counters indexed by [`Stat`].
@@ -47,12 +58,11 @@ pub mod globals {
     pub const EXCLUDE_IDLE: &str = "cfg_exclude_idle";
     /// `u32`: nonzero to keep only tgids present in the pid filter map.
     pub const FILTER_PIDS: &str = "cfg_filter_pids";
+    /// `u32`: the receiver's own tgid, whose probe hits are ignored.
+    pub const SELF_TGID: &str = "cfg_self_tgid";
 }
 
-/// Largest stack the program copies (kernel.perf_event_max_stack default).
-pub const MAX_STACK_DEPTH: usize = 127;
-/// Length of `comm` in the record (TASK_COMM_LEN).
-pub const TASK_COMM_LEN: usize = 16;
+pub use record::{MAX_STACK_DEPTH, TASK_COMM_LEN};
 
 /// Counter slots of [`STATS_MAP`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,11 +82,13 @@ pub enum Stat {
     Filtered = 5,
     /// Per-CPU scratch lookup failed (not expected).
     NoScratch = 6,
+    /// Uprobe hits (written to the ring or not).
+    ProbeHits = 7,
 }
 
 impl Stat {
     /// All slots, in index order.
-    pub const ALL: [Stat; 7] = [
+    pub const ALL: [Stat; 8] = [
         Stat::Samples,
         Stat::LostRingbuf,
         Stat::KernelStackError,
@@ -84,136 +96,18 @@ impl Stat {
         Stat::Idle,
         Stat::Filtered,
         Stat::NoScratch,
+        Stat::ProbeHits,
     ];
     /// Number of slots in the map (`STAT_MAX` in C).
     pub const SLOTS: u32 = 8;
 }
 
-/// Fixed head of every ring buffer record (`struct sample` up to `ips`).
-///
-/// It is followed by `kstack_len` kernel frames then `ustack_len` user frames,
-/// each a native-endian `u64` instruction pointer, leaf first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(C)]
-pub struct SampleHeader {
-    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
-    pub ktime_ns: u64,
-    /// Process id (tgid).
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
-    /// Logical CPU the sample was taken on.
-    pub cpu: u32,
-    /// Number of kernel frames.
-    pub kstack_len: u16,
-    /// Number of user frames.
-    pub ustack_len: u16,
-    /// Thread name, NUL padded.
-    pub comm: [u8; TASK_COMM_LEN],
-}
-
-/// Size of [`SampleHeader`] in bytes (`offsetof(struct sample, ips)`).
-pub const SAMPLE_HEADER_SIZE: usize = 40;
-const _: () = assert!(std::mem::size_of::<SampleHeader>() == SAMPLE_HEADER_SIZE);
-
-/// One decoded record, borrowing its frames from the ring buffer bytes.
-#[derive(Clone, Copy, Debug)]
-pub struct Sample<'a> {
-    /// The fixed head.
-    pub header: SampleHeader,
-    frames: &'a [u8],
-}
-
-impl<'a> Sample<'a> {
-    /// Decodes a record; `None` if it is shorter than its header says.
-    pub fn parse(bytes: &'a [u8]) -> Option<Self> {
-        let head = bytes.get(..SAMPLE_HEADER_SIZE)?;
-        let u64_at = |o: usize| u64::from_ne_bytes(head[o..o + 8].try_into().unwrap_or([0; 8]));
-        let u32_at = |o: usize| u32::from_ne_bytes(head[o..o + 4].try_into().unwrap_or([0; 4]));
-        let u16_at = |o: usize| u16::from_ne_bytes(head[o..o + 2].try_into().unwrap_or([0; 2]));
-        let mut comm = [0u8; TASK_COMM_LEN];
-        comm.copy_from_slice(&head[24..40]);
-        let header = SampleHeader {
-            ktime_ns: u64_at(0),
-            pid: u32_at(8),
-            tid: u32_at(12),
-            cpu: u32_at(16),
-            kstack_len: u16_at(20),
-            ustack_len: u16_at(22),
-            comm,
-        };
-        let n = header.kstack_len as usize + header.ustack_len as usize;
-        if header.kstack_len as usize > MAX_STACK_DEPTH || header.ustack_len as usize > MAX_STACK_DEPTH {
-            return None;
-        }
-        let frames = bytes.get(SAMPLE_HEADER_SIZE..SAMPLE_HEADER_SIZE + n * 8)?;
-        Some(Sample { header, frames })
-    }
-
-    /// Kernel frames, leaf first.
-    pub fn kernel_stack(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
-        let k = self.header.kstack_len as usize * 8;
-        self.frames[..k].chunks_exact(8).map(read_u64)
-    }
-
-    /// User frames, leaf first.
-    pub fn user_stack(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
-        let k = self.header.kstack_len as usize * 8;
-        self.frames[k..].chunks_exact(8).map(read_u64)
-    }
-
-    /// Thread name up to the first NUL (lossy UTF-8).
-    pub fn comm(&self) -> std::borrow::Cow<'_, str> {
-        let c = &self.header.comm;
-        let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
-        String::from_utf8_lossy(&c[..end])
-    }
-}
-
-fn read_u64(c: &[u8]) -> u64 {
-    u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))
-}
+pub mod record;
+pub use record::{ProcEvent, ProcEventKind, Sample, SampleHeader, SampleKind, PROC_EVENT_SIZE, SAMPLE_HEADER_SIZE};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(k: &[u64], u: &[u64]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&123u64.to_ne_bytes());
-        v.extend_from_slice(&7u32.to_ne_bytes());
-        v.extend_from_slice(&8u32.to_ne_bytes());
-        v.extend_from_slice(&1u32.to_ne_bytes());
-        v.extend_from_slice(&(k.len() as u16).to_ne_bytes());
-        v.extend_from_slice(&(u.len() as u16).to_ne_bytes());
-        v.extend_from_slice(b"worker\0\0\0\0\0\0\0\0\0\0");
-        for f in k.iter().chain(u) {
-            v.extend_from_slice(&f.to_ne_bytes());
-        }
-        v
-    }
-
-    #[test]
-    fn parses_record() {
-        let r = record(&[0xffff_ffff_8100_0000, 2], &[0x401000]);
-        let s = Sample::parse(&r).expect("parse");
-        assert_eq!(s.header.pid, 7);
-        assert_eq!(s.header.tid, 8);
-        assert_eq!(s.header.cpu, 1);
-        assert_eq!(s.comm(), "worker");
-        assert_eq!(s.kernel_stack().collect::<Vec<_>>(), vec![0xffff_ffff_8100_0000, 2]);
-        assert_eq!(s.user_stack().collect::<Vec<_>>(), vec![0x401000]);
-    }
-
-    #[test]
-    fn rejects_truncated_and_oversized() {
-        let r = record(&[1, 2], &[3]);
-        assert!(Sample::parse(&r[..r.len() - 1]).is_none());
-        assert!(Sample::parse(&r[..10]).is_none());
-        let mut bad = record(&[], &[]);
-        bad[20..22].copy_from_slice(&200u16.to_ne_bytes());
-        assert!(Sample::parse(&bad).is_none());
-    }
 
     #[test]
     fn object_has_no_btf_and_expected_symbols() {
@@ -231,6 +125,12 @@ mod tests {
             globals::MAX_STACK_DEPTH,
             globals::EXCLUDE_IDLE,
             globals::FILTER_PIDS,
+            globals::SELF_TGID,
+            UPROBE_PROGRAM,
+            EXEC_PROGRAM,
+            EXIT_PROGRAM,
+            PROC_EVENTS_MAP,
+            PROC_EVENT_LOST_MAP,
         ] {
             assert!(has(name.as_bytes()), "{name} missing from object");
         }

@@ -121,7 +121,14 @@ async fn retry_info_and_partial_success_from_python() {
             other => panic!("expected UNAVAILABLE with RetryInfo, got {other:?}"),
         }
     }
-    e.export(&batch).await.unwrap();
+    // The server rejected the batch's one profile: all its samples, and no retry.
+    match e.export(&batch).await {
+        Err(ExportError::Partial { rejected_samples, message }) => {
+            assert_eq!(rejected_samples, batch.sample_count() as u64, "{message}");
+            assert!(message.contains("python says"), "{message}");
+        }
+        other => panic!("expected a partial success, got {other:?}"),
+    }
     assert_eq!(s.telemetry.counter("rejected_profiles_total", "").get(), 1);
     assert_eq!(s.telemetry.counter("partial_success_total", "").get(), 1);
     assert_eq!(s.telemetry.counter("retryable_errors_total", "").get(), 2);

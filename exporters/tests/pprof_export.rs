@@ -282,3 +282,34 @@ async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
     assert!(names[0].starts_with("shop_api_env_prod__x{"), "{}", names[0]);
     assert_eq!(names[0].matches('{').count(), 1, "{}", names[0]);
 }
+
+/// Files stay bounded: at most `max_files` of this exporter's files, the
+/// oldest removed first, counted in its metrics; a file it did not write is
+/// left alone, and the defaults hold at most a day.
+#[tokio::test]
+async fn the_directory_keeps_at_most_max_files_and_only_its_own_are_removed() {
+    let d = PprofConfig::default();
+    assert!(d.max_files > 0 && d.max_files <= 17_280, "at most a day of 5 s reports");
+    assert!(!d.max_age.is_zero() && d.max_age <= std::time::Duration::from_secs(86_400));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README"), "someone else's").unwrap();
+    let cfg = PprofConfig { directory: Some(dir.path().into()), max_files: 3, ..Default::default() };
+    let s = settings(Kind::Exporter, "pprof/bounded");
+    let e = PprofExporter::new(s.clone(), cfg).unwrap();
+    let mut names = Vec::new();
+    for k in 0..6u64 {
+        let before: std::collections::BTreeSet<_> = files(dir.path()).into_iter().collect();
+        e.export(&cpu_batch(k, 1, 20)).await.unwrap();
+        let new: Vec<_> = files(dir.path()).into_iter().filter(|f| !before.contains(f)).collect();
+        assert_eq!(new.len(), 1, "one report per batch: {new:?}");
+        names.push(new[0].clone());
+    }
+    let mut left = files(dir.path());
+    left.retain(|f| f.file_name().unwrap() != "README");
+    let mut newest = names[3..].to_vec();
+    newest.sort();
+    assert_eq!(left, newest, "the three newest remain");
+    assert!(dir.path().join("README").exists());
+    assert_eq!(s.telemetry.counter("pprof_files_removed_total", "").get(), 3);
+    assert_eq!(s.telemetry.gauge("pprof_files", "").get(), 3);
+}

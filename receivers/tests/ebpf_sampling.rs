@@ -93,7 +93,8 @@ async fn syscall_workload_yields_kernel_frames_in_kernel_text() {
     }
     let dir = tempfile::tempdir().unwrap();
     let bin = build_workload("readzero", dir.path());
-    let mut w = Workload::spawn(&bin, 2.0);
+    // 4 s of wall time: enough CPU for 50+ samples even on a shared host.
+    let mut w = Workload::spawn(&bin, 4.0);
     let pid = w.pid;
     // Only this process (exercises the `pids` option).
     let running = start(EbpfConfig {
@@ -104,7 +105,7 @@ async fn syscall_workload_yields_kernel_frames_in_kernel_text() {
     })
     .await;
     w.go();
-    let _cpu = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    let cpu_ns = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (batches, metrics) = running.stop().await;
 
@@ -118,6 +119,9 @@ async fn syscall_workload_yields_kernel_frames_in_kernel_text() {
     let samples = samples_of(&batches, pid);
     let total: usize = samples.iter().map(|s| s.count).sum();
     assert!(total > 50, "too few samples ({total})\n{metrics}");
+    // And in proportion to the CPU it burned (frequency x CPU seconds).
+    let expected = FREQ as f64 * cpu_ns as f64 / 1e9;
+    assert!(total as f64 >= 0.7 * expected, "{total} samples for {expected:.0} expected\n{metrics}");
     let (stext, etext) = kernel_text();
     assert!(stext != 0, "/proc/kallsyms shows zero addresses (kptr_restrict); run as root");
     let mut with_kernel = 0;

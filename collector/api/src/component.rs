@@ -142,13 +142,23 @@ impl ComponentError {
     }
 }
 
-/// An export attempt failed: retry it later, or give up on the batch.
+/// An export attempt failed, in whole or in part: retry it later, give up
+/// on the batch, or (the backend took the rest) count what it rejected.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ExportError {
+    /// Nothing was taken; the same batch may be sent again, after at least
+    /// `retry_after` when the backend said so.
     #[error("{message} (will retry)")]
     Retryable { message: String, retry_after: Option<Duration> },
+    /// Nothing was taken, and sending it again would fail the same way:
+    /// every sample of the batch is rejected.
     #[error("{message} (permanent: the batch is dropped)")]
     Permanent { message: String },
+    /// The backend took the batch except `rejected_samples` samples (OTLP
+    /// `partial_success`). Never retried: the rest arrived, and a retry would
+    /// send it twice.
+    #[error("{message} ({rejected_samples} samples rejected; the rest was accepted)")]
+    Partial { message: String, rejected_samples: u64 },
 }
 
 impl ExportError {
@@ -157,6 +167,15 @@ impl ExportError {
     }
     pub fn permanent(message: impl Into<String>) -> Self {
         ExportError::Permanent { message: message.into() }
+    }
+
+    /// How many of a batch's `samples` this failure rejected for good, if the
+    /// attempt is not retried: all of them, except for a partial success.
+    pub fn rejected_samples(&self, samples: u64) -> u64 {
+        match self {
+            ExportError::Partial { rejected_samples, .. } => (*rejected_samples).min(samples),
+            ExportError::Retryable { .. } | ExportError::Permanent { .. } => samples,
+        }
     }
 }
 
@@ -242,11 +261,46 @@ pub trait Consumer: Send + Sync + 'static {
 pub struct Next {
     targets: Arc<ArcSwap<Vec<Arc<dyn Consumer>>>>,
     telemetry: ComponentTelemetry,
+    gate: Arc<tokio::sync::watch::Sender<Gate>>,
+}
+
+/// Whether a [`Next`] delivers yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// The graph it feeds is not live yet: sends wait.
+    Pending,
+    Open,
+    /// The graph it feeds will never go live: sends fail.
+    Closed,
 }
 
 impl Next {
     pub fn new(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry) -> Self {
-        Next { targets: Arc::new(ArcSwap::from_pointee(targets)), telemetry }
+        Self::with_gate(targets, telemetry, Gate::Open)
+    }
+
+    /// A handle for a receiver of a graph that is not live yet: its sends
+    /// wait until [`Next::open`], or fail with [`ConsumeError::Closed`] after
+    /// [`Next::close`]. So a receiver started by a reload that then fails
+    /// delivers nothing into the abandoned graph's pipelines (and, through
+    /// them, into exporters the running graph shares).
+    pub fn pending(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry) -> Self {
+        Self::with_gate(targets, telemetry, Gate::Pending)
+    }
+
+    fn with_gate(targets: Vec<Arc<dyn Consumer>>, telemetry: ComponentTelemetry, gate: Gate) -> Self {
+        let gate = Arc::new(tokio::sync::watch::Sender::new(gate));
+        Next { targets: Arc::new(ArcSwap::from_pointee(targets)), telemetry, gate }
+    }
+
+    /// The graph went live: sends (waiting ones included) deliver.
+    pub fn open(&self) {
+        self.gate.send_replace(Gate::Open);
+    }
+
+    /// The graph will never go live: sends (waiting ones included) fail.
+    pub fn close(&self) {
+        self.gate.send_replace(Gate::Closed);
     }
 
     /// Rewires the handle (and every clone of it) to new targets.
@@ -258,6 +312,14 @@ impl Next {
     /// Counts the samples as accepted, or as refused when a target refuses.
     pub async fn send(&self, batch: Profiles) -> Result<(), ConsumeError> {
         let n = batch.sample_count() as u64;
+        if *self.gate.borrow() != Gate::Open {
+            let mut rx = self.gate.subscribe();
+            let gate = rx.wait_for(|g| *g != Gate::Pending).await.map(|g| *g).unwrap_or(Gate::Closed);
+            if gate == Gate::Closed {
+                self.telemetry.refused.add(n);
+                return Err(ConsumeError::Closed);
+            }
+        }
         let targets = self.targets.load_full();
         let mut result = Ok(());
         if let Some((last, rest)) = targets.split_last() {
@@ -281,11 +343,23 @@ impl Next {
 /// A source of batches (eBPF sampling, OTLP server, files).
 #[async_trait]
 pub trait Receiver: Send + Sync + 'static {
-    /// Sets up (failing here with a clear error), spawns its own tasks, returns.
+    /// Sets up (failing here with a clear error, having released whatever it
+    /// had set up), spawns its own tasks, returns.
     async fn start(&self, next: Next) -> Result<(), ComponentError>;
     /// Stops producing, flushes what it holds into `next`, waits for its tasks.
     /// After this returns the receiver sends nothing more.
     async fn shutdown(&self) -> Result<(), ComponentError>;
+    /// What only one instance can hold at a time (a TCP port, the host's CPU
+    /// sampler), named so that equal strings mean the same thing.
+    ///
+    /// On reload, a changed receiver's new instance starts while the old one
+    /// still runs, so a new instance that cannot start leaves the old one
+    /// serving. Only when the two name a common resource does the old one stop
+    /// first; if the new one then fails, the old one is started again, so a
+    /// receiver that names resources must support `start` after `shutdown`.
+    fn exclusive_resources(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A batch transformer: says what it did with each batch
@@ -334,6 +408,12 @@ pub trait Exporter: Send + Sync + 'static {
 pub trait Extension: Send + Sync + 'static {
     async fn start(&self) -> Result<(), ComponentError>;
     async fn shutdown(&self) -> Result<(), ComponentError>;
+    /// As [`Receiver::exclusive_resources`]: what only one instance can hold
+    /// (a TCP port); on reload an extension that names any must support
+    /// `start` after `shutdown`.
+    fn exclusive_resources(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What a factory made.

@@ -69,12 +69,39 @@ impl Default for RetryConfig {
     }
 }
 
+/// What `queue_size` counts (the OTel Collector's `sending_queue.sizer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Sizer {
+    /// Batches.
+    #[default]
+    Requests,
+    /// Samples.
+    Items,
+    /// Bytes of the batches in memory as the queue holds them
+    /// ([`crate::Profiles::memory_size`]), not their wire size.
+    Bytes,
+}
+
+impl Sizer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sizer::Requests => "requests",
+            Sizer::Items => "items",
+            Sizer::Bytes => "bytes",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueConfig {
     pub enabled: bool,
-    /// Capacity in batches.
-    pub queue_size: usize,
+    /// The unit of `queue_size`.
+    pub sizer: Sizer,
+    /// Capacity, in the unit of `sizer`: what the queue holds, batches
+    /// waiting and batches being sent alike.
+    pub queue_size: u64,
     /// Concurrent export calls draining the queue.
     pub num_consumers: usize,
     /// When full: wait (true) or drop the batch and count it (false).
@@ -91,6 +118,7 @@ impl Default for QueueConfig {
     fn default() -> Self {
         QueueConfig {
             enabled: true,
+            sizer: Sizer::Requests,
             queue_size: 1000,
             num_consumers: 10,
             block_on_overflow: false,
@@ -141,7 +169,23 @@ impl Validate for QueueConfig {
             return;
         }
         if self.queue_size == 0 {
-            p.add("queue_size", "must be at least 1 (default 1000); to send without a queue set enabled: false");
+            p.add(
+                "queue_size",
+                format!(
+                    "must be at least 1 (default 1000 {}); to send without a queue set enabled: false",
+                    self.sizer.as_str()
+                ),
+            );
+        }
+        if self.storage.is_some() && self.sizer != Sizer::Requests {
+            p.add(
+                "sizer",
+                format!(
+                    "sizer {} does not apply to a persistent queue (storage is set): it is bounded on disk by \
+                     max_storage_bytes and holds only file names in memory; use sizer: requests or remove storage",
+                    self.sizer.as_str()
+                ),
+            );
         }
         if self.num_consumers == 0 {
             p.add("num_consumers", "must be at least 1 (default 10)");
@@ -200,5 +244,20 @@ mod tests {
         let zero = ConfigValue::from(serde_json::json!({"timeout": "0s", "sending_queue": {"queue_size": 0}}));
         let paths: Vec<_> = split(&zero).unwrap_err().into_iter().map(|e| e.path).collect();
         assert_eq!(paths, ["timeout", "sending_queue.queue_size"]);
+    }
+
+    #[test]
+    fn sizer_names_the_unit_of_queue_size() {
+        let v = ConfigValue::from(serde_json::json!({"sending_queue": {"sizer": "bytes", "queue_size": 67108864}}));
+        let (h, _) = split(&v).unwrap();
+        assert_eq!((h.sending_queue.sizer, h.sending_queue.queue_size), (Sizer::Bytes, 64 << 20));
+        assert_eq!(ExporterHelperConfig::default().sending_queue.sizer, Sizer::Requests);
+        let v = ConfigValue::from(serde_json::json!({"sending_queue": {"sizer": "megabytes"}}));
+        assert!(split(&v).unwrap_err()[0].message.contains("megabytes"));
+        let dir = std::env::temp_dir();
+        let v = ConfigValue::from(serde_json::json!({"sending_queue": {"sizer": "items", "storage": dir}}));
+        let e = split(&v).unwrap_err();
+        assert_eq!(e[0].path, "sending_queue.sizer");
+        assert!(e[0].message.contains("max_storage_bytes"), "{}", e[0].message);
     }
 }

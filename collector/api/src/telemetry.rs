@@ -117,10 +117,19 @@ impl Telemetry {
         let l = [(kind.as_str(), ids.as_str())];
         let k = kind.as_str();
         ComponentTelemetry {
-            // Processors count what went in and out instead (the OTel Collector's names).
+            // Processors count what went in and out, exporters what they sent
+            // (the OTel Collector's names).
             accepted: match kind {
-                Kind::Processor => Counter::default(),
+                Kind::Processor | Kind::Exporter => Counter::default(),
                 _ => self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
+            },
+            sent: match kind {
+                Kind::Exporter => self.counter(
+                    &format!("profcol_{k}_sent_samples_total"),
+                    "Samples the backend took (a partial success counts what it did not reject).",
+                    &l,
+                ),
+                _ => Counter::default(),
             },
             incoming: match kind {
                 Kind::Processor => {
@@ -149,9 +158,19 @@ impl Telemetry {
                 _ => Counter::default(),
             },
             queue_size: match kind {
-                Kind::Exporter => {
-                    self.gauge(&format!("profcol_{k}_queue_size"), "Batches waiting in the sending queue.", &l)
-                }
+                Kind::Exporter => self.gauge(
+                    &format!("profcol_{k}_queue_size"),
+                    "What the sending queue holds (waiting or being sent), in the unit of sending_queue.sizer.",
+                    &l,
+                ),
+                _ => Gauge::default(),
+            },
+            queue_capacity: match kind {
+                Kind::Exporter => self.gauge(
+                    &format!("profcol_{k}_queue_capacity"),
+                    "The sending queue's bound (sending_queue.queue_size), in the unit of sending_queue.sizer.",
+                    &l,
+                ),
                 _ => Gauge::default(),
             },
             export_latency: match kind {
@@ -215,7 +234,10 @@ fn render_labels(labels: &[(&str, &str)]) -> String {
 /// component-specific ones.
 #[derive(Clone)]
 pub struct ComponentTelemetry {
+    /// Receivers (and extensions): samples taken.
     pub accepted: Counter,
+    /// Exporters only: samples the backend took.
+    pub sent: Counter,
     /// Processors only: samples in, and samples passed on.
     pub incoming: Counter,
     pub outgoing: Counter,
@@ -223,6 +245,7 @@ pub struct ComponentTelemetry {
     pub dropped: Counter,
     pub send_failed: Counter,
     pub queue_size: Gauge,
+    pub queue_capacity: Gauge,
     pub export_latency: Timer,
     registry: Telemetry,
     kind: Kind,
@@ -235,6 +258,16 @@ impl ComponentTelemetry {
     pub fn counter(&self, name: &str, help: &str) -> Counter {
         let ids = self.id.to_string();
         self.registry.counter(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
+    }
+
+    /// A component-specific counter with one more label (e.g. a `reason`).
+    pub fn counter_labeled(&self, name: &str, help: &str, label: (&str, &str)) -> Counter {
+        let ids = self.id.to_string();
+        self.registry.counter(
+            &format!("profcol_{}_{name}", self.kind.as_str()),
+            help,
+            &[(self.kind.as_str(), &ids), label],
+        )
     }
 
     pub fn gauge(&self, name: &str, help: &str) -> Gauge {

@@ -44,6 +44,19 @@ fn check_all(v: &[i32], len: usize, path: impl Fn() -> String, table: &str) -> R
 pub fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
     let empty = pb::ProfilesDictionary::default();
     let d = data.dictionary.as_ref().unwrap_or(&empty);
+    validate_dictionary(d)?;
+    for (r, rp) in data.resource_profiles.iter().enumerate() {
+        for (s, sp) in rp.scope_profiles.iter().enumerate() {
+            for (p, prof) in sp.profiles.iter().enumerate() {
+                validate_profile(d, prof, &|| format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{p}]"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The dictionary's invariants (what every profile relies on).
+fn validate_dictionary(d: &pb::ProfilesDictionary) -> Result<(), InvalidProfiles> {
     let ns = d.string_table.len();
     if let Some(s0) = d.string_table.first() {
         if !s0.is_empty() {
@@ -117,39 +130,81 @@ pub fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
             "location_table",
         )?;
     }
+    Ok(())
+}
+
+/// One profile's invariants against a valid dictionary `d`; `base` names it.
+fn validate_profile(
+    d: &pb::ProfilesDictionary,
+    prof: &pb::Profile,
+    base: &dyn Fn() -> String,
+) -> Result<(), InvalidProfiles> {
+    let (ns, na) = (d.string_table.len(), d.attribute_table.len());
     let (nst, nlk) = (d.stack_table.len(), d.link_table.len());
-    for (r, rp) in data.resource_profiles.iter().enumerate() {
-        for (s, sp) in rp.scope_profiles.iter().enumerate() {
-            for (p, prof) in sp.profiles.iter().enumerate() {
-                let base = || format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{p}]");
-                for (name, vt) in [("sample_type", &prof.sample_type), ("period_type", &prof.period_type)] {
-                    if let Some(vt) = vt {
-                        check_idx(vt.type_strindex, ns, || format!("{}.{name}.type_strindex", base()), "string_table")?;
-                        check_idx(vt.unit_strindex, ns, || format!("{}.{name}.unit_strindex", base()), "string_table")?;
-                    }
-                }
-                check_all(&prof.attribute_indices, na, || format!("{}.attribute_indices", base()), "attribute_table")?;
-                for (k, smp) in prof.samples.iter().enumerate() {
-                    let sp = || format!("{}.samples[{k}]", base());
-                    check_idx(smp.stack_index, nst, || format!("{}.stack_index", sp()), "stack_table")?;
-                    check_idx(smp.link_index, nlk, || format!("{}.link_index", sp()), "link_table")?;
-                    check_all(&smp.attribute_indices, na, || format!("{}.attribute_indices", sp()), "attribute_table")?;
-                    if !smp.values.is_empty()
-                        && !smp.timestamps_unix_nano.is_empty()
-                        && smp.values.len() != smp.timestamps_unix_nano.len()
-                    {
-                        return Err(err(
-                            sp(),
-                            format!(
-                                "values ({}) and timestamps_unix_nano ({}) must have equal length when both are set",
-                                smp.values.len(),
-                                smp.timestamps_unix_nano.len()
-                            ),
-                        ));
-                    }
-                }
-            }
+    for (name, vt) in [("sample_type", &prof.sample_type), ("period_type", &prof.period_type)] {
+        if let Some(vt) = vt {
+            check_idx(vt.type_strindex, ns, || format!("{}.{name}.type_strindex", base()), "string_table")?;
+            check_idx(vt.unit_strindex, ns, || format!("{}.{name}.unit_strindex", base()), "string_table")?;
+        }
+    }
+    check_all(&prof.attribute_indices, na, || format!("{}.attribute_indices", base()), "attribute_table")?;
+    for (k, smp) in prof.samples.iter().enumerate() {
+        let sp = || format!("{}.samples[{k}]", base());
+        check_idx(smp.stack_index, nst, || format!("{}.stack_index", sp()), "stack_table")?;
+        check_idx(smp.link_index, nlk, || format!("{}.link_index", sp()), "link_table")?;
+        check_all(&smp.attribute_indices, na, || format!("{}.attribute_indices", sp()), "attribute_table")?;
+        if !smp.values.is_empty()
+            && !smp.timestamps_unix_nano.is_empty()
+            && smp.values.len() != smp.timestamps_unix_nano.len()
+        {
+            return Err(err(
+                sp(),
+                format!(
+                    "values ({}) and timestamps_unix_nano ({}) must have equal length when both are set",
+                    smp.values.len(),
+                    smp.timestamps_unix_nano.len()
+                ),
+            ));
         }
     }
     Ok(())
+}
+
+/// What [`drop_invalid_profiles`] took out of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedProfiles {
+    pub profiles: u64,
+    pub samples: u64,
+    /// The first problem found, with its path in the batch as it came.
+    pub first: InvalidProfiles,
+}
+
+/// Removes the profiles that break an invariant, keeping the rest (for a
+/// receiver that accepts a request in part). `Ok(None)`: nothing was wrong.
+/// An invalid dictionary spoils every profile: `Err`, nothing removed.
+pub fn drop_invalid_profiles(data: &mut pb::ProfilesData) -> Result<Option<DroppedProfiles>, InvalidProfiles> {
+    let empty = pb::ProfilesDictionary::default();
+    let d = data.dictionary.as_ref().unwrap_or(&empty);
+    validate_dictionary(d)?;
+    let mut dropped: Option<DroppedProfiles> = None;
+    for (r, rp) in data.resource_profiles.iter_mut().enumerate() {
+        for (s, sp) in rp.scope_profiles.iter_mut().enumerate() {
+            let mut p = 0;
+            sp.profiles.retain(|prof| {
+                let at = p;
+                p += 1;
+                let base = || format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{at}]");
+                match validate_profile(d, prof, &base) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        let x = dropped.get_or_insert(DroppedProfiles { profiles: 0, samples: 0, first: e });
+                        x.profiles += 1;
+                        x.samples += prof.samples.len() as u64;
+                        false
+                    }
+                }
+            });
+        }
+    }
+    Ok(dropped)
 }

@@ -12,11 +12,13 @@
 //! handle that stops hands its backlog to the next user of the same queue.
 
 mod persistent;
+mod queue;
 mod retry;
 
 use persistent::{PersistError, PersistentQueue, Ticket};
+use queue::{Rejected, SizedQueue};
 
-use profcol_api::exporterhelper::ExporterHelperConfig;
+use profcol_api::exporterhelper::{ExporterHelperConfig, Sizer};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ComponentId, Exporter, Profiles};
 use std::sync::Arc;
@@ -64,9 +66,8 @@ pub struct ExporterHandle {
     exporter: Arc<dyn Exporter>,
     config: ExporterHelperConfig,
     telemetry: ComponentTelemetry,
-    tx: async_channel::Sender<Queued>,
-    /// Kept to hand a persistent queue's leftovers back at shutdown.
-    rx: async_channel::Receiver<Queued>,
+    /// Bounded in the unit of `sending_queue.sizer`; a batch counts until its export ends.
+    queue: SizedQueue<Queued>,
     store: Option<Store>,
     consumers: tokio::sync::Mutex<JoinSet<()>>,
     /// Set when the host has begun draining: stop waiting between retries
@@ -105,13 +106,14 @@ impl ExporterHandle {
             None => None,
         };
         exporter.start().await?;
-        let (tx, rx) = async_channel::bounded(if q.enabled { q.queue_size.max(1) } else { 1 });
+        let capacity = if q.enabled { q.queue_size.max(1) } else { 1 };
+        telemetry.queue_capacity.set(i64::try_from(capacity).unwrap_or(i64::MAX));
+        telemetry.queue_size.set(0);
         let h = Arc::new(ExporterHandle {
             id,
             exporter,
             telemetry,
-            tx,
-            rx: rx.clone(),
+            queue: SizedQueue::new(capacity),
             store,
             consumers: tokio::sync::Mutex::new(JoinSet::new()),
             deadline: Arc::default(),
@@ -121,32 +123,19 @@ impl ExporterHandle {
         let n = if h.config.sending_queue.enabled { h.config.sending_queue.num_consumers.max(1) } else { 1 };
         let mut set = h.consumers.lock().await;
         for _ in 0..n {
-            let (rx, me) = (rx.clone(), Arc::clone(&h));
+            let me = Arc::clone(&h);
             let span = tracing::info_span!("exporter", id = %me.id);
             set.spawn(
                 async move {
-                    while let Ok(item) = rx.recv().await {
+                    while let Some((item, weight)) = me.queue.pop().await {
                         if let (Some(store), true) = (&me.store, me.shutting_down()) {
                             // On disk: goes out through whoever uses the queue next.
                             store.queue.hand_back(item.ticket());
+                            me.release(weight);
                             break;
                         }
-                        me.telemetry.queue_size.set(rx.len() as i64);
-                        let (batch, ticket) = match item {
-                            Queued::Memory(b) => (b, None),
-                            Queued::Disk(t, Some(b)) => (b, Some(t)),
-                            Queued::Disk(t, None) => match me.load(&t).await {
-                                Some(b) => (Arc::new(b), Some(t)),
-                                None => continue, // set aside as corrupt, with a warning
-                            },
-                        };
-                        let outcome = me.send_with_retry(&batch).await;
-                        drop(batch);
-                        match (outcome, ticket, &me.store) {
-                            (Outcome::Done, Some(ticket), _) => me.forget(ticket).await,
-                            (Outcome::Interrupted, Some(ticket), Some(store)) => store.queue.hand_back([ticket]),
-                            _ => {}
-                        }
+                        me.export_one(item).await;
+                        me.release(weight);
                     }
                 }
                 .instrument(span),
@@ -164,6 +153,42 @@ impl ExporterHandle {
 
     pub fn id(&self) -> &ComponentId {
         &self.id
+    }
+
+    /// Sends one queued batch (with retries) and settles its file, if any.
+    async fn export_one(&self, item: Queued) {
+        let (batch, ticket) = match item {
+            Queued::Memory(b) => (b, None),
+            Queued::Disk(t, Some(b)) => (b, Some(t)),
+            Queued::Disk(t, None) => match self.load(&t).await {
+                Some(b) => (Arc::new(b), Some(t)),
+                None => return, // set aside as corrupt, with a warning
+            },
+        };
+        let outcome = self.send_with_retry(&batch).await;
+        drop(batch);
+        match (outcome, ticket, &self.store) {
+            (Outcome::Done, Some(ticket), _) => self.forget(ticket).await,
+            (Outcome::Interrupted, Some(ticket), Some(store)) => store.queue.hand_back([ticket]),
+            _ => {}
+        }
+    }
+
+    /// The export of a queued batch ended: its weight leaves the queue.
+    fn release(&self, weight: u64) {
+        self.queue.release(weight);
+        self.telemetry.queue_size.set(i64::try_from(self.queue.used()).unwrap_or(i64::MAX));
+    }
+
+    /// What a batch weighs in the queue, in the unit of `sending_queue.sizer`.
+    fn weight(&self, batch: &Profiles) -> u64 {
+        let q = &self.config.sending_queue;
+        match q.sizer {
+            _ if !q.enabled => 1,
+            Sizer::Requests => 1,
+            Sizer::Items => batch.sample_count() as u64,
+            Sizer::Bytes => batch.memory_size() as u64,
+        }
     }
 
     /// Whether batches are on disk once `enqueue` returns.
@@ -187,20 +212,35 @@ impl ExporterHandle {
                 })?;
                 // Kept in memory only if a consumer is about to take it; else only the file waits.
                 let window = if q.enabled { q.num_consumers.max(1) } else { 1 };
-                Queued::Disk(ticket, (self.tx.len() < window).then_some(batch))
+                Queued::Disk(ticket, (self.queue.len() < window).then_some(batch))
             }
             None => Queued::Memory(batch),
         };
-        let rejected = if blocking {
-            self.tx.send(item).await.err().map(|e| (e.into_inner(), false))
-        } else {
-            self.tx.try_send(item).err().map(|e| {
-                let full = e.is_full();
-                (e.into_inner(), full)
-            })
+        let weight = match &item {
+            Queued::Memory(b) => self.weight(b),
+            // A persistent queue counts requests (the config check allows no other sizer).
+            Queued::Disk(..) => 1,
         };
-        self.telemetry.queue_size.set(self.tx.len() as i64);
-        let Some((item, full)) = rejected else { return Ok(()) };
+        let pushed = if blocking { self.queue.push(item, weight).await } else { self.queue.try_push(item, weight) };
+        self.telemetry.queue_size.set(i64::try_from(self.queue.used()).unwrap_or(i64::MAX));
+        let (item, full) = match pushed {
+            Ok(()) => return Ok(()),
+            Err(Rejected::TooLarge(Queued::Memory(_))) => {
+                self.telemetry.dropped.add(n);
+                let why = format!(
+                    "exporter {}: a batch of {weight} {} is larger than the whole sending queue \
+                     (queue_size {}); raise sending_queue.queue_size or make batches smaller",
+                    self.id,
+                    q.sizer.as_str(),
+                    q.queue_size
+                );
+                warn!(exporter = %self.id, samples = n, "{why}; batch dropped");
+                // Waiting would never make room: a blocking pipeline tells its sender.
+                return if blocking { Err(why) } else { Ok(()) };
+            }
+            Err(Rejected::Full(item)) => (item, true),
+            Err(Rejected::TooLarge(item)) | Err(Rejected::Closed(item)) => (item, false),
+        };
         match item {
             // Closed for shutdown: the batch is on disk and goes out through
             // whoever uses the queue next (a reload's new handle, or the next start).
@@ -214,14 +254,16 @@ impl ExporterHandle {
                 self.forget(ticket).await;
                 self.telemetry.refused.add(n);
                 Err(format!(
-                    "exporter {}: the sending queue is full ({} batches); retry later, or raise sending_queue.queue_size",
-                    self.id, q.queue_size
+                    "exporter {}: the sending queue is full ({} {}); retry later, or raise sending_queue.queue_size",
+                    self.id,
+                    q.queue_size,
+                    q.sizer.as_str()
                 ))
             }
             Queued::Memory(_) => {
                 self.telemetry.dropped.add(n);
                 if full {
-                    warn!(exporter = %self.id, samples = n, queue_size = q.queue_size,
+                    warn!(exporter = %self.id, samples = n, queue_size = q.queue_size, sizer = q.sizer.as_str(),
                         "sending queue is full; batch dropped (raise sending_queue.queue_size or set block_on_overflow: true)");
                 }
                 Ok(())
@@ -240,7 +282,7 @@ impl ExporterHandle {
                     store.bytes.set(store.queue.used_bytes() as i64);
                     return Ok(ticket);
                 }
-                Err(PersistError::Full { .. }) if blocking && !self.tx.is_closed() => {
+                Err(PersistError::Full { .. }) if blocking && !self.queue.is_closed() => {
                     // Bounded wait, so a shutdown that closes the queue is noticed.
                     let _ = tokio::time::timeout(Duration::from_millis(500), room).await;
                 }
@@ -287,9 +329,9 @@ impl ExporterHandle {
             let mut rest = tickets.into_iter();
             while let Some(ticket) = rest.next() {
                 let item = Queued::Disk(ticket.clone(), None);
-                // A send dropped unfinished leaves nothing in the channel.
+                // A push dropped unfinished leaves nothing in the queue.
                 let sent = tokio::select! {
-                    r = self.tx.send(item) => r.is_ok(),
+                    r = self.queue.push(item, 1) => r.is_ok(),
                     _ = self.stopping.cancelled() => false,
                 };
                 if !sent {
@@ -322,6 +364,7 @@ impl ExporterHandle {
             let err = match result {
                 Ok(()) => {
                     self.telemetry.export_latency.record(t0.elapsed());
+                    self.telemetry.sent.add(n);
                     return Outcome::Done;
                 }
                 Err(e) => e,
@@ -329,6 +372,14 @@ impl ExporterHandle {
             let wait = match &err {
                 profcol_api::ExportError::Retryable { retry_after, .. } => backoff.next(*retry_after),
                 profcol_api::ExportError::Permanent { .. } => None,
+                profcol_api::ExportError::Partial { .. } => {
+                    // The rest arrived: never sent again (OTLP: partial_success is not retried).
+                    let rejected = err.rejected_samples(n);
+                    self.telemetry.sent.add(n - rejected);
+                    self.telemetry.send_failed.add(rejected);
+                    warn!(exporter = %self.id, samples = n, rejected, error = %err, "the backend rejected part of a batch");
+                    return Outcome::Done;
+                }
             };
             let deadline = *self.deadline.lock().unwrap_or_else(|p| p.into_inner());
             // Shutting down, a persistent queue keeps the batch rather than waiting to retry.
@@ -344,7 +395,7 @@ impl ExporterHandle {
                 }
                 Some(_) if self.store.is_some() => return self.keep_for_next_start(n, &err),
                 _ => {
-                    self.telemetry.send_failed.add(n);
+                    self.telemetry.send_failed.add(err.rejected_samples(n));
                     warn!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped");
                     return Outcome::Done;
                 }
@@ -368,18 +419,18 @@ impl ExporterHandle {
     pub async fn shutdown(&self, deadline: Instant) {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
         self.stopping.cancel();
-        self.tx.close();
+        self.queue.close();
         let mut set = self.consumers.lock().await;
         let drained =
             tokio::time::timeout_at(deadline.into(), async { while set.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             set.abort_all();
-            warn!(exporter = %self.id, left = self.tx.len(), "shutdown_timeout passed before the sending queue drained");
+            warn!(exporter = %self.id, left = self.queue.len(), "shutdown_timeout passed before the sending queue drained");
         }
         if let Some(store) = &self.store {
             // Still on disk: for the handle a reload starts, or the next start.
             let mut left = Vec::new();
-            while let Ok(item) = self.rx.try_recv() {
+            while let Some((item, _)) = self.queue.try_pop() {
                 left.extend(item.ticket());
             }
             store.queue.hand_back(left);
@@ -387,5 +438,83 @@ impl ExporterHandle {
         if let Err(e) = self.exporter.shutdown().await {
             warn!(exporter = %self.id, error = %e, "exporter shutdown failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profcol_api::component::Kind;
+    use profcol_api::exporterhelper::Sizer;
+    use profcol_api::model::{pb, ProfileMeta, Resource};
+    use profcol_api::{ExportError, ProfilesBuilder};
+
+    /// A backend that never answers.
+    struct Stalled;
+
+    #[async_trait::async_trait]
+    impl Exporter for Stalled {
+        async fn export(&self, _: &Profiles) -> Result<(), ExportError> {
+            std::future::pending().await
+        }
+    }
+
+    fn batch(samples: usize) -> Arc<Profiles> {
+        let mut b = ProfilesBuilder::new();
+        let r = b.resource(Resource::default());
+        let meta = ProfileMeta {
+            sample_type: ("samples", "count"),
+            period_type: ("cpu", "nanoseconds"),
+            period: 1,
+            time_unix_nano: 1,
+            duration_nano: 1,
+        };
+        let p = b.profile(r, &meta);
+        for i in 0..samples {
+            b.sample(p, pb::Sample { values: vec![1], timestamps_unix_nano: vec![i as u64], ..Default::default() });
+        }
+        Arc::new(b.build())
+    }
+
+    async fn stalled_handle(sizer: Sizer, queue_size: u64) -> (Arc<ExporterHandle>, ComponentTelemetry) {
+        let id: ComponentId = "stalled".parse().unwrap();
+        let t = ComponentTelemetry::detached(Kind::Exporter, &id);
+        let mut cfg = ExporterHelperConfig { timeout: Duration::from_secs(3600), ..Default::default() };
+        cfg.sending_queue.sizer = sizer;
+        cfg.sending_queue.queue_size = queue_size;
+        cfg.sending_queue.num_consumers = 1;
+        (ExporterHandle::start(id, Arc::new(Stalled), cfg, t.clone()).await.unwrap(), t)
+    }
+
+    #[tokio::test]
+    async fn the_queue_holds_at_most_queue_size_in_the_sizers_unit_in_flight_included() {
+        let (h, t) = stalled_handle(Sizer::Items, 250).await;
+        assert_eq!(t.queue_capacity.get(), 250);
+        for _ in 0..3 {
+            h.enqueue(batch(100)).await.unwrap();
+        }
+        // One batch in the stalled consumer, one waiting: 200 items; the third did not fit.
+        assert_eq!((t.queue_size.get(), t.dropped.get()), (200, 100));
+        // Larger than the whole queue: dropped, and with blocking, refused.
+        h.enqueue(batch(300)).await.unwrap();
+        assert_eq!(t.dropped.get(), 400);
+        h.shutdown(Instant::now()).await;
+
+        let (h, t) = stalled_handle(Sizer::Bytes, 0).await;
+        assert_eq!(t.queue_capacity.get(), 1, "at least 1");
+        h.enqueue(batch(1)).await.unwrap();
+        assert_eq!((t.queue_size.get(), t.dropped.get()), (0, 1), "no batch fits in one byte");
+        h.shutdown(Instant::now()).await;
+
+        // Copies (vectors at their length) weigh less than the builder's output.
+        let one = batch(100);
+        let size = Profiles::clone(&one).memory_size() as u64;
+        assert!(size < one.memory_size() as u64);
+        let (h, t) = stalled_handle(Sizer::Bytes, 2 * size + size / 2).await;
+        for _ in 0..4 {
+            h.enqueue(Arc::new(Profiles::clone(&one))).await.unwrap();
+        }
+        assert_eq!((t.queue_size.get() as u64, t.dropped.get()), (2 * size, 200));
+        h.shutdown(Instant::now()).await;
     }
 }

@@ -28,8 +28,10 @@ impl Default for HealthCheckConfig {
 struct HealthCheck {
     cfg: HealthCheckConfig,
     status: HostStatus,
-    stop: CancellationToken,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// While started: how to stop the server, and its task.
+    running: Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
+    /// The address it bound last; a start after a shutdown binds it again.
+    bound: Mutex<Option<std::net::SocketAddr>>,
 }
 
 pub fn factory(status: HostStatus) -> Arc<dyn Factory> {
@@ -44,8 +46,8 @@ pub fn factory(status: HostStatus) -> Arc<dyn Factory> {
             Ok(Component::Extension(Arc::new(HealthCheck {
                 cfg,
                 status: status.clone(),
-                stop: CancellationToken::new(),
-                task: Mutex::new(None),
+                running: Mutex::new(None),
+                bound: Mutex::new(None),
             })))
         },
     )
@@ -54,13 +56,17 @@ pub fn factory(status: HostStatus) -> Arc<dyn Factory> {
 #[async_trait]
 impl Extension for HealthCheck {
     async fn start(&self) -> Result<(), ComponentError> {
-        let listener = tokio::net::TcpListener::bind(&self.cfg.endpoint).await.map_err(|e| {
-            ComponentError::io(
-                format!("health_check cannot listen on {} (set endpoint to a free address)", self.cfg.endpoint),
-                e,
-            )
+        // Started again (a reload that failed puts the old instance back): the same port.
+        let was = *self.bound.lock().unwrap_or_else(|p| p.into_inner());
+        let endpoint = match was {
+            Some(a) => a.to_string(),
+            None => self.cfg.endpoint.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind(&endpoint).await.map_err(|e| {
+            ComponentError::io(format!("health_check cannot listen on {endpoint} (set endpoint to a free address)"), e)
         })?;
         if let Ok(a) = listener.local_addr() {
+            *self.bound.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);
             tracing::info!(address = %a, path = %self.cfg.path, "health_check listening");
         }
         let status = self.status.clone();
@@ -77,20 +83,28 @@ impl Extension for HealthCheck {
                 }
             }),
         );
-        let stop = self.stop.clone();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
+            let _ = axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await;
         });
-        *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        *self.running.lock().unwrap_or_else(|p| p.into_inner()) = Some((stop, task));
         Ok(())
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {
-        self.stop.cancel();
-        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = task {
-            let _ = t.await;
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((stop, task)) = running {
+            stop.cancel();
+            let _ = task.await;
         }
         Ok(())
+    }
+
+    /// Its TCP port: the one it bound, else the configured one (0: none).
+    fn exclusive_resources(&self) -> Vec<String> {
+        let bound = self.bound.lock().unwrap_or_else(|p| p.into_inner()).map(|a| a.port());
+        let configured = self.cfg.endpoint.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+        bound.or(configured).filter(|p| *p != 0).map(|p| vec![format!("tcp port {p}")]).unwrap_or_default()
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod check;
 mod pipeline;
+mod switch;
 
 use crate::exporter_helper::ExporterHandle;
 use crate::extensions::HostStatus;
@@ -16,6 +17,7 @@ use profcol_config::Config;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
+use switch::{Live, Part};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -55,6 +57,26 @@ pub struct Graph {
     exporters: BTreeMap<ComponentId, RunningExporter>,
     extensions: BTreeMap<ComponentId, RunningExtension>,
     pipelines: BTreeMap<String, RunningPipeline>,
+}
+
+/// The extensions and receivers of a new graph that are new instances: they
+/// start when the graph goes live ([`switch`]).
+#[derive(Default)]
+struct Fresh {
+    extensions: Vec<ComponentId>,
+    receivers: Vec<ComponentId>,
+}
+
+impl Fresh {
+    /// In start order: extensions, then receivers.
+    fn parts(&self, g: &Graph) -> Vec<Part> {
+        let x = self.extensions.iter().map(|id| (id.clone(), Live::Extension(Arc::clone(&g.extensions[id].instance))));
+        let r = self.receivers.iter().map(|id| {
+            let r = &g.receivers[id];
+            (id.clone(), Live::Receiver(Arc::clone(&r.instance), r.next.clone()))
+        });
+        x.chain(r).collect()
+    }
 }
 
 /// What a build failure leaves: the error, after what it started is stopped.
@@ -101,7 +123,7 @@ impl Service {
         config: Config,
         checked: CheckedComponents,
         old: Option<&Graph>,
-    ) -> Result<(Graph, Vec<ComponentId>), BuildError> {
+    ) -> Result<(Graph, Fresh), BuildError> {
         let mut g = Graph {
             config,
             receivers: BTreeMap::new(),
@@ -110,35 +132,58 @@ impl Service {
             extensions: BTreeMap::new(),
             pipelines: BTreeMap::new(),
         };
-        let result = self.build_into(&mut g, &checked, old).await;
-        match result {
-            Ok(new_receivers) => Ok((g, new_receivers)),
+        match self.build_into(&mut g, &checked, old).await {
+            Ok(fresh) => Ok((g, fresh)),
             Err(e) => {
-                // Stop only what this build created (reused instances belong to `old`).
-                let deadline = Instant::now() + g.config.service.shutdown_timeout;
-                g.pipelines.clear();
-                for (id, e) in &g.exporters {
-                    if !old.is_some_and(|o| o.exporters.get(id).is_some_and(|x| Arc::ptr_eq(&x.handle, &e.handle))) {
-                        e.handle.shutdown(deadline).await;
-                    }
-                }
-                for (id, x) in &g.extensions {
-                    if !old.is_some_and(|o| o.extensions.contains_key(id)) {
-                        let _ = x.instance.shutdown().await;
-                    }
-                }
+                self.release_new(g, old).await;
                 Err(e)
             }
         }
     }
 
-    /// Fills `g`; returns the receivers that still have to be started.
+    /// Stops and frees what `g` holds that `old` does not: the parts of a new
+    /// graph that will not go live. Its new receivers and extensions must not
+    /// be running ([`switch::start_in_place_of`] stops those it started);
+    /// kept ones belong to `old`.
+    async fn release_new(&self, g: Graph, old: Option<&Graph>) {
+        let deadline = Instant::now() + g.config.service.shutdown_timeout;
+        let Graph { receivers, processors, exporters, extensions, pipelines, .. } = g;
+        // The receivers' `Next`s and the graph hold the pipelines' inputs;
+        // once both are gone the pipeline tasks see their input close and end.
+        drop(receivers);
+        for (name, p) in pipelines {
+            let RunningPipeline { input, mut task } = p;
+            drop(input);
+            if tokio::time::timeout_at(deadline.into(), &mut task).await.is_err() {
+                warn!(pipeline = %name, "a pipeline of the abandoned graph did not end; stopping it");
+                task.abort();
+            }
+        }
+        for (key, p) in processors {
+            if !old.is_some_and(|o| o.processors.get(&key).is_some_and(|x| Arc::ptr_eq(&x.instance, &p.instance))) {
+                if let Err(e) = p.instance.shutdown().await {
+                    warn!(processor = %key.1, pipeline = %key.0, error = %e, "shutdown failed");
+                }
+            }
+        }
+        for (id, e) in exporters {
+            if !old.is_some_and(|o| o.exporters.get(&id).is_some_and(|x| Arc::ptr_eq(&x.handle, &e.handle))) {
+                e.handle.shutdown(deadline).await;
+            }
+        }
+        drop(extensions);
+    }
+
+    /// Fills `g`, starting its new exporters, processors and pipelines;
+    /// returns the new extensions and receivers, which start when the graph
+    /// goes live.
     async fn build_into(
         &self,
         g: &mut Graph,
         checked: &CheckedComponents,
         old: Option<&Graph>,
-    ) -> Result<Vec<ComponentId>, BuildError> {
+    ) -> Result<Fresh, BuildError> {
+        let mut fresh = Fresh::default();
         let get = |kind: Kind, id: &ComponentId| checked.get(&(kind, id.clone())).cloned();
         // Extensions.
         for id in g.config.service.extensions.iter().filter_map(|s| s.parse::<ComponentId>().ok()) {
@@ -150,7 +195,7 @@ impl Service {
             let Component::Extension(x) = self.create(Kind::Extension, &id, &c)? else {
                 return Err(wrong_kind(Kind::Extension, &id));
             };
-            x.start().await.map_err(|e| berr(Kind::Extension, &id, e))?;
+            fresh.extensions.push(id.clone());
             g.extensions.insert(id, RunningExtension { instance: x, checked: c });
         }
         // Exporters, shared by the pipelines that list them.
@@ -219,7 +264,6 @@ impl Service {
             g.pipelines.insert(name.clone(), RunningPipeline { input: Arc::new(pipeline::PipelineInput { tx }), task });
         }
         // Receivers: created once, feeding every pipeline that lists them.
-        let mut to_start = Vec::new();
         let mut receiver_ids: Vec<ComponentId> =
             pipelines.iter().flat_map(|(_, p)| p.receivers.iter().cloned()).collect();
         receiver_ids.sort();
@@ -240,11 +284,12 @@ impl Service {
             let Component::Receiver(x) = self.create(Kind::Receiver, &id, &c)? else {
                 return Err(wrong_kind(Kind::Receiver, &id));
             };
-            let next = Next::new(targets, self.telemetry.component(Kind::Receiver, &id));
+            // Delivers once the graph goes live (switch::start_in_place_of opens it).
+            let next = Next::pending(targets, self.telemetry.component(Kind::Receiver, &id));
             g.receivers.insert(id.clone(), RunningReceiver { instance: x, next, checked: c });
-            to_start.push(id);
+            fresh.receivers.push(id);
         }
-        Ok(to_start)
+        Ok(fresh)
     }
 
     fn create(&self, kind: Kind, id: &ComponentId, c: &Checked) -> Result<Component, BuildError> {
@@ -266,60 +311,85 @@ impl Service {
 
     /// Builds and starts the first graph.
     pub async fn start(&mut self, config: Config, checked: CheckedComponents) -> Result<(), BuildError> {
-        let (g, to_start) = self.build(config, checked, None).await?;
-        for id in &to_start {
-            let r = &g.receivers[id];
-            if let Err(e) = r.instance.start(r.next.clone()).await {
-                let err = berr(Kind::Receiver, id, e);
-                self.graph = Some(g);
-                self.shutdown().await;
-                return Err(err);
-            }
-            info!(receiver = %id, "started");
+        let (g, fresh) = self.build(config, checked, None).await?;
+        let parts = fresh.parts(&g);
+        let started = switch::start_in_place_of(&parts, &[]).await;
+        // The parts hold the receivers' `Next`s, which keep the pipelines open.
+        drop(parts);
+        if let Err((e, _)) = started {
+            self.release_new(g, None).await;
+            return Err(e);
         }
         self.graph = Some(g);
         self.status.set_running(true);
         Ok(())
     }
 
-    /// Replaces the running graph with one for `config`. If the new graph
-    /// cannot be built, the old one keeps running and the error is returned.
+    /// Replaces the running graph with one for `config`. If any step of the
+    /// new graph fails (a component that cannot be created or started), what
+    /// the new graph had started is stopped and freed, the old graph runs on
+    /// as it was, and the error is returned.
+    ///
+    /// A changed receiver's new instance starts while the old one still runs
+    /// (make before break), unless the two hold a common exclusive resource
+    /// ([`Receiver::exclusive_resources`], e.g. the same port): then the old
+    /// one stops first and, if the new one fails, starts again.
     pub async fn reload(&mut self, config: Config, checked: CheckedComponents) -> Result<(), BuildError> {
         let Some(old) = self.graph.take() else {
             return self.start(config, checked).await;
         };
-        let (new, to_start) = match self.build(config, checked, Some(&old)).await {
+        let (new, fresh) = match self.build(config, checked, Some(&old)).await {
             Ok(x) => x,
             Err(e) => {
                 self.graph = Some(old);
                 return Err(e);
             }
         };
-        let deadline = Instant::now() + new.config.service.shutdown_timeout;
-        // Receivers that go away or change stop first, flushing into the old pipelines.
-        for (id, r) in &old.receivers {
-            if !new.receivers.get(id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)) {
-                if let Err(e) = r.instance.shutdown().await {
-                    warn!(receiver = %id, error = %e, "shutdown failed");
+        // Old receivers and extensions the new graph does not keep (changed or removed).
+        let replaced: Vec<Part> = old
+            .extensions
+            .iter()
+            .filter(|(id, x)| !new.extensions.get(*id).is_some_and(|n| Arc::ptr_eq(&n.instance, &x.instance)))
+            .map(|(id, x)| (id.clone(), Live::Extension(Arc::clone(&x.instance))))
+            .chain(
+                old.receivers
+                    .iter()
+                    .filter(|(id, r)| !new.receivers.get(*id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)))
+                    .map(|(id, r)| (id.clone(), Live::Receiver(Arc::clone(&r.instance), r.next.clone()))),
+            )
+            .collect();
+        let parts = fresh.parts(&new);
+        let started = switch::start_in_place_of(&parts, &replaced).await;
+        drop((parts, replaced));
+        let stopped_early = match started {
+            Ok(stopped) => stopped,
+            Err((e, restored)) => {
+                if !restored {
+                    self.status.set_running(false);
                 }
-                r.next.set_targets(vec![]);
+                self.release_new(new, Some(&old)).await;
+                self.graph = Some(old);
+                return Err(e);
             }
-        }
-        // Kept receivers switch to the new pipelines; new ones start.
+        };
+        let deadline = Instant::now() + new.config.service.shutdown_timeout;
+        // The new graph is live: kept receivers switch to the new pipelines,
+        // and replaced ones stop, flushing into the old pipelines.
         for (id, r) in &new.receivers {
-            if !to_start.contains(id) {
+            if !fresh.receivers.contains(id) {
                 r.next.set_targets(Self::targets(&new, id));
             }
         }
-        for id in &to_start {
-            let r = &new.receivers[id];
-            match r.instance.start(r.next.clone()).await {
-                Ok(()) => info!(receiver = %id, "started"),
-                Err(e) => {
-                    self.status.set_running(false);
-                    warn!(receiver = %id, error = %e, "receiver failed to start after reload; its pipelines get no data from it");
+        for (id, r) in &old.receivers {
+            if new.receivers.get(id).is_some_and(|n| Arc::ptr_eq(&n.instance, &r.instance)) {
+                continue;
+            }
+            if !stopped_early.contains(id) {
+                if let Err(e) = r.instance.shutdown().await {
+                    warn!(receiver = %id, error = %e, "shutdown failed");
                 }
             }
+            r.next.set_targets(vec![]);
         }
         // The old pipelines drain into their exporters, then unused parts stop.
         let Graph { receivers: _, processors, exporters, extensions, pipelines, .. } = old;
@@ -338,11 +408,14 @@ impl Service {
             }
         }
         for (id, x) in extensions {
-            if !new.extensions.get(&id).is_some_and(|n| Arc::ptr_eq(&n.instance, &x.instance)) {
+            if !new.extensions.get(&id).is_some_and(|n| Arc::ptr_eq(&n.instance, &x.instance))
+                && !stopped_early.contains(&id)
+            {
                 let _ = x.instance.shutdown().await;
             }
         }
         self.graph = Some(new);
+        self.status.set_running(true);
         Ok(())
     }
 

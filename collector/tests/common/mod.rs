@@ -2,6 +2,8 @@
 //! running profcol process (what other crates share is in profcol-testkit).
 #![allow(dead_code)]
 
+pub mod service;
+
 use profcol_api::Profiles;
 pub use profcol_testkit::batch::random_batch;
 use std::io::{BufRead, BufReader};

@@ -1,6 +1,6 @@
 //! `otlp` (alias `otlp_grpc`): OTLP profiles over gRPC with tonic.
 
-use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters};
+use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use bytes::{BufMut, Bytes};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::ExportProfilesServiceResponse;
@@ -177,8 +177,9 @@ impl OtlpGrpcExporter {
         })
     }
 
-    /// Sends one request whose protobuf bytes are `body`.
-    pub async fn export_encoded(&self, body: Bytes) -> Result<(), ExportError> {
+    /// Sends one request whose protobuf bytes are `body`, the encoding of a
+    /// batch of `shape` (what a partial success is counted against).
+    pub async fn export_encoded(&self, body: Bytes, shape: Shape) -> Result<(), ExportError> {
         let mut grpc = tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(self.max_recv);
         if self.compression == Compression::Gzip {
             grpc = grpc.send_compressed(tonic::codec::CompressionEncoding::Gzip);
@@ -196,12 +197,10 @@ impl OtlpGrpcExporter {
         }
         .await;
         match result {
-            Ok(resp) => {
-                if let Some(p) = &resp.get_ref().partial_success {
-                    self.counters.partial(&self.id, p);
-                }
-                Ok(())
-            }
+            Ok(resp) => match &resp.get_ref().partial_success {
+                Some(p) => self.counters.partial(&self.id, p, shape),
+                None => Ok(()),
+            },
             Err(e) => {
                 self.counters.count(&self.id, &e);
                 Err(e)
@@ -215,7 +214,7 @@ impl Exporter for OtlpGrpcExporter {
     async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
         // ProfilesData and ExportProfilesServiceRequest share field numbers:
         // the batch's encoding is the request's.
-        self.export_encoded(Bytes::from(batch.encode_to_vec())).await
+        self.export_encoded(Bytes::from(batch.encode_to_vec()), Shape::of(batch)).await
     }
 }
 

@@ -1,7 +1,7 @@
 //! `otlp_http`: OTLP profiles over HTTP (`POST {endpoint}/v1development/profiles`),
 //! protobuf by default, JSON as an option.
 
-use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters};
+use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::ExportProfilesServiceResponse;
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
@@ -173,10 +173,10 @@ impl OtlpHttpExporter {
         } else {
             prost::Message::decode(bytes.as_ref()).ok()
         };
-        if let Some(p) = answer.and_then(|a| a.partial_success) {
-            self.counters.partial(&self.id, &p);
+        match answer.and_then(|a| a.partial_success) {
+            Some(p) => self.counters.partial(&self.id, &p, Shape::of(batch)),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

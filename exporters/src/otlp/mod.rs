@@ -2,10 +2,13 @@
 //!
 //! Both send the batch's bytes as they are (the data model *is*
 //! `ProfilesData`), and sort failures the way OTLP senders do:
-//! gRPC `UNAVAILABLE` / `RESOURCE_EXHAUSTED` and HTTP 429/502/503/504 (and
-//! connection failures) are retryable, honouring the server's `RetryInfo` /
-//! `Retry-After`; everything else is permanent, logged and counted.
-//! `partial_success` answers are logged and counted.
+//! by the OTLP specification's rules (see [`status`]): gRPC CANCELLED,
+//! DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, UNAVAILABLE, DATA_LOSS, and
+//! RESOURCE_EXHAUSTED only when the server sent a RetryInfo; HTTP 429, 502,
+//! 503, 504; connection failures. The server's RetryInfo / `Retry-After`
+//! delay is honoured; everything else is permanent, logged and counted.
+//! A `partial_success` with rejected profiles is an
+//! [`ExportError::Partial`]: counted, logged, never retried.
 //!
 //! Only the send lives here: the host owns `timeout`, `retry_on_failure` and
 //! `sending_queue` around [`profcol_api::Exporter::export`].
@@ -16,6 +19,7 @@ pub mod status;
 
 use profcol_api::model::ExportProfilesPartialSuccess;
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
+use profcol_api::{ExportError, Profiles};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -140,6 +144,29 @@ pub(crate) fn check_headers(headers: &BTreeMap<String, profcol_api::config::Secr
     Ok(())
 }
 
+/// What a partial success is measured against: the batch's samples and profiles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    pub samples: u64,
+    pub profiles: u64,
+}
+
+impl Shape {
+    pub fn of(batch: &Profiles) -> Shape {
+        Shape { samples: batch.sample_count() as u64, profiles: batch.profiles().count() as u64 }
+    }
+
+    /// The samples of `rejected` profiles. The server names how many
+    /// profiles it rejected, not which: all samples when it rejected them
+    /// all, else the batch's average per profile, rounded up (never under-counted).
+    pub fn rejected_samples(self, rejected: u64) -> u64 {
+        if rejected >= self.profiles {
+            return self.samples;
+        }
+        (u128::from(self.samples) * u128::from(rejected)).div_ceil(u128::from(self.profiles.max(1))) as u64
+    }
+}
+
 /// Counters both OTLP exporters keep besides the host's.
 #[derive(Clone)]
 pub(crate) struct OtlpCounters {
@@ -160,14 +187,25 @@ impl OtlpCounters {
         }
     }
 
-    pub(crate) fn partial(&self, id: &str, p: &ExportProfilesPartialSuccess) {
+    /// A `partial_success` answer: counted and logged; with rejected profiles
+    /// it is an [`ExportError::Partial`] (not retried, as the OTLP spec says).
+    /// An answer with only an error message is a warning on a success.
+    pub(crate) fn partial(&self, id: &str, p: &ExportProfilesPartialSuccess, shape: Shape) -> Result<(), ExportError> {
         let (rejected, msg) = (p.rejected_profiles, p.error_message.as_str());
         if rejected == 0 && msg.is_empty() {
-            return;
+            return Ok(());
         }
         self.partial_success.inc();
-        self.rejected_profiles.add(rejected.max(0) as u64);
-        tracing::warn!(exporter = %id, rejected_profiles = rejected, "the backend accepted the batch only in part: {msg}");
+        let rejected = u64::try_from(rejected).unwrap_or(0);
+        self.rejected_profiles.add(rejected);
+        if rejected == 0 {
+            tracing::warn!(exporter = %id, "the backend accepted the batch with a warning: {msg}");
+            return Ok(());
+        }
+        Err(ExportError::Partial {
+            message: format!("the backend rejected {rejected} of {} profiles: {msg}", shape.profiles),
+            rejected_samples: shape.rejected_samples(rejected),
+        })
     }
 
     pub(crate) fn count(&self, id: &str, e: &profcol_api::ExportError) {
@@ -180,6 +218,24 @@ impl OtlpCounters {
                 self.permanent_errors.inc();
                 tracing::error!(exporter = %id, "export failed: {e}");
             }
+            // Counted and logged where the answer is read (partial_success).
+            profcol_api::ExportError::Partial { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shape;
+
+    #[test]
+    fn rejected_profiles_become_samples_never_undercounted() {
+        let shape = Shape { samples: 10, profiles: 3 };
+        assert_eq!(shape.rejected_samples(0), 0);
+        assert_eq!(shape.rejected_samples(1), 4, "10/3 rounded up");
+        assert_eq!(shape.rejected_samples(2), 7);
+        assert_eq!(shape.rejected_samples(3), 10);
+        assert_eq!(shape.rejected_samples(99), 10, "more than the batch has: all of it");
+        assert_eq!(Shape::default().rejected_samples(1), 0);
     }
 }

@@ -63,8 +63,12 @@ pub fn retry_delay(details: &[u8]) -> Option<Duration> {
     })
 }
 
-/// gRPC status → export error: UNAVAILABLE and RESOURCE_EXHAUSTED are
-/// retryable (after the RetryInfo delay when given); the rest is permanent.
+/// gRPC status → export error, by the OTLP specification's table
+/// (otlp.md, "Failures"): CANCELLED, DEADLINE_EXCEEDED, ABORTED,
+/// OUT_OF_RANGE, UNAVAILABLE and DATA_LOSS are retryable, after the
+/// RetryInfo delay when the server gave one; RESOURCE_EXHAUSTED is retryable
+/// only when the server sent a RetryInfo (it signals throttling; without one
+/// it means the request can never fit); everything else is permanent.
 /// An UNKNOWN status that carries a source error was made by the client's
 /// own transport (a reset connection, a failed handshake), not answered by
 /// the server: like a refused connection, it is retried.
@@ -75,10 +79,15 @@ pub fn from_grpc(s: &tonic::Status) -> ExportError {
     // its sources; the message itself is "transport error".
     let source = std::error::Error::source(s);
     super::push_causes(&mut message, source);
+    let retry_after = retry_delay(s.details());
     match s.code() {
-        Code::Unavailable | Code::ResourceExhausted => {
-            ExportError::Retryable { message, retry_after: retry_delay(s.details()) }
-        }
+        Code::Cancelled
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::OutOfRange
+        | Code::Unavailable
+        | Code::DataLoss => ExportError::Retryable { message, retry_after },
+        Code::ResourceExhausted if retry_after.is_some() => ExportError::Retryable { message, retry_after },
         Code::Unknown if source.is_some() => ExportError::Retryable { message, retry_after: None },
         _ => ExportError::Permanent { message },
     }
@@ -126,7 +135,8 @@ fn parse_http_date(v: &str) -> Option<std::time::SystemTime> {
 }
 
 /// HTTP status → export error: 429/502/503/504 retryable (after
-/// `Retry-After`), the rest permanent. `body` is the server's
+/// `Retry-After`, or the RetryInfo of a protobuf `google.rpc.Status` body),
+/// the rest permanent. `body` is the server's
 /// `google.rpc.Status` (or text) for the message.
 pub fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool) -> ExportError {
     let detail = if json {
@@ -144,7 +154,9 @@ pub fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool
     let message = format!("HTTP {status}: {detail}");
     match status {
         429 | 502 | 503 | 504 => {
-            ExportError::Retryable { message, retry_after: retry_after.and_then(parse_retry_after) }
+            // `Retry-After` first; else a RetryInfo in the google.rpc.Status body.
+            let delay = retry_after.and_then(parse_retry_after).or_else(|| if json { None } else { retry_delay(body) });
+            ExportError::Retryable { message, retry_after: delay }
         }
         _ => ExportError::Permanent { message },
     }
@@ -167,9 +179,13 @@ mod tests {
             ExportError::Retryable { retry_after, .. } => assert_eq!(retry_after, Some(Duration::from_millis(3500))),
             e => panic!("{e:?}"),
         }
+        // RESOURCE_EXHAUSTED: retried only with a RetryInfo.
+        assert!(matches!(from_grpc(&tonic::Status::resource_exhausted("x")), ExportError::Permanent { .. }));
+        let throttled =
+            tonic::Status::with_details(tonic::Code::ResourceExhausted, "slow down", st.encode_to_vec().into());
         assert!(matches!(
-            from_grpc(&tonic::Status::resource_exhausted("x")),
-            ExportError::Retryable { retry_after: None, .. }
+            from_grpc(&throttled),
+            ExportError::Retryable { retry_after: Some(d), .. } if d == Duration::from_millis(3500)
         ));
         assert!(matches!(from_grpc(&tonic::Status::invalid_argument("x")), ExportError::Permanent { .. }));
         assert!(matches!(from_grpc(&tonic::Status::unauthenticated("x")), ExportError::Permanent { .. }));
@@ -185,6 +201,35 @@ mod tests {
     }
 
     #[test]
+    fn every_grpc_code_is_sorted_as_the_otlp_spec_says() {
+        use tonic::Code::*;
+        let retryable = [Cancelled, DeadlineExceeded, Aborted, OutOfRange, Unavailable, DataLoss];
+        let all = [
+            Ok,
+            Cancelled,
+            Unknown,
+            InvalidArgument,
+            DeadlineExceeded,
+            NotFound,
+            AlreadyExists,
+            PermissionDenied,
+            ResourceExhausted,
+            FailedPrecondition,
+            Aborted,
+            OutOfRange,
+            Unimplemented,
+            Internal,
+            Unavailable,
+            DataLoss,
+            Unauthenticated,
+        ];
+        for code in all {
+            let e = from_grpc(&tonic::Status::new(code, "x"));
+            assert_eq!(matches!(e, ExportError::Retryable { .. }), retryable.contains(&code), "{code:?}: {e:?}");
+        }
+    }
+
+    #[test]
     fn http_statuses_and_retry_after() {
         for s in [429, 502, 503, 504] {
             assert!(matches!(from_http(s, None, b"", false), ExportError::Retryable { .. }), "{s}");
@@ -194,6 +239,17 @@ mod tests {
         }
         match from_http(503, Some("7"), b"", false) {
             ExportError::Retryable { retry_after, .. } => assert_eq!(retry_after, Some(Duration::from_secs(7))),
+            e => panic!("{e:?}"),
+        }
+        // No Retry-After: the RetryInfo of the google.rpc.Status body.
+        let ri = RetryInfo { retry_delay: Some(ProtoDuration { seconds: 2, nanos: 0 }) };
+        let st = RpcStatus {
+            code: 8,
+            message: "throttled".into(),
+            details: vec![Any { type_url: RETRY_INFO_TYPE.into(), value: ri.encode_to_vec() }],
+        };
+        match from_http(429, None, &st.encode_to_vec(), false) {
+            ExportError::Retryable { retry_after, .. } => assert_eq!(retry_after, Some(Duration::from_secs(2))),
             e => panic!("{e:?}"),
         }
         let body = RpcStatus { code: 3, message: "bad stack index".into(), details: vec![] }.encode_to_vec();

@@ -8,6 +8,9 @@
 
 pub mod convert;
 pub mod proto;
+mod retention;
+
+use retention::Retention;
 
 use crate::group::{sanitize, unique_path, write_atomic, GroupBy};
 use crate::otlp::status;
@@ -29,6 +32,14 @@ pub struct PprofConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub directory: Option<PathBuf>,
     pub file_prefix: String,
+    /// `directory` only: keep at most this many of the files this exporter
+    /// wrote, removing the oldest first (0: no limit).
+    pub max_files: usize,
+    /// `directory` only: remove the files this exporter wrote once they are
+    /// older than this (0s: no limit).
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
+    pub max_age: Duration,
     /// Push to this Pyroscope server (base URL, e.g. http://pyroscope:4040).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
@@ -51,6 +62,10 @@ impl Default for PprofConfig {
         PprofConfig {
             directory: None,
             file_prefix: "profile".into(),
+            // A report every 5 s (the node agent's default) is 17,280 a day:
+            // both bounds hold less than a day.
+            max_files: 10_000,
+            max_age: Duration::from_secs(24 * 3600),
             endpoint: None,
             application_name: None,
             headers: BTreeMap::new(),
@@ -73,7 +88,7 @@ pub fn factory_pprof() -> Arc<dyn Factory> {
 }
 
 enum Dest {
-    Files(PathBuf),
+    Files(PathBuf, Arc<Retention>),
     Push { client: reqwest::Client, base: String, headers: reqwest::header::HeaderMap },
 }
 
@@ -95,7 +110,16 @@ impl PprofExporter {
             (Some(d), None) => {
                 std::fs::create_dir_all(d)
                     .map_err(|e| err(format!("directory {}: cannot create it: {e}", d.display())))?;
-                Dest::Files(d.clone())
+                let t = &settings.telemetry;
+                let retention = Retention::new(
+                    &sanitize(&cfg.file_prefix),
+                    cfg.max_files,
+                    cfg.max_age,
+                    t.counter("pprof_files_removed_total", "pprof files removed by max_files / max_age."),
+                    t.gauge("pprof_files", "pprof files this exporter keeps in its directory."),
+                );
+                retention.adopt(d).map_err(|e| err(format!("directory {}: cannot list it: {e}", d.display())))?;
+                Dest::Files(d.clone(), Arc::new(retention))
             }
             (None, Some(e)) => {
                 crate::otlp::check_headers(&cfg.headers).map_err(err)?;
@@ -199,12 +223,15 @@ impl Exporter for PprofExporter {
             }
             let data = gzip(&raw).map_err(|e| ExportError::permanent(format!("gzip: {e}")))?;
             match &self.dest {
-                Dest::Files(dir) => {
+                Dest::Files(dir, retention) => {
                     let (dir, prefix, group) = (dir.clone(), sanitize(&self.cfg.file_prefix), g.group.clone());
+                    let retention = Arc::clone(retention);
                     let t = if g.start > 0 { g.start } else { bt0 };
                     let path = tokio::task::spawn_blocking(move || {
                         let p = unique_path(&dir, &prefix, t, &group, "pb.gz");
-                        write_atomic(&p, &data).map(|_| p)
+                        write_atomic(&p, &data)?;
+                        retention.record(p.clone(), std::time::SystemTime::now());
+                        Ok::<_, std::io::Error>(p)
                     })
                     .await
                     .map_err(|e| ExportError::retryable(format!("writer task: {e}")))?

@@ -1,25 +1,41 @@
 #!/usr/bin/env python3
-"""An OTLP profiles gRPC server on another stack: grpcio + the official
+"""An OTLP profiles server on another stack: grpcio + the official
 opentelemetry-proto package from PyPI (1.45.x, profiles v1development, proto
-v1.10 layout). Used by exporters/tests/otlp_python_interop.rs.
+v1.10 layout). Used by exporters/tests/otlp_python_interop.rs and
+collector/tests/otlp_retry_rules.rs.
 
-Listens on 127.0.0.1 (port 0 unless --port), prints `PORT <n>` and flushes.
-Every request is decoded by Python's protobuf runtime; the server prints one
-JSON line per request (samples, resolved leaf function names) and writes the
-request, re-serialized by Python, to --out/<n>.pb. Options:
+Listens on 127.0.0.1 (port 0 unless --port), prints `PORT <n>` and flushes;
+with --http also serves OTLP/HTTP (POST /v1development/profiles, protobuf or
+JSON, gzip or not) and prints `HTTP_PORT <n>`. Every request is decoded by
+Python's protobuf runtime; the server prints one JSON line per request it
+answers (request number, answer, monotonic time, samples, resolved leaf
+function names) and writes accepted requests, re-serialized by Python, to
+--out/<n>.pb. Options:
   --unavailable-first N  answer the first N requests UNAVAILABLE with a
                          google.rpc.RetryInfo of 1 s in grpc-status-details-bin
   --partial N            answer with partial_success.rejected_profiles = N
+  --script A,B,...       answer the k-th request (gRPC and HTTP counted
+                         together) with the k-th answer, then `ok`:
+                           ok                  accept
+                           partial:N           accept, partial_success rejecting N profiles
+                           exhausted           gRPC RESOURCE_EXHAUSTED, no RetryInfo
+                           exhausted-retry:S   gRPC RESOURCE_EXHAUSTED + RetryInfo of S seconds
+                           unavailable-retry:S gRPC UNAVAILABLE + RetryInfo of S seconds
+                           http:CODE:S         HTTP CODE with Retry-After: S (S empty: no header)
 Stops when stdin closes.
 """
 import argparse
+import gzip
+import http.server
 import json
 import os
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
+from google.protobuf import json_format
 from opentelemetry.proto.collector.profiles.v1development import (
     profiles_service_pb2 as svc_pb2,
     profiles_service_pb2_grpc as svc_grpc,
@@ -52,47 +68,120 @@ def retry_info_status(code, message, seconds):
     return field(1, 0, varint(code)) + field(2, 2, message.encode()) + field(3, 2, any_msg)
 
 
-class Service(svc_grpc.ProfilesServiceServicer):
+def summary(request):
+    """Samples and resolved leaf function names of a request."""
+    d = request.dictionary
+    samples = 0
+    leaves = {}
+    for rp in request.resource_profiles:
+        for sp in rp.scope_profiles:
+            for p in sp.profiles:
+                for s in p.samples:
+                    samples += 1
+                    stack = d.stack_table[s.stack_index]
+                    if stack.location_indices:
+                        loc = d.location_table[stack.location_indices[0]]
+                        if loc.lines:
+                            fn = d.function_table[loc.lines[0].function_index]
+                            name = d.string_table[fn.name_strindex]
+                            leaves[name] = leaves.get(name, 0) + 1
+    return samples, leaves
+
+
+class Answers:
+    """Numbers requests (both protocols) and picks each one's answer."""
+
     def __init__(self, args):
         self.args = args
         self.lock = threading.Lock()
         self.n = 0
-        self.refused = 0
+        script = [a for a in args.script.split(",") if a] if args.script else []
+        script = ["unavailable-retry:1"] * args.unavailable_first + script
+        self.script = script
 
-    def Export(self, request, context):
+    def next(self):
         with self.lock:
-            if self.refused < self.args.unavailable_first:
-                self.refused += 1
-                context.set_trailing_metadata(
-                    (("grpc-status-details-bin", retry_info_status(14, "warming up", 1)),)
-                )
-                context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
             self.n += 1
             n = self.n
-        d = request.dictionary
-        samples = 0
-        leaves = {}
-        for rp in request.resource_profiles:
-            for sp in rp.scope_profiles:
-                for p in sp.profiles:
-                    for s in p.samples:
-                        samples += 1
-                        stack = d.stack_table[s.stack_index]
-                        if stack.location_indices:
-                            loc = d.location_table[stack.location_indices[0]]
-                            if loc.lines:
-                                fn = d.function_table[loc.lines[0].function_index]
-                                name = d.string_table[fn.name_strindex]
-                                leaves[name] = leaves.get(name, 0) + 1
-        if self.args.out:
+        answer = self.script[n - 1] if n <= len(self.script) else "ok"
+        if answer == "ok" and self.args.partial:
+            answer = "partial:%d" % self.args.partial
+        return n, answer
+
+    def report(self, n, answer, request):
+        samples, leaves = summary(request)
+        if self.args.out and (answer == "ok" or answer.startswith("partial:")):
             with open(os.path.join(self.args.out, "%06d.pb" % n), "wb") as f:
                 f.write(request.SerializeToString())
-        print(json.dumps({"request": n, "samples": samples, "leaves": leaves}), flush=True)
+        line = {"request": n, "answer": answer, "t": time.monotonic(), "samples": samples, "leaves": leaves}
+        print(json.dumps(line), flush=True)
+
+    @staticmethod
+    def response(answer):
         resp = svc_pb2.ExportProfilesServiceResponse()
-        if self.args.partial:
-            resp.partial_success.rejected_profiles = self.args.partial
+        if answer.startswith("partial:"):
+            resp.partial_success.rejected_profiles = int(answer.split(":")[1])
             resp.partial_success.error_message = "python says: some profiles rejected"
         return resp
+
+
+class Service(svc_grpc.ProfilesServiceServicer):
+    def __init__(self, answers):
+        self.answers = answers
+
+    def Export(self, request, context):
+        n, answer = self.answers.next()
+        self.answers.report(n, answer, request)
+        kind, _, arg = answer.partition(":")
+        if kind in ("exhausted-retry", "unavailable-retry"):
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if kind == "exhausted-retry" else grpc.StatusCode.UNAVAILABLE
+            status = retry_info_status(code.value[0], "slow down", int(arg))
+            context.set_trailing_metadata((("grpc-status-details-bin", status),))
+            context.abort(code, "slow down")
+        if kind == "exhausted":
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "this request can never fit")
+        return self.answers.response(answer)
+
+
+def http_handler(answers):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def reply(self, code, ctype, body, headers=()):
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in headers:
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            is_json = self.headers.get("Content-Type", "").startswith("application/json")
+            request = svc_pb2.ExportProfilesServiceRequest()
+            if is_json:
+                json_format.Parse(body, request)
+            else:
+                request.ParseFromString(body)
+            n, answer = answers.next()
+            answers.report(n, answer, request)
+            if answer.startswith("http:"):
+                _, code, secs = answer.split(":")
+                headers = [("Retry-After", secs)] if secs else []
+                status = field(1, 0, varint(8)) + field(2, 2, b"throttled")
+                return self.reply(int(code), "application/x-protobuf", status, headers)
+            resp = answers.response(answer)
+            if is_json:
+                return self.reply(200, "application/json", json_format.MessageToJson(resp).encode())
+            return self.reply(200, "application/x-protobuf", resp.SerializeToString())
+
+    return Handler
 
 
 def main():
@@ -101,15 +190,22 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--unavailable-first", type=int, default=0)
     ap.add_argument("--partial", type=int, default=0)
+    ap.add_argument("--script", default="")
+    ap.add_argument("--http", action="store_true")
     args = ap.parse_args()
+    answers = Answers(args)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4),
         options=[("grpc.max_receive_message_length", 64 << 20)],
     )
-    svc_grpc.add_ProfilesServiceServicer_to_server(Service(args), server)
+    svc_grpc.add_ProfilesServiceServicer_to_server(Service(answers), server)
     port = server.add_insecure_port("127.0.0.1:%d" % args.port)
     server.start()
     print("PORT %d" % port, flush=True)
+    if args.http:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http_handler(answers))
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        print("HTTP_PORT %d" % httpd.server_address[1], flush=True)
     sys.stdin.read()
     server.stop(grace=2).wait()
 

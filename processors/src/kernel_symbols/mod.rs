@@ -10,7 +10,6 @@
 pub mod bpf;
 pub mod bpf_progs;
 pub mod config;
-pub mod elf_note;
 pub mod error;
 pub mod generations;
 pub mod kallsyms;

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use super::elf_note;
 use super::error::{Error, Result};
+use profcol_elf::notes;
 
 /// A loaded module as sysfs describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +90,7 @@ fn read_module(path: &Path, name: &str) -> Result<Option<ModuleMeta>> {
     })?;
     let build_id = std::fs::read(path.join("notes/.note.gnu.build-id"))
         .ok()
-        .and_then(|b| elf_note::gnu_build_id(&b).map(Arc::from));
+        .and_then(|b| notes::gnu_build_id_in_blob(&b).map(Arc::from));
     let mtime_ns = std::fs::metadata(path)
         .and_then(|m| m.modified())
         .ok()
@@ -101,8 +101,8 @@ fn read_module(path: &Path, name: &str) -> Result<Option<ModuleMeta>> {
 
 /// Build ID of the running kernel from `kernel/notes`.
 pub fn vmlinux_build_id(root: &Path) -> Option<Arc<[u8]>> {
-    let notes = std::fs::read(root.join("kernel/notes")).ok()?;
-    elf_note::gnu_build_id(&notes).map(Arc::from)
+    let blob = std::fs::read(root.join("kernel/notes")).ok()?;
+    notes::gnu_build_id_in_blob(&blob).map(Arc::from)
 }
 
 fn parse_hex(s: &str) -> Option<u64> {

@@ -1,11 +1,16 @@
 //! Aggregation of samples over one report interval, and the batch it makes.
 //!
 //! Samples with the same identity (process, thread, thread name, cpu, kernel
-//! stack, user stack, mapping generation) become one `Sample` whose
-//! timestamps list every occurrence (values are all 1, same length).
+//! stack, user stack, mapping generation, and which profile: CPU or one
+//! probe) become one `Sample` whose timestamps list every occurrence (values
+//! are all 1, same length). Each process gets its CPU profile
+//! (`samples/count`) and one profile per probe that fired in it
+//! (`calls/count`), named by profile attributes.
 //! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
 
+use super::config::UprobeSpec;
 use super::process::{MappingSet, ProcessInfo};
+use profcol_api::model::ProfileRef;
 use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
 use rustc_hash::FxHashMap;
@@ -20,6 +25,8 @@ pub const MAX_SAMPLES: usize = 500_000;
 struct Key {
     pid: u32,
     generation: u32,
+    /// [`CPU_PROFILE`], or the index of the probe that fired.
+    profile: u32,
     tid: u32,
     cpu: u32,
     comm: [u8; 16],
@@ -33,8 +40,18 @@ type ProcessEntry = (Arc<ProcessInfo>, Option<Arc<MappingSet>>);
 /// Samples of one (pid, mapping generation) with their timestamps.
 type Group = Vec<(Key, Vec<u64>)>;
 
+/// `Key::profile` of CPU samples.
+const CPU_PROFILE: u32 = u32::MAX;
+
+/// Profile attribute: the probed function of a `calls/count` profile.
+pub const UPROBE_SYMBOL_ATTR: &str = "profcol.uprobe.symbol";
+/// Profile attribute: the probe's `binary:` pattern, when set.
+pub const UPROBE_BINARY_ATTR: &str = "profcol.uprobe.binary";
+
 /// One sample as handed to the aggregator.
 pub struct SampleIn<'a> {
+    /// `None`: an on-CPU sample; `Some(i)`: a call of configured probe `i`.
+    pub probe: Option<u32>,
     pub pid: u32,
     pub tid: u32,
     pub cpu: u32,
@@ -77,6 +94,7 @@ impl Interval {
         let key = Key {
             pid: s.pid,
             generation,
+            profile: s.probe.unwrap_or(CPU_PROFILE),
             tid: s.tid,
             cpu: s.cpu,
             comm: s.comm,
@@ -88,8 +106,9 @@ impl Interval {
     }
 
     /// Builds the batch: one resource per process (per mapping generation),
-    /// one profile each. Empty intervals make an empty batch.
-    pub fn build(self, host_name: &str, period_ns: i64, end_unix_ns: u64) -> Profiles {
+    /// with its CPU profile and one profile per probe that fired in it
+    /// (`probes` names them). Empty intervals make an empty batch.
+    pub fn build(self, host_name: &str, period_ns: i64, end_unix_ns: u64, probes: &[UprobeSpec]) -> Profiles {
         let mut b = ProfilesBuilder::new();
         let kernel_mapping = {
             let filename_strindex = b.string(keys::KERNEL_MAPPING);
@@ -104,6 +123,8 @@ impl Interval {
             time_unix_nano: self.start_unix_ns,
             duration_nano: end_unix_ns.saturating_sub(self.start_unix_ns),
         };
+        let probe_meta =
+            ProfileMeta { sample_type: ("calls", "count"), period_type: ("calls", "count"), period: 1, ..meta };
 
         // Deterministic order: by pid, generation, then sample identity.
         let mut groups: FxHashMap<(u32, u32), Group> = FxHashMap::default();
@@ -119,17 +140,47 @@ impl Interval {
                 continue;
             };
             samples.sort_unstable_by(|a, b| {
-                (a.0.tid, a.0.cpu, &a.0.kstack, &a.0.ustack).cmp(&(b.0.tid, b.0.cpu, &b.0.kstack, &b.0.ustack))
+                (a.0.profile, a.0.tid, a.0.cpu, &a.0.kstack, &a.0.ustack).cmp(&(
+                    b.0.profile,
+                    b.0.tid,
+                    b.0.cpu,
+                    &b.0.kstack,
+                    &b.0.ustack,
+                ))
             });
             let (info, maps) = match self.procs.get(&gk) {
                 Some((i, m)) => (i.clone(), m.clone()),
                 None => (Arc::new(ProcessInfo::default()), None),
             };
             let r = b.resource(resource(host_name, &info));
-            let prof = b.profile(r, &meta);
+            // Profiles of this process, made when their first sample comes.
+            let mut current: Option<(u32, ProfileRef)> = None;
             // Mapping index per process mapping, interned lazily.
             let mut mapping_idx: FxHashMap<usize, i32> = FxHashMap::default();
             for (k, mut ts) in samples {
+                let prof = match current {
+                    Some((p, r)) if p == k.profile => r,
+                    _ => {
+                        let r = if k.profile == CPU_PROFILE {
+                            b.profile(r, &meta)
+                        } else {
+                            let pr = b.profile(r, &probe_meta);
+                            let spec = probes.get(k.profile as usize);
+                            let mut attrs =
+                                vec![b.attribute(
+                                    UPROBE_SYMBOL_ATTR,
+                                    AttrValue::Str(spec.map_or("", |s| s.symbol.as_str())),
+                                )];
+                            if let Some(bin) = spec.and_then(|s| s.binary.as_deref()) {
+                                attrs.push(b.attribute(UPROBE_BINARY_ATTR, AttrValue::Str(bin)));
+                            }
+                            b.profile_mut(pr).attribute_indices = attrs;
+                            pr
+                        };
+                        current = Some((k.profile, r));
+                        r
+                    }
+                };
                 locs.clear();
                 for &addr in k.kstack.iter() {
                     locs.push(b.location(pb::Location {
@@ -254,6 +305,7 @@ mod tests {
         for t in [1_500, 1_200] {
             iv.add(
                 &SampleIn {
+                    probe: None,
                     pid: 42,
                     tid: 43,
                     cpu: 1,
@@ -266,11 +318,20 @@ mod tests {
             );
         }
         iv.add(
-            &SampleIn { pid: 7, tid: 7, cpu: 0, comm: comm("gone"), unix_ns: 1_300, kstack: &[], ustack: &[0x5555] },
+            &SampleIn {
+                probe: None,
+                pid: 7,
+                tid: 7,
+                cpu: 0,
+                comm: comm("gone"),
+                unix_ns: 1_300,
+                kstack: &[],
+                ustack: &[0x5555],
+            },
             None,
         );
         assert_eq!(iv.sample_count(), 3);
-        let p = iv.build("host1", 52_631_578, 2_000);
+        let p = iv.build("host1", 52_631_578, 2_000, &[]);
         p.validate().expect("valid batch");
         assert_eq!(p.sample_count(), 2);
         let rp = &p.0.resource_profiles;

@@ -28,7 +28,48 @@ pub struct EbpfConfig {
     pub max_stack_depth: u32,
     /// BPF ring buffer size in bytes: a power of two, at least one page.
     pub ring_buffer_size: u32,
+    /// Functions whose calls are counted (empty: no uprobe machinery runs).
+    pub uprobes: Vec<UprobeSpec>,
+    /// Verdicts about binaries with nothing to attach.
+    pub negative_cache: NegativeCacheConfig,
 }
+
+/// One entry of `uprobes:`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UprobeSpec {
+    /// Function name as in the symbol table (`malloc`, `runtime.mallocgc`);
+    /// versioned names in the file (`malloc@@GLIBC_2.2.5`) match it.
+    pub symbol: String,
+    /// Which executables and libraries: an absolute path, a base name
+    /// (`libc.so.6`) or a glob (`*/libssl.so.*`, `python3*`); a pattern with
+    /// a `/` is matched against the whole path, otherwise against the base
+    /// name. Left out: every executable and library.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<String>,
+}
+
+/// `negative_cache:` section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct NegativeCacheConfig {
+    /// How long a "nothing to attach" verdict is trusted while the file's
+    /// size and mtime still match.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "DurationText")]
+    pub ttl: Duration,
+    /// Verdicts kept at most (oldest evicted first).
+    pub max_entries: usize,
+}
+
+impl Default for NegativeCacheConfig {
+    fn default() -> Self {
+        NegativeCacheConfig { ttl: Duration::from_secs(600), max_entries: 65_536 }
+    }
+}
+
+/// Most probes one receiver may configure.
+pub const MAX_UPROBES: usize = 256;
 
 impl Default for EbpfConfig {
     fn default() -> Self {
@@ -39,6 +80,8 @@ impl Default for EbpfConfig {
             exclude_idle: true,
             max_stack_depth: MAX_STACK_DEPTH,
             ring_buffer_size: 1 << 20,
+            uprobes: Vec::new(),
+            negative_cache: NegativeCacheConfig::default(),
         }
     }
 }
@@ -76,6 +119,39 @@ impl Validate for EbpfConfig {
         }
         if self.pids.contains(&0) {
             p.add("pids", "0 is the idle task, not a process id; remove it");
+        }
+        if self.uprobes.len() > MAX_UPROBES {
+            p.add("uprobes", format!("{} entries; at most {MAX_UPROBES} are supported", self.uprobes.len()));
+        }
+        for (i, probe) in self.uprobes.iter().enumerate() {
+            if probe.symbol.is_empty() || probe.symbol.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                p.add(
+                    &format!("uprobes[{i}].symbol"),
+                    format!("{:?} is not a symbol name (no spaces, not empty)", probe.symbol),
+                );
+            }
+            if probe.symbol.contains('@') {
+                p.add(
+                    &format!("uprobes[{i}].symbol"),
+                    format!(
+                        "{:?}: give the plain name ({:?}); versioned names in binaries match it",
+                        probe.symbol,
+                        probe.symbol.split('@').next().unwrap_or_default()
+                    ),
+                );
+            }
+            if let Some(b) = &probe.binary {
+                if let Err(m) = super::uprobes::matcher::BinaryPattern::parse(b) {
+                    p.add(&format!("uprobes[{i}].binary"), m);
+                }
+            }
+        }
+        let nc = &self.negative_cache;
+        if nc.ttl < Duration::from_secs(1) {
+            p.add("negative_cache.ttl", format!("{:?} is too short; use at least 1s", nc.ttl));
+        }
+        if nc.max_entries == 0 || nc.max_entries > 10_000_000 {
+            p.add("negative_cache.max_entries", format!("{} is out of range; use 1..=10000000", nc.max_entries));
         }
     }
 }
@@ -140,5 +216,39 @@ mod tests {
         assert!(bad(|c| c.ring_buffer_size = 5000).starts_with("ring_buffer_size"));
         assert!(bad(|c| c.report_interval = Duration::from_millis(1)).starts_with("report_interval"));
         assert!(bad(|c| c.pids = vec![0]).starts_with("pids"));
+        fn probe(symbol: &str, binary: Option<&str>) -> UprobeSpec {
+            UprobeSpec { symbol: symbol.into(), binary: binary.map(Into::into) }
+        }
+        assert!(bad(|c| c.uprobes = vec![probe("", None)]).starts_with("uprobes[0].symbol"));
+        assert!(bad(|c| c.uprobes = vec![probe("malloc", None), probe("a b", None)]).starts_with("uprobes[1].symbol"));
+        assert!(bad(|c| c.uprobes = vec![probe("malloc@@GLIBC_2.2.5", None)]).contains("\"malloc\""));
+        assert!(bad(|c| c.uprobes = vec![probe("malloc", Some(""))]).starts_with("uprobes[0].binary"));
+        assert!(bad(|c| c.uprobes = vec![probe("malloc", Some("lib[c.so"))]).starts_with("uprobes[0].binary"));
+        assert!(bad(|c| c.negative_cache.ttl = Duration::ZERO).starts_with("negative_cache.ttl"));
+        assert!(bad(|c| c.negative_cache.max_entries = 0).starts_with("negative_cache.max_entries"));
+    }
+
+    #[test]
+    fn uprobes_and_negative_cache_keys() {
+        let c: EbpfConfig = parse_section(
+            "uprobes: [{ symbol: malloc, binary: libc.so.6 }, { symbol: runtime.mallocgc }]\nnegative_cache: { ttl: 1m }",
+        )
+        .unwrap()
+        .decode()
+        .unwrap();
+        assert_eq!(c.uprobes[0], UprobeSpec { symbol: "malloc".into(), binary: Some("libc.so.6".into()) });
+        assert_eq!(c.uprobes[1].binary, None);
+        assert_eq!(c.negative_cache, NegativeCacheConfig { ttl: Duration::from_secs(60), max_entries: 65_536 });
+        let d = EbpfConfig::default();
+        assert!(d.uprobes.is_empty());
+        assert_eq!(d.negative_cache.ttl, Duration::from_secs(600));
+        let e = parse_section("uprobes: [{ symbol: malloc, bin: x }]")
+            .unwrap()
+            .decode::<EbpfConfig>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field"), "{e}");
+        let back: EbpfConfig = profcol_api::config::encode(&c).unwrap().decode().unwrap();
+        assert_eq!(back, c);
     }
 }

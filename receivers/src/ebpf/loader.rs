@@ -11,7 +11,8 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEventConfig, PerfEventGroup, PerfEventLink, PerfEventScope, SamplePolicy, SoftwareEvent,
 };
-use aya::programs::{PerfEvent, ProgramError};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope};
+use aya::programs::{PerfEvent, ProgramError, RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use profcol_ebpf as obj;
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,6 +31,24 @@ pub struct Loaded {
     ebpf: Ebpf,
     pub ring: RingBuf<MapData>,
     pub stats: PerCpuArray<MapData, u64>,
+    /// Exec/exit events (`None` when the raw tracepoints could not be
+    /// attached and no probe needs them).
+    pub proc_events: Option<ProcEvents>,
+    /// Whether the uprobe program is loaded (probes configured).
+    pub uprobes_loaded: bool,
+}
+
+/// The process-discovery ring and its loss counter.
+pub struct ProcEvents {
+    pub ring: RingBuf<MapData>,
+    pub lost: PerCpuArray<MapData, u64>,
+}
+
+impl ProcEvents {
+    /// Events lost so far because the ring was full.
+    pub fn lost(&self) -> u64 {
+        self.lost.get(&0, 0).map_or(0, |v| v.iter().copied().fold(0u64, u64::wrapping_add))
+    }
 }
 
 /// Why the sampler could not be set up.
@@ -78,10 +97,12 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
     let depth = cfg.max_stack_depth;
     let exclude_idle = u32::from(cfg.exclude_idle);
     let filter_pids = u32::from(!cfg.pids.is_empty());
+    let self_tgid = std::process::id();
     let mut ebpf = EbpfLoader::new()
         .override_global(obj::globals::MAX_STACK_DEPTH, &depth, true)
         .override_global(obj::globals::EXCLUDE_IDLE, &exclude_idle, true)
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
+        .override_global(obj::globals::SELF_TGID, &self_tgid, true)
         .map_max_entries(obj::EVENTS_MAP, cfg.ring_buffer_size)
         .load(obj::cpu_sample_object())
         .map_err(|e| other("loading the BPF object (maps)", &e))?;
@@ -102,7 +123,102 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         .try_into()
         .map_err(|e: ProgramError| other("BPF program type", &e))?;
     prog.load().map_err(|e| other("the kernel refused the BPF program", &e))?;
+    if !cfg.uprobes.is_empty() {
+        load_uprobe_program(&mut ebpf)?;
+    }
     Ok(ebpf)
+}
+
+/// Loads the uprobe program; the error names what the kernel lacks.
+fn load_uprobe_program(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    const PMU_TYPE: &str = "/sys/bus/event_source/devices/uprobe/type";
+    if !std::path::Path::new(PMU_TYPE).exists() {
+        return Err(LoadError::Other(format!(
+            "uprobes: this kernel has no uprobe PMU ({PMU_TYPE} is missing): it needs CONFIG_UPROBE_EVENTS=y; \
+             remove `uprobes` from the config to profile without them"
+        )));
+    }
+    let prog: &mut UProbe = ebpf
+        .program_mut(obj::UPROBE_PROGRAM)
+        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::UPROBE_PROGRAM)))?
+        .try_into()
+        .map_err(|e: ProgramError| other("BPF program type", &e))?;
+    prog.load().map_err(|e| {
+        other("uprobes: the kernel refused the uprobe BPF program (it needs bpf_get_attach_cookie, Linux >= 5.15)", &e)
+    })
+}
+
+/// Attaches the raw tracepoint programs on sched_process_exec and
+/// sched_process_exit (no tracefs and no BTF needed) and takes their ring.
+fn attach_proc_events(ebpf: &mut Ebpf) -> Result<ProcEvents, LoadError> {
+    for (name, tp) in [(obj::EXEC_PROGRAM, "sched_process_exec"), (obj::EXIT_PROGRAM, "sched_process_exit")] {
+        let prog: &mut RawTracePoint = ebpf
+            .program_mut(name)
+            .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {name}")))?
+            .try_into()
+            .map_err(|e: ProgramError| other("BPF program type", &e))?;
+        prog.load().map_err(|e| other(&format!("the kernel refused the {tp} program"), &e))?;
+        prog.attach(tp).map_err(|e| other(&format!("attaching the raw tracepoint {tp}"), &e))?;
+    }
+    let ring = RingBuf::try_from(
+        ebpf.take_map(obj::PROC_EVENTS_MAP)
+            .ok_or_else(|| LoadError::Other("BPF object lacks the proc_events map".into()))?,
+    )
+    .map_err(|e| other("proc_events ring buffer", &e))?;
+    let lost = PerCpuArray::try_from(
+        ebpf.take_map(obj::PROC_EVENT_LOST_MAP)
+            .ok_or_else(|| LoadError::Other("BPF object lacks the proc_event_lost map".into()))?,
+    )
+    .map_err(|e| other("proc_event_lost map", &e))?;
+    Ok(ProcEvents { ring, lost })
+}
+
+/// Attaches uprobes through the loaded uprobe program.
+pub struct KernelAttacher<'a> {
+    prog: Option<&'a mut UProbe>,
+}
+
+impl super::uprobes::Attacher for KernelAttacher<'_> {
+    type Link = UProbeLink;
+
+    fn attach(&mut self, file: &std::fs::File, offset: u64, cookie: u32) -> Result<UProbeLink, UprobeAttachError> {
+        use super::uprobes::FailureReason;
+        use std::os::fd::AsRawFd;
+        let Some(prog) = self.prog.as_deref_mut() else {
+            return Err(UprobeAttachError {
+                reason: FailureReason::Other,
+                message: "uprobe program not loaded".into(),
+            });
+        };
+        // The kernel resolves the magic link to the file we opened (in the
+        // target's mount namespace), so the probe lands on that inode.
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let point =
+            UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie.into()) };
+        let fail = |e: &(dyn std::error::Error + 'static)| UprobeAttachError {
+            reason: FailureReason::from_errno(errno_of(e)),
+            message: format!("{} (offset {offset:#x}): {}", path, chain(e)),
+        };
+        let id = prog.attach([point], &path, UProbeScope::AllProcesses).map_err(|e| fail(&e))?;
+        prog.take_link(id).map_err(|e| fail(&e))
+    }
+}
+
+use super::uprobes::AttachError as UprobeAttachError;
+
+/// The first OS error in `e`'s source chain.
+fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error();
+        }
+        if let Some(sys) = err.downcast_ref::<aya::sys::SyscallError>() {
+            return sys.io_error.raw_os_error();
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// Loads the program, attaches one cpu-clock perf event per online CPU, and
@@ -122,6 +238,15 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError>
         ebpf.take_map(obj::STATS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the stats map".into()))?,
     )
     .map_err(|e| other("stats map", &e))?;
+    // Process discovery is always on; only probes need it to work.
+    let proc_events = match attach_proc_events(&mut ebpf) {
+        Ok(p) => Some(p),
+        Err(e) if cfg.uprobes.is_empty() => {
+            tracing::warn!("ebpf receiver: no exec/exit events ({e}); processes are found from samples only");
+            None
+        }
+        Err(e) => return Err(LoadError::Other(format!("uprobes need exec/exit events: {e}"))),
+    };
     let mut loaded = Loaded {
         events: BTreeMap::new(),
         retry: BTreeMap::new(),
@@ -129,6 +254,8 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError>
         ebpf,
         ring,
         stats,
+        proc_events,
+        uprobes_loaded: !cfg.uprobes.is_empty(),
     };
     let sync = loaded.sync_cpus(&online, Instant::now())?;
     if loaded.events.is_empty() {
@@ -256,6 +383,17 @@ impl AttachError {
 }
 
 impl Loaded {
+    /// Attaches through the uprobe program (which fails every attach when
+    /// no probe is configured and the program is not loaded).
+    pub fn attacher(&mut self) -> KernelAttacher<'_> {
+        let prog = if self.uprobes_loaded {
+            self.ebpf.program_mut(obj::UPROBE_PROGRAM).and_then(|p| <&mut UProbe>::try_from(p).ok())
+        } else {
+            None
+        };
+        KernelAttacher { prog }
+    }
+
     /// CPUs with a live perf event, ascending.
     pub fn cpus(&self) -> Vec<u32> {
         self.events.keys().copied().collect()

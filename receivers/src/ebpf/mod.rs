@@ -23,6 +23,7 @@ pub mod privileges;
 pub mod process;
 pub mod procfs;
 pub mod sampler;
+pub mod uprobes;
 
 pub use config::EbpfConfig;
 
@@ -86,6 +87,12 @@ impl Receiver for EbpfReceiver {
             tokio::spawn(old.stop());
         }
         Ok(())
+    }
+
+    /// Two samplers side by side would count the overlap twice: on reload the
+    /// old one stops before the new one starts (and starts again if it fails).
+    fn exclusive_resources(&self) -> Vec<String> {
+        vec!["ebpf cpu-clock sampler".to_owned()]
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {

@@ -23,10 +23,12 @@ use super::config::EbpfConfig;
 use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
 use super::process::ProcessTable;
 use super::procfs;
+use super::uprobes::{UprobeCounters, Uprobes};
+use aya::programs::uprobe::UProbeLink;
 use profcol_api::component::Next;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::Profiles;
-use profcol_ebpf::{Sample, Stat};
+use profcol_ebpf::{ProcEvent, ProcEventKind, Sample, SampleKind, Stat};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,6 +36,11 @@ use std::time::{Duration, Instant};
 
 /// How often the ring buffer is drained when nothing forces a wakeup.
 pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// How often exec/exit events are read when probes are configured (the
+/// BPF programs never wake the reader per event: a burst of short-lived
+/// processes costs one wake-up per period, and a process that exec'd and
+/// exited within one costs no /proc read at all).
+pub const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
 /// How often the online CPUs are re-read (on the loop's existing wake-ups).
 pub const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// Processes remembered at most.
@@ -65,6 +72,10 @@ pub struct Counters {
     pub cpu_attach_failures: Counter,
     /// The standard `dropped` counter: samples lost for any reason.
     pub dropped: Counter,
+    /// Process events from the sched tracepoints.
+    pub process_execs: Counter,
+    pub process_exits: Counter,
+    pub process_events_lost: Counter,
 }
 
 impl Counters {
@@ -96,6 +107,12 @@ impl Counters {
                 "Failed attempts to attach a CPU's perf event (that CPU is not sampled; retried with backoff)",
             ),
             dropped: t.dropped.clone(),
+            process_execs: t.counter("ebpf_process_execs_total", "exec events (sched_process_exec)"),
+            process_exits: t.counter("ebpf_process_exits_total", "Process exits (sched_process_exit of the leader)"),
+            process_events_lost: t.counter(
+                "ebpf_process_events_lost_total",
+                "exec/exit events lost because their ring buffer was full (followed processes are re-checked against /proc)",
+            ),
         }
     }
 }
@@ -131,8 +148,9 @@ impl SamplerHandle {
         config: EbpfConfig,
         next: Next,
         counters: Counters,
-        _telemetry: ComponentTelemetry,
+        telemetry: ComponentTelemetry,
     ) -> Result<Self, LoadError> {
+        let uprobe_counters = (!config.uprobes.is_empty()).then(|| UprobeCounters::new(&telemetry));
         let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(eventfd().map_err(|e| LoadError::Other(format!("eventfd: {e}")))?);
@@ -143,7 +161,7 @@ impl SamplerHandle {
             let wake = wake.clone();
             std::thread::Builder::new()
                 .name("profcol-ebpf".into())
-                .spawn(move || run(config, stop, wake, counters, batch_tx, ready_tx, started))
+                .spawn(move || run(config, stop, wake, counters, uprobe_counters, batch_tx, ready_tx, started))
                 .map_err(|e| LoadError::Other(format!("spawning the sampler thread: {e}")))?
         };
         match ready_rx.await {
@@ -205,6 +223,7 @@ fn run(
     stop: Arc<AtomicBool>,
     wake: Arc<OwnedFd>,
     counters: Counters,
+    uprobe_counters: Option<UprobeCounters>,
     batches: tokio::sync::mpsc::Sender<Profiles>,
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
@@ -225,6 +244,18 @@ fn run(
         since_process_start_ms = ms_since_process_start().unwrap_or(0),
         "ebpf receiver: perf events attached"
     );
+    let uprobes = uprobe_counters.map(|c| {
+        let mut u = Uprobes::new(&config.uprobes, config.negative_cache, c);
+        let t = Instant::now();
+        u.scan_running(t, &mut loaded.attacher());
+        tracing::info!(
+            probes = config.uprobes.len(),
+            attached_files = u.attached_files(),
+            scan_ms = t.elapsed().as_millis() as u64,
+            "ebpf receiver: uprobes attached to running processes"
+        );
+        u
+    });
     if ready.send(Ok(())).is_err() {
         return;
     }
@@ -241,17 +272,34 @@ fn run(
         last_build_id_reads: 0,
         kbuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
         ubuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
+        uprobes,
+        probes: config.uprobes.clone(),
+        unfollowed_hits: Vec::new(),
+        last_proc_lost: 0,
     };
     let mut next_report = Instant::now() + config.report_interval;
     let mut next_cpu_check = Instant::now() + CPU_CHECK_PERIOD;
     loop {
         let stopping = stop.load(Ordering::SeqCst);
         if !stopping {
-            let timeout = next_report.saturating_duration_since(Instant::now()).min(DRAIN_PERIOD);
+            let mut timeout = next_report.saturating_duration_since(Instant::now()).min(DRAIN_PERIOD);
+            if let Some(u) = &s.uprobes {
+                timeout = timeout.min(PROC_EVENT_PERIOD);
+                if let Some(due) = u.next_due() {
+                    timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+                }
+            }
             wait(loaded.ring.as_raw_fd(), wake.as_raw_fd(), timeout);
         }
+        s.drain_proc_events(&mut loaded);
         s.drain(&mut loaded);
         let now = Instant::now();
+        if let Some(u) = s.uprobes.as_mut() {
+            for pid in s.unfollowed_hits.drain(..) {
+                u.on_probe_hit(pid, now, &mut loaded.attacher());
+            }
+            u.poll(now, &mut loaded.attacher());
+        }
         if !stopping && now >= next_cpu_check {
             check_cpus(&mut loaded, &s.counters, now);
             next_cpu_check = now + CPU_CHECK_PERIOD;
@@ -271,7 +319,11 @@ fn run(
             break;
         }
     }
-    // Dropping `loaded` detaches the perf events and unloads the program.
+    // Detach the uprobes, then dropping `loaded` detaches the perf events
+    // and unloads the programs.
+    if let Some(u) = s.uprobes.as_mut() {
+        u.clear();
+    }
 }
 
 /// Follows CPU hotplug: re-reads the online CPUs and re-syncs perf events.
@@ -368,9 +420,50 @@ struct Sampler {
     last_build_id_reads: u64,
     kbuf: Vec<u64>,
     ubuf: Vec<u64>,
+    /// Present when probes are configured.
+    uprobes: Option<Uprobes<UProbeLink>>,
+    probes: Vec<super::config::UprobeSpec>,
+    /// Pids of probe hits this drain that are not followed yet.
+    unfollowed_hits: Vec<u32>,
+    last_proc_lost: u64,
 }
 
 impl Sampler {
+    /// Hands exec and exit events to the uprobe side (when configured).
+    fn drain_proc_events(&mut self, loaded: &mut Loaded) {
+        let Some(pe) = loaded.proc_events.as_mut() else {
+            return;
+        };
+        let mut events = Vec::new();
+        while let Some(item) = pe.ring.next() {
+            match ProcEvent::parse(&item) {
+                Some(e) => events.push(e),
+                None => self.counters.malformed.inc(),
+            }
+        }
+        let now = Instant::now();
+        for (i, e) in events.iter().enumerate() {
+            match e.kind {
+                ProcEventKind::Exec => {
+                    self.counters.process_execs.inc();
+                    // Exited already, or exec'd again (a later event of the
+                    // same pid in this batch): /proc shows only the last
+                    // image, so only the last exec is looked at.
+                    let superseded = events[i + 1..].iter().any(|l| l.pid == e.pid);
+                    if let (Some(u), false) = (self.uprobes.as_mut(), superseded) {
+                        u.on_exec(e.pid, now, &mut loaded.attacher());
+                    }
+                }
+                ProcEventKind::Exit => {
+                    self.counters.process_exits.inc();
+                    if let Some(u) = self.uprobes.as_mut() {
+                        u.on_exit(e.pid, now);
+                    }
+                }
+            }
+        }
+    }
+
     fn drain(&mut self, loaded: &mut Loaded) {
         let now = Instant::now();
         let mut n = 0u64;
@@ -386,6 +479,17 @@ impl Sampler {
             self.ubuf.extend(rec.user_stack());
             let h = rec.header;
             drop(item);
+            let probe = match h.kind {
+                SampleKind::Cpu => None,
+                SampleKind::Probe(i) => {
+                    if let Some(u) = &self.uprobes {
+                        if !u.follows(h.pid) && !self.unfollowed_hits.contains(&h.pid) {
+                            self.unfollowed_hits.push(h.pid);
+                        }
+                    }
+                    Some(i)
+                }
+            };
             let st = if self.ubuf.is_empty() {
                 self.table.get(h.pid, now)
             } else {
@@ -394,6 +498,7 @@ impl Sampler {
             let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
             self.interval.add(
                 &SampleIn {
+                    probe,
                     pid: h.pid,
                     tid: h.tid,
                     cpu: h.cpu,
@@ -421,6 +526,14 @@ impl Sampler {
         self.counters.dropped.add(lost);
         self.counters.kernel_stack_errors.add(delta(Stat::KernelStackError));
         self.counters.user_stack_errors.add(delta(Stat::UserStackError));
+        if let Some(u) = &self.uprobes {
+            u.counters().probe_hits.add(delta(Stat::ProbeHits));
+        }
+        if let Some(pe) = &loaded.proc_events {
+            let lost = pe.lost();
+            self.counters.process_events_lost.add(lost.wrapping_sub(self.last_proc_lost));
+            self.last_proc_lost = lost;
+        }
         if lost > 0 {
             tracing::warn!(
                 lost,
@@ -445,7 +558,7 @@ impl Sampler {
         if interval.sample_count() == 0 {
             return None;
         }
-        let batch = interval.build(&self.host, self.period_ns, end);
+        let batch = interval.build(&self.host, self.period_ns, end, &self.probes);
         self.counters.batches.inc();
         Some(batch)
     }

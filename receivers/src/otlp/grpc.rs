@@ -83,8 +83,8 @@ impl tonic::server::UnaryService<Bytes> for ExportCall {
             let bytes = request.into_inner();
             let batch = Ingest::decode_proto(&bytes).inspect_err(|e| ingest.count(e)).map_err(to_status)?;
             drop(bytes);
-            ingest.accept(batch).await.map_err(to_status)?;
-            Ok(tonic::Response::new(ExportProfilesServiceResponse { partial_success: None }))
+            let partial_success = ingest.accept(batch).await.map_err(to_status)?;
+            Ok(tonic::Response::new(ExportProfilesServiceResponse { partial_success }))
         })
     }
 }

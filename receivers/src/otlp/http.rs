@@ -153,13 +153,15 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
             return error(enc, e);
         }
     };
-    if let Err(e) = st.ingest.accept(batch).await {
-        return error(enc, e);
-    }
-    let ok = ExportProfilesServiceResponse { partial_success: None };
+    let partial_success = match st.ingest.accept(batch).await {
+        Ok(p) => p,
+        Err(e) => return error(enc, e),
+    };
+    let ok = ExportProfilesServiceResponse { partial_success };
     let body = match enc {
         Encoding::Proto => ok.encode_to_vec(),
-        Encoding::Json => b"{}".to_vec(),
+        Encoding::Json if ok.partial_success.is_none() => b"{}".to_vec(),
+        Encoding::Json => serde_json::to_vec(&ok).unwrap_or_else(|_| b"{}".to_vec()),
     };
     (StatusCode::OK, [(header::CONTENT_TYPE, enc.content_type())], body).into_response()
 }

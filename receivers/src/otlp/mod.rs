@@ -27,7 +27,7 @@ pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServe
 use profcol_api::component::{
     factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
 };
-use profcol_api::model::ExportProfilesServiceRequest;
+use profcol_api::model::{ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
 use profcol_api::{Profiles, Receiver, Stability};
 use std::net::SocketAddr;
@@ -80,6 +80,8 @@ pub(crate) struct Ingest {
     backpressure_timeout: Duration,
     telemetry: ComponentTelemetry,
     invalid: Counter,
+    /// Requests accepted in part (invalid profiles dropped, partial_success answered).
+    partial_requests: Counter,
     busy: Counter,
     /// `max_concurrent_requests` permits, shared by the gRPC and HTTP servers.
     slots: Arc<tokio::sync::Semaphore>,
@@ -140,19 +142,47 @@ impl Ingest {
         }
     }
 
-    /// Validates a decoded request and pushes it into the pipeline.
-    pub(crate) async fn accept(&self, batch: Profiles) -> Result<(), IngestError> {
-        if let Err(e) = batch.validate() {
-            let e = IngestError::Invalid(e.to_string());
-            self.count(&e);
-            return Err(e);
-        }
+    /// Validates a decoded request and pushes it into the pipeline. Profiles
+    /// that break an invariant are dropped and the rest is taken: the answer
+    /// is then a `partial_success` naming how many profiles were rejected and
+    /// why (OTLP: the sender must not retry it). A request with nothing valid
+    /// left, or a broken dictionary, is refused whole.
+    pub(crate) async fn accept(
+        &self,
+        mut batch: Profiles,
+    ) -> Result<Option<ExportProfilesPartialSuccess>, IngestError> {
+        let partial = match batch.drop_invalid_profiles() {
+            Ok(None) => None,
+            Ok(Some(d)) if batch.profiles().next().is_some() => {
+                self.telemetry.refused.add(d.samples);
+                self.partial_requests.inc();
+                Some(ExportProfilesPartialSuccess {
+                    rejected_profiles: i64::try_from(d.profiles).unwrap_or(i64::MAX),
+                    error_message: format!(
+                        "{} invalid {} dropped, the rest accepted; the first: {}",
+                        d.profiles,
+                        if d.profiles == 1 { "profile" } else { "profiles" },
+                        d.first
+                    ),
+                })
+            }
+            Ok(Some(d)) => {
+                let e = IngestError::Invalid(d.first.to_string());
+                self.count(&e);
+                return Err(e);
+            }
+            Err(e) => {
+                let e = IngestError::Invalid(e.to_string());
+                self.count(&e);
+                return Err(e);
+            }
+        };
         if batch.sample_count() == 0 && batch.0.resource_profiles.is_empty() {
-            return Ok(());
+            return Ok(partial);
         }
         let n = batch.sample_count() as u64;
         match tokio::time::timeout(self.backpressure_timeout, self.next.send(batch)).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => Ok(partial),
             Ok(Err(ConsumeError::Rejected(why))) => {
                 Err(IngestError::Rejected(format!("the pipeline rejected the batch ({why}); do not retry it")))
             }
@@ -278,6 +308,10 @@ impl Receiver for OtlpReceiver {
             backpressure_timeout: self.cfg.backpressure_timeout,
             telemetry: tel.clone(),
             invalid: tel.counter("invalid_requests_total", "Requests refused as malformed or too large."),
+            partial_requests: tel.counter(
+                "partial_requests_total",
+                "Requests accepted in part: invalid profiles dropped, the sender told with partial_success.",
+            ),
             busy: tel.counter(
                 "backpressure_refusals_total",
                 "Requests answered with retry-later because the pipeline pushed back \
@@ -295,12 +329,19 @@ impl Receiver for OtlpReceiver {
         let mut tasks = Vec::new();
         let (mut grpc_addr, mut http_addr) = (None, None);
         // Bind both first so a taken port fails start-up before anything runs.
+        // Started again after a shutdown (a reload that failed puts the old
+        // instance back): the same ports, even where the config says port 0.
+        let (was_grpc, was_http) = *self.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let endpoint = |configured: &str, was: Option<SocketAddr>| match was {
+            Some(a) if configured.ends_with(":0") => format!("{}:{}", configured.trim_end_matches(":0"), a.port()),
+            _ => configured.to_owned(),
+        };
         let grpc_l = match &self.cfg.protocols.grpc {
-            Some(g) => Some((bind(&id, "grpc", &g.endpoint).await?, g)),
+            Some(g) => Some((bind(&id, "grpc", &endpoint(&g.endpoint, was_grpc)).await?, g)),
             None => None,
         };
         let http_l = match &self.cfg.protocols.http {
-            Some(h) => Some((bind(&id, "http", &h.endpoint).await?, h)),
+            Some(h) => Some((bind(&id, "http", &endpoint(&h.endpoint, was_http)).await?, h)),
             None => None,
         };
         if let Some((l, g)) = grpc_l {
@@ -309,12 +350,41 @@ impl Receiver for OtlpReceiver {
         }
         if let Some((l, h)) = http_l {
             http_addr = l.local_addr().ok();
-            tasks.push(http::serve(&id, l, h, ingest.clone(), cancel.clone())?);
+            match http::serve(&id, l, h, ingest.clone(), cancel.clone()) {
+                Ok(t) => tasks.push(t),
+                Err(e) => {
+                    // A failed start leaves nothing running: the gRPC server goes too.
+                    cancel.cancel();
+                    for t in tasks {
+                        let _ = t.await;
+                    }
+                    return Err(e);
+                }
+            }
         }
         tracing::info!(receiver = %id, grpc = ?grpc_addr, http = ?http_addr, "otlp receiver listening");
         *self.addrs.lock().unwrap_or_else(|p| p.into_inner()) = (grpc_addr, http_addr);
         *self.running.lock().unwrap_or_else(|p| p.into_inner()) = Some(Running { cancel, tasks });
         Ok(())
+    }
+
+    /// The TCP ports it listens on: once started, the ports it bound; before,
+    /// the configured ones (port 0, any free port, clashes with nothing).
+    fn exclusive_resources(&self) -> Vec<String> {
+        let (grpc, http) = *self.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let configured = |e: Option<&str>| {
+            e.and_then(|e| e.rsplit_once(':')).and_then(|(_, p)| p.parse::<u16>().ok()).filter(|p| *p != 0)
+        };
+        [
+            grpc.map(|a| a.port())
+                .or_else(|| configured(self.cfg.protocols.grpc.as_ref().map(|g| g.endpoint.as_str()))),
+            http.map(|a| a.port())
+                .or_else(|| configured(self.cfg.protocols.http.as_ref().map(|h| h.endpoint.as_str()))),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|p| format!("tcp port {p}"))
+        .collect()
     }
 
     async fn shutdown(&self) -> Result<(), ComponentError> {
@@ -412,6 +482,7 @@ mod tests {
             backpressure_timeout: bp,
             telemetry: tel.clone(),
             invalid: tel.counter("invalid_requests_total", ""),
+            partial_requests: tel.counter("partial_requests_total", ""),
             busy: tel.counter("backpressure_refusals_total", ""),
             slots: Arc::new(tokio::sync::Semaphore::new(1)),
             max_concurrent: 1,

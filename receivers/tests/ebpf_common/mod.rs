@@ -1,17 +1,17 @@
 //! Shared helpers of the ebpf integration tests (root / CAP_BPF needed).
 #![allow(dead_code)]
 
-use async_trait::async_trait;
-use profcol_api::component::{ComponentId, ConsumeError, Consumer, Kind, Next, Receiver};
+use profcol_api::component::{ComponentId, Consumer, Kind, Next, Receiver};
 use profcol_api::model::{any_value, keys, pb};
 use profcol_api::telemetry::Telemetry;
 use profcol_api::{CreateSettings, Profiles};
 use profcol_receivers::ebpf::privileges::Privileges;
 use profcol_receivers::ebpf::{EbpfConfig, EbpfReceiver};
+use profcol_testkit::sink::Collector;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Whether this process may load BPF and sample every CPU. Without the
 /// privileges the test is skipped with a message, except under CI=true,
@@ -30,21 +30,9 @@ pub fn require_bpf(test: &str) -> bool {
     }
 }
 
-/// Collects every batch the receiver pushes.
-#[derive(Default)]
-pub struct Collect(pub Mutex<Vec<Profiles>>);
-
-#[async_trait]
-impl Consumer for Collect {
-    async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError> {
-        self.0.lock().unwrap().push(batch);
-        Ok(())
-    }
-}
-
 pub struct Running {
     pub receiver: EbpfReceiver,
-    pub sink: Arc<Collect>,
+    pub sink: Arc<Collector>,
     pub registry: Telemetry,
 }
 
@@ -53,7 +41,7 @@ pub async fn start(config: EbpfConfig) -> Running {
     let id: ComponentId = "ebpf".parse().unwrap();
     let telemetry = registry.component(Kind::Receiver, &id);
     let receiver = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, config);
-    let sink = Arc::new(Collect::default());
+    let sink = Arc::new(Collector::default());
     let next = Next::new(vec![sink.clone() as Arc<dyn Consumer>], telemetry);
     receiver.start(next).await.expect("ebpf receiver starts");
     Running { receiver, sink, registry }
@@ -62,7 +50,7 @@ pub async fn start(config: EbpfConfig) -> Running {
 impl Running {
     pub async fn stop(self) -> (Vec<Profiles>, String) {
         self.receiver.shutdown().await.expect("shutdown");
-        let batches = std::mem::take(&mut *self.sink.0.lock().unwrap());
+        let batches = std::mem::take(&mut *self.sink.batches.lock().unwrap());
         (batches, self.registry.render())
     }
 }
@@ -135,6 +123,10 @@ pub struct Observed {
     pub frames: Vec<Frame>,
     pub attrs: Vec<(String, any_value::Value)>,
     pub resource: Vec<(String, any_value::Value)>,
+    /// The profile's sample type, e.g. ("samples", "count"), ("calls", "count").
+    pub sample_type: (String, String),
+    /// The profile's attributes (a probe's symbol and binary).
+    pub profile_attrs: Vec<(String, any_value::Value)>,
 }
 
 fn str_of(d: &pb::ProfilesDictionary, i: i32) -> String {
@@ -166,6 +158,9 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
             }
             for sp in &rp.scope_profiles {
                 for p in &sp.profiles {
+                    let st = p.sample_type.unwrap_or_default();
+                    let sample_type = (str_of(d, st.type_strindex), str_of(d, st.unit_strindex));
+                    let profile_attrs: Vec<_> = p.attribute_indices.iter().map(|&i| attr(d, i)).collect();
                     for s in &p.samples {
                         let stack = &d.stack_table[s.stack_index as usize];
                         let frames = stack
@@ -213,6 +208,8 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
                             frames,
                             attrs: s.attribute_indices.iter().map(|&i| attr(d, i)).collect(),
                             resource: res.clone(),
+                            sample_type: sample_type.clone(),
+                            profile_attrs: profile_attrs.clone(),
                         });
                     }
                 }

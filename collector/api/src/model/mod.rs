@@ -12,6 +12,7 @@
 mod builder;
 pub mod canonical;
 mod compact;
+mod memsize;
 mod strindex;
 #[cfg(test)]
 mod validate_tests;
@@ -19,7 +20,7 @@ pub mod view;
 
 pub use builder::{AttrValue, ProfileMeta, ProfileRef, ProfilesBuilder};
 pub use compact::Compacted;
-pub use profcol_model_rules::validate::InvalidProfiles;
+pub use profcol_model_rules::validate::{DroppedProfiles, InvalidProfiles};
 
 pub use opentelemetry_proto::tonic::collector::profiles::v1development::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
@@ -74,6 +75,13 @@ impl Profiles {
         self.profiles().map(|p| p.samples.len()).sum()
     }
 
+    /// Bytes the batch occupies in memory (its value and every heap block it
+    /// owns, at capacity); what `sending_queue.sizer: bytes` counts. See
+    /// `model/memsize.rs` for what the estimate leaves out.
+    pub fn memory_size(&self) -> usize {
+        memsize::memory_size(&self.0)
+    }
+
     /// Every profile of the batch, in order.
     pub fn profiles(&self) -> impl Iterator<Item = &pb::Profile> {
         self.0.resource_profiles.iter().flat_map(|r| r.scope_profiles.iter()).flat_map(|s| s.profiles.iter())
@@ -119,6 +127,13 @@ impl Profiles {
     /// Checks the spec's invariants; run on every batch that comes from outside.
     pub fn validate(&self) -> Result<(), InvalidProfiles> {
         profcol_model_rules::validate::validate(&self.0)
+    }
+
+    /// Removes the profiles that break an invariant and keeps the rest, for
+    /// a receiver that accepts a request in part. `Ok(None)`: all valid. An
+    /// invalid dictionary spoils every profile: `Err`, and nothing removed.
+    pub fn drop_invalid_profiles(&mut self) -> Result<Option<DroppedProfiles>, InvalidProfiles> {
+        profcol_model_rules::validate::drop_invalid_profiles(&mut self.0)
     }
 
     /// Drops dictionary entries nothing live refers to (e.g. frames a

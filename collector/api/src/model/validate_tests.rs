@@ -1,6 +1,7 @@
 //! The spec's invariants (`profcol_model_rules::validate`) on batches made by the builder.
 
 use super::{pb, AttrValue, ProfileMeta, Profiles, ProfilesBuilder};
+use profcol_model_rules::validate::drop_invalid_profiles;
 
 fn one() -> Profiles {
     let mut b = ProfilesBuilder::new();
@@ -39,6 +40,26 @@ fn out_of_range_stack_is_reported_with_path() {
     let e = p.validate().unwrap_err();
     assert_eq!(e.path, "resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index");
     assert!(e.message.contains("out of range"), "{e}");
+}
+
+#[test]
+fn invalid_profiles_are_dropped_and_the_rest_kept() {
+    let mut p = one();
+    let good = p.0.resource_profiles[0].scope_profiles[0].profiles[0].clone();
+    let mut bad = good.clone();
+    bad.samples[0].stack_index = 99;
+    let sp = &mut p.0.resource_profiles[0].scope_profiles[0];
+    sp.profiles = vec![bad, good.clone()];
+    let n_bad = sp.profiles[0].samples.len() as u64;
+    let dropped = drop_invalid_profiles(&mut p.0).unwrap().expect("one profile dropped");
+    assert_eq!((dropped.profiles, dropped.samples), (1, n_bad));
+    assert!(dropped.first.path.ends_with("profiles[0].samples[0].stack_index"), "{}", dropped.first);
+    assert_eq!(p.0.resource_profiles[0].scope_profiles[0].profiles, vec![good]);
+    assert!(p.validate().is_ok());
+    assert_eq!(drop_invalid_profiles(&mut p.0).unwrap(), None);
+    // A broken dictionary spoils everything: refused whole.
+    p.0.dictionary.as_mut().unwrap().string_table[0] = "x".into();
+    assert!(drop_invalid_profiles(&mut p.0).is_err());
 }
 
 #[test]

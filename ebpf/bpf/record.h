@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * The records profcol's BPF programs write, shared by every program that
+ * writes them. Mirrored by `profcol_ebpf::record` (Rust); change both
+ * together.
+ */
+#ifndef PROFCOL_RECORD_H
+#define PROFCOL_RECORD_H
+
+#define MAX_STACK_DEPTH 127 /* kernel.perf_event_max_stack default */
+#define TASK_COMM_LEN 16
+
+/* What made a `struct sample` (its `kind`). */
+enum sample_kind {
+	SAMPLE_CPU = 0,   /* cpu-clock perf event: an on-CPU sample */
+	SAMPLE_PROBE = 1, /* uprobe hit: one call; `probe` = attach cookie */
+};
+
+/* One sample, CPU or probe, in the `events` ring buffer. Only the used
+ * part of `ips` is written. */
+struct sample {
+	__u64 ktime_ns;          /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__u32 pid;               /* tgid */
+	__u32 tid;
+	__u32 cpu;
+	__u16 kstack_len;        /* frames in ips[0 .. kstack_len) */
+	__u16 ustack_len;        /* frames in ips[kstack_len .. +ustack_len) */
+	char comm[TASK_COMM_LEN];
+	__u32 kind;              /* enum sample_kind */
+	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe */
+	/* One spare slot: a probe hit inserts its return address. */
+	__u64 ips[2 * MAX_STACK_DEPTH + 1];
+};
+
+#define SAMPLE_HEADER_SIZE (__builtin_offsetof(struct sample, ips))
+
+/* What a `struct proc_event` reports. */
+enum proc_event_kind {
+	PROC_EXEC = 1, /* sched_process_exec: pid now runs a new image */
+	PROC_EXIT = 2, /* sched_process_exit of the thread-group leader */
+};
+
+/* One process event in the `proc_events` ring buffer. */
+struct proc_event {
+	__u64 ktime_ns;
+	__u32 pid;               /* tgid */
+	__u32 kind;              /* enum proc_event_kind */
+	char comm[TASK_COMM_LEN];
+};
+
+#endif

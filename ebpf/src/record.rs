@@ -1,0 +1,227 @@
+//! The records the BPF programs write, as the reader decodes them: the one
+//! sample record of CPU samples and probe hits (`struct sample`), and the
+//! process events of exec and exit (`struct proc_event`).
+//!
+//! Mirrors `ebpf/bpf/record.h`; change both together. Decoding is
+//! bounds-checked: a short or inconsistent record is `None`, never a panic.
+
+/// Largest stack the program copies (kernel.perf_event_max_stack default).
+pub const MAX_STACK_DEPTH: usize = 127;
+/// Length of `comm` in the records (TASK_COMM_LEN).
+pub const TASK_COMM_LEN: usize = 16;
+
+/// What made a sample (`enum sample_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SampleKind {
+    /// An on-CPU sample of the cpu-clock perf event.
+    Cpu,
+    /// One call of a probed function; the index of the configured probe.
+    Probe(u32),
+}
+
+/// Fixed head of every sample record (`struct sample` up to `ips`).
+///
+/// It is followed by `kstack_len` kernel frames then `ustack_len` user frames,
+/// each a native-endian `u64` instruction pointer, leaf first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleHeader {
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
+    pub ktime_ns: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Logical CPU the sample was taken on.
+    pub cpu: u32,
+    /// Number of kernel frames.
+    pub kstack_len: u16,
+    /// Number of user frames.
+    pub ustack_len: u16,
+    /// Thread name, NUL padded.
+    pub comm: [u8; TASK_COMM_LEN],
+    pub kind: SampleKind,
+}
+
+/// Size of the sample head in bytes (`offsetof(struct sample, ips)`).
+pub const SAMPLE_HEADER_SIZE: usize = 48;
+
+const KIND_CPU: u32 = 0;
+const KIND_PROBE: u32 = 1;
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    b.get(o..o + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_ne_bytes)
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    b.get(o..o + 4).and_then(|s| s.try_into().ok()).map_or(0, u32::from_ne_bytes)
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    b.get(o..o + 2).and_then(|s| s.try_into().ok()).map_or(0, u16::from_ne_bytes)
+}
+
+fn comm_at(b: &[u8], o: usize) -> [u8; TASK_COMM_LEN] {
+    let mut comm = [0u8; TASK_COMM_LEN];
+    if let Some(s) = b.get(o..o + TASK_COMM_LEN) {
+        comm.copy_from_slice(s);
+    }
+    comm
+}
+
+/// `comm` up to the first NUL (lossy UTF-8).
+pub fn comm_str(c: &[u8; TASK_COMM_LEN]) -> std::borrow::Cow<'_, str> {
+    let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+    String::from_utf8_lossy(&c[..end])
+}
+
+/// One decoded sample record, borrowing its frames from the ring buffer bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample<'a> {
+    /// The fixed head.
+    pub header: SampleHeader,
+    frames: &'a [u8],
+}
+
+impl<'a> Sample<'a> {
+    /// Decodes a record; `None` if it is shorter than its header says or
+    /// of an unknown kind.
+    pub fn parse(bytes: &'a [u8]) -> Option<Self> {
+        let head = bytes.get(..SAMPLE_HEADER_SIZE)?;
+        let kind = match u32_at(head, 40) {
+            KIND_CPU => SampleKind::Cpu,
+            KIND_PROBE => SampleKind::Probe(u32_at(head, 44)),
+            _ => return None,
+        };
+        let header = SampleHeader {
+            ktime_ns: u64_at(head, 0),
+            pid: u32_at(head, 8),
+            tid: u32_at(head, 12),
+            cpu: u32_at(head, 16),
+            kstack_len: u16_at(head, 20),
+            ustack_len: u16_at(head, 22),
+            comm: comm_at(head, 24),
+            kind,
+        };
+        if header.kstack_len as usize > MAX_STACK_DEPTH || header.ustack_len as usize > MAX_STACK_DEPTH {
+            return None;
+        }
+        let n = header.kstack_len as usize + header.ustack_len as usize;
+        let frames = bytes.get(SAMPLE_HEADER_SIZE..SAMPLE_HEADER_SIZE + n * 8)?;
+        Some(Sample { header, frames })
+    }
+
+    /// Kernel frames, leaf first.
+    pub fn kernel_stack(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
+        let k = self.header.kstack_len as usize * 8;
+        self.frames[..k].chunks_exact(8).map(|c| u64_at(c, 0))
+    }
+
+    /// User frames, leaf first.
+    pub fn user_stack(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
+        let k = self.header.kstack_len as usize * 8;
+        self.frames[k..].chunks_exact(8).map(|c| u64_at(c, 0))
+    }
+
+    /// Thread name up to the first NUL (lossy UTF-8).
+    pub fn comm(&self) -> std::borrow::Cow<'_, str> {
+        comm_str(&self.header.comm)
+    }
+}
+
+/// What a process event reports (`enum proc_event_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcEventKind {
+    /// The process now runs a new image (`sched_process_exec`).
+    Exec,
+    /// The thread-group leader exited (`sched_process_exit`).
+    Exit,
+}
+
+/// One process event (`struct proc_event`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcEvent {
+    pub ktime_ns: u64,
+    pub pid: u32,
+    pub kind: ProcEventKind,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// Size of `struct proc_event`.
+pub const PROC_EVENT_SIZE: usize = 32;
+
+impl ProcEvent {
+    /// Decodes a record; `None` when short or of an unknown kind.
+    pub fn parse(bytes: &[u8]) -> Option<Self> {
+        let b = bytes.get(..PROC_EVENT_SIZE)?;
+        let kind = match u32_at(b, 12) {
+            1 => ProcEventKind::Exec,
+            2 => ProcEventKind::Exit,
+            _ => return None,
+        };
+        Some(ProcEvent { ktime_ns: u64_at(b, 0), pid: u32_at(b, 8), kind, comm: comm_at(b, 16) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kind: u32, probe: u32, k: &[u64], u: &[u64]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&123u64.to_ne_bytes());
+        v.extend_from_slice(&7u32.to_ne_bytes());
+        v.extend_from_slice(&8u32.to_ne_bytes());
+        v.extend_from_slice(&1u32.to_ne_bytes());
+        v.extend_from_slice(&(k.len() as u16).to_ne_bytes());
+        v.extend_from_slice(&(u.len() as u16).to_ne_bytes());
+        v.extend_from_slice(b"worker\0\0\0\0\0\0\0\0\0\0");
+        v.extend_from_slice(&kind.to_ne_bytes());
+        v.extend_from_slice(&probe.to_ne_bytes());
+        assert_eq!(v.len(), SAMPLE_HEADER_SIZE);
+        for f in k.iter().chain(u) {
+            v.extend_from_slice(&f.to_ne_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn parses_cpu_and_probe_records() {
+        let r = record(KIND_CPU, 9, &[0xffff_ffff_8100_0000, 2], &[0x401000]);
+        let s = Sample::parse(&r).expect("parse");
+        assert_eq!((s.header.pid, s.header.tid, s.header.cpu), (7, 8, 1));
+        assert_eq!(s.header.kind, SampleKind::Cpu);
+        assert_eq!(s.comm(), "worker");
+        assert_eq!(s.kernel_stack().collect::<Vec<_>>(), vec![0xffff_ffff_8100_0000, 2]);
+        assert_eq!(s.user_stack().collect::<Vec<_>>(), vec![0x401000]);
+        let r = record(KIND_PROBE, 3, &[], &[0x401000, 0x402000]);
+        let s = Sample::parse(&r).expect("parse");
+        assert_eq!(s.header.kind, SampleKind::Probe(3));
+        assert_eq!(s.user_stack().len(), 2);
+    }
+
+    #[test]
+    fn rejects_truncated_oversized_and_unknown() {
+        let r = record(KIND_CPU, 0, &[1, 2], &[3]);
+        assert!(Sample::parse(&r[..r.len() - 1]).is_none());
+        assert!(Sample::parse(&r[..10]).is_none());
+        let mut bad = record(KIND_CPU, 0, &[], &[]);
+        bad[20..22].copy_from_slice(&200u16.to_ne_bytes());
+        assert!(Sample::parse(&bad).is_none());
+        assert!(Sample::parse(&record(7, 0, &[], &[])).is_none());
+    }
+
+    #[test]
+    fn parses_proc_events() {
+        let mut v = Vec::new();
+        v.extend_from_slice(&5u64.to_ne_bytes());
+        v.extend_from_slice(&42u32.to_ne_bytes());
+        v.extend_from_slice(&2u32.to_ne_bytes());
+        v.extend_from_slice(b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
+        let e = ProcEvent::parse(&v).expect("parse");
+        assert_eq!((e.pid, e.kind, e.ktime_ns), (42, ProcEventKind::Exit, 5));
+        assert_eq!(comm_str(&e.comm), "sh");
+        assert!(ProcEvent::parse(&v[..31]).is_none());
+        v[12] = 9;
+        assert!(ProcEvent::parse(&v).is_none());
+    }
+}

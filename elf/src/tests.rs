@@ -1,0 +1,154 @@
+//! Tests against binaries compiled here with gcc (PIE, non-PIE, stripped,
+//! versioned, a Go build-id note) and against real files on the machine.
+
+use super::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `marker` compiles to `mov $0x12345678,%eax; ret`: the bytes at the
+/// symbol's file offset prove the offset right.
+const MARKER_CODE: [u8; 6] = [0xb8, 0x78, 0x56, 0x34, 0x12, 0xc3];
+
+const PROGRAM: &str = r#"
+int marker(void) { return 0x12345678; }
+struct go_note { unsigned namesz, descsz, type; char name[4]; char desc[12]; };
+__attribute__((section(".note.go.buildid"), aligned(4), used))
+static const struct go_note go_note = { 3, 12, 4, "Go", "abc/def-GHI_" };
+int main(void) { return marker() == 0; }
+"#;
+
+const VERSIONED: &str = r#"
+int real_foo(void) { return 0x12345678; }
+__asm__(".symver real_foo,foo@@VERS_1");
+"#;
+
+fn gcc(dir: &Path, name: &str, src: &str, args: &[&str]) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, src).unwrap();
+    let out = dir.join(name);
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-fcf-protection=none", "-fno-asynchronous-unwind-tables", "-Wl,--build-id"])
+        .args(args)
+        .arg("-o")
+        .arg(&out)
+        .arg(&c)
+        .status()
+        .expect("run cc (install gcc)");
+    assert!(status.success(), "compiling {name}");
+    out
+}
+
+fn strip(path: &Path) -> PathBuf {
+    let out = path.with_extension("stripped");
+    let status = Command::new("strip").arg("-o").arg(&out).arg(path).status().expect("run strip (binutils)");
+    assert!(status.success());
+    out
+}
+
+fn open(path: &Path) -> ElfFile {
+    ElfFile::open(&File::open(path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn code_at(path: &Path, offset: u64) -> Vec<u8> {
+    std::fs::read(path).unwrap()[offset as usize..offset as usize + MARKER_CODE.len()].to_vec()
+}
+
+#[test]
+fn symbol_offsets_for_pie_and_non_pie() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in [("pie", &["-fPIE", "-pie"][..]), ("nopie", &["-fno-PIE", "-no-pie"][..])] {
+        let bin = gcc(dir.path(), name, PROGRAM, args);
+        let f = open(&bin);
+        let (found, tables) = f.find_functions(&["marker", "absent", "main"]);
+        assert!(tables.symtab > 0, "{name}: unstripped binary has .symtab");
+        let m = found[0].clone().unwrap_or_else(|| panic!("{name}: marker found"));
+        assert!(found[1].is_none());
+        assert!(found[2].is_some());
+        assert_eq!(m.name, "marker");
+        assert_eq!(code_at(&bin, m.file_offset), MARKER_CODE, "{name}: bytes at the file offset");
+        assert_eq!(f.file_offset(m.address), Some(m.file_offset));
+        if name == "nopie" {
+            // Non-PIE code is linked at 0x400000 and up: address != offset.
+            assert!(m.address >= 0x400000 && m.address != m.file_offset, "{m:?}");
+        }
+        assert_eq!(f.gnu_build_id().map(|b| b.len()), Some(20), "{name}: build id");
+        assert_eq!(f.go_build_id(), Some("abc/def-GHI_"));
+    }
+}
+
+#[test]
+fn stripped_binary_keeps_build_id_and_dynsym_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(dir.path(), "prog", PROGRAM, &[]);
+    let id = open(&bin).gnu_build_id().unwrap().to_vec();
+    let stripped = strip(&bin);
+    let f = open(&stripped);
+    let (found, tables) = f.find_functions(&["marker"]);
+    assert_eq!(tables.symtab, 0, "strip removes .symtab");
+    assert!(found[0].is_none(), "marker is not exported, so a stripped file has no name for it");
+    assert_eq!(f.gnu_build_id(), Some(&id[..]), "build id survives strip");
+}
+
+#[test]
+fn versioned_names_match_plain() {
+    let dir = tempfile::tempdir().unwrap();
+    let map = dir.path().join("vers.map");
+    std::fs::write(&map, "VERS_1 { global: foo; local: *; };\n").unwrap();
+    let lib = gcc(
+        dir.path(),
+        "libv.so",
+        VERSIONED,
+        &["-shared", "-fPIC", &format!("-Wl,--version-script={}", map.display())],
+    );
+    let f = open(&lib);
+    let (found, _) = f.find_functions(&["foo", "foo@@VERS_1", "fo"]);
+    let foo = found[0].clone().expect("foo matched through its version");
+    assert!(foo.name.starts_with("foo@"), "{foo:?}");
+    assert_eq!(code_at(&lib, foo.file_offset), MARKER_CODE);
+    assert!(found[1].is_none(), "a versioned query is not a plain name");
+    assert!(found[2].is_none(), "prefixes do not match");
+    // Stripped, the name lives in .dynsym only (plain, version in .gnu.version).
+    let (found, tables) = open(&strip(&lib)).find_functions(&["foo"]);
+    assert_eq!(tables.symtab, 0);
+    assert_eq!(found[0].as_ref().map(|s| s.file_offset), Some(foo.file_offset));
+}
+
+#[test]
+fn real_libc_has_malloc_in_dynsym() {
+    let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .expect("a glibc on this machine");
+    let f = open(libc);
+    let (found, tables) = f.find_functions(&["malloc", "free"]);
+    assert!(tables.dynsym > 1000, "{tables:?}");
+    for s in found {
+        let s = s.expect("malloc and free exported");
+        assert!(s.file_offset < f.len() as u64 && s.size > 0, "{s:?}");
+        assert_eq!(f.file_offset(s.address), Some(s.file_offset));
+    }
+    assert_eq!(f.gnu_build_id().map(|b| b.len()), Some(20));
+    // A system executable: ELF, with a build id.
+    let sh = open(Path::new("/bin/sh"));
+    assert!(sh.gnu_build_id().is_some());
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    assert!(matches!(ElfFile::from_vec(b"#!/bin/sh\n".to_vec()), Err(Error::NotElf)));
+    assert!(matches!(ElfFile::from_vec(Vec::new()), Err(Error::NotElf)));
+    let dir = tempfile::tempdir().unwrap();
+    let bin = std::fs::read(gcc(dir.path(), "prog", PROGRAM, &[])).unwrap();
+    for cut in [4, 16, 52, 63, 64, 100, 1000, 4096, bin.len() / 2, bin.len() - 1] {
+        if let Ok(f) = ElfFile::from_vec(bin[..cut].to_vec()) {
+            let _ = f.find_functions(&["marker"]);
+            let _ = f.gnu_build_id();
+            let _ = f.go_build_id();
+        }
+    }
+    // Scrambled section header offsets: an error or no answers, never a panic.
+    let mut bad = bin.clone();
+    bad[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(matches!(ElfFile::from_vec(bad), Err(Error::Malformed(_))));
+}

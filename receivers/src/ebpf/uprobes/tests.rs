@@ -1,0 +1,171 @@
+//! The uprobe logic against real processes and files, with an attacher
+//! that records instead of calling the kernel.
+
+use super::*;
+use profcol_api::component::{ComponentId, Kind};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A link that counts its drops (detaches).
+struct FakeLink(Arc<AtomicUsize>);
+
+impl Drop for FakeLink {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Default)]
+struct FakeAttacher {
+    attached: Vec<(u64, u32)>,
+    detached: Arc<AtomicUsize>,
+}
+
+impl Attacher for FakeAttacher {
+    type Link = FakeLink;
+    fn attach(&mut self, _file: &File, offset: u64, cookie: u32) -> Result<FakeLink, AttachError> {
+        self.attached.push((offset, cookie));
+        Ok(FakeLink(self.detached.clone()))
+    }
+}
+
+fn uprobes(specs: &[(&str, Option<&str>)]) -> Uprobes<FakeLink> {
+    let specs: Vec<UprobeSpec> =
+        specs.iter().map(|(s, b)| UprobeSpec { symbol: s.to_string(), binary: b.map(Into::into) }).collect();
+    let t = ComponentTelemetry::detached(Kind::Receiver, &"ebpf".parse::<ComponentId>().unwrap());
+    Uprobes::new(&specs, NegativeCacheConfig::default(), UprobeCounters::new(&t))
+}
+
+fn sleeper() -> Child {
+    Command::new("sleep").arg("30").spawn().expect("spawn sleep")
+}
+
+fn kill(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+#[test]
+fn library_attached_once_and_refcounted_by_processes() {
+    let mut u = uprobes(&[("clock_nanosleep", Some("libc.so.6")), ("no_such_function_here", None)]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let (a, b) = (sleeper(), sleeper());
+    // Libraries are looked at when the maps are read again after exec.
+    std::thread::sleep(Duration::from_millis(100));
+    u.on_exec(a.id(), t0, &mut att);
+    u.on_exec(b.id(), t0, &mut att);
+    assert_eq!(u.attached_files(), 0, "nothing before the maps rescan");
+    u.poll(t0 + Duration::from_secs(1), &mut att);
+    assert_eq!(att.attached.len(), 1, "libc attached once: {:?}", att.attached);
+    assert_eq!(att.attached[0].1, 0, "cookie = index of the probe");
+    assert_eq!(u.attached_files(), 1);
+    assert_eq!(u.counters().holders.get(), 2);
+    assert_eq!(u.counters().positive_hits.get(), 1);
+    // sleep itself, ld.so: nothing to attach (negative), parsed once each.
+    let parsed = u.counters().binaries_parsed.get();
+    assert!(parsed >= 2, "libc + at least sleep: {parsed}");
+    // The second rescan looks at nothing new: no lookups, no parse.
+    let hits = u.counters().negative_hits.get();
+    u.poll(t0 + Duration::from_secs(5), &mut att);
+    assert_eq!((u.counters().binaries_parsed.get(), u.counters().negative_hits.get()), (parsed, hits));
+    let t1 = t0 + Duration::from_secs(6);
+    u.on_exit(a.id(), t1);
+    u.poll(t1 + DETACH_GRACE, &mut att);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 0, "one holder left");
+    u.on_exit(b.id(), t1);
+    u.poll(t1 + DETACH_GRACE / 2, &mut att);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 0, "kept for the grace period");
+    assert_eq!(u.counters().holders.get(), 0);
+    u.poll(t1 + DETACH_GRACE, &mut att);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 1, "detached after the last exit and the grace period");
+    assert_eq!((u.attached_files(), u.counters().holders.get(), u.counters().attachments.get()), (0, 0, 0));
+    kill(a);
+    kill(b);
+}
+
+#[test]
+fn executable_without_the_symbol_is_parsed_once() {
+    let mut u = uprobes(&[("no_such_function_here", Some("sleep"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    for i in 0..5 {
+        let c = sleeper();
+        u.on_exec(c.id(), t0 + Duration::from_secs(i), &mut att);
+        u.poll(t0 + Duration::from_secs(i) + Duration::from_secs(1), &mut att);
+        u.on_exit(c.id(), t0 + Duration::from_secs(i));
+        kill(c);
+    }
+    assert_eq!(u.counters().binaries_parsed.get(), 1);
+    assert_eq!(u.counters().negative_hits.get(), 4);
+    assert_eq!(u.counters().negative_entries.get(), 1);
+    assert!(att.attached.is_empty());
+}
+
+#[test]
+fn lost_exit_events_are_caught_by_the_liveness_check() {
+    let mut u = uprobes(&[("clock_nanosleep", Some("libc.so.6"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let c = sleeper();
+    std::thread::sleep(Duration::from_millis(100));
+    u.on_exec(c.id(), t0, &mut att);
+    u.poll(t0 + Duration::from_secs(1), &mut att);
+    assert_eq!(u.attached_files(), 1);
+    kill(c); // no on_exit: as if the event was lost
+    let t1 = t0 + Duration::from_secs(1) + LIVENESS_CHECK_PERIOD;
+    u.poll(t1, &mut att);
+    u.poll(t1 + DETACH_GRACE, &mut att);
+    assert_eq!(u.attached_files(), 0);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn exec_again_releases_then_looks_again() {
+    let mut u = uprobes(&[("clock_nanosleep", Some("sleep"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let c = sleeper();
+    // `sleep` has no clock_nanosleep of its own (libc has): negative.
+    u.on_exec(c.id(), t0, &mut att);
+    u.on_exec(c.id(), t0, &mut att);
+    assert_eq!((u.counters().binaries_parsed.get(), u.counters().negative_hits.get()), (1, 1));
+    assert_eq!(u.counters().processes.get(), 0, "nothing held, no maps to read: not followed");
+    kill(c);
+}
+
+/// probe_target (examples/workloads) built in `dir`, unstripped.
+fn probe_target(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/probe_target.c");
+    let out = dir.join("probe_target");
+    let ok = Command::new("cc").arg("-O1").arg("-o").arg(&out).arg(&src).status().expect("run cc (install gcc)");
+    assert!(ok.success());
+    out
+}
+
+#[test]
+fn exec_events_of_an_attached_process_keep_one_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = probe_target(dir.path());
+    let mut u = uprobes(&[("profcol_probe_target", Some("probe_target"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let mut c =
+        Command::new(&bin).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    u.on_exec(c.id(), t0, &mut att);
+    assert_eq!((att.attached.len(), u.attached_files(), u.counters().holders.get()), (1, 1, 1));
+    // A second exec event of the same pid (a shell that exec'd it, seen
+    // late): the new reference is taken before the old one goes, so the
+    // uprobe stays attached, never detached and attached again.
+    u.on_exec(c.id(), t0, &mut att);
+    assert_eq!(att.detached.load(Ordering::SeqCst), 0);
+    assert_eq!((att.attached.len(), u.attached_files(), u.counters().holders.get()), (1, 1, 1));
+    assert_eq!((u.counters().binaries_parsed.get(), u.counters().positive_hits.get()), (1, 1));
+    u.on_exit(c.id(), t0);
+    u.poll(t0 + DETACH_GRACE, &mut att);
+    assert_eq!((att.detached.load(Ordering::SeqCst), u.attached_files()), (1, 0));
+    let _ = c.kill();
+    let _ = c.wait();
+}
