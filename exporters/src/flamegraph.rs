@@ -2,16 +2,13 @@
 //! and group, drawn with inferno; optionally the folded-stacks text that
 //! `flamegraph.pl` and inferno read.
 //!
-//! Folded lines are `comm;root;...;leaf count`, root first. Kernel frames get
-//! the `_[k]` suffix that `perf script | stackcollapse-perf` uses, so
-//! flamegraph colour palettes tell them apart; unsymbolized frames show as
-//! `mapping+0xaddr`.
+//! Folded lines are `comm;root;...;leaf count`, root first, made by
+//! `profcol_model_rules::folded` (kernel frames `name_[k]`, unsymbolized ones
+//! `mapping+0xaddr`), the rules the `folded_exporter` example plugin uses too.
 
-use crate::group::{attr, bounded_group, group_of, sanitize, unique_path, write_atomic, GroupBy};
+use crate::group::{bounded_group, group_of, sanitize, unique_path, write_atomic, GroupBy};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
-use profcol_api::model::keys;
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,104 +81,44 @@ impl FlamegraphExporter {
     }
 }
 
-/// A name as one folded-stacks frame: `;` separates frames and whitespace
-/// the count (a line break would split the line), so they are replaced.
-fn frame_name(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => ':',
-            c if c.is_whitespace() || c.is_control() => '_',
-            c => c,
-        })
-        .collect()
-}
+pub use profcol_model_rules::folded::{MAX_FOLDED_BYTES, OVER_BUDGET};
 
-/// Most bytes of folded-stack text one batch builds. A distinct stack costs
-/// its depth × its names' length, from a few bytes per sample on the wire;
-/// past the budget a stack folds to [`OVER_BUDGET`], so its samples still count.
-pub const MAX_FOLDED_BYTES: usize = 64 << 20;
-/// The one frame a stack past [`MAX_FOLDED_BYTES`] is drawn as.
-pub const OVER_BUDGET: &str = "[stack_past_the_flame_graph_size_budget]";
+/// A frame as the shared folding rules see it.
+struct Folding<'a>(profcol_api::model::view::FrameView<'a>);
 
-/// The frames of a sample's stack, root first, `;`-joined; `None` when they
-/// would take more than `budget` bytes.
-fn stack_frames(s: &profcol_api::model::view::SampleView<'_>, budget: usize) -> Option<String> {
-    let mut names: Vec<String> = Vec::new();
-    let mut len = 0usize;
-    for f in s.frames() {
-        let kernel =
-            f.attribute_str(keys::FRAME_TYPE) == Some("kernel") || f.mapping_filename() == keys::KERNEL_MAPPING;
-        let mut name = match f.function_name() {
-            Some(n) => frame_name(n),
-            None => {
-                let m = f.mapping_filename().rsplit('/').next().unwrap_or("");
-                let m = if m.is_empty() { "unknown" } else { m };
-                frame_name(&format!("{m}+0x{:x}", f.location.address))
-            }
-        };
-        if kernel {
-            name.push_str("_[k]");
-        }
-        len += name.len() + 1;
-        if len > budget {
-            return None;
-        }
-        names.push(name);
+impl profcol_model_rules::folded::Frame for Folding<'_> {
+    fn function_name(&self) -> Option<&str> {
+        self.0.function_name()
     }
-    names.reverse();
-    Some(names.join(";"))
+    fn mapping_filename(&self) -> &str {
+        self.0.mapping_filename()
+    }
+    fn address(&self) -> u64 {
+        self.0.location.address
+    }
+    fn frame_type(&self) -> Option<&str> {
+        self.0.attribute_str(profcol_model_rules::folded::FRAME_TYPE_KEY)
+    }
 }
 
 /// Folded stacks of a batch per group: `frames (root first) → count`.
 ///
-/// Each distinct stack is folded once (not once per sample), and all the
-/// text together stays within [`MAX_FOLDED_BYTES`].
+/// The lines follow `profcol_model_rules::folded` (shared with the
+/// `folded_exporter` example plugin): each distinct stack is folded once
+/// (not once per sample), and all the text together stays within
+/// [`MAX_FOLDED_BYTES`].
 pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String, BTreeMap<String, u64>> {
-    let mut budget = MAX_FOLDED_BYTES;
-    // Stack index → its frames, or None when over budget.
-    let mut stacks: FxHashMap<i32, Option<String>> = FxHashMap::default();
-    // (group, comm, stack index) → count; the lines are made once per key below.
-    let mut counts: BTreeMap<(String, Option<String>, i32), u64> = BTreeMap::new();
+    use profcol_model_rules::folded;
+    let mut folder = folded::Folder::new();
     let mut groups: BTreeMap<String, ()> = BTreeMap::new();
     for s in batch.samples() {
-        stacks.entry(s.sample.stack_index).or_insert_with(|| {
-            let f = stack_frames(&s, budget);
-            budget = budget.saturating_sub(f.as_ref().map_or(0, String::len));
-            f
-        });
-        let comm = if root_comm {
-            attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)).map(|c| frame_name(&c))
-        } else {
-            None
-        };
-        let count: u64 = if !s.sample.values.is_empty() {
-            s.sample.values.iter().fold(0u64, |a, &v| a.saturating_add(v.max(0) as u64))
-        } else {
-            s.sample.timestamps_unix_nano.len().max(1) as u64
-        };
+        let comm = if root_comm { folded::comm(|| s.attributes(), s.resource) } else { None };
+        let count = folded::sample_count(&s.sample.values, s.sample.timestamps_unix_nano.len());
         let group = bounded_group(&groups, group_of(&s, by));
         groups.entry(group.clone()).or_default();
-        let n = counts.entry((group, comm, s.sample.stack_index)).or_default();
-        *n = n.saturating_add(count);
+        folder.add(group, s.sample.stack_index, || s.frames().map(Folding), comm.as_deref(), count);
     }
-    let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for ((group, comm, stack), count) in counts {
-        let frames = match stacks.get(&stack) {
-            Some(Some(f)) if !f.is_empty() => f.as_str(),
-            Some(Some(_)) => "[no stack]",
-            _ => OVER_BUDGET,
-        };
-        let need = frames.len() + comm.as_ref().map_or(0, |c| c.len() + 1);
-        let line = match comm {
-            _ if need > budget => OVER_BUDGET.to_owned(),
-            Some(c) => format!("{c};{frames}"),
-            None => frames.to_owned(),
-        };
-        budget = budget.saturating_sub(line.len());
-        let n = out.entry(group).or_default().entry(line).or_default();
-        *n = n.saturating_add(count);
-    }
-    out
+    folder.finish()
 }
 
 #[async_trait::async_trait]
@@ -219,8 +156,7 @@ impl Exporter for FlamegraphExporter {
                 write_atomic(&path, &svg)
                     .map_err(|e| ExportError::retryable(format!("writing {}: {e}", path.display())))?;
                 if cfg.folded {
-                    let mut text = lines.join("\n");
-                    text.push('\n');
+                    let text = profcol_model_rules::folded::text(&stacks);
                     let fpath = path.with_extension("folded");
                     write_atomic(&fpath, text.as_bytes())
                         .map_err(|e| ExportError::retryable(format!("writing {}: {e}", fpath.display())))?;

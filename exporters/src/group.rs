@@ -19,14 +19,9 @@ pub enum GroupBy {
     Container,
 }
 
+/// An attribute value as text (the rule folded stacks use for their roots).
 fn show(v: &AnyValue) -> Option<Cow<'_, str>> {
-    match v.value.as_ref()? {
-        any_value::Value::StringValue(s) => Some(Cow::Borrowed(s)),
-        any_value::Value::IntValue(i) => Some(Cow::Owned(i.to_string())),
-        any_value::Value::BoolValue(b) => Some(Cow::Owned(b.to_string())),
-        any_value::Value::DoubleValue(d) => Some(Cow::Owned(d.to_string())),
-        _ => None,
-    }
+    profcol_model_rules::folded::value_text(v)
 }
 
 /// Attribute `key` of the sample, else of its resource: the first with a

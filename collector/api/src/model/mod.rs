@@ -5,7 +5,7 @@
 //! OTLP receiver and WASM plugins use the same bytes with no conversion.
 //! [`ProfilesBuilder`] interns every dictionary table; [`view`] walks samples
 //! with their frames resolved; [`ProfilesBuilder::append`] merges batches by
-//! remapping one dictionary into another; [`validate`] checks the spec's
+//! remapping one dictionary into another; [`Profiles::validate`] checks the spec's
 //! invariants on input from outside; [`Profiles::compact`] drops dictionary
 //! entries nothing refers to any more.
 
@@ -15,12 +15,13 @@ mod compact;
 mod memsize;
 pub mod otlp_json;
 mod strindex;
-mod validate;
+#[cfg(test)]
+mod validate_tests;
 pub mod view;
 
 pub use builder::{AttrValue, ProfileMeta, ProfileRef, ProfilesBuilder};
 pub use compact::Compacted;
-pub use validate::{DroppedProfiles, InvalidProfiles};
+pub use profcol_model_rules::validate::{DroppedProfiles, InvalidProfiles};
 
 pub use opentelemetry_proto::tonic::collector::profiles::v1development::{
     ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
@@ -143,14 +144,14 @@ impl Profiles {
 
     /// Checks the spec's invariants; run on every batch that comes from outside.
     pub fn validate(&self) -> Result<(), InvalidProfiles> {
-        validate::validate(&self.0)
+        profcol_model_rules::validate::validate(&self.0)
     }
 
     /// Removes the profiles that break an invariant and keeps the rest, for
     /// a receiver that accepts a request in part. `Ok(None)`: all valid. An
     /// invalid dictionary spoils every profile: `Err`, and nothing removed.
     pub fn drop_invalid_profiles(&mut self) -> Result<Option<DroppedProfiles>, InvalidProfiles> {
-        validate::drop_invalid_profiles(&mut self.0)
+        profcol_model_rules::validate::drop_invalid_profiles(&mut self.0)
     }
 
     /// Drops dictionary entries nothing live refers to (e.g. frames a
@@ -195,6 +196,4 @@ pub fn observations(s: &pb::Sample, counts_events: bool) -> u64 {
 }
 
 /// Looks up string `i` of a string table; out-of-range indices read as "".
-pub fn str_at(table: &[String], i: i32) -> &str {
-    usize::try_from(i).ok().and_then(|i| table.get(i)).map(String::as_str).unwrap_or("")
-}
+pub use profcol_model_rules::lookup::str_at;

@@ -1,10 +1,7 @@
 //! Read-only walks over a batch with every index resolved.
 
 use super::{pb, str_at, AnyValue, Profiles, Resource};
-
-fn get<T>(table: &[T], i: i32) -> Option<&T> {
-    usize::try_from(i).ok().and_then(|i| table.get(i))
-}
+use profcol_model_rules::lookup::{self, get};
 
 /// One sample with its resource, profile and dictionary at hand.
 #[derive(Clone, Copy)]
@@ -30,22 +27,12 @@ impl<'a> SampleView<'a> {
     /// Frames, leaf first.
     pub fn frames(&self) -> impl Iterator<Item = FrameView<'a>> + 'a {
         let dict = self.dict;
-        let stack = get(&dict.stack_table, self.sample.stack_index);
-        stack
-            .into_iter()
-            .flat_map(|s| s.location_indices.iter())
-            .filter_map(move |&i| get(&dict.location_table, i))
-            .map(move |location| FrameView { location, dict })
+        lookup::stack_locations(dict, self.sample.stack_index).map(move |location| FrameView { location, dict })
     }
 
     /// Sample attributes as (key, value).
     pub fn attributes(&self) -> impl Iterator<Item = (&'a str, Option<&'a AnyValue>)> + 'a {
-        let dict = self.dict;
-        self.sample
-            .attribute_indices
-            .iter()
-            .filter_map(move |&i| get(&dict.attribute_table, i))
-            .map(move |kv| (str_at(&dict.string_table, kv.key_strindex), kv.value.as_ref()))
+        lookup::attributes(self.dict, &self.sample.attribute_indices)
     }
 
     /// The sample type as (type, unit).

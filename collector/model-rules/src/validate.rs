@@ -1,15 +1,24 @@
-//! The spec's invariants, checked on every batch that comes from outside.
+//! The spec's invariants, checked by the host on every batch that comes
+//! from outside (receivers, plugins) and by the plugin SDK's harness on a
+//! plugin's output, so both sides apply the same rules.
 
-use super::pb;
+use crate::pb;
 
 /// A batch that breaks an invariant: what is wrong and where.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid profiles: {path}: {message}")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidProfiles {
     /// Where, e.g. `resource_profiles[0].scope_profiles[0].profiles[2].samples[7].stack_index`.
     pub path: String,
     pub message: String,
 }
+
+impl std::fmt::Display for InvalidProfiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid profiles: {}: {}", self.path, self.message)
+    }
+}
+
+impl std::error::Error for InvalidProfiles {}
 
 fn err(path: impl Into<String>, message: impl Into<String>) -> InvalidProfiles {
     InvalidProfiles { path: path.into(), message: message.into() }
@@ -30,7 +39,9 @@ fn check_all(v: &[i32], len: usize, path: impl Fn() -> String, table: &str) -> R
     Ok(())
 }
 
-pub(super) fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
+/// Checks every index against its table, string 0 and entry 0 of every table,
+/// and the lengths of values and timestamps.
+pub fn validate(data: &pb::ProfilesData) -> Result<(), InvalidProfiles> {
     let empty = pb::ProfilesDictionary::default();
     let d = data.dictionary.as_ref().unwrap_or(&empty);
     validate_dictionary(d)?;
@@ -171,7 +182,7 @@ pub struct DroppedProfiles {
 /// Removes the profiles that break an invariant, keeping the rest (for a
 /// receiver that accepts a request in part). `Ok(None)`: nothing was wrong.
 /// An invalid dictionary spoils every profile: `Err`, nothing removed.
-pub(super) fn drop_invalid_profiles(data: &mut pb::ProfilesData) -> Result<Option<DroppedProfiles>, InvalidProfiles> {
+pub fn drop_invalid_profiles(data: &mut pb::ProfilesData) -> Result<Option<DroppedProfiles>, InvalidProfiles> {
     let empty = pb::ProfilesDictionary::default();
     let d = data.dictionary.as_ref().unwrap_or(&empty);
     validate_dictionary(d)?;
@@ -199,86 +210,4 @@ pub(super) fn drop_invalid_profiles(data: &mut pb::ProfilesData) -> Result<Optio
         }
     }
     Ok(dropped)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{AttrValue, ProfileMeta, Profiles, ProfilesBuilder};
-    use super::*;
-
-    fn one() -> Profiles {
-        let mut b = ProfilesBuilder::new();
-        let r = b.resource(Default::default());
-        let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
-        let f = b.function("main", "main", "a.c", 1);
-        let l = b.location(pb::Location {
-            lines: vec![pb::Line { function_index: f, line: 3, column: 0 }],
-            ..Default::default()
-        });
-        let st = b.stack(&[l]);
-        let a = b.attribute("thread.id", AttrValue::Int(1));
-        b.sample(
-            p,
-            pb::Sample {
-                stack_index: st,
-                attribute_indices: vec![a],
-                values: vec![1],
-                timestamps_unix_nano: vec![5],
-                ..Default::default()
-            },
-        );
-        b.build()
-    }
-
-    #[test]
-    fn built_batches_are_valid() {
-        assert_eq!(one().validate(), Ok(()));
-        assert_eq!(Profiles::default().validate(), Ok(()));
-    }
-
-    #[test]
-    fn out_of_range_stack_is_reported_with_path() {
-        let mut p = one();
-        p.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index = 99;
-        let e = p.validate().unwrap_err();
-        assert_eq!(e.path, "resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index");
-        assert!(e.message.contains("out of range"), "{e}");
-    }
-
-    #[test]
-    fn invalid_profiles_are_dropped_and_the_rest_kept() {
-        let mut p = one();
-        let good = p.0.resource_profiles[0].scope_profiles[0].profiles[0].clone();
-        let mut bad = good.clone();
-        bad.samples[0].stack_index = 99;
-        let sp = &mut p.0.resource_profiles[0].scope_profiles[0];
-        sp.profiles = vec![bad, good.clone()];
-        let n_bad = sp.profiles[0].samples.len() as u64;
-        let dropped = drop_invalid_profiles(&mut p.0).unwrap().expect("one profile dropped");
-        assert_eq!((dropped.profiles, dropped.samples), (1, n_bad));
-        assert!(dropped.first.path.ends_with("profiles[0].samples[0].stack_index"), "{}", dropped.first);
-        assert_eq!(p.0.resource_profiles[0].scope_profiles[0].profiles, vec![good]);
-        assert!(p.validate().is_ok());
-        assert_eq!(drop_invalid_profiles(&mut p.0).unwrap(), None);
-        // A broken dictionary spoils everything: refused whole.
-        p.0.dictionary.as_mut().unwrap().string_table[0] = "x".into();
-        assert!(drop_invalid_profiles(&mut p.0).is_err());
-    }
-
-    #[test]
-    fn unequal_values_and_timestamps() {
-        let mut p = one();
-        p.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].timestamps_unix_nano = vec![1, 2];
-        assert!(p.validate().unwrap_err().message.contains("equal length"));
-    }
-
-    #[test]
-    fn negative_and_dangling_dictionary_indices() {
-        let mut p = one();
-        p.0.dictionary.as_mut().unwrap().location_table[1].lines[0].function_index = -1;
-        assert!(p.validate().is_err());
-        let mut p = one();
-        p.0.dictionary.as_mut().unwrap().string_table[0] = "x".into();
-        assert!(p.validate().is_err());
-    }
 }
