@@ -7,6 +7,7 @@
 //! - [`folded`]: the folded-stacks text (`frame;frame;... count`) that the
 //!   `flamegraph` exporter writes and the `folded_exporter` example plugin
 //!   produces: how a frame is named, unnamed and kernel frames included.
+//! - [`observations`]: what a Sample counts (its observations);
 //! - [`lookup`]: reading the dictionary by index, out-of-range indices
 //!   read as absent.
 //!
@@ -14,6 +15,7 @@
 
 pub mod folded;
 pub mod lookup;
+pub mod observations;
 pub mod validate;
 
 pub use opentelemetry_proto::tonic::profiles::v1development as pb;

@@ -200,8 +200,8 @@ pub fn drop_invalid_profiles(data: &mut pb::ProfilesData) -> Result<Option<Dropp
                         let x = dropped.get_or_insert(DroppedProfiles { profiles: 0, samples: 0, first: e });
                         x.profiles += 1;
                         // Counted in observations, as every count of samples.
-                        let counts_events = super::profile_counts_events(prof, &d.string_table);
-                        let n = prof.samples.iter().map(|s| super::observations(s, counts_events));
+                        let counts_events = crate::observations::profile_counts_events(prof, &d.string_table);
+                        let n = prof.samples.iter().map(|s| crate::observations::observations(s, counts_events));
                         x.samples = n.fold(x.samples, u64::saturating_add);
                         false
                     }

@@ -1,0 +1,171 @@
+//! The `wasm` exporter: an exporter plugin turns a batch into outputs named
+//! by sink; the host delivers them. It runs inside the host's exporter
+//! wrapper (timeout, retry_on_failure, sending_queue). A retry of a batch
+//! re-delivers only the sinks that failed: the plugin's outputs are kept,
+//! keyed by the batch's hash, until every sink has them.
+
+use crate::bindings::{ErrorKind, Output, PluginError};
+use crate::config::{self, ExporterConfig, Sink};
+use crate::inspect::World;
+use crate::plugin::{CallError, FailureKind, Plugin};
+use crate::sinks::Sinks;
+use async_trait::async_trait;
+use profcol_api::component::{
+    Component, ComponentError, CreateSettings, ExportError, Exporter, Factory, FactoryMeta, Kind, Stability,
+};
+use profcol_api::config::ConfigError;
+use profcol_api::Profiles;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// Batches whose delivery is incomplete that are remembered (the sending
+/// queue's consumers each hold at most one in retry).
+const MAX_PENDING: usize = 256;
+
+struct Pending {
+    batch_sha256: String,
+    outputs: Vec<Output>,
+    /// Sinks that do not have this batch's outputs yet.
+    remaining: BTreeSet<String>,
+}
+
+pub struct WasmExporter {
+    plugin: Arc<Plugin>,
+    sinks: BTreeMap<String, Sink>,
+    delivery: Sinks,
+    pending: Mutex<VecDeque<Pending>>,
+}
+
+impl WasmExporter {
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    fn take_pending(&self, sha: &str) -> Option<Pending> {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let i = p.iter().position(|x| x.batch_sha256 == sha)?;
+        p.remove(i)
+    }
+
+    fn keep_pending(&self, pending: Pending) {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if p.len() >= MAX_PENDING {
+            p.pop_front();
+        }
+        p.push_back(pending);
+    }
+
+    /// Runs the plugin; maps its failures onto export errors.
+    async fn outputs(&self, bytes: Vec<u8>) -> Result<Option<Vec<Output>>, ExportError> {
+        match self.plugin.export(bytes).await {
+            Ok(Ok(outputs)) => {
+                if let Some(o) = outputs.iter().find(|o| !self.sinks.contains_key(&o.sink)) {
+                    let why = format!(
+                        "output for sink {:?}, which is not configured (sinks: {})",
+                        o.sink,
+                        self.sinks.keys().cloned().collect::<Vec<_>>().join(", ")
+                    );
+                    self.plugin.record_failure(FailureKind::InvalidOutput, &why);
+                    return Err(ExportError::permanent(why));
+                }
+                Ok(Some(outputs))
+            }
+            Ok(Err(PluginError { kind: ErrorKind::Drop, .. })) => Ok(None),
+            Ok(Err(PluginError { kind: ErrorKind::Retryable, message })) => {
+                Err(ExportError::retryable(format!("plugin asks for a retry: {message}")))
+            }
+            Ok(Err(PluginError { kind: ErrorKind::Permanent, message })) => {
+                self.plugin.record_failure(FailureKind::PluginError, &message);
+                Err(ExportError::permanent(format!("plugin error: {message}")))
+            }
+            // Disabled for a while, or too slow this time: the batch may go through later.
+            Err(e @ CallError::Disabled) | Err(e @ CallError::Failed { kind: FailureKind::Timeout, .. }) => {
+                Err(ExportError::retryable(e.to_string()))
+            }
+            Err(e) => Err(ExportError::permanent(e.to_string())),
+        }
+    }
+}
+
+#[async_trait]
+impl Exporter for WasmExporter {
+    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+        let bytes = batch.encode_to_vec();
+        let sha = crate::cache::sha256_hex(&bytes);
+        let mut pending = match self.take_pending(&sha) {
+            Some(p) => p,
+            None => match self.outputs(bytes).await? {
+                None => return Ok(()),
+                Some(outputs) => {
+                    let remaining = outputs.iter().map(|o| o.sink.clone()).collect();
+                    Pending { batch_sha256: sha, outputs, remaining }
+                }
+            },
+        };
+        let mut failed = BTreeSet::new();
+        let mut errors = Vec::new();
+        let mut permanent = false;
+        for name in &pending.remaining {
+            let pieces: Vec<(&str, &[u8])> = pending
+                .outputs
+                .iter()
+                .filter(|o| &o.sink == name)
+                .map(|o| (o.content_type.as_str(), o.data.as_slice()))
+                .collect();
+            if let Err(e) = self.delivery.deliver(&self.sinks[name], &pieces).await {
+                permanent |= e.permanent;
+                errors.push(format!("sink {name}: {}", e.message));
+                failed.insert(name.clone());
+            }
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let message = errors.join("; ");
+        if permanent {
+            return Err(ExportError::permanent(message));
+        }
+        pending.remaining = failed;
+        self.keep_pending(pending);
+        Err(ExportError::retryable(message))
+    }
+}
+
+pub struct ExporterFactory;
+
+impl Factory for ExporterFactory {
+    fn meta(&self) -> FactoryMeta {
+        FactoryMeta {
+            type_name: "wasm",
+            kind: Kind::Exporter,
+            stability: Stability::Development,
+            description:
+                "runs a WebAssembly exporter plugin (profcol:plugin/exporter); the host delivers its outputs to sinks",
+        }
+    }
+
+    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError> {
+        let c: ExporterConfig = profcol_api::config::decode(raw)?;
+        let sha = c.check()?;
+        config::effective(&c, sha)
+    }
+
+    fn create(&self, settings: CreateSettings, raw: &serde_yaml::Value) -> Result<Component, ComponentError> {
+        let c: ExporterConfig = profcol_api::config::decode(&config::without_hash(raw))?;
+        let s = c.settings(&settings.id.to_string())?;
+        let plugin = crate::load_file(&c.path, World::Exporter, s, settings.telemetry.registry())?;
+        let delivery = Sinks::new().map_err(ComponentError::msg)?;
+        let sinks = c
+            .sinks
+            .iter()
+            .map(|(n, s)| s.sink().map(|s| (n.clone(), s)))
+            .collect::<Result<_, _>>()
+            .map_err(ComponentError::msg)?;
+        Ok(Component::Exporter(Arc::new(WasmExporter {
+            plugin,
+            sinks,
+            delivery,
+            pending: Mutex::new(VecDeque::new()),
+        })))
+    }
+}

@@ -1,0 +1,107 @@
+//! The `wasm` processor: hands each batch to a processor plugin and maps the
+//! answer onto the host's outcomes. A failure (trap, timeout, permanent
+//! error, output that does not decode or validate, plugin disabled) follows
+//! `on_error`: pass forwards the batch unchanged, drop drops it.
+
+use crate::bindings::{ErrorKind, PluginError};
+use crate::config::{self, OnError, ProcessorConfig};
+use crate::inspect::World;
+use crate::plugin::{CallError, FailureKind, Plugin};
+use async_trait::async_trait;
+use profcol_api::component::{
+    Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, ProcessError, ProcessOutcome, Processor,
+    Stability,
+};
+use profcol_api::config::ConfigError;
+use profcol_api::Profiles;
+use std::borrow::Cow;
+use std::sync::Arc;
+
+pub struct WasmProcessor {
+    plugin: Arc<Plugin>,
+    on_error: OnError,
+}
+
+impl WasmProcessor {
+    pub fn new(plugin: Arc<Plugin>, on_error: OnError) -> Self {
+        WasmProcessor { plugin, on_error }
+    }
+
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.plugin
+    }
+
+    /// What a failed call does to the batch.
+    fn on_error(&self, batch: Profiles, why: &str) -> ProcessOutcome {
+        match self.on_error {
+            OnError::Pass => ProcessOutcome::Forward(batch),
+            OnError::Drop => ProcessOutcome::Dropped {
+                reason: Cow::Owned(format!("plugin failed ({why}); on_error: drop")),
+                samples: batch.sample_count() as u64,
+            },
+        }
+    }
+
+    /// Decodes and validates the plugin's output; garbage is a failure.
+    fn accept(&self, out: &[u8]) -> Result<Profiles, String> {
+        let p = Profiles::decode(out).map_err(|e| format!("output does not decode as ProfilesData: {e}"))?;
+        p.validate().map_err(|e| format!("output is not a valid batch: {e}"))?;
+        Ok(p)
+    }
+}
+
+#[async_trait]
+impl Processor for WasmProcessor {
+    async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
+        let result = self.plugin.process(batch.encode_to_vec()).await;
+        match result {
+            Ok(Ok(Some(out))) => match self.accept(&out) {
+                Ok(p) => Ok(ProcessOutcome::Forward(p)),
+                Err(why) => {
+                    self.plugin.record_failure(FailureKind::InvalidOutput, &why);
+                    Ok(self.on_error(batch, FailureKind::InvalidOutput.as_str()))
+                }
+            },
+            Ok(Ok(None)) => Ok(ProcessOutcome::dropped("dropped by the plugin", &batch)),
+            Ok(Err(PluginError { kind: ErrorKind::Drop, message })) => Ok(ProcessOutcome::Dropped {
+                reason: Cow::Owned(format!("dropped by the plugin: {message}")),
+                samples: batch.sample_count() as u64,
+            }),
+            Ok(Err(PluginError { kind: ErrorKind::Retryable, message })) => {
+                Err(ProcessError::Retryable(format!("plugin asks for a retry: {message}")))
+            }
+            Ok(Err(PluginError { kind: ErrorKind::Permanent, message })) => {
+                self.plugin.record_failure(FailureKind::PluginError, &message);
+                Ok(self.on_error(batch, FailureKind::PluginError.as_str()))
+            }
+            Err(CallError::Disabled) => Ok(self.on_error(batch, "disabled")),
+            Err(CallError::Failed { kind, .. }) => Ok(self.on_error(batch, kind.as_str())),
+        }
+    }
+}
+
+pub struct ProcessorFactory;
+
+impl Factory for ProcessorFactory {
+    fn meta(&self) -> FactoryMeta {
+        FactoryMeta {
+            type_name: "wasm",
+            kind: Kind::Processor,
+            stability: Stability::Development,
+            description: "runs a WebAssembly processor plugin (profcol:plugin/processor) on each batch",
+        }
+    }
+
+    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError> {
+        let c: ProcessorConfig = profcol_api::config::decode(raw)?;
+        let sha = c.check()?;
+        config::effective(&c, sha)
+    }
+
+    fn create(&self, settings: CreateSettings, raw: &serde_yaml::Value) -> Result<Component, ComponentError> {
+        let c: ProcessorConfig = profcol_api::config::decode(&config::without_hash(raw))?;
+        let s = c.settings(&settings.id.to_string())?;
+        let plugin = crate::load_file(&c.path, World::Processor, s, settings.telemetry.registry())?;
+        Ok(Component::Processor(Arc::new(WasmProcessor::new(plugin, c.on_error))))
+    }
+}

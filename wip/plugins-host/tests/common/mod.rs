@@ -1,0 +1,59 @@
+//! What the plugin host's tests share: a `wasm/test` processor made by the
+//! real factory, and reading its series back from the registry.
+#![allow(dead_code)] // each test file uses its own part
+
+use profcol_api::component::{Component, ComponentId, CreateSettings, Factory, Kind, ProcessOutcome, Processor};
+use profcol_api::model::canonical;
+use profcol_api::telemetry::Telemetry;
+use profcol_api::Profiles;
+use profcol_plugins::processor::ProcessorFactory;
+use profcol_testkit::prelude::*;
+use std::sync::Arc;
+
+/// A `wasm/test` component made by the real factory `f` from a YAML
+/// section in which `PLUGIN` stands for the path of test plugin `plugin`.
+pub fn component(f: &dyn Factory, kind: Kind, plugin: &str, yaml: &str, telemetry: &Telemetry) -> Component {
+    let yaml = yaml.replace("PLUGIN", test_plugin(plugin).to_str().unwrap());
+    let raw: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+    let effective = f.effective_config(&raw).unwrap();
+    let id: ComponentId = "wasm/test".parse().unwrap();
+    let settings = CreateSettings { telemetry: telemetry.component(kind, &id), id };
+    f.create(settings, &effective).unwrap()
+}
+
+/// A `wasm/test` processor running the `misbehave` test plugin.
+pub fn processor(yaml: &str, telemetry: &Telemetry) -> Arc<dyn Processor> {
+    match component(&ProcessorFactory, Kind::Processor, "misbehave", yaml, telemetry) {
+        Component::Processor(p) => p,
+        _ => unreachable!(),
+    }
+}
+
+/// The value of one series in the Prometheus text (0 when absent).
+pub fn metric(t: &Telemetry, series: &str) -> u64 {
+    t.render()
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
+}
+
+pub fn failures(t: &Telemetry, kind: &str) -> u64 {
+    metric(t, &format!("profcol_plugin_failures_total{{component=\"wasm/test\",kind=\"{kind}\"}}"))
+}
+
+pub fn counter(t: &Telemetry, name: &str) -> Option<u64> {
+    let series = format!("profcol_plugin_counter_total{{component=\"wasm/test\",name=\"{name}\"}}");
+    t.render().contains(&series).then(|| metric(t, &series))
+}
+
+pub fn batch() -> Profiles {
+    cpu_batch(7, 3, 40)
+}
+
+/// The batch came through unchanged (same samples, canonical form).
+pub fn assert_passed(outcome: ProcessOutcome, input: &Profiles) {
+    match outcome {
+        ProcessOutcome::Forward(b) => assert_eq!(canonical::samples(&b), canonical::samples(input)),
+        other => panic!("expected the batch to pass unchanged, got {other:?}"),
+    }
+}

@@ -1,0 +1,56 @@
+//! An exporter plugin for the host's tests: writes one line per batch
+//! (`<bytes> bytes`) to every sink named in its config, or misbehaves.
+
+use exports::profcol::plugin::export_batch::Guest;
+use profcol::plugin::host::counter_add;
+use profcol::plugin::types::{ErrorKind, Output, PluginError};
+use serde::Deserialize;
+use std::sync::Mutex;
+
+wit_bindgen::generate!({ path: "../../wit", world: "exporter" });
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct Config {
+    /// lines (default), trap, retryable, permanent, drop, loop
+    mode: String,
+    sinks: Vec<String>,
+}
+
+static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
+
+struct Plugin;
+
+impl Guest for Plugin {
+    fn init(config: String) -> Result<(), String> {
+        let c: Config = serde_json::from_str(&config).map_err(|e| format!("bad config: {e}"))?;
+        *CONFIG.lock().unwrap() = Some(c);
+        Ok(())
+    }
+
+    fn export(batch: Vec<u8>) -> Result<Vec<Output>, PluginError> {
+        let c = CONFIG.lock().unwrap().clone().unwrap_or_default();
+        counter_add("export_calls", 1);
+        let err = |kind, m: &str| Err(PluginError { kind, message: m.into() });
+        match c.mode.as_str() {
+            "trap" => panic!("trap on purpose"),
+            "retryable" => err(ErrorKind::Retryable, "try later"),
+            "permanent" => err(ErrorKind::Permanent, "cannot"),
+            "drop" => err(ErrorKind::Drop, "not wanted"),
+            "loop" => loop {
+                std::hint::black_box(());
+            },
+            _ => Ok(c
+                .sinks
+                .iter()
+                .map(|s| Output {
+                    sink: s.clone(),
+                    content_type: "text/plain".into(),
+                    data: format!("{} bytes\n", batch.len()).into_bytes(),
+                })
+                .collect()),
+        }
+    }
+}
+
+export!(Plugin);
