@@ -204,6 +204,10 @@ async fn exact_call_count_with_the_function_as_leaf() {
     const N: u64 = 1234;
     t.call(N);
     let pid = t.pid;
+    // Stay alive until the receiver drained these samples: a process gone
+    // before its samples are read keeps the mappings of its exec'ing shell
+    // (the pinning registry of #14 removes that limit).
+    tokio::time::sleep(Duration::from_millis(800)).await;
     t.finish();
     // Run again after the detach: attached again (parsed again), counted.
     wait_for(&running, "the detach", |r| metric(r, "ebpf_uprobe_attachments") == 0);
