@@ -17,7 +17,7 @@ mod value;
 
 pub use error::{render_path, ConfigError, ConfigErrors, Position};
 pub use positions::Positions;
-pub use service::{LogsConfig, MetricsConfig, PipelineConfig, ServiceConfig, TelemetryConfig};
+pub use service::{LogsConfig, MetricsConfig, PipelineConfig, PluginsConfig, ServiceConfig, TelemetryConfig};
 pub use value::{parse_section, to_config_value};
 
 use profcol_api::component::{ComponentId, Kind};

@@ -6,6 +6,7 @@
 //! - [`raw`]: OTLP requests sent as raw bytes over gRPC and HTTP;
 //! - [`net`]: loopback listeners handed over already bound (no port races);
 //! - [`log`]: the process's own log captured, to read bound addresses;
+//! - [`plugins`]: the misbehaving WebAssembly plugins of plugins/testdata;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
 //! - [`tools`]: external tools that must be there under CI=true.
 
@@ -13,6 +14,7 @@ pub mod alloc;
 pub mod batch;
 pub mod log;
 pub mod net;
+pub mod plugins;
 pub mod raw;
 pub mod sink;
 pub mod tools;
@@ -30,6 +32,7 @@ pub fn settings(kind: Kind, id: &str) -> CreateSettings {
 pub mod prelude {
     pub use crate::batch::{cpu_batch, every_field_batch, i, kv, merge, random_batch, s};
     pub use crate::net::{closed_port, listener, tokio_listener};
+    pub use crate::plugins::test_plugin;
     pub use crate::settings;
     pub use crate::sink::Collector;
     pub use crate::tools::{in_ci, tool_available};

@@ -60,11 +60,46 @@ impl Timer {
     }
 }
 
+/// Durations counted into fixed buckets (a Prometheus histogram, seconds).
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// One count per bound (non-cumulative), then +Inf.
+    buckets: Arc<[AtomicU64]>,
+    sum_us: Counter,
+}
+
+impl Histogram {
+    /// Bounds in seconds from 50 µs to 10 s: fits calls from a no-op to a timeout.
+    pub const CALL_SECONDS: &'static [f64] =
+        &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0];
+
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: Counter::default(),
+        }
+    }
+
+    pub fn record(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = self.bounds.iter().position(|b| s <= *b).unwrap_or(self.bounds.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.add(d.as_micros() as u64);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+}
+
 #[derive(Clone)]
 enum Cell {
     Counter(Counter),
     Gauge(Gauge),
     Timer(Timer),
+    Histogram(Histogram),
 }
 
 #[derive(Default)]
@@ -108,6 +143,14 @@ impl Telemetry {
         match self.cell(name, help, render_labels(labels), || Cell::Timer(Timer::default())) {
             Cell::Timer(t) => t,
             _ => Timer::default(),
+        }
+    }
+
+    /// A histogram of durations with the given bucket bounds (seconds).
+    pub fn histogram(&self, name: &str, help: &str, labels: &[(&str, &str)], bounds: &'static [f64]) -> Histogram {
+        match self.cell(name, help, render_labels(labels), || Cell::Histogram(Histogram::new(bounds))) {
+            Cell::Histogram(h) => h,
+            _ => Histogram::new(bounds),
         }
     }
 
@@ -194,6 +237,7 @@ impl Telemetry {
                 Some(Cell::Counter(_)) => "counter",
                 Some(Cell::Gauge(_)) => "gauge",
                 Some(Cell::Timer(_)) => "summary",
+                Some(Cell::Histogram(_)) => "histogram",
                 None => continue,
             };
             let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {ty}", fam.help);
@@ -207,11 +251,27 @@ impl Telemetry {
                         t.sum_us.get() as f64 / 1e6,
                         t.count.get()
                     ),
+                    Cell::Histogram(h) => render_histogram(&mut out, name, labels, h),
                 };
             }
         }
         out
     }
+}
+
+fn render_histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) -> std::fmt::Result {
+    // `le` joins the series' own labels inside one pair of braces.
+    let with_le = |le: &str| match labels.strip_suffix('}') {
+        Some(l) => format!("{l},le=\"{le}\"}}"),
+        None => format!("{{le=\"{le}\"}}"),
+    };
+    let mut cumulative = 0;
+    for (i, b) in h.buckets.iter().enumerate() {
+        cumulative += b.load(Ordering::Relaxed);
+        let le = h.bounds.get(i).map_or("+Inf".to_owned(), |b| b.to_string());
+        writeln!(out, "{name}_bucket{} {cumulative}", with_le(&le))?;
+    }
+    writeln!(out, "{name}_sum{labels} {}\n{name}_count{labels} {cumulative}", h.sum_us.get() as f64 / 1e6)
 }
 
 fn render_labels(labels: &[(&str, &str)]) -> String {
@@ -273,6 +333,11 @@ impl ComponentTelemetry {
     pub fn gauge(&self, name: &str, help: &str) -> Gauge {
         let ids = self.id.to_string();
         self.registry.gauge(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
+    }
+
+    /// The registry, for series with labels of their own.
+    pub fn registry(&self) -> &Telemetry {
+        &self.registry
     }
 
     /// Handles for tests and tools that run a component outside a host.

@@ -40,12 +40,12 @@ fn time(runs: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn processor(plugin: &str, mode: &str) -> Arc<dyn Processor> {
-    let raw: serde_yaml::Value =
-        serde_yaml::from_str(&format!("path: {plugin}\nconfig: {{mode: {mode}}}\ncall_timeout: 10s")).unwrap();
-    let effective = ProcessorFactory.effective_config(&raw).unwrap();
+    let raw =
+        profcol_config::parse_section(&format!("path: {plugin}\nconfig: {{mode: {mode}}}\ncall_timeout: 10s")).unwrap();
+    ProcessorFactory.check(&raw).unwrap();
     let id: ComponentId = "wasm/bench".parse().unwrap();
     let settings = CreateSettings { telemetry: Telemetry::new().component(Kind::Processor, &id), id };
-    match ProcessorFactory.create(settings, &effective).unwrap() {
+    match ProcessorFactory.create(settings, &raw).unwrap() {
         Component::Processor(p) => p,
         _ => unreachable!(),
     }
