@@ -188,3 +188,30 @@ fn plugin_inspect_and_run() {
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("--- sink \"out\", text/plain") && text.contains(" bytes\n"), "{text}");
 }
+
+#[test]
+fn a_wasm_exporter_delivers_every_batch_with_one_instance_per_queue_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = write_corpus(&dir.path().join("in"), 9, 20);
+    let cfg = format!(
+        "receivers:\n  file:\n    path: DIR/in\nexporters:\n  wasm/lines:\n    path: {}\n    config: {{sinks: [out]}}\n    sinks: {{out: {{file: DIR/lines.txt}}}}\n    sending_queue: {{num_consumers: 3}}\nservice:\n  plugins:\n    cache_dir: DIR/cache\n  telemetry:\n    metrics:\n      address: 127.0.0.1:0\n  pipelines:\n    profiles:\n      receivers: [file]\n      exporters: [wasm/lines]\n",
+        test_plugin("misbehave_export").display()
+    )
+    .replace("DIR", &dir.path().display().to_string());
+    let cfgp = write(&dir.path().join("c.yaml"), &cfg);
+    let mut pc = Profcol::start(&["--config", cfgp.to_str().unwrap()]);
+    let addr = pc.wait_addr("serving metrics", "address", Duration::from_secs(20)).to_string();
+    let out = dir.path().join("lines.txt");
+    let lines = || std::fs::read_to_string(&out).map_or(0, |t| t.lines().count());
+    assert!(wait_until(Duration::from_secs(30), || lines() >= corpus.len()), "{} of {} batches", lines(), corpus.len());
+    // The plugin counts its inits: one instance per consumer, made at start.
+    let inits = metric(&addr, "profcol_plugin_counter_total{component=\"wasm/lines\",name=\"inits\"}");
+    assert_eq!(inits, 3, "sending_queue.num_consumers instances");
+    pc.signal(libc::SIGTERM);
+    assert!(pc.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    let mut want: Vec<String> = corpus.iter().map(|b| format!("{} bytes", b.encode_to_vec().len())).collect();
+    let mut got: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(str::to_owned).collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "each batch delivered once");
+}

@@ -6,7 +6,7 @@
 //! - [`raw`]: OTLP requests sent as raw bytes over gRPC and HTTP;
 //! - [`net`]: loopback listeners handed over already bound (no port races);
 //! - [`log`]: the process's own log captured, to read bound addresses;
-//! - [`plugins`]: the misbehaving WebAssembly plugins of plugins/testdata;
+//! - [`plugins`]: WebAssembly plugins (plugins/testdata, examples/plugins), built on demand;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
 //! - [`tools`]: external tools that must be there under CI=true.
 
@@ -32,7 +32,7 @@ pub fn settings(kind: Kind, id: &str) -> CreateSettings {
 pub mod prelude {
     pub use crate::batch::{cpu_batch, every_field_batch, i, kv, merge, random_batch, s};
     pub use crate::net::{closed_port, listener, tokio_listener};
-    pub use crate::plugins::test_plugin;
+    pub use crate::plugins::{example_plugin, test_plugin};
     pub use crate::settings;
     pub use crate::sink::Collector;
     pub use crate::tools::{in_ci, tool_available};

@@ -1,7 +1,8 @@
-//! The misbehaving test plugins of `plugins/testdata` (built for
-//! wasm32-wasip2 by its build.sh, once per test process; incremental).
+//! WebAssembly plugins the tests load, built for wasm32-wasip2 once per test
+//! process by their own build script (incremental): the misbehaving test
+//! plugins of `plugins/testdata` and the examples of `examples/plugins`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// `plugins/testdata/out/NAME.wasm`, built if needed. Panics with the build's
@@ -9,25 +10,38 @@ use std::sync::OnceLock;
 /// `.ci/plugins-host.sh` installs it).
 pub fn test_plugin(name: &str) -> PathBuf {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/testdata");
-    let built = BUILT.get_or_init(|| {
+    built(&BUILT, "plugins/testdata", ".ci/plugins-host.sh installs the wasm32-wasip2 target", name)
+}
+
+/// `examples/plugins/out/NAME.wasm`, built if needed (`.ci/plugins.sh`
+/// installs what the build needs: the wasm32-wasip2 target, componentize-py).
+pub fn example_plugin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    built(&BUILT, "examples/plugins", ".ci/plugins.sh installs the wasm32-wasip2 target and componentize-py", name)
+}
+
+/// Runs `DIR/build.sh` once (per `once`) and returns `DIR/out/NAME.wasm`.
+fn built(once: &OnceLock<Result<(), String>>, dir: &str, what_installs: &str, name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
+    let result = once.get_or_init(|| {
         let out = std::process::Command::new(root.join("build.sh"))
+            // The build scripts pick their own target directories and flags.
             .env_remove("CARGO_TARGET_DIR")
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .output()
-            .map_err(|e| format!("cannot run plugins/testdata/build.sh: {e}"))?;
+            .map_err(|e| format!("cannot run {dir}/build.sh: {e}"))?;
         if out.status.success() {
             Ok(())
         } else {
             Err(format!(
-                "plugins/testdata/build.sh failed (is the wasm32-wasip2 target installed? .ci/plugins-host.sh adds it):\n{}{}",
+                "{dir}/build.sh failed ({what_installs}):\n{}{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             ))
         }
     });
-    if let Err(e) = built {
+    if let Err(e) = result {
         panic!("{e}");
     }
     let p = root.join("out").join(format!("{name}.wasm"));
