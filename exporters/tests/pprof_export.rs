@@ -167,35 +167,59 @@ async fn group_by_process_and_container() {
     }
 }
 
+/// A Pyroscope stand-in on loopback: records each `/ingest` push (its
+/// query and body) and answers 503 to the push numbered `fail_call` (from 0).
+struct Ingest {
+    addr: std::net::SocketAddr,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    pushes: Ingested,
+}
+
+impl Ingest {
+    async fn start(fail_call: Option<usize>) -> Ingest {
+        use axum::extract::Query;
+        use axum::http::StatusCode;
+        let (calls, pushes) = (Arc::new(std::sync::atomic::AtomicUsize::new(0)), Arc::new(Mutex::default()));
+        let (c2, p2) = (Arc::clone(&calls), Arc::clone(&pushes));
+        let app = axum::Router::new().route(
+            "/ingest",
+            axum::routing::post(move |Query(q): Query<BTreeMap<String, String>>, body: axum::body::Bytes| {
+                let (c2, p2): (Arc<std::sync::atomic::AtomicUsize>, Ingested) = (c2.clone(), p2.clone());
+                async move {
+                    if Some(c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst)) == fail_call {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "busy");
+                    }
+                    p2.lock().unwrap().push((q, body.to_vec()));
+                    (StatusCode::OK, "ok")
+                }
+            }),
+        );
+        let (l, addr) = tokio_listener();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        Ingest { addr, calls, pushes }
+    }
+
+    fn exporter(&self, group_by: GroupBy) -> PprofExporter {
+        let cfg =
+            PprofConfig { endpoint: Some(format!("http://{}", self.addr).into()), group_by, ..Default::default() };
+        PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap()
+    }
+
+    /// The `name` (series) of each push so far.
+    fn names(&self) -> Vec<String> {
+        self.pushes.lock().unwrap().iter().map(|(q, _)| q["name"].clone()).collect()
+    }
+}
+
+type Ingested = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
+
 #[tokio::test]
 async fn pushes_to_pyroscope_ingest() {
-    type Seen = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
-    let seen: Seen = Arc::default();
-    let s2 = seen.clone();
-    let app = axum::Router::new().route(
-        "/ingest",
-        axum::routing::post(
-            move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>, body: axum::body::Bytes| {
-                let s2 = s2.clone();
-                async move {
-                    s2.lock().unwrap().push((q, body.to_vec()));
-                    "ok"
-                }
-            },
-        ),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    let cfg = PprofConfig {
-        endpoint: Some(format!("http://{addr}").into()),
-        group_by: GroupBy::Process,
-        ..Default::default()
-    };
-    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
+    let ingest = Ingest::start(None).await;
+    let e = ingest.exporter(GroupBy::Process);
     let batch = cpu_batch(5, 2, 30);
     e.export(&batch).await.unwrap();
-    let seen = seen.lock().unwrap().clone();
+    let seen = ingest.pushes.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
     for (q, body) in seen.iter() {
         assert_eq!(q["format"], "pprof");
@@ -218,61 +242,24 @@ async fn pushes_to_pyroscope_ingest() {
 #[tokio::test]
 async fn a_retried_batch_does_not_push_the_groups_that_went_out_again() {
     // The second push of the first attempt fails with 503; the host retries the whole batch.
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (s2, c2) = (seen.clone(), calls.clone());
-    let app = axum::Router::new().route(
-        "/ingest",
-        axum::routing::post(move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>| {
-            let (s2, c2) = (s2.clone(), c2.clone());
-            async move {
-                if c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy");
-                }
-                s2.lock().unwrap().push(q["name"].clone());
-                (axum::http::StatusCode::OK, "ok")
-            }
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    let cfg = PprofConfig {
-        endpoint: Some(format!("http://{addr}").into()),
-        group_by: GroupBy::Process,
-        ..Default::default()
-    };
-    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
+    let ingest = Ingest::start(Some(1)).await;
+    let e = ingest.exporter(GroupBy::Process);
     let batch = cpu_batch(5, 2, 30);
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
     e.export(&batch).await.unwrap();
-    let mut names = seen.lock().unwrap().clone();
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3, "{names:?}");
+    let mut names = ingest.names();
+    assert_eq!(ingest.calls.load(std::sync::atomic::Ordering::SeqCst), 3, "{names:?}");
     names.sort();
     names.dedup();
     assert_eq!(names.len(), 2, "each group exactly once: {names:?}");
     // A new batch with other content is pushed in full.
     e.export(&cpu_batch(6, 2, 30)).await.unwrap();
-    assert_eq!(seen.lock().unwrap().len(), 4);
+    assert_eq!(ingest.names().len(), 4);
 }
 
 #[tokio::test]
 async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let s2 = seen.clone();
-    let app = axum::Router::new().route(
-        "/ingest",
-        axum::routing::post(move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>| {
-            let s2 = s2.clone();
-            async move {
-                s2.lock().unwrap().push(q["name"].clone());
-                "ok"
-            }
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let ingest = Ingest::start(None).await;
     let mut batch = cpu_batch(5, 1, 10);
     for rp in &mut batch.0.resource_profiles {
         for kv in &mut rp.resource.as_mut().unwrap().attributes {
@@ -281,10 +268,8 @@ async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
             }
         }
     }
-    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
-    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
-    e.export(&batch).await.unwrap();
-    let names = seen.lock().unwrap().clone();
+    ingest.exporter(GroupBy::default()).export(&batch).await.unwrap();
+    let names = ingest.names();
     assert_eq!(names.len(), 1);
     assert!(names[0].starts_with("shop_api_env_prod__x{"), "{}", names[0]);
     assert_eq!(names[0].matches('{').count(), 1, "{}", names[0]);
