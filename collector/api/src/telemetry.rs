@@ -351,6 +351,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn histograms_render_cumulative_buckets_with_their_labels() {
+        let t = Telemetry::new();
+        let h = t.histogram("x_seconds", "X.", &[("component", "wasm/a")], &[0.001, 0.1]);
+        h.record(Duration::from_micros(500));
+        h.record(Duration::from_millis(50));
+        h.record(Duration::from_secs(2));
+        assert_eq!(h.count(), 3);
+        let text = t.render();
+        for line in [
+            "# TYPE x_seconds histogram",
+            "x_seconds_bucket{component=\"wasm/a\",le=\"0.001\"} 1",
+            "x_seconds_bucket{component=\"wasm/a\",le=\"0.1\"} 2",
+            "x_seconds_bucket{component=\"wasm/a\",le=\"+Inf\"} 3",
+            "x_seconds_sum{component=\"wasm/a\"} 2.0505",
+            "x_seconds_count{component=\"wasm/a\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+    }
+
+    #[test]
     fn same_component_shares_cells_and_renders() {
         let t = Telemetry::new();
         let id: ComponentId = "file/in".parse().unwrap();
