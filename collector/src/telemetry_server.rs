@@ -1,7 +1,7 @@
 //! Serves self-telemetry as Prometheus text at `/metrics`.
 
 use profcol_api::telemetry::{Level, Telemetry};
-use profcol_config::{MetricReaderConfig, TelemetryConfig};
+use profcol_config::TelemetryConfig;
 
 /// Where `/metrics` is served: `metrics.address` (the shorthand) and each
 /// pull reader; nowhere at `level: none`.
@@ -11,7 +11,7 @@ pub fn pull_addresses(cfg: &TelemetryConfig) -> Vec<String> {
     }
     let mut out: Vec<String> = Some(cfg.metrics.address.clone()).filter(|a| !a.is_empty()).into_iter().collect();
     for r in &cfg.metrics.readers {
-        if let MetricReaderConfig::Pull(p) = r {
+        if let Some(p) = &r.pull {
             out.push(format!("{}:{}", p.exporter.prometheus.host, p.exporter.prometheus.port));
         }
     }

@@ -49,11 +49,13 @@ pub enum LogEncoding {
     Json,
 }
 
+/// A processor of log records or spans (one kind today, as a one-key map
+/// like the OTel Collector's `- batch: {...}`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "lowercase")]
-pub enum LogProcessorConfig {
+#[serde(deny_unknown_fields)]
+pub struct LogProcessorConfig {
     /// Batches records and exports them in the background.
-    Batch(BatchProcessorConfig),
+    pub batch: BatchProcessorConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -88,13 +90,16 @@ impl Default for MetricsConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "lowercase")]
-pub enum MetricReaderConfig {
+/// One reader: `pull` or `periodic` (exactly one of the two keys).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricReaderConfig {
     /// Serves Prometheus text at `/metrics`.
-    Pull(PullReaderConfig),
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pull: Option<PullReaderConfig>,
     /// Pushes OTLP every `interval`.
-    Periodic(PeriodicReaderConfig),
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub periodic: Option<PeriodicReaderConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -205,33 +210,34 @@ pub(crate) fn check(t: &TelemetryConfig, out: &mut Vec<(Vec<String>, String)>) {
     }
     for (i, r) in t.metrics.readers.iter().enumerate() {
         let i = i.to_string();
-        match r {
-            MetricReaderConfig::Pull(p) => {
-                let a = format!("{}:{}", p.exporter.prometheus.host, p.exporter.prometheus.port);
-                if let Err(m) = checks::host_port(&a, true) {
-                    at(&["metrics", "readers", &i, "pull", "exporter", "prometheus"], m);
-                }
-                if !addr.is_empty() && a == *addr {
-                    at(
-                        &["metrics", "readers", &i, "pull", "exporter", "prometheus", "port"],
-                        format!("{a} is metrics.address already; set metrics.address: \"\" or pick another port"),
-                    );
-                }
+        if r.pull.is_some() == r.periodic.is_some() {
+            at(&["metrics", "readers", &i], "a reader is either `pull` or `periodic`: set exactly one of them".into());
+        }
+        if let Some(p) = &r.pull {
+            let a = format!("{}:{}", p.exporter.prometheus.host, p.exporter.prometheus.port);
+            if let Err(m) = checks::host_port(&a, true) {
+                at(&["metrics", "readers", &i, "pull", "exporter", "prometheus"], m);
             }
-            MetricReaderConfig::Periodic(p) => {
-                if p.interval < Duration::from_millis(100) {
-                    at(&["metrics", "readers", &i, "periodic", "interval"], "must be at least 100ms (e.g. 60s)".into());
-                }
-                check_otlp(&p.exporter.otlp, &mut |sub, m| {
-                    let mut path = vec!["metrics", "readers", &i, "periodic", "exporter", "otlp"];
-                    path.extend_from_slice(sub);
-                    at(&path, m)
-                });
+            if !addr.is_empty() && a == *addr {
+                at(
+                    &["metrics", "readers", &i, "pull", "exporter", "prometheus", "port"],
+                    format!("{a} is metrics.address already; set metrics.address: \"\" or pick another port"),
+                );
             }
+        }
+        if let Some(p) = &r.periodic {
+            if p.interval < Duration::from_millis(100) {
+                at(&["metrics", "readers", &i, "periodic", "interval"], "must be at least 100ms (e.g. 60s)".into());
+            }
+            check_otlp(&p.exporter.otlp, &mut |sub, m| {
+                let mut path = vec!["metrics", "readers", &i, "periodic", "exporter", "otlp"];
+                path.extend_from_slice(sub);
+                at(&path, m)
+            });
         }
     }
     for (signal, processors) in [("logs", &t.logs.processors), ("traces", &t.traces.processors)] {
-        for (i, LogProcessorConfig::Batch(b)) in processors.iter().enumerate() {
+        for (i, LogProcessorConfig { batch: b }) in processors.iter().enumerate() {
             let i = i.to_string();
             if b.schedule_delay.is_zero() {
                 at(&[signal, "processors", &i, "batch", "schedule_delay"], "must be above 0 (e.g. 1s)".into());

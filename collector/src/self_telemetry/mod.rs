@@ -19,7 +19,7 @@ use opentelemetry_sdk::logs::{BatchConfigBuilder, BatchLogProcessor, SdkLoggerPr
 use opentelemetry_sdk::metrics::PeriodicReader;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Sampler, SdkTracerProvider};
 use profcol_api::telemetry::Telemetry;
-use profcol_config::{LogEncoding, LogProcessorConfig, LogsConfig, MetricReaderConfig, TelemetryConfig};
+use profcol_config::{LogEncoding, LogProcessorConfig, LogsConfig, TelemetryConfig};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
@@ -36,11 +36,10 @@ impl SelfTelemetry {
     /// Builds the providers. Call inside the tokio runtime.
     pub fn start(cfg: &TelemetryConfig, config_sources: &[String]) -> anyhow::Result<Self> {
         let resource = resource::build(&cfg.resource, config_sources);
-        let pull = !cfg.metrics.address.is_empty()
-            || cfg.metrics.readers.iter().any(|r| matches!(r, MetricReaderConfig::Pull(_)));
+        let pull = !cfg.metrics.address.is_empty() || cfg.metrics.readers.iter().any(|r| r.pull.is_some());
         let mut metrics = Telemetry::builder(cfg.metrics.level).resource(resource.clone()).prometheus(pull);
         for r in &cfg.metrics.readers {
-            if let MetricReaderConfig::Periodic(p) = r {
+            if let Some(p) = &r.periodic {
                 let exporter = otlp::metric_exporter(&p.exporter.otlp)?;
                 metrics = metrics.reader(PeriodicReader::builder(exporter).with_interval(p.interval).build());
             }
@@ -51,7 +50,7 @@ impl SelfTelemetry {
             None
         } else {
             let mut b = SdkLoggerProvider::builder().with_resource(resource.clone());
-            for LogProcessorConfig::Batch(p) in &cfg.logs.processors {
+            for LogProcessorConfig { batch: p } in &cfg.logs.processors {
                 let exporter = otlp::log_exporter(&p.exporter.otlp)?;
                 let batch = BatchConfigBuilder::default().with_scheduled_delay(p.schedule_delay).build();
                 b = b.with_log_processor(BatchLogProcessor::builder(exporter).with_batch_config(batch).build());
@@ -66,7 +65,7 @@ impl SelfTelemetry {
             let mut b = SdkTracerProvider::builder()
                 .with_resource(resource)
                 .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
-            for LogProcessorConfig::Batch(p) in &cfg.traces.processors {
+            for LogProcessorConfig { batch: p } in &cfg.traces.processors {
                 let exporter = otlp::span_exporter(&p.exporter.otlp)?;
                 let batch = opentelemetry_sdk::trace::BatchConfigBuilder::default()
                     .with_scheduled_delay(p.schedule_delay)
