@@ -169,6 +169,9 @@ fn main() -> ExitCode {
                 }
             };
             telemetry.init_logging(&config.service.telemetry.logs);
+            if let Some(p) = telemetry.tracer_provider() {
+                profcol::service::batch_trace::install(p);
+            }
             let result = rt.block_on(run(cli, registry, status, config, checked, &telemetry));
             // Last logs, spans and metrics out while the runtime still runs.
             telemetry.shutdown();

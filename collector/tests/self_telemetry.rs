@@ -345,3 +345,81 @@ fn metrics_pass_promtool_check() {
     p.signal(libc::SIGTERM);
     assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
 }
+
+/// With traces on at ratio 1.0, one batch through a gateway (otlp receiver,
+/// a processor, an exporter) is one trace: the root `pipeline/profiles` and
+/// its children `receive`, `processor/batch`, `queue_wait/file` and one
+/// `export/file` attempt with its outcome.
+#[test]
+fn one_batch_through_a_gateway_is_one_trace() {
+    use profcol_api::Exporter as _;
+    let Some(server) = Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "receivers:\n  otlp:\n    protocols:\n      grpc:\n        endpoint: 127.0.0.1:0\n\
+         processors:\n  batch:\n    send_batch_size: 1\n\
+         exporters:\n  file:\n    path: {dir}/out.jsonl\n\
+         service:\n  telemetry:\n    metrics:\n      address: \"\"\n\
+         \x20   traces:\n      sampling_ratio: 1.0\n      processors:\n        - batch:\n            schedule_delay: 200ms\n\
+         \x20           exporter:\n              otlp:\n                endpoint: http://127.0.0.1:{port}\n\
+         \x20 pipelines:\n    profiles:\n      receivers: [otlp]\n      processors: [batch]\n      exporters: [file]\n",
+        dir = dir.path().display(),
+        port = server.grpc
+    );
+    let cfg = write(&dir.path().join("c.yaml"), &yaml);
+    let mut p = Profcol::start(&["--config", cfg.to_str().unwrap()]);
+    let addr = p.wait_addr("otlp receiver listening", "grpc", Duration::from_secs(20));
+    let rt = common::service::runtime();
+    rt.block_on(async {
+        let sender = common::service::sender(addr);
+        sender.export(&random_batch(1, 2, 20, 10, 6)).await.unwrap();
+    });
+
+    let mut spans: Vec<Value> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while !spans.iter().any(|s| s["name"] == "export/file") && Instant::now() < until {
+        let Some(req) = server.next("traces", Duration::from_secs(5)) else { continue };
+        assert_eq!(resource_attr(&req.body, "resource_spans", "service.name").as_deref(), Some("profcol"));
+        for rs in req.body["resource_spans"].as_array().into_iter().flatten() {
+            for ss in rs["scope_spans"].as_array().into_iter().flatten() {
+                spans.extend(ss["spans"].as_array().into_iter().flatten().cloned());
+            }
+        }
+    }
+    // Let a stray second trace show up, if there were one.
+    std::thread::sleep(Duration::from_millis(500));
+    while let Some(req) = server.next("traces", Duration::from_millis(300)) {
+        for rs in req.body["resource_spans"].as_array().into_iter().flatten() {
+            for ss in rs["scope_spans"].as_array().into_iter().flatten() {
+                spans.extend(ss["spans"].as_array().into_iter().flatten().cloned());
+            }
+        }
+    }
+    let show = || spans.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("\n");
+    let roots: Vec<&Value> = spans.iter().filter(|s| s.get("parent_span_id").is_none()).collect();
+    assert_eq!(roots.len(), 1, "one root span:\n{}", show());
+    let root = roots[0];
+    assert_eq!(root["name"], "pipeline/profiles", "{}", show());
+    let mut children: Vec<&str> = spans
+        .iter()
+        .filter(|s| s.get("parent_span_id").is_some())
+        .map(|s| {
+            assert_eq!(s["trace_id"], root["trace_id"], "one trace:\n{}", show());
+            assert_eq!(s["parent_span_id"], root["span_id"], "parented to the root:\n{}", show());
+            s["name"].as_str().unwrap()
+        })
+        .collect();
+    children.sort();
+    assert_eq!(children, ["export/file", "processor/batch", "queue_wait/file", "receive"], "{}", show());
+    let export = spans.iter().find(|s| s["name"] == "export/file").unwrap();
+    let outcome = export["attributes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|kv| kv["key"] == "profcol.outcome")
+        .map(|kv| kv["value"]["string_value"].clone());
+    assert_eq!(outcome, Some(Value::from("ok")), "{export}");
+
+    p.signal(libc::SIGTERM);
+    assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+}
