@@ -12,10 +12,10 @@ use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
 use profcol_api::{Exporter, Profiles};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
 use profcol_testkit::batch::random_batch;
+use profcol_testkit::child::LineServer;
 use profcol_testkit::tools::tool_available;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHECK: &str = "import grpc, importlib.metadata as m\n\
@@ -29,17 +29,9 @@ fn python_ready() -> bool {
 }
 
 struct Server {
-    child: Child,
-    lines: mpsc::Receiver<String>,
+    proc: LineServer,
     grpc: u16,
     http: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
 }
 
 /// One request as the server saw it.
@@ -53,33 +45,17 @@ struct Attempt {
 impl Server {
     fn start(script: &str) -> Server {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../exporters/tests/python/otlp_server.py");
-        let mut child = Command::new("python3")
-            .args([path, "--http", "--script", script])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let port = |prefix: &str| -> u16 {
-            let l = lines.recv_timeout(Duration::from_secs(30)).expect("the Python server did not start");
-            l.strip_prefix(prefix).unwrap_or_else(|| panic!("{l}")).parse().unwrap()
-        };
-        let (grpc, http) = (port("PORT "), port("HTTP_PORT "));
-        Server { child, lines, grpc, http }
+        let mut cmd = Command::new("python3");
+        cmd.args([path, "--http", "--script", script]);
+        let proc = LineServer::spawn(cmd);
+        let (grpc, http) = (proc.port("PORT "), proc.port("HTTP_PORT "));
+        Server { proc, grpc, http }
     }
 
     /// Every request answered so far (waits `quiet` for more after the last).
     fn attempts(&self, quiet: Duration) -> Vec<Attempt> {
         let mut out = Vec::new();
-        while let Ok(l) = self.lines.recv_timeout(quiet) {
+        while let Ok(l) = self.proc.lines.recv_timeout(quiet) {
             let v: serde_json::Value = serde_json::from_str(&l).unwrap();
             out.push(Attempt {
                 answer: v["answer"].as_str().unwrap().to_owned(),

@@ -9,12 +9,11 @@
 mod common;
 
 use common::*;
+use profcol_testkit::child::LineServer;
 use profcol_testkit::tools::tool_available;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CHECK: &str = "import grpc\n\
@@ -24,19 +23,11 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc";
 
 /// The telemetry server: its ports and the requests it printed.
 struct Server {
-    child: Child,
-    lines: mpsc::Receiver<String>,
+    proc: LineServer,
     /// Requests read while looking for another signal's.
     pending: std::sync::Mutex<std::collections::VecDeque<Request>>,
     grpc: u16,
     http: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
 }
 
 /// One request: its signal and body (protobuf's JSON mapping).
@@ -52,23 +43,11 @@ impl Server {
         if !tool_available("python3", &["-c", CHECK]) {
             return None;
         }
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_telemetry_server.py");
-        let mut child = Command::new("python3").arg(path).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let port = |prefix: &str| -> u16 {
-            let l = lines.recv_timeout(Duration::from_secs(30)).expect("the Python server did not start");
-            l.strip_prefix(prefix).unwrap_or_else(|| panic!("{l}")).parse().unwrap()
-        };
-        let (grpc, http) = (port("PORT "), port("HTTP_PORT "));
-        Some(Server { child, lines, pending: Default::default(), grpc, http })
+        let mut cmd = Command::new("python3");
+        cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_telemetry_server.py"));
+        let proc = LineServer::spawn(cmd);
+        let (grpc, http) = (proc.port("PORT "), proc.port("HTTP_PORT "));
+        Some(Server { proc, pending: Default::default(), grpc, http })
     }
 
     /// The next request of `signal` within `timeout` (others wait their turn).
@@ -80,7 +59,7 @@ impl Server {
         let until = Instant::now() + timeout;
         loop {
             let left = until.checked_duration_since(Instant::now())?;
-            let line = self.lines.recv_timeout(left).ok()?;
+            let line = self.proc.lines.recv_timeout(left).ok()?;
             let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
             let r = Request {
                 signal: v["signal"].as_str().unwrap_or_default().to_owned(),
@@ -246,7 +225,14 @@ fn metrics_and_logs_arrive(protocol: &str) {
         if pushed.len() < before.len() {
             continue;
         }
-        assert_eq!(pushed, before, "OTLP points vs /metrics");
+        // Same series; counts exact, float sums to the last bits (the two
+        // readers aggregate apart, and Prometheus text and JSON print floats
+        // their own way).
+        assert_eq!(pushed.keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>(), "OTLP series vs /metrics");
+        for (k, v) in &pushed {
+            let want = before[k];
+            assert!((v - want).abs() <= 1e-9 * want.abs(), "{k:?}: OTLP {v} vs /metrics {want}");
+        }
         assert!(pushed.keys().any(|(n, _)| n == "profcol_exporter_export_latency_count"), "{pushed:?}");
         assert_eq!(resource_attr(&push.body, "resource_metrics", "service.name").as_deref(), Some("profcol"));
         assert_eq!(resource_attr(&push.body, "resource_metrics", "deployment.environment").as_deref(), Some("test"));
