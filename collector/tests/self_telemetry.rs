@@ -409,3 +409,44 @@ fn one_batch_through_a_gateway_is_one_trace() {
     p.signal(libc::SIGTERM);
     assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
 }
+
+/// Telemetry endpoints down (metrics, logs and traces): the pipeline still
+/// delivers everything, and each signal's failure is logged once (not at
+/// every interval), however many pushes fail.
+#[test]
+fn an_unreachable_telemetry_endpoint_is_logged_once_and_blocks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sent = write_corpus(&dir.path().join("in"), 4, 25);
+    let down = profcol_testkit::net::closed_port();
+    let otlp = format!("exporter:\n              otlp:\n                endpoint: http://127.0.0.1:{down}\n");
+    let yaml = format!(
+        "receivers:\n  file:\n    path: {dir}/in\n\
+         exporters:\n  file:\n    path: {dir}/out.jsonl\n\
+         service:\n  telemetry:\n\
+         \x20   logs:\n      processors:\n        - batch:\n            schedule_delay: 100ms\n            {otlp}\
+         \x20   traces:\n      processors:\n        - batch:\n            schedule_delay: 100ms\n            {otlp}\
+         \x20   metrics:\n      address: \"\"\n      readers:\n        - periodic:\n            interval: 100ms\n            {otlp}\
+         \x20 pipelines:\n    profiles:\n      receivers: [file]\n      exporters: [file]\n",
+        dir = dir.path().display()
+    );
+    let cfg = write(&dir.path().join("c.yaml"), &yaml);
+    let mut p = Profcol::start(&["--config", cfg.to_str().unwrap()]);
+    assert!(p.wait_log("profcol started", Duration::from_secs(20)));
+    let out = dir.path().join("out.jsonl");
+    let want: usize = sent.iter().map(|b| b.sample_count()).sum();
+    assert!(
+        wait_until(Duration::from_secs(10), || read_jsonl(&out).iter().map(|b| b.sample_count()).sum::<usize>()
+            == want),
+        "the pipeline did not deliver with the telemetry endpoint down"
+    );
+    // Twenty intervals and more: every push fails.
+    std::thread::sleep(Duration::from_secs(2));
+    let needle = "self-telemetry export failed; retrying in the background";
+    for signal in ["metrics", "logs", "traces"] {
+        let tag = format!("signal=\"{signal}\"");
+        let n = p.log.lock().unwrap().iter().filter(|l| l.contains(needle) && l.contains(&tag)).count();
+        assert_eq!(n, 1, "{signal}: the failure is logged once, not at every push");
+    }
+    p.signal(libc::SIGTERM);
+    assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+}
