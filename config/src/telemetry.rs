@@ -1,6 +1,7 @@
 //! The typed `service.telemetry` section, laid out as the OTel Collector's
 //! (`resource`, `metrics.level`/`readers`, `logs.processors`, `traces`).
 
+use profcol_api::config::Secret;
 use profcol_api::telemetry::Level;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -155,9 +156,9 @@ pub struct OtlpTelemetryExporter {
     /// `http://host:port` or `https://host:port`; for `http/protobuf` a URL
     /// without a path gets the signal's (`/v1/metrics`, `/v1/logs`, `/v1/traces`).
     pub endpoint: String,
-    /// Headers sent with every request (e.g. an API key).
+    /// Headers sent with every request (e.g. an API key); redacted when printed.
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, Secret>,
     /// Limit of one export request.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
@@ -280,7 +281,7 @@ fn check_otlp(o: &OtlpTelemetryExporter, at: &mut dyn FnMut(&[&str], String)) {
         if !name_ok {
             at(&["headers", k], "is not a valid header name (letters, digits, '-' and '_')".into());
         }
-        if v.bytes().any(|b| b == b'\r' || b == b'\n') {
+        if v.expose().bytes().any(|b| b == b'\r' || b == b'\n') {
             at(&["headers", k], "a header value cannot hold a line break".into());
         }
     }

@@ -162,7 +162,7 @@ fn metadata(c: &OtlpTelemetryExporter) -> anyhow::Result<tonic::metadata::Metada
     for (k, v) in &c.headers {
         let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
             .map_err(|e| anyhow!("telemetry exporter header {k:?}: {e}"))?;
-        let val = v.parse().map_err(|e| anyhow!("telemetry exporter header {k:?}: {e}"))?;
+        let val = v.expose().parse().map_err(|e| anyhow!("telemetry exporter header {k:?}: {e}"))?;
         m.insert(key, val);
     }
     Ok(m)
@@ -182,7 +182,7 @@ fn http_client(c: &OtlpTelemetryExporter) -> anyhow::Result<RuntimeHttpClient> {
 }
 
 fn headers(c: &OtlpTelemetryExporter) -> std::collections::HashMap<String, String> {
-    c.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    c.headers.iter().map(|(k, v)| (k.clone(), v.expose().to_owned())).collect()
 }
 
 /// Builds one exporter for either transport. Call inside the tokio runtime:
