@@ -23,6 +23,7 @@ use super::config::EbpfConfig;
 use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
 use super::process::ProcessTable;
 use super::procfs;
+use super::stack_end;
 use super::uprobes::{UprobeCounters, Uprobes};
 use aya::programs::uprobe::UProbeLink;
 use profcol_api::component::Next;
@@ -55,6 +56,8 @@ pub struct Counters {
     pub lost_ringbuf: Counter,
     pub kernel_stack_errors: Counter,
     pub user_stack_errors: Counter,
+    /// Stacks whose end was cut: frames that were no code (see `stack_end`).
+    pub stacks_cut: Counter,
     /// Records that did not decode (never expected).
     pub malformed: Counter,
     /// Processes whose /proc entry was unreadable (one per process).
@@ -88,6 +91,11 @@ impl Counters {
             ),
             kernel_stack_errors: t.counter("ebpf_kernel_stack_errors_total", "bpf_get_stack failures (kernel stack)"),
             user_stack_errors: t.counter("ebpf_user_stack_errors_total", "bpf_get_stack failures (user stack)"),
+            stacks_cut: t.counter(
+                "ebpf_stacks_cut_total",
+                "Samples whose stack ended in frames that are no code (0, or outside every executable mapping: a \
+                 frame-pointer walk through code built without frame pointers); those frames were cut",
+            ),
             malformed: t.counter("ebpf_records_malformed_total", "Ring buffer records that did not decode"),
             proc_unreadable: t.counter(
                 "ebpf_proc_unreadable_total",
@@ -490,12 +498,19 @@ impl Sampler {
                     Some(i)
                 }
             };
-            let st = if self.ubuf.is_empty() {
-                self.table.get(h.pid, now)
-            } else {
-                self.table.resolve(h.pid, &self.ubuf, now)
-            };
+            // Cut the ends of a frame-pointer walk that are no code (see
+            // stack_end): by address range first, so that junk does not
+            // trigger a maps re-read, then by the process's mappings.
+            let (kn, un) = (stack_end::kernel_frames(&self.kbuf), stack_end::user_frames(&self.ubuf, None));
+            let st =
+                if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
             let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
+            let un = stack_end::user_frames(&self.ubuf[..un], process.as_ref().map(|(_, m)| &**m));
+            if kn < self.kbuf.len() || un < self.ubuf.len() {
+                self.counters.stacks_cut.inc();
+                self.kbuf.truncate(kn);
+                self.ubuf.truncate(un);
+            }
             self.interval.add(
                 &SampleIn {
                     probe,
