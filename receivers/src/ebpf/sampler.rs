@@ -17,12 +17,13 @@
 //! live one and detach those of offline CPUs (a per-CPU perf event does not
 //! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
-use super::aggregate::{Interval, SampleIn};
+use super::aggregate::{Interval, SampleAttrs, SampleIn};
 use super::clock::{now_ns, KtimeToUnix};
 use super::config::EbpfConfig;
 use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
 use super::process::ProcessTable;
 use super::procfs;
+use super::service_name::ServiceNamer;
 use super::stack_end;
 use super::uprobes::{UprobeCounters, Uprobes};
 use aya::programs::uprobe::UProbeLink;
@@ -267,11 +268,15 @@ fn run(
     if ready.send(Ok(())).is_err() {
         return;
     }
+    let attrs = SampleAttrs::from_config(&config.sample_attributes);
+    let mut table = ProcessTable::new(MAX_PROCESSES);
+    table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
     let mut s = Sampler {
         host: procfs::host_name(),
         period_ns: config.period_ns(),
-        table: ProcessTable::new(MAX_PROCESSES),
-        interval: Interval::new(clock.now_unix_ns()),
+        table,
+        attrs,
+        interval: Interval::new(clock.now_unix_ns(), attrs),
         interval_started: Instant::now(),
         clock,
         counters,
@@ -419,6 +424,8 @@ struct Sampler {
     host: String,
     period_ns: i64,
     table: ProcessTable,
+    /// `sample_attributes:`.
+    attrs: SampleAttrs,
     interval: Interval,
     interval_started: Instant,
     clock: KtimeToUnix,
@@ -569,11 +576,11 @@ impl Sampler {
         self.counters.processes.set(self.table.len() as i64);
 
         let end = self.clock.now_unix_ns();
-        let interval = std::mem::replace(&mut self.interval, Interval::new(end));
+        let interval = std::mem::replace(&mut self.interval, Interval::new(end, self.attrs));
         if interval.sample_count() == 0 {
             return None;
         }
-        let batch = interval.build(&self.host, self.period_ns, end, &self.probes);
+        let batch = interval.build(&self.host, self.period_ns, end, &self.probes, self.table.namer());
         self.counters.batches.inc();
         Some(batch)
     }
