@@ -167,10 +167,11 @@ async fn group_by_process_and_container() {
     }
 }
 
-#[tokio::test]
-async fn pushes_to_pyroscope_ingest() {
-    type Seen = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
-    let seen: Seen = Arc::default();
+/// A loopback Pyroscope: records each push's query and gunzipped body.
+type Pushes = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
+
+async fn pyroscope() -> (std::net::SocketAddr, Pushes) {
+    let seen: Pushes = Arc::default();
     let s2 = seen.clone();
     let app = axum::Router::new().route(
         "/ingest",
@@ -178,7 +179,9 @@ async fn pushes_to_pyroscope_ingest() {
             move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>, body: axum::body::Bytes| {
                 let s2 = s2.clone();
                 async move {
-                    s2.lock().unwrap().push((q, body.to_vec()));
+                    let mut raw = Vec::new();
+                    flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut raw).unwrap();
+                    s2.lock().unwrap().push((q, raw));
                     "ok"
                 }
             },
@@ -187,32 +190,119 @@ async fn pushes_to_pyroscope_ingest() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    let cfg = PprofConfig {
-        endpoint: Some(format!("http://{addr}").into()),
-        group_by: GroupBy::Process,
-        ..Default::default()
-    };
+    (addr, seen)
+}
+
+/// The label keys of a pprof body as Go's reader sees them (`go tool pprof -raw`).
+fn go_pprof_label_keys(raw: &[u8]) -> std::collections::BTreeSet<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("push.pb");
+    std::fs::write(&path, raw).unwrap();
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-raw", "-symbolize=none"])
+        .arg(&path)
+        .output()
+        .expect("go tool pprof");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "go tool pprof failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("Samples:"), "{text}");
+    // -raw prints a sample's labels as `key:[value]` after its stack.
+    text.lines()
+        .flat_map(|l| l.split_whitespace())
+        .filter_map(|w| w.split_once(":[").map(|(k, _)| k.to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn pushes_to_pyroscope_ingest() {
+    let (addr, seen) = pyroscope().await;
+    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
     let batch = cpu_batch(5, 2, 30);
     e.export(&batch).await.unwrap();
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2);
-    for (q, body) in seen.iter() {
+    // Two processes of service `demo` on one node: one series.
+    assert_eq!(seen.len(), 1);
+    for (q, raw) in seen.iter() {
         assert_eq!(q["format"], "pprof");
-        assert!(q["name"].starts_with("demo{") && q["name"].contains("process_pid=100"), "{}", q["name"]);
-        assert!(q["name"].contains("host_name=node-1"), "{}", q["name"]);
+        assert_eq!(q["name"], "demo{host_name=node-1}");
         let (from, until): (u64, u64) = (q["from"].parse().unwrap(), q["until"].parse().unwrap());
         assert_eq!(from, 1_700_000_050);
         assert_eq!(until, from + 10);
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(body.as_slice()).read_to_end(&mut raw).unwrap();
-        convert::check_valid(&proto::Profile::decode(raw.as_slice()).unwrap()).unwrap();
+        let p = proto::Profile::decode(raw.as_slice()).unwrap();
+        convert::check_valid(&p).unwrap();
+        let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+        assert_eq!(total as usize, batch.sample_count(), "every observation of both processes");
     }
     // A server that is down is retryable.
     let cfg =
         PprofConfig { endpoint: Some(format!("http://127.0.0.1:{}", closed_port()).into()), ..Default::default() };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/down"), cfg).unwrap();
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
+}
+
+/// Pyroscope files data under `service_name` plus the series' labels, and
+/// makes a series of every label value, the pprof body's sample labels
+/// included. By default the series are named by service and node only
+/// (bounded: no pid, thread or container), whatever the processes; a label
+/// asked for splits them.
+#[tokio::test]
+async fn pyroscope_series_are_named_by_service_with_bounded_labels() {
+    let (addr, seen) = pyroscope().await;
+    // 6 processes of two services, in and outside containers.
+    let mut batch = cpu_batch(7, 6, 20);
+    for (k, rp) in batch.0.resource_profiles.iter_mut().enumerate() {
+        for kv in &mut rp.resource.as_mut().unwrap().attributes {
+            if kv.key == "service.name" {
+                kv.value = Some(s(if k < 4 { "checkout" } else { "search" }));
+            }
+        }
+    }
+    let push = |labels: Option<Vec<&str>>| {
+        let mut cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
+        if let Some(l) = labels {
+            cfg.labels = l.into_iter().map(String::from).collect();
+        }
+        PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap()
+    };
+    push(None).export(&batch).await.unwrap();
+    let pushed = std::mem::take(&mut *seen.lock().unwrap());
+    let names: Vec<&str> = pushed.iter().map(|(q, _)| q["name"].as_str()).collect();
+    assert_eq!(names, ["checkout{host_name=node-1}", "search{host_name=node-1}"]);
+    for (_, raw) in &pushed {
+        let keys = go_pprof_label_keys(raw);
+        assert!(keys.is_empty(), "no per-sample labels (each would be a series): {keys:?}");
+    }
+    let total: usize = pushed
+        .iter()
+        .map(|(_, raw)| {
+            proto::Profile::decode(raw.as_slice()).unwrap().sample.iter().map(|s| s.value[0] as usize).sum::<usize>()
+        })
+        .sum();
+    assert_eq!(total, batch.sample_count());
+
+    // Asked for: a series per process.
+    push(Some(vec!["host.name", "process.pid"])).export(&batch).await.unwrap();
+    let mut names: Vec<String> = seen.lock().unwrap().drain(..).map(|(q, _)| q["name"].clone()).collect();
+    names.sort();
+    let want: Vec<String> = (0..6)
+        .map(|p| format!("{}{{host_name=node-1,process_pid={}}}", if p < 4 { "checkout" } else { "search" }, 1000 + p))
+        .collect();
+    assert_eq!(names, want);
+    // Per container: processes outside one share the series without the label.
+    push(Some(vec!["container.id"])).export(&batch).await.unwrap();
+    let mut names: Vec<String> = seen.lock().unwrap().drain(..).map(|(q, _)| q["name"].clone()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "checkout{container_id=c0ffee01}",
+            "checkout{container_id=c0ffee03}",
+            "checkout{}",
+            "search{container_id=c0ffee05}",
+            "search{}"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -237,9 +327,10 @@ async fn a_retried_batch_does_not_push_the_groups_that_went_out_again() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    // A series per process: two reports per batch.
     let cfg = PprofConfig {
         endpoint: Some(format!("http://{addr}").into()),
-        group_by: GroupBy::Process,
+        labels: vec!["process.pid".into()],
         ..Default::default()
     };
     let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
@@ -319,4 +410,28 @@ async fn the_directory_keeps_at_most_max_files_and_only_its_own_are_removed() {
     assert!(dir.path().join("README").exists());
     assert_eq!(s.telemetry.counter("pprof_files_removed_total", "").get(), 3);
     assert_eq!(s.telemetry.gauge("pprof_files", "").get(), 3);
+}
+
+/// `group_by` is for files and `labels` for the push; each refused with the
+/// other destination, saying what to do instead.
+#[test]
+fn push_and_file_keys_are_checked_against_the_destination() {
+    use profcol_api::config::{Problems, Validate};
+    let problems = |c: PprofConfig| {
+        let mut p = Problems::new();
+        c.validate(&mut p);
+        p.into_errors().into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+    };
+    let push = || PprofConfig { endpoint: Some("http://127.0.0.1:4040".to_owned().into()), ..Default::default() };
+    assert_eq!(problems(push()), "");
+    assert_eq!(push().labels, ["host.name"]);
+    let e = problems(PprofConfig { group_by: GroupBy::Process, ..push() });
+    assert!(e.starts_with("group_by:") && e.contains("add `process.pid`"), "{e}");
+    let e = problems(PprofConfig { labels: vec!["service.name".into()], ..push() });
+    assert!(e.starts_with("labels[0]:"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let files = PprofConfig { directory: Some(dir.path().into()), ..Default::default() };
+    assert_eq!(problems(files.clone()), "");
+    let e = problems(PprofConfig { labels: vec!["process.pid".into()], ..files });
+    assert!(e.starts_with("labels:") && e.contains("push only"), "{e}");
 }
