@@ -238,6 +238,8 @@ pub fn to_pprof_with(
     let mut frames = 0usize;
     for s in batch.samples() {
         let g = bounded_group(&groups, group(&s));
+        // Not `or_default`: `new` puts string 0 in place and the time range at its start.
+        #[allow(clippy::unwrap_or_default)]
         let b = groups.entry(g).or_insert_with(Builder::new);
         let prof = s.profile;
         // Value columns first: a sample whose columns do not fit is left out (and counted).
