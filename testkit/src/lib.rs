@@ -7,12 +7,14 @@
 //! - [`net`]: loopback listeners handed over already bound (no port races);
 //! - [`log`]: the process's own log captured, to read bound addresses;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
+//! - [`py_otlp`]: the OTLP server on the official Python stack;
 //! - [`tools`]: external tools that must be there under CI=true.
 
 pub mod alloc;
 pub mod batch;
 pub mod log;
 pub mod net;
+pub mod py_otlp;
 pub mod raw;
 pub mod sink;
 pub mod tools;
