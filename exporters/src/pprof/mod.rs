@@ -60,7 +60,9 @@ pub struct PprofConfig {
     /// CA (PEM) to trust for an `https://` endpoint, instead of the system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
-    /// One report per batch (`none`), per process (`process`) or per container (`container`).
+    /// `directory` only: one report per batch (`none`), per process
+    /// (`process`) or per container (`container`). The push makes one per
+    /// series (see `labels`).
     pub group_by: GroupBy,
 }
 
