@@ -71,7 +71,10 @@ async fn burn_workload_is_sampled_in_its_hot_function() {
     assert!(s.resource.iter().any(|(k, _)| k == keys::HOST_NAME));
     assert!(s.attrs.contains(&(keys::THREAD_ID.into(), Value::IntValue(pid as i64))));
     assert!(s.attrs.contains(&(keys::THREAD_NAME.into(), Value::StringValue("burn".into()))));
-    assert!(s.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER));
+    // The CPU is not among the default sample attributes: stacks merge across CPUs.
+    assert!(!s.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER), "{:?}", s.attrs);
+    // service.name: the executable's name by default.
+    assert!(s.resource.contains(&(keys::SERVICE_NAME.into(), Value::StringValue("burn".into()))), "{:?}", s.resource);
     for s in &samples {
         for &t in &s.timestamps {
             assert!(t >= t0 - 1_000_000_000 && t <= t1, "timestamp {t} outside [{t0}, {t1}]");
