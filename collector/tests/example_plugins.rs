@@ -123,7 +123,7 @@ async fn folded_exporter_equals_the_flamegraph_exporters_folded_text() {
         flamegraph_text(&odd_batch()).await,
         "42;main;ns::f<a:_b>_next 1\n\
          odd_app;[no stack] 1\n\
-         odd_app;main;libz.so.1+0x5234 3\n\
-         odd_app;main;0xabc;0xffffffff81000000_[k] 2\n"
+         odd_app;main;0xabc;0xffffffff81000000_[k] 2\n\
+         odd_app;main;libz.so.1+0x5234 3\n"
     );
 }
