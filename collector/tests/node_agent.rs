@@ -6,6 +6,7 @@
 //! - its flame graph has no phantom frame (no `0x0`, no sentinel, no
 //!   `unknown`): stacks end at their last real frame, and an unnamed frame of
 //!   the stripped binary is `sha256sum+0xOFFSET`, the offset in its file;
+//!   Go's pprof reader finds no `<unknown>` frame in its pprof files;
 //! - an OTLP server on the official Python stack sees `service.name` on
 //!   every resource (from the process's environment when configured, else
 //!   the executable's name), profcol's instrumentation scope on every scope,
@@ -91,11 +92,12 @@ fn a_flame_graph_of_sha256sum_has_no_phantom_frame() {
         let yaml = format!(
             "receivers:\n  ebpf:\n    sample_frequency: 199\n    report_interval: 1s\n\
              processors:\n  kernel_symbols:\n\
-             exporters:\n  flamegraph:\n    directory: {}\n    folded: true\n    group_by: process\n\
+             exporters:\n  flamegraph:\n    directory: {d}\n    folded: true\n    group_by: process\n\
+             \x20 pprof:\n    directory: {d}\n    group_by: process\n\
              service:\n  telemetry:\n    metrics:\n      address: \"\"\n\
              \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [kernel_symbols]\n\
-             \x20     exporters: [flamegraph]\n",
-            dir.path().display()
+             \x20     exporters: [flamegraph, pprof]\n",
+            d = dir.path().display()
         );
         let mut host = Host::start(&yaml).await;
         let mut child = sha256sum(&[]);
@@ -151,6 +153,26 @@ fn a_flame_graph_of_sha256sum_has_no_phantom_frame() {
             .map(|p| std::fs::read_to_string(p).unwrap())
             .collect();
         assert!(svg.contains("sha256sum+0x") && !svg.contains("unknown"), "the flame graph SVG");
+        // And Go's pprof reader, on the pprof files of the same run: every
+        // frame in a mapping, none `<unknown>` (a frame at 0x0).
+        if profcol_testkit::tools::tool_available("go", &["version"]) {
+            let mut traces = String::new();
+            for e in std::fs::read_dir(dir.path()).unwrap() {
+                let p = e.unwrap().path();
+                if !p.to_string_lossy().ends_with(&format!("-pid-{pid}.pb.gz")) {
+                    continue;
+                }
+                let out = Command::new("go")
+                    .args(["tool", "pprof", "-traces", "-symbolize=none"])
+                    .arg(&p)
+                    .output()
+                    .expect("go tool pprof");
+                assert!(out.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&out.stderr));
+                traces.push_str(&String::from_utf8_lossy(&out.stdout));
+            }
+            assert!(traces.contains("[sha256sum]"), "{traces}");
+            assert!(!traces.contains("<unknown>"), "a frame at no address in:\n{traces}");
+        }
     });
 }
 
