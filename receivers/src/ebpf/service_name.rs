@@ -2,13 +2,14 @@
 //! name a backend files a process's data under), from the sources the
 //! config lists in `service_name:`, tried in order:
 //!
-//! - `executable`: the executable's base name (what Pyroscope's eBPF agent
-//!   uses; the default);
+//! - `executable`: the executable's base name (the default: every process
+//!   has one);
 //! - `env:NAME`: the process's environment variable NAME, e.g.
 //!   `env:OTEL_SERVICE_NAME`, the variable OTel SDKs read;
 //! - `container_label:KEY`: label KEY of the process's container, e.g.
-//!   `container_label:com.docker.compose.service` or the CRI's
-//!   `container_label:io.kubernetes.container.name`;
+//!   `container_label:com.docker.compose.service`, or in Kubernetes the
+//!   annotation containerd's CRI writes, `io.kubernetes.cri.container-name`
+//!   (CRI-O: `io.kubernetes.container.name`);
 //! - `value:TEXT`: TEXT, whatever the process.
 //!
 //! When no source gives a value the name is `unknown_service:` + the
@@ -250,7 +251,7 @@ mod tests {
         let cri = "cd".repeat(32);
         let bundle = root.path().join(format!("run/containerd/io.containerd.runtime.v2.task/k8s.io/{cri}"));
         std::fs::create_dir_all(&bundle).unwrap();
-        std::fs::write(bundle.join("config.json"), r#"{"annotations":{"io.kubernetes.container.name":"api"}}"#)
+        std::fs::write(bundle.join("config.json"), r#"{"annotations":{"io.kubernetes.cri.container-name":"api"}}"#)
             .unwrap();
         let namer = |list: &[&str]| ServiceNamer::with_root(sources(list), root.path().to_owned());
 
@@ -261,7 +262,7 @@ mod tests {
         let label = "container_label:com.docker.compose.service";
         assert_eq!(namer(&[label, "executable"]).name(42, "nginx", Some(&id)), "web");
         assert_eq!(namer(&[label, "executable"]).name(42, "nginx", None), "nginx");
-        let k8s = "container_label:io.kubernetes.container.name";
+        let k8s = "container_label:io.kubernetes.cri.container-name";
         assert_eq!(namer(&[k8s]).name(7, "server", Some(&cri)), "api");
         assert_eq!(namer(&["value:shop", "executable"]).name(42, "nginx", None), "shop");
         // Nothing found: unknown_service:<executable>, as OTel SDKs do.
