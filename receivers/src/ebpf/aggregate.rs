@@ -89,12 +89,22 @@ pub struct Interval {
     samples: FxHashMap<Key, Vec<u64>>,
     /// (pid, generation) → process facts and the mappings frames resolve in.
     procs: FxHashMap<(u32, u32), ProcessEntry>,
+    /// The first thread name of each process /proc could not tell about:
+    /// what names it (whether or not samples keep `thread.name`).
+    unreadable_comm: FxHashMap<u32, [u8; 16]>,
     count: usize,
 }
 
 impl Interval {
     pub fn new(start_unix_ns: u64, attrs: SampleAttrs) -> Self {
-        Interval { start_unix_ns, attrs, samples: FxHashMap::default(), procs: FxHashMap::default(), count: 0 }
+        Interval {
+            start_unix_ns,
+            attrs,
+            samples: FxHashMap::default(),
+            procs: FxHashMap::default(),
+            unreadable_comm: FxHashMap::default(),
+            count: 0,
+        }
     }
 
     pub fn sample_count(&self) -> usize {
@@ -109,6 +119,9 @@ impl Interval {
     /// sample keeps its pid and raw user addresses without mappings.
     pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
         let generation = process.map_or(0, |(_, m)| m.generation);
+        if process.is_none() {
+            self.unreadable_comm.entry(s.pid).or_insert(s.comm);
+        }
         self.procs.entry((s.pid, generation)).or_insert_with(|| match process {
             Some((info, maps)) => (info.clone(), Some(maps.clone())),
             None => (Arc::new(ProcessInfo { pid: s.pid, ..Default::default() }), None),
@@ -184,7 +197,7 @@ impl Interval {
             };
             let service = match info.service_name.as_str() {
                 "" => {
-                    let comm = samples.first().map(|(k, _)| comm_str(&k.comm)).unwrap_or_default();
+                    let comm = self.unreadable_comm.get(&gk.0).map(comm_str).unwrap_or_default();
                     namer.name_without_process(&comm)
                 }
                 name => name.to_owned(),
@@ -506,5 +519,23 @@ mod tests {
         // Nothing asked for: one sample, no attributes.
         let bare = batch(&[]);
         assert_eq!((bare.sample_messages(), keys_of(&bare)), (1, vec![Vec::<String>::new()]));
+        // A process /proc could not tell about keeps its thread's name as its
+        // service's, whether or not samples carry thread.name.
+        let mut iv = Interval::new(0, SampleAttrs::from_config(&[]));
+        let gone = SampleIn {
+            probe: None,
+            pid: 5,
+            tid: 5,
+            cpu: 0,
+            comm: comm("gone"),
+            unix_ns: 1,
+            kstack: &[],
+            ustack: &[0x1000],
+        };
+        iv.add(&gone, None);
+        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]));
+        let attrs = &p.0.resource_profiles[0].resource.as_ref().unwrap().attributes;
+        assert_eq!(attrs[0].key, "service.name");
+        assert_eq!(attrs[0].value.as_ref().unwrap().value, Some(any_value::Value::StringValue("gone".into())));
     }
 }

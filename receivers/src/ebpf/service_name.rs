@@ -101,9 +101,9 @@ impl ServiceNamer {
         ServiceNamer { sources, root, labels: FxHashMap::default() }
     }
 
-    /// The fixed name (`value:`) when the sources end in one before any
-    /// source that needs the process: what a process /proc cannot tell
-    /// anything about is named.
+    /// The name of a process /proc could not tell about: the first
+    /// `value:` or `executable` source (its thread's comm standing for the
+    /// executable's name), else `unknown_service:<comm>`.
     pub fn name_without_process(&self, exe_or_comm: &str) -> String {
         for s in &self.sources {
             match s {
