@@ -12,7 +12,11 @@
 //!
 //! cargo bench -p profcol --bench gateway_host
 
-use profcol_testkit::prelude::{cpu_batch, settings};
+use profcol_testkit::config::{one_pipeline, OTLP_GRPC_RECEIVER};
+use profcol_testkit::floor::{busy_node_batch, decode_encode, samples_per_second};
+use profcol_testkit::otlp::start_receiver;
+use profcol_testkit::prelude::{receiver_config, settings, LOOPBACK};
+use profcol_testkit::sink::next_to;
 
 /// The bench process's log (one subscriber per process).
 static LOG: std::sync::OnceLock<profcol_testkit::log::Captured> = std::sync::OnceLock::new();
@@ -20,14 +24,12 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use profcol::extensions::HostStatus;
 use profcol::registry::Registry;
 use profcol::service::{check, Service};
-use profcol_api::component::{ComponentId, ConsumeError, Consumer, Kind, Next};
-use profcol_api::model::ExportProfilesServiceRequest;
-use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
+use profcol_api::component::{ConsumeError, Consumer, Kind};
+use profcol_api::telemetry::Telemetry;
 use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_config::Source;
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
-use profcol_receivers::otlp::{GrpcConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
-use prost::Message;
+use profcol_receivers::otlp::OtlpReceiver;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,40 +50,21 @@ impl Consumer for Count {
 
 struct Setup {
     service: Service,
-    backend: OtlpReceiver,
+    backend: Arc<OtlpReceiver>,
     arrived: Arc<Count>,
     clients: Vec<Arc<OtlpGrpcExporter>>,
 }
 
 async fn setup(compression: Compression, storage: Option<&std::path::Path>) -> Setup {
     let arrived = Arc::new(Count::default());
-    let id: ComponentId = "otlp/backend".parse().unwrap();
-    let backend = OtlpReceiver::new(
-        settings(Kind::Receiver, "otlp/backend"),
-        OtlpReceiverConfig {
-            protocols: Protocols {
-                grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
-                http: None,
-            },
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    backend
-        .start(Next::new(vec![arrived.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id)))
-        .await
-        .unwrap();
+    let backend = start_receiver("otlp/backend", receiver_config(Some(LOOPBACK), None), next_to(arrived.clone())).await;
     // The receiver binds port 0; its address comes from the captured log.
     let log = LOG.get_or_init(profcol_testkit::log::capture);
     let gzip = if compression == Compression::Gzip { "gzip" } else { "none" };
     let storage = storage.map(|d| format!("\n    sending_queue:\n      storage: {}", d.display())).unwrap_or_default();
+    let service = one_pipeline("otlp", "batch", "otlp");
     let text = format!(
-        "receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: 127.0.0.1:0
-processors:
+        "{OTLP_GRPC_RECEIVER}processors:
   batch:
     send_batch_size: 8192
     timeout: 200ms
@@ -89,16 +72,7 @@ exporters:
   otlp:
     endpoint: http://{}
     compression: {gzip}{storage}
-service:
-  telemetry:
-    metrics:
-      address: \"\"
-  pipelines:
-    profiles:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [otlp]
-",
+{service}",
         backend.grpc_addr().unwrap()
     );
     let status = HostStatus::default();
@@ -157,31 +131,15 @@ async fn run(s: &Setup, batch: &Arc<Profiles>, requests: u64) -> Duration {
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    // One report interval of a busy node: 16 processes × 256 samples.
-    let batch = Arc::new(cpu_batch(1, 16, 256));
+    let (batch, bytes) = busy_node_batch();
     let n = batch.sample_count() as u64;
-    let bytes = batch.encode_to_vec();
-    eprintln!("batch: {n} samples, {} bytes", bytes.len());
+    let batch = Arc::new(batch);
 
     let mut g = c.benchmark_group("gateway_host");
     g.throughput(Throughput::Elements(n));
     g.sample_size(10).measurement_time(Duration::from_secs(10));
-    g.bench_function("floor_prost_decode_encode", |b| {
-        b.iter(|| {
-            let req = ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
-            criterion::black_box(req.encode_to_vec())
-        })
-    });
-    let floor = {
-        let t = Instant::now();
-        let mut k = 0;
-        while t.elapsed() < Duration::from_secs(3) {
-            let req = ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
-            criterion::black_box(req.encode_to_vec());
-            k += 1;
-        }
-        (k * n) as f64 / t.elapsed().as_secs_f64()
-    };
+    g.bench_function("floor_prost_decode_encode", |b| b.iter(|| decode_encode(&bytes)));
+    let floor = samples_per_second(&bytes, n, Duration::from_secs(3));
     let queue_dir = tempfile::tempdir().unwrap();
     let cases = [
         (Compression::None, None, "plain"),

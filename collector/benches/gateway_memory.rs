@@ -18,6 +18,7 @@ use profcol_api::component::Kind;
 use profcol_api::model::ExportProfilesServiceRequest;
 use profcol_api::{ExportError, Profiles};
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter, Shape};
+use profcol_testkit::config::{one_pipeline, OTLP_GRPC_RECEIVER};
 use profcol_testkit::prelude::{closed_port, cpu_batch, settings};
 use prost::bytes::Bytes;
 use prost::Message;
@@ -74,13 +75,9 @@ impl Gateway {
     /// accepts connections.
     fn start(dir: &Path, limit: usize) -> Gateway {
         let closed = closed_port();
+        let service = one_pipeline("otlp", "", "otlp");
         let text = format!(
-            "receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: 127.0.0.1:0
-        max_recv_msg_size_mib: 32
+            "{OTLP_GRPC_RECEIVER}        max_recv_msg_size_mib: 32
     backpressure_timeout: 5s
     max_concurrent_requests: {limit}
 exporters:
@@ -94,15 +91,7 @@ exporters:
     retry_on_failure:
       enabled: true
       max_elapsed_time: 0s
-service:
-  telemetry:
-    metrics:
-      address: \"\"
-  pipelines:
-    profiles:
-      receivers: [otlp]
-      exporters: [otlp]
-"
+{service}"
         );
         let config = dir.join(format!("gateway-{limit}.yaml"));
         std::fs::write(&config, text).unwrap();

@@ -45,13 +45,7 @@ fn template() -> Profiles {
             ..Default::default()
         }];
         let r = b.resource(Resource { attributes, ..Default::default() });
-        let meta = ProfileMeta {
-            sample_type: ("samples", "count"),
-            period_type: ("cpu", "nanoseconds"),
-            period: 10_000_000,
-            time_unix_nano: 1_700_000_000_000_000_000,
-            duration_nano: 5_000_000_000,
-        };
+        let meta = ProfileMeta::cpu(10_000_000, 1_700_000_000_000_000_000, 5_000_000_000);
         profiles.push(b.profile(r, &meta));
     }
     let stacks: Vec<i32> = (0..256usize)

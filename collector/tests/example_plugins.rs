@@ -28,10 +28,7 @@ fn odd_batch() -> Profiles {
     let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
     let named = |b: &mut ProfilesBuilder, name: &str| {
         let f = b.function(name, name, "", 0);
-        b.location(pb::Location {
-            lines: vec![pb::Line { function_index: f, line: 1, column: 0 }],
-            ..Default::default()
-        })
+        b.line_location(f, 1)
     };
     let weird = named(&mut b, "ns::f<a; b>\nnext");
     let main = named(&mut b, "main");

@@ -7,13 +7,15 @@
 //! senders retry instead of losing data; a reload hands the queue to the new
 //! exporter instance; a second profcol cannot share the queue directory.
 
-use profcol_api::component::{ComponentId, Consumer, Kind, Next};
+mod common;
+
+use profcol_api::component::Kind;
 use profcol_api::model::{canonical, pb, ProfileMeta};
-use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{Exporter, Profiles, ProfilesBuilder, Receiver};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter};
-use profcol_receivers::otlp::{GrpcConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
-use profcol_testkit::prelude::{closed_port, settings, Collector};
+use profcol_receivers::otlp::OtlpReceiver;
+use profcol_testkit::config::one_pipeline;
+use profcol_testkit::prelude::{closed_port, collecting_receiver, receiver_config, settings, Collector};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,21 +23,10 @@ use std::time::{Duration, Instant};
 fn batch(seed: u64) -> Profiles {
     let mut b = ProfilesBuilder::new();
     let r = b.resource(Default::default());
-    let p = b.profile(
-        r,
-        &ProfileMeta {
-            sample_type: ("samples", "count"),
-            period_type: ("cpu", "nanoseconds"),
-            period: 1,
-            ..Default::default()
-        },
-    );
+    let p = b.profile(r, &ProfileMeta::cpu(1, 0, 0));
     for k in 0..20u64 {
         let f = b.function(&format!("fn_{seed}_{}", k % 7), "", "a.c", 0);
-        let l = b.location(pb::Location {
-            lines: vec![pb::Line { function_index: f, line: k as i64, column: 0 }],
-            ..Default::default()
-        });
+        let l = b.line_location(f, k as i64);
         let st = b.stack(&[l]);
         b.sample(
             p,
@@ -59,6 +50,7 @@ fn merged(v: &[Profiles]) -> Vec<canonical::CanonicalSample> {
 }
 
 fn start_profcol(cfg: &std::path::Path, log: &std::path::Path) -> Child {
+    common::assert_validates(cfg);
     Command::new(env!("CARGO_BIN_EXE_profcol"))
         .arg("--config")
         .arg(cfg)
@@ -102,10 +94,11 @@ fn config(
     let storage = storage.map(|s| format!("\n      storage: {}{queue_extra}", s.display())).unwrap_or_default();
     let (processors, listed) = if batch_processor {
         // Holds batches for up to 300 ms: an acknowledgement must still mean "on disk".
-        ("processors:\n  batch:\n    send_batch_size: 100000\n    timeout: 300ms\n", "\n      processors: [batch]")
+        ("processors:\n  batch:\n    send_batch_size: 100000\n    timeout: 300ms\n", "batch")
     } else {
         ("", "")
     };
+    let service = one_pipeline("otlp", listed, "otlp");
     let text = format!(
         "receivers:
   otlp:
@@ -124,15 +117,7 @@ fn config(
     sending_queue:
       queue_size: 100
       num_consumers: 2{storage}
-service:
-  telemetry:
-    metrics:
-      address: \"\"
-  pipelines:
-    profiles:
-      receivers: [otlp]{listed}
-      exporters: [otlp]
-"
+{service}"
     );
     let p = dir.join("profcol.yaml");
     std::fs::write(&p, text).unwrap();
@@ -147,21 +132,8 @@ async fn send_all(port_in: u16, batches: &[Profiles]) {
     }
 }
 
-async fn backend(port_out: u16) -> (OtlpReceiver, Arc<Collector>) {
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port_out}"), ..Default::default() }),
-            http: None,
-        },
-        ..Default::default()
-    };
-    let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/backend"), cfg).unwrap();
-    let sink = Arc::new(Collector::default());
-    let id: ComponentId = "otlp/backend".parse().unwrap();
-    r.start(Next::new(vec![sink.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id)))
-        .await
-        .unwrap();
-    (r, sink)
+async fn backend(port_out: u16) -> (Arc<OtlpReceiver>, Arc<Collector>) {
+    collecting_receiver("otlp/backend", receiver_config(Some(&format!("127.0.0.1:{port_out}")), None)).await
 }
 
 async fn wait_samples(sink: &Collector, n: usize, timeout: Duration) {
@@ -185,7 +157,7 @@ async fn expect_delivered(sink: &Collector, batches: &[Profiles]) {
 }
 
 /// Stops profcol and the backend.
-async fn finish(mut child: Child, backend: OtlpReceiver) {
+async fn finish(mut child: Child, backend: Arc<OtlpReceiver>) {
     let _ = child.kill();
     let _ = child.wait();
     backend.shutdown().await.unwrap();
@@ -365,6 +337,7 @@ async fn a_file_receiver_waits_out_a_full_persistent_queue() {
     let port_out = closed_port();
     // Room for two batches: the other four are refused until the backend drains the queue.
     let room = 2 * (batch(0).encode_to_vec().len() + 16) + 8;
+    let service = one_pipeline("file", "", "otlp");
     let text = format!(
         "receivers:
   file:
@@ -379,15 +352,7 @@ exporters:
     sending_queue:
       storage: {}
       max_storage_bytes: {room}
-service:
-  telemetry:
-    metrics:
-      address: \"\"
-  pipelines:
-    profiles:
-      receivers: [file]
-      exporters: [otlp]
-",
+{service}",
         input.display(),
         dir.path().join("queue").display()
     );

@@ -177,3 +177,21 @@ fn components_and_version() {
     let out = Command::new(bin()).arg("--version").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("profcol "));
 }
+
+/// The guard every binary-starting test runs under (validate, then start)
+/// can fail: a valid config whose port another process holds passes
+/// `validate` (a port in use is known only at start) and the guard reports
+/// that profcol never started.
+#[test]
+#[should_panic(expected = "passed `profcol validate` but profcol exited without starting")]
+fn the_validate_then_start_guard_reports_a_config_that_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_taken, busy) = profcol_testkit::net::listener();
+    let text = format!(
+        "receivers:\n  otlp:\n    protocols:\n      grpc:\n        endpoint: {busy}\nexporters:\n  debug:\n{}",
+        profcol_testkit::config::one_pipeline("otlp", "", "debug")
+    );
+    let cfg = common::write(&dir.path().join("c.yaml"), &text);
+    let mut p = common::Profcol::start(&["--config", cfg.to_str().unwrap()]);
+    assert!(p.wait_exit(std::time::Duration::from_secs(30)).is_some(), "profcol should fail on the taken port");
+}

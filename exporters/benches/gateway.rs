@@ -11,14 +11,14 @@
 //! cargo bench -p profcol-exporters --bench gateway
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use profcol_api::component::{ComponentId, ConsumeError, Consumer, Kind, Next};
-use profcol_api::model::ExportProfilesServiceRequest;
-use profcol_api::telemetry::ComponentTelemetry;
+use profcol_api::component::{ConsumeError, Consumer, Kind, Next};
 use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
-use profcol_receivers::otlp::{GrpcConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_receivers::otlp::OtlpReceiver;
+use profcol_testkit::floor::{busy_node_batch, decode_encode, samples_per_second};
+use profcol_testkit::otlp::start_receiver;
 use profcol_testkit::prelude::*;
-use prost::Message;
+use profcol_testkit::sink::next_to;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,22 +42,8 @@ impl Consumer for Sink {
     }
 }
 
-fn next(c: Arc<dyn Consumer>) -> Next {
-    let id: ComponentId = "otlp/bench".parse().unwrap();
-    Next::new(vec![c], ComponentTelemetry::detached(Kind::Receiver, &id))
-}
-
-async fn receiver(next: Next) -> OtlpReceiver {
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
-            http: None,
-        },
-        ..Default::default()
-    };
-    let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp"), cfg).unwrap();
-    r.start(next).await.unwrap();
-    r
+async fn receiver(next: Next) -> Arc<OtlpReceiver> {
+    start_receiver("otlp", receiver_config(Some(LOOPBACK), None), next).await
 }
 
 fn exporter(addr: std::net::SocketAddr, compression: Compression) -> OtlpGrpcExporter {
@@ -67,26 +53,18 @@ fn exporter(addr: std::net::SocketAddr, compression: Compression) -> OtlpGrpcExp
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    // One report interval of a busy node: 16 processes × 256 samples.
-    let batch = cpu_batch(1, 16, 256);
+    let (batch, bytes) = busy_node_batch();
     let n = batch.sample_count() as u64;
-    let bytes = batch.encode_to_vec();
-    eprintln!("batch: {n} samples, {} bytes", bytes.len());
 
     let mut g = c.benchmark_group("gateway");
     g.throughput(Throughput::Elements(n));
     g.sample_size(20).measurement_time(Duration::from_secs(8));
-    g.bench_function("floor_prost_decode_encode", |b| {
-        b.iter(|| {
-            let req = ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
-            criterion::black_box(req.encode_to_vec())
-        })
-    });
+    g.bench_function("floor_prost_decode_encode", |b| b.iter(|| decode_encode(&bytes)));
     for compression in [Compression::None, Compression::Gzip] {
         let (client, backend, gateway) = rt.block_on(async {
-            let backend = receiver(next(Arc::new(Sink))).await;
+            let backend = receiver(next_to(Arc::new(Sink))).await;
             let out = Arc::new(exporter(backend.grpc_addr().unwrap(), compression));
-            let gateway = receiver(next(Arc::new(Forward(out)))).await;
+            let gateway = receiver(next_to(Arc::new(Forward(out)))).await;
             let client = exporter(gateway.grpc_addr().unwrap(), compression);
             (client, backend, gateway)
         });
@@ -100,21 +78,12 @@ fn bench(c: &mut Criterion) {
     g.finish();
 
     // The ratio, measured plainly in the same run.
-    let floor = {
-        let t = Instant::now();
-        let mut k = 0;
-        while t.elapsed() < Duration::from_secs(3) {
-            let req = ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
-            criterion::black_box(req.encode_to_vec());
-            k += 1;
-        }
-        (k * n) as f64 / t.elapsed().as_secs_f64()
-    };
+    let floor = samples_per_second(&bytes, n, Duration::from_secs(3));
     for compression in [Compression::None, Compression::Gzip] {
         let gw = rt.block_on(async {
-            let backend = receiver(next(Arc::new(Sink))).await;
+            let backend = receiver(next_to(Arc::new(Sink))).await;
             let out = Arc::new(exporter(backend.grpc_addr().unwrap(), compression));
-            let gateway = receiver(next(Arc::new(Forward(out)))).await;
+            let gateway = receiver(next_to(Arc::new(Forward(out)))).await;
             let client = exporter(gateway.grpc_addr().unwrap(), compression);
             let t = Instant::now();
             let mut k = 0;

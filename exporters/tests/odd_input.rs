@@ -14,23 +14,14 @@ fn kv(k: &str, v: AnyValue) -> KeyValue {
     KeyValue { key: k.into(), value: Some(v), ..Default::default() }
 }
 
-const CPU: ProfileMeta<'static> = ProfileMeta {
-    sample_type: ("samples", "count"),
-    period_type: ("cpu", "nanoseconds"),
-    period: 10_000_000,
-    time_unix_nano: 1_700_000_000_000_000_000,
-    duration_nano: 10_000_000_000,
-};
+const CPU: ProfileMeta<'static> = ProfileMeta::cpu(10_000_000, 1_700_000_000_000_000_000, 10_000_000_000);
 
 /// One resource per entry of `resources`, each with one CPU sample of `values`
 /// on a one-frame stack running `func`.
 fn batch_of(resources: &[Vec<KeyValue>], func: &str, values: Vec<i64>) -> Profiles {
     let mut b = ProfilesBuilder::new();
     let f = b.function(func, func, "", 0);
-    let loc = b.location(pb::Location {
-        lines: vec![pb::Line { function_index: f, line: 0, column: 0 }],
-        ..Default::default()
-    });
+    let loc = b.line_location(f, 0);
     let stack = b.stack(&[loc]);
     for attrs in resources {
         let r = b.resource(Resource { attributes: attrs.clone(), ..Default::default() });
@@ -116,10 +107,7 @@ async fn many_sample_types_do_not_make_every_sample_carry_every_column() {
     let n = 200usize;
     let mut b = ProfilesBuilder::new();
     let f = b.function("main", "main", "", 0);
-    let loc = b.location(pb::Location {
-        lines: vec![pb::Line { function_index: f, line: 0, column: 0 }],
-        ..Default::default()
-    });
+    let loc = b.line_location(f, 0);
     let stack = b.stack(&[loc]);
     let r = b.resource(Resource::default());
     let types: Vec<String> = (0..n).map(|k| format!("type{k}")).collect();
@@ -164,10 +152,7 @@ fn huge_values_saturate_in_the_flame_graph() {
 async fn a_group_with_only_zero_values_does_not_fail_the_others() {
     let mut b = ProfilesBuilder::new();
     let f = b.function("main", "main", "", 0);
-    let loc = b.location(pb::Location {
-        lines: vec![pb::Line { function_index: f, line: 0, column: 0 }],
-        ..Default::default()
-    });
+    let loc = b.line_location(f, 0);
     let stack = b.stack(&[loc]);
     // pid 1 sorts first and has only zeros (or negative deltas); pid 2 has counts.
     for (pid, v) in [(1, vec![0, -4]), (2, vec![5])] {
@@ -216,10 +201,7 @@ fn times_past_i64_do_not_wrap_negative_in_pprof() {
 fn samples_on_a_deep_stack_are_bounded_in_pprof_and_equal_ones_merge() {
     let mut b = ProfilesBuilder::new();
     let f = b.function("recurse", "recurse", "", 0);
-    let loc = b.location(pb::Location {
-        lines: vec![pb::Line { function_index: f, line: 0, column: 0 }],
-        ..Default::default()
-    });
+    let loc = b.line_location(f, 0);
     // 1 Mi frames: a few bytes per sample on the wire, 8 MiB of ids per pprof sample.
     let deep = b.stack(&vec![loc; 1 << 20]);
     let shallow = b.stack(&[loc]);
@@ -258,16 +240,10 @@ fn a_deep_stack_of_long_names_folds_within_the_budget_and_keeps_its_count() {
     let mut b = ProfilesBuilder::new();
     let long = "x".repeat(4 << 20);
     let f = b.function(&long, "", "", 0);
-    let loc = b.location(pb::Location {
-        lines: vec![pb::Line { function_index: f, line: 0, column: 0 }],
-        ..Default::default()
-    });
+    let loc = b.line_location(f, 0);
     let deep = b.stack(&[loc; 20]);
     let g = b.function("shallow", "", "", 0);
-    let loc2 = b.location(pb::Location {
-        lines: vec![pb::Line { function_index: g, line: 0, column: 0 }],
-        ..Default::default()
-    });
+    let loc2 = b.line_location(g, 0);
     let shallow = b.stack(&[loc2]);
     let r = b.resource(Resource::default());
     let p = b.profile(r, &CPU);

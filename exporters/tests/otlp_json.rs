@@ -12,7 +12,6 @@ use profcol_api::model::otlp_json;
 use profcol_api::model::{canonical, pb};
 use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{Compression, HttpEncoding, OtlpHttpConfig, OtlpHttpExporter};
-use profcol_receivers::otlp::{HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
 use profcol_testkit::prelude::*;
 use profcol_testkit::raw::http_send;
 use serde_json::Value;
@@ -313,16 +312,7 @@ async fn file_receiver_reads_the_official_printers_jsonl() {
 async fn otlp_receiver_reads_the_official_printers_json() {
     let want = batches();
     let Some(docs) = printed_by_official(&want) else { return };
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: None,
-            http: Some(HttpConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
-        },
-        ..Default::default()
-    };
-    let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/json"), cfg).unwrap();
-    let c = Arc::new(Collector::default());
-    r.start(c.next()).await.unwrap();
+    let (r, c) = collecting_receiver("otlp/json", receiver_config(None, Some(LOOPBACK))).await;
     let addr = r.http_addr().unwrap();
     for d in &docs {
         let (code, _, text) = http_send(addr, d.clone().into_bytes(), "application/json", false).await;

@@ -10,12 +10,13 @@ use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{
     Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
-use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_receivers::otlp::{OtlpReceiver, OtlpReceiverConfig};
 use profcol_testkit::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use profcol_testkit::otlp::with_max_mib;
 use profcol_testkit::raw::{grpc_send, http_send};
 
 /// The test [`Collector`] (with its `stall` flag), counting the batches that
@@ -72,16 +73,9 @@ impl Setup {
 
 async fn start(max_concurrent_requests: usize, backpressure: Duration, max_mib: f64) -> Setup {
     let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), max_recv_msg_size_mib: max_mib, tls: None }),
-            http: Some(HttpConfig {
-                endpoint: "127.0.0.1:0".into(),
-                max_recv_msg_size_mib: max_mib,
-                ..Default::default()
-            }),
-        },
         backpressure_timeout: backpressure,
         max_concurrent_requests,
+        ..with_max_mib(receiver_config(Some(LOOPBACK), Some(LOOPBACK)), max_mib)
     };
     let registry = Telemetry::new();
     let id: ComponentId = "otlp".parse().unwrap();

@@ -5,32 +5,19 @@
 
 use profcol_api::component::Kind;
 use profcol_api::Receiver;
-use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_receivers::otlp::{OtlpReceiver, OtlpReceiverConfig};
 use profcol_testkit::prelude::*;
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use profcol_testkit::otlp::with_max_mib;
 use profcol_testkit::raw::{grpc_send, http_send};
 
 async fn start(max_mib: f64, backpressure: Duration) -> (Arc<OtlpReceiver>, Arc<Collector>) {
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), max_recv_msg_size_mib: max_mib, tls: None }),
-            http: Some(HttpConfig {
-                endpoint: "127.0.0.1:0".into(),
-                max_recv_msg_size_mib: max_mib,
-                ..Default::default()
-            }),
-        },
-        backpressure_timeout: backpressure,
-        ..Default::default()
-    };
-    let r = Arc::new(OtlpReceiver::new(settings(Kind::Receiver, "otlp"), cfg).unwrap());
-    let c = Arc::new(Collector::default());
-    r.start(c.next()).await.unwrap();
-    (r, c)
+    let cfg = with_max_mib(receiver_config(Some(LOOPBACK), Some(LOOPBACK)), max_mib);
+    collecting_receiver("otlp", OtlpReceiverConfig { backpressure_timeout: backpressure, ..cfg }).await
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {
@@ -172,13 +159,7 @@ async fn pushback_answers_unavailable_and_503() {
 async fn taken_port_fails_start_clearly() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port}"), ..Default::default() }),
-            http: None,
-        },
-        ..Default::default()
-    };
+    let cfg = receiver_config(Some(&format!("127.0.0.1:{port}")), None);
     let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/busy"), cfg).unwrap();
     let e = r.start(Arc::new(Collector::default()).next()).await.unwrap_err().to_string();
     assert!(e.contains("otlp/busy") && e.contains("cannot listen") && e.contains("in use"), "{e}");

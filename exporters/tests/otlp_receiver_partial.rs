@@ -7,7 +7,7 @@ use profcol_api::component::Kind;
 use profcol_api::model::canonical;
 use profcol_api::{ExportError, Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
-use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,15 +26,8 @@ fn half_broken(seed: u64) -> (Profiles, Profiles) {
 
 #[tokio::test]
 async fn invalid_profiles_are_dropped_and_answered_with_partial_success() {
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
-            http: Some(HttpConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
-        },
-        ..Default::default()
-    };
     let rs = settings(Kind::Receiver, "otlp/in");
-    let r = Arc::new(OtlpReceiver::new(rs.clone(), cfg).unwrap());
+    let r = Arc::new(OtlpReceiver::new(rs.clone(), receiver_config(Some(LOOPBACK), Some(LOOPBACK))).unwrap());
     let c = Arc::new(Collector::default());
     r.start(c.next()).await.unwrap();
     let grpc = OtlpGrpcConfig { endpoint: format!("http://{}", r.grpc_addr().unwrap()), ..Default::default() };

@@ -7,23 +7,13 @@ use profcol_api::{Exporter, Receiver};
 use profcol_exporters::otlp::{
     Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
-use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 
 async fn start_receiver() -> (Arc<OtlpReceiver>, Arc<Collector>) {
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
-            http: Some(HttpConfig { endpoint: "127.0.0.1:0".into(), ..Default::default() }),
-        },
-        ..Default::default()
-    };
-    let r = Arc::new(OtlpReceiver::new(settings(Kind::Receiver, "otlp/in"), cfg).unwrap());
-    let c = Arc::new(Collector::default());
-    r.start(c.next()).await.unwrap();
-    (r, c)
+    collecting_receiver("otlp/in", receiver_config(Some(LOOPBACK), Some(LOOPBACK))).await
 }
 
 async fn roundtrip(exporter: &dyn Exporter, collector: &Collector) {

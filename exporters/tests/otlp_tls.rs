@@ -10,7 +10,7 @@ use profcol_api::{Exporter, Receiver};
 use profcol_exporters::otlp::{
     ClientTlsConfig, Compression, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
-use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols, TlsServerConfig};
+use profcol_receivers::otlp::{OtlpReceiver, TlsServerConfig};
 use profcol_testkit::prelude::*;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose as Eku, IsCa, KeyPair, KeyUsagePurpose,
@@ -64,23 +64,16 @@ fn pki() -> Pki {
 }
 
 /// A receiver with TLS on both protocols (client certificates required with `client_ca`).
-async fn start_receiver(pki: &Pki, client_ca: Option<&Path>) -> (OtlpReceiver, Arc<Collector>) {
+async fn start_receiver(pki: &Pki, client_ca: Option<&Path>) -> (Arc<OtlpReceiver>, Arc<Collector>) {
     let tls = Some(TlsServerConfig {
         cert_file: pki.server.0.clone(),
         key_file: pki.server.1.clone(),
         client_ca_file: client_ca.map(Path::to_path_buf),
     });
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: "127.0.0.1:0".into(), tls: tls.clone(), ..Default::default() }),
-            http: Some(HttpConfig { endpoint: "127.0.0.1:0".into(), tls, ..Default::default() }),
-        },
-        ..Default::default()
-    };
-    let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/in"), cfg).unwrap();
-    let c = Arc::new(Collector::default());
-    r.start(c.next()).await.unwrap();
-    (r, c)
+    let mut cfg = receiver_config(Some(LOOPBACK), Some(LOOPBACK));
+    cfg.protocols.grpc.as_mut().unwrap().tls = tls.clone();
+    cfg.protocols.http.as_mut().unwrap().tls = tls;
+    collecting_receiver("otlp/in", cfg).await
 }
 
 fn trust(ca: &Path) -> ClientTlsConfig {

@@ -167,31 +167,67 @@ async fn group_by_process_and_container() {
     }
 }
 
-/// A loopback Pyroscope: records each push's query and gunzipped body.
-type Pushes = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
-
-async fn pyroscope() -> (std::net::SocketAddr, Pushes) {
-    let seen: Pushes = Arc::default();
-    let s2 = seen.clone();
-    let app = axum::Router::new().route(
-        "/ingest",
-        axum::routing::post(
-            move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>, body: axum::body::Bytes| {
-                let s2 = s2.clone();
-                async move {
-                    let mut raw = Vec::new();
-                    flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut raw).unwrap();
-                    s2.lock().unwrap().push((q, raw));
-                    "ok"
-                }
-            },
-        ),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    (addr, seen)
+/// A Pyroscope stand-in on loopback: records each `/ingest` push (its
+/// query and body) and answers 503 to the push numbered `fail_call` (from 0).
+struct Ingest {
+    addr: std::net::SocketAddr,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    pushes: Ingested,
 }
+
+impl Ingest {
+    async fn start(fail_call: Option<usize>) -> Ingest {
+        use axum::extract::Query;
+        use axum::http::StatusCode;
+        let (calls, pushes) = (Arc::new(std::sync::atomic::AtomicUsize::new(0)), Arc::new(Mutex::default()));
+        let (c2, p2) = (Arc::clone(&calls), Arc::clone(&pushes));
+        let app = axum::Router::new().route(
+            "/ingest",
+            axum::routing::post(move |Query(q): Query<BTreeMap<String, String>>, body: axum::body::Bytes| {
+                let (c2, p2): (Arc<std::sync::atomic::AtomicUsize>, Ingested) = (c2.clone(), p2.clone());
+                async move {
+                    if Some(c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst)) == fail_call {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "busy");
+                    }
+                    p2.lock().unwrap().push((q, body.to_vec()));
+                    (StatusCode::OK, "ok")
+                }
+            }),
+        );
+        let (l, addr) = tokio_listener();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        Ingest { addr, calls, pushes }
+    }
+
+    /// A push exporter to this server; `labels` as configured (None: the default).
+    fn exporter(&self, labels: Option<&[&str]>) -> PprofExporter {
+        let mut cfg = PprofConfig { endpoint: Some(format!("http://{}", self.addr).into()), ..Default::default() };
+        if let Some(l) = labels {
+            cfg.labels = l.iter().map(|s| s.to_string()).collect();
+        }
+        PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap()
+    }
+
+    /// The `name` (series) of each push so far.
+    fn names(&self) -> Vec<String> {
+        self.pushes.lock().unwrap().iter().map(|(q, _)| q["name"].clone()).collect()
+    }
+
+    /// The pushes so far, taken: query and gunzipped pprof body.
+    fn take(&self) -> Vec<(BTreeMap<String, String>, Vec<u8>)> {
+        let pushes = std::mem::take(&mut *self.pushes.lock().unwrap());
+        pushes
+            .into_iter()
+            .map(|(q, gz)| {
+                let mut raw = Vec::new();
+                flate2::read::GzDecoder::new(gz.as_slice()).read_to_end(&mut raw).unwrap();
+                (q, raw)
+            })
+            .collect()
+    }
+}
+
+type Ingested = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
 
 /// The label keys of a pprof body as Go's reader sees them (`go tool pprof -raw`).
 fn go_pprof_label_keys(raw: &[u8]) -> std::collections::BTreeSet<String> {
@@ -215,12 +251,11 @@ fn go_pprof_label_keys(raw: &[u8]) -> std::collections::BTreeSet<String> {
 
 #[tokio::test]
 async fn pushes_to_pyroscope_ingest() {
-    let (addr, seen) = pyroscope().await;
-    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
-    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
+    let ingest = Ingest::start(None).await;
+    let e = ingest.exporter(None);
     let batch = cpu_batch(5, 2, 30);
     e.export(&batch).await.unwrap();
-    let seen = seen.lock().unwrap().clone();
+    let seen = ingest.take();
     // Two processes of service `demo` on one node: one series.
     assert_eq!(seen.len(), 1);
     for (q, raw) in seen.iter() {
@@ -248,7 +283,7 @@ async fn pushes_to_pyroscope_ingest() {
 /// asked for splits them.
 #[tokio::test]
 async fn pyroscope_series_are_named_by_service_with_bounded_labels() {
-    let (addr, seen) = pyroscope().await;
+    let ingest = Ingest::start(None).await;
     // 6 processes of two services, in and outside containers.
     let mut batch = cpu_batch(7, 6, 20);
     for (k, rp) in batch.0.resource_profiles.iter_mut().enumerate() {
@@ -258,15 +293,8 @@ async fn pyroscope_series_are_named_by_service_with_bounded_labels() {
             }
         }
     }
-    let push = |labels: Option<Vec<&str>>| {
-        let mut cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
-        if let Some(l) = labels {
-            cfg.labels = l.into_iter().map(String::from).collect();
-        }
-        PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap()
-    };
-    push(None).export(&batch).await.unwrap();
-    let pushed = std::mem::take(&mut *seen.lock().unwrap());
+    ingest.exporter(None).export(&batch).await.unwrap();
+    let pushed = ingest.take();
     let names: Vec<&str> = pushed.iter().map(|(q, _)| q["name"].as_str()).collect();
     assert_eq!(names, ["checkout{host_name=node-1}", "search{host_name=node-1}"]);
     for (_, raw) in &pushed {
@@ -282,16 +310,16 @@ async fn pyroscope_series_are_named_by_service_with_bounded_labels() {
     assert_eq!(total, batch.sample_count());
 
     // Asked for: a series per process.
-    push(Some(vec!["host.name", "process.pid"])).export(&batch).await.unwrap();
-    let mut names: Vec<String> = seen.lock().unwrap().drain(..).map(|(q, _)| q["name"].clone()).collect();
+    ingest.exporter(Some(&["host.name", "process.pid"])).export(&batch).await.unwrap();
+    let mut names: Vec<String> = ingest.take().into_iter().map(|(q, _)| q["name"].clone()).collect();
     names.sort();
     let want: Vec<String> = (0..6)
         .map(|p| format!("{}{{host_name=node-1,process_pid={}}}", if p < 4 { "checkout" } else { "search" }, 1000 + p))
         .collect();
     assert_eq!(names, want);
     // Per container: processes outside one share the series without the label.
-    push(Some(vec!["container.id"])).export(&batch).await.unwrap();
-    let mut names: Vec<String> = seen.lock().unwrap().drain(..).map(|(q, _)| q["name"].clone()).collect();
+    ingest.exporter(Some(&["container.id"])).export(&batch).await.unwrap();
+    let mut names: Vec<String> = ingest.take().into_iter().map(|(q, _)| q["name"].clone()).collect();
     names.sort();
     assert_eq!(
         names,
@@ -308,62 +336,25 @@ async fn pyroscope_series_are_named_by_service_with_bounded_labels() {
 #[tokio::test]
 async fn a_retried_batch_does_not_push_the_groups_that_went_out_again() {
     // The second push of the first attempt fails with 503; the host retries the whole batch.
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (s2, c2) = (seen.clone(), calls.clone());
-    let app = axum::Router::new().route(
-        "/ingest",
-        axum::routing::post(move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>| {
-            let (s2, c2) = (s2.clone(), c2.clone());
-            async move {
-                if c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-                    return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy");
-                }
-                s2.lock().unwrap().push(q["name"].clone());
-                (axum::http::StatusCode::OK, "ok")
-            }
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let ingest = Ingest::start(Some(1)).await;
     // A series per process: two reports per batch.
-    let cfg = PprofConfig {
-        endpoint: Some(format!("http://{addr}").into()),
-        labels: vec!["process.pid".into()],
-        ..Default::default()
-    };
-    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
+    let e = ingest.exporter(Some(&["process.pid"]));
     let batch = cpu_batch(5, 2, 30);
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
     e.export(&batch).await.unwrap();
-    let mut names = seen.lock().unwrap().clone();
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3, "{names:?}");
+    let mut names = ingest.names();
+    assert_eq!(ingest.calls.load(std::sync::atomic::Ordering::SeqCst), 3, "{names:?}");
     names.sort();
     names.dedup();
     assert_eq!(names.len(), 2, "each group exactly once: {names:?}");
     // A new batch with other content is pushed in full.
     e.export(&cpu_batch(6, 2, 30)).await.unwrap();
-    assert_eq!(seen.lock().unwrap().len(), 4);
+    assert_eq!(ingest.names().len(), 4);
 }
 
 #[tokio::test]
 async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let s2 = seen.clone();
-    let app = axum::Router::new().route(
-        "/ingest",
-        axum::routing::post(move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>| {
-            let s2 = s2.clone();
-            async move {
-                s2.lock().unwrap().push(q["name"].clone());
-                "ok"
-            }
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let ingest = Ingest::start(None).await;
     let mut batch = cpu_batch(5, 1, 10);
     for rp in &mut batch.0.resource_profiles {
         for kv in &mut rp.resource.as_mut().unwrap().attributes {
@@ -372,10 +363,8 @@ async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
             }
         }
     }
-    let cfg = PprofConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
-    let e = PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap();
-    e.export(&batch).await.unwrap();
-    let names = seen.lock().unwrap().clone();
+    ingest.exporter(None).export(&batch).await.unwrap();
+    let names = ingest.names();
     assert_eq!(names.len(), 1);
     assert!(names[0].starts_with("shop_api_env_prod__x{"), "{}", names[0]);
     assert_eq!(names[0].matches('{').count(), 1, "{}", names[0]);

@@ -56,6 +56,18 @@ fn ours_parse(path: &Path) -> kallsyms::Parsed {
     kallsyms::parse(&text, &ParseOptions::default())
 }
 
+/// A store over the kallsyms copy alone (no module tree, no BPF programs), so
+/// every bench reads the same symbols.
+fn store_of(path: &Path) -> Store {
+    Store::open(StoreConfig {
+        kallsyms: path.to_path_buf(),
+        sysfs: "/sys".into(),
+        bpf_syscall: false,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// Addresses spread over vmlinux text, fixed seed.
 fn random_addrs(path: &Path, n: usize) -> Vec<u64> {
     let p = ours_parse(path);
@@ -132,13 +144,7 @@ fn bench_bytes(_c: &mut Criterion) {
     drop(text);
     // Store::open holds the same tables plus snapshot bookkeeping.
     let before = live();
-    let store = Store::open(StoreConfig {
-        kallsyms: path.clone(),
-        sysfs: "/sys".into(),
-        bpf_syscall: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let store = store_of(&path);
     let store_held = live() - before;
     let blaze_before = live();
     let s = Symbolizer::new();
@@ -156,13 +162,7 @@ fn bench_bytes(_c: &mut Criterion) {
 fn bench_lookup(c: &mut Criterion) {
     let path = kallsyms_file();
     let addrs = random_addrs(&path, 1 << 16);
-    let store = Store::open(StoreConfig {
-        kallsyms: path.clone(),
-        sysfs: "/sys".into(),
-        bpf_syscall: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let store = store_of(&path);
     let gens = store.generations().load();
     let ours = |addrs: &[u64]| {
         let snap = &Generations::at(&gens, now_ns()).snapshot;
@@ -234,15 +234,7 @@ fn lookup_p99(store: &Store, addrs: &[u64], dur: Duration) -> Duration {
 fn bench_storm(_c: &mut Criterion) {
     let path = kallsyms_file();
     let addrs = random_addrs(&path, 1 << 14);
-    let store = Arc::new(
-        Store::open(StoreConfig {
-            kallsyms: path.clone(),
-            sysfs: "/sys".into(),
-            bpf_syscall: false,
-            ..Default::default()
-        })
-        .unwrap(),
-    );
+    let store = Arc::new(store_of(&path));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let secs = 10u64;
     let min_interval = Duration::from_secs(1);

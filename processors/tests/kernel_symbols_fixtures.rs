@@ -319,16 +319,7 @@ fn kernel_batch(addrs: &[u64], ts: u64) -> Profiles {
         .collect();
     let stack = b.stack(&locs);
     let r = b.resource(Default::default());
-    let p = b.profile(
-        r,
-        &ProfileMeta {
-            sample_type: ("samples", "count"),
-            period_type: ("cpu", "nanoseconds"),
-            period: 1,
-            time_unix_nano: ts,
-            duration_nano: 1,
-        },
-    );
+    let p = b.profile(r, &ProfileMeta::cpu(1, ts, 1));
     b.sample(
         p,
         pb::Sample { stack_index: stack, values: vec![1], timestamps_unix_nano: vec![ts], ..Default::default() },
@@ -395,20 +386,6 @@ fn batch_frames_get_function_mapping_build_id() {
     out.validate().expect("output is a valid batch");
 }
 
-/// Entries per table: strings, attributes, mappings, functions, locations, stacks, links.
-fn table_sizes(p: &Profiles) -> [usize; 7] {
-    let d = p.dictionary().unwrap();
-    [
-        d.string_table.len(),
-        d.attribute_table.len(),
-        d.mapping_table.len(),
-        d.function_table.len(),
-        d.location_table.len(),
-        d.stack_table.len(),
-        d.link_table.len(),
-    ]
-}
-
 /// Locations still as the receiver wrote them: kernel mapping, no lines.
 fn raw_kernel_locations(p: &Profiles) -> Vec<u64> {
     let d = p.dictionary().unwrap();
@@ -443,7 +420,7 @@ fn symbolized_batches_carry_no_raw_kernel_entries() {
     // attributes: 0, frame type, 3 build IDs; mappings: 0, vmlinux, live_mod,
     // fresh_mod; functions: 0, vfs_read, lm_helper; locations: 0 + 3;
     // stacks: 0 + 1; links: 0.
-    assert_eq!(table_sizes(&out), [12, 5, 4, 3, 4, 2, 1]);
+    assert_eq!(out.table_sizes(), [12, 5, 4, 3, 4, 2, 1]);
     // Nothing left to rewrite: a second pass returns the batch as it is.
     assert_eq!(symbolize(out.clone(), &gens).0, out);
 
@@ -454,7 +431,7 @@ fn symbolized_batches_carry_no_raw_kernel_entries() {
     out.validate().expect("valid");
     assert_eq!(raw_kernel_locations(&out), [0xffffffffc0ff0000]);
     // mappings: 0, raw catch-all, vmlinux; locations: 0, vfs_read, raw.
-    assert_eq!(table_sizes(&out)[2..6], [3, 2, 3, 2]);
+    assert_eq!(out.table_sizes()[2..6], [3, 2, 3, 2]);
 }
 
 #[test]

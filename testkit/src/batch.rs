@@ -49,16 +49,7 @@ pub fn cpu_batch(seed: u64, processes: usize, samples_per_process: usize) -> Pro
             attrs.push(kv(keys::CONTAINER_ID, s(&format!("c0ffee{p:02}"))));
         }
         let r = b.resource(Resource { attributes: attrs, ..Default::default() });
-        let prof = b.profile(
-            r,
-            &ProfileMeta {
-                sample_type: ("samples", "count"),
-                period_type: ("cpu", "nanoseconds"),
-                period: 10_000_000,
-                time_unix_nano: t0,
-                duration_nano: 10_000_000_000,
-            },
-        );
+        let prof = b.profile(r, &ProfileMeta::cpu(10_000_000, t0, 10_000_000_000));
         let fname = b.string(&exe);
         let bid = b.attribute(keys::BUILD_ID_GNU, AttrValue::Str("0123456789abcdef"));
         let umap = b.mapping(pb::Mapping {
@@ -137,16 +128,7 @@ pub fn random_batch(seed: u64, procs: usize, samples: usize, stacks: usize, dept
             ..Default::default()
         };
         let r = b.resource(res);
-        profiles.push(b.profile(
-            r,
-            &ProfileMeta {
-                sample_type: ("samples", "count"),
-                period_type: ("cpu", "nanoseconds"),
-                period: 10_000_000,
-                time_unix_nano: 1_700_000_000_000_000_000,
-                duration_nano: 5_000_000_000,
-            },
-        ));
+        profiles.push(b.profile(r, &ProfileMeta::cpu(10_000_000, 1_700_000_000_000_000_000, 5_000_000_000)));
     }
     let file = b.string("/usr/bin/app");
     let mapping = b.mapping(pb::Mapping {

@@ -2,9 +2,12 @@
 //! place (a dev-dependency only; nothing here ships).
 //!
 //! - [`batch`]: deterministic batches shaped like the eBPF receiver's;
+//! - [`config`]: pieces of the YAML configs tests hand to profcol;
+//! - [`floor`]: the busy-node batch and the decode + encode floor gateway benches compare with;
 //! - [`sink`]: a consumer that collects what a receiver pushes;
 //! - [`raw`]: OTLP requests sent as raw bytes over gRPC and HTTP;
 //! - [`net`]: loopback listeners handed over already bound (no port races);
+//! - [`otlp`]: an otlp receiver on loopback, collecting or forwarding;
 //! - [`log`]: the process's own log captured, to read bound addresses;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
 //! - [`py_otlp`]: the OTLP server on the official Python stack;
@@ -12,8 +15,11 @@
 
 pub mod alloc;
 pub mod batch;
+pub mod config;
+pub mod floor;
 pub mod log;
 pub mod net;
+pub mod otlp;
 pub mod py_otlp;
 pub mod raw;
 pub mod sink;
@@ -32,6 +38,7 @@ pub fn settings(kind: Kind, id: &str) -> CreateSettings {
 pub mod prelude {
     pub use crate::batch::{cpu_batch, every_field_batch, i, kv, merge, random_batch, s};
     pub use crate::net::{closed_port, listener, tokio_listener};
+    pub use crate::otlp::{collecting_receiver, receiver_config, LOOPBACK};
     pub use crate::settings;
     pub use crate::sink::Collector;
     pub use crate::tools::{in_ci, tool_available};

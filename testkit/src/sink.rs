@@ -29,8 +29,7 @@ impl Consumer for Collector {
 impl Collector {
     /// A receiver's handle pushing into this collector.
     pub fn next(self: &Arc<Self>) -> Next {
-        let id: ComponentId = "otlp/test".parse().expect("a valid id");
-        Next::new(vec![self.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id))
+        next_to(self.clone())
     }
 
     pub fn sample_count(&self) -> usize {
@@ -54,4 +53,10 @@ impl Collector {
         }
         b.build()
     }
+}
+
+/// A receiver's `Next` that hands every batch to `consumer` (detached telemetry).
+pub fn next_to(consumer: Arc<dyn Consumer>) -> Next {
+    let id: ComponentId = "otlp/test".parse().expect("a valid id");
+    Next::new(vec![consumer], ComponentTelemetry::detached(Kind::Receiver, &id))
 }

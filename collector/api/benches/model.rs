@@ -41,12 +41,7 @@ fn raw() -> Raw {
 }
 
 fn meta() -> ProfileMeta<'static> {
-    ProfileMeta {
-        sample_type: ("samples", "count"),
-        period_type: ("cpu", "nanoseconds"),
-        period: 10_000_000,
-        ..Default::default()
-    }
+    ProfileMeta::cpu(10_000_000, 0, 0)
 }
 
 fn build_interned(r: &Raw) -> Profiles {
@@ -193,14 +188,7 @@ fn with_dead(built: &Profiles) -> Profiles {
 }
 
 fn entries(p: &Profiles) -> usize {
-    let d = p.dictionary().unwrap();
-    d.string_table.len()
-        + d.attribute_table.len()
-        + d.mapping_table.len()
-        + d.function_table.len()
-        + d.location_table.len()
-        + d.stack_table.len()
-        + d.link_table.len()
+    p.table_sizes().iter().sum()
 }
 
 fn bench_compact(c: &mut Criterion, built: &Profiles) {

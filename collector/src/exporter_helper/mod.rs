@@ -468,13 +468,7 @@ mod tests {
     fn batch(samples: usize) -> Arc<Profiles> {
         let mut b = ProfilesBuilder::new();
         let r = b.resource(Resource::default());
-        let meta = ProfileMeta {
-            sample_type: ("samples", "count"),
-            period_type: ("cpu", "nanoseconds"),
-            period: 1,
-            time_unix_nano: 1,
-            duration_nano: 1,
-        };
+        let meta = ProfileMeta::cpu(1, 1, 1);
         let p = b.profile(r, &meta);
         for i in 0..samples {
             b.sample(p, pb::Sample { values: vec![1], timestamps_unix_nano: vec![i as u64], ..Default::default() });

@@ -34,14 +34,36 @@ pub fn read_jsonl(path: &Path) -> Vec<Profiles> {
     text.lines().filter(|l| !l.trim().is_empty()).map(|l| Profiles::from_json(l.as_bytes()).unwrap()).collect()
 }
 
+/// `profcol validate --config PATH`, which every config a test starts must
+/// pass: the host's contract is that a config which validates also starts
+/// (failures only `start` can know, like a port in use, aside). Panics with
+/// validate's output otherwise.
+pub fn assert_validates(config: &Path) {
+    let out = Command::new(bin()).arg("validate").arg("--config").arg(config).output().expect("profcol validate runs");
+    assert!(
+        out.status.success(),
+        "the test's config {} does not validate:\n{}",
+        config.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A running profcol with its log lines collected.
 pub struct Profcol {
     pub child: Child,
     pub log: Arc<Mutex<Vec<String>>>,
+    /// The `--config` it was started with (it passed `profcol validate`).
+    config: Option<PathBuf>,
 }
 
 impl Profcol {
+    /// Starts profcol with `args`; a `--config` among them is validated
+    /// first, and dropping the handle checks that profcol did start with it.
     pub fn start(args: &[&str]) -> Profcol {
+        let config = args.windows(2).find(|w| w[0] == "--config").map(|w| PathBuf::from(w[1]));
+        if let Some(c) = &config {
+            assert_validates(c);
+        }
         let mut child = Command::new(bin())
             .args(args)
             .env("RUST_LOG", "info")
@@ -58,7 +80,7 @@ impl Profcol {
                 l2.lock().unwrap().push(line);
             }
         });
-        Profcol { child, log }
+        Profcol { child, log, config }
     }
 
     pub fn signal(&self, sig: i32) {
@@ -106,6 +128,15 @@ impl Profcol {
 
 impl Drop for Profcol {
     fn drop(&mut self) {
+        // Validate passed; a profcol that exited by itself without ever
+        // starting broke the contract (checked here so every test holds it).
+        let exited = matches!(self.child.try_wait(), Ok(Some(_)));
+        if let Some(c) = self.config.as_ref().filter(|_| exited && !std::thread::panicking()) {
+            if self.log_count("profcol started") == 0 {
+                let log = self.log.lock().unwrap().join("\n");
+                panic!("{} passed `profcol validate` but profcol exited without starting:\n{log}", c.display());
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

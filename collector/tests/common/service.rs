@@ -32,8 +32,12 @@ impl Host {
         let status = HostStatus::default();
         let registry = Registry::builtin(&status);
         let mut service = Service::new(registry.clone(), Telemetry::new(), status.clone());
+        // `load` ran the check `profcol validate` runs: the config must start.
         let (c, k) = load(&registry, yaml);
-        service.start(c, k).await.unwrap();
+        service
+            .start(c, k)
+            .await
+            .unwrap_or_else(|e| panic!("checks like `profcol validate` but does not start: {e}\n{yaml}"));
         Host { service, registry, status }
     }
 

@@ -4,44 +4,7 @@ use profcol_api::ExportError;
 use prost::Message;
 use std::time::Duration;
 
-/// `google.rpc.Status` (the `grpc-status-details-bin` trailer and the body of
-/// OTLP/HTTP error answers).
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    pub code: i32,
-    #[prost(string, tag = "2")]
-    pub message: String,
-    #[prost(message, repeated, tag = "3")]
-    pub details: Vec<Any>,
-}
-
-/// `google.protobuf.Any`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Any {
-    #[prost(string, tag = "1")]
-    pub type_url: String,
-    #[prost(bytes = "vec", tag = "2")]
-    pub value: Vec<u8>,
-}
-
-/// `google.rpc.RetryInfo`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct RetryInfo {
-    #[prost(message, optional, tag = "1")]
-    pub retry_delay: Option<ProtoDuration>,
-}
-
-/// `google.protobuf.Duration`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ProtoDuration {
-    #[prost(int64, tag = "1")]
-    pub seconds: i64,
-    #[prost(int32, tag = "2")]
-    pub nanos: i32,
-}
-
-pub const RETRY_INFO_TYPE: &str = "type.googleapis.com/google.rpc.RetryInfo";
+pub use profcol_api::model::rpc::{Any, ProtoDuration, RetryInfo, RpcStatus, RETRY_INFO_TYPE};
 
 /// The longest delay a server's RetryInfo / Retry-After is honoured with:
 /// a larger one (up to `u64::MAX` seconds on the wire) would overflow the

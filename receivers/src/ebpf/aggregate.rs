@@ -159,13 +159,7 @@ impl Interval {
         };
         let kernel_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
         let native_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("native"));
-        let meta = ProfileMeta {
-            sample_type: ("samples", "count"),
-            period_type: ("cpu", "nanoseconds"),
-            period: period_ns,
-            time_unix_nano: self.start_unix_ns,
-            duration_nano: end_unix_ns.saturating_sub(self.start_unix_ns),
-        };
+        let meta = ProfileMeta::cpu(period_ns, self.start_unix_ns, end_unix_ns.saturating_sub(self.start_unix_ns));
         let probe_meta =
             ProfileMeta { sample_type: ("calls", "count"), period_type: ("calls", "count"), period: 1, ..meta };
 

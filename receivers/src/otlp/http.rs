@@ -15,21 +15,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use profcol_api::component::ComponentError;
+use profcol_api::model::rpc::RpcStatus;
 use profcol_api::model::ExportProfilesServiceResponse;
 use prost::Message;
 use std::io::Read;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// `google.rpc.Status`, the body of OTLP/HTTP error responses.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct RpcStatus {
-    #[prost(int32, tag = "1")]
-    pub code: i32,
-    #[prost(string, tag = "2")]
-    pub message: String,
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Encoding {
@@ -54,7 +46,7 @@ struct AppState {
 
 fn reply(enc: Encoding, status: StatusCode, grpc_code: i32, message: String) -> Response {
     let body = match enc {
-        Encoding::Proto => RpcStatus { code: grpc_code, message }.encode_to_vec(),
+        Encoding::Proto => RpcStatus { code: grpc_code, message, details: vec![] }.encode_to_vec(),
         Encoding::Json => serde_json::json!({ "code": grpc_code, "message": message }).to_string().into_bytes(),
     };
     let mut r = (status, [(header::CONTENT_TYPE, enc.content_type())], body).into_response();

@@ -47,6 +47,20 @@ pub struct ProfileMeta<'a> {
     pub duration_nano: u64,
 }
 
+impl ProfileMeta<'static> {
+    /// A CPU profile as the eBPF receiver writes one: `samples/count`, each
+    /// sample standing for `period` nanoseconds of CPU time.
+    pub const fn cpu(period: i64, time_unix_nano: u64, duration_nano: u64) -> Self {
+        ProfileMeta {
+            sample_type: ("samples", "count"),
+            period_type: ("cpu", "nanoseconds"),
+            period,
+            time_unix_nano,
+            duration_nano,
+        }
+    }
+}
+
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum ValKey {
     Empty,
@@ -343,6 +357,15 @@ impl ProfilesBuilder {
         self.dict.location_table.push(l);
         self.locations.insert(h, i);
         i
+    }
+
+    /// Interns a location with one line in `function` and nothing else (no
+    /// mapping, no address): a frame known only by its function.
+    pub fn line_location(&mut self, function: i32, line: i64) -> i32 {
+        self.location(pb::Location {
+            lines: vec![pb::Line { function_index: function, line, column: 0 }],
+            ..Default::default()
+        })
     }
 
     /// Interns a stack (location indices, leaf first).

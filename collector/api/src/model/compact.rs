@@ -452,19 +452,6 @@ mod tests {
         out
     }
 
-    fn sizes(p: &Profiles) -> [usize; 7] {
-        let d = p.dictionary().unwrap();
-        [
-            d.string_table.len(),
-            d.attribute_table.len(),
-            d.mapping_table.len(),
-            d.function_table.len(),
-            d.location_table.len(),
-            d.stack_table.len(),
-            d.link_table.len(),
-        ]
-    }
-
     /// Interns one dead entry in every table (all with content no live entry
     /// has); they refer to each other and to live `f`, so only liveness from
     /// the samples down removes them.
@@ -676,14 +663,14 @@ mod tests {
     #[test]
     fn dead_entries_in_every_table_are_removed() {
         let mut p = fixed_batch(true);
-        let before = sizes(&p);
+        let before = p.table_sizes();
         let canon = canonical::samples(&p);
         let c = p.compact();
         // Per garbage() call: 8 strings and one entry in every other table.
         let want =
             Compacted { strings: 24, attributes: 3, mappings: 3, functions: 3, locations: 3, stacks: 3, links: 3 };
         assert_eq!(c, want);
-        let after = sizes(&p);
+        let after = p.table_sizes();
         let removed = [c.strings, c.attributes, c.mappings, c.functions, c.locations, c.stacks, c.links];
         for k in 0..7 {
             assert_eq!(after[k], before[k] - removed[k], "table {k}");

@@ -14,6 +14,7 @@ pub mod canonical;
 mod compact;
 mod memsize;
 pub mod otlp_json;
+pub mod rpc;
 mod strindex;
 #[cfg(test)]
 mod validate_tests;
@@ -102,6 +103,23 @@ impl Profiles {
     /// `model/memsize.rs` for what the estimate leaves out.
     pub fn memory_size(&self) -> usize {
         memsize::memory_size(&self.0)
+    }
+
+    /// Entries per dictionary table, in the order strings, attributes,
+    /// mappings, functions, locations, stacks, links (all zero without a
+    /// dictionary): what compaction and symbolization are judged by.
+    pub fn table_sizes(&self) -> [usize; 7] {
+        self.dictionary().map_or([0; 7], |d| {
+            [
+                d.string_table.len(),
+                d.attribute_table.len(),
+                d.mapping_table.len(),
+                d.function_table.len(),
+                d.location_table.len(),
+                d.stack_table.len(),
+                d.link_table.len(),
+            ]
+        })
     }
 
     /// Every profile of the batch, in order.

@@ -8,10 +8,7 @@ fn one() -> Profiles {
     let r = b.resource(Default::default());
     let p = b.profile(r, &ProfileMeta { sample_type: ("samples", "count"), ..Default::default() });
     let f = b.function("main", "main", "a.c", 1);
-    let l = b.location(pb::Location {
-        lines: vec![pb::Line { function_index: f, line: 3, column: 0 }],
-        ..Default::default()
-    });
+    let l = b.line_location(f, 3);
     let st = b.stack(&[l]);
     let a = b.attribute("thread.id", AttrValue::Int(1));
     b.sample(
