@@ -45,6 +45,27 @@ fn sha256sum(env: &[(&str, &str)]) -> Child {
         .expect("sha256sum (coreutils) runs")
 }
 
+/// CPU seconds process `pid` has used (utime + stime of /proc/PID/stat).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesized comm: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = rest.split(' ').skip(11).take(2).map(|x| x.parse().unwrap()).collect();
+    // SAFETY: sysconf has no preconditions.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f[0] + f[1]) as f64 / tck
+}
+
+/// Waits until every process in `pids` has used `seconds` of CPU (the host
+/// is shared: wall time says little), at most 30 s.
+async fn burn_cpu(pids: &[u32], seconds: f64) {
+    let t0 = Instant::now();
+    while pids.iter().any(|&p| cpu_seconds(p) < seconds) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "sha256sum got less than {seconds} s of CPU in 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The file range `[offset, offset + len)` of the executable mapping of
 /// `/usr/bin/sha256sum` in process `pid`.
 fn text_range(pid: u32) -> (u64, u64) {
@@ -104,7 +125,7 @@ fn a_flame_graph_of_sha256sum_has_no_phantom_frame() {
         let pid = child.id();
         tokio::time::sleep(Duration::from_millis(200)).await;
         let (text_start, text_end) = text_range(pid);
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        burn_cpu(&[pid], 1.5).await;
         child.kill().unwrap();
         child.wait().unwrap();
         // The interval it ended in is reported within report_interval.
@@ -113,7 +134,7 @@ fn a_flame_graph_of_sha256sum_has_no_phantom_frame() {
 
         let lines = folded_of(dir.path(), pid);
         let total: u64 = lines.values().sum();
-        assert!(total >= 100, "{total} samples of sha256sum in 3 s at 199 Hz: {lines:#?}");
+        assert!(total >= 150, "{total} samples of sha256sum in 1.5 CPU seconds at 199 Hz: {lines:#?}");
         let (mut in_binary, mut named_offsets) = (0u64, BTreeSet::new());
         for (stack, n) in &lines {
             let frames: Vec<&str> = stack.split(';').collect();
@@ -206,7 +227,7 @@ fn an_otlp_server_sees_service_name_and_scope_on_every_resource() {
         let mut host = Host::start(&yaml).await;
         let mut named = sha256sum(&[("PROFCOL_TEST_SERVICE", "hasher")]);
         let mut plain = sha256sum(&[]);
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        burn_cpu(&[named.id(), plain.id()], 0.5).await;
         for c in [&mut named, &mut plain] {
             c.kill().unwrap();
             c.wait().unwrap();
