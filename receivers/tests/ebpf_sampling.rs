@@ -191,6 +191,52 @@ async fn the_same_stack_on_two_cpus_is_one_sample_unless_the_cpu_is_asked_for() 
     assert!(split > 0, "a stack sampled on both CPUs is two Samples, one per CPU");
 }
 
+/// `sha256sum` (Debian's stripped binary, no frame pointers): the kernel's
+/// frame-pointer walk through it and through libc reports 0s and junk after
+/// the real frames. Every stack the receiver hands on ends at its last real
+/// frame, each user frame inside a mapping of the process, and the cut
+/// stacks are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_of_code_without_frame_pointers_end_at_their_last_real_frame() {
+    if !require_bpf("stacks_of_code_without_frame_pointers_end_at_their_last_real_frame") {
+        return;
+    }
+    let mut child = std::process::Command::new("sha256sum")
+        .arg("/dev/zero")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("sha256sum (coreutils) runs");
+    let pid = child.id();
+    let running = start(EbpfConfig {
+        sample_frequency: 199,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        ..Default::default()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (batches, metrics) = running.stop().await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let samples = samples_of(&batches, pid);
+    let total: usize = samples.iter().map(|s| s.count).sum();
+    assert!(total >= 20, "{total} samples of sha256sum\n{metrics}");
+    for s in &samples {
+        for f in &s.frames {
+            assert_ne!(f.address, 0, "a 0x0 frame");
+            if f.frame_type == "native" {
+                assert!(f.mapping.is_some(), "user frame {:#x} in no mapping: {:?}", f.address, s.frames);
+            }
+        }
+    }
+    let cut: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("profcol_receiver_ebpf_stacks_cut_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no stacks_cut series:\n{metrics}"));
+    assert!(cut > 0, "sha256sum's walks end in 0 or junk, and were cut:\n{metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn syscall_workload_yields_kernel_frames_in_kernel_text() {
     if !require_bpf("syscall_workload_yields_kernel_frames_in_kernel_text") {
