@@ -23,6 +23,8 @@ pub mod privileges;
 pub mod process;
 pub mod procfs;
 pub mod sampler;
+pub mod service_name;
+pub mod stack_end;
 pub mod uprobes;
 
 pub use config::EbpfConfig;

@@ -17,12 +17,14 @@
 //! live one and detach those of offline CPUs (a per-CPU perf event does not
 //! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
-use super::aggregate::{Interval, SampleIn};
+use super::aggregate::{Interval, SampleAttrs, SampleIn};
 use super::clock::{now_ns, KtimeToUnix};
 use super::config::EbpfConfig;
 use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
 use super::process::ProcessTable;
 use super::procfs;
+use super::service_name::ServiceNamer;
+use super::stack_end;
 use super::uprobes::{UprobeCounters, Uprobes};
 use aya::programs::uprobe::UProbeLink;
 use profcol_api::component::Next;
@@ -55,6 +57,8 @@ pub struct Counters {
     pub lost_ringbuf: Counter,
     pub kernel_stack_errors: Counter,
     pub user_stack_errors: Counter,
+    /// Stacks whose end was cut: frames that were no code (see `stack_end`).
+    pub stacks_cut: Counter,
     /// Records that did not decode (never expected).
     pub malformed: Counter,
     /// Processes whose /proc entry was unreadable (one per process).
@@ -88,6 +92,11 @@ impl Counters {
             ),
             kernel_stack_errors: t.counter("ebpf_kernel_stack_errors_total", "bpf_get_stack failures (kernel stack)"),
             user_stack_errors: t.counter("ebpf_user_stack_errors_total", "bpf_get_stack failures (user stack)"),
+            stacks_cut: t.counter(
+                "ebpf_stacks_cut_total",
+                "Samples whose stack ended in frames that are no code (0, or outside every executable mapping: a \
+                 frame-pointer walk through code built without frame pointers); those frames were cut",
+            ),
             malformed: t.counter("ebpf_records_malformed_total", "Ring buffer records that did not decode"),
             proc_unreadable: t.counter(
                 "ebpf_proc_unreadable_total",
@@ -259,11 +268,15 @@ fn run(
     if ready.send(Ok(())).is_err() {
         return;
     }
+    let attrs = SampleAttrs::from_config(&config.sample_attributes);
+    let mut table = ProcessTable::new(MAX_PROCESSES);
+    table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
     let mut s = Sampler {
         host: procfs::host_name(),
         period_ns: config.period_ns(),
-        table: ProcessTable::new(MAX_PROCESSES),
-        interval: Interval::new(clock.now_unix_ns()),
+        table,
+        attrs,
+        interval: Interval::new(clock.now_unix_ns(), attrs),
         interval_started: Instant::now(),
         clock,
         counters,
@@ -411,6 +424,8 @@ struct Sampler {
     host: String,
     period_ns: i64,
     table: ProcessTable,
+    /// `sample_attributes:`.
+    attrs: SampleAttrs,
     interval: Interval,
     interval_started: Instant,
     clock: KtimeToUnix,
@@ -490,12 +505,19 @@ impl Sampler {
                     Some(i)
                 }
             };
-            let st = if self.ubuf.is_empty() {
-                self.table.get(h.pid, now)
-            } else {
-                self.table.resolve(h.pid, &self.ubuf, now)
-            };
+            // Cut the ends of a frame-pointer walk that are no code (see
+            // stack_end): by address range first, so that junk does not
+            // trigger a maps re-read, then by the process's mappings.
+            let (kn, un) = (stack_end::kernel_frames(&self.kbuf), stack_end::user_frames(&self.ubuf, None));
+            let st =
+                if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
             let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
+            let un = stack_end::user_frames(&self.ubuf[..un], process.as_ref().map(|(_, m)| &**m));
+            if kn < self.kbuf.len() || un < self.ubuf.len() {
+                self.counters.stacks_cut.inc();
+                self.kbuf.truncate(kn);
+                self.ubuf.truncate(un);
+            }
             self.interval.add(
                 &SampleIn {
                     probe,
@@ -554,11 +576,11 @@ impl Sampler {
         self.counters.processes.set(self.table.len() as i64);
 
         let end = self.clock.now_unix_ns();
-        let interval = std::mem::replace(&mut self.interval, Interval::new(end));
+        let interval = std::mem::replace(&mut self.interval, Interval::new(end, self.attrs));
         if interval.sample_count() == 0 {
             return None;
         }
-        let batch = interval.build(&self.host, self.period_ns, end, &self.probes);
+        let batch = interval.build(&self.host, self.period_ns, end, &self.probes, self.table.namer());
         self.counters.batches.inc();
         Some(batch)
     }
