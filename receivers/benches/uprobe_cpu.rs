@@ -70,6 +70,9 @@ async fn main() {
     let mut cpu = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         for (mode, uprobes) in [(0, false), (1, true)] {
+            if std::env::var("ONLY").is_ok_and(|o| o != if uprobes { "on" } else { "off" }) {
+                continue;
+            }
             let config = EbpfConfig {
                 report_interval: Duration::from_secs(1),
                 uprobes: if uprobes {
@@ -118,6 +121,9 @@ async fn main() {
             );
             cpu[mode].push(used);
         }
+    }
+    if cpu.iter().any(|c| c.is_empty()) {
+        return;
     }
     let (off, on) = (median(&mut cpu[0]), median(&mut cpu[1]));
     println!(

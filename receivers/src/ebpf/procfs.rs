@@ -135,6 +135,40 @@ pub fn proc_dir(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}"))
 }
 
+/// `/proc/PID/LEAF` built on the stack: per-exec lookups allocate nothing.
+pub struct ProcPath {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl ProcPath {
+    /// `leaf` is a short name (`exe`, `maps`, `map_files/START-END` with
+    /// [`Self::map_file`]); longer ones are cut (never expected).
+    pub fn new(pid: u32, leaf: &str) -> Self {
+        use std::io::Write;
+        let mut p = ProcPath { buf: [0; 64], len: 0 };
+        let mut w = &mut p.buf[..];
+        let _ = write!(w, "/proc/{pid}/{leaf}");
+        p.len = 64 - w.len();
+        p
+    }
+
+    /// `/proc/PID/map_files/START-END`: the mapped file as the process sees it.
+    pub fn map_file(pid: u32, start: u64, end: u64) -> Self {
+        use std::io::Write;
+        let mut p = ProcPath { buf: [0; 64], len: 0 };
+        let mut w = &mut p.buf[..];
+        let _ = write!(w, "/proc/{pid}/map_files/{start:x}-{end:x}");
+        p.len = 64 - w.len();
+        p
+    }
+
+    pub fn as_path(&self) -> &Path {
+        use std::os::unix::ffi::OsStrExt;
+        Path::new(std::ffi::OsStr::from_bytes(&self.buf[..self.len]))
+    }
+}
+
 /// Reads a /proc file as text; bytes that are not UTF-8 (paths and comms
 /// may hold any byte) are replaced, never an error.
 fn read_small(path: &Path) -> io::Result<String> {
@@ -270,5 +304,8 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert!(maps.iter().any(|m| m.path == exe), "{maps:?}");
         assert_eq!(base_name("/usr/bin/cat"), "cat");
         assert!(read_facts(u32::MAX - 1).is_err());
+        assert_eq!(ProcPath::new(4_294_967_295, "exe").as_path(), Path::new("/proc/4294967295/exe"));
+        let longest = ProcPath::map_file(4_294_967_295, u64::MAX - 1, u64::MAX);
+        assert_eq!(longest.as_path(), Path::new("/proc/4294967295/map_files/fffffffffffffffe-ffffffffffffffff"));
     }
 }

@@ -106,6 +106,8 @@ pub struct AttachmentCache<A> {
     order: BTreeMap<u64, FileKey>,
     next_seq: u64,
     last_sweep: Option<Instant>,
+    /// Positive entries without holders (waiting for [`Self::reap`]).
+    unused: usize,
     pub stats: CacheStats,
 }
 
@@ -118,6 +120,7 @@ impl<A> AttachmentCache<A> {
             order: BTreeMap::new(),
             next_seq: 0,
             last_sweep: None,
+            unused: 0,
             stats: CacheStats::default(),
         }
     }
@@ -129,7 +132,9 @@ impl<A> AttachmentCache<A> {
         if let Some(p) = self.positive.get_mut(&key) {
             if p.stamp == stamp {
                 p.refs += 1;
-                p.unused_since = None;
+                if p.unused_since.take().is_some() {
+                    self.unused -= 1;
+                }
                 self.stats.positive_hits += 1;
                 return Acquire::Positive(p.refs);
             }
@@ -198,7 +203,9 @@ impl<A> AttachmentCache<A> {
             Some(p) => {
                 p.stamp = stamp;
                 p.refs += 1;
-                p.unused_since = None;
+                if p.unused_since.take().is_some() {
+                    self.unused -= 1;
+                }
                 Some(std::mem::replace(&mut p.attachment, attachment))
             }
             None => {
@@ -213,8 +220,9 @@ impl<A> AttachmentCache<A> {
     pub fn release(&mut self, key: FileKey, now: Instant) {
         if let Some(p) = self.positive.get_mut(&key) {
             p.refs = p.refs.saturating_sub(1);
-            if p.refs == 0 {
+            if p.refs == 0 && p.unused_since.is_none() {
                 p.unused_since = Some(now);
+                self.unused += 1;
             }
         }
     }
@@ -228,7 +236,14 @@ impl<A> AttachmentCache<A> {
             .filter(|(_, p)| p.unused_since.is_some_and(|t| now.saturating_duration_since(t) >= grace))
             .map(|(&k, _)| k)
             .collect();
+        self.unused -= due.len();
         due.into_iter().filter_map(|k| self.positive.remove(&k)).map(|p| p.attachment).collect()
+    }
+
+    /// Whether some positive entry has no holder (so [`Self::reap`] may
+    /// have work): checked before reaping on every poll.
+    pub fn has_unused(&self) -> bool {
+        self.unused > 0
     }
 
     /// Holders of a positive entry (0 when none).
