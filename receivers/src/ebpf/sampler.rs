@@ -427,7 +427,8 @@ fn wait(ring: RawFd, wake: RawFd, proc_ring: Option<RawFd>, timeout: Duration) {
         libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: proc_ring.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
     ];
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // Rounded up: a deadline less than 1 ms away must not become a busy loop.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     let n = if proc_ring.is_some() { 3 } else { 2 };
     // SAFETY: fds is a valid array of at least n pollfd.
     unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
