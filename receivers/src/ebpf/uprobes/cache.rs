@@ -399,8 +399,10 @@ mod tests {
             c.release(key(1), t0);
         }
         assert!(c.reap(t0 + Duration::from_secs(60), Duration::ZERO).is_empty(), "one holder left");
+        assert!(!c.has_unused());
         c.release(key(1), t0);
         assert_eq!(c.refcount(key(1)), 0);
+        assert!(c.has_unused());
         // Unused, but kept for the grace period; a holder coming back reuses it.
         let grace = Duration::from_secs(2);
         assert!(c.reap(t0 + Duration::from_secs(1), grace).is_empty());
@@ -408,6 +410,7 @@ mod tests {
         c.release(key(1), t0 + Duration::from_secs(1));
         assert!(c.reap(t0 + Duration::from_secs(2), grace).is_empty(), "the grace period restarted");
         assert_eq!(c.reap(t0 + Duration::from_secs(3), grace), vec!["links"]);
+        assert!(!c.has_unused());
         assert_eq!((c.positive_len(), c.refcount(key(1))), (0, 0));
         c.release(key(1), t0);
         assert!(c.reap(t0 + TTL, grace).is_empty(), "releasing an unknown key is a no-op");
