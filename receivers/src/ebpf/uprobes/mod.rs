@@ -272,6 +272,9 @@ impl<L> Uprobes<L> {
         let pids: Vec<u32> = std::fs::read_dir("/proc")
             .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
             .unwrap_or_default();
+        if !self.maps_needed {
+            self.learn_library_patterns(&pids);
+        }
         for pid in pids {
             if pid == std::process::id() {
                 continue; // the BPF program ignores our own calls
@@ -293,6 +296,42 @@ impl<L> Uprobes<L> {
             }
         }
         self.publish();
+    }
+
+    /// Whether a pattern that looks like an executable's name (no `.so`,
+    /// no wildcard in the base name) selects a library some running
+    /// process maps (a mapping that is not its executable): then the maps
+    /// of every new process are read, as for a `.so` pattern. A library
+    /// named that way that no process maps at start stays unrecognised
+    /// (docs/CONFIG.md says so).
+    fn learn_library_patterns(&mut self, pids: &[u32]) {
+        let mut reader = std::mem::take(&mut self.maps_reader);
+        'pids: for &pid in pids {
+            let Ok(exe) = std::fs::read_link(ProcPath::new(pid, "exe").as_path()) else {
+                continue;
+            };
+            let exe = exe.to_string_lossy();
+            let exe = exe.trim_end_matches(" (deleted)");
+            let Ok(mut maps) = reader.open(pid) else {
+                continue;
+            };
+            let starts: Vec<u64> = maps.by_ref().map(|m| m.start).collect();
+            for start in starts {
+                let Some(path) = maps.path_of(start) else {
+                    continue;
+                };
+                if path != exe && self.selects(&path) {
+                    tracing::info!(
+                        library = %path,
+                        pid,
+                        "ebpf receiver: a uprobe `binary:` selects a library; new processes' maps are read"
+                    );
+                    self.maps_needed = true;
+                    break 'pids;
+                }
+            }
+        }
+        self.maps_reader = reader;
     }
 
     /// A process started a new image (now): as [`Self::on_exec_at`].
