@@ -11,8 +11,9 @@
 //!   unused for a grace period (dropping it detaches). A holder that comes
 //!   back within the grace period (the same binary run again at once)
 //!   reuses it: a uprobe is never detached and attached again on the same
-//!   file in quick succession, which on Linux 6.18 can leave the new one
-//!   silent in processes that already map the file.
+//!   file in quick succession, which was seen to leave the new one silent
+//!   in a process that already mapped the file (docs/ARCHITECTURE.md says
+//!   what is known of the cause).
 //! - **Negative**: a binary with no configured symbol, remembered with its
 //!   size and mtime; a lookup hits only while both still match and the
 //!   entry is younger than the TTL (a replacement that keeps both is caught
