@@ -18,6 +18,7 @@ pub mod aggregate;
 pub mod buildid;
 pub mod clock;
 pub mod config;
+pub mod exec_maps;
 pub mod loader;
 pub mod privileges;
 pub mod process;
