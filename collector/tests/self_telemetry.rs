@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use profcol_testkit::child::LineServer;
+use profcol_testkit::py_otlp::PyOtlpServer;
 use profcol_testkit::tools::tool_available;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc";
 
 /// The telemetry server: its ports and the requests it printed.
 struct Server {
-    proc: LineServer,
+    proc: PyOtlpServer,
     /// Requests read while looking for another signal's.
     pending: std::sync::Mutex<std::collections::VecDeque<Request>>,
     grpc: u16,
@@ -43,10 +43,9 @@ impl Server {
         if !tool_available("python3", &["-c", CHECK]) {
             return None;
         }
-        let mut cmd = Command::new("python3");
-        cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_telemetry_server.py"));
-        let proc = LineServer::spawn(cmd);
-        let (grpc, http) = (proc.port("PORT "), proc.port("HTTP_PORT "));
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_telemetry_server.py");
+        let proc = PyOtlpServer::start_script(script, &[], true);
+        let (grpc, http) = (proc.grpc_port, proc.http_port.unwrap_or_default());
         Some(Server { proc, pending: Default::default(), grpc, http })
     }
 
