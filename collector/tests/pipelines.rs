@@ -195,16 +195,6 @@ fn sighup_with_changed_exporter_keeps_the_receiver_instance() {
     assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
 }
 
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, text)
-}
-
 #[test]
 fn metrics_and_health_check_are_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -227,8 +217,11 @@ fn metrics_and_health_check_are_served() {
     assert!(wait_until(Duration::from_secs(10), || http_get(&maddr, "/metrics")
         .1
         .contains("profcol_receiver_accepted_samples_total{receiver=\"file\"} 100")));
+    // An OTel histogram has its first point with the first export.
+    let latency = "profcol_exporter_export_latency_count{exporter=\"file\"}";
+    wait_until(Duration::from_secs(10), || http_get(&maddr, "/metrics").1.contains(latency));
     let (_, m) = http_get(&maddr, "/metrics");
-    assert!(m.contains("profcol_exporter_export_latency_count{exporter=\"file\"}"), "{m}");
+    assert!(m.contains(latency), "{m}");
     p.signal(libc::SIGTERM);
     assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
 }

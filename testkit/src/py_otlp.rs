@@ -34,6 +34,13 @@ impl PyOtlpServer {
     /// Starts the script with `args` and reads the ports it listens on.
     pub fn start(args: &[&str]) -> PyOtlpServer {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../exporters/tests/python/otlp_server.py");
+        Self::start_script(script, args, args.contains(&"--http"))
+    }
+
+    /// Starts another server of the same protocol (`PORT <n>`, then with
+    /// `http` `HTTP_PORT <n>`, then one line per event; stops when stdin
+    /// closes), e.g. collector/tests/python/otlp_telemetry_server.py.
+    pub fn start_script(script: &str, args: &[&str], http: bool) -> PyOtlpServer {
         let mut child = Command::new("python3")
             .arg(script)
             .args(args)
@@ -56,7 +63,7 @@ impl PyOtlpServer {
             l.strip_prefix(prefix).unwrap_or_else(|| panic!("expected {prefix}<port>, got {l}")).parse().unwrap()
         };
         let grpc_port = port("PORT ");
-        let http_port = args.contains(&"--http").then(|| port("HTTP_PORT "));
+        let http_port = http.then(|| port("HTTP_PORT "));
         PyOtlpServer { child, lines, grpc_port, http_port }
     }
 }
