@@ -11,6 +11,19 @@
 //! queue (`sending_queue.storage`: one fsynced file per outgoing batch).
 //!
 //! cargo bench -p profcol --bench gateway_host
+//!
+//! With the argument `telemetry` it measures the self-telemetry's cost
+//! instead (issue 13): `metrics.level: none` (telemetry off), `detailed`, and
+//! `normal` with an OTLP periodic reader (every 200 ms) whose endpoint is down
+//! for the whole run, in interleaved rounds (`GATEWAY_TELEMETRY_ROUNDS`,
+//! default 7), each a fresh gateway warmed up then timed over 400 requests;
+//! it prints every run, the medians and spread, each setting's ratio to
+//! `none` of the same round (median and range: the load of a shared machine
+//! drifts between rounds more than within one), and the process's RSS over a
+//! longer outage run (4,000 requests, a failed push every 200 ms) beside the
+//! same run with telemetry off.
+//!
+//! cargo bench -p profcol --bench gateway_host -- telemetry
 
 use profcol_testkit::config::{one_pipeline, OTLP_GRPC_RECEIVER};
 use profcol_testkit::floor::{busy_node_batch, decode_encode, samples_per_second};
@@ -23,9 +36,9 @@ static LOG: std::sync::OnceLock<profcol_testkit::log::Captured> = std::sync::Onc
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use profcol::extensions::HostStatus;
 use profcol::registry::Registry;
+use profcol::self_telemetry::SelfTelemetry;
 use profcol::service::{check, Service};
 use profcol_api::component::{ConsumeError, Consumer, Kind};
-use profcol_api::telemetry::Telemetry;
 use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_config::Source;
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
@@ -53,16 +66,20 @@ struct Setup {
     backend: Arc<OtlpReceiver>,
     arrived: Arc<Count>,
     clients: Vec<Arc<OtlpGrpcExporter>>,
+    telemetry: SelfTelemetry,
 }
 
-async fn setup(compression: Compression, storage: Option<&std::path::Path>) -> Setup {
+/// The `service.telemetry.metrics` lines of the default gateway (as before issue 13).
+const METRICS_DEFAULT: &str = "      address: \"\"\n";
+
+async fn setup(compression: Compression, storage: Option<&std::path::Path>, telemetry: &str) -> Setup {
     let arrived = Arc::new(Count::default());
     let backend = start_receiver("otlp/backend", receiver_config(Some(LOOPBACK), None), next_to(arrived.clone())).await;
     // The receiver binds port 0; its address comes from the captured log.
     let log = LOG.get_or_init(profcol_testkit::log::capture);
     let gzip = if compression == Compression::Gzip { "gzip" } else { "none" };
     let storage = storage.map(|d| format!("\n    sending_queue:\n      storage: {}", d.display())).unwrap_or_default();
-    let service = one_pipeline("otlp", "batch", "otlp");
+    let service = one_pipeline("otlp", "batch", "otlp").replace("      address: \"\"\n", telemetry);
     let text = format!(
         "{OTLP_GRPC_RECEIVER}processors:
   batch:
@@ -82,7 +99,8 @@ exporters:
     assert!(errors.is_empty(), "{errors:?}");
     let config = config.unwrap();
     let checked = check::check(&config, &registry).unwrap();
-    let mut service = Service::new(registry, Telemetry::new(), status);
+    let telemetry = SelfTelemetry::start(&config.service.telemetry, &[]).unwrap();
+    let mut service = Service::new(registry, telemetry.metrics.clone(), status);
     service.start(config, checked).await.unwrap();
     // The last "listening" line is this setup's receiver (setups run one after another).
     let port_in = log
@@ -100,7 +118,7 @@ exporters:
             Arc::new(OtlpGrpcExporter::new(settings(Kind::Exporter, &format!("otlp/client{k}")), cfg).unwrap())
         })
         .collect();
-    Setup { service, backend, arrived, clients }
+    Setup { service, backend, arrived, clients, telemetry }
 }
 
 /// Sends `requests` requests spread over the clients and waits until the
@@ -131,6 +149,9 @@ async fn run(s: &Setup, batch: &Arc<Profiles>, requests: u64) -> Duration {
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    if std::env::args().skip(1).any(|a| a == "telemetry") {
+        return telemetry_cost(&rt);
+    }
     let (batch, bytes) = busy_node_batch();
     let n = batch.sample_count() as u64;
     let batch = Arc::new(batch);
@@ -147,7 +168,7 @@ fn bench(c: &mut Criterion) {
         (Compression::None, Some(queue_dir.path()), "plain_persistent_queue"),
     ];
     for (compression, storage, label) in cases {
-        let mut s = rt.block_on(setup(compression, storage));
+        let mut s = rt.block_on(setup(compression, storage, METRICS_DEFAULT));
         let name = format!("otlp_batch_otlp_{label}");
         g.bench_function(&name, |b| b.iter_custom(|iters| rt.block_on(run(&s, &batch, iters))));
         // The ratio, measured plainly in the same run: 400 requests, 1.6 M samples.
@@ -158,12 +179,101 @@ fn bench(c: &mut Criterion) {
              gateway = {:.3} × floor",
             gw / floor
         );
-        rt.block_on(async {
-            s.service.shutdown().await;
-            s.backend.shutdown().await.unwrap();
-        });
+        rt.block_on(stop(&mut s));
     }
     g.finish();
+}
+
+async fn stop(s: &mut Setup) {
+    s.service.shutdown().await;
+    s.backend.shutdown().await.unwrap();
+    s.telemetry.shutdown();
+}
+
+/// Resident set size of this process, in KiB.
+fn rss_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64 / 1024
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// Self-telemetry settings side by side, interleaved (see the module doc).
+fn telemetry_cost(rt: &tokio::runtime::Runtime) {
+    let (batch, _) = busy_node_batch();
+    let n = batch.sample_count() as u64;
+    let batch = Arc::new(batch);
+    let down = profcol_testkit::net::closed_port();
+    let settings = [
+        ("none (off)", "      address: \"\"\n      level: none\n".to_owned()),
+        ("detailed", "      address: \"\"\n      level: detailed\n".to_owned()),
+        (
+            "normal, OTLP endpoint down",
+            format!(
+                "      address: \"\"\n      level: normal\n      readers:\n        - periodic:\n            interval: 200ms\n\
+                 \x20           exporter:\n              otlp:\n                endpoint: http://127.0.0.1:{down}\n                timeout: 1s\n"
+            ),
+        ),
+    ];
+    let rounds: usize = std::env::var("GATEWAY_TELEMETRY_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
+    for round in 0..rounds {
+        // Rotated order, so no setting always runs first (or after the same one).
+        for k in 0..settings.len() {
+            let i = (k + round) % settings.len();
+            let (label, metrics) = &settings[i];
+            let mut s = rt.block_on(setup(Compression::None, None, metrics));
+            rt.block_on(run(&s, &batch, 50));
+            let took = rt.block_on(run(&s, &batch, 400));
+            let rate = (400 * n) as f64 / took.as_secs_f64();
+            eprintln!("TELEMETRY round {round} {label}: {rate:.0} samples/s");
+            results[i].push(rate);
+            rt.block_on(stop(&mut s));
+        }
+    }
+    let base = median(&mut results[0].clone());
+    for (i, (label, _)) in settings.iter().enumerate() {
+        let mut paired: Vec<f64> = results[i].iter().zip(&results[0]).map(|(x, none)| x / none).collect();
+        let paired_med = median(&mut paired);
+        let v = &mut results[i];
+        let med = median(v);
+        let (lo, hi) = (v[0], v[v.len() - 1]);
+        eprintln!(
+            "TELEMETRY {label}: median {med:.0} samples/s, min {lo:.0}, max {hi:.0}, spread (max-min)/median {:.1}%, \
+             median vs none {:+.1}%; per-round ratio to none: median {:+.1}%, range {:+.1}% .. {:+.1}%",
+            (hi - lo) / med * 100.0,
+            (med / base - 1.0) * 100.0,
+            (paired_med - 1.0) * 100.0,
+            (paired[0] - 1.0) * 100.0,
+            (paired[paired.len() - 1] - 1.0) * 100.0
+        );
+    }
+    // Memory through a longer outage, beside the same run with telemetry off:
+    // RSS after warm-up, halfway, at the end.
+    for i in [0, 2] {
+        let mut s = rt.block_on(setup(Compression::None, None, &settings[i].1));
+        rt.block_on(run(&s, &batch, 200));
+        let mut rss = vec![rss_kib()];
+        for _ in 0..2 {
+            rt.block_on(run(&s, &batch, 2000));
+            rss.push(rss_kib());
+        }
+        eprintln!(
+            "TELEMETRY RSS {} (port {down} closed), 4,000 requests: {rss:?} KiB (after warm-up, halfway, end)",
+            settings[i].0
+        );
+        rt.block_on(stop(&mut s));
+    }
 }
 
 criterion_group!(benches, bench);

@@ -7,6 +7,7 @@ pub mod extensions;
 pub mod print_config;
 pub mod registry;
 pub mod schema;
+pub mod self_telemetry;
 pub mod service;
 pub mod telemetry_server;
 

@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use profcol::extensions::HostStatus;
 use profcol::registry::Registry;
+use profcol::self_telemetry::SelfTelemetry;
 use profcol::service::{check, Service};
-use profcol_api::telemetry::Telemetry;
 use profcol_config::{Config, ConfigErrors, Source};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -107,16 +107,12 @@ fn load(cli: &Cli, registry: &Registry) -> Result<(Config, check::CheckedCompone
     }
 }
 
-fn init_logs(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+/// What the instance id derives from: the config files (absolute), or the embedded default.
+fn source_names(cli: &Cli) -> Vec<String> {
+    if cli.config.is_empty() {
+        return vec!["<embedded default>".into()];
+    }
+    cli.config.iter().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string()).collect()
 }
 
 fn main() -> ExitCode {
@@ -196,7 +192,6 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            init_logs(&config.service.telemetry.logs.level);
             let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -204,7 +199,26 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(run(cli, registry, status, config, checked)) {
+            // The OTLP transports of the self-telemetry run on the runtime.
+            let started = {
+                let _in_runtime = rt.enter();
+                SelfTelemetry::start(&config.service.telemetry, &source_names(&cli))
+            };
+            let telemetry = match started {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: service::telemetry: {e:#}");
+                    return ExitCode::from(1);
+                }
+            };
+            telemetry.init_logging(&config.service.telemetry.logs);
+            if let Some(p) = telemetry.tracer_provider() {
+                profcol::service::batch_trace::install(p);
+            }
+            let result = rt.block_on(run(cli, registry, status, config, checked, &telemetry));
+            // Last logs, spans and metrics out while the runtime still runs.
+            telemetry.shutdown();
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     error!("{e:#}");
@@ -221,12 +235,13 @@ async fn run(
     status: HostStatus,
     config: Config,
     checked: check::CheckedComponents,
+    self_telemetry: &SelfTelemetry,
 ) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let telemetry = Telemetry::new();
-    let metrics_address = config.service.telemetry.metrics.address.clone();
-    if !metrics_address.is_empty() {
-        profcol::telemetry_server::serve(&metrics_address, telemetry.clone()).await?;
+    let telemetry = self_telemetry.metrics.clone();
+    let running_telemetry = config.service.telemetry.clone();
+    for address in profcol::telemetry_server::pull_addresses(&config.service.telemetry) {
+        profcol::telemetry_server::serve(&address, telemetry.clone()).await?;
     }
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
@@ -243,10 +258,15 @@ async fn run(
                 info!("SIGHUP: reloading the configuration");
                 match load(&cli, service.registry()) {
                     Err(e) => warn!("reload failed; keeping the running configuration: {}", e.to_string().trim_end()),
-                    Ok((config, checked)) => match service.reload(config, checked).await {
-                        Ok(()) => info!("configuration reloaded"),
-                        Err(e) => warn!("reload failed; keeping the running configuration: {e}"),
-                    },
+                    Ok((config, checked)) => {
+                        if config.service.telemetry != running_telemetry {
+                            warn!("service::telemetry changed; it takes effect at the next start");
+                        }
+                        match service.reload(config, checked).await {
+                            Ok(()) => info!("configuration reloaded"),
+                            Err(e) => warn!("reload failed; keeping the running configuration: {e}"),
+                        }
+                    }
                 }
             }
         }

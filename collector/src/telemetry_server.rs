@@ -1,6 +1,22 @@
 //! Serves self-telemetry as Prometheus text at `/metrics`.
 
-use profcol_api::telemetry::Telemetry;
+use profcol_api::telemetry::{Level, Telemetry};
+use profcol_config::TelemetryConfig;
+
+/// Where `/metrics` is served: `metrics.address` (the shorthand) and each
+/// pull reader; nowhere at `level: none`.
+pub fn pull_addresses(cfg: &TelemetryConfig) -> Vec<String> {
+    if cfg.metrics.level == Level::None {
+        return vec![];
+    }
+    let mut out: Vec<String> = Some(cfg.metrics.address.clone()).filter(|a| !a.is_empty()).into_iter().collect();
+    for r in &cfg.metrics.readers {
+        if let Some(p) = &r.pull {
+            out.push(format!("{}:{}", p.exporter.prometheus.host, p.exporter.prometheus.port));
+        }
+    }
+    out
+}
 
 pub async fn serve(address: &str, telemetry: Telemetry) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {

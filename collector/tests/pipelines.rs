@@ -217,8 +217,11 @@ fn metrics_and_health_check_are_served() {
     assert!(wait_until(Duration::from_secs(10), || http_get(&maddr, "/metrics")
         .1
         .contains("profcol_receiver_accepted_samples_total{receiver=\"file\"} 100")));
+    // An OTel histogram has its first point with the first export.
+    let latency = "profcol_exporter_export_latency_count{exporter=\"file\"}";
+    wait_until(Duration::from_secs(10), || http_get(&maddr, "/metrics").1.contains(latency));
     let (_, m) = http_get(&maddr, "/metrics");
-    assert!(m.contains("profcol_exporter_export_latency_count{exporter=\"file\"}"), "{m}");
+    assert!(m.contains(latency), "{m}");
     p.signal(libc::SIGTERM);
     assert!(p.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
 }

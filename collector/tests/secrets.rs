@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 /// Every secret below; none may appear in any output.
-const SECRETS: [&str; 7] =
-    ["tok-grpc-1", "ck-grpc-2", "pw-http-3", "key-http-4", "pw-pyro-5", "tok-pyro-6", "tenant-sig-7"];
+const SECRETS: [&str; 8] =
+    ["tok-grpc-1", "ck-grpc-2", "pw-http-3", "key-http-4", "pw-pyro-5", "tok-pyro-6", "tenant-sig-7", "tel-key-8"];
 
 fn config(dir: &std::path::Path) -> String {
     format!(
@@ -38,7 +38,12 @@ exporters:
       x-scope-orgid: tenant-sig-7
 service:
   telemetry:
-    metrics: {{address: \"\"}}
+    metrics:
+      address: \"\"
+      readers:
+        - periodic:
+            interval: 200ms
+            exporter: {{otlp: {{endpoint: http://127.0.0.1:1, headers: {{api-key: tel-key-8}}}}}}
   pipelines:
     profiles:
       receivers: [file]
@@ -65,7 +70,7 @@ fn print_config_shows_no_secret() {
     assert_no_secret("print-config", &text);
     // Redacted by type: header names are kept, values replaced; URLs keep
     // everything but the password.
-    assert_eq!(text.matches("[REDACTED]").count(), 7, "{text}");
+    assert_eq!(text.matches("[REDACTED]").count(), 8, "{text}");
     assert!(text.contains("Cookie: '[REDACTED]'") || text.contains("Cookie: \"[REDACTED]\""), "{text}");
     assert!(text.contains("http://alice:[REDACTED]@127.0.0.1:1"), "{text}");
     assert!(text.contains("http://bob:[REDACTED]@127.0.0.1:1"), "{text}");

@@ -91,6 +91,12 @@ const CASES: &[Case] = &[
     // service
     case("service:\n  telemetry:\n    metrics:\n      address: localhost:88888\n", "service::telemetry::metrics::address", "address:", "or \"\" to turn /metrics off"),
     case("service:\n  shutdown_timeout: 0s\n", "service::shutdown_timeout", "shutdown_timeout:", "must be greater than 0"),
+    // service.telemetry (issue 13)
+    case("service:\n  telemetry:\n    metrics:\n      readers:\n        - periodic:\n            exporter:\n              otlp:\n                endpoint: localhost:4317\n", "service::telemetry::metrics::readers::0::periodic::exporter::otlp::endpoint", "endpoint:", "write http://host:port or https://host:port"),
+    case("service:\n  telemetry:\n    metrics:\n      readers:\n        - periodic:\n            interval: 10ms\n            exporter:\n              otlp:\n                endpoint: http://localhost:4317\n", "service::telemetry::metrics::readers::0::periodic::interval", "interval:", "at least 100ms"),
+    case("service:\n  telemetry:\n    metrics:\n      readers:\n        - pull:\n            exporter:\n              prometheus:\n                port: 8888\n", "service::telemetry::metrics::readers::0::pull::exporter::prometheus::port", "port:", "is metrics.address already"),
+    case("service:\n  telemetry:\n    logs:\n      processors:\n        - batch:\n            schedule_delay: 0s\n            exporter:\n              otlp:\n                endpoint: https://localhost:4317\n                tls:\n                  ca_file: {dir}/missing.pem\n", "service::telemetry::logs::processors::0::batch::exporter::otlp::tls::ca_file", "ca_file:", "cannot read"),
+    case("service:\n  telemetry:\n    traces:\n      sampling_ratio: 2\n", "service::telemetry::traces::sampling_ratio", "sampling_ratio:", "use a number from 0.0 to 1.0"),
 ];
 
 fn fill(text: &str, dir: &Path) -> String {

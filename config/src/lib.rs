@@ -13,11 +13,17 @@ pub mod expand;
 pub mod merge;
 mod positions;
 mod service;
+mod telemetry;
 mod value;
 
 pub use error::{render_path, ConfigError, ConfigErrors, Position};
 pub use positions::Positions;
-pub use service::{LogsConfig, MetricsConfig, PipelineConfig, PluginsConfig, ServiceConfig, TelemetryConfig};
+pub use service::{PipelineConfig, PluginsConfig, ServiceConfig};
+pub use telemetry::{
+    BatchProcessorConfig, LogEncoding, LogProcessorConfig, LogsConfig, MetricReaderConfig, MetricsConfig, OtlpProtocol,
+    OtlpTelemetryExporter, PeriodicReaderConfig, PrometheusConfig, PullExporterConfig, PullReaderConfig,
+    PushExporterConfig, TelemetryConfig, TelemetryTls, TracesConfig,
+};
 pub use value::{parse_section, to_config_value};
 
 use profcol_api::component::{ComponentId, Kind};
@@ -291,11 +297,12 @@ fn from_value(merged: Value, positions: Positions) -> (Option<Config>, Vec<Confi
 /// What the typed `service` section must hold beyond its types.
 fn check_service(s: &ServiceConfig, r: &mut Report<'_>) {
     use profcol_api::config::checks;
-    let addr = &s.telemetry.metrics.address;
-    if !addr.is_empty() {
-        if let Err(m) = checks::host_port(addr, true) {
-            r.at(&["service", "telemetry", "metrics", "address"], format!("{m}; or \"\" to turn /metrics off"));
-        }
+    let mut problems = Vec::new();
+    telemetry::check(&s.telemetry, &mut problems);
+    for (path, m) in problems {
+        let mut full = vec!["service".to_owned(), "telemetry".to_owned()];
+        full.extend(path);
+        r.at(&full, m);
     }
     if let Err(m) = checks::positive(s.shutdown_timeout, "the drain budget on SIGINT/SIGTERM; default 10s") {
         r.at(&["service", "shutdown_timeout"], m);

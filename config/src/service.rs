@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use crate::telemetry::TelemetryConfig;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServiceConfig {
@@ -48,37 +50,4 @@ pub struct PipelineConfig {
     pub receivers: Vec<String>,
     pub processors: Vec<String>,
     pub exporters: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct TelemetryConfig {
-    pub logs: LogsConfig,
-    pub metrics: MetricsConfig,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogsConfig {
-    /// error, warn, info, debug or trace (or a tracing filter directive).
-    pub level: String,
-}
-
-impl Default for LogsConfig {
-    fn default() -> Self {
-        LogsConfig { level: "info".into() }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct MetricsConfig {
-    /// Where Prometheus text is served (`/metrics`); empty turns it off.
-    pub address: String,
-}
-
-impl Default for MetricsConfig {
-    fn default() -> Self {
-        MetricsConfig { address: "localhost:8888".into() }
-    }
 }

@@ -11,6 +11,7 @@
 //! - [`log`]: the process's own log captured, to read bound addresses;
 //! - [`plugins`]: WebAssembly plugins (plugins/testdata, examples/plugins), built on demand;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
+//! - [`py_otlp`]: the OTLP server on the official Python stack;
 //! - [`tools`]: external tools that must be there under CI=true.
 
 pub mod alloc;
@@ -21,6 +22,7 @@ pub mod log;
 pub mod net;
 pub mod otlp;
 pub mod plugins;
+pub mod py_otlp;
 pub mod raw;
 pub mod sink;
 pub mod tools;

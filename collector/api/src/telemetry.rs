@@ -1,15 +1,65 @@
-//! Self-telemetry: per-component counters, rendered as Prometheus text.
+//! Self-telemetry: the instruments components record through, backed by the
+//! OpenTelemetry SDK's meter provider.
 //!
-//! Metrics are registered by (name, component id); registering the same pair
-//! again (a component rebuilt by a reload) returns the same cell, so counts
-//! survive reloads.
+//! A component gets its handles once (at build time) and records with one
+//! relaxed atomic add: the Rust SDK has no stable bound instruments, so a
+//! synchronous `Counter::add` would hash its attribute set on every call.
+//! Instead each series is an atomic cell, and each metric family is one
+//! *observable* OTel instrument whose callback reads the family's cells when a
+//! reader collects. Every exit (the Prometheus pull reader rendered by
+//! `opentelemetry-prometheus`, the OTLP periodic readers the host adds)
+//! collects the same instruments from the same provider: there is no second
+//! registry. Durations are synchronous OTel histograms (recorded per export,
+//! not per sample).
+//!
+//! Series are registered by (name, labels); registering the same pair again
+//! (a component rebuilt by a reload) returns the same cell, so counts survive
+//! reloads. The cells exist at every [`Level`]; a series whose level is above
+//! the configured one is never registered with the SDK, so no reader sees it.
 
 use crate::component::{ComponentId, Kind};
+use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::metrics::{MeterProviderBuilder, SdkMeterProvider};
+use opentelemetry_sdk::Resource;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// How much the collector reports about itself (`service.telemetry.metrics.level`,
+/// the OTel Collector's levels).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// No metrics: no reader is built and nothing is served.
+    None,
+    /// The host's counters only: receiver accepted/refused, processor
+    /// incoming/outgoing/dropped/refused, exporter sent/send_failed/refused/dropped,
+    /// queue size and capacity.
+    Basic,
+    /// Basic, plus every component's own series and export latency (sum and count).
+    #[default]
+    Normal,
+    /// Normal, plus latency histograms with buckets.
+    Detailed,
+}
+
+/// Bucket bounds (seconds) of duration histograms at [`Level::Detailed`];
+/// below it a histogram carries sum and count only.
+const DETAILED_SECONDS_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
 /// A monotonically increasing count.
 #[derive(Clone, Debug, Default)]
@@ -43,16 +93,19 @@ impl Gauge {
     }
 }
 
-/// Sum and count of durations (a Prometheus summary without quantiles).
-#[derive(Clone, Debug, Default)]
+/// Durations: an OTel histogram in seconds (sum and count; buckets at
+/// [`Level::Detailed`]), plus the count for callers that read it back.
+#[derive(Clone, Default)]
 pub struct Timer {
-    sum_us: Counter,
+    histogram: Option<(Histogram<f64>, Arc<[KeyValue]>)>,
     count: Counter,
 }
 
 impl Timer {
     pub fn record(&self, d: Duration) {
-        self.sum_us.add(d.as_micros() as u64);
+        if let Some((h, attrs)) = &self.histogram {
+            h.record(d.as_secs_f64(), attrs);
+        }
         self.count.inc();
     }
     pub fn count(&self) -> u64 {
@@ -60,37 +113,9 @@ impl Timer {
     }
 }
 
-/// Durations counted into fixed buckets (a Prometheus histogram, seconds).
-#[derive(Clone, Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    /// One count per bound (non-cumulative), then +Inf.
-    buckets: Arc<[AtomicU64]>,
-    sum_us: Counter,
-}
-
-impl Histogram {
-    /// Bounds in seconds from 50 µs to 10 s: fits calls from a no-op to a timeout.
-    pub const CALL_SECONDS: &'static [f64] =
-        &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0];
-
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_us: Counter::default(),
-        }
-    }
-
-    pub fn record(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        let i = self.bounds.iter().position(|b| s <= *b).unwrap_or(self.bounds.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us.add(d.as_micros() as u64);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+impl std::fmt::Debug for Timer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timer").field("count", &self.count()).finish()
     }
 }
 
@@ -99,58 +124,265 @@ enum Cell {
     Counter(Counter),
     Gauge(Gauge),
     Timer(Timer),
-    Histogram(Histogram),
 }
 
-#[derive(Default)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CellKind {
+    Counter,
+    Gauge,
+    Timer,
+}
+
+/// The series of one family: what its observable callback reads.
+type Series<C> = Arc<Mutex<Vec<(Vec<KeyValue>, C)>>>;
+
+enum FamilyCells {
+    Counter(Series<Counter>),
+    Gauge(Series<Gauge>),
+    /// Timers record into their histogram themselves.
+    Timer(Option<Histogram<f64>>),
+}
+
 struct Family {
-    help: String,
-    cells: BTreeMap<String, Cell>,
+    kind: CellKind,
+    cells: FamilyCells,
+    /// Rendered label set → cell, for the same-pair-same-cell rule.
+    by_labels: BTreeMap<String, Cell>,
 }
 
-/// The process-wide metric registry.
-#[derive(Clone, Default)]
+struct Inner {
+    level: Level,
+    /// `None` at [`Level::None`]: no provider, no reader, nothing registered.
+    sdk: Option<Sdk>,
+    families: Mutex<BTreeMap<String, Family>>,
+}
+
+struct Sdk {
+    provider: SdkMeterProvider,
+    meter: Meter,
+    /// The pull exit's registry (`opentelemetry-prometheus` collects into it).
+    prometheus: Option<prometheus::Registry>,
+}
+
+/// How a [`Telemetry`] is built: level, resource, readers.
+pub struct TelemetryBuilder {
+    level: Level,
+    provider: MeterProviderBuilder,
+    pull: bool,
+}
+
+impl TelemetryBuilder {
+    /// The collector's own resource (service.name, host.name, ...).
+    pub fn resource(mut self, resource: Resource) -> Self {
+        self.provider = self.provider.with_resource(resource);
+        self
+    }
+
+    /// Keep a Prometheus pull reader, rendered by [`Telemetry::render`]
+    /// (default on).
+    pub fn prometheus(mut self, on: bool) -> Self {
+        self.pull = on;
+        self
+    }
+
+    /// Adds a reader (the host's OTLP periodic readers). Ignored at [`Level::None`].
+    pub fn reader<R: opentelemetry_sdk::metrics::reader::MetricReader>(mut self, reader: R) -> Self {
+        if self.level != Level::None {
+            self.provider = self.provider.with_reader(reader);
+        }
+        self
+    }
+
+    pub fn build(self) -> Telemetry {
+        let sdk = (self.level != Level::None).then(|| {
+            let mut provider = self.provider;
+            let mut prometheus = None;
+            if self.pull {
+                let registry = prometheus::Registry::new();
+                // Today's text names: no unit suffixes, no otel_scope labels,
+                // no target_info (docs/CONFIG.md lists the names).
+                let exporter = opentelemetry_prometheus::exporter()
+                    .with_registry(registry.clone())
+                    .without_units()
+                    .without_target_info()
+                    .scope_info_enabled(false)
+                    .build();
+                match exporter {
+                    Ok(e) => {
+                        provider = provider.with_reader(e);
+                        prometheus = Some(registry);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot build the Prometheus reader; /metrics will be empty"),
+                }
+            }
+            let provider = provider.build();
+            let meter = provider.meter("profcol");
+            Sdk { provider, meter, prometheus }
+        });
+        Telemetry { inner: Arc::new(Inner { level: self.level, sdk, families: Mutex::new(BTreeMap::new()) }) }
+    }
+}
+
+/// The process-wide instruments and the meter provider behind them.
+#[derive(Clone)]
 pub struct Telemetry {
-    families: Arc<Mutex<BTreeMap<String, Family>>>,
+    inner: Arc<Inner>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Telemetry {
+    /// Level `normal` with a Prometheus pull reader and an empty resource
+    /// (tests and tools; the host builds through [`Telemetry::builder`]).
     pub fn new() -> Self {
-        Self::default()
+        Self::builder(Level::Normal).build()
     }
 
-    fn cell(&self, name: &str, help: &str, labels: String, make: impl FnOnce() -> Cell) -> Cell {
-        let mut f = self.families.lock().unwrap_or_else(|p| p.into_inner());
-        let fam = f.entry(name.to_owned()).or_insert_with(|| Family { help: help.to_owned(), cells: BTreeMap::new() });
-        fam.cells.entry(labels).or_insert_with(make).clone()
+    pub fn builder(level: Level) -> TelemetryBuilder {
+        TelemetryBuilder { level, provider: SdkMeterProvider::builder(), pull: true }
     }
 
-    pub fn counter(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Counter {
-        match self.cell(name, help, render_labels(labels), || Cell::Counter(Counter::default())) {
-            Cell::Counter(c) => c,
-            _ => Counter::default(),
+    pub fn level(&self) -> Level {
+        self.inner.level
+    }
+
+    /// Collects every reader now (periodic readers push their OTLP batch).
+    pub fn force_flush(&self) {
+        if let Some(sdk) = &self.inner.sdk {
+            if let Err(e) = sdk.provider.force_flush() {
+                tracing::debug!(error = %e, "metrics flush failed");
+            }
         }
+    }
+
+    /// Flushes and stops the readers (at process exit).
+    pub fn shutdown(&self) {
+        if let Some(sdk) = &self.inner.sdk {
+            let _ = sdk.provider.shutdown();
+        }
+    }
+
+    fn cell(&self, name: &str, help: &str, labels: &[(&str, &str)], kind: CellKind, level: Level) -> Cell {
+        let mut families = self.inner.families.lock().unwrap_or_else(|p| p.into_inner());
+        if !families.contains_key(name) {
+            let cells = self.register(name, help, kind, level);
+            families.insert(name.to_owned(), Family { kind, cells, by_labels: BTreeMap::new() });
+        }
+        let Some(fam) = families.get_mut(name) else { return detached(kind) };
+        if fam.kind != kind {
+            // One name, two kinds: a programming error; the second never exports.
+            return detached(kind);
+        }
+        let key = render_labels(labels);
+        if let Some(c) = fam.by_labels.get(&key) {
+            return c.clone();
+        }
+        let attrs: Vec<KeyValue> = labels.iter().map(|(k, v)| KeyValue::new(k.to_string(), v.to_string())).collect();
+        let cell = match &fam.cells {
+            FamilyCells::Counter(s) => {
+                let c = Counter::default();
+                s.lock().unwrap_or_else(|p| p.into_inner()).push((attrs, c.clone()));
+                Cell::Counter(c)
+            }
+            FamilyCells::Gauge(s) => {
+                let g = Gauge::default();
+                s.lock().unwrap_or_else(|p| p.into_inner()).push((attrs, g.clone()));
+                Cell::Gauge(g)
+            }
+            FamilyCells::Timer(h) => {
+                Cell::Timer(Timer { histogram: h.clone().map(|h| (h, attrs.into())), count: Counter::default() })
+            }
+        };
+        fam.by_labels.insert(key, cell.clone());
+        cell
+    }
+
+    /// Registers a family's instrument with the SDK, when its level is on.
+    fn register(&self, name: &str, help: &str, kind: CellKind, level: Level) -> FamilyCells {
+        let meter = match &self.inner.sdk {
+            Some(sdk) if level <= self.inner.level => Some(&sdk.meter),
+            _ => None,
+        };
+        let help = help.to_owned();
+        match kind {
+            CellKind::Counter => {
+                let series: Series<Counter> = Arc::default();
+                if let Some(meter) = meter {
+                    // OTel counters carry no `_total`; the Prometheus exit adds it back.
+                    let otel_name = name.strip_suffix("_total").unwrap_or(name).to_owned();
+                    let s = series.clone();
+                    meter
+                        .u64_observable_counter(otel_name)
+                        .with_description(help)
+                        .with_callback(move |obs| {
+                            for (attrs, c) in s.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                                obs.observe(c.get(), attrs);
+                            }
+                        })
+                        .build();
+                }
+                FamilyCells::Counter(series)
+            }
+            CellKind::Gauge => {
+                let series: Series<Gauge> = Arc::default();
+                if let Some(meter) = meter {
+                    let s = series.clone();
+                    meter
+                        .i64_observable_gauge(name.to_owned())
+                        .with_description(help)
+                        .with_callback(move |obs| {
+                            for (attrs, g) in s.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                                obs.observe(g.get(), attrs);
+                            }
+                        })
+                        .build();
+                }
+                FamilyCells::Gauge(series)
+            }
+            CellKind::Timer => FamilyCells::Timer(meter.map(|meter| {
+                let buckets =
+                    if self.inner.level >= Level::Detailed { DETAILED_SECONDS_BUCKETS.to_vec() } else { Vec::new() };
+                meter
+                    .f64_histogram(name.to_owned())
+                    .with_description(help)
+                    .with_unit("s")
+                    .with_boundaries(buckets)
+                    .build()
+            })),
+        }
+    }
+
+    /// A series of [`Level::Normal`] (a component's own).
+    pub fn counter(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Counter {
+        self.counter_at(Level::Normal, name, help, labels)
     }
 
     pub fn gauge(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Gauge {
-        match self.cell(name, help, render_labels(labels), || Cell::Gauge(Gauge::default())) {
-            Cell::Gauge(g) => g,
-            _ => Gauge::default(),
-        }
+        self.gauge_at(Level::Normal, name, help, labels)
     }
 
     pub fn timer(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Timer {
-        match self.cell(name, help, render_labels(labels), || Cell::Timer(Timer::default())) {
+        match self.cell(name, help, labels, CellKind::Timer, Level::Normal) {
             Cell::Timer(t) => t,
             _ => Timer::default(),
         }
     }
 
-    /// A histogram of durations with the given bucket bounds (seconds).
-    pub fn histogram(&self, name: &str, help: &str, labels: &[(&str, &str)], bounds: &'static [f64]) -> Histogram {
-        match self.cell(name, help, render_labels(labels), || Cell::Histogram(Histogram::new(bounds))) {
-            Cell::Histogram(h) => h,
-            _ => Histogram::new(bounds),
+    fn counter_at(&self, level: Level, name: &str, help: &str, labels: &[(&str, &str)]) -> Counter {
+        match self.cell(name, help, labels, CellKind::Counter, level) {
+            Cell::Counter(c) => c,
+            _ => Counter::default(),
+        }
+    }
+
+    fn gauge_at(&self, level: Level, name: &str, help: &str, labels: &[(&str, &str)]) -> Gauge {
+        match self.cell(name, help, labels, CellKind::Gauge, level) {
+            Cell::Gauge(g) => g,
+            _ => Gauge::default(),
         }
     }
 
@@ -159,15 +391,17 @@ impl Telemetry {
         let ids = id.to_string();
         let l = [(kind.as_str(), ids.as_str())];
         let k = kind.as_str();
+        let basic = Level::Basic;
         ComponentTelemetry {
             // Processors count what went in and out, exporters what they sent
             // (the OTel Collector's names).
             accepted: match kind {
                 Kind::Processor | Kind::Exporter => Counter::default(),
-                _ => self.counter(&format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
+                _ => self.counter_at(basic, &format!("profcol_{k}_accepted_samples_total"), "Samples accepted.", &l),
             },
             sent: match kind {
-                Kind::Exporter => self.counter(
+                Kind::Exporter => self.counter_at(
+                    basic,
                     &format!("profcol_{k}_sent_samples_total"),
                     "Samples the backend took (a partial success counts what it did not reject).",
                     &l,
@@ -175,25 +409,35 @@ impl Telemetry {
                 _ => Counter::default(),
             },
             incoming: match kind {
-                Kind::Processor => {
-                    self.counter(&format!("profcol_{k}_incoming_samples_total"), "Samples handed to the processor.", &l)
-                }
+                Kind::Processor => self.counter_at(
+                    basic,
+                    &format!("profcol_{k}_incoming_samples_total"),
+                    "Samples handed to the processor.",
+                    &l,
+                ),
                 _ => Counter::default(),
             },
             outgoing: match kind {
-                Kind::Processor => self.counter(
+                Kind::Processor => self.counter_at(
+                    basic,
                     &format!("profcol_{k}_outgoing_samples_total"),
                     "Samples the processor passed on (after merging or changing them).",
                     &l,
                 ),
                 _ => Counter::default(),
             },
-            refused: self.counter(&format!("profcol_{k}_refused_samples_total"), "Samples refused downstream.", &l),
-            dropped: self.counter(&format!("profcol_{k}_dropped_samples_total"), "Samples dropped.", &l),
+            refused: self.counter_at(
+                basic,
+                &format!("profcol_{k}_refused_samples_total"),
+                "Samples refused downstream.",
+                &l,
+            ),
+            dropped: self.counter_at(basic, &format!("profcol_{k}_dropped_samples_total"), "Samples dropped.", &l),
             // The sending-queue cells mean something for exporters only; other
             // kinds get unregistered ones, so /metrics shows no always-zero series.
             send_failed: match kind {
-                Kind::Exporter => self.counter(
+                Kind::Exporter => self.counter_at(
+                    basic,
                     &format!("profcol_{k}_send_failed_samples_total"),
                     "Samples whose export failed for good.",
                     &l,
@@ -201,7 +445,8 @@ impl Telemetry {
                 _ => Counter::default(),
             },
             queue_size: match kind {
-                Kind::Exporter => self.gauge(
+                Kind::Exporter => self.gauge_at(
+                    basic,
                     &format!("profcol_{k}_queue_size"),
                     "What the sending queue holds (waiting or being sent), in the unit of sending_queue.sizer.",
                     &l,
@@ -209,7 +454,8 @@ impl Telemetry {
                 _ => Gauge::default(),
             },
             queue_capacity: match kind {
-                Kind::Exporter => self.gauge(
+                Kind::Exporter => self.gauge_at(
+                    basic,
                     &format!("profcol_{k}_queue_capacity"),
                     "The sending queue's bound (sending_queue.queue_size), in the unit of sending_queue.sizer.",
                     &l,
@@ -228,65 +474,36 @@ impl Telemetry {
         }
     }
 
-    /// Prometheus text exposition format.
+    /// Prometheus text exposition format, as the pull reader collects it now
+    /// (empty at [`Level::None`] or without a pull reader).
     pub fn render(&self) -> String {
-        let f = self.families.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = String::new();
-        for (name, fam) in f.iter() {
-            let ty = match fam.cells.values().next() {
-                Some(Cell::Counter(_)) => "counter",
-                Some(Cell::Gauge(_)) => "gauge",
-                Some(Cell::Timer(_)) => "summary",
-                Some(Cell::Histogram(_)) => "histogram",
-                None => continue,
-            };
-            let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {ty}", fam.help);
-            for (labels, cell) in &fam.cells {
-                let _ = match cell {
-                    Cell::Counter(c) => writeln!(out, "{name}{labels} {}", c.get()),
-                    Cell::Gauge(g) => writeln!(out, "{name}{labels} {}", g.get()),
-                    Cell::Timer(t) => writeln!(
-                        out,
-                        "{name}_sum{labels} {}\n{name}_count{labels} {}",
-                        t.sum_us.get() as f64 / 1e6,
-                        t.count.get()
-                    ),
-                    Cell::Histogram(h) => render_histogram(&mut out, name, labels, h),
-                };
-            }
-        }
-        out
+        let Some(registry) = self.inner.sdk.as_ref().and_then(|s| s.prometheus.as_ref()) else {
+            return String::new();
+        };
+        prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot encode /metrics");
+            String::new()
+        })
     }
 }
 
-fn render_histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) -> std::fmt::Result {
-    // `le` joins the series' own labels inside one pair of braces.
-    let with_le = |le: &str| match labels.strip_suffix('}') {
-        Some(l) => format!("{l},le=\"{le}\"}}"),
-        None => format!("{{le=\"{le}\"}}"),
-    };
-    let mut cumulative = 0;
-    for (i, b) in h.buckets.iter().enumerate() {
-        cumulative += b.load(Ordering::Relaxed);
-        let le = h.bounds.get(i).map_or("+Inf".to_owned(), |b| b.to_string());
-        writeln!(out, "{name}_bucket{} {cumulative}", with_le(&le))?;
+fn detached(kind: CellKind) -> Cell {
+    match kind {
+        CellKind::Counter => Cell::Counter(Counter::default()),
+        CellKind::Gauge => Cell::Gauge(Gauge::default()),
+        CellKind::Timer => Cell::Timer(Timer::default()),
     }
-    writeln!(out, "{name}_sum{labels} {}\n{name}_count{labels} {cumulative}", h.sum_us.get() as f64 / 1e6)
 }
 
+/// The key of a label set (also the Prometheus form, for readability in tests).
 fn render_labels(labels: &[(&str, &str)]) -> String {
-    if labels.is_empty() {
-        return String::new();
+    let mut s = String::new();
+    for (k, v) in labels {
+        s.push_str(k);
+        s.push('=');
+        s.push_str(&v.replace('\\', "\\\\").replace(',', "\\,"));
+        s.push(',');
     }
-    let mut s = String::from("{");
-    for (i, (k, v)) in labels.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
-        let _ = write!(s, "{k}=\"{v}\"");
-    }
-    s.push('}');
     s
 }
 
@@ -335,7 +552,8 @@ impl ComponentTelemetry {
         self.registry.gauge(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
     }
 
-    /// The registry, for series with labels of their own.
+    /// The registry, for series with labels of their own (a plugin's
+    /// `component` plus `outcome`, `kind` or `name`).
     pub fn registry(&self) -> &Telemetry {
         &self.registry
     }
@@ -349,27 +567,6 @@ impl ComponentTelemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn histograms_render_cumulative_buckets_with_their_labels() {
-        let t = Telemetry::new();
-        let h = t.histogram("x_seconds", "X.", &[("component", "wasm/a")], &[0.001, 0.1]);
-        h.record(Duration::from_micros(500));
-        h.record(Duration::from_millis(50));
-        h.record(Duration::from_secs(2));
-        assert_eq!(h.count(), 3);
-        let text = t.render();
-        for line in [
-            "# TYPE x_seconds histogram",
-            "x_seconds_bucket{component=\"wasm/a\",le=\"0.001\"} 1",
-            "x_seconds_bucket{component=\"wasm/a\",le=\"0.1\"} 2",
-            "x_seconds_bucket{component=\"wasm/a\",le=\"+Inf\"} 3",
-            "x_seconds_sum{component=\"wasm/a\"} 2.0505",
-            "x_seconds_count{component=\"wasm/a\"} 3",
-        ] {
-            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
-        }
-    }
 
     #[test]
     fn same_component_shares_cells_and_renders() {
@@ -388,5 +585,37 @@ mod tests {
         let text = t.render();
         assert!(text.contains("profcol_processor_incoming_samples_total{processor=\"batch\"} 5"), "{text}");
         assert!(!text.contains("profcol_processor_accepted"), "{text}");
+        assert!(text.contains("# TYPE profcol_processor_incoming_samples_total counter"), "{text}");
+    }
+
+    #[test]
+    fn levels_gate_what_the_readers_see() {
+        let id: ComponentId = "otlp".parse().unwrap();
+        let none = Telemetry::builder(Level::None).build();
+        let c = none.component(Kind::Exporter, &id);
+        c.sent.add(2);
+        assert_eq!(c.sent.get(), 2, "cells count at every level");
+        assert_eq!(none.render(), "");
+
+        let basic = Telemetry::builder(Level::Basic).build();
+        let c = basic.component(Kind::Exporter, &id);
+        c.sent.add(2);
+        c.counter("retryable_errors_total", "x").add(1);
+        c.export_latency.record(Duration::from_millis(3));
+        let text = basic.render();
+        assert!(text.contains("profcol_exporter_sent_samples_total{exporter=\"otlp\"} 2"), "{text}");
+        assert!(!text.contains("retryable_errors"), "{text}");
+        assert!(!text.contains("export_latency"), "{text}");
+
+        let normal = Telemetry::new();
+        normal.component(Kind::Exporter, &id).export_latency.record(Duration::from_millis(3));
+        let text = normal.render();
+        assert!(text.contains("profcol_exporter_export_latency_count{exporter=\"otlp\"} 1"), "{text}");
+        assert!(!text.contains("le=\"0.005\""), "no buckets below detailed: {text}");
+
+        let detailed = Telemetry::builder(Level::Detailed).build();
+        detailed.component(Kind::Exporter, &id).export_latency.record(Duration::from_millis(3));
+        let text = detailed.render();
+        assert!(text.contains("profcol_exporter_export_latency_bucket{exporter=\"otlp\",le=\"0.005\"} 1"), "{text}");
     }
 }

@@ -18,11 +18,13 @@ mod retry;
 use persistent::{PersistError, PersistentQueue, Ticket};
 use queue::{Rejected, SizedQueue};
 
+use crate::service::batch_trace::{samples_attr, BatchTrace};
+use opentelemetry::KeyValue;
 use profcol_api::exporterhelper::{ExporterHelperConfig, Sizer};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ComponentId, Exporter, Profiles};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -43,6 +45,12 @@ impl Queued {
             Queued::Memory(_) => None,
         }
     }
+}
+
+/// A queue entry: the batch, and (batch tracing on) its trace and when it was queued.
+struct Entry {
+    item: Queued,
+    trace: Option<(BatchTrace, SystemTime)>,
 }
 
 /// What became of a batch the consumers took from the queue.
@@ -67,7 +75,7 @@ pub struct ExporterHandle {
     config: ExporterHelperConfig,
     telemetry: ComponentTelemetry,
     /// Bounded in the unit of `sending_queue.sizer`; a batch counts until its export ends.
-    queue: SizedQueue<Queued>,
+    queue: SizedQueue<Entry>,
     store: Option<Store>,
     consumers: tokio::sync::Mutex<JoinSet<()>>,
     /// Set when the host has begun draining: stop waiting between retries
@@ -128,14 +136,14 @@ impl ExporterHandle {
             let span = tracing::info_span!("exporter", id = %me.id);
             set.spawn(
                 async move {
-                    while let Some((item, weight)) = me.queue.pop().await {
+                    while let Some((entry, weight)) = me.queue.pop().await {
                         if let (Some(store), true) = (&me.store, me.shutting_down()) {
                             // On disk: goes out through whoever uses the queue next.
-                            store.queue.hand_back(item.ticket());
+                            store.queue.hand_back(entry.item.ticket());
                             me.release(weight);
                             break;
                         }
-                        me.export_one(item).await;
+                        me.export_one(entry).await;
                         me.release(weight);
                     }
                 }
@@ -157,7 +165,10 @@ impl ExporterHandle {
     }
 
     /// Sends one queued batch (with retries) and settles its file, if any.
-    async fn export_one(&self, item: Queued) {
+    async fn export_one(&self, Entry { item, trace }: Entry) {
+        if let Some((t, queued)) = &trace {
+            t.child(format!("queue_wait/{}", self.id), *queued, SystemTime::now(), vec![]);
+        }
         let (batch, ticket) = match item {
             Queued::Memory(b) => (b, None),
             Queued::Disk(t, Some(b)) => (b, Some(t)),
@@ -166,7 +177,7 @@ impl ExporterHandle {
                 None => return, // set aside as corrupt, with a warning
             },
         };
-        let outcome = self.send_with_retry(&batch).await;
+        let outcome = self.send_with_retry(&batch, trace.as_ref().map(|(t, _)| t)).await;
         drop(batch);
         match (outcome, ticket, &self.store) {
             (Outcome::Done, Some(ticket), _) => self.forget(ticket).await,
@@ -203,6 +214,12 @@ impl ExporterHandle {
     /// before this returns `Ok`; when it cannot be kept (disk queue full,
     /// write error) it is refused with the reason, never silently lost.
     pub async fn enqueue(&self, batch: Arc<Profiles>) -> Result<(), String> {
+        self.enqueue_traced(batch, None).await
+    }
+
+    /// [`Self::enqueue`] for a traced batch: its queue wait and export
+    /// attempts become spans of `trace`.
+    pub async fn enqueue_traced(&self, batch: Arc<Profiles>, trace: Option<BatchTrace>) -> Result<(), String> {
         let q = &self.config.sending_queue;
         let n = batch.sample_count() as u64;
         let blocking = !q.enabled || q.block_on_overflow;
@@ -222,11 +239,12 @@ impl ExporterHandle {
             // A persistent queue counts requests (the config check allows no other sizer).
             Queued::Disk(..) => 1,
         };
-        let pushed = if blocking { self.queue.push(item, weight).await } else { self.queue.try_push(item, weight) };
+        let entry = Entry { item, trace: trace.map(|t| (t, SystemTime::now())) };
+        let pushed = if blocking { self.queue.push(entry, weight).await } else { self.queue.try_push(entry, weight) };
         self.telemetry.queue_size.set(i64::try_from(self.queue.used()).unwrap_or(i64::MAX));
         let (item, full) = match pushed {
             Ok(()) => return Ok(()),
-            Err(Rejected::TooLarge(Queued::Memory(_))) => {
+            Err(Rejected::TooLarge(Entry { item: Queued::Memory(_), .. })) => {
                 self.telemetry.dropped.add(n);
                 let why = format!(
                     "exporter {}: a batch of {weight} {} is larger than the whole sending queue \
@@ -239,8 +257,8 @@ impl ExporterHandle {
                 // Waiting would never make room: a blocking pipeline tells its sender.
                 return if blocking { Err(why) } else { Ok(()) };
             }
-            Err(Rejected::Full(item)) => (item, true),
-            Err(Rejected::TooLarge(item)) | Err(Rejected::Closed(item)) => (item, false),
+            Err(Rejected::Full(e)) => (e.item, true),
+            Err(Rejected::TooLarge(e)) | Err(Rejected::Closed(e)) => (e.item, false),
         };
         match item {
             // Closed for shutdown: the batch is on disk and goes out through
@@ -329,7 +347,7 @@ impl ExporterHandle {
             let n = tickets.len();
             let mut rest = tickets.into_iter();
             while let Some(ticket) = rest.next() {
-                let item = Queued::Disk(ticket.clone(), None);
+                let item = Entry { item: Queued::Disk(ticket.clone(), None), trace: None };
                 // A push dropped unfinished leaves nothing in the queue.
                 let sent = tokio::select! {
                     r = self.queue.push(item, 1) => r.is_ok(),
@@ -350,11 +368,14 @@ impl ExporterHandle {
         }
     }
 
-    async fn send_with_retry(&self, batch: &Profiles) -> Outcome {
+    async fn send_with_retry(&self, batch: &Profiles, trace: Option<&BatchTrace>) -> Outcome {
         let n = batch.sample_count() as u64;
         let mut backoff = retry::Backoff::new(&self.config.retry_on_failure);
+        let mut attempt = 0i64;
         loop {
             let t0 = Instant::now();
+            let started = trace.map(|_| SystemTime::now());
+            attempt += 1;
             let result = match tokio::time::timeout(self.config.timeout, self.exporter.export(batch)).await {
                 Ok(r) => r,
                 Err(_) => Err(profcol_api::ExportError::retryable(format!(
@@ -362,6 +383,23 @@ impl ExporterHandle {
                     self.config.timeout
                 ))),
             };
+            if let (Some(t), Some(started)) = (trace, started) {
+                let outcome = match &result {
+                    Ok(()) => "ok",
+                    Err(profcol_api::ExportError::Retryable { .. }) => "retryable",
+                    Err(profcol_api::ExportError::Permanent { .. }) => "permanent",
+                    Err(profcol_api::ExportError::Partial { .. }) => "partial",
+                };
+                let mut attrs = vec![
+                    KeyValue::new("profcol.outcome", outcome),
+                    KeyValue::new("profcol.attempt", attempt),
+                    samples_attr(n),
+                ];
+                if let Err(e) = &result {
+                    attrs.push(KeyValue::new("error.message", e.to_string()));
+                }
+                t.child(format!("export/{}", self.id), started, SystemTime::now(), attrs);
+            }
             let err = match result {
                 Ok(()) => {
                     self.telemetry.export_latency.record(t0.elapsed());
@@ -437,8 +475,8 @@ impl ExporterHandle {
         if let Some(store) = &self.store {
             // Still on disk: for the handle a reload starts, or the next start.
             let mut left = Vec::new();
-            while let Some((item, _)) = self.queue.try_pop() {
-                left.extend(item.ticket());
+            while let Some((entry, _)) = self.queue.try_pop() {
+                left.extend(entry.item.ticket());
             }
             store.queue.hand_back(left);
         }

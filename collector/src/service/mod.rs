@@ -2,6 +2,7 @@
 //! (exporters, processors, receivers), rebuilds it on reload keeping the
 //! instances whose config did not change, and drains it on shutdown.
 
+pub mod batch_trace;
 pub mod check;
 mod pipeline;
 mod switch;

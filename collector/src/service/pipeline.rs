@@ -10,21 +10,24 @@
 //! batch processor) is acknowledged when the batch that carries it is
 //! queued, so "acknowledged" still means "on disk".
 
+use super::batch_trace::{self, BatchTrace};
 use crate::exporter_helper::ExporterHandle;
 use async_trait::async_trait;
+use opentelemetry::KeyValue;
 use profcol_api::component::{ConsumeError, Consumer};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ComponentId, ProcessOutcome, Processor, Profiles};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 /// Batches waiting at a pipeline's input: small, so receivers feel backpressure.
 pub const INPUT_CAPACITY: usize = 8;
 
-/// A batch at a pipeline's input and where to say what became of it.
-pub type Input = (Profiles, oneshot::Sender<Result<(), ConsumeError>>);
+/// A batch at a pipeline's input, where to say what became of it, and (with
+/// batch tracing on) when the receiver handed it over.
+pub type Input = (Profiles, oneshot::Sender<Result<(), ConsumeError>>, Option<SystemTime>);
 
 /// The input end of a pipeline; receivers' [`profcol_api::Next`] point here.
 pub struct PipelineInput {
@@ -35,7 +38,8 @@ pub struct PipelineInput {
 impl Consumer for PipelineInput {
     async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError> {
         let (ack, done) = oneshot::channel();
-        self.tx.send((batch, ack)).await.map_err(|_| ConsumeError::Closed)?;
+        let since = batch_trace::enabled().then(SystemTime::now);
+        self.tx.send((batch, ack, since)).await.map_err(|_| ConsumeError::Closed)?;
         // The pipeline task owns the batch now; if it is torn down before it
         // answers, the batch did not reach the exporters.
         done.await.unwrap_or(Err(ConsumeError::Closed))
@@ -82,7 +86,10 @@ pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
     loop {
         tokio::select! {
             batch = rx.recv() => match batch {
-                Some((b, ack)) => process_from(&parts, &mut held, 0, b, vec![ack]).await,
+                Some((b, ack, since)) => {
+                    let trace = since.and_then(|t| BatchTrace::start(&parts.name, t, b.sample_count() as u64, false));
+                    process_from(&parts, &mut held, 0, b, vec![ack], trace).await
+                }
                 None => break,
             },
             _ = ticker.tick(), if flush_every.is_some() => flush(&parts, &mut held).await,
@@ -97,8 +104,10 @@ async fn flush(parts: &PipelineParts, held: &mut Held) {
         let acks = std::mem::take(&mut held.acks[i]);
         match p.instance.flush().await {
             Ok(Some(b)) => {
-                p.telemetry.outgoing.add(b.sample_count() as u64);
-                process_from(parts, held, i + 1, b, acks).await
+                let n = b.sample_count() as u64;
+                p.telemetry.outgoing.add(n);
+                let trace = BatchTrace::start(&parts.name, SystemTime::now(), n, true);
+                process_from(parts, held, i + 1, b, acks, trace).await
             }
             Ok(None) => answer(acks, Ok(())),
             Err(e) => {
@@ -126,11 +135,45 @@ fn answer(acks: Vec<Ack>, result: Result<(), ConsumeError>) {
 /// now), dropped (the sender is told OK: the drop was deliberate) or refused
 /// (an error: the sender hears it and may retry). An exporter whose
 /// persistent queue cannot take the batch makes it refused as well.
-async fn process_from(parts: &PipelineParts, held: &mut Held, start: usize, mut batch: Profiles, mut acks: Vec<Ack>) {
+async fn process_from(
+    parts: &PipelineParts,
+    held: &mut Held,
+    start: usize,
+    batch: Profiles,
+    acks: Vec<Ack>,
+    trace: Option<BatchTrace>,
+) {
+    let outcome = process_traced(parts, held, start, batch, acks, trace.as_ref()).await;
+    if let Some(t) = trace {
+        t.end(outcome);
+    }
+}
+
+/// [`process_from`]'s work; returns what became of the batch (the root span's `profcol.outcome`).
+async fn process_traced(
+    parts: &PipelineParts,
+    held: &mut Held,
+    start: usize,
+    mut batch: Profiles,
+    mut acks: Vec<Ack>,
+    trace: Option<&BatchTrace>,
+) -> &'static str {
     for (i, p) in parts.processors.iter().enumerate().skip(start) {
         let n = batch.sample_count() as u64;
         p.telemetry.incoming.add(n);
-        match p.instance.process(batch).await {
+        let t0 = trace.map(|_| SystemTime::now());
+        let result = p.instance.process(batch).await;
+        if let (Some(t), Some(t0)) = (trace, t0) {
+            let outcome = match &result {
+                Ok(ProcessOutcome::Forward(_)) => "forward",
+                Ok(ProcessOutcome::Held) => "held",
+                Ok(ProcessOutcome::Dropped { .. }) => "dropped",
+                Err(_) => "refused",
+            };
+            let attrs = vec![KeyValue::new("profcol.outcome", outcome), batch_trace::samples_attr(n)];
+            t.child(format!("processor/{}", p.id), t0, SystemTime::now(), attrs);
+        }
+        match result {
             Ok(ProcessOutcome::Forward(b)) => {
                 p.telemetry.outgoing.add(b.sample_count() as u64);
                 batch = b;
@@ -142,14 +185,22 @@ async fn process_from(parts: &PipelineParts, held: &mut Held, start: usize, mut 
                 warn!(pipeline = %parts.name, processor = %p.id, samples = n,
                     "processor held a batch but has no flush interval; counted as dropped");
                 p.telemetry.dropped.add(n);
-                return answer(acks, Ok(()));
+                answer(acks, Ok(()));
+                return "dropped";
             }
-            Ok(ProcessOutcome::Held) if held.durable => return held.acks[i].append(&mut acks),
-            Ok(ProcessOutcome::Held) => return answer(acks, Ok(())),
+            Ok(ProcessOutcome::Held) if held.durable => {
+                held.acks[i].append(&mut acks);
+                return "held";
+            }
+            Ok(ProcessOutcome::Held) => {
+                answer(acks, Ok(()));
+                return "held";
+            }
             Ok(ProcessOutcome::Dropped { reason, samples }) => {
                 tracing::debug!(pipeline = %parts.name, processor = %p.id, samples, %reason, "batch dropped");
                 p.telemetry.dropped.add(samples);
-                return answer(acks, Ok(()));
+                answer(acks, Ok(()));
+                return "dropped";
             }
             Err(e) => {
                 warn!(pipeline = %parts.name, processor = %p.id, samples = n, error = %e, "processor refused the batch");
@@ -159,27 +210,31 @@ async fn process_from(parts: &PipelineParts, held: &mut Held, start: usize, mut 
                     ConsumeError::Rejected(m) => ConsumeError::Rejected(format!("processor {}: {m}", p.id)),
                     other => other,
                 };
-                return answer(acks, Err(e));
+                answer(acks, Err(e));
+                return "refused";
             }
         }
     }
     if batch.is_empty() {
-        return answer(acks, Ok(()));
+        answer(acks, Ok(()));
+        return "empty";
     }
     let batch = Arc::new(batch);
     let mut refused = Vec::new();
     for e in &parts.exporters {
-        if let Err(why) = e.enqueue(Arc::clone(&batch)).await {
+        if let Err(why) = e.enqueue_traced(Arc::clone(&batch), trace.cloned()).await {
             refused.push(why);
         }
     }
     if refused.is_empty() {
         answer(acks, Ok(()));
+        "queued"
     } else {
         let why = refused.join("; ");
         if acks.is_empty() {
             warn!(pipeline = %parts.name, error = %why, "a flushed batch was refused");
         }
         answer(acks, Err(ConsumeError::Refused(why)));
+        "refused"
     }
 }

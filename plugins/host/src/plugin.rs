@@ -11,7 +11,7 @@ use crate::bindings::{exporter, processor, Output, PluginError};
 use crate::inspect::World;
 use crate::runtime::{runtime, Compiled, Runtime};
 use crate::sandbox::{self, Allow, HostState, Shared};
-use profcol_api::telemetry::{Counter, Gauge, Histogram, Telemetry};
+use profcol_api::telemetry::{Counter, Gauge, Telemetry, Timer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -113,7 +113,7 @@ struct Metrics {
     error: Counter,
     disabled_calls: Counter,
     disabled: Gauge,
-    duration: Histogram,
+    duration: Timer,
     registry: Telemetry,
 }
 
@@ -195,11 +195,10 @@ impl Plugin {
                 "1 while the plugin is disabled after repeated failures.",
                 &l,
             ),
-            duration: registry.histogram(
+            duration: registry.timer(
                 "profcol_plugin_call_duration_seconds",
                 "Time of plugin calls (on the blocking pool).",
                 &l,
-                Histogram::CALL_SECONDS,
             ),
             registry: registry.clone(),
         };
