@@ -43,10 +43,32 @@ enum Cmd {
         #[arg(long)]
         markdown: bool,
     },
+    /// Inspect or try out a WebAssembly plugin.
+    Plugin {
+        #[command(subcommand)]
+        cmd: PluginCmd,
+    },
     /// Resolve kernel addresses and inspect the kernel symbol store.
     KernelSymbols {
         #[command(subcommand)]
         cmd: kernel_symbols_cli::KernelSymbolsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCmd {
+    /// Print a plugin's world, WIT version, imports, exports and size.
+    Inspect { path: PathBuf },
+    /// Run a plugin once on a batch and print what it did (its stdout and
+    /// stderr show). Here `--config` takes the plugin's config as JSON (default {}).
+    Run {
+        path: PathBuf,
+        /// The batch: OTLP ProfilesData protobuf, or OTLP/JSON when it ends in .json.
+        #[arg(long, value_name = "BATCH.pb")]
+        input: PathBuf,
+        /// Limit of the call.
+        #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = humantime::parse_duration)]
+        call_timeout: std::time::Duration,
     },
 }
 
@@ -69,6 +91,7 @@ fn env(name: &str) -> Option<String> {
 fn load(cli: &Cli, registry: &Registry) -> Result<(Config, check::CheckedComponents), ConfigErrors> {
     let (config, mut errors) = profcol_config::load_partial(&sources(cli), &cli.set, &env);
     let Some(config) = config else { return Err(ConfigErrors(errors)) };
+    profcol_plugins::set_cache_dir(config.service.plugins.cache_dir.clone());
     match check::check(&config, registry) {
         Ok(checked) if errors.is_empty() => Ok((config, checked)),
         Ok(_) => Err(ConfigErrors(errors)),
@@ -113,6 +136,26 @@ fn main() -> ExitCode {
                 println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
             }
             ExitCode::SUCCESS
+        }
+        Some(Cmd::Plugin { cmd }) => {
+            let r = match cmd {
+                PluginCmd::Inspect { path } => profcol_plugins::cli::inspect_file(&path),
+                PluginCmd::Run { path, input, call_timeout } => match cli.config.as_slice() {
+                    [] => profcol_plugins::cli::run_file(&path, &input, None, call_timeout),
+                    [json] => profcol_plugins::cli::run_file(&path, &input, json.to_str(), call_timeout),
+                    _ => Err("plugin run takes one --config (the plugin's config as JSON)".into()),
+                },
+            };
+            match r {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            }
         }
         Some(Cmd::KernelSymbols { cmd }) => match kernel_symbols_cli::run(cmd) {
             Ok(()) => ExitCode::SUCCESS,

@@ -17,6 +17,7 @@ impl Registry {
             .into_iter()
             .chain(profcol_processors::factories())
             .chain(profcol_exporters::factories())
+            .chain(profcol_plugins::factories())
             .chain(crate::extensions::factories(host));
         for f in all {
             let m = f.meta();

@@ -18,7 +18,7 @@ mod value;
 
 pub use error::{render_path, ConfigError, ConfigErrors, Position};
 pub use positions::Positions;
-pub use service::{PipelineConfig, ServiceConfig};
+pub use service::{PipelineConfig, PluginsConfig, ServiceConfig};
 pub use telemetry::{
     BatchProcessorConfig, LogEncoding, LogProcessorConfig, LogsConfig, MetricReaderConfig, MetricsConfig, OtlpProtocol,
     OtlpTelemetryExporter, PeriodicReaderConfig, PrometheusConfig, PullExporterConfig, PullReaderConfig,

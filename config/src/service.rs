@@ -19,6 +19,17 @@ pub struct ServiceConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub shutdown_timeout: Duration,
+    /// WebAssembly plugins (`wasm` processors and exporters).
+    pub plugins: PluginsConfig,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginsConfig {
+    /// Where compiled plugins are cached (mode 0700, only profcol writes it);
+    /// default `$XDG_CACHE_HOME/profcol/plugins`, else `~/.cache/profcol/plugins`.
+    /// Where none is writable, plugins are compiled in memory at every start.
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ServiceConfig {
@@ -28,6 +39,7 @@ impl Default for ServiceConfig {
             pipelines: BTreeMap::new(),
             telemetry: TelemetryConfig::default(),
             shutdown_timeout: Duration::from_secs(10),
+            plugins: PluginsConfig::default(),
         }
     }
 }

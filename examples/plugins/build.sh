@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the example plugins into examples/plugins/out/NAME.wasm.
-#   Rust (drop_frames, add_attribute, folded_exporter): the plugin workspace
+#   Rust (drop_frames, add_attribute, folded_exporter, pass_through): the plugin workspace
 #   plugins/Cargo.toml for wasm32-wasip2 (`rustup target add wasm32-wasip2`),
 #   target dir plugins/target.
 #   Python (redact_paths): componentize-py, see below.
@@ -18,7 +18,7 @@ install_if_changed() {
 	cmp -s "$1" "$2" || cp "$1" "$2"
 }
 
-rust_plugins=(drop_frames add_attribute folded_exporter)
+rust_plugins=(drop_frames add_attribute folded_exporter pass_through)
 target="${PROFCOL_PLUGINS_TARGET_DIR:-$root/plugins/target}"
 pkgs=()
 for p in "${rust_plugins[@]}"; do pkgs+=(-p "$p"); done

@@ -9,6 +9,7 @@
 //! - [`net`]: loopback listeners handed over already bound (no port races);
 //! - [`otlp`]: an otlp receiver on loopback, collecting or forwarding;
 //! - [`log`]: the process's own log captured, to read bound addresses;
+//! - [`plugins`]: WebAssembly plugins (plugins/testdata, examples/plugins), built on demand;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
 //! - [`py_otlp`]: the OTLP server on the official Python stack;
 //! - [`tools`]: external tools that must be there under CI=true.
@@ -20,6 +21,7 @@ pub mod floor;
 pub mod log;
 pub mod net;
 pub mod otlp;
+pub mod plugins;
 pub mod py_otlp;
 pub mod raw;
 pub mod sink;
@@ -39,6 +41,7 @@ pub mod prelude {
     pub use crate::batch::{cpu_batch, every_field_batch, i, kv, merge, random_batch, s};
     pub use crate::net::{closed_port, listener, tokio_listener};
     pub use crate::otlp::{collecting_receiver, receiver_config, LOOPBACK};
+    pub use crate::plugins::{example_plugin, test_plugin};
     pub use crate::settings;
     pub use crate::sink::Collector;
     pub use crate::tools::{in_ci, tool_available};

@@ -396,6 +396,13 @@ pub trait Processor: Send + Sync + 'static {
 /// retry with backoff and a per-attempt timeout (see [`crate::exporterhelper`]).
 #[async_trait]
 pub trait Exporter: Send + Sync + 'static {
+    /// How many exports the host runs at once (the sending queue's
+    /// `num_consumers`; 1 without a queue), told before [`Exporter::start`].
+    /// An exporter that holds one resource per concurrent export (a
+    /// plugin's instances) sizes its pool to it.
+    fn set_concurrency(&self, exports: usize) {
+        let _ = exports;
+    }
     async fn start(&self) -> Result<(), ComponentError> {
         Ok(())
     }

@@ -113,6 +113,8 @@ impl ExporterHandle {
             }
             None => None,
         };
+        let consumers = if q.enabled { q.num_consumers.max(1) } else { 1 };
+        exporter.set_concurrency(consumers);
         exporter.start().await?;
         let capacity = if q.enabled { q.queue_size.max(1) } else { 1 };
         telemetry.queue_capacity.set(i64::try_from(capacity).unwrap_or(i64::MAX));
@@ -128,9 +130,8 @@ impl ExporterHandle {
             stopping: CancellationToken::new(),
             config,
         });
-        let n = if h.config.sending_queue.enabled { h.config.sending_queue.num_consumers.max(1) } else { 1 };
         let mut set = h.consumers.lock().await;
-        for _ in 0..n {
+        for _ in 0..consumers {
             let me = Arc::clone(&h);
             let span = tracing::info_span!("exporter", id = %me.id);
             set.spawn(

@@ -13,9 +13,11 @@ use async_trait::async_trait;
 use profcol_api::component::{
     Component, ComponentError, CreateSettings, ExportError, Exporter, Factory, FactoryMeta, Kind, Stability,
 };
-use profcol_api::config::ConfigError;
+use profcol_api::config::{ConfigError, ConfigValue};
 use profcol_api::Profiles;
+use schemars::{Schema, SchemaGenerator};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Batches whose delivery is incomplete that are remembered (the sending
@@ -31,6 +33,10 @@ struct Pending {
 
 pub struct WasmExporter {
     plugin: Arc<Plugin>,
+    /// `pool_size` as configured; None: one instance per concurrent export.
+    pool_size: Option<usize>,
+    /// Exports the host runs at once (its sending queue's consumers).
+    concurrency: AtomicUsize,
     sinks: BTreeMap<String, Sink>,
     delivery: Sinks,
     pending: Mutex<VecDeque<Pending>>,
@@ -89,6 +95,18 @@ impl WasmExporter {
 
 #[async_trait]
 impl Exporter for WasmExporter {
+    fn set_concurrency(&self, exports: usize) {
+        self.concurrency.store(exports.max(1), Ordering::Relaxed);
+    }
+
+    /// Fills the pool: `pool_size` instances, or one per export the host
+    /// runs at once, so concurrent exports never wait for an instance.
+    async fn start(&self) -> Result<(), ComponentError> {
+        let n = self.pool_size.unwrap_or_else(|| self.concurrency.load(Ordering::Relaxed));
+        let plugin = Arc::clone(&self.plugin);
+        crate::blocking(move || plugin.grow_pool(n)).map_err(ComponentError::msg)
+    }
+
     async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
         let bytes = batch.encode_to_vec();
         let sha = crate::cache::sha256_hex(&bytes);
@@ -144,15 +162,15 @@ impl Factory for ExporterFactory {
         }
     }
 
-    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError> {
-        let c: ExporterConfig = profcol_api::config::decode(raw)?;
-        let sha = c.check()?;
-        config::effective(&c, sha)
+    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
+        config::check::<ExporterConfig>(raw)
     }
 
-    fn create(&self, settings: CreateSettings, raw: &serde_yaml::Value) -> Result<Component, ComponentError> {
-        let c: ExporterConfig = profcol_api::config::decode(&config::without_hash(raw))?;
-        let s = c.settings(&settings.id.to_string())?;
+    /// Loads the plugin with one instance (so a config `init` refuses fails
+    /// here); [`Exporter::start`] fills the pool.
+    fn create(&self, settings: CreateSettings, raw: &ConfigValue) -> Result<Component, ComponentError> {
+        let c: ExporterConfig = raw.decode()?;
+        let s = c.settings(&settings.id.to_string(), 1);
         let plugin = crate::load_file(&c.path, World::Exporter, s, settings.telemetry.registry())?;
         let delivery = Sinks::new().map_err(ComponentError::msg)?;
         let sinks = c
@@ -163,9 +181,15 @@ impl Factory for ExporterFactory {
             .map_err(ComponentError::msg)?;
         Ok(Component::Exporter(Arc::new(WasmExporter {
             plugin,
+            pool_size: c.pool_size,
+            concurrency: AtomicUsize::new(1),
             sinks,
             delivery,
             pending: Mutex::new(VecDeque::new()),
         })))
+    }
+
+    fn schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        generator.subschema_for::<ExporterConfig>()
     }
 }

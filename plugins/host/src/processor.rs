@@ -12,8 +12,9 @@ use profcol_api::component::{
     Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, ProcessError, ProcessOutcome, Processor,
     Stability,
 };
-use profcol_api::config::ConfigError;
+use profcol_api::config::{ConfigError, ConfigValue};
 use profcol_api::Profiles;
+use schemars::{Schema, SchemaGenerator};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -92,16 +93,18 @@ impl Factory for ProcessorFactory {
         }
     }
 
-    fn effective_config(&self, raw: &serde_yaml::Value) -> Result<serde_yaml::Value, ConfigError> {
-        let c: ProcessorConfig = profcol_api::config::decode(raw)?;
-        let sha = c.check()?;
-        config::effective(&c, sha)
+    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
+        config::check::<ProcessorConfig>(raw)
     }
 
-    fn create(&self, settings: CreateSettings, raw: &serde_yaml::Value) -> Result<Component, ComponentError> {
-        let c: ProcessorConfig = profcol_api::config::decode(&config::without_hash(raw))?;
-        let s = c.settings(&settings.id.to_string())?;
+    fn create(&self, settings: CreateSettings, raw: &ConfigValue) -> Result<Component, ComponentError> {
+        let c: ProcessorConfig = raw.decode()?;
+        let s = c.settings(&settings.id.to_string());
         let plugin = crate::load_file(&c.path, World::Processor, s, settings.telemetry.registry())?;
         Ok(Component::Processor(Arc::new(WasmProcessor::new(plugin, c.on_error))))
+    }
+
+    fn schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        generator.subschema_for::<ProcessorConfig>()
     }
 }

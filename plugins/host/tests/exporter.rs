@@ -3,7 +3,7 @@
 //! map onto retryable or permanent export errors.
 
 mod common;
-use common::component;
+use common::{component, counter};
 use profcol_api::component::{Component, ExportError, Exporter, Kind};
 use profcol_api::telemetry::Telemetry;
 use profcol_plugins::exporter::ExporterFactory;
@@ -108,4 +108,35 @@ async fn plugin_failures_map_onto_export_errors() {
         "{r:?}"
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was delivered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_holds_one_instance_per_export_the_host_runs_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sinks = format!("sinks: {{out: {{file: {}}}}}", dir.path().join("o").display());
+    let batch = cpu_batch(1, 1, 3);
+    // Default pool: filled at start to the host's concurrency, so four
+    // overlapping exports (each spins 150 ms) find four ready instances.
+    // pool_size: 1 starts one; the other calls get fresh ones, never wait.
+    for (pool, at_start) in [("", 4), ("pool_size: 1\n", 1)] {
+        let t = Telemetry::new();
+        let e = exporter(
+            &format!("path: PLUGIN\n{pool}call_timeout: 5s\nconfig: {{mode: spin, ms: 150, sinks: [out]}}\n{sinks}"),
+            &t,
+        );
+        e.set_concurrency(4);
+        e.start().await.unwrap();
+        assert_eq!(counter(&t, "inits"), Some(at_start), "{pool:?}: instances made at start");
+        let calls: Vec<_> = (0..4)
+            .map(|_| {
+                let (e, b) = (Arc::clone(&e), batch.clone());
+                tokio::spawn(async move { e.export(&b).await })
+            })
+            .collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(counter(&t, "inits"), Some(4), "{pool:?}: one instance per concurrent export");
+    }
+    assert_eq!(lines(&dir.path().join("o")), 8);
 }

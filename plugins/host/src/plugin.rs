@@ -11,8 +11,9 @@ use crate::bindings::{exporter, processor, Output, PluginError};
 use crate::inspect::World;
 use crate::runtime::{runtime, Compiled, Runtime};
 use crate::sandbox::{self, Allow, HostState, Shared};
-use profcol_api::telemetry::{Counter, Gauge, Histogram, Telemetry};
+use profcol_api::telemetry::{Counter, Gauge, Telemetry, Timer};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -112,7 +113,7 @@ struct Metrics {
     error: Counter,
     disabled_calls: Counter,
     disabled: Gauge,
-    duration: Histogram,
+    duration: Timer,
     registry: Telemetry,
 }
 
@@ -122,6 +123,8 @@ pub struct Plugin {
     pre: Pre,
     shared: Arc<Shared>,
     idle: Mutex<Vec<Instance>>,
+    /// Idle instances kept between calls (grows with [`Plugin::grow_pool`]).
+    keep_idle: AtomicUsize,
     health: Mutex<Health>,
     metrics: Metrics,
     runtime: &'static Runtime,
@@ -192,17 +195,17 @@ impl Plugin {
                 "1 while the plugin is disabled after repeated failures.",
                 &l,
             ),
-            duration: registry.histogram(
+            duration: registry.timer(
                 "profcol_plugin_call_duration_seconds",
                 "Time of plugin calls (on the blocking pool).",
                 &l,
-                Histogram::CALL_SECONDS,
             ),
             registry: registry.clone(),
         };
         metrics.disabled.set(0);
         let shared = Shared::new(settings.component.clone(), compiled.sha256.clone(), registry);
         let plugin = Arc::new(Plugin {
+            keep_idle: AtomicUsize::new(settings.keep_idle.max(1)),
             settings,
             compiled,
             pre,
@@ -231,6 +234,18 @@ impl Plugin {
     /// Instances ready in the pool.
     pub fn idle_instances(&self) -> usize {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Makes instances until `n` are ready, and keeps `n` from then on
+    /// (an exporter sized to the exports its host runs at once). Blocking.
+    pub fn grow_pool(&self, n: usize) -> Result<(), String> {
+        let n = n.max(1);
+        self.keep_idle.fetch_max(n, Ordering::Relaxed);
+        while self.idle_instances() < n {
+            let i = self.instantiate().map_err(|e| e.to_string())?;
+            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(i);
+        }
+        Ok(())
     }
 
     /// Arms the call timeout. The epoch advances every [`crate::runtime::EPOCH_TICK`]; at
@@ -292,7 +307,7 @@ impl Plugin {
 
     fn give_back(&self, i: Instance) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < self.settings.keep_idle.max(1) {
+        if idle.len() < self.keep_idle.load(Ordering::Relaxed) {
             idle.push(i);
         }
     }

@@ -11,14 +11,15 @@ use profcol_testkit::prelude::*;
 use std::sync::Arc;
 
 /// A `wasm/test` component made by the real factory `f` from a YAML
-/// section in which `PLUGIN` stands for the path of test plugin `plugin`.
+/// section in which `PLUGIN` stands for the path of test plugin `plugin`,
+/// checked and created as the host does.
 pub fn component(f: &dyn Factory, kind: Kind, plugin: &str, yaml: &str, telemetry: &Telemetry) -> Component {
     let yaml = yaml.replace("PLUGIN", test_plugin(plugin).to_str().unwrap());
-    let raw: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
-    let effective = f.effective_config(&raw).unwrap();
+    let raw = profcol_config::parse_section(&yaml).unwrap();
+    f.check(&raw).unwrap();
     let id: ComponentId = "wasm/test".parse().unwrap();
     let settings = CreateSettings { telemetry: telemetry.component(kind, &id), id };
-    f.create(settings, &effective).unwrap()
+    f.create(settings, &raw).unwrap()
 }
 
 /// A `wasm/test` processor running the `misbehave` test plugin.

@@ -127,10 +127,10 @@ async fn plugin_answers_map_onto_processor_outcomes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_the_plugin_refuses_fails_the_start() {
     let yaml = format!("path: {}\nconfig: {{mode: refuse_init}}", test_plugin("misbehave").display());
-    let raw: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
-    let effective = ProcessorFactory.effective_config(&raw).unwrap();
+    let raw = profcol_config::parse_section(&yaml).unwrap();
+    ProcessorFactory.check(&raw).unwrap();
     let id: ComponentId = "wasm/test".parse().unwrap();
     let settings = CreateSettings { telemetry: Telemetry::new().component(Kind::Processor, &id), id };
-    let err = ProcessorFactory.create(settings, &effective).err().expect("init refused");
+    let err = ProcessorFactory.create(settings, &raw).err().expect("init refused");
     assert!(err.to_string().contains("init refused the config: this config is refused on purpose"), "{err}");
 }

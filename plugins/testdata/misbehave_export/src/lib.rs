@@ -12,9 +12,11 @@ wit_bindgen::generate!({ path: "../../wit", world: "exporter" });
 #[derive(Deserialize, Default, Clone)]
 #[serde(default)]
 struct Config {
-    /// lines (default), trap, retryable, permanent, drop, loop
+    /// lines (default), trap, retryable, permanent, drop, loop, spin
     mode: String,
     sinks: Vec<String>,
+    /// spin: how long each export busy-waits before writing its lines.
+    ms: u64,
 }
 
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
@@ -25,6 +27,8 @@ impl Guest for Plugin {
     fn init(config: String) -> Result<(), String> {
         let c: Config = serde_json::from_str(&config).map_err(|e| format!("bad config: {e}"))?;
         *CONFIG.lock().unwrap() = Some(c);
+        // One per instance: the tests count the pool with it.
+        counter_add("inits", 1);
         Ok(())
     }
 
@@ -40,17 +44,28 @@ impl Guest for Plugin {
             "loop" => loop {
                 std::hint::black_box(());
             },
-            _ => Ok(c
-                .sinks
-                .iter()
-                .map(|s| Output {
-                    sink: s.clone(),
-                    content_type: "text/plain".into(),
-                    data: format!("{} bytes\n", batch.len()).into_bytes(),
-                })
-                .collect()),
+            "spin" => {
+                let end = std::time::Instant::now() + std::time::Duration::from_millis(c.ms);
+                while std::time::Instant::now() < end {
+                    std::hint::black_box(());
+                }
+                Ok(lines(&c, &batch))
+            }
+            _ => Ok(lines(&c, &batch)),
         }
     }
+}
+
+/// One line per batch, `<bytes> bytes`, to every configured sink.
+fn lines(c: &Config, batch: &[u8]) -> Vec<Output> {
+    c.sinks
+        .iter()
+        .map(|s| Output {
+            sink: s.clone(),
+            content_type: "text/plain".into(),
+            data: format!("{} bytes\n", batch.len()).into_bytes(),
+        })
+        .collect()
 }
 
 export!(Plugin);
