@@ -552,6 +552,12 @@ impl ComponentTelemetry {
         self.registry.gauge(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
     }
 
+    /// The registry, for series with labels of their own (a plugin's
+    /// `component` plus `outcome`, `kind` or `name`).
+    pub fn registry(&self) -> &Telemetry {
+        &self.registry
+    }
+
     /// Handles for tests and tools that run a component outside a host.
     pub fn detached(kind: Kind, id: &ComponentId) -> Self {
         Telemetry::new().component(kind, id)
