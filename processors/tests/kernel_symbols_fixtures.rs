@@ -266,35 +266,189 @@ fn bpf_records_apply_without_kallsyms_reads() {
     s.bpf_register(t0, f);
     assert_eq!(name_of(&s, 0xffffffffc1000010), "bpf_prog_0123456789abcdef_probe+0x10 [bpf]");
     assert_eq!(name_of(&s, 0xffffffffc1000080), "?");
-    s.bpf_unregister(t0 + 1000, 0xffffffffc1000000);
+    s.bpf_unregister(t0 + 1000, 0xffffffffc1000000, "bpf_prog_0123456789abcdef_probe");
     let list = s.generations().load();
-    assert!(describe(Generations::at(&list, t0 + 999).snapshot.lookup(0xffffffffc1000010)).contains("probe"));
-    assert_eq!(describe(Generations::at(&list, t0 + 1000).snapshot.lookup(0xffffffffc1000010)), "?");
+    assert!(
+        describe(Generations::at(&list, t0 + 999).snapshot.lookup_at(0xffffffffc1000010, t0 + 999)).contains("probe")
+    );
+    assert_eq!(describe(Generations::at(&list, t0 + 1000).snapshot.lookup_at(0xffffffffc1000010, t0 + 1000)), "?");
+    // BPF records carry their own times: they add no generation.
+    assert_eq!(list.len(), 1);
     assert_eq!(s.counters.full_reads.load(std::sync::atomic::Ordering::Relaxed), reads);
 }
 
 #[test]
-fn retain_drops_old_generations() {
+fn retain_drops_old_generations_and_retired_bpf_functions() {
+    let (_dir, k, sys) = scratch();
     let s = Store::open(StoreConfig {
-        kallsyms: fixtures().join("quirks.kallsyms"),
-        sysfs: fixtures().join("sysfs"),
+        kallsyms: k,
+        sysfs: sys.clone(),
         bpf_syscall: false,
         retain: Duration::from_millis(1),
     })
     .unwrap();
     for i in 0..5u64 {
-        let f = BpfFunc {
-            start: 0xffffffffc1000000 + i * 0x100,
-            len: 16,
-            prog_id: 0,
-            name: "bpf_prog_x".into(),
-            func: None,
-            lines: Arc::from([]),
-        };
-        s.bpf_register(now_ns(), f);
+        add_module(&sys, &format!("gen_mod{i}"), 0xffffffffc2000000 + i * 0x10000, 4096);
+        assert!(s.refresh_metadata(now_ns()).unwrap());
+        let start = 0xffffffffc1000000 + i * 0x100;
+        s.bpf_register(now_ns(), bpf_func(start, "bpf_prog_x"));
+        s.bpf_unregister(now_ns(), start, "bpf_prog_x");
         std::thread::sleep(Duration::from_millis(3));
     }
     assert!(s.generations().len() <= 2, "{}", s.generations().len());
+    // Each unregister pruned what had retired more than `retain` before it.
+    assert!(s.bpf().retired_len() <= 1, "{}", s.bpf().retired_len());
+}
+
+fn bpf_func(start: u64, name: &str) -> BpfFunc {
+    BpfFunc { start, len: 0x40, prog_id: 0, name: name.into(), func: None, lines: Arc::from([]) }
+}
+
+/// One program's life as the kernel reports it: registered on one CPU,
+/// freed (after an RCU grace period) on whichever CPU ran the callback.
+struct Life {
+    slot: u64,
+    name: String,
+    reg: (u64, usize),
+    unreg: (u64, usize),
+}
+
+/// Programs loaded and freed at a few reused addresses over 4 CPUs.
+fn churn_schedule(rng: &mut fastrand::Rng, t0: u64) -> Vec<Life> {
+    let mut lives = Vec::new();
+    for slot in 0..6u64 {
+        let mut t = t0 + rng.u64(0..50_000);
+        for n in 0..40 {
+            let reg = t + rng.u64(1..200_000);
+            let unreg = reg + rng.u64(1..300_000);
+            lives.push(Life {
+                slot,
+                name: format!("bpf_prog_{slot:02x}{n:014x}_p"),
+                reg: (reg, rng.usize(0..4)),
+                unreg: (unreg, rng.usize(0..4)),
+            });
+            t = unreg;
+        }
+    }
+    lives
+}
+
+fn slot_addr(slot: u64) -> u64 {
+    0xffffffffc3000000 + slot * 0x40
+}
+
+/// The kernel's order is per CPU only: each ring is time-ordered, the rings
+/// are not ordered against each other, and a record shows up in its ring a
+/// little after its timestamp. The reader wakes at random times, drains the
+/// rings in a random CPU order and merges by timestamp; the store must then
+/// name every address at every time with exactly the program live then.
+#[test]
+fn bpf_records_shuffled_across_cpus_resolve_to_the_program_live_at_each_time() {
+    use profcol_processors::kernel_symbols::ordering::{Reorder, SLACK_NS};
+    use profcol_processors::kernel_symbols::store::BpfEvent;
+    for seed in 0..20 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let s = open();
+        let live_before = s.bpf().live_len();
+        let t0 = now_ns();
+        let lives = churn_schedule(&mut rng, t0);
+        // Per-CPU rings: (visible at, ts, event), in ring (time) order.
+        let mut rings: Vec<Vec<(u64, u64, BpfEvent)>> = vec![Vec::new(); 4];
+        for l in &lives {
+            let addr = slot_addr(l.slot);
+            rings[l.reg.1].push((0, l.reg.0, BpfEvent::Register(bpf_func(addr, &l.name))));
+            rings[l.unreg.1].push((0, l.unreg.0, BpfEvent::Unregister { start: addr, name: l.name.as_str().into() }));
+        }
+        for r in &mut rings {
+            r.sort_by_key(|e| e.1);
+            // Published up to SLACK after its stamp, never before the one ahead of it.
+            let mut prev = 0;
+            for e in r.iter_mut() {
+                e.0 = (e.1 + rng.u64(0..SLACK_NS)).max(prev);
+                prev = e.0;
+            }
+        }
+        let end = lives.iter().map(|l| l.unreg.0).max().unwrap() + 10 * SLACK_NS;
+        let mut cursor = [0usize; 4];
+        let mut held = Reorder::default();
+        let mut now = t0;
+        let mut batches = 0;
+        while now < end {
+            now += rng.u64(1..SLACK_NS / 4);
+            let watermark = now - SLACK_NS;
+            let mut order: Vec<usize> = (0..4).collect();
+            rng.shuffle(&mut order);
+            for cpu in order {
+                while let Some((vis, ts, e)) = rings[cpu].get(cursor[cpu]).filter(|e| e.0 <= now) {
+                    let _ = vis;
+                    held.push(*ts, e.clone());
+                    cursor[cpu] += 1;
+                }
+            }
+            let mut ready = Vec::new();
+            held.ready(watermark, &mut ready);
+            if !ready.is_empty() {
+                batches += 1;
+                s.apply_bpf(ready);
+            }
+        }
+        assert!(held.is_empty() && batches > 10, "seed {seed}: {} held, {batches} batches", held.len());
+        assert_eq!(held.late, 0, "seed {seed}: the watermark let a record through early");
+        let h = s.bpf();
+        for l in &lives {
+            let addr = slot_addr(l.slot) + 8;
+            for ts in [l.reg.0, (l.reg.0 + l.unreg.0) / 2, l.unreg.0 - 1] {
+                let got = h.lookup(addr, ts).map(|f| f.name.to_string());
+                assert_eq!(got.as_deref(), Some(l.name.as_str()), "seed {seed}: {} at {}", l.name, ts - t0);
+            }
+            // Just outside its life the slot is free or someone else's.
+            for ts in [l.reg.0 - 1, l.unreg.0] {
+                assert_ne!(h.lookup(addr, ts).map(|f| f.name.to_string()).as_deref(), Some(l.name.as_str()));
+            }
+        }
+        assert_eq!(h.live_len(), live_before, "seed {seed}: every program was freed");
+        assert_eq!(s.generations().len(), 1, "BPF records add no generation");
+    }
+}
+
+/// The same schedule applied with no merge at all (each CPU's records in a
+/// random interleaving, one by one): the ledger still places each at its time.
+#[test]
+fn bpf_records_in_any_cross_cpu_order_still_land_at_their_times() {
+    use profcol_processors::kernel_symbols::store::BpfEvent;
+    for seed in 100..110 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let s = open();
+        let t0 = now_ns();
+        let lives = churn_schedule(&mut rng, t0);
+        let mut rings: Vec<Vec<(u64, BpfEvent)>> = vec![Vec::new(); 4];
+        for l in &lives {
+            let addr = slot_addr(l.slot);
+            rings[l.reg.1].push((l.reg.0, BpfEvent::Register(bpf_func(addr, &l.name))));
+            rings[l.unreg.1].push((l.unreg.0, BpfEvent::Unregister { start: addr, name: l.name.as_str().into() }));
+        }
+        for r in &mut rings {
+            r.sort_by_key(|e| e.0);
+            r.reverse();
+        }
+        while rings.iter().any(|r| !r.is_empty()) {
+            let cpu = rng.usize(0..4);
+            if let Some(e) = rings[cpu].pop() {
+                s.apply_bpf(vec![e]);
+            }
+        }
+        let h = s.bpf();
+        for l in &lives {
+            let addr = slot_addr(l.slot) + 8;
+            let mid = (l.reg.0 + l.unreg.0) / 2;
+            assert_eq!(
+                h.lookup(addr, mid).map(|f| f.name.to_string()).as_deref(),
+                Some(l.name.as_str()),
+                "seed {seed}"
+            );
+            assert!(h.lookup(addr, l.unreg.0).is_none_or(|f| *f.name != *l.name), "seed {seed}");
+        }
+    }
 }
 
 // ---- batch output ----
@@ -532,19 +686,31 @@ async fn processor_counts_frames_and_store_work_in_metrics() {
     p.start().await.unwrap();
     // One frame inside vfs_read, one far outside every symbol.
     p.process(kernel_batch(&[0xffffffff81000115, 0x1000], now_ns())).await.unwrap().forwarded().unwrap();
-    p.process(kernel_batch(&[0xffffffff81000115], now_ns())).await.unwrap().forwarded().unwrap();
+    // Three observations of one stack: three frames, one location.
+    let ts = now_ns();
+    let mut thrice = kernel_batch(&[0xffffffff81000115], ts);
+    let sample = &mut thrice.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0];
+    (sample.values, sample.timestamps_unix_nano) = (vec![1; 3], vec![ts; 3]);
+    p.process(thrice).await.unwrap().forwarded().unwrap();
     let m = registry.render();
-    let series = |name: &str| {
+    let series_in = |m: &str, name: &str| {
         m.lines()
             .find(|l| l.starts_with(&format!("profcol_processor_kernel_symbols_{name}{{")))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<u64>().ok())
     };
-    assert_eq!(series("frames_resolved_total"), Some(2), "{m}");
+    let series = |name: &str| series_in(&m, name);
+    assert_eq!(series("frames_resolved_total"), Some(4), "{m}");
     assert_eq!(series("frames_unresolved_total"), Some(1), "{m}");
     // The store's one full read at start, mirrored once, not once per batch.
     assert_eq!(series("kallsyms_reads_total"), Some(1), "{m}");
     assert_eq!(series("generations"), Some(1), "{m}");
+    assert_eq!(series("bpf_rescans_total"), Some(0), "{m}");
+    // Store work shows up with no batch passing.
+    p.store().unwrap().rescan_bpf();
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let m = registry.render();
+    assert_eq!(series_in(&m, "bpf_rescans_total"), Some(1), "{m}");
     p.shutdown().await.unwrap();
 }
 

@@ -133,8 +133,14 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
     }
     let after_unload = now_ns();
     let list = store.generations().load();
-    assert!(matches!(Generations::at(&list, before_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
-    assert!(!matches!(Generations::at(&list, after_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
+    assert!(matches!(
+        Generations::at(&list, before_unload).snapshot.lookup_at(addr, before_unload),
+        Some(Symbol::Bpf { .. })
+    ));
+    assert!(!matches!(
+        Generations::at(&list, after_unload).snapshot.lookup_at(addr, after_unload),
+        Some(Symbol::Bpf { .. })
+    ));
     assert_eq!(store.counters.full_reads.load(Relaxed), reads, "no kallsyms re-read for BPF");
 
     for r in rings {

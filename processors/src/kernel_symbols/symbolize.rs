@@ -3,11 +3,13 @@
 //! and a line naming the function. Every sample is resolved against the
 //! generation live at its timestamp.
 //!
-//! Work is per distinct (stack, generation) and (location, generation,
-//! leaf?), never per sample: samples only get a new stack index. Entries
-//! the rewrite orphaned are then dropped from the dictionary.
+//! Work is per distinct (stack, generation, BPF epoch) and (location,
+//! generation, BPF epoch, exact?), never per sample: samples only get a new
+//! stack index. Entries the rewrite orphaned are then dropped from the
+//! dictionary. Counts are of frames: each sample's kernel frames times its
+//! observations.
 
-use profcol_api::model::{keys, pb, str_at, AttrValue, Profiles, ProfilesBuilder};
+use profcol_api::model::{keys, observations, pb, profile_counts_events, str_at, AttrValue, Profiles, ProfilesBuilder};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::generations::{Generation, Generations};
@@ -19,7 +21,8 @@ use std::sync::Arc;
 pub const BPF_MAPPING: &str = "[bpf]";
 const KERNEL_FRAME: &str = "kernel";
 
-/// What one batch went through.
+/// Kernel frames of one batch by outcome: every frame of every sample,
+/// times the sample's observations.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
     pub kernel_frames: u64,
@@ -27,6 +30,23 @@ pub struct Outcome {
     /// In a known module whose names are not read yet.
     pub module_only: u64,
     pub unresolved: u64,
+}
+
+impl Outcome {
+    fn add(&mut self, o: &Outcome, times: u64) {
+        self.kernel_frames += o.kernel_frames * times;
+        self.resolved += o.resolved * times;
+        self.module_only += o.module_only * times;
+        self.unresolved += o.unresolved * times;
+    }
+}
+
+/// How one location came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Resolved,
+    ModuleOnly,
+    Unresolved,
 }
 
 /// Symbolizes every kernel frame of `batch` with `gens`.
@@ -39,37 +59,45 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
     if kernel_locs.is_empty() {
         return (batch, out);
     }
-    let shape: Vec<(usize, usize, usize, u64)> = batch
+    let strings = &dict.string_table;
+    let shape: Vec<(usize, usize, usize, u64, bool)> = batch
         .0
         .resource_profiles
         .iter()
         .enumerate()
         .flat_map(|(r, rp)| {
             rp.scope_profiles.iter().enumerate().flat_map(move |(s, sp)| {
-                sp.profiles.iter().enumerate().map(move |(p, prof)| (r, s, p, prof.time_unix_nano))
+                sp.profiles
+                    .iter()
+                    .enumerate()
+                    .map(move |(p, prof)| (r, s, p, prof.time_unix_nano, profile_counts_events(prof, strings)))
             })
         })
         .collect();
     let mut b = ProfilesBuilder::from_profiles(batch);
     let mut ctx = Ctx::new(&mut b);
-    let mut stacks: FxHashMap<(i32, u64), i32> = FxHashMap::default();
+    // (stack, generation, BPF epoch) -> new stack and its frames' outcome.
+    let mut stacks: FxHashMap<(i32, u64, u32), (i32, Outcome)> = FxHashMap::default();
     let mut rewritten = false;
-    for (resource, scope, profile, start) in shape {
+    for (resource, scope, profile, start, counts_events) in shape {
         let r = profcol_api::model::ProfileRef { resource, scope, profile };
         let n = ctx.b.profile_mut(r).samples.len();
         for i in 0..n {
             let s = &ctx.b.profile_mut(r).samples[i];
             let ts = s.timestamps_unix_nano.first().copied().unwrap_or(start);
+            let times = observations(s, counts_events);
             let stack = s.stack_index;
             let g = Generations::at(gens, ts);
-            let new = match stacks.get(&(stack, g.id)) {
-                Some(&n) => n,
+            let epoch = g.snapshot.bpf.epoch(ts);
+            let (new, o) = match stacks.get(&(stack, g.id, epoch)) {
+                Some(&hit) => hit,
                 None => {
-                    let n = ctx.stack(stack, g, &kernel_locs, &mut out);
-                    stacks.insert((stack, g.id), n);
-                    n
+                    let hit = ctx.stack(stack, g, ts, epoch, &kernel_locs);
+                    stacks.insert((stack, g.id, epoch), hit);
+                    hit
                 }
             };
+            out.add(&o, times);
             rewritten |= new != stack;
             ctx.b.profile_mut(r).samples[i].stack_index = new;
         }
@@ -111,7 +139,8 @@ fn kernel_locations(d: &pb::ProfilesDictionary) -> FxHashSet<i32> {
 
 struct Ctx<'b> {
     b: &'b mut ProfilesBuilder,
-    locs: FxHashMap<(i32, u64, bool), i32>,
+    /// (location, generation, BPF epoch, exact address?) -> new location.
+    locs: FxHashMap<(i32, u64, u32, bool), (i32, Kind)>,
     frame_attr: i32,
 }
 
@@ -121,13 +150,14 @@ impl<'b> Ctx<'b> {
         Ctx { b, locs: FxHashMap::default(), frame_attr }
     }
 
-    fn stack(&mut self, stack: i32, g: &Generation, kernel: &FxHashSet<i32>, out: &mut Outcome) -> i32 {
+    fn stack(&mut self, stack: i32, g: &Generation, ts: u64, epoch: u32, kernel: &FxHashSet<i32>) -> (i32, Outcome) {
+        let mut out = Outcome::default();
         let Some(st) = usize::try_from(stack).ok().and_then(|i| self.b.dictionary().stack_table.get(i)) else {
-            return stack;
+            return (stack, out);
         };
         let locs = st.location_indices.clone();
         if !locs.iter().any(|l| kernel.contains(l)) {
-            return stack;
+            return (stack, out);
         }
         // Leaf first: every frame but the first holds a return address.
         let new: Vec<i32> = locs
@@ -137,26 +167,34 @@ impl<'b> Ctx<'b> {
                 if !kernel.contains(&l) {
                     return l;
                 }
-                let leaf = pos == 0;
-                if let Some(&n) = self.locs.get(&(l, g.id, leaf)) {
-                    return n;
+                out.kernel_frames += 1;
+                let exact = pos == 0;
+                let (n, kind) = match self.locs.get(&(l, g.id, epoch, exact)) {
+                    Some(&hit) => hit,
+                    None => {
+                        let hit = self.location(l, g, ts, exact);
+                        self.locs.insert((l, g.id, epoch, exact), hit);
+                        hit
+                    }
+                };
+                match kind {
+                    Kind::Resolved => out.resolved += 1,
+                    Kind::ModuleOnly => out.module_only += 1,
+                    Kind::Unresolved => out.unresolved += 1,
                 }
-                let n = self.location(l, g, leaf, out);
-                self.locs.insert((l, g.id, leaf), n);
                 n
             })
             .collect();
-        self.b.stack(&new)
+        (self.b.stack(&new), out)
     }
 
-    fn location(&mut self, loc: i32, g: &Generation, leaf: bool, out: &mut Outcome) -> i32 {
-        out.kernel_frames += 1;
+    fn location(&mut self, loc: i32, g: &Generation, ts: u64, exact: bool) -> (i32, Kind) {
         let Some(addr) = self.b.dictionary().location_table.get(loc as usize).map(|l| l.address) else {
-            return loc;
+            return (loc, Kind::Unresolved);
         };
-        let lookup = if leaf { addr } else { addr.saturating_sub(1) };
+        let lookup = if exact { addr } else { addr.saturating_sub(1) };
         let snap = &g.snapshot;
-        let (mapping, address, line) = match snap.lookup(lookup) {
+        let (mapping, address, line) = match snap.lookup_at(lookup, ts) {
             Some(Symbol::Kernel { name, .. }) => {
                 let v = &snap.vmlinux;
                 let m = self.mapping(
@@ -182,22 +220,16 @@ impl<'b> Ctx<'b> {
                 let (file, no) = line.map_or(("", 0), |l| (&*l.file, i64::from(l.line)));
                 (m, addr, Some(self.func_line(name, &func.name, file, no)))
             }
-            None => {
-                out.unresolved += 1;
-                return loc;
-            }
+            None => return (loc, Kind::Unresolved),
         };
-        if line.is_some() {
-            out.resolved += 1;
-        } else {
-            out.module_only += 1;
-        }
-        self.b.location(pb::Location {
+        let kind = if line.is_some() { Kind::Resolved } else { Kind::ModuleOnly };
+        let n = self.b.location(pb::Location {
             mapping_index: mapping,
             address,
             lines: line.into_iter().collect(),
             attribute_indices: vec![self.frame_attr],
-        })
+        });
+        (n, kind)
     }
 
     fn mapping(&mut self, file: &str, start: u64, limit: u64, build_id: Option<&[u8]>) -> i32 {

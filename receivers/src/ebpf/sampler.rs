@@ -228,7 +228,7 @@ fn run(
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
 ) {
-    let clock = KtimeToUnix::measure();
+    let clock = KtimeToUnix::process();
     let (mut loaded, first_sync) = match load_and_attach(&config) {
         Ok(l) => l,
         Err(e) => {
