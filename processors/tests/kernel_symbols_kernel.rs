@@ -52,6 +52,63 @@ fn proc_kallsyms_parses_and_vfs_read_resolves() {
     assert!(snap.vmlinux.iter().all(|(_, n)| !n.starts_with("__pfx_")));
 }
 
+/// Every set of vmlinux text symbols sharing an address in the running
+/// kernel's /proc/kallsyms resolves by the alias rule (`table::rank`): the
+/// named rows by name, every set by the rule's properties.
+#[test]
+fn alias_rule_on_every_tie_set_of_the_running_kernel() {
+    if !require_root("alias_rule_on_every_tie_set") {
+        return;
+    }
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let mut ties: std::collections::BTreeMap<u64, Vec<(char, String)>> = Default::default();
+    for l in text.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(a), Some(k), Some(n), None) = (f.next(), f.next(), f.next(), f.next()) else { continue };
+        let k = k.chars().next().unwrap();
+        if "TtWw".contains(k) && !n.starts_with("__pfx_") {
+            ties.entry(u64::from_str_radix(a, 16).unwrap()).or_default().push((k, n.to_owned()));
+        }
+    }
+    ties.retain(|_, v| v.len() > 1);
+    let store = Store::open(StoreConfig { bpf_syscall: false, ..Default::default() }).unwrap();
+    let snap = store.generations().current().snapshot.clone();
+    let winner = |addr: u64| match snap.lookup(addr) {
+        Some(Symbol::Kernel { name, off: 0 }) => name.to_owned(),
+        other => panic!("{addr:#x}: {other:?}"),
+    };
+    assert!(ties.len() > 20, "only {} tie sets in /proc/kallsyms", ties.len());
+    for (&addr, set) in &ties {
+        let w = winner(addr);
+        let wk = set.iter().find(|(_, n)| *n == w).unwrap_or_else(|| panic!("{w} not in {set:?}")).0;
+        let has = |p: &dyn Fn(&(char, String)) -> bool| set.iter().any(p);
+        if has(&|(k, _)| "Tt".contains(*k)) {
+            assert!("Tt".contains(wk), "non-weak over weak: {w} of {set:?}");
+        }
+        if has(&|(k, _)| *k == wk.to_ascii_uppercase()) {
+            assert!(wk.is_ascii_uppercase(), "global over local: {w} of {set:?}");
+        }
+        if let Some((_, x64)) = set.iter().find(|(_, n)| n.starts_with("__x64_sys_")) {
+            assert_eq!(&w, x64, "{set:?}");
+        }
+        if has(&|(_, n)| !n.starts_with("__pi_")) {
+            assert!(!w.starts_with("__pi_"), "{w} of {set:?}");
+        }
+    }
+    // The sets the issue names, as this kernel lists them.
+    for (member, want) in [
+        ("__ia32_sys_getppid", "__x64_sys_getppid"),
+        ("__pi_memcpy", "memcpy"),
+        ("__pi___x86_indirect_thunk_rax", "__x86_indirect_thunk_rax"),
+    ] {
+        let (&addr, _) = ties
+            .iter()
+            .find(|(_, set)| set.iter().any(|(_, n)| n == member))
+            .unwrap_or_else(|| panic!("no tie set with {member} in /proc/kallsyms"));
+        assert_eq!(winner(addr), want);
+    }
+}
+
 /// A two-instruction socket filter (`r0 = 0; exit`) with BTF naming its
 /// function and a source line.
 fn load_test_prog() -> std::os::fd::OwnedFd {
