@@ -15,23 +15,8 @@ use profcol_processors::kernel_symbols::snapshot::Symbol;
 use profcol_processors::kernel_symbols::store::BpfSource;
 use profcol_processors::kernel_symbols::{perf_ksymbol, Store, StoreConfig};
 
-/// Whether the test can run; panics under CI when it cannot.
-fn require_root(what: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    let msg = format!("{what} needs root (kallsyms addresses, bpf, perf_event_open); run the tests as root");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-fn missing(what: &str, e: impl std::fmt::Display) -> ! {
-    panic!("{what}: {e}; the test needs it (root with CAP_SYS_ADMIN, bpf JIT enabled)")
-}
+mod live;
+use live::{missing, require_root};
 
 #[test]
 fn proc_kallsyms_parses_and_vfs_read_resolves() {
