@@ -626,6 +626,70 @@ fn samples_use_the_generation_of_their_timestamp() {
     assert_eq!(names, ["?", "handle"]);
 }
 
+// ---- exact-address frames ----
+
+/// The recorded stack of `interrupted.stack`: (address, function perf names).
+fn recorded_interrupted_stack() -> Vec<(u64, String)> {
+    std::fs::read_to_string(fixtures().join("interrupted.stack"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (a, n) = l.split_once(' ').unwrap();
+            (u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap(), n.to_owned())
+        })
+        .collect()
+}
+
+fn names_of(store: &Store, addrs: &[u64]) -> Vec<String> {
+    let (out, _) = symbolize(kernel_batch(addrs, now_ns()), &store.generations().load());
+    frames(&out).into_iter().map(|f| f.0).collect()
+}
+
+#[test]
+fn frame_after_an_interrupt_entry_is_the_interrupted_instruction() {
+    let s = open_at(&fixtures().join("interrupted.kallsyms"), &fixtures().join("no-sysfs"));
+    let recorded = recorded_interrupted_stack();
+    let addrs: Vec<u64> = recorded.iter().map(|r| r.0).collect();
+    let want: Vec<String> = recorded.iter().map(|r| r.1.clone()).collect();
+    assert_eq!(names_of(&s, &addrs), want);
+
+    // The same interrupt arriving at __dd_dispatch_request's first byte: its
+    // address − 1 is padding (named by the function before it), so it is
+    // looked up as it is.
+    let at = recorded.iter().position(|r| r.1 == "asm_common_interrupt").unwrap() + 1;
+    let first_byte = s.generations().current().snapshot.find("__dd_dispatch_request").unwrap();
+    assert_eq!(s.generations().current().snapshot.find("__pfx___dd_dispatch_request"), None);
+    let mut moved = addrs.clone();
+    moved[at] = first_byte;
+    let got = names_of(&s, &moved);
+    assert_eq!(got[at], "__dd_dispatch_request", "{got:?}");
+    assert_eq!(got[..at], want[..at]);
+    assert_eq!(got[at + 1..], want[at + 1..]);
+}
+
+#[test]
+fn jump_target_after_a_thunk_leaf_and_padded_starts_are_exact() {
+    let s = open_at(&fixtures().join("interrupted.kallsyms"), &fixtures().join("no-sysfs"));
+    let snap = s.generations().current().snapshot.clone();
+    let thunk = snap.find("__x86_indirect_thunk_rax").unwrap();
+    let x64_sys_call = snap.find("x64_sys_call").unwrap();
+    let do_syscall_64 = snap.find("do_syscall_64").unwrap();
+    // Sampled in the retpoline thunk: the next frame is where it jumps.
+    assert_eq!(
+        names_of(&s, &[thunk + 3, x64_sys_call, do_syscall_64 + 0x80]),
+        ["__x86_indirect_thunk_rax", "x64_sys_call", "do_syscall_64"]
+    );
+    // Not after a thunk or an entry: a function's padded first byte is
+    // still exact (no call returns there), whatever the frame above it.
+    assert_eq!(names_of(&s, &[do_syscall_64 + 0x10, x64_sys_call]), ["do_syscall_64", "x64_sys_call"]);
+    // A return address inside a function keeps the − 1 rule.
+    assert_eq!(names_of(&s, &[do_syscall_64 + 0x10, x64_sys_call + 0x10]), ["do_syscall_64", "x64_sys_call"]);
+    // With the plain − 1 rule, x64_sys_call's first byte falls in
+    // rewind_stack_and_make_dead (the padding symbol is not kept).
+    assert!(matches!(snap.lookup(x64_sys_call - 1), Some(Symbol::Kernel { name: "rewind_stack_and_make_dead", .. })));
+}
+
 // ---- config and the processor through the component API ----
 
 #[test]

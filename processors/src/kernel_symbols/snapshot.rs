@@ -83,6 +83,16 @@ impl Snapshot {
         self.nearest_loose(addr)
     }
 
+    /// Whether `addr` is the first byte of a padded function (vmlinux or a
+    /// loaded module): no call returns there, so it is an exact address.
+    pub fn padded_start(&self, addr: u64) -> bool {
+        let v = &self.vmlinux;
+        if !v.is_empty() && addr >= v.base() && addr <= v.last_addr() {
+            return v.padded_start(addr);
+        }
+        self.owner(addr).and_then(|m| m.syms.as_ref()).is_some_and(|t| t.padded_start(addr))
+    }
+
     /// The loaded module whose `[text, text + coresize)` holds `addr`; with
     /// overlapping ranges the one starting closest below wins.
     fn owner(&self, addr: u64) -> Option<&ModuleEntry> {

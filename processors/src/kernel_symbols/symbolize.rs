@@ -41,6 +41,26 @@ impl Outcome {
     }
 }
 
+/// Interrupt and exception entries: the frame after one is the
+/// interrupted instruction (from the saved registers), not a return address.
+fn is_entry(name: &str) -> bool {
+    name.starts_with("asm_")
+}
+
+/// Retpoline / return / SRSO thunks: reached by a jump, so the frame after
+/// one sampled as the leaf holds a jump target, not a return address.
+fn is_thunk(name: &str) -> bool {
+    name.contains("_thunk") || name.starts_with("srso_")
+}
+
+/// What the next outer frame is, as this frame says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Plain,
+    Entry,
+    Thunk,
+}
+
 /// How one location came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -140,7 +160,7 @@ fn kernel_locations(d: &pb::ProfilesDictionary) -> FxHashSet<i32> {
 struct Ctx<'b> {
     b: &'b mut ProfilesBuilder,
     /// (location, generation, BPF epoch, exact address?) -> new location.
-    locs: FxHashMap<(i32, u64, u32, bool), (i32, Kind)>,
+    locs: FxHashMap<(i32, u64, u32, bool), (i32, Kind, Class)>,
     frame_attr: i32,
 }
 
@@ -159,17 +179,21 @@ impl<'b> Ctx<'b> {
         if !locs.iter().any(|l| kernel.contains(l)) {
             return (stack, out);
         }
-        // Leaf first: every frame but the first holds a return address.
+        // Leaf first. A frame is looked up at its exact address when it is
+        // the leaf, follows an interrupt/exception entry, or follows a thunk
+        // leaf; every other frame holds a return address (address − 1),
+        // unless that lands in the padding before a function.
+        let mut exact = true;
         let new: Vec<i32> = locs
             .iter()
             .enumerate()
             .map(|(pos, &l)| {
                 if !kernel.contains(&l) {
+                    exact = false;
                     return l;
                 }
                 out.kernel_frames += 1;
-                let exact = pos == 0;
-                let (n, kind) = match self.locs.get(&(l, g.id, epoch, exact)) {
+                let (n, kind, class) = match self.locs.get(&(l, g.id, epoch, exact)) {
                     Some(&hit) => hit,
                     None => {
                         let hit = self.location(l, g, ts, exact);
@@ -177,6 +201,7 @@ impl<'b> Ctx<'b> {
                         hit
                     }
                 };
+                exact = class == Class::Entry || (pos == 0 && class == Class::Thunk);
                 match kind {
                     Kind::Resolved => out.resolved += 1,
                     Kind::ModuleOnly => out.module_only += 1,
@@ -188,12 +213,22 @@ impl<'b> Ctx<'b> {
         (self.b.stack(&new), out)
     }
 
-    fn location(&mut self, loc: i32, g: &Generation, ts: u64, exact: bool) -> (i32, Kind) {
+    fn location(&mut self, loc: i32, g: &Generation, ts: u64, exact: bool) -> (i32, Kind, Class) {
         let Some(addr) = self.b.dictionary().location_table.get(loc as usize).map(|l| l.address) else {
-            return (loc, Kind::Unresolved);
+            return (loc, Kind::Unresolved, Class::Plain);
         };
-        let lookup = if exact { addr } else { addr.saturating_sub(1) };
         let snap = &g.snapshot;
+        let lookup = if exact || snap.padded_start(addr) { addr } else { addr.saturating_sub(1) };
+        let mut class = Class::Plain;
+        let mut classify = |name: &str| {
+            class = if is_entry(name) {
+                Class::Entry
+            } else if is_thunk(name) {
+                Class::Thunk
+            } else {
+                Class::Plain
+            };
+        };
         let (mapping, address, line) = match snap.lookup_at(lookup, ts) {
             Some(Symbol::Kernel { name, .. }) => {
                 let v = &snap.vmlinux;
@@ -203,6 +238,7 @@ impl<'b> Ctx<'b> {
                     v.last_addr() + TAIL_SLACK,
                     snap.vmlinux_build_id.as_deref(),
                 );
+                classify(name);
                 (m, addr, Some(self.func_line(name, name, "", 0)))
             }
             Some(Symbol::Module { module, sym }) => {
@@ -220,7 +256,7 @@ impl<'b> Ctx<'b> {
                 let (file, no) = line.map_or(("", 0), |l| (&*l.file, i64::from(l.line)));
                 (m, addr, Some(self.func_line(name, &func.name, file, no)))
             }
-            None => return (loc, Kind::Unresolved),
+            None => return (loc, Kind::Unresolved, Class::Plain),
         };
         let kind = if line.is_some() { Kind::Resolved } else { Kind::ModuleOnly };
         let n = self.b.location(pb::Location {
@@ -229,7 +265,7 @@ impl<'b> Ctx<'b> {
             lines: line.into_iter().collect(),
             attribute_indices: vec![self.frame_attr],
         });
-        (n, kind)
+        (n, kind, class)
     }
 
     fn mapping(&mut self, file: &str, start: u64, limit: u64, build_id: Option<&[u8]>) -> i32 {

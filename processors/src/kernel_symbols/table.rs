@@ -15,6 +15,10 @@ pub struct SymbolTable {
     offsets: Box<[u32]>,
     name_at: Box<[u32]>,
     blob: Box<[u8]>,
+    /// Bit i: symbol i has `__pfx_` padding right before it, so nothing
+    /// returns to its first byte (a call ending the previous function
+    /// returns into the padding).
+    padded: Box<[u64]>,
 }
 
 impl SymbolTable {
@@ -46,6 +50,18 @@ impl SymbolTable {
         Some((self.name(i), u64::from(rel - self.offsets[i])))
     }
 
+    /// Whether `addr` is the first byte of a function with padding before
+    /// it: then it is not a return address, but the address itself (an
+    /// interrupted instruction, a jump target).
+    #[inline]
+    pub fn padded_start(&self, addr: u64) -> bool {
+        let Some(rel) = addr.checked_sub(self.base).and_then(|r| u32::try_from(r).ok()) else { return false };
+        match self.offsets.binary_search(&rel) {
+            Ok(i) => self.padded.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1),
+            Err(_) => false,
+        }
+    }
+
     /// Start address of the symbol covering `addr`.
     pub fn symbol_start(&self, addr: u64) -> Option<u64> {
         let rel = u32::try_from(addr.checked_sub(self.base)?).ok()?;
@@ -75,7 +91,7 @@ impl SymbolTable {
 
     /// Heap bytes held by this table.
     pub fn heap_bytes(&self) -> usize {
-        self.offsets.len() * 4 + self.name_at.len() * 4 + self.blob.len()
+        self.offsets.len() * 4 + self.name_at.len() * 4 + self.blob.len() + self.padded.len() * 8
     }
 }
 
@@ -135,6 +151,8 @@ pub struct Entry<'a> {
     pub addr: u64,
     pub rank: u32,
     pub name: &'a str,
+    /// A `__pfx_` padding symbol precedes it.
+    pub padded: bool,
 }
 
 /// Counts of what building dropped.
@@ -162,9 +180,11 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
         let mut w = 0;
         for r in 0..entries.len() {
             if w > 0 && entries[w - 1].addr == entries[r].addr {
+                let padded = entries[w - 1].padded | entries[r].padded;
                 if entries[r].rank > entries[w - 1].rank {
                     entries[w - 1] = entries[r];
                 }
+                entries[w - 1].padded = padded;
             } else {
                 entries[w] = entries[r];
                 w += 1;
@@ -173,7 +193,11 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
         entries.truncate(w);
     } else {
         entries.sort_by_key(|e| (e.addr, std::cmp::Reverse(e.rank)));
-        entries.dedup_by_key(|e| e.addr);
+        entries.dedup_by(|later, kept| {
+            let same = later.addr == kept.addr;
+            kept.padded |= same && later.padded;
+            same
+        });
     }
     stats.aliases += (before - entries.len()) as u64;
 
@@ -182,11 +206,16 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
     let mut name_at = Vec::with_capacity(entries.len());
     let name_bytes: usize = entries.iter().map(|e| e.name.len().min(MAX_NAME) + 1).sum();
     let mut blob = Vec::with_capacity(name_bytes);
+    let mut padded = vec![0u64; entries.len().div_ceil(64)];
     for e in &entries {
         let Ok(off) = u32::try_from(e.addr - base) else {
             stats.out_of_range += 1;
             continue;
         };
+        if e.padded {
+            let i = offsets.len();
+            padded[i / 64] |= 1 << (i % 64);
+        }
         let name = truncate(e.name, &mut stats.truncated);
         offsets.push(off);
         name_at.push(blob.len() as u32);
@@ -198,6 +227,7 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
         offsets: offsets.into_boxed_slice(),
         name_at: name_at.into_boxed_slice(),
         blob: blob.into_boxed_slice(),
+        padded: padded.into_boxed_slice(),
     }
 }
 
@@ -218,7 +248,7 @@ mod tests {
     use super::*;
 
     fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
-        Entry { addr, rank: rank(kind, name), name }
+        Entry { addr, rank: rank(kind, name), name, padded: false }
     }
 
     #[test]
