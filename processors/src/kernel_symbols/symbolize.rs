@@ -157,10 +157,12 @@ fn kernel_locations(d: &pb::ProfilesDictionary) -> FxHashSet<i32> {
         .collect()
 }
 
+/// (location, generation, BPF epoch, exact address?): one lookup.
+type LocKey = (i32, u64, u32, bool);
+
 struct Ctx<'b> {
     b: &'b mut ProfilesBuilder,
-    /// (location, generation, BPF epoch, exact address?) -> new location.
-    locs: FxHashMap<(i32, u64, u32, bool), (i32, Kind, Class)>,
+    locs: FxHashMap<LocKey, (i32, Kind, Class)>,
     frame_attr: i32,
 }
 
