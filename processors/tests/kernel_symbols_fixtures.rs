@@ -626,6 +626,37 @@ fn samples_use_the_generation_of_their_timestamp() {
     assert_eq!(names, ["?", "handle"]);
 }
 
+/// One raw stack sampled twice: once in program a, once (after a was freed
+/// and b loaded at the same address) in b. The receiver merged them into one
+/// Sample; each timestamp must still be named by its own program.
+#[test]
+fn a_sample_spanning_an_address_reuse_is_split_by_time() {
+    let s = open();
+    let t0 = now_ns();
+    let addr = 0xffffffffc1000000;
+    s.bpf_register(t0 + 10, bpf_func(addr, "bpf_prog_aa_a"));
+    s.bpf_unregister(t0 + 20, addr, "bpf_prog_aa_a");
+    s.bpf_register(t0 + 30, bpf_func(addr, "bpf_prog_bb_b"));
+    let mut batch = kernel_batch(&[addr + 8], t0 + 15);
+    let smp = &mut batch.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0];
+    (smp.values, smp.timestamps_unix_nano) = (vec![1, 1, 1], vec![t0 + 15, t0 + 35, t0 + 16]);
+    let (out, outcome) = symbolize(batch, &s.generations().load());
+    let d = out.dictionary().unwrap();
+    let mut named: Vec<(String, Vec<u64>)> = out
+        .profiles()
+        .flat_map(|p| &p.samples)
+        .map(|smp| {
+            let l = &d.location_table[d.stack_table[smp.stack_index as usize].location_indices[0] as usize];
+            let f = &d.function_table[l.lines[0].function_index as usize];
+            let ts = smp.timestamps_unix_nano.iter().map(|t| t - t0).collect();
+            (str_at(&d.string_table, f.name_strindex).to_owned(), ts)
+        })
+        .collect();
+    named.sort();
+    assert_eq!(named, [("bpf_prog_aa_a".to_owned(), vec![15, 16]), ("bpf_prog_bb_b".to_owned(), vec![35])]);
+    assert_eq!(outcome.resolved, 3);
+}
+
 // ---- exact-address frames ----
 
 /// The recorded stack of `interrupted.stack`: (address, function perf names).

@@ -36,6 +36,8 @@ use super::store::BpfEvent;
 const PERF_RECORD_LOST: u32 = perf_event_type::PERF_RECORD_LOST as u32;
 const PERF_RECORD_KSYMBOL: u32 = perf_event_type::PERF_RECORD_KSYMBOL as u32;
 const PERF_RECORD_BPF_EVENT: u32 = perf_event_type::PERF_RECORD_BPF_EVENT as u32;
+/// Least time between two batches sent to the store.
+const BATCH_PERIOD: Duration = Duration::from_millis(10);
 /// Data pages per ring (power of two); records are rare and small.
 const DATA_PAGES: usize = 8;
 
@@ -263,7 +265,8 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, tx: UnboundedSender<Trigger>) 
         }
         held.ready(watermark, &mut ready);
         let mut closed = false;
-        if !ready.is_empty() {
+        let sent = !ready.is_empty();
+        if sent {
             let events = ready.drain(..).map(|(t, e)| (clock.to_unix_ns(t), e)).collect();
             closed |= tx.send(Trigger::Bpf(events)).is_err();
         }
@@ -272,6 +275,11 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, tx: UnboundedSender<Trigger>) 
         }
         if closed || tx.is_closed() {
             return;
+        }
+        if sent {
+            // Gather for a moment: under churn one batch per period, not
+            // one per record.
+            tokio::time::sleep(BATCH_PERIOD).await;
         }
     }
 }

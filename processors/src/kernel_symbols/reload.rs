@@ -72,19 +72,40 @@ async fn run(store: Arc<Store>, cfg: ReloadConfig, mut rx: UnboundedReceiver<Tri
     // The store was just opened with a full read.
     let mut next_read = Instant::now() + cfg.min_interval;
     let mut backoff = Duration::ZERO;
+    // A trigger taken from the channel while gathering BPF records.
+    let mut held: Option<Trigger> = None;
     loop {
         let meta_at = pending.map(|p| p.1);
         let read_at = kallsyms_due.then_some(next_read);
+        let next = async {
+            match held.take() {
+                Some(t) => Some(t),
+                None => rx.recv().await,
+            }
+        };
         tokio::select! {
             biased;
-            msg = rx.recv() => {
+            msg = next => {
                 let Some(msg) = msg else { return };
                 match msg {
                     Trigger::ModuleUevent { at_ns } => {
                         let p = pending.get_or_insert((at_ns, Instant::now() + cfg.debounce));
                         p.0 = p.0.min(at_ns);
                     }
-                    Trigger::Bpf(events) => {
+                    Trigger::Bpf(mut events) => {
+                        // Whatever queued meanwhile goes into the same
+                        // publish (batches come in time order), so a busy
+                        // host costs one history rebuild per wake-up, not
+                        // one per record.
+                        while let Ok(t) = rx.try_recv() {
+                            match t {
+                                Trigger::Bpf(more) => events.extend(more),
+                                other => {
+                                    held = Some(other);
+                                    break;
+                                }
+                            }
+                        }
                         let s = store.clone();
                         blocking(move || s.apply_bpf(events)).await;
                     }

@@ -6,7 +6,8 @@
 //! Work is per distinct (stack, generation, BPF epoch) and (location,
 //! generation, BPF epoch, exact?), never per sample: samples only get a new
 //! stack index. Entries the rewrite orphaned are then dropped from the
-//! dictionary. Counts are of frames: each sample's kernel frames times its
+//! dictionary. A sample whose timestamps see different symbols is split
+//! first (see [`split_by_symbol_epoch`]). Counts are of frames: each sample's kernel frames times its
 //! observations.
 
 use profcol_api::model::{keys, observations, pb, profile_counts_events, str_at, AttrValue, Profiles, ProfilesBuilder};
@@ -101,8 +102,10 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
     let mut rewritten = false;
     for (resource, scope, profile, start, counts_events) in shape {
         let r = profcol_api::model::ProfileRef { resource, scope, profile };
-        let n = ctx.b.profile_mut(r).samples.len();
-        for i in 0..n {
+        // Samples split below are appended and resolved in turn.
+        let mut i = 0;
+        while i < ctx.b.profile_mut(r).samples.len() {
+            split_by_symbol_epoch(ctx.b, r, i, gens, &kernel_locs);
             let s = &ctx.b.profile_mut(r).samples[i];
             let ts = s.timestamps_unix_nano.first().copied().unwrap_or(start);
             let times = observations(s, counts_events);
@@ -120,6 +123,7 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
             out.add(&o, times);
             rewritten |= new != stack;
             ctx.b.profile_mut(r).samples[i].stack_index = new;
+            i += 1;
         }
     }
     let mut batch = b.build();
@@ -128,6 +132,68 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
         batch.compact();
     }
     (batch, out)
+}
+
+/// Which symbols a sample taken at `ts` sees: its generation and BPF epoch.
+fn symbol_epoch(gens: &[Arc<Generation>], ts: u64) -> (u64, u32) {
+    let g = Generations::at(gens, ts);
+    (g.id, g.snapshot.bpf.epoch(ts))
+}
+
+/// A sample with kernel frames whose timestamps fall in different symbol
+/// epochs (the same raw stack, but a BPF program freed and another loaded
+/// at its address between two of them) is split, so each part is named
+/// with the symbols of its own times. Sample `i` keeps the first part; the
+/// others are appended to the profile. Values go with their timestamps;
+/// a sample whose values do not pair with its timestamps is left whole.
+fn split_by_symbol_epoch(
+    b: &mut ProfilesBuilder,
+    r: profcol_api::model::ProfileRef,
+    i: usize,
+    gens: &[Arc<Generation>],
+    kernel: &FxHashSet<i32>,
+) {
+    let s = &b.profile_mut(r).samples[i];
+    let ts = &s.timestamps_unix_nano;
+    if ts.len() < 2 || !(s.values.is_empty() || s.values.len() == ts.len()) {
+        return;
+    }
+    let first = symbol_epoch(gens, ts[0]);
+    if ts.iter().all(|&t| symbol_epoch(gens, t) == first) {
+        return;
+    }
+    let stack = s.stack_index;
+    let has_kernel = usize::try_from(stack)
+        .ok()
+        .and_then(|k| b.dictionary().stack_table.get(k))
+        .is_some_and(|st| st.location_indices.iter().any(|l| kernel.contains(l)));
+    if !has_kernel {
+        return;
+    }
+    let whole = b.profile_mut(r).samples[i].clone();
+    let mut parts: Vec<((u64, u32), pb::Sample)> = Vec::new();
+    for (k, &t) in whole.timestamps_unix_nano.iter().enumerate() {
+        let key = symbol_epoch(gens, t);
+        let at = match parts.iter().position(|p| p.0 == key) {
+            Some(at) => at,
+            None => {
+                let empty = pb::Sample { timestamps_unix_nano: Vec::new(), values: Vec::new(), ..whole.clone() };
+                parts.push((key, empty));
+                parts.len() - 1
+            }
+        };
+        let part = &mut parts[at].1;
+        part.timestamps_unix_nano.push(t);
+        if let Some(&v) = whole.values.get(k) {
+            part.values.push(v);
+        }
+    }
+    let mut parts = parts.into_iter().map(|p| p.1);
+    let samples = &mut b.profile_mut(r).samples;
+    if let Some(head) = parts.next() {
+        samples[i] = head;
+    }
+    samples.extend(parts);
 }
 
 /// Locations with the kernel mapping and the kernel frame-type attribute
