@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # CI needs for the exporters and the otlp receiver (called by .ci/run):
-#   - golang-go: `go tool pprof -top` opens the pprof exporter's files
-#     (exporters/tests/pprof_export.rs);
+#   - golang-go: `go tool pprof` opens the pprof exporter's files and pushes
+#     (exporters/tests/pprof_export.rs, collector/tests/node_agent.rs);
 #   - python3 grpcio + opentelemetry-proto 1.45.x (profiles v1development,
 #     proto v1.10 layout): the OTLP server on another stack
-#     (exporters/tests/python/otlp_server.py, used by
-#     exporters/tests/otlp_python_interop.rs and collector/tests/otlp_retry_rules.rs),
+#     (exporters/tests/python/otlp_server.py, started by testkit's py_otlp for
+#     exporters/tests/otlp_python_interop.rs, collector/tests/otlp_retry_rules.rs
+#     and collector/tests/node_agent.rs),
 #     and protobuf's official JSON printer and parser, which come with it
 #     (exporters/tests/otlp_json.rs, exporters/tests/python/otlp_json.py).
 # Idempotent and quiet: installs only what is missing. With CI=true the tests

@@ -11,7 +11,8 @@ use profcol_plugin_sdk::harness::Harness;
 use profcol_plugin_sdk::Batch;
 
 /// Samples the folding rules treat apart: names with `;`, spaces and a line
-/// break, unsymbolized frames with and without a mapping, a kernel frame
+/// break, unsymbolized frames with a mapping (placed: offset in its file) and
+/// without one, a kernel frame
 /// known only by its frame type, an empty stack, a thread name that is a
 /// number, a sample with no values but timestamps, a negative value.
 fn odd_batch() -> Profiles {
@@ -32,7 +33,14 @@ fn odd_batch() -> Profiles {
     let weird = named(&mut b, "ns::f<a; b>\nnext");
     let main = named(&mut b, "main");
     let lib = b.string("/usr/lib/libz.so.1");
-    let m = b.mapping(pb::Mapping { filename_strindex: lib, ..Default::default() });
+    // Placed in memory: an unnamed frame shows its offset in the file.
+    let m = b.mapping(pb::Mapping {
+        filename_strindex: lib,
+        memory_start: 0x1000,
+        memory_limit: 0x3000,
+        file_offset: 0x5000,
+        ..Default::default()
+    });
     let unsym = b.location(pb::Location { mapping_index: m, address: 0x1234, ..Default::default() });
     let bare = b.location(pb::Location { address: 0xabc, ..Default::default() });
     let kattr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
@@ -112,7 +120,7 @@ async fn folded_exporter_equals_the_flamegraph_exporters_folded_text() {
         flamegraph_text(&odd_batch()).await,
         "42;main;ns::f<a:_b>_next 1\n\
          odd_app;[no stack] 1\n\
-         odd_app;main;libz.so.1+0x1234 3\n\
-         odd_app;main;unknown+0xabc;unknown+0xffffffff81000000_[k] 2\n"
+         odd_app;main;0xabc;0xffffffff81000000_[k] 2\n\
+         odd_app;main;libz.so.1+0x5234 3\n"
     );
 }

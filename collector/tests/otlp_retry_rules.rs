@@ -12,35 +12,17 @@ use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
 use profcol_api::{Exporter, Profiles};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
 use profcol_testkit::batch::random_batch;
-use profcol_testkit::tools::tool_available;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc};
+use profcol_testkit::py_otlp::PyOtlpServer;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const CHECK: &str = "import grpc, importlib.metadata as m\n\
-from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2_grpc\n\
-v = m.version('opentelemetry-proto')\n\
-assert v.startswith('1.45.'), v";
 
 /// The Python server is there, or (CI=true) the test fails.
 fn python_ready() -> bool {
-    tool_available("python3", &["-c", CHECK])
+    PyOtlpServer::available()
 }
 
-struct Server {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    grpc: u16,
-    http: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
-}
+/// The Python server with both protocols.
+struct Server(PyOtlpServer);
 
 /// One request as the server saw it.
 #[derive(Debug)]
@@ -52,34 +34,21 @@ struct Attempt {
 
 impl Server {
     fn start(script: &str) -> Server {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../exporters/tests/python/otlp_server.py");
-        let mut child = Command::new("python3")
-            .args([path, "--http", "--script", script])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let port = |prefix: &str| -> u16 {
-            let l = lines.recv_timeout(Duration::from_secs(30)).expect("the Python server did not start");
-            l.strip_prefix(prefix).unwrap_or_else(|| panic!("{l}")).parse().unwrap()
-        };
-        let (grpc, http) = (port("PORT "), port("HTTP_PORT "));
-        Server { child, lines, grpc, http }
+        Server(PyOtlpServer::start(&["--http", "--script", script]))
+    }
+
+    fn grpc(&self) -> u16 {
+        self.0.grpc_port
+    }
+
+    fn http(&self) -> u16 {
+        self.0.http_port.expect("started with --http")
     }
 
     /// Every request answered so far (waits `quiet` for more after the last).
     fn attempts(&self, quiet: Duration) -> Vec<Attempt> {
         let mut out = Vec::new();
-        while let Ok(l) = self.lines.recv_timeout(quiet) {
+        while let Ok(l) = self.0.lines.recv_timeout(quiet) {
             let v: serde_json::Value = serde_json::from_str(&l).unwrap();
             out.push(Attempt {
                 answer: v["answer"].as_str().unwrap().to_owned(),
@@ -119,12 +88,12 @@ async fn export_through_host(server: &Server, proto: Proto, batch: &Profiles) ->
     let settings = CreateSettings { id: id.clone(), telemetry: telemetry.clone() };
     let exporter: Arc<dyn Exporter> = match proto {
         Proto::Grpc => {
-            let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{}", server.grpc), ..Default::default() };
+            let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{}", server.grpc()), ..Default::default() };
             Arc::new(OtlpGrpcExporter::new(settings, cfg).unwrap())
         }
         Proto::Http => {
             let cfg =
-                OtlpHttpConfig { endpoint: format!("http://127.0.0.1:{}", server.http).into(), ..Default::default() };
+                OtlpHttpConfig { endpoint: format!("http://127.0.0.1:{}", server.http()).into(), ..Default::default() };
             Arc::new(OtlpHttpExporter::new(settings, cfg).unwrap())
         }
     };

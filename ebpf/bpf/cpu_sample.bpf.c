@@ -244,8 +244,12 @@ static __always_inline int proc_event(__u32 kind)
 	if (kind == PROC_EXIT && (__u32)id != e.pid)
 		return 0;
 	bpf_get_current_comm(e.comm, sizeof(e.comm));
-	/* Never woken per event: the reader drains on a short timer. */
-	if (bpf_ringbuf_output(&proc_events, &e, sizeof(e), BPF_RB_NO_WAKEUP)) {
+	/* Wake the reader only for an event into an empty ring: while events
+	 * keep coming it reads them on its own short period, and an idle host
+	 * costs it no wake-up at all. */
+	__u64 flags = bpf_ringbuf_query(&proc_events, BPF_RB_AVAIL_DATA) ? BPF_RB_NO_WAKEUP
+									 : BPF_RB_FORCE_WAKEUP;
+	if (bpf_ringbuf_output(&proc_events, &e, sizeof(e), flags)) {
 		__u32 zero = 0;
 		__u64 *v = bpf_map_lookup_elem(&proc_event_lost, &zero);
 		if (v)

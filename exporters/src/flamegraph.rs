@@ -96,6 +96,15 @@ impl profcol_model_rules::folded::Frame for Folding<'_> {
     fn address(&self) -> u64 {
         self.0.location.address
     }
+    fn file_offset(&self) -> Option<u64> {
+        let m = self.0.mapping()?;
+        profcol_model_rules::folded::offset_in_file(
+            self.0.location.address,
+            m.memory_start,
+            m.memory_limit,
+            m.file_offset,
+        )
+    }
     fn frame_type(&self) -> Option<&str> {
         self.0.attribute_str(profcol_model_rules::folded::FRAME_TYPE_KEY)
     }

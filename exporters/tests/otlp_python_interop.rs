@@ -8,56 +8,13 @@ use profcol_api::model::{canonical, ExportProfilesServiceRequest};
 use profcol_api::{ExportError, Exporter, Profiles};
 use profcol_exporters::otlp::{Compression, OtlpGrpcConfig, OtlpGrpcExporter};
 use profcol_testkit::prelude::*;
+use profcol_testkit::py_otlp::PyOtlpServer;
 use prost::Message;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-const CHECK: &str = "import grpc, importlib.metadata as m\n\
-from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2_grpc\n\
-v = m.version('opentelemetry-proto')\n\
-assert v.startswith('1.45.'), v";
-
-struct PyServer {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    port: u16,
-}
-
-impl Drop for PyServer {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
-}
-
-fn start(args: &[&str]) -> Option<PyServer> {
-    if !tool_available("python3", &["-c", CHECK]) {
-        return None;
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/otlp_server.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    let first = rx.recv_timeout(Duration::from_secs(30)).expect("the Python server did not start");
-    let port = first.strip_prefix("PORT ").unwrap().parse().unwrap();
-    Some(PyServer { child, lines: rx, port })
+/// The Python server, or None (skipped; under CI=true a failure) without its packages.
+fn start(args: &[&str]) -> Option<PyOtlpServer> {
+    PyOtlpServer::available().then(|| PyOtlpServer::start(args))
 }
 
 fn exporter(port: u16, compression: Compression, name: &str) -> (OtlpGrpcExporter, profcol_api::CreateSettings) {
@@ -70,8 +27,8 @@ fn exporter(port: u16, compression: Compression, name: &str) -> (OtlpGrpcExporte
 async fn python_grpcio_server_receives_and_decodes_every_sample() {
     let out = tempfile::tempdir().unwrap();
     let Some(py) = start(&["--out", out.path().to_str().unwrap()]) else { return };
-    let (gz, _) = exporter(py.port, Compression::Gzip, "otlp/gzip");
-    let (plain, _) = exporter(py.port, Compression::None, "otlp/plain");
+    let (gz, _) = exporter(py.grpc_port, Compression::Gzip, "otlp/gzip");
+    let (plain, _) = exporter(py.grpc_port, Compression::None, "otlp/plain");
     let batches: Vec<Profiles> = (0..6).map(|k| cpu_batch(100 + k, 3, 60)).collect();
     for (k, b) in batches.iter().enumerate() {
         let e = if k % 2 == 0 { &gz } else { &plain };
@@ -116,8 +73,8 @@ async fn python_grpcio_server_receives_and_decodes_every_sample() {
 
 #[tokio::test]
 async fn retry_info_and_partial_success_from_python() {
-    let Some(mut py) = start(&["--unavailable-first", "2", "--partial", "1"]) else { return };
-    let (e, s) = exporter(py.port, Compression::Gzip, "otlp/py");
+    let Some(py) = start(&["--unavailable-first", "2", "--partial", "1"]) else { return };
+    let (e, s) = exporter(py.grpc_port, Compression::Gzip, "otlp/py");
     let batch = cpu_batch(9, 1, 10);
     for _ in 0..2 {
         match e.export(&batch).await {
@@ -136,5 +93,5 @@ async fn retry_info_and_partial_success_from_python() {
     assert_eq!(s.telemetry.counter("rejected_profiles_total", "").get(), 1);
     assert_eq!(s.telemetry.counter("partial_success_total", "").get(), 1);
     assert_eq!(s.telemetry.counter("retryable_errors_total", "").get(), 2);
-    let _ = py.child.stdin.as_mut().unwrap().flush();
+    drop(py);
 }

@@ -199,9 +199,12 @@ impl Ingest {
         Ingest { addr, calls, pushes }
     }
 
-    fn exporter(&self, group_by: GroupBy) -> PprofExporter {
-        let cfg =
-            PprofConfig { endpoint: Some(format!("http://{}", self.addr).into()), group_by, ..Default::default() };
+    /// A push exporter to this server; `labels` as configured (None: the default).
+    fn exporter(&self, labels: Option<&[&str]>) -> PprofExporter {
+        let mut cfg = PprofConfig { endpoint: Some(format!("http://{}", self.addr).into()), ..Default::default() };
+        if let Some(l) = labels {
+            cfg.labels = l.iter().map(|s| s.to_string()).collect();
+        }
         PprofExporter::new(settings(Kind::Exporter, "pprof/pyroscope"), cfg).unwrap()
     }
 
@@ -209,28 +212,62 @@ impl Ingest {
     fn names(&self) -> Vec<String> {
         self.pushes.lock().unwrap().iter().map(|(q, _)| q["name"].clone()).collect()
     }
+
+    /// The pushes so far, taken: query and gunzipped pprof body.
+    fn take(&self) -> Vec<(BTreeMap<String, String>, Vec<u8>)> {
+        let pushes = std::mem::take(&mut *self.pushes.lock().unwrap());
+        pushes
+            .into_iter()
+            .map(|(q, gz)| {
+                let mut raw = Vec::new();
+                flate2::read::GzDecoder::new(gz.as_slice()).read_to_end(&mut raw).unwrap();
+                (q, raw)
+            })
+            .collect()
+    }
 }
 
 type Ingested = Arc<Mutex<Vec<(BTreeMap<String, String>, Vec<u8>)>>>;
 
+/// The label keys of a pprof body as Go's reader sees them (`go tool pprof -raw`).
+fn go_pprof_label_keys(raw: &[u8]) -> std::collections::BTreeSet<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("push.pb");
+    std::fs::write(&path, raw).unwrap();
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-raw", "-symbolize=none"])
+        .arg(&path)
+        .output()
+        .expect("go tool pprof");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "go tool pprof failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("Samples:"), "{text}");
+    // -raw prints a sample's labels as `key:[value]` after its stack.
+    text.lines()
+        .flat_map(|l| l.split_whitespace())
+        .filter_map(|w| w.split_once(":[").map(|(k, _)| k.to_owned()))
+        .collect()
+}
+
 #[tokio::test]
 async fn pushes_to_pyroscope_ingest() {
     let ingest = Ingest::start(None).await;
-    let e = ingest.exporter(GroupBy::Process);
+    let e = ingest.exporter(None);
     let batch = cpu_batch(5, 2, 30);
     e.export(&batch).await.unwrap();
-    let seen = ingest.pushes.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2);
-    for (q, body) in seen.iter() {
+    let seen = ingest.take();
+    // Two processes of service `demo` on one node: one series.
+    assert_eq!(seen.len(), 1);
+    for (q, raw) in seen.iter() {
         assert_eq!(q["format"], "pprof");
-        assert!(q["name"].starts_with("demo{") && q["name"].contains("process_pid=100"), "{}", q["name"]);
-        assert!(q["name"].contains("host_name=node-1"), "{}", q["name"]);
+        assert_eq!(q["name"], "demo{host_name=node-1}");
         let (from, until): (u64, u64) = (q["from"].parse().unwrap(), q["until"].parse().unwrap());
         assert_eq!(from, 1_700_000_050);
         assert_eq!(until, from + 10);
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(body.as_slice()).read_to_end(&mut raw).unwrap();
-        convert::check_valid(&proto::Profile::decode(raw.as_slice()).unwrap()).unwrap();
+        let p = proto::Profile::decode(raw.as_slice()).unwrap();
+        convert::check_valid(&p).unwrap();
+        let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+        assert_eq!(total as usize, batch.sample_count(), "every observation of both processes");
     }
     // A server that is down is retryable.
     let cfg =
@@ -239,11 +276,69 @@ async fn pushes_to_pyroscope_ingest() {
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
 }
 
+/// Pyroscope files data under `service_name` plus the series' labels, and
+/// makes a series of every label value, the pprof body's sample labels
+/// included. By default the series are named by service and node only
+/// (bounded: no pid, thread or container), whatever the processes; a label
+/// asked for splits them.
+#[tokio::test]
+async fn pyroscope_series_are_named_by_service_with_bounded_labels() {
+    let ingest = Ingest::start(None).await;
+    // 6 processes of two services, in and outside containers.
+    let mut batch = cpu_batch(7, 6, 20);
+    for (k, rp) in batch.0.resource_profiles.iter_mut().enumerate() {
+        for kv in &mut rp.resource.as_mut().unwrap().attributes {
+            if kv.key == "service.name" {
+                kv.value = Some(s(if k < 4 { "checkout" } else { "search" }));
+            }
+        }
+    }
+    ingest.exporter(None).export(&batch).await.unwrap();
+    let pushed = ingest.take();
+    let names: Vec<&str> = pushed.iter().map(|(q, _)| q["name"].as_str()).collect();
+    assert_eq!(names, ["checkout{host_name=node-1}", "search{host_name=node-1}"]);
+    for (_, raw) in &pushed {
+        let keys = go_pprof_label_keys(raw);
+        assert!(keys.is_empty(), "no per-sample labels (each would be a series): {keys:?}");
+    }
+    let total: usize = pushed
+        .iter()
+        .map(|(_, raw)| {
+            proto::Profile::decode(raw.as_slice()).unwrap().sample.iter().map(|s| s.value[0] as usize).sum::<usize>()
+        })
+        .sum();
+    assert_eq!(total, batch.sample_count());
+
+    // Asked for: a series per process.
+    ingest.exporter(Some(&["host.name", "process.pid"])).export(&batch).await.unwrap();
+    let mut names: Vec<String> = ingest.take().into_iter().map(|(q, _)| q["name"].clone()).collect();
+    names.sort();
+    let want: Vec<String> = (0..6)
+        .map(|p| format!("{}{{host_name=node-1,process_pid={}}}", if p < 4 { "checkout" } else { "search" }, 1000 + p))
+        .collect();
+    assert_eq!(names, want);
+    // Per container: processes outside one share the series without the label.
+    ingest.exporter(Some(&["container.id"])).export(&batch).await.unwrap();
+    let mut names: Vec<String> = ingest.take().into_iter().map(|(q, _)| q["name"].clone()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "checkout{container_id=c0ffee01}",
+            "checkout{container_id=c0ffee03}",
+            "checkout{}",
+            "search{container_id=c0ffee05}",
+            "search{}"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_retried_batch_does_not_push_the_groups_that_went_out_again() {
     // The second push of the first attempt fails with 503; the host retries the whole batch.
     let ingest = Ingest::start(Some(1)).await;
-    let e = ingest.exporter(GroupBy::Process);
+    // A series per process: two reports per batch.
+    let e = ingest.exporter(Some(&["process.pid"]));
     let batch = cpu_batch(5, 2, 30);
     assert!(matches!(e.export(&batch).await, Err(profcol_api::ExportError::Retryable { .. })));
     e.export(&batch).await.unwrap();
@@ -268,7 +363,7 @@ async fn a_service_name_from_the_sender_cannot_break_the_pyroscope_name() {
             }
         }
     }
-    ingest.exporter(GroupBy::default()).export(&batch).await.unwrap();
+    ingest.exporter(None).export(&batch).await.unwrap();
     let names = ingest.names();
     assert_eq!(names.len(), 1);
     assert!(names[0].starts_with("shop_api_env_prod__x{"), "{}", names[0]);
@@ -304,4 +399,28 @@ async fn the_directory_keeps_at_most_max_files_and_only_its_own_are_removed() {
     assert!(dir.path().join("README").exists());
     assert_eq!(s.telemetry.counter("pprof_files_removed_total", "").get(), 3);
     assert_eq!(s.telemetry.gauge("pprof_files", "").get(), 3);
+}
+
+/// `group_by` is for files and `labels` for the push; each refused with the
+/// other destination, saying what to do instead.
+#[test]
+fn push_and_file_keys_are_checked_against_the_destination() {
+    use profcol_api::config::{Problems, Validate};
+    let problems = |c: PprofConfig| {
+        let mut p = Problems::new();
+        c.validate(&mut p);
+        p.into_errors().into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+    };
+    let push = || PprofConfig { endpoint: Some("http://127.0.0.1:4040".to_owned().into()), ..Default::default() };
+    assert_eq!(problems(push()), "");
+    assert_eq!(push().labels, ["host.name"]);
+    let e = problems(PprofConfig { group_by: GroupBy::Process, ..push() });
+    assert!(e.starts_with("group_by:") && e.contains("add `process.pid`"), "{e}");
+    let e = problems(PprofConfig { labels: vec!["service.name".into()], ..push() });
+    assert!(e.starts_with("labels[0]:"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let files = PprofConfig { directory: Some(dir.path().into()), ..Default::default() };
+    assert_eq!(problems(files.clone()), "");
+    let e = problems(PprofConfig { labels: vec!["process.pid".into()], ..files });
+    assert!(e.starts_with("labels:") && e.contains("push only"), "{e}");
 }

@@ -1,13 +1,18 @@
 //! The whole receiver's CPU while a loop execs the 50 MB benchmark binary
 //! 100 times a second (each run lives LIFE_MS, 100 ms by default, longer
-//! than the receiver's exec-event period, so every exec is looked at), with uprobes configured (a probe on
-//! a symbol the binary lacks: the negative cache answers every exec after
-//! the first) against the same receiver with uprobes off.
-//! Interleaved rounds; medians. Needs root (BPF), gcc, strip.
+//! than the receiver's exec-event period, so every exec is looked at),
+//! with uprobes configured (a probe on a symbol the binary lacks: the
+//! negative cache answers every exec after the first) against the same
+//! receiver with uprobes off. Three settings, interleaved round by round
+//! (the host's load moves): uprobes off; a probe on the binary by name
+//! (`binary: big`); a probe with no `binary:` (every executable and
+//! library). Reports each setting's median, min and max, and the load
+//! average. Needs root (BPF), gcc, strip.
 //!
 //!     cargo bench -p profcol-receivers --bench uprobe_cpu
-//!     ROUNDS=5 SECONDS=20 cargo bench -p profcol-receivers --bench uprobe_cpu
-//!     BINARY=any cargo bench -p profcol-receivers --bench uprobe_cpu   # probe every binary
+//!     ROUNDS=7 SECONDS=20 cargo bench -p profcol-receivers --bench uprobe_cpu
+//!     ONLY=named cargo bench -p profcol-receivers --bench uprobe_cpu   # off, named
+//!     ONLY=any cargo bench -p profcol-receivers --bench uprobe_cpu     # off, any
 //!
 //! The receiver runs in this process; the exec loop is another process, so
 //! this process's CPU time (getrusage, user + system) is the receiver's.
@@ -50,33 +55,44 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// The receiver settings compared: name, and the probe's `binary:` (outer
+/// `None`: uprobes off).
+const SETTINGS: [(&str, Option<Option<&str>>); 3] = [("off", None), ("named", Some(Some("big"))), ("any", Some(None))];
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo bench -- --list`
     }
     let (rounds, seconds, rate, life_ms) =
-        (env("ROUNDS", 3), env("SECONDS", 10), env("RATE", 100), env("LIFE_MS", 100));
-    // BINARY=any: the probe selects every executable and library (so every
-    // exec on the host, not only the loop's, is looked at); default: the
-    // benchmark binary by name, as one probes `kubectl`.
-    let any_binary = std::env::var("BINARY").is_ok_and(|v| v == "any");
+        (env("ROUNDS", 5), env("SECONDS", 10), env("RATE", 100), env("LIFE_MS", 100));
+    let only = std::env::var("ONLY").ok();
+    let settings: Vec<_> =
+        SETTINGS.iter().filter(|(n, _)| *n == "off" || only.as_deref().is_none_or(|o| o == *n)).collect();
     let dir = tempfile::tempdir().unwrap();
     let (big, _) = uprobe_fixture::build(dir.path());
     let execloop = dir.path().join("execloop");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/workloads/execloop.c");
     assert!(Command::new("cc").args(["-O2", "-o"]).arg(&execloop).arg(src).status().unwrap().success());
 
-    let mut cpu = [Vec::new(), Vec::new()];
+    let load_before = load_average();
+    let mut cpu = vec![Vec::new(); settings.len()];
     for round in 0..rounds {
-        for (mode, uprobes) in [(0, false), (1, true)] {
+        for (i, (name, probe)) in settings.iter().enumerate() {
             let config = EbpfConfig {
                 report_interval: Duration::from_secs(1),
-                uprobes: if uprobes {
-                    let binary = (!any_binary).then(|| "big".to_owned());
-                    vec![UprobeSpec { symbol: "profcol_not_in_this_binary".into(), binary }]
-                } else {
-                    Vec::new()
+                uprobes: match probe {
+                    None => Vec::new(),
+                    Some(binary) => vec![UprobeSpec {
+                        symbol: "profcol_not_in_this_binary".into(),
+                        binary: binary.map(str::to_owned),
+                    }],
                 },
                 ..EbpfConfig::default()
             };
@@ -108,22 +124,29 @@ async fn main() {
                     .to_owned()
             };
             println!(
-                "round {round} uprobes={:<5} cpu {:>7.1} ms ({:.2}% of one CPU)  {execs}  parsed={} negative_hits={} exec_events={}",
-                uprobes,
+                "round {round} {name:<5} cpu {:>7.1} ms ({:.2}% of one CPU)  {execs}  parsed={} negative_hits={} exec_events={}  load {}",
                 used * 1e3,
                 used / seconds as f64 * 100.0,
                 get("ebpf_uprobe_binaries_parsed_total"),
                 get("ebpf_uprobe_negative_hits_total"),
                 get("ebpf_process_execs_total"),
+                load_average(),
             );
-            cpu[mode].push(used);
+            cpu[i].push(used);
         }
     }
-    let (off, on) = (median(&mut cpu[0]), median(&mut cpu[1]));
-    println!(
-        "median receiver CPU over {seconds} s at {rate} execs/s: uprobes off {:.1} ms, on {:.1} ms, ratio {:.2}x",
-        off * 1e3,
-        on * 1e3,
-        on / off
-    );
+    println!("receiver CPU over {seconds} s at {rate} execs/s, {rounds} interleaved rounds; load average {load_before} before, {} after", load_average());
+    let off = median(&mut cpu[0]);
+    for (i, (name, _)) in settings.iter().enumerate() {
+        let m = median(&mut cpu[i]);
+        let (lo, hi) = (cpu[i][0], cpu[i][cpu[i].len() - 1]);
+        println!(
+            "  {name:<5} median {:>6.1} ms (min {:.1}, max {:.1})  ratio to off {:.2}x  extra per exec {:.1} us",
+            m * 1e3,
+            lo * 1e3,
+            hi * 1e3,
+            m / off,
+            (m - off) / (rate * seconds) as f64 * 1e6,
+        );
+    }
 }

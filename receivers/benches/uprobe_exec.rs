@@ -10,8 +10,8 @@
 //!   read the symbol tables).
 //! - `per_exec/cached`, `per_exec/no_cache`: the whole handling of one
 //!   exec and exit of a live process running the binary, as the receiver
-//!   does it: /proc/PID/stat, the exe link, open, fstat, lookup (or parse),
-//!   both delayed /proc/PID/maps re-reads, and the exit. "No cache" is the
+//!   does it: a `stat` of the exe link and the lookup (or open and parse),
+//!   and the exit (a probe on an executable by name reads no maps). "No cache" is the
 //!   same code with a zero TTL, so every verdict has expired.
 
 #[path = "uprobe_fixture.rs"]

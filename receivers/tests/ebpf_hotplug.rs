@@ -18,6 +18,7 @@ mod ebpf_common;
 
 use ebpf_common::*;
 use profcol_api::model::{any_value::Value, keys};
+use profcol_receivers::ebpf::config::SampleAttribute;
 use profcol_receivers::ebpf::EbpfConfig;
 use std::time::{Duration, Instant};
 
@@ -154,6 +155,7 @@ async fn cpus_coming_online_after_start_are_sampled() {
         sample_frequency: FREQ,
         report_interval: Duration::from_millis(500),
         pids: vec![std::process::id()],
+        sample_attributes: vec![SampleAttribute::ThreadId, SampleAttribute::CpuLogicalNumber],
         ..Default::default()
     })
     .await;

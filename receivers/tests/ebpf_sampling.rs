@@ -8,6 +8,7 @@ mod ebpf_common;
 
 use ebpf_common::*;
 use profcol_api::model::{any_value::Value, keys};
+use profcol_receivers::ebpf::config::SampleAttribute;
 use profcol_receivers::ebpf::EbpfConfig;
 use std::time::Duration;
 
@@ -71,7 +72,10 @@ async fn burn_workload_is_sampled_in_its_hot_function() {
     assert!(s.resource.iter().any(|(k, _)| k == keys::HOST_NAME));
     assert!(s.attrs.contains(&(keys::THREAD_ID.into(), Value::IntValue(pid as i64))));
     assert!(s.attrs.contains(&(keys::THREAD_NAME.into(), Value::StringValue("burn".into()))));
-    assert!(s.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER));
+    // The CPU is not among the default sample attributes: stacks merge across CPUs.
+    assert!(!s.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER), "{:?}", s.attrs);
+    // service.name: the executable's name by default.
+    assert!(s.resource.contains(&(keys::SERVICE_NAME.into(), Value::StringValue("burn".into()))), "{:?}", s.resource);
     for s in &samples {
         for &t in &s.timestamps {
             assert!(t >= t0 - 1_000_000_000 && t <= t1, "timestamp {t} outside [{t0}, {t1}]");
@@ -84,6 +88,153 @@ async fn burn_workload_is_sampled_in_its_hot_function() {
     let first_user = s.frames.iter().find(|f| f.frame_type == "native").unwrap();
     assert_eq!(sym.function(first_user.mapping.as_ref().unwrap(), first_user.address), Some("profcol_burn_hot"));
     assert!(metrics.contains("profcol_receiver_ebpf_samples_lost_ringbuf_total{receiver=\"ebpf\"} 0"), "{metrics}");
+}
+
+/// Pins process `pid` to one CPU.
+fn pin(pid: u32, cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays in bounds.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(pid as i32, std::mem::size_of_val(&set), &set), 0, "pin {pid} to {cpu}");
+    }
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// Runs `burn` on CPU 0, then on CPU 1 (moved half-way); returns its
+/// samples per batch and the (unix ns) time of the move.
+async fn burn_on_two_cpus(sample_attributes: Vec<SampleAttribute>) -> (Vec<Vec<Observed>>, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload("burn", dir.path());
+    let mut w = Workload::spawn(&bin, 1.6);
+    let pid = w.pid;
+    pin(pid, 0);
+    let cfg = EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(30),
+        pids: vec![pid],
+        sample_attributes,
+        ..Default::default()
+    };
+    let running = start(cfg).await;
+    w.go();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let moved = unix_ns();
+    pin(pid, 1);
+    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    let (batches, _) = running.stop().await;
+    (batches.iter().map(|b| samples_of(std::slice::from_ref(b), pid)).collect(), moved)
+}
+
+/// The identity of a sample's stack: its frames' addresses.
+fn stack_of(o: &Observed) -> Vec<u64> {
+    o.frames.iter().map(|f| f.address).collect()
+}
+
+/// Under the default sample attributes the same stack sampled on two CPUs
+/// is one Sample (its timestamps on both sides of the move); with
+/// `cpu.logical_number` asked for it is one Sample per CPU, each with its CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_stack_on_two_cpus_is_one_sample_unless_the_cpu_is_asked_for() {
+    if !require_bpf("the_same_stack_on_two_cpus_is_one_sample_unless_the_cpu_is_asked_for") {
+        return;
+    }
+    if !std::path::Path::new("/sys/devices/system/cpu/cpu1").exists() {
+        assert!(!profcol_testkit::tools::in_ci(), "CI=true: this test needs two CPUs");
+        eprintln!("SKIPPED: needs two CPUs");
+        return;
+    }
+    // A margin around the move: samples taken while it happens are on either CPU.
+    let margin = 20_000_000;
+    let (batches, moved) = burn_on_two_cpus(EbpfConfig::default().sample_attributes).await;
+    let mut spanning = 0;
+    for samples in &batches {
+        let stacks: Vec<Vec<u64>> = samples.iter().map(stack_of).collect();
+        let distinct: std::collections::BTreeSet<&Vec<u64>> = stacks.iter().collect();
+        assert_eq!(distinct.len(), stacks.len(), "each stack is one Sample of its batch");
+        for o in samples {
+            assert!(!o.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER), "{:?}", o.attrs);
+            let before = o.timestamps.iter().any(|&t| t + margin < moved);
+            let after = o.timestamps.iter().any(|&t| t > moved + margin);
+            if before && after {
+                spanning += 1;
+            }
+        }
+    }
+    assert!(spanning > 0, "some stack was sampled on CPU 0 and on CPU 1, each in one Sample");
+
+    let cpu_of = |o: &Observed| match o.attrs.iter().find(|(k, _)| k == keys::CPU_LOGICAL_NUMBER) {
+        Some((_, Value::IntValue(c))) => *c,
+        other => panic!("cpu.logical_number asked for, got {other:?}"),
+    };
+    let all = vec![SampleAttribute::ThreadId, SampleAttribute::ThreadName, SampleAttribute::CpuLogicalNumber];
+    let (batches, moved) = burn_on_two_cpus(all).await;
+    let mut split = 0;
+    for samples in &batches {
+        let mut cpus_of_stack: std::collections::BTreeMap<Vec<u64>, Vec<i64>> = Default::default();
+        for o in samples {
+            let cpu = cpu_of(o);
+            for &t in &o.timestamps {
+                if t + margin < moved {
+                    assert_eq!(cpu, 0, "sampled before the move");
+                } else if t > moved + margin {
+                    assert_eq!(cpu, 1, "sampled after the move");
+                }
+            }
+            cpus_of_stack.entry(stack_of(o)).or_default().push(cpu);
+        }
+        split += cpus_of_stack.values().filter(|c| c.len() == 2).count();
+    }
+    assert!(split > 0, "a stack sampled on both CPUs is two Samples, one per CPU");
+}
+
+/// `sha256sum` (Debian's stripped binary, no frame pointers): the kernel's
+/// frame-pointer walk through it and through libc reports 0s and junk after
+/// the real frames. Every stack the receiver hands on ends at its last real
+/// frame, each user frame inside a mapping of the process, and the cut
+/// stacks are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_of_code_without_frame_pointers_end_at_their_last_real_frame() {
+    if !require_bpf("stacks_of_code_without_frame_pointers_end_at_their_last_real_frame") {
+        return;
+    }
+    let mut child = std::process::Command::new("sha256sum")
+        .arg("/dev/zero")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("sha256sum (coreutils) runs");
+    let pid = child.id();
+    let running = start(EbpfConfig {
+        sample_frequency: 199,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        ..Default::default()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (batches, metrics) = running.stop().await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let samples = samples_of(&batches, pid);
+    let total: usize = samples.iter().map(|s| s.count).sum();
+    assert!(total >= 20, "{total} samples of sha256sum\n{metrics}");
+    for s in &samples {
+        for f in &s.frames {
+            assert_ne!(f.address, 0, "a 0x0 frame");
+            if f.frame_type == "native" {
+                assert!(f.mapping.is_some(), "user frame {:#x} in no mapping: {:?}", f.address, s.frames);
+            }
+        }
+    }
+    let cut: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("profcol_receiver_ebpf_stacks_cut_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no stacks_cut series:\n{metrics}"));
+    assert!(cut > 0, "sha256sum's walks end in 0 or junk, and were cut:\n{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@
 //! - [`otlp`]: an otlp receiver on loopback, collecting or forwarding;
 //! - [`log`]: the process's own log captured, to read bound addresses;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
+//! - [`py_otlp`]: the OTLP server on the official Python stack;
 //! - [`tools`]: external tools that must be there under CI=true.
 
 pub mod alloc;
@@ -19,6 +20,7 @@ pub mod floor;
 pub mod log;
 pub mod net;
 pub mod otlp;
+pub mod py_otlp;
 pub mod raw;
 pub mod sink;
 pub mod tools;

@@ -3,7 +3,7 @@
 //!
 //! Kernel frames get the `_[k]` suffix that `perf script | stackcollapse-perf`
 //! uses, so flame graph palettes tell them apart; unsymbolized frames show as
-//! `mapping+0xaddr`. The `flamegraph` exporter and the `folded_exporter`
+//! `mapping+0xoffset` (the offset in the mapping's file: `sha256sum+0x3a2d`). The `flamegraph` exporter and the `folded_exporter`
 //! example plugin both fold through [`Folder`], so their text is the same.
 
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue};
@@ -36,6 +36,8 @@ pub trait Frame {
     /// The filename of the frame's mapping ("" without one).
     fn mapping_filename(&self) -> &str;
     fn address(&self) -> u64;
+    /// The address as an offset in the mapping's file: see [`offset_in_file`].
+    fn file_offset(&self) -> Option<u64>;
     /// The frame's [`FRAME_TYPE_KEY`] attribute, when it is a string.
     fn frame_type(&self) -> Option<&str>;
 }
@@ -50,17 +52,30 @@ pub fn push_name(out: &mut String, name: &str) {
     }));
 }
 
+/// Where `address` lies in the file of a mapping that places
+/// `[memory_start, memory_limit)` at `file_offset` (the offset `objdump`,
+/// `addr2line -e FILE` and a stripped binary's readers use), or `None`
+/// when the mapping does not hold it (the kernel's, without a range).
+pub fn offset_in_file(address: u64, memory_start: u64, memory_limit: u64, file_offset: u64) -> Option<u64> {
+    (memory_start..memory_limit).contains(&address).then(|| address - memory_start + file_offset)
+}
+
 /// Appends the folded name of `f`: its function name, else
-/// `mapping-basename+0xaddress` (`unknown` without a mapping), with `_[k]`
-/// after a kernel frame.
+/// `mapping-basename+0xoffset` (the offset in the mapping's file when the
+/// mapping places the frame, else the address), else `0xaddress` without a
+/// mapping; `_[k]` after a kernel frame.
 pub fn push_frame(out: &mut String, f: &impl Frame) {
     let mapping = f.mapping_filename();
     match f.function_name() {
         Some(n) => push_name(out, n),
         None => {
             let base = mapping.rsplit('/').next().unwrap_or("");
-            push_name(out, if base.is_empty() { "unknown" } else { base });
-            out.push_str(&format!("+0x{:x}", f.address()));
+            if base.is_empty() {
+                out.push_str(&format!("0x{:x}", f.address()));
+            } else {
+                push_name(out, base);
+                out.push_str(&format!("+0x{:x}", f.file_offset().unwrap_or(f.address())));
+            }
         }
     }
     if f.frame_type() == Some("kernel") || mapping == KERNEL_MAPPING {
@@ -217,7 +232,13 @@ mod tests {
     use super::*;
 
     struct F(Option<&'static str>, &'static str, u64, Option<&'static str>);
+    /// Where test frames' user mappings sit: [0x5000, 0x9000) from file offset 0x2000.
+    const MAPPED: (u64, u64, u64) = (0x5000, 0x9000, 0x2000);
     impl Frame for F {
+        fn file_offset(&self) -> Option<u64> {
+            let (start, limit, offset) = MAPPED;
+            offset_in_file(self.2, start, limit, offset)
+        }
         fn function_name(&self) -> Option<&str> {
             self.0
         }
@@ -241,10 +262,18 @@ mod tests {
     #[test]
     fn frames_are_named_like_stackcollapse() {
         assert_eq!(name(F(Some("a b;c\n"), "/bin/x", 1, None)), "a_b:c_");
+        // Unnamed frames of a stripped binary: the offset in its file.
+        assert_eq!(name(F(None, "/usr/bin/sha256sum", 0x5a2d, None)), "sha256sum+0x2a2d");
+        // Outside the mapping's range (or a mapping without one): the address.
         assert_eq!(name(F(None, "/usr/lib/libc.so.6", 0x1f, None)), "libc.so.6+0x1f");
-        assert_eq!(name(F(None, "", 0x10, None)), "unknown+0x10");
+        assert_eq!(
+            name(F(None, KERNEL_MAPPING, 0xffff_ffff_8100_0130, None)),
+            "[kernel.kallsyms]+0xffffffff81000130_[k]"
+        );
+        // No mapping: the address alone, never `unknown`.
+        assert_eq!(name(F(None, "", 0x7f00_0010, None)), "0x7f000010");
         assert_eq!(name(F(Some("do_sys"), KERNEL_MAPPING, 0, None)), "do_sys_[k]");
-        assert_eq!(name(F(None, "", 0xff, Some("kernel"))), "unknown+0xff_[k]");
+        assert_eq!(name(F(None, "", 0xff, Some("kernel"))), "0xff_[k]");
     }
 
     #[test]

@@ -215,40 +215,32 @@ pub struct GroupProfile {
     pub profile: pp::Profile,
     pub start: u64,
     pub end: u64,
-    /// Resource attributes of the group's first sample (for push labels).
-    pub resource: Vec<(String, String)>,
     /// Samples of the group that are not in `profile`: they would have
     /// passed [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
     pub skipped_samples: u64,
 }
 
-/// Converts a batch into one pprof profile per group.
+/// Converts a batch into one pprof profile per group (`group_by`), its
+/// samples labelled `pid`, `tid` and `comm`.
 pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
-    let mut groups: BTreeMap<String, (Builder, Vec<(String, String)>)> = BTreeMap::new();
+    to_pprof_with(batch, &|s| group_of(s, by), true)
+}
+
+/// Converts a batch into one pprof profile per group that `group` names;
+/// with `sample_labels` false the samples carry no `pid`/`tid`/`comm`
+/// labels, so those of one stack in a group merge whatever their process.
+pub fn to_pprof_with(
+    batch: &Profiles,
+    group: &dyn Fn(&SampleView<'_>) -> String,
+    sample_labels: bool,
+) -> Vec<GroupProfile> {
+    let mut groups: BTreeMap<String, Builder> = BTreeMap::new();
     let mut frames = 0usize;
     for s in batch.samples() {
-        let g = bounded_group(&groups, group_of(&s, by));
-        let (b, _) = groups.entry(g).or_insert_with(|| {
-            let res = s
-                .resource
-                .map(|r| {
-                    r.attributes
-                        .iter()
-                        .filter_map(|kv| {
-                            let v = kv.value.as_ref()?;
-                            let v = match v.value.as_ref()? {
-                                profcol_api::model::any_value::Value::StringValue(x) => x.clone(),
-                                profcol_api::model::any_value::Value::IntValue(i) => i.to_string(),
-                                profcol_api::model::any_value::Value::BoolValue(x) => x.to_string(),
-                                _ => return None,
-                            };
-                            Some((kv.key.clone(), v))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            (Builder::new(), res)
-        });
+        let g = bounded_group(&groups, group(&s));
+        // Not `or_default`: `new` puts string 0 in place and the time range at its start.
+        #[allow(clippy::unwrap_or_default)]
+        let b = groups.entry(g).or_insert_with(Builder::new);
         let prof = s.profile;
         // Value columns first: a sample whose columns do not fit is left out (and counted).
         let (t, u) = s.sample_type();
@@ -264,10 +256,14 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
             b.skipped = b.skipped.saturating_add(seen);
             continue;
         }
-        let pid = attr_int(&s, keys::PROCESS_PID);
-        let tid = attr_int(&s, keys::THREAD_ID);
-        let comm = attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)).map(|c| b.s(&c));
-        let key: SampleKey = (s.sample.stack_index, pid, tid, comm);
+        let key: SampleKey = if sample_labels {
+            let pid = attr_int(&s, keys::PROCESS_PID);
+            let tid = attr_int(&s, keys::THREAD_ID);
+            let comm = attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)).map(|c| b.s(&c));
+            (s.sample.stack_index, pid, tid, comm)
+        } else {
+            (s.sample.stack_index, None, None, None)
+        };
         let same = b.merged.get(&key).copied();
         if same.is_none() {
             let depth = usize::try_from(s.sample.stack_index)
@@ -332,11 +328,11 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
     }
     groups
         .into_iter()
-        .map(|(group, (b, resource))| {
+        .map(|(group, b)| {
             let (start, end, skipped_samples) = (b.t0, b.t1, b.skipped);
             let profile = b.finish();
             let (start, end) = if start == u64::MAX { (0, 0) } else { (start, end) };
-            GroupProfile { group, profile, start, end, resource, skipped_samples }
+            GroupProfile { group, profile, start, end, skipped_samples }
         })
         .collect()
 }

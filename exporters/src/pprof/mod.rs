@@ -15,6 +15,7 @@ use retention::Retention;
 use crate::group::{sanitize, unique_path, write_atomic, GroupBy};
 use crate::otlp::status;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
+use profcol_api::model::{keys, view::SampleView, Resource};
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -49,12 +50,19 @@ pub struct PprofConfig {
     /// else `profcol`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub application_name: Option<String>,
+    /// Push only: the resource attributes that label a Pyroscope series
+    /// (`app{host_name=...}`, dots become underscores), besides its
+    /// `service.name`. One report is pushed per series; keep them bounded:
+    /// `process.pid` or `container.id` make a series per process or container.
+    pub labels: Vec<String>,
     /// Extra HTTP headers for the push (e.g. `authorization`, `x-scope-orgid`).
     pub headers: BTreeMap<String, profcol_api::config::Secret>,
     /// CA (PEM) to trust for an `https://` endpoint, instead of the system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
-    /// One report per batch (`none`), per process (`process`) or per container (`container`).
+    /// `directory` only: one report per batch (`none`), per process
+    /// (`process`) or per container (`container`). The push makes one per
+    /// series (see `labels`).
     pub group_by: GroupBy,
 }
 
@@ -78,6 +86,24 @@ impl profcol_api::config::Validate for PprofConfig {
         if self.directory.is_some() && !self.headers.is_empty() {
             p.add("headers", "apply to the Pyroscope push only; remove them or set `endpoint` instead of `directory`");
         }
+        if self.endpoint.is_some() && self.group_by != GroupBy::None {
+            p.add(
+                "group_by",
+                "applies to files: the push sends one report per series (service.name and `labels`); add \
+                 `process.pid` or `container.id` to `labels` to split by them",
+            );
+        }
+        if self.directory.is_some() && self.labels != default_labels() {
+            p.add("labels", "apply to the Pyroscope push only; remove them or set `endpoint` instead of `directory`");
+        }
+        for (i, l) in self.labels.iter().enumerate() {
+            if l.is_empty() || l == keys::SERVICE_NAME {
+                p.add(
+                    &format!("labels[{i}]"),
+                    format!("{l:?}: name a resource attribute other than service.name (which names the application)"),
+                );
+            }
+        }
         if self.file_prefix.is_empty() || self.file_prefix.contains('/') {
             p.add("file_prefix", "must be a non-empty file name prefix without '/' (default profile)");
         }
@@ -95,11 +121,17 @@ impl Default for PprofConfig {
             max_age: Duration::from_secs(24 * 3600),
             endpoint: None,
             application_name: None,
+            labels: default_labels(),
             headers: BTreeMap::new(),
             ca_file: None,
             group_by: GroupBy::None,
         }
     }
+}
+
+/// The push's series labels by default: bounded, one value per node.
+fn default_labels() -> Vec<String> {
+    vec![keys::HOST_NAME.to_owned()]
 }
 
 pub fn factory_pprof() -> Arc<dyn Factory> {
@@ -191,15 +223,16 @@ impl PprofExporter {
         Ok(PprofExporter { id, cfg, dest, written, delivered: Default::default() })
     }
 
-    /// Pyroscope's `name` parameter: `app{k=v,...}` with label names made
-    /// of `[A-Za-z0-9_]` (dots become underscores).
-    fn app_name(&self, g: &convert::GroupProfile) -> String {
-        let app = self
-            .cfg
-            .application_name
-            .clone()
-            .or_else(|| g.resource.iter().find(|(k, _)| k == "service.name").map(|(_, v)| v.clone()))
-            .unwrap_or_else(|| "profcol".into());
+    /// Pyroscope's `name` parameter of a resource's samples, which names
+    /// their series: `app{k=v,...}` with the application (`application_name`,
+    /// else `service.name`, else `profcol`) and the `labels` the resource has,
+    /// label names made of `[A-Za-z0-9_]` (dots become underscores).
+    fn series(&self, resource: Option<&Resource>) -> String {
+        let attr = |key: &str| {
+            let kv = resource?.attributes.iter().find(|kv| kv.key == key)?;
+            profcol_model_rules::folded::value_text(kv.value.as_ref()?).map(|v| v.into_owned())
+        };
+        let app = self.cfg.application_name.clone().or_else(|| attr(keys::SERVICE_NAME)).unwrap_or_default();
         // `service.name` comes from whoever sent the data: a `{`, `,` or space
         // in it would make the whole name unparsable to Pyroscope.
         let app: String = app
@@ -207,19 +240,38 @@ impl PprofExporter {
             .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
             .collect();
         let app = if app.is_empty() { "profcol".to_owned() } else { app };
-        let mut labels: Vec<String> = g
-            .resource
+        let mut labels: Vec<String> = self
+            .cfg
+            .labels
             .iter()
-            .filter(|(k, _)| k != "service.name")
-            .map(|(k, v)| {
+            .filter_map(|k| {
+                let v = attr(k)?;
                 let k: String = k.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
                 let v: String = v.chars().filter(|c| !matches!(c, ',' | '{' | '}' | '=') && !c.is_control()).collect();
-                format!("{k}={v}")
+                Some(format!("{k}={v}"))
             })
             .collect();
         labels.sort();
         labels.dedup();
         format!("{app}{{{}}}", labels.join(","))
+    }
+
+    /// The reports of a batch: per `group_by` group for files; per series
+    /// for the push, without per-sample `pid`/`tid`/`comm` labels (Pyroscope
+    /// makes a series of every label value, which is what `labels` bounds).
+    fn reports(&self, batch: &Profiles) -> Vec<convert::GroupProfile> {
+        match self.dest {
+            Dest::Files(..) => convert::to_pprof(batch, self.cfg.group_by),
+            Dest::Push { .. } => {
+                // Named once per resource, not per sample.
+                let names: std::cell::RefCell<rustc_hash::FxHashMap<*const Resource, String>> = Default::default();
+                let series = |s: &SampleView<'_>| {
+                    let key = s.resource.map_or(std::ptr::null(), |r| r as *const Resource);
+                    names.borrow_mut().entry(key).or_insert_with(|| self.series(s.resource)).clone()
+                };
+                convert::to_pprof_with(batch, &series, false)
+            }
+        }
     }
 }
 
@@ -235,7 +287,7 @@ impl Exporter for PprofExporter {
         if batch.is_empty() {
             return Ok(());
         }
-        let groups = convert::to_pprof(batch, self.cfg.group_by);
+        let groups = self.reports(batch);
         if groups.len() > crate::group::MAX_GROUPS {
             tracing::warn!(
                 exporter = %self.id,
@@ -277,7 +329,7 @@ impl Exporter for PprofExporter {
                     let (from, until) = if g.start > 0 { (g.start, g.end.max(g.start)) } else { (bt0, bt0) };
                     let (from, until) =
                         (from / 1_000_000_000, until.div_ceil(1_000_000_000).max(from / 1_000_000_000 + 1));
-                    let name = self.app_name(g);
+                    let name = &g.group;
                     let url = format!("{}/ingest", base.expose());
                     let resp = client
                         .post(&url)

@@ -10,7 +10,8 @@ JSON, gzip or not) and prints `HTTP_PORT <n>`. Every request is decoded by
 Python's protobuf runtime; the server prints one JSON line per request it
 answers (request number, answer, monotonic time, samples counted as
 observations by profcol's rule, Sample messages, resolved leaf
-function names) and writes accepted requests, re-serialized by Python, to
+function names, each resource's service.name, each scope's name/version,
+the attribute keys samples carry) and writes accepted requests, re-serialized by Python, to
 --out/<n>.pb. Options:
   --unavailable-first N  answer the first N requests UNAVAILABLE with a
                          google.rpc.RetryInfo of 1 s in grpc-status-details-bin
@@ -102,6 +103,23 @@ def summary(request):
     return samples, sample_messages, leaves
 
 
+def identity(request):
+    """What backends group by: each resource's service.name ("" when it has
+    none), each scope's "name/version", and the attribute keys samples carry."""
+    d = request.dictionary
+    services, scopes, keys = [], [], set()
+    for rp in request.resource_profiles:
+        names = [a.value.string_value for a in rp.resource.attributes if a.key == "service.name"]
+        services.append(names[0] if names else "")
+        for sp in rp.scope_profiles:
+            scopes.append("%s/%s" % (sp.scope.name, sp.scope.version))
+            for p in sp.profiles:
+                for s in p.samples:
+                    for i in s.attribute_indices:
+                        keys.add(d.string_table[d.attribute_table[i].key_strindex])
+    return services, scopes, sorted(keys)
+
+
 class Answers:
     """Numbers requests (both protocols) and picks each one's answer."""
 
@@ -127,8 +145,10 @@ class Answers:
         if self.args.out and (answer == "ok" or answer.startswith("partial:")):
             with open(os.path.join(self.args.out, "%06d.pb" % n), "wb") as f:
                 f.write(request.SerializeToString())
+        services, scopes, sample_keys = identity(request)
         line = {"request": n, "answer": answer, "t": time.monotonic(), "samples": samples,
-                "sample_messages": sample_messages, "leaves": leaves}
+                "sample_messages": sample_messages, "leaves": leaves, "service_names": services,
+                "scopes": scopes, "sample_attribute_keys": sample_keys}
         print(json.dumps(line), flush=True)
 
     @staticmethod

@@ -174,6 +174,15 @@ impl profcol_model_rules::folded::Frame for Frame<'_> {
     fn address(&self) -> u64 {
         self.location.address
     }
+    fn file_offset(&self) -> Option<u64> {
+        let m = self.mapping()?;
+        profcol_model_rules::folded::offset_in_file(
+            self.location.address,
+            m.memory_start,
+            m.memory_limit,
+            m.file_offset,
+        )
+    }
     fn frame_type(&self) -> Option<&str> {
         self.attribute(profcol_model_rules::folded::FRAME_TYPE_KEY).and_then(|v| v.as_str())
     }

@@ -8,8 +8,9 @@
 //! (`calls/count`), named by profile attributes.
 //! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
 
-use super::config::UprobeSpec;
+use super::config::{SampleAttribute, UprobeSpec};
 use super::process::{MappingSet, ProcessInfo};
+use super::service_name::ServiceNamer;
 use profcol_api::model::ProfileRef;
 use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
@@ -61,18 +62,49 @@ pub struct SampleIn<'a> {
     pub ustack: &'a [u64],
 }
 
+/// Which sample attributes a batch carries (`sample_attributes:`); the
+/// ones left out are not part of a sample's identity either, so samples
+/// that differ only in them merge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleAttrs {
+    pub thread_id: bool,
+    pub thread_name: bool,
+    pub cpu: bool,
+}
+
+impl SampleAttrs {
+    pub fn from_config(list: &[SampleAttribute]) -> Self {
+        SampleAttrs {
+            thread_id: list.contains(&SampleAttribute::ThreadId),
+            thread_name: list.contains(&SampleAttribute::ThreadName),
+            cpu: list.contains(&SampleAttribute::CpuLogicalNumber),
+        }
+    }
+}
+
 /// Everything sampled during one report interval.
 pub struct Interval {
     pub start_unix_ns: u64,
+    attrs: SampleAttrs,
     samples: FxHashMap<Key, Vec<u64>>,
     /// (pid, generation) → process facts and the mappings frames resolve in.
     procs: FxHashMap<(u32, u32), ProcessEntry>,
+    /// The first thread name of each process /proc could not tell about:
+    /// what names it (whether or not samples keep `thread.name`).
+    unreadable_comm: FxHashMap<u32, [u8; 16]>,
     count: usize,
 }
 
 impl Interval {
-    pub fn new(start_unix_ns: u64) -> Self {
-        Interval { start_unix_ns, samples: FxHashMap::default(), procs: FxHashMap::default(), count: 0 }
+    pub fn new(start_unix_ns: u64, attrs: SampleAttrs) -> Self {
+        Interval {
+            start_unix_ns,
+            attrs,
+            samples: FxHashMap::default(),
+            procs: FxHashMap::default(),
+            unreadable_comm: FxHashMap::default(),
+            count: 0,
+        }
     }
 
     pub fn sample_count(&self) -> usize {
@@ -87,6 +119,9 @@ impl Interval {
     /// sample keeps its pid and raw user addresses without mappings.
     pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
         let generation = process.map_or(0, |(_, m)| m.generation);
+        if process.is_none() {
+            self.unreadable_comm.entry(s.pid).or_insert(s.comm);
+        }
         self.procs.entry((s.pid, generation)).or_insert_with(|| match process {
             Some((info, maps)) => (info.clone(), Some(maps.clone())),
             None => (Arc::new(ProcessInfo { pid: s.pid, ..Default::default() }), None),
@@ -95,9 +130,9 @@ impl Interval {
             pid: s.pid,
             generation,
             profile: s.probe.unwrap_or(CPU_PROFILE),
-            tid: s.tid,
-            cpu: s.cpu,
-            comm: s.comm,
+            tid: if self.attrs.thread_id { s.tid } else { 0 },
+            cpu: if self.attrs.cpu { s.cpu } else { 0 },
+            comm: if self.attrs.thread_name { s.comm } else { [0; 16] },
             kstack: s.kstack.into(),
             ustack: s.ustack.into(),
         };
@@ -107,8 +142,16 @@ impl Interval {
 
     /// Builds the batch: one resource per process (per mapping generation),
     /// with its CPU profile and one profile per probe that fired in it
-    /// (`probes` names them). Empty intervals make an empty batch.
-    pub fn build(self, host_name: &str, period_ns: i64, end_unix_ns: u64, probes: &[UprobeSpec]) -> Profiles {
+    /// (`probes` names them). Empty intervals make an empty batch. `namer`
+    /// names the processes /proc could not tell about.
+    pub fn build(
+        self,
+        host_name: &str,
+        period_ns: i64,
+        end_unix_ns: u64,
+        probes: &[UprobeSpec],
+        namer: &ServiceNamer,
+    ) -> Profiles {
         let mut b = ProfilesBuilder::new();
         let kernel_mapping = {
             let filename_strindex = b.string(keys::KERNEL_MAPPING);
@@ -146,7 +189,15 @@ impl Interval {
                 Some((i, m)) => (i.clone(), m.clone()),
                 None => (Arc::new(ProcessInfo::default()), None),
             };
-            let r = b.resource(resource(host_name, &info));
+            let service = match info.service_name.as_str() {
+                "" => {
+                    let comm = self.unreadable_comm.get(&gk.0).map(comm_str).unwrap_or_default();
+                    namer.name_without_process(&comm)
+                }
+                name => name.to_owned(),
+            };
+            let r = b.resource(resource(host_name, &info, &service));
+            b.set_scope(r, profcol_api::model::profcol_scope());
             // Profiles of this process, made when their first sample comes.
             let mut current: Option<(u32, ProfileRef)> = None;
             // Mapping index per process mapping, interned lazily.
@@ -218,13 +269,16 @@ impl Interval {
                     }));
                 }
                 let stack_index = b.stack(&locs);
-                let comm_end = k.comm.iter().position(|&c| c == 0).unwrap_or(k.comm.len());
-                let thread_name = String::from_utf8_lossy(&k.comm[..comm_end]);
-                let attribute_indices = vec![
-                    b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64)),
-                    b.attribute(keys::THREAD_NAME, AttrValue::Str(&thread_name)),
-                    b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)),
-                ];
+                let mut attribute_indices = Vec::with_capacity(3);
+                if self.attrs.thread_id {
+                    attribute_indices.push(b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64)));
+                }
+                if self.attrs.thread_name {
+                    attribute_indices.push(b.attribute(keys::THREAD_NAME, AttrValue::Str(&comm_str(&k.comm))));
+                }
+                if self.attrs.cpu {
+                    attribute_indices.push(b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)));
+                }
                 ts.sort_unstable();
                 b.sample(
                     prof,
@@ -246,9 +300,15 @@ fn kv(key: &str, v: any_value::Value) -> KeyValue {
     KeyValue { key: key.to_owned(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
 }
 
-fn resource(host_name: &str, info: &ProcessInfo) -> Resource {
+fn comm_str(comm: &[u8; 16]) -> std::borrow::Cow<'_, str> {
+    let end = comm.iter().position(|&c| c == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end])
+}
+
+fn resource(host_name: &str, info: &ProcessInfo, service_name: &str) -> Resource {
     use any_value::Value::{IntValue, StringValue};
-    let mut attributes = Vec::with_capacity(5);
+    let mut attributes = Vec::with_capacity(6);
+    attributes.push(kv(keys::SERVICE_NAME, StringValue(service_name.to_owned())));
     if !host_name.is_empty() {
         attributes.push(kv(keys::HOST_NAME, StringValue(host_name.to_owned())));
     }
@@ -268,6 +328,7 @@ fn resource(host_name: &str, info: &ProcessInfo) -> Resource {
 #[cfg(test)]
 mod tests {
     use super::super::process::Mapping;
+    use super::super::service_name::Source;
     use super::*;
 
     fn comm(s: &str) -> [u8; 16] {
@@ -284,6 +345,7 @@ mod tests {
             exe_name: "burn".into(),
             exe_path: Some("/opt/burn".into()),
             container_id: None,
+            service_name: "burn-svc".into(),
         });
         let maps = Arc::new(MappingSet {
             generation: 3,
@@ -295,7 +357,8 @@ mod tests {
                 build_id: Some(Arc::from("abcd")),
             }],
         });
-        let mut iv = Interval::new(1_000);
+        let all = SampleAttrs { thread_id: true, thread_name: true, cpu: true };
+        let mut iv = Interval::new(1_000, all);
         for t in [1_500, 1_200] {
             iv.add(
                 &SampleIn {
@@ -325,7 +388,7 @@ mod tests {
             None,
         );
         assert_eq!(iv.sample_count(), 3);
-        let p = iv.build("host1", 52_631_578, 2_000, &[]);
+        let p = iv.build("host1", 52_631_578, 2_000, &[], &ServiceNamer::new(vec![Source::Executable]));
         p.validate().expect("valid batch");
         // Three observations in two Sample messages (the two of pid 42 merged).
         assert_eq!(p.sample_messages(), 2);
@@ -340,6 +403,16 @@ mod tests {
         assert_eq!(get("process.pid").unwrap().value, Some(any_value::Value::IntValue(42)));
         assert_eq!(get("process.executable.name").unwrap().value, Some(any_value::Value::StringValue("burn".into())));
         assert_eq!(get("host.name").unwrap().value, Some(any_value::Value::StringValue("host1".into())));
+        assert_eq!(get("service.name").unwrap().value, Some(any_value::Value::StringValue("burn-svc".into())));
+        // A process /proc could not tell about is named by its thread's comm.
+        let gone = &rp[0].resource.as_ref().unwrap().attributes;
+        assert_eq!(gone[0].key, "service.name");
+        assert_eq!(gone[0].value.as_ref().unwrap().value, Some(any_value::Value::StringValue("gone".into())));
+        // Every resource's scope: profcol and its version.
+        for r in rp {
+            let scope = r.scope_profiles[0].scope.as_ref().expect("a scope");
+            assert_eq!((scope.name.as_str(), scope.version.as_str()), ("profcol", env!("CARGO_PKG_VERSION")));
+        }
         let prof = &rp[1].scope_profiles[0].profiles[0];
         assert_eq!(prof.period, 52_631_578);
         assert_eq!(s(prof.sample_type.unwrap().type_strindex), "samples");
@@ -389,5 +462,74 @@ mod tests {
         assert!(sa.contains(&("thread.id".into(), any_value::Value::IntValue(43))));
         assert!(sa.contains(&("thread.name".into(), any_value::Value::StringValue("worker".into()))));
         assert!(sa.contains(&("cpu.logical_number".into(), any_value::Value::IntValue(1))));
+    }
+
+    /// The same stack on two CPUs (and of two threads of one name): one
+    /// sample of 2 observations under the default attributes, two samples
+    /// when the CPU is asked for.
+    #[test]
+    fn samples_differing_only_in_attributes_left_out_merge() {
+        let info =
+            Arc::new(ProcessInfo { pid: 9, exe_name: "w".into(), service_name: "w".into(), ..Default::default() });
+        let maps = Arc::new(MappingSet { generation: 1, mappings: vec![] });
+        let batch = |attrs: &[SampleAttribute]| {
+            let mut iv = Interval::new(0, SampleAttrs::from_config(attrs));
+            for (cpu, t) in [(0, 10), (3, 20)] {
+                let s = SampleIn {
+                    probe: None,
+                    pid: 9,
+                    tid: 9,
+                    cpu,
+                    comm: comm("w"),
+                    unix_ns: t,
+                    kstack: &[0xffff_ffff_8100_0000],
+                    ustack: &[0x1000],
+                };
+                iv.add(&s, Some((&info, &maps)));
+            }
+            iv.build("h", 1, 30, &[], &ServiceNamer::new(vec![Source::Executable]))
+        };
+        let keys_of = |p: &Profiles| -> Vec<Vec<String>> {
+            let d = p.dictionary().unwrap();
+            p.profiles()
+                .flat_map(|pr| &pr.samples)
+                .map(|s| {
+                    s.attribute_indices
+                        .iter()
+                        .map(|&i| d.string_table[d.attribute_table[i as usize].key_strindex as usize].clone())
+                        .collect()
+                })
+                .collect()
+        };
+        let default = batch(&super::super::EbpfConfig::default().sample_attributes);
+        assert_eq!((default.sample_messages(), default.sample_count()), (1, 2));
+        assert_eq!(keys_of(&default), vec![vec!["thread.id".to_owned(), "thread.name".to_owned()]]);
+        let s = default.profiles().next().unwrap().samples[0].clone();
+        assert_eq!((s.values, s.timestamps_unix_nano), (vec![1, 1], vec![10, 20]));
+        let with_cpu =
+            batch(&[SampleAttribute::ThreadId, SampleAttribute::ThreadName, SampleAttribute::CpuLogicalNumber]);
+        assert_eq!((with_cpu.sample_messages(), with_cpu.sample_count()), (2, 2));
+        assert!(keys_of(&with_cpu).iter().all(|k| k.contains(&"cpu.logical_number".to_owned())));
+        // Nothing asked for: one sample, no attributes.
+        let bare = batch(&[]);
+        assert_eq!((bare.sample_messages(), keys_of(&bare)), (1, vec![Vec::<String>::new()]));
+        // A process /proc could not tell about keeps its thread's name as its
+        // service's, whether or not samples carry thread.name.
+        let mut iv = Interval::new(0, SampleAttrs::from_config(&[]));
+        let gone = SampleIn {
+            probe: None,
+            pid: 5,
+            tid: 5,
+            cpu: 0,
+            comm: comm("gone"),
+            unix_ns: 1,
+            kstack: &[],
+            ustack: &[0x1000],
+        };
+        iv.add(&gone, None);
+        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]));
+        let attrs = &p.0.resource_profiles[0].resource.as_ref().unwrap().attributes;
+        assert_eq!(attrs[0].key, "service.name");
+        assert_eq!(attrs[0].value.as_ref().unwrap().value, Some(any_value::Value::StringValue("gone".into())));
     }
 }

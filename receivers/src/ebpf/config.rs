@@ -32,6 +32,31 @@ pub struct EbpfConfig {
     pub uprobes: Vec<UprobeSpec>,
     /// Verdicts about binaries with nothing to attach.
     pub negative_cache: NegativeCacheConfig,
+    /// Where each process's `service.name` comes from: sources tried in
+    /// order, the first with a value wins: `executable` (the executable's
+    /// name), `env:NAME` (the process's environment variable, e.g.
+    /// `env:OTEL_SERVICE_NAME`), `container_label:KEY` (a label of its
+    /// container, e.g. `container_label:com.docker.compose.service`),
+    /// `value:TEXT` (fixed). None: `unknown_service:<executable>`.
+    #[schemars(with = "Vec<String>")]
+    pub service_name: Vec<ServiceNameSource>,
+    /// Attributes each sample carries: `thread.id`, `thread.name`,
+    /// `cpu.logical_number`. Samples that differ only in an attribute left
+    /// out merge (the same stack on two CPUs is one sample by default).
+    pub sample_attributes: Vec<SampleAttribute>,
+}
+
+pub use super::service_name::Source as ServiceNameSource;
+
+/// One entry of `sample_attributes:` (OTel semantic conventions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum SampleAttribute {
+    #[serde(rename = "thread.id")]
+    ThreadId,
+    #[serde(rename = "thread.name")]
+    ThreadName,
+    #[serde(rename = "cpu.logical_number")]
+    CpuLogicalNumber,
 }
 
 /// One entry of `uprobes:`.
@@ -82,6 +107,8 @@ impl Default for EbpfConfig {
             ring_buffer_size: 1 << 20,
             uprobes: Vec::new(),
             negative_cache: NegativeCacheConfig::default(),
+            service_name: vec![ServiceNameSource::Executable],
+            sample_attributes: vec![SampleAttribute::ThreadId, SampleAttribute::ThreadName],
         }
     }
 }
@@ -145,6 +172,12 @@ impl Validate for EbpfConfig {
                     p.add(&format!("uprobes[{i}].binary"), m);
                 }
             }
+        }
+        if self.service_name.is_empty() {
+            p.add(
+                "service_name",
+                "empty: every process would be `unknown_service`; list at least one source (default [executable])",
+            );
         }
         let nc = &self.negative_cache;
         if nc.ttl < Duration::from_secs(1) {
@@ -226,6 +259,38 @@ mod tests {
         assert!(bad(|c| c.uprobes = vec![probe("malloc", Some("lib[c.so"))]).starts_with("uprobes[0].binary"));
         assert!(bad(|c| c.negative_cache.ttl = Duration::ZERO).starts_with("negative_cache.ttl"));
         assert!(bad(|c| c.negative_cache.max_entries = 0).starts_with("negative_cache.max_entries"));
+    }
+
+    #[test]
+    fn service_name_sources_and_sample_attributes() {
+        let d = EbpfConfig::default();
+        assert_eq!(d.service_name, vec![ServiceNameSource::Executable]);
+        assert_eq!(d.sample_attributes, vec![SampleAttribute::ThreadId, SampleAttribute::ThreadName]);
+        let c: EbpfConfig = parse_section(
+            "service_name: [env:OTEL_SERVICE_NAME, container_label:app, value:shop]\n\
+             sample_attributes: [thread.name, cpu.logical_number]",
+        )
+        .unwrap()
+        .decode()
+        .unwrap();
+        assert_eq!(
+            c.service_name,
+            vec![
+                ServiceNameSource::Env("OTEL_SERVICE_NAME".into()),
+                ServiceNameSource::ContainerLabel("app".into()),
+                ServiceNameSource::Value("shop".into())
+            ]
+        );
+        assert_eq!(c.sample_attributes, vec![SampleAttribute::ThreadName, SampleAttribute::CpuLogicalNumber]);
+        let back: EbpfConfig = profcol_api::config::encode(&c).unwrap().decode().unwrap();
+        assert_eq!(back, c);
+        let e = parse_section("service_name: [executable, pod]").unwrap().decode::<EbpfConfig>().unwrap_err();
+        assert!(e.to_string().contains("service_name[1]") && e.to_string().contains("`env:NAME`"), "{e}");
+        let e = parse_section("sample_attributes: [cpu]").unwrap().decode::<EbpfConfig>().unwrap_err();
+        assert!(e.to_string().contains("cpu.logical_number"), "{e}");
+        let mut empty = EbpfConfig::default();
+        empty.service_name.clear();
+        assert!(problems(&empty).join(";").starts_with("service_name: empty"));
     }
 
     #[test]

@@ -18,11 +18,14 @@ pub mod aggregate;
 pub mod buildid;
 pub mod clock;
 pub mod config;
+pub mod exec_maps;
 pub mod loader;
 pub mod privileges;
 pub mod process;
 pub mod procfs;
 pub mod sampler;
+pub mod service_name;
+pub mod stack_end;
 pub mod uprobes;
 
 pub use config::EbpfConfig;

@@ -9,6 +9,7 @@
 
 use super::buildid::BuildIdCache;
 use super::procfs::{self, MapsEntry};
+use super::service_name::ServiceNamer;
 use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::sync::Arc;
@@ -45,6 +46,8 @@ pub struct ProcessInfo {
     pub exe_name: String,
     pub exe_path: Option<String>,
     pub container_id: Option<String>,
+    /// `service.name`, from the configured sources (see `service_name`).
+    pub service_name: String,
 }
 
 /// Mappings as of one read of /proc/PID/maps, sorted by start.
@@ -94,6 +97,7 @@ pub struct TableStats {
 /// Known processes, bounded.
 pub struct ProcessTable {
     procs: FxHashMap<u32, Slot>,
+    namer: ServiceNamer,
     capacity: usize,
     build_ids: BuildIdCache,
     next_generation: u32,
@@ -106,6 +110,7 @@ impl ProcessTable {
     pub fn new(capacity: usize) -> Self {
         ProcessTable {
             procs: FxHashMap::default(),
+            namer: ServiceNamer::new(vec![super::service_name::Source::Executable]),
             capacity: capacity.max(1),
             build_ids: BuildIdCache::new(4096),
             next_generation: 1,
@@ -113,6 +118,16 @@ impl ProcessTable {
             budget_used: 0,
             stats: TableStats::default(),
         }
+    }
+
+    /// Names processes loaded from now on by these sources.
+    pub fn set_service_namer(&mut self, namer: ServiceNamer) {
+        self.namer = namer;
+    }
+
+    /// How a sample whose process /proc cannot tell about is named.
+    pub fn namer(&self) -> &ServiceNamer {
+        &self.namer
     }
 
     pub fn len(&self) -> usize {
@@ -224,6 +239,7 @@ impl ProcessTable {
             .filter(|n| !n.is_empty())
             .unwrap_or(&facts.comm)
             .to_owned();
+        let service_name = self.namer.name(pid, &exe_name, facts.container_id.as_deref());
         Some(ProcessState {
             info: Arc::new(ProcessInfo {
                 pid,
@@ -231,6 +247,7 @@ impl ProcessTable {
                 exe_name,
                 exe_path: facts.exe_path,
                 container_id: facts.container_id,
+                service_name,
             }),
             mappings: Arc::new(mappings),
             last_refresh: now,

@@ -135,6 +135,74 @@ pub fn proc_dir(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}"))
 }
 
+/// `/proc/PID/LEAF` built on the stack: per-exec lookups allocate nothing.
+pub struct ProcPath {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl ProcPath {
+    /// `leaf` is a short name (`exe`, `maps`); longer ones are cut (never
+    /// expected).
+    pub fn new(pid: u32, leaf: &str) -> Self {
+        let mut p = ProcPath { buf: [0; 64], len: 0 };
+        p.push(b"/proc/");
+        p.push_decimal(pid as u64);
+        p.push(b"/");
+        p.push(leaf.as_bytes());
+        p
+    }
+
+    /// `/proc/PID/map_files/START-END`: the mapped file as the process sees it.
+    pub fn map_file(pid: u32, start: u64, end: u64) -> Self {
+        let mut p = ProcPath::new(pid, "map_files/");
+        p.push_hex(start);
+        p.push(b"-");
+        p.push_hex(end);
+        p
+    }
+
+    // Hand-written digits: core::fmt costs more than the rest of a lookup.
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+    }
+
+    fn push_decimal(&mut self, mut v: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+
+    fn push_hex(&mut self, mut v: u64) {
+        let mut digits = [0u8; 16];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b"0123456789abcdef"[(v & 15) as usize];
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+
+    pub fn as_path(&self) -> &Path {
+        use std::os::unix::ffi::OsStrExt;
+        Path::new(std::ffi::OsStr::from_bytes(&self.buf[..self.len]))
+    }
+}
+
 /// Reads a /proc file as text; bytes that are not UTF-8 (paths and comms
 /// may hold any byte) are replaced, never an error.
 fn read_small(path: &Path) -> io::Result<String> {
@@ -270,5 +338,10 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert!(maps.iter().any(|m| m.path == exe), "{maps:?}");
         assert_eq!(base_name("/usr/bin/cat"), "cat");
         assert!(read_facts(u32::MAX - 1).is_err());
+        assert_eq!(ProcPath::new(4_294_967_295, "exe").as_path(), Path::new("/proc/4294967295/exe"));
+        assert_eq!(ProcPath::new(0, "maps").as_path(), Path::new("/proc/0/maps"));
+        assert_eq!(ProcPath::map_file(7, 0, 0x7f00a).as_path(), Path::new("/proc/7/map_files/0-7f00a"));
+        let longest = ProcPath::map_file(4_294_967_295, u64::MAX - 1, u64::MAX);
+        assert_eq!(longest.as_path(), Path::new("/proc/4294967295/map_files/fffffffffffffffe-ffffffffffffffff"));
     }
 }

@@ -17,18 +17,21 @@
 //! live one and detach those of offline CPUs (a per-CPU perf event does not
 //! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
-use super::aggregate::{Interval, SampleIn};
+use super::aggregate::{Interval, SampleAttrs, SampleIn};
 use super::clock::{now_ns, KtimeToUnix};
 use super::config::EbpfConfig;
 use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
 use super::process::ProcessTable;
 use super::procfs;
+use super::service_name::ServiceNamer;
+use super::stack_end;
 use super::uprobes::{UprobeCounters, Uprobes};
 use aya::programs::uprobe::UProbeLink;
 use profcol_api::component::Next;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::Profiles;
 use profcol_ebpf::{ProcEvent, ProcEventKind, Sample, SampleKind, Stat};
+use rustc_hash::FxHashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -36,10 +39,13 @@ use std::time::{Duration, Instant};
 
 /// How often the ring buffer is drained when nothing forces a wakeup.
 pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
-/// How often exec/exit events are read when probes are configured (the
-/// BPF programs never wake the reader per event: a burst of short-lived
-/// processes costs one wake-up per period, and a process that exec'd and
-/// exited within one costs no /proc read at all).
+/// How often exec/exit events are read, at most, when probes are
+/// configured. The BPF programs wake the reader only for an event into an
+/// empty ring: an idle host costs no wake-up, the first exec after a quiet
+/// spell is read at once, and while events keep coming they are read on
+/// this period (a burst of short-lived processes costs one wake-up per
+/// period, and a process that exec'd and exited within one costs no /proc
+/// read at all).
 pub const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
 /// How often the online CPUs are re-read (on the loop's existing wake-ups).
 pub const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
@@ -55,6 +61,8 @@ pub struct Counters {
     pub lost_ringbuf: Counter,
     pub kernel_stack_errors: Counter,
     pub user_stack_errors: Counter,
+    /// Stacks whose end was cut: frames that were no code (see `stack_end`).
+    pub stacks_cut: Counter,
     /// Records that did not decode (never expected).
     pub malformed: Counter,
     /// Processes whose /proc entry was unreadable (one per process).
@@ -88,6 +96,11 @@ impl Counters {
             ),
             kernel_stack_errors: t.counter("ebpf_kernel_stack_errors_total", "bpf_get_stack failures (kernel stack)"),
             user_stack_errors: t.counter("ebpf_user_stack_errors_total", "bpf_get_stack failures (user stack)"),
+            stacks_cut: t.counter(
+                "ebpf_stacks_cut_total",
+                "Samples whose stack ended in frames that are no code (0, or outside every executable mapping: a \
+                 frame-pointer walk through code built without frame pointers); those frames were cut",
+            ),
             malformed: t.counter("ebpf_records_malformed_total", "Ring buffer records that did not decode"),
             proc_unreadable: t.counter(
                 "ebpf_proc_unreadable_total",
@@ -259,11 +272,15 @@ fn run(
     if ready.send(Ok(())).is_err() {
         return;
     }
+    let attrs = SampleAttrs::from_config(&config.sample_attributes);
+    let mut table = ProcessTable::new(MAX_PROCESSES);
+    table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
     let mut s = Sampler {
         host: procfs::host_name(),
         period_ns: config.period_ns(),
-        table: ProcessTable::new(MAX_PROCESSES),
-        interval: Interval::new(clock.now_unix_ns()),
+        table,
+        attrs,
+        interval: Interval::new(clock.now_unix_ns(), attrs),
         interval_started: Instant::now(),
         clock,
         counters,
@@ -275,30 +292,49 @@ fn run(
         uprobes,
         probes: config.uprobes.clone(),
         unfollowed_hits: Vec::new(),
+        proc_batch: Vec::new(),
+        later: FxHashSet::default(),
+        superseded: Vec::new(),
         last_proc_lost: 0,
     };
     let mut next_report = Instant::now() + config.report_interval;
     let mut next_cpu_check = Instant::now() + CPU_CHECK_PERIOD;
+    // Exec/exit events: read on PROC_EVENT_PERIOD while they keep coming;
+    // after a read that found none, the next event wakes the thread.
+    let mut last_proc_read = Instant::now();
+    let mut proc_events_flowing = true;
     loop {
         let stopping = stop.load(Ordering::SeqCst);
         if !stopping {
-            let mut timeout = next_report.saturating_duration_since(Instant::now()).min(DRAIN_PERIOD);
+            let now = Instant::now();
+            let mut timeout = next_report.saturating_duration_since(now).min(DRAIN_PERIOD);
+            let mut watch_proc = None;
             if let Some(u) = &s.uprobes {
-                timeout = timeout.min(PROC_EVENT_PERIOD);
+                let next_read = last_proc_read + PROC_EVENT_PERIOD;
+                if proc_events_flowing {
+                    timeout = timeout.min(next_read.saturating_duration_since(now));
+                } else {
+                    watch_proc = loaded.proc_events.as_ref().map(|pe| pe.ring.as_raw_fd());
+                }
                 if let Some(due) = u.next_due() {
-                    timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+                    // Maps rescans ride on the event period's wake-ups.
+                    timeout = timeout.min(due.max(next_read).saturating_duration_since(now));
                 }
             }
-            wait(loaded.ring.as_raw_fd(), wake.as_raw_fd(), timeout);
+            wait(loaded.ring.as_raw_fd(), wake.as_raw_fd(), watch_proc, timeout);
         }
-        s.drain_proc_events(&mut loaded);
-        s.drain(&mut loaded);
         let now = Instant::now();
+        if s.uprobes.is_none() || stopping || !proc_events_flowing || now >= last_proc_read + PROC_EVENT_PERIOD {
+            proc_events_flowing = s.drain_proc_events(&mut loaded, now) > 0;
+            last_proc_read = now;
+        }
+        s.drain(&mut loaded);
         if let Some(u) = s.uprobes.as_mut() {
+            let mut att = loaded.attacher();
             for pid in s.unfollowed_hits.drain(..) {
-                u.on_probe_hit(pid, now, &mut loaded.attacher());
+                u.on_probe_hit(pid, now, &mut att);
             }
-            u.poll(now, &mut loaded.attacher());
+            u.poll(now, &mut att);
         }
         if !stopping && now >= next_cpu_check {
             check_cpus(&mut loaded, &s.counters, now);
@@ -396,21 +432,27 @@ pub fn cpu_list(cpus: &[u32]) -> String {
     out
 }
 
-/// Waits until the ring has data, the wake eventfd is signalled, or timeout.
-fn wait(ring: RawFd, wake: RawFd, timeout: Duration) {
+/// Waits until the ring (or `proc_ring`, when given) has data, the wake
+/// eventfd is signalled, or timeout.
+fn wait(ring: RawFd, wake: RawFd, proc_ring: Option<RawFd>, timeout: Duration) {
     let mut fds = [
         libc::pollfd { fd: ring, events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: proc_ring.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
     ];
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: fds is a valid array of two pollfd.
-    unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    // Rounded up: a deadline less than 1 ms away must not become a busy loop.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    let n = if proc_ring.is_some() { 3 } else { 2 };
+    // SAFETY: fds is a valid array of at least n pollfd.
+    unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
 }
 
 struct Sampler {
     host: String,
     period_ns: i64,
     table: ProcessTable,
+    /// `sample_attributes:`.
+    attrs: SampleAttrs,
     interval: Interval,
     interval_started: Instant,
     clock: KtimeToUnix,
@@ -425,43 +467,68 @@ struct Sampler {
     probes: Vec<super::config::UprobeSpec>,
     /// Pids of probe hits this drain that are not followed yet.
     unfollowed_hits: Vec<u32>,
+    /// Reused by `drain_proc_events`: the events read, and the pids seen
+    /// later in the batch (no allocation per read).
+    proc_batch: Vec<ProcEvent>,
+    later: FxHashSet<u32>,
+    superseded: Vec<bool>,
     last_proc_lost: u64,
 }
 
 impl Sampler {
-    /// Hands exec and exit events to the uprobe side (when configured).
-    fn drain_proc_events(&mut self, loaded: &mut Loaded) {
+    /// Hands exec and exit events to the uprobe side (when configured);
+    /// returns how many were read.
+    fn drain_proc_events(&mut self, loaded: &mut Loaded, now: Instant) -> usize {
         let Some(pe) = loaded.proc_events.as_mut() else {
-            return;
+            return 0;
         };
-        let mut events = Vec::new();
+        let mut events = std::mem::take(&mut self.proc_batch);
+        events.clear();
         while let Some(item) = pe.ring.next() {
             match ProcEvent::parse(&item) {
                 Some(e) => events.push(e),
                 None => self.counters.malformed.inc(),
             }
         }
-        let now = Instant::now();
-        for (i, e) in events.iter().enumerate() {
-            match e.kind {
-                ProcEventKind::Exec => {
-                    self.counters.process_execs.inc();
-                    // Exited already, or exec'd again (a later event of the
-                    // same pid in this batch): /proc shows only the last
-                    // image, so only the last exec is looked at.
-                    let superseded = events[i + 1..].iter().any(|l| l.pid == e.pid);
-                    if let (Some(u), false) = (self.uprobes.as_mut(), superseded) {
-                        u.on_exec(e.pid, now, &mut loaded.attacher());
+        let n = events.len();
+        if let (Some(u), false) = (self.uprobes.as_mut(), events.is_empty()) {
+            // Exited already, or exec'd again (a later event of the same pid
+            // in this batch): /proc shows only the last image, so only the
+            // last exec is looked at. Marked walking backwards.
+            self.later.clear();
+            self.superseded.clear();
+            self.superseded.resize(n, false);
+            for (i, e) in events.iter().enumerate().rev() {
+                self.superseded[i] = !self.later.insert(e.pid);
+            }
+            // Event times (CLOCK_MONOTONIC, as Instant) for the maps rescans.
+            let ktime_now = now_ns(libc::CLOCK_MONOTONIC);
+            let mut att = loaded.attacher();
+            for (i, e) in events.iter().enumerate() {
+                match e.kind {
+                    ProcEventKind::Exec => {
+                        self.counters.process_execs.inc();
+                        if !self.superseded[i] {
+                            let age = Duration::from_nanos(ktime_now.saturating_sub(e.ktime_ns));
+                            u.on_exec_at(e.pid, now.checked_sub(age).unwrap_or(now), now, &mut att);
+                        }
                     }
-                }
-                ProcEventKind::Exit => {
-                    self.counters.process_exits.inc();
-                    if let Some(u) = self.uprobes.as_mut() {
+                    ProcEventKind::Exit => {
+                        self.counters.process_exits.inc();
                         u.on_exit(e.pid, now);
                     }
                 }
             }
+        } else {
+            for e in &events {
+                match e.kind {
+                    ProcEventKind::Exec => self.counters.process_execs.inc(),
+                    ProcEventKind::Exit => self.counters.process_exits.inc(),
+                }
+            }
         }
+        self.proc_batch = events;
+        n
     }
 
     fn drain(&mut self, loaded: &mut Loaded) {
@@ -490,12 +557,19 @@ impl Sampler {
                     Some(i)
                 }
             };
-            let st = if self.ubuf.is_empty() {
-                self.table.get(h.pid, now)
-            } else {
-                self.table.resolve(h.pid, &self.ubuf, now)
-            };
+            // Cut the ends of a frame-pointer walk that are no code (see
+            // stack_end): by address range first, so that junk does not
+            // trigger a maps re-read, then by the process's mappings.
+            let (kn, un) = (stack_end::kernel_frames(&self.kbuf), stack_end::user_frames(&self.ubuf, None));
+            let st =
+                if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
             let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
+            let un = stack_end::user_frames(&self.ubuf[..un], process.as_ref().map(|(_, m)| &**m));
+            if kn < self.kbuf.len() || un < self.ubuf.len() {
+                self.counters.stacks_cut.inc();
+                self.kbuf.truncate(kn);
+                self.ubuf.truncate(un);
+            }
             self.interval.add(
                 &SampleIn {
                     probe,
@@ -554,11 +628,11 @@ impl Sampler {
         self.counters.processes.set(self.table.len() as i64);
 
         let end = self.clock.now_unix_ns();
-        let interval = std::mem::replace(&mut self.interval, Interval::new(end));
+        let interval = std::mem::replace(&mut self.interval, Interval::new(end, self.attrs));
         if interval.sample_count() == 0 {
             return None;
         }
-        let batch = interval.build(&self.host, self.period_ns, end, &self.probes);
+        let batch = interval.build(&self.host, self.period_ns, end, &self.probes, self.table.namer());
         self.counters.batches.inc();
         Some(batch)
     }

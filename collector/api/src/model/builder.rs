@@ -397,6 +397,15 @@ impl ProfilesBuilder {
         self.resources.len() - 1
     }
 
+    /// Sets the instrumentation scope of `resource`'s first scope.
+    pub fn set_scope(&mut self, resource: usize, scope: super::InstrumentationScope) {
+        let rp = &mut self.resources[resource];
+        if rp.scope_profiles.is_empty() {
+            rp.scope_profiles.push(pb::ScopeProfiles::default());
+        }
+        rp.scope_profiles[0].scope = Some(scope);
+    }
+
     /// Adds a profile under `resource`'s first scope.
     pub fn profile(&mut self, resource: usize, meta: &ProfileMeta<'_>) -> ProfileRef {
         let sample_type = Some(pb::ValueType {

@@ -37,6 +37,7 @@ use prost::Message;
 
 /// Attribute keys profcol writes and reads (OTel semantic conventions).
 pub mod keys {
+    pub const SERVICE_NAME: &str = "service.name";
     pub const HOST_NAME: &str = "host.name";
     pub const PROCESS_PID: &str = "process.pid";
     pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
@@ -49,6 +50,12 @@ pub mod keys {
     pub const FRAME_TYPE: &str = "profile.frame.type";
     /// Filename of the mapping that holds kernel (vmlinux) frames.
     pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+}
+
+/// The instrumentation scope of the profiles profcol itself makes (its
+/// receivers' batches): `profcol` and its version.
+pub fn profcol_scope() -> InstrumentationScope {
+    InstrumentationScope { name: "profcol".into(), version: env!("CARGO_PKG_VERSION").into(), ..Default::default() }
 }
 
 /// A batch of profiles: the unit that flows through pipelines.

@@ -11,8 +11,9 @@
 //!   unused for a grace period (dropping it detaches). A holder that comes
 //!   back within the grace period (the same binary run again at once)
 //!   reuses it: a uprobe is never detached and attached again on the same
-//!   file in quick succession, which on Linux 6.18 can leave the new one
-//!   silent in processes that already map the file.
+//!   file in quick succession, which was seen to leave the new one silent
+//!   in a process that already mapped the file (docs/ARCHITECTURE.md says
+//!   what is known of the cause).
 //! - **Negative**: a binary with no configured symbol, remembered with its
 //!   size and mtime; a lookup hits only while both still match and the
 //!   entry is younger than the TTL (a replacement that keeps both is caught
@@ -106,6 +107,8 @@ pub struct AttachmentCache<A> {
     order: BTreeMap<u64, FileKey>,
     next_seq: u64,
     last_sweep: Option<Instant>,
+    /// Positive entries without holders (waiting for [`Self::reap`]).
+    unused: usize,
     pub stats: CacheStats,
 }
 
@@ -118,6 +121,7 @@ impl<A> AttachmentCache<A> {
             order: BTreeMap::new(),
             next_seq: 0,
             last_sweep: None,
+            unused: 0,
             stats: CacheStats::default(),
         }
     }
@@ -129,7 +133,9 @@ impl<A> AttachmentCache<A> {
         if let Some(p) = self.positive.get_mut(&key) {
             if p.stamp == stamp {
                 p.refs += 1;
-                p.unused_since = None;
+                if p.unused_since.take().is_some() {
+                    self.unused -= 1;
+                }
                 self.stats.positive_hits += 1;
                 return Acquire::Positive(p.refs);
             }
@@ -198,7 +204,9 @@ impl<A> AttachmentCache<A> {
             Some(p) => {
                 p.stamp = stamp;
                 p.refs += 1;
-                p.unused_since = None;
+                if p.unused_since.take().is_some() {
+                    self.unused -= 1;
+                }
                 Some(std::mem::replace(&mut p.attachment, attachment))
             }
             None => {
@@ -213,8 +221,9 @@ impl<A> AttachmentCache<A> {
     pub fn release(&mut self, key: FileKey, now: Instant) {
         if let Some(p) = self.positive.get_mut(&key) {
             p.refs = p.refs.saturating_sub(1);
-            if p.refs == 0 {
+            if p.refs == 0 && p.unused_since.is_none() {
                 p.unused_since = Some(now);
+                self.unused += 1;
             }
         }
     }
@@ -228,7 +237,14 @@ impl<A> AttachmentCache<A> {
             .filter(|(_, p)| p.unused_since.is_some_and(|t| now.saturating_duration_since(t) >= grace))
             .map(|(&k, _)| k)
             .collect();
+        self.unused -= due.len();
         due.into_iter().filter_map(|k| self.positive.remove(&k)).map(|p| p.attachment).collect()
+    }
+
+    /// Whether some positive entry has no holder (so [`Self::reap`] may
+    /// have work): checked before reaping on every poll.
+    pub fn has_unused(&self) -> bool {
+        self.unused > 0
     }
 
     /// Holders of a positive entry (0 when none).
@@ -384,8 +400,10 @@ mod tests {
             c.release(key(1), t0);
         }
         assert!(c.reap(t0 + Duration::from_secs(60), Duration::ZERO).is_empty(), "one holder left");
+        assert!(!c.has_unused());
         c.release(key(1), t0);
         assert_eq!(c.refcount(key(1)), 0);
+        assert!(c.has_unused());
         // Unused, but kept for the grace period; a holder coming back reuses it.
         let grace = Duration::from_secs(2);
         assert!(c.reap(t0 + Duration::from_secs(1), grace).is_empty());
@@ -393,6 +411,7 @@ mod tests {
         c.release(key(1), t0 + Duration::from_secs(1));
         assert!(c.reap(t0 + Duration::from_secs(2), grace).is_empty(), "the grace period restarted");
         assert_eq!(c.reap(t0 + Duration::from_secs(3), grace), vec!["links"]);
+        assert!(!c.has_unused());
         assert_eq!((c.positive_len(), c.refcount(key(1))), (0, 0));
         c.release(key(1), t0);
         assert!(c.reap(t0 + TTL, grace).is_empty(), "releasing an unknown key is a no-op");

@@ -7,11 +7,14 @@
 //! pattern selects, decides once per file whether anything is to be
 //! attached:
 //!
-//! - the file is opened through `/proc/PID/exe` or
-//!   `/proc/PID/map_files/START-END` (the process's view: works across
-//!   mount namespaces and for deleted files), `fstat`ed, and looked up in
-//!   the [`cache::AttachmentCache`] by (st_dev, st_ino), validated by size
-//!   and mtime;
+//! - an executable costs one `stat` of `/proc/PID/exe` (the process's
+//!   view: works across mount namespaces and for deleted files) and a
+//!   lookup in the [`cache::AttachmentCache`] by (st_dev, st_ino),
+//!   validated by size and mtime; the file is opened only on a miss;
+//! - a library is found in the process's executable mappings
+//!   ([`super::exec_maps`]); its (device, inode) as the maps show it is
+//!   opened through `/proc/PID/map_files/START-END` and `fstat`ed once per
+//!   [`MAPPED_RECHECK`], and costs a lookup for every other process;
 //! - on a miss it is parsed with the one ELF reader ([`profcol_elf`]) for
 //!   the configured symbols; found symbols are attached (one uprobe per
 //!   symbol, on the inode, so it fires in every process that maps the file;
@@ -21,7 +24,9 @@
 //!   the uprobes are detached when the last holder exits.
 //!
 //! The dynamic loader maps libraries after the exec event, so the maps of
-//! a new process are read again [`MAPS_RESCAN_DELAYS`] after it. A probe hit
+//! a new process are read [`MAPS_RESCAN_DELAYS`] after its exec (at once
+//! when its event is read that late); a process that holds nothing after
+//! the last read is no longer followed. A probe hit
 //! from a process not followed yet (a fork without exec) makes it followed.
 //!
 //! No I/O happens here without a process event; nothing of this exists when
@@ -33,7 +38,8 @@ pub mod cache;
 pub mod matcher;
 
 use super::config::{NegativeCacheConfig, UprobeSpec};
-use super::procfs;
+use super::exec_maps::{ExecMapping, ExecMaps, ExecMapsReader};
+use super::procfs::{self, ProcPath};
 use cache::{Acquire, AttachmentCache, CacheLimits, FileKey, FileStamp};
 use matcher::BinaryPattern;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
@@ -44,6 +50,12 @@ use std::time::{Duration, Instant};
 
 /// When a new process's maps are read again after its exec event.
 pub const MAPS_RESCAN_DELAYS: [Duration; 2] = [Duration::from_millis(30), Duration::from_millis(500)];
+/// How long a (device, inode) seen in /proc/PID/maps keeps the key and
+/// stamp its last `fstat` gave: a library every process maps costs a
+/// lookup, and one rewritten in place is looked at again within this.
+pub const MAPPED_RECHECK: Duration = Duration::from_secs(1);
+/// Mapped files remembered at most (the table is cleared when full).
+pub const MAX_MAPPED: usize = 1 << 16;
 /// How often followed processes are checked against /proc (lost exit events).
 pub const LIVENESS_CHECK_PERIOD: Duration = Duration::from_secs(5);
 /// How long an attachment whose last holder exited stays attached before it
@@ -100,14 +112,6 @@ pub trait Attacher {
     type Link;
     /// Attaches probe number `cookie` at `offset` in the file open as `file`.
     fn attach(&mut self, file: &File, offset: u64, cookie: u32) -> Result<Self::Link, AttachError>;
-}
-
-/// Where the path of a file comes from (read only on a cache miss).
-enum PathOf<'a> {
-    /// From /proc/PID/maps.
-    Known(&'a str),
-    /// The `/proc/PID/exe` link.
-    ExeLink,
 }
 
 /// The links of one attached file.
@@ -174,6 +178,7 @@ struct Probe {
 }
 
 /// A followed process.
+#[derive(Default)]
 struct Followed {
     /// /proc/PID/stat start time, read at the first liveness check (not at
     /// exec: most short-lived processes are gone before one).
@@ -184,13 +189,32 @@ struct Followed {
     seen: Vec<FileKey>,
 }
 
+/// What a (device, inode) of /proc/PID/maps was found to be at its last
+/// check: the opened file's key and stamp, or `None` when no probe
+/// selects its path.
+#[derive(Clone, Copy)]
+struct MappedFile {
+    file: Option<(FileKey, FileStamp)>,
+    checked: Instant,
+}
+
+/// A maps read to come: the process's exec time, pid, index in
+/// [`MAPS_RESCAN_DELAYS`].
+type Rescan = (Instant, u32, usize);
+
 /// The uprobe side of the receiver: processes, verdicts, attachments.
 pub struct Uprobes<L> {
     probes: Vec<Probe>,
     cache: AttachmentCache<Attachment<L>>,
     procs: FxHashMap<u32, Followed>,
-    /// (due, pid, index in MAPS_RESCAN_DELAYS)
-    rescans: Vec<(Instant, u32, usize)>,
+    rescans: Vec<Rescan>,
+    /// (maps major, minor, inode) -> what it is: a library every process
+    /// maps is looked up here, not opened and `fstat`ed per process.
+    mapped: FxHashMap<(u32, u32, u64), MappedFile>,
+    maps_reader: ExecMapsReader,
+    /// Reused buffers (no allocation per exec).
+    scratch_maps: Vec<ExecMapping>,
+    scratch_due: Vec<Rescan>,
     counters: UprobeCounters,
     next_liveness_check: Option<Instant>,
     initial_scan_done: bool,
@@ -225,6 +249,10 @@ impl<L> Uprobes<L> {
             cache: AttachmentCache::new(limits),
             procs: FxHashMap::default(),
             rescans: Vec::new(),
+            mapped: FxHashMap::default(),
+            maps_reader: ExecMapsReader::new(),
+            scratch_maps: Vec::new(),
+            scratch_due: Vec::new(),
             counters,
             next_liveness_check: None,
             initial_scan_done: false,
@@ -244,6 +272,9 @@ impl<L> Uprobes<L> {
         let pids: Vec<u32> = std::fs::read_dir("/proc")
             .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
             .unwrap_or_default();
+        if !self.maps_needed {
+            self.learn_library_patterns(&pids);
+        }
         for pid in pids {
             if pid == std::process::id() {
                 continue; // the BPF program ignores our own calls
@@ -251,6 +282,7 @@ impl<L> Uprobes<L> {
             self.follow(pid, now, att);
             if self.maps_needed {
                 self.scan_maps(pid, now, att);
+                self.forget_if_holding_nothing(pid);
             }
         }
         self.initial_scan_done = true;
@@ -266,20 +298,65 @@ impl<L> Uprobes<L> {
         self.publish();
     }
 
-    /// A process started a new image: forget what it held, look at its
-    /// executable now and at its maps shortly (libraries come later).
+    /// Whether a pattern that looks like an executable's name (no `.so`,
+    /// no wildcard in the base name) selects a library some running
+    /// process maps (a mapping that is not its executable): then the maps
+    /// of every new process are read, as for a `.so` pattern. A library
+    /// named that way that no process maps at start stays unrecognised
+    /// (docs/CONFIG.md says so).
+    fn learn_library_patterns(&mut self, pids: &[u32]) {
+        let mut reader = std::mem::take(&mut self.maps_reader);
+        'pids: for &pid in pids {
+            let Ok(exe) = std::fs::read_link(ProcPath::new(pid, "exe").as_path()) else {
+                continue;
+            };
+            let exe = exe.to_string_lossy();
+            let exe = exe.trim_end_matches(" (deleted)");
+            let Ok(mut maps) = reader.open(pid) else {
+                continue;
+            };
+            let starts: Vec<u64> = maps.by_ref().map(|m| m.start).collect();
+            for start in starts {
+                let Some(path) = maps.path_of(start) else {
+                    continue;
+                };
+                if path != exe && self.selects(&path) {
+                    tracing::info!(
+                        library = %path,
+                        pid,
+                        "ebpf receiver: a uprobe `binary:` selects a library; new processes' maps are read"
+                    );
+                    self.maps_needed = true;
+                    break 'pids;
+                }
+            }
+        }
+        self.maps_reader = reader;
+    }
+
+    /// A process started a new image (now): as [`Self::on_exec_at`].
     pub fn on_exec(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
+        self.on_exec_at(pid, now, now, att);
+    }
+
+    /// A process started a new image at `exec_at` (the event's time; it is
+    /// read later, in batches): forget what it held, look at its executable
+    /// now and at its maps once the loader has had [`MAPS_RESCAN_DELAYS`]
+    /// since the exec (now, when the event is that old already).
+    pub fn on_exec_at(&mut self, pid: u32, exec_at: Instant, now: Instant, att: &mut impl Attacher<Link = L>) {
         // Take the new references before dropping the old ones, so a file
         // the new image maps too (the same executable seen twice, a shared
         // library) is never detached and attached again.
         let old = self.procs.remove(&pid);
-        self.rescans.retain(|r| r.1 != pid);
+        if old.is_some() {
+            self.rescans.retain(|r| r.1 != pid);
+        }
         self.follow(pid, now, att);
         if let Some(old) = old {
             self.drop_references(old.held, now);
         }
         if self.maps_needed && self.procs.contains_key(&pid) {
-            self.rescans.push((now + MAPS_RESCAN_DELAYS[0], pid, 0));
+            self.rescan_from(pid, exec_at, 0, now, att);
         }
         self.publish();
     }
@@ -298,6 +375,7 @@ impl<L> Uprobes<L> {
             self.follow(pid, now, att);
             if self.maps_needed {
                 self.scan_maps(pid, now, att);
+                self.forget_if_holding_nothing(pid);
             }
             self.publish();
         }
@@ -307,19 +385,21 @@ impl<L> Uprobes<L> {
     /// followed processes that are gone (their exit event was lost).
     pub fn poll(&mut self, now: Instant, att: &mut impl Attacher<Link = L>) {
         if !self.rescans.is_empty() {
-            let due: Vec<(Instant, u32, usize)> = {
-                let (due, later): (Vec<_>, Vec<_>) = self.rescans.drain(..).partition(|r| r.0 <= now);
-                self.rescans = later;
-                due
-            };
-            for (_, pid, i) in due {
+            let mut due = std::mem::take(&mut self.scratch_due);
+            due.clear();
+            self.rescans.retain(|&r| {
+                let is_due = r.0 + MAPS_RESCAN_DELAYS[r.2] <= now;
+                if is_due {
+                    due.push(r);
+                }
+                !is_due
+            });
+            for &(exec_at, pid, stage) in &due {
                 if self.procs.contains_key(&pid) {
-                    self.scan_maps(pid, now, att);
-                    if let Some(next) = MAPS_RESCAN_DELAYS.get(i + 1) {
-                        self.rescans.push((now + next.saturating_sub(MAPS_RESCAN_DELAYS[i]), pid, i + 1));
-                    }
+                    self.rescan_from(pid, exec_at, stage, now, att);
                 }
             }
+            self.scratch_due = due;
         }
         if self.next_liveness_check.is_none_or(|t| now >= t) {
             self.next_liveness_check = Some(now + LIVENESS_CHECK_PERIOD);
@@ -336,8 +416,10 @@ impl<L> Uprobes<L> {
                 self.release(pid, now);
             }
         }
-        // Dropping the attachments detaches their uprobes.
-        drop(self.cache.reap(now, DETACH_GRACE));
+        if self.cache.has_unused() {
+            // Dropping the attachments detaches their uprobes.
+            drop(self.cache.reap(now, DETACH_GRACE));
+        }
         self.publish();
     }
 
@@ -348,7 +430,7 @@ impl<L> Uprobes<L> {
 
     /// When [`Self::poll`] has a maps rescan to run next.
     pub fn next_due(&self) -> Option<Instant> {
-        self.rescans.iter().map(|r| r.0).min()
+        self.rescans.iter().map(|r| r.0 + MAPS_RESCAN_DELAYS[r.2]).min()
     }
 
     /// Reference count of an attached file (0 when not attached).
@@ -400,54 +482,144 @@ impl<L> Uprobes<L> {
         }
     }
 
-    /// Looks at the executable of `pid`: open `/proc/PID/exe`, `fstat`,
-    /// lookup; its path is read only on a miss (for the patterns). The
-    /// process is followed when it holds something or its maps are to be
-    /// read (some probe may select a library).
-    fn follow(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
-        if self.procs.len() >= MAX_FOLLOWED {
-            return;
+    /// Reads the maps of `pid` when rescan `stage` is due (now or later)
+    /// and schedules the next one; after the last, a process that holds
+    /// nothing is no longer followed (a probe hit follows it again).
+    fn rescan_from(
+        &mut self,
+        pid: u32,
+        exec_at: Instant,
+        mut stage: usize,
+        now: Instant,
+        att: &mut impl Attacher<Link = L>,
+    ) {
+        let mut scanned = false;
+        while stage < MAPS_RESCAN_DELAYS.len() && exec_at + MAPS_RESCAN_DELAYS[stage] <= now {
+            // Several stages due at once (an event read late): one read.
+            if !scanned {
+                self.scan_maps(pid, now, att);
+                scanned = true;
+            }
+            stage += 1;
         }
-        let Ok(file) = File::open(procfs::proc_dir(pid).join("exe")) else {
-            return; // kernel thread, or gone
-        };
-        self.procs.insert(pid, Followed { start_time: None, held: Vec::new(), seen: Vec::new() });
-        self.consider(pid, &file, PathOf::ExeLink, now, att);
-        if !self.maps_needed && self.procs.get(&pid).is_some_and(|f| f.held.is_empty()) {
+        if stage < MAPS_RESCAN_DELAYS.len() {
+            self.rescans.push((exec_at, pid, stage));
+        } else {
+            self.forget_if_holding_nothing(pid);
+        }
+    }
+
+    fn forget_if_holding_nothing(&mut self, pid: u32) {
+        if self.procs.get(&pid).is_some_and(|f| f.held.is_empty()) {
             self.procs.remove(&pid);
         }
     }
 
-    /// Looks at every executable file mapping of `pid` a probe selects.
-    fn scan_maps(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
-        self.procs.entry(pid).or_insert_with(|| Followed { start_time: None, held: Vec::new(), seen: Vec::new() });
-        let Ok(maps) = procfs::read_maps(pid) else {
+    /// Looks at the executable of `pid`: one `stat` of `/proc/PID/exe`
+    /// and a lookup; the file is opened (and its path read, for the
+    /// patterns) only on a miss. The process is followed when it holds
+    /// something or its maps are to be read (some probe may select a
+    /// library).
+    fn follow(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
+        if self.procs.len() >= MAX_FOLLOWED {
             return;
+        }
+        let exe = ProcPath::new(pid, "exe");
+        let Ok(md) = std::fs::metadata(exe.as_path()) else {
+            return; // kernel thread, or gone
         };
-        for m in maps {
-            if !m.is_file() || !self.selects(&m.path) {
-                continue;
+        let (key, stamp) = FileStamp::of(&md);
+        let any_pattern = self.any_pattern;
+        let held = self.decide(key, stamp, now, att, || {
+            let file = File::open(exe.as_path()).ok()?;
+            let path = if any_pattern {
+                // gone: no verdict
+                let p = std::fs::read_link(exe.as_path()).ok()?;
+                p.to_string_lossy().trim_end_matches(" (deleted)").to_owned()
+            } else {
+                String::new()
+            };
+            Some((file, path))
+        });
+        if held || self.maps_needed {
+            let mut f = Followed::default();
+            f.seen.push(key);
+            if held {
+                f.held.push(key);
+                self.holders += 1;
             }
-            let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-            let file = File::open(via_map_files).or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)));
-            if let Ok(file) = file {
-                self.consider(pid, &file, PathOf::Known(&m.path), now, att);
-            }
+            self.procs.insert(pid, f);
         }
     }
 
-    fn selects(&self, path: &str) -> bool {
-        self.probes.iter().any(|p| p.pattern.as_ref().is_none_or(|pat| pat.matches(path)))
+    /// Looks at every executable file mapping of `pid` a probe selects.
+    /// A (device, inode) checked within [`MAPPED_RECHECK`] costs a lookup;
+    /// otherwise its path is read (for the patterns) and the file opened
+    /// through `map_files` and `fstat`ed.
+    fn scan_maps(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
+        self.procs.entry(pid).or_default();
+        let mut reader = std::mem::take(&mut self.maps_reader);
+        let mut list = std::mem::take(&mut self.scratch_maps);
+        list.clear();
+        if let Ok(mut maps) = reader.open(pid) {
+            list.extend(maps.by_ref());
+            for m in &list {
+                self.consider_mapping(pid, m, &mut maps, now, att);
+            }
+        }
+        self.maps_reader = reader;
+        self.scratch_maps = list;
     }
 
-    /// The per-file decision: cached verdict, or parse and attach. A file no
-    /// pattern selects gets a negative verdict without being parsed, so the
-    /// next exec of it costs the same `fstat` and lookup.
-    fn consider(&mut self, pid: u32, file: &File, path: PathOf<'_>, now: Instant, att: &mut impl Attacher<Link = L>) {
-        let Ok(md) = file.metadata() else {
-            return;
+    fn consider_mapping(
+        &mut self,
+        pid: u32,
+        m: &ExecMapping,
+        maps: &mut ExecMaps<'_>,
+        now: Instant,
+        att: &mut impl Attacher<Link = L>,
+    ) {
+        let id = (m.dev.0, m.dev.1, m.inode);
+        let known = self.mapped.get(&id).filter(|f| now.saturating_duration_since(f.checked) < MAPPED_RECHECK);
+        let mut opened: Option<(File, String)> = None;
+        let file = match known {
+            Some(f) => f.file,
+            None => {
+                let path = if self.any_pattern {
+                    match maps.path_of(m.start) {
+                        Some(p) => p,
+                        None => return, // unmapped meanwhile
+                    }
+                } else {
+                    String::new()
+                };
+                let file = if self.selects(&path) {
+                    let via_map_files = ProcPath::map_file(pid, m.start, m.end);
+                    let file = File::open(via_map_files.as_path()).or_else(|_| {
+                        let path =
+                            if path.is_empty() { maps.path_of(m.start).unwrap_or_default() } else { path.clone() };
+                        File::open(format!("/proc/{pid}/root{path}"))
+                    });
+                    match file.and_then(|f| f.metadata().map(|md| (f, md))) {
+                        Ok((f, md)) => {
+                            opened = Some((f, path));
+                            Some(FileStamp::of(&md))
+                        }
+                        Err(_) => return, // gone: nothing learnt
+                    }
+                } else {
+                    None
+                };
+                if self.mapped.len() >= MAX_MAPPED {
+                    self.mapped.clear(); // bounded; what is still mapped is learnt again
+                }
+                self.mapped.insert(id, MappedFile { file, checked: now });
+                file
+            }
         };
-        let (key, stamp) = FileStamp::of(&md);
+        let Some((key, stamp)) = file else {
+            return; // no probe selects it
+        };
         let Some(f) = self.procs.get_mut(&pid) else {
             return;
         };
@@ -455,28 +627,59 @@ impl<L> Uprobes<L> {
             return;
         }
         f.seen.push(key);
+        let any_pattern = self.any_pattern;
+        let held = self.decide(key, stamp, now, att, || {
+            opened.or_else(|| {
+                let file = File::open(ProcPath::map_file(pid, m.start, m.end).as_path()).ok()?;
+                let path = if any_pattern { maps.path_of(m.start)? } else { String::new() };
+                Some((file, path))
+            })
+        });
+        if held {
+            self.hold(pid, key);
+        }
+    }
+
+    fn selects(&self, path: &str) -> bool {
+        self.probes.iter().any(|p| p.pattern.as_ref().is_none_or(|pat| pat.matches(path)))
+    }
+
+    /// The per-file decision: a cached verdict, or (a miss) open the file
+    /// with `open` and parse it. A file no pattern selects gets a negative
+    /// verdict without being parsed, so the next exec of it costs the same
+    /// `stat` and lookup. Returns whether the caller now holds a reference.
+    fn decide(
+        &mut self,
+        key: FileKey,
+        stamp: FileStamp,
+        now: Instant,
+        att: &mut impl Attacher<Link = L>,
+        open: impl FnOnce() -> Option<(File, String)>,
+    ) -> bool {
         match self.cache.acquire(key, stamp, now) {
-            Acquire::Positive(_) => self.hold(pid, key),
-            Acquire::Negative => {}
+            Acquire::Positive(_) => true,
+            Acquire::Negative => false,
             Acquire::Miss => {
-                let path = match path {
-                    PathOf::Known(p) => p.to_owned(),
-                    PathOf::ExeLink if self.any_pattern => {
-                        match std::fs::read_link(procfs::proc_dir(pid).join("exe")) {
-                            Ok(p) => p.to_string_lossy().trim_end_matches(" (deleted)").to_owned(),
-                            Err(_) => return, // gone
-                        }
-                    }
-                    PathOf::ExeLink => String::new(),
+                let Some((file, path)) = open() else {
+                    return false; // gone: no verdict
                 };
-                let links = if self.selects(&path) { self.parse_and_attach(file, &path, att) } else { Vec::new() };
+                // The verdict is for what was opened: the same file, as it is now.
+                let Ok(md) = file.metadata() else {
+                    return false;
+                };
+                let (opened, stamp) = FileStamp::of(&md);
+                if opened != key {
+                    return false; // exec'd again meanwhile; its own event follows
+                }
+                let links = if self.selects(&path) { self.parse_and_attach(&file, &path, att) } else { Vec::new() };
                 if links.is_empty() {
                     self.cache.insert_negative(key, stamp, now);
+                    false
                 } else {
                     if let Some(old) = self.cache.insert_positive(key, stamp, Attachment { links }) {
                         drop(old); // rewritten in place while attached: the new links replace the old
                     }
-                    self.hold(pid, key);
+                    true
                 }
             }
         }

@@ -169,3 +169,69 @@ fn exec_events_of_an_attached_process_keep_one_reference() {
     let _ = c.kill();
     let _ = c.wait();
 }
+
+#[test]
+fn an_exec_read_late_is_scanned_at_once_and_dropped_when_holding_nothing() {
+    let mut u = uprobes(&[("clock_nanosleep", Some("libc.so.6"))]);
+    let mut att = FakeAttacher::default();
+    let (a, b) = (sleeper(), sleeper());
+    std::thread::sleep(Duration::from_millis(100));
+    let exec_at = Instant::now();
+    // Read 600 ms after the exec: both maps reads are due, done as one, in
+    // the same call (no rescan left to wait for).
+    let now = exec_at + MAPS_RESCAN_DELAYS[1] + Duration::from_millis(100);
+    u.on_exec_at(a.id(), exec_at, now, &mut att);
+    assert_eq!((att.attached.len(), u.counters().holders.get()), (1, 1), "libc attached without a poll");
+    assert_eq!(u.next_due(), None);
+    // The second process maps the same libc: a lookup of its (device,
+    // inode), a positive hit, no parse.
+    let parsed = u.counters().binaries_parsed.get();
+    u.on_exec_at(b.id(), exec_at, now, &mut att);
+    assert_eq!((att.attached.len(), u.counters().holders.get()), (1, 2));
+    assert_eq!(u.counters().binaries_parsed.get(), parsed);
+    assert_eq!(u.counters().processes.get(), 2);
+    // A process whose maps hold nothing to attach is not followed after
+    // its last read.
+    let mut v = uprobes(&[("no_such_function_here", Some("libc.so.6"))]);
+    v.on_exec_at(a.id(), exec_at, now, &mut att);
+    assert_eq!((v.counters().processes.get(), v.attached_files()), (0, 0));
+    kill(a);
+    kill(b);
+}
+
+#[test]
+fn a_library_named_without_so_is_recognised_when_mapped_at_start() {
+    // A copy of libc under a name with no `.so`, loaded by a running
+    // process (through the dynamic loader's --preload).
+    let dir = tempfile::tempdir().unwrap();
+    let libc = procfs::read_maps(std::process::id())
+        .unwrap()
+        .into_iter()
+        .find(|m| m.path.contains("/libc.so"))
+        .expect("the test binary maps libc")
+        .path;
+    let odd = dir.path().join("libodd");
+    std::fs::copy(&libc, &odd).unwrap();
+    let ld = procfs::read_maps(std::process::id())
+        .unwrap()
+        .into_iter()
+        .find(|m| m.path.contains("ld-linux"))
+        .expect("the test binary maps the dynamic loader")
+        .path;
+    let sleep_bin = which_sleep();
+    let mut c = Command::new(&ld).arg("--preload").arg(&odd).arg(&sleep_bin).arg("30").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut u = uprobes(&[("clock_nanosleep", Some("libodd"))]);
+    assert!(!u.maps_needed, "by its name, `libodd` looks like an executable");
+    let mut att = FakeAttacher::default();
+    u.scan_running(Instant::now(), &mut att);
+    assert!(u.maps_needed, "learnt from the running process that maps it");
+    assert_eq!(att.attached.len(), 1, "attached to libodd: {:?}", att.attached);
+    assert_eq!(u.counters().holders.get(), 1);
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+fn which_sleep() -> std::path::PathBuf {
+    ["/usr/bin/sleep", "/bin/sleep"].iter().map(std::path::PathBuf::from).find(|p| p.exists()).expect("sleep")
+}

@@ -1,0 +1,231 @@
+//! The executable file mappings of a process, without formatting its whole
+//! /proc/PID/maps: the `PROCMAP_QUERY` ioctl (Linux 6.11+) on the maps file
+//! walks only executable, file-backed VMAs and names one only when asked
+//! (a `d_path`), which costs about a quarter of reading and parsing the text.
+//! Older kernels answer `ENOTTY`; then the text is read and parsed once.
+
+use super::procfs::{self, MapsEntry, ProcPath};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+
+/// `_IOWR('f', 17, struct procmap_query)` from linux/fs.h.
+const PROCMAP_QUERY: libc::c_ulong = 0xC068_6611;
+const QUERY_VMA_EXECUTABLE: u64 = 0x04;
+const QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+const QUERY_FILE_BACKED_VMA: u64 = 0x20;
+
+/// `struct procmap_query` (linux/fs.h, 104 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// One executable mapping of a regular file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    /// (major, minor) of the file's device as /proc/PID/maps shows it
+    /// (the superblock's, which is not always `st_dev`).
+    pub dev: (u32, u32),
+    pub inode: u64,
+}
+
+/// Whether the kernel answered the ioctl; learnt at the first query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Support {
+    Unknown,
+    Ioctl,
+    Text,
+}
+
+/// Reads executable file mappings; one per receiver (remembers whether
+/// the ioctl works, keeps its buffers).
+pub struct ExecMapsReader {
+    support: Support,
+    bytes: Vec<u8>,
+    entries: Vec<MapsEntry>,
+    name: Vec<u8>,
+}
+
+impl Default for ExecMapsReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The mappings of one process, being walked.
+pub struct ExecMaps<'r> {
+    reader: &'r mut ExecMapsReader,
+    file: File,
+    /// Ioctl: the next address to query. Text: the next entry's index.
+    next: u64,
+    done: bool,
+}
+
+impl ExecMapsReader {
+    pub fn new() -> Self {
+        ExecMapsReader { support: Support::Unknown, bytes: Vec::new(), entries: Vec::new(), name: Vec::new() }
+    }
+
+    /// Opens the maps of `pid` (fails when the process is gone).
+    pub fn open(&mut self, pid: u32) -> io::Result<ExecMaps<'_>> {
+        let file = File::open(ProcPath::new(pid, "maps").as_path())?;
+        let mut maps = ExecMaps { reader: self, file, next: 0, done: false };
+        if maps.reader.support != Support::Ioctl {
+            maps.load_text_if_needed()?;
+        }
+        Ok(maps)
+    }
+}
+
+impl ExecMaps<'_> {
+    /// On first use, probes the ioctl; without it, reads the text.
+    fn load_text_if_needed(&mut self) -> io::Result<()> {
+        if self.reader.support == Support::Unknown {
+            match self.query(0, false) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOTTY) || e.raw_os_error() == Some(libc::EINVAL) => {
+                    self.reader.support = Support::Text;
+                }
+                _ => {
+                    self.reader.support = Support::Ioctl;
+                    return Ok(());
+                }
+            }
+        }
+        let r = &mut *self.reader;
+        r.bytes.clear();
+        (&self.file).read_to_end(&mut r.bytes)?;
+        // Paths may hold any byte: lossy, never an error.
+        let text = String::from_utf8_lossy(&r.bytes);
+        r.entries = procfs::parse_maps(&text);
+        r.entries.retain(MapsEntry::is_file);
+        Ok(())
+    }
+
+    /// One `PROCMAP_QUERY`: the first executable file VMA at or after
+    /// `addr`, named into the reader's buffer when `named`.
+    fn query(&mut self, addr: u64, named: bool) -> io::Result<ProcmapQuery> {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: QUERY_VMA_EXECUTABLE | QUERY_COVERING_OR_NEXT_VMA | QUERY_FILE_BACKED_VMA,
+            query_addr: addr,
+            ..Default::default()
+        };
+        if named {
+            self.reader.name.resize(libc::PATH_MAX as usize + 16, 0);
+            q.vma_name_size = self.reader.name.len() as u32;
+            q.vma_name_addr = self.reader.name.as_mut_ptr() as u64;
+        }
+        // SAFETY: q is a valid procmap_query whose size field says so; the
+        // name buffer, when given, is vma_name_size bytes and outlives the call.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(q)
+    }
+
+    /// The path of the mapping that starts at `start`, as the process sees
+    /// it (" (deleted)" removed); `None` when it is gone.
+    pub fn path_of(&mut self, start: u64) -> Option<String> {
+        if self.reader.support == Support::Text {
+            return self.reader.entries.iter().find(|e| e.start == start).map(|e| e.path.clone());
+        }
+        let q = self.query(start, true).ok()?;
+        if q.vma_start != start || q.vma_name_size == 0 {
+            return None;
+        }
+        let name = &self.reader.name[..q.vma_name_size as usize - 1]; // without the NUL
+        let name = String::from_utf8_lossy(name);
+        Some(name.strip_suffix(" (deleted)").unwrap_or(&name).to_owned())
+    }
+}
+
+impl Iterator for ExecMaps<'_> {
+    type Item = ExecMapping;
+
+    fn next(&mut self) -> Option<ExecMapping> {
+        if self.done {
+            return None;
+        }
+        if self.reader.support == Support::Text {
+            let e = self.reader.entries.get(self.next as usize)?;
+            self.next += 1;
+            return Some(ExecMapping { start: e.start, end: e.end, dev: e.dev, inode: e.inode });
+        }
+        match self.query(self.next, false) {
+            Ok(q) if q.vma_end > q.vma_start && q.vma_end > self.next => {
+                self.next = q.vma_end;
+                Some(ExecMapping {
+                    start: q.vma_start,
+                    end: q.vma_end,
+                    dev: (q.dev_major, q.dev_minor),
+                    inode: q.inode,
+                })
+            }
+            _ => {
+                // ENOENT: no more; anything else (gone, refused): stop too.
+                self.done = true;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of_self(reader: &mut ExecMapsReader) -> Vec<(ExecMapping, String)> {
+        let mut maps = reader.open(std::process::id()).unwrap();
+        let all: Vec<ExecMapping> = maps.by_ref().collect();
+        all.into_iter().map(|m| (m, maps.path_of(m.start).unwrap_or_default())).collect()
+    }
+
+    #[test]
+    fn matches_the_maps_text() {
+        let mut text: Vec<MapsEntry> = procfs::read_maps(std::process::id()).unwrap();
+        text.retain(MapsEntry::is_file);
+        let mut reader = ExecMapsReader::new();
+        let got = of_self(&mut reader);
+        // The text was read a moment before: the test binary's own code and
+        // libc are mapped in both, with the same identity.
+        let exe = std::env::current_exe().unwrap().to_string_lossy().into_owned();
+        for want in text.iter().filter(|e| e.path == exe || e.path.contains("libc.so")) {
+            let (m, path) = got.iter().find(|(m, _)| m.start == want.start).expect("same mapping");
+            assert_eq!((m.end, m.dev, m.inode), (want.end, want.dev, want.inode));
+            assert_eq!(path, &want.path);
+        }
+        assert!(got.iter().any(|(_, p)| *p == exe), "{got:?}");
+        // The text fallback gives the same answer.
+        reader.support = Support::Text;
+        let again = of_self(&mut reader);
+        for (m, p) in &got {
+            if p == &exe || p.contains("libc.so") {
+                assert!(again.iter().any(|(a, ap)| a == m && ap == p), "{m:?} {p} in {again:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn gone_process_is_an_error() {
+        assert!(ExecMapsReader::new().open(u32::MAX - 3).is_err());
+    }
+}

@@ -1,0 +1,278 @@
+//! Each process's `service.name` (OTel semantic conventions: the logical
+//! name a backend files a process's data under), from the sources the
+//! config lists in `service_name:`, tried in order:
+//!
+//! - `executable`: the executable's base name (the default: every process
+//!   has one);
+//! - `env:NAME`: the process's environment variable NAME, e.g.
+//!   `env:OTEL_SERVICE_NAME`, the variable OTel SDKs read;
+//! - `container_label:KEY`: label KEY of the process's container, e.g.
+//!   `container_label:com.docker.compose.service`, or in Kubernetes the
+//!   annotation containerd's CRI writes, `io.kubernetes.cri.container-name`
+//!   (CRI-O: `io.kubernetes.container.name`);
+//! - `value:TEXT`: TEXT, whatever the process.
+//!
+//! When no source gives a value the name is `unknown_service:` + the
+//! executable name, as OTel SDKs name a service nobody named.
+//!
+//! Container labels come from the container runtime's files on the host:
+//! Docker's `config.v2.json` (`Config.Labels`) and the OCI bundle's
+//! `config.json` (`annotations`) that containerd, CRI-O and Podman write;
+//! read once per container (bounded cache).
+
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One entry of `service_name:`, written `executable`, `env:NAME`,
+/// `container_label:KEY` or `value:TEXT`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Source {
+    Executable,
+    Env(String),
+    ContainerLabel(String),
+    Value(String),
+}
+
+impl TryFrom<String> for Source {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        let arg = |prefix: &str| -> Option<Result<String, String>> {
+            let rest = s.strip_prefix(prefix)?;
+            Some(if rest.is_empty() {
+                Err(format!("{s:?}: say what after `{prefix}` (e.g. `env:OTEL_SERVICE_NAME`)"))
+            } else {
+                Ok(rest.to_owned())
+            })
+        };
+        if s == "executable" {
+            return Ok(Source::Executable);
+        }
+        if let Some(v) = arg("env:") {
+            return v.map(Source::Env);
+        }
+        if let Some(v) = arg("container_label:") {
+            return v.map(Source::ContainerLabel);
+        }
+        if let Some(v) = arg("value:") {
+            return v.map(Source::Value);
+        }
+        Err(format!(
+            "{s:?} is not a service name source; use `executable`, `env:NAME`, `container_label:KEY` or `value:TEXT`"
+        ))
+    }
+}
+
+impl From<Source> for String {
+    fn from(s: Source) -> String {
+        match s {
+            Source::Executable => "executable".into(),
+            Source::Env(v) => format!("env:{v}"),
+            Source::ContainerLabel(v) => format!("container_label:{v}"),
+            Source::Value(v) => format!("value:{v}"),
+        }
+    }
+}
+
+/// Containers whose labels are remembered at most (the cache is cleared
+/// when full: a node runs far fewer containers at once).
+const MAX_CONTAINERS: usize = 4096;
+/// Largest runtime state file read for labels.
+const MAX_STATE_FILE: u64 = 4 << 20;
+/// Longest environment read from /proc/PID/environ.
+const MAX_ENVIRON: u64 = 1 << 20;
+
+/// Names processes by the configured sources.
+pub struct ServiceNamer {
+    sources: Vec<Source>,
+    /// Where the host's /proc, /var/lib and /run are ("/" but in tests).
+    root: PathBuf,
+    labels: FxHashMap<String, Option<BTreeMap<String, String>>>,
+}
+
+impl ServiceNamer {
+    pub fn new(sources: Vec<Source>) -> Self {
+        Self::with_root(sources, PathBuf::from("/"))
+    }
+
+    pub fn with_root(sources: Vec<Source>, root: PathBuf) -> Self {
+        ServiceNamer { sources, root, labels: FxHashMap::default() }
+    }
+
+    /// The name of a process /proc could not tell about: the first
+    /// `value:` or `executable` source (its thread's comm standing for the
+    /// executable's name), else `unknown_service:<comm>`.
+    pub fn name_without_process(&self, exe_or_comm: &str) -> String {
+        for s in &self.sources {
+            match s {
+                Source::Value(v) => return v.clone(),
+                Source::Executable if !exe_or_comm.is_empty() => return exe_or_comm.to_owned(),
+                _ => {}
+            }
+        }
+        unknown(exe_or_comm)
+    }
+
+    /// `service.name` of process `pid`, running `exe_name`, in container
+    /// `container_id` (if any).
+    pub fn name(&mut self, pid: u32, exe_name: &str, container_id: Option<&str>) -> String {
+        let mut environ: Option<Option<Vec<u8>>> = None;
+        for i in 0..self.sources.len() {
+            let found = match &self.sources[i] {
+                Source::Executable => (!exe_name.is_empty()).then(|| exe_name.to_owned()),
+                Source::Value(v) => Some(v.clone()),
+                Source::Env(var) => {
+                    let env = environ.get_or_insert_with(|| {
+                        read_bounded(&self.root.join(format!("proc/{pid}/environ")), MAX_ENVIRON)
+                    });
+                    env.as_deref().and_then(|e| env_var(e, var))
+                }
+                Source::ContainerLabel(key) => {
+                    let key = key.clone();
+                    container_id.and_then(|id| self.container_labels(id)).and_then(|l| l.get(&key).cloned())
+                }
+            };
+            if let Some(n) = found.filter(|n| !n.is_empty()) {
+                return n;
+            }
+        }
+        unknown(exe_name)
+    }
+
+    fn container_labels(&mut self, id: &str) -> Option<&BTreeMap<String, String>> {
+        if !self.labels.contains_key(id) {
+            if self.labels.len() >= MAX_CONTAINERS {
+                self.labels.clear();
+            }
+            let labels = read_container_labels(&self.root, id);
+            self.labels.insert(id.to_owned(), labels);
+        }
+        self.labels.get(id)?.as_ref()
+    }
+}
+
+fn unknown(exe: &str) -> String {
+    if exe.is_empty() {
+        "unknown_service".into()
+    } else {
+        format!("unknown_service:{exe}")
+    }
+}
+
+fn read_bounded(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path).ok()?.take(max).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+/// `var`'s value in a NUL-separated environment block.
+fn env_var(environ: &[u8], var: &str) -> Option<String> {
+    environ.split(|&b| b == 0).find_map(|kv| {
+        let v = kv.strip_prefix(var.as_bytes())?.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(v).into_owned())
+    })
+}
+
+/// The labels of container `id` (64 hex digits, as `container.id` holds
+/// it) from the runtime's state files, the first that exists.
+fn read_container_labels(root: &Path, id: &str) -> Option<BTreeMap<String, String>> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let docker = root.join(format!("var/lib/docker/containers/{id}/config.v2.json"));
+    if let Some(doc) = read_json(&docker) {
+        return Some(string_map(&doc["Config"]["Labels"]));
+    }
+    let bundles = [
+        root.join(format!("run/containers/storage/overlay-containers/{id}/userdata/config.json")),
+        root.join(format!("var/lib/containers/storage/overlay-containers/{id}/userdata/config.json")),
+    ];
+    for b in bundles {
+        if let Some(doc) = read_json(&b) {
+            return Some(string_map(&doc["annotations"]));
+        }
+    }
+    // containerd: one directory per namespace (k8s.io, moby, default, ...).
+    let tasks = root.join("run/containerd/io.containerd.runtime.v2.task");
+    for ns in std::fs::read_dir(tasks).ok()?.flatten().take(64) {
+        if let Some(doc) = read_json(&ns.path().join(id).join("config.json")) {
+            return Some(string_map(&doc["annotations"]));
+        }
+    }
+    None
+}
+
+fn read_json(path: &Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&read_bounded(path, MAX_STATE_FILE)?).ok()
+}
+
+fn string_map(v: &serde_json::Value) -> BTreeMap<String, String> {
+    v.as_object()
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(list: &[&str]) -> Vec<Source> {
+        list.iter().map(|s| Source::try_from(s.to_string()).unwrap()).collect()
+    }
+
+    #[test]
+    fn sources_parse_and_print_back_and_bad_ones_say_what_to_write() {
+        for s in ["executable", "env:OTEL_SERVICE_NAME", "container_label:com.docker.compose.service", "value:shop"] {
+            assert_eq!(String::from(Source::try_from(s.to_owned()).unwrap()), s);
+        }
+        let e = Source::try_from("exe".to_owned()).unwrap_err();
+        assert!(e.contains("`executable`, `env:NAME`"), "{e}");
+        let e = Source::try_from("env:".to_owned()).unwrap_err();
+        assert!(e.contains("after `env:`"), "{e}");
+    }
+
+    #[test]
+    fn the_first_source_with_a_value_names_the_process() {
+        let root = tempfile::tempdir().unwrap();
+        let id = "ab".repeat(32);
+        let proc_dir = root.path().join("proc/42");
+        std::fs::create_dir_all(&proc_dir).unwrap();
+        std::fs::write(proc_dir.join("environ"), b"PATH=/bin\0OTEL_SERVICE_NAME=checkout\0EMPTY=\0").unwrap();
+        let docker = root.path().join(format!("var/lib/docker/containers/{id}"));
+        std::fs::create_dir_all(&docker).unwrap();
+        std::fs::write(
+            docker.join("config.v2.json"),
+            r#"{"Config":{"Labels":{"com.docker.compose.service":"web","n":1}}}"#,
+        )
+        .unwrap();
+        let cri = "cd".repeat(32);
+        let bundle = root.path().join(format!("run/containerd/io.containerd.runtime.v2.task/k8s.io/{cri}"));
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(bundle.join("config.json"), r#"{"annotations":{"io.kubernetes.cri.container-name":"api"}}"#)
+            .unwrap();
+        let namer = |list: &[&str]| ServiceNamer::with_root(sources(list), root.path().to_owned());
+
+        assert_eq!(namer(&["executable"]).name(42, "nginx", None), "nginx");
+        assert_eq!(namer(&["env:OTEL_SERVICE_NAME", "executable"]).name(42, "java", None), "checkout");
+        // Unset or empty: the next source.
+        assert_eq!(namer(&["env:MISSING", "env:EMPTY", "executable"]).name(42, "java", None), "java");
+        let label = "container_label:com.docker.compose.service";
+        assert_eq!(namer(&[label, "executable"]).name(42, "nginx", Some(&id)), "web");
+        assert_eq!(namer(&[label, "executable"]).name(42, "nginx", None), "nginx");
+        let k8s = "container_label:io.kubernetes.cri.container-name";
+        assert_eq!(namer(&[k8s]).name(7, "server", Some(&cri)), "api");
+        assert_eq!(namer(&["value:shop", "executable"]).name(42, "nginx", None), "shop");
+        // Nothing found: unknown_service:<executable>, as OTel SDKs do.
+        assert_eq!(namer(&["env:MISSING"]).name(42, "nginx", None), "unknown_service:nginx");
+        assert_eq!(namer(&["env:MISSING"]).name(42, "", None), "unknown_service");
+        // A process /proc says nothing about: the fixed value, or its comm.
+        assert_eq!(namer(&["env:X", "value:shop"]).name_without_process("nginx"), "shop");
+        assert_eq!(namer(&["executable"]).name_without_process("nginx"), "nginx");
+        assert_eq!(namer(&["env:X"]).name_without_process("nginx"), "unknown_service:nginx");
+        // A container id that is no hex string never becomes a path.
+        assert_eq!(namer(&[label]).name(42, "x", Some("../../etc")), "unknown_service:x");
+    }
+}
