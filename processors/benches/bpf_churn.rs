@@ -35,6 +35,8 @@ struct Reading {
     history_bytes: usize,
     generations: usize,
     heap: isize,
+    backlog: usize,
+    dropped: u64,
 }
 
 fn read(store: &Store) -> Reading {
@@ -45,18 +47,22 @@ fn read(store: &Store) -> Reading {
         history_bytes: h.heap_bytes(),
         generations: store.generations().len(),
         heap: profcol_testkit::alloc::live(),
+        backlog: store.counters.bpf_backlog.load(Relaxed),
+        dropped: store.counters.bpf_records_dropped.load(Relaxed),
     }
 }
 
 fn print(label: &str, r: &Reading, base: &Reading) {
     println!(
-        "{label:>10}: spans live {:>4} retired {:>6} | history {:>9} B | generations {:>2} | heap {:>11} B (+{} B over idle)",
+        "{label:>10}: spans live {:>4} retired {:>6} | history {:>9} B | generations {:>2} | heap {:>11} B (+{} B over idle) | backlog {} dropped {}",
         r.live,
         r.retired,
         r.history_bytes,
         r.generations,
         r.heap,
-        r.heap - base.heap
+        r.heap - base.heap,
+        r.backlog,
+        r.dropped
     );
 }
 
@@ -74,7 +80,7 @@ fn main() {
     rt.block_on(async move {
         let store = Arc::new(Store::open(StoreConfig { retain, ..Default::default() }).expect("store opens"));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let rings = perf_ksymbol::spawn(tx).expect("perf_event_open");
+        let rings = perf_ksymbol::spawn(perf_ksymbol::Sink::new(tx, &store)).expect("perf_event_open");
         let task = reload::spawn(store.clone(), ReloadConfig::default(), rx);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let base = read(&store);
@@ -115,6 +121,8 @@ fn main() {
             worst.heap = worst.heap.max(r.heap);
             worst.history_bytes = worst.history_bytes.max(r.history_bytes);
             worst.generations = worst.generations.max(r.generations);
+            worst.backlog = worst.backlog.max(r.backlog);
+            worst.dropped = r.dropped;
             if started.elapsed() >= Duration::from_secs(60 * minute) || started.elapsed() >= Duration::from_secs(secs) {
                 print(&format!("{:.0} s", started.elapsed().as_secs_f64()), &r, &base);
                 minute += 1;

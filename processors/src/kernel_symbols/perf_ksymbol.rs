@@ -12,7 +12,8 @@ use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::addr_of_mut;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ use super::bpf_progs::BpfFunc;
 use super::error::{Error, Result};
 use super::ordering::{Reorder, SLACK_NS};
 use super::reload::Trigger;
-use super::store::BpfEvent;
+use super::store::{BpfEvent, MAX_BPF_BACKLOG};
 
 const PERF_RECORD_LOST: u32 = perf_event_type::PERF_RECORD_LOST as u32;
 const PERF_RECORD_KSYMBOL: u32 = perf_event_type::PERF_RECORD_KSYMBOL as u32;
@@ -225,8 +226,23 @@ pub fn online_cpus() -> Vec<u32> {
     out
 }
 
-/// Opens a ring per online CPU and forwards merged records until `tx` closes.
-pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<Vec<JoinHandle<()>>> {
+/// Where the listener reports to: the reload task's channel, and the
+/// store's backlog counters that keep that channel bounded.
+pub struct Sink {
+    pub tx: UnboundedSender<Trigger>,
+    pub backlog: Arc<AtomicUsize>,
+    pub dropped: Arc<AtomicU64>,
+}
+
+impl Sink {
+    /// Reports to `store`'s reload task through `tx`.
+    pub fn new(tx: UnboundedSender<Trigger>, store: &super::store::Store) -> Self {
+        Sink { tx, backlog: store.counters.bpf_backlog.clone(), dropped: store.counters.bpf_records_dropped.clone() }
+    }
+}
+
+/// Opens a ring per online CPU and forwards merged records until the channel closes.
+pub fn spawn(sink: Sink) -> Result<Vec<JoinHandle<()>>> {
     let mut rings = Vec::new();
     for cpu in online_cpus() {
         let ring = Ring::open(cpu)?;
@@ -235,12 +251,40 @@ pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<Vec<JoinHandle<()>>> {
             .map_err(|e| Error::PerfOpen { cpu, source: io::Error::other(e.to_string()) })?;
         rings.push(afd);
     }
-    Ok(vec![tokio::spawn(run_rings(rings, tx))])
+    Ok(vec![tokio::spawn(run_rings(rings, sink))])
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    Send,
+    /// Drop the batch; `rescan`: ask for one (once per overflow).
+    Drop {
+        rescan: bool,
+    },
+}
+
+/// Whether `n` more records fit the store's backlog. The store is behind
+/// (a starved host) when they do not: the batch is dropped rather than
+/// queued without bound, and the live set is enumerated again once the
+/// store has caught up with what was queued before.
+fn admit(backlog: &AtomicUsize, overflowed: &mut bool, n: usize) -> Admit {
+    let queued = backlog.load(Relaxed);
+    if queued + n > MAX_BPF_BACKLOG {
+        let rescan = !*overflowed;
+        *overflowed = true;
+        return Admit::Drop { rescan };
+    }
+    *overflowed &= queued > MAX_BPF_BACKLOG / 2;
+    backlog.fetch_add(n, Relaxed);
+    Admit::Send
 }
 
 /// Waits for any ring, drains them all, and sends on the records the
 /// watermark has passed, in time order (see [`super::ordering`]).
-async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, tx: UnboundedSender<Trigger>) {
+async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
+    let Sink { tx, backlog, dropped } = sink;
+    // A rescan was asked for because records were dropped, and not yet done.
+    let mut overflowed = false;
     let clock = KtimeToUnix::process();
     let mut held: Reorder<BpfEvent> = Reorder::default();
     let mut ready = Vec::new();
@@ -267,8 +311,17 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, tx: UnboundedSender<Trigger>) 
         let mut closed = false;
         let sent = !ready.is_empty();
         if sent {
-            let events = ready.drain(..).map(|(t, e)| (clock.to_unix_ns(t), e)).collect();
-            closed |= tx.send(Trigger::Bpf(events)).is_err();
+            match admit(&backlog, &mut overflowed, ready.len()) {
+                Admit::Drop { rescan } => {
+                    dropped.fetch_add(ready.len() as u64, Relaxed);
+                    ready.clear();
+                    lost |= rescan;
+                }
+                Admit::Send => {
+                    let events = ready.drain(..).map(|(t, e)| (clock.to_unix_ns(t), e)).collect();
+                    closed |= tx.send(Trigger::Bpf(events)).is_err();
+                }
+            }
         }
         if lost {
             closed |= tx.send(Trigger::Lost).is_err();
@@ -287,6 +340,23 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, tx: UnboundedSender<Trigger>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backlog_is_bounded_and_one_rescan_follows_an_overflow() {
+        let backlog = AtomicUsize::new(0);
+        let mut overflowed = false;
+        assert_eq!(admit(&backlog, &mut overflowed, MAX_BPF_BACKLOG - 10), Admit::Send);
+        assert_eq!(admit(&backlog, &mut overflowed, 11), Admit::Drop { rescan: true });
+        assert_eq!(admit(&backlog, &mut overflowed, 11), Admit::Drop { rescan: false });
+        assert_eq!(backlog.load(Relaxed), MAX_BPF_BACKLOG - 10);
+        // The store applied most of it: records flow again, and a later
+        // overflow asks for another rescan.
+        backlog.store(10, Relaxed);
+        assert_eq!(admit(&backlog, &mut overflowed, 5), Admit::Send);
+        assert!(!overflowed);
+        backlog.store(MAX_BPF_BACKLOG, Relaxed);
+        assert_eq!(admit(&backlog, &mut overflowed, 1), Admit::Drop { rescan: true });
+    }
 
     /// `body` as the kernel lays it out, then `tail` (name, sample_id).
     fn record<T: Copy>(body: T, tail: &[u8]) -> Vec<u8> {

@@ -37,7 +37,7 @@ struct Metrics {
     generations: Gauge,
     bpf_live: Gauge,
     bpf_retired: Gauge,
-    mirrored: [Mirrored; 5],
+    mirrored: [Mirrored; 6],
 }
 
 /// A store counter, its series, and the value mirrored last.
@@ -71,6 +71,14 @@ impl Metrics {
                 (
                     |s| &s.counters.ksymbol_events,
                     c("bpf_symbol_events_total", "BPF program load/unload events applied"),
+                    AtomicU64::new(0),
+                ),
+                (
+                    |s| &*s.counters.bpf_records_dropped,
+                    c(
+                        "bpf_records_dropped_total",
+                        "BPF symbol records dropped because the store fell behind (a rescan follows)",
+                    ),
                     AtomicU64::new(0),
                 ),
                 (
@@ -135,7 +143,7 @@ impl Processor for KernelSymbols {
             }
         }
         if self.cfg.bpf {
-            match perf_ksymbol::spawn(tx.clone()) {
+            match perf_ksymbol::spawn(perf_ksymbol::Sink::new(tx.clone(), &store)) {
                 Ok(t) => tasks.extend(t),
                 Err(e) => tracing::warn!(error = %e, "kernel_symbols: no PERF_RECORD_KSYMBOL"),
             }

@@ -53,7 +53,15 @@ pub struct Counters {
     pub generations: AtomicU64,
     pub ksymbol_events: AtomicU64,
     pub bpf_rescans: AtomicU64,
+    /// BPF records handed to the reload task and not applied yet (the
+    /// listener drops records above [`MAX_BPF_BACKLOG`] and asks for a rescan).
+    pub bpf_backlog: Arc<std::sync::atomic::AtomicUsize>,
+    /// BPF records dropped because the backlog was full.
+    pub bpf_records_dropped: Arc<AtomicU64>,
 }
+
+/// Most BPF records queued for the store at once (about 100 bytes each).
+pub const MAX_BPF_BACKLOG: usize = 65_536;
 
 /// One BPF symbol record, in the order the listener merged them.
 #[derive(Debug, Clone)]
@@ -274,6 +282,9 @@ impl Store {
         if events.is_empty() {
             return;
         }
+        let n = events.len();
+        let backlog = &self.counters.bpf_backlog;
+        let _ = backlog.fetch_update(Relaxed, Relaxed, |b| Some(b.saturating_sub(n)));
         let syscall = self.lock().bpf_source == BpfSource::Syscall;
         // Program info first, without the lock (the syscalls are slow).
         let mut infos: Vec<BpfFunc> = Vec::new();
