@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI needs for the kernel_symbols processor's live tests
-# (processors/tests/kernel_symbols_live.rs, kernel_symbols_churn.rs):
+# (processors/tests/kernel_symbols_live.rs) and the exec test
+# (receivers/tests/ebpf_exec.rs):
 #   - python3: the os.getppid() loop and the bash → python3 exec workload.
 #   - bash: the exec workload's shell.
 # The tests need root (bpf, perf_event_open, real kallsyms addresses), which
