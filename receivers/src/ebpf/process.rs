@@ -241,12 +241,18 @@ impl ProcessTable {
 
     fn refresh(&mut self, pid: u32, now: Instant) {
         self.stats.refreshes += 1;
-        let same_process = match (self.procs.get(&pid), procfs::read_start_time(pid)) {
+        let same_process = match (self.procs.get_mut(&pid), procfs::read_start_time(pid)) {
             (Some(Slot::Live(st)), Ok(t)) => t == st.info.start_time,
+            // Gone (its last samples, taken while it exited, are drained
+            // after it): they keep the image it had; the sweep drops it.
+            (Some(Slot::Live(st)), Err(_)) => {
+                st.last_refresh = now;
+                return;
+            }
             _ => false,
         };
         if !same_process {
-            // Exited, or the pid now names another process: start over.
+            // The pid now names another process, or was unreadable: start over.
             self.procs.remove(&pid);
             self.execs.remove(&pid);
             if let Some(st) = self.load(pid, now) {
