@@ -67,7 +67,7 @@ pub fn run(cmd: KernelSymbolsCmd) -> anyhow::Result<()> {
                 snap.symbol_count(),
                 snap.vmlinux.len(),
                 snap.loose.iter().map(|l| l.syms.len()).sum::<usize>(),
-                snap.bpf.len()
+                snap.bpf.live_len()
             )?;
             writeln!(
                 out,

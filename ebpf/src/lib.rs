@@ -16,6 +16,9 @@
 #[allow(unsafe_code)] // syscalls and the kernel's structs
 pub mod sys;
 
+#[allow(unsafe_code)] // clock_gettime
+pub mod clock;
+
 /// 8-byte aligned wrapper so the ELF parser can read headers in place.
 #[repr(C, align(8))]
 struct Aligned<B: ?Sized> {

@@ -266,35 +266,189 @@ fn bpf_records_apply_without_kallsyms_reads() {
     s.bpf_register(t0, f);
     assert_eq!(name_of(&s, 0xffffffffc1000010), "bpf_prog_0123456789abcdef_probe+0x10 [bpf]");
     assert_eq!(name_of(&s, 0xffffffffc1000080), "?");
-    s.bpf_unregister(t0 + 1000, 0xffffffffc1000000);
+    s.bpf_unregister(t0 + 1000, 0xffffffffc1000000, "bpf_prog_0123456789abcdef_probe");
     let list = s.generations().load();
-    assert!(describe(Generations::at(&list, t0 + 999).snapshot.lookup(0xffffffffc1000010)).contains("probe"));
-    assert_eq!(describe(Generations::at(&list, t0 + 1000).snapshot.lookup(0xffffffffc1000010)), "?");
+    assert!(
+        describe(Generations::at(&list, t0 + 999).snapshot.lookup_at(0xffffffffc1000010, t0 + 999)).contains("probe")
+    );
+    assert_eq!(describe(Generations::at(&list, t0 + 1000).snapshot.lookup_at(0xffffffffc1000010, t0 + 1000)), "?");
+    // BPF records carry their own times: they add no generation.
+    assert_eq!(list.len(), 1);
     assert_eq!(s.counters.full_reads.load(std::sync::atomic::Ordering::Relaxed), reads);
 }
 
 #[test]
-fn retain_drops_old_generations() {
+fn retain_drops_old_generations_and_retired_bpf_functions() {
+    let (_dir, k, sys) = scratch();
     let s = Store::open(StoreConfig {
-        kallsyms: fixtures().join("quirks.kallsyms"),
-        sysfs: fixtures().join("sysfs"),
+        kallsyms: k,
+        sysfs: sys.clone(),
         bpf_syscall: false,
         retain: Duration::from_millis(1),
     })
     .unwrap();
     for i in 0..5u64 {
-        let f = BpfFunc {
-            start: 0xffffffffc1000000 + i * 0x100,
-            len: 16,
-            prog_id: 0,
-            name: "bpf_prog_x".into(),
-            func: None,
-            lines: Arc::from([]),
-        };
-        s.bpf_register(now_ns(), f);
+        add_module(&sys, &format!("gen_mod{i}"), 0xffffffffc2000000 + i * 0x10000, 4096);
+        assert!(s.refresh_metadata(now_ns()).unwrap());
+        let start = 0xffffffffc1000000 + i * 0x100;
+        s.bpf_register(now_ns(), bpf_func(start, "bpf_prog_x"));
+        s.bpf_unregister(now_ns(), start, "bpf_prog_x");
         std::thread::sleep(Duration::from_millis(3));
     }
     assert!(s.generations().len() <= 2, "{}", s.generations().len());
+    // Each unregister pruned what had retired more than `retain` before it.
+    assert!(s.bpf().retired_len() <= 1, "{}", s.bpf().retired_len());
+}
+
+fn bpf_func(start: u64, name: &str) -> BpfFunc {
+    BpfFunc { start, len: 0x40, prog_id: 0, name: name.into(), func: None, lines: Arc::from([]) }
+}
+
+/// One program's life as the kernel reports it: registered on one CPU,
+/// freed (after an RCU grace period) on whichever CPU ran the callback.
+struct Life {
+    slot: u64,
+    name: String,
+    reg: (u64, usize),
+    unreg: (u64, usize),
+}
+
+/// Programs loaded and freed at a few reused addresses over 4 CPUs.
+fn churn_schedule(rng: &mut fastrand::Rng, t0: u64) -> Vec<Life> {
+    let mut lives = Vec::new();
+    for slot in 0..6u64 {
+        let mut t = t0 + rng.u64(0..50_000);
+        for n in 0..40 {
+            let reg = t + rng.u64(1..200_000);
+            let unreg = reg + rng.u64(1..300_000);
+            lives.push(Life {
+                slot,
+                name: format!("bpf_prog_{slot:02x}{n:014x}_p"),
+                reg: (reg, rng.usize(0..4)),
+                unreg: (unreg, rng.usize(0..4)),
+            });
+            t = unreg;
+        }
+    }
+    lives
+}
+
+fn slot_addr(slot: u64) -> u64 {
+    0xffffffffc3000000 + slot * 0x40
+}
+
+/// The kernel's order is per CPU only: each ring is time-ordered, the rings
+/// are not ordered against each other, and a record shows up in its ring a
+/// little after its timestamp. The reader wakes at random times, drains the
+/// rings in a random CPU order and merges by timestamp; the store must then
+/// name every address at every time with exactly the program live then.
+#[test]
+fn bpf_records_shuffled_across_cpus_resolve_to_the_program_live_at_each_time() {
+    use profcol_processors::kernel_symbols::ordering::{Reorder, SLACK_NS};
+    use profcol_processors::kernel_symbols::store::BpfEvent;
+    for seed in 0..20 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let s = open();
+        let live_before = s.bpf().live_len();
+        let t0 = now_ns();
+        let lives = churn_schedule(&mut rng, t0);
+        // Per-CPU rings: (visible at, ts, event), in ring (time) order.
+        let mut rings: Vec<Vec<(u64, u64, BpfEvent)>> = vec![Vec::new(); 4];
+        for l in &lives {
+            let addr = slot_addr(l.slot);
+            rings[l.reg.1].push((0, l.reg.0, BpfEvent::Register(bpf_func(addr, &l.name))));
+            rings[l.unreg.1].push((0, l.unreg.0, BpfEvent::Unregister { start: addr, name: l.name.as_str().into() }));
+        }
+        for r in &mut rings {
+            r.sort_by_key(|e| e.1);
+            // Published up to SLACK after its stamp, never before the one ahead of it.
+            let mut prev = 0;
+            for e in r.iter_mut() {
+                e.0 = (e.1 + rng.u64(0..SLACK_NS)).max(prev);
+                prev = e.0;
+            }
+        }
+        let end = lives.iter().map(|l| l.unreg.0).max().unwrap() + 10 * SLACK_NS;
+        let mut cursor = [0usize; 4];
+        let mut held = Reorder::default();
+        let mut now = t0;
+        let mut batches = 0;
+        while now < end {
+            now += rng.u64(1..SLACK_NS / 4);
+            let watermark = now - SLACK_NS;
+            let mut order: Vec<usize> = (0..4).collect();
+            rng.shuffle(&mut order);
+            for cpu in order {
+                while let Some((vis, ts, e)) = rings[cpu].get(cursor[cpu]).filter(|e| e.0 <= now) {
+                    let _ = vis;
+                    held.push(*ts, e.clone());
+                    cursor[cpu] += 1;
+                }
+            }
+            let mut ready = Vec::new();
+            held.ready(watermark, &mut ready);
+            if !ready.is_empty() {
+                batches += 1;
+                s.apply_bpf(ready);
+            }
+        }
+        assert!(held.is_empty() && batches > 10, "seed {seed}: {} held, {batches} batches", held.len());
+        assert_eq!(held.late, 0, "seed {seed}: the watermark let a record through early");
+        let h = s.bpf();
+        for l in &lives {
+            let addr = slot_addr(l.slot) + 8;
+            for ts in [l.reg.0, (l.reg.0 + l.unreg.0) / 2, l.unreg.0 - 1] {
+                let got = h.lookup(addr, ts).map(|f| f.name.to_string());
+                assert_eq!(got.as_deref(), Some(l.name.as_str()), "seed {seed}: {} at {}", l.name, ts - t0);
+            }
+            // Just outside its life the slot is free or someone else's.
+            for ts in [l.reg.0 - 1, l.unreg.0] {
+                assert_ne!(h.lookup(addr, ts).map(|f| f.name.to_string()).as_deref(), Some(l.name.as_str()));
+            }
+        }
+        assert_eq!(h.live_len(), live_before, "seed {seed}: every program was freed");
+        assert_eq!(s.generations().len(), 1, "BPF records add no generation");
+    }
+}
+
+/// The same schedule applied with no merge at all (each CPU's records in a
+/// random interleaving, one by one): the ledger still places each at its time.
+#[test]
+fn bpf_records_in_any_cross_cpu_order_still_land_at_their_times() {
+    use profcol_processors::kernel_symbols::store::BpfEvent;
+    for seed in 100..110 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let s = open();
+        let t0 = now_ns();
+        let lives = churn_schedule(&mut rng, t0);
+        let mut rings: Vec<Vec<(u64, BpfEvent)>> = vec![Vec::new(); 4];
+        for l in &lives {
+            let addr = slot_addr(l.slot);
+            rings[l.reg.1].push((l.reg.0, BpfEvent::Register(bpf_func(addr, &l.name))));
+            rings[l.unreg.1].push((l.unreg.0, BpfEvent::Unregister { start: addr, name: l.name.as_str().into() }));
+        }
+        for r in &mut rings {
+            r.sort_by_key(|e| e.0);
+            r.reverse();
+        }
+        while rings.iter().any(|r| !r.is_empty()) {
+            let cpu = rng.usize(0..4);
+            if let Some(e) = rings[cpu].pop() {
+                s.apply_bpf(vec![e]);
+            }
+        }
+        let h = s.bpf();
+        for l in &lives {
+            let addr = slot_addr(l.slot) + 8;
+            let mid = (l.reg.0 + l.unreg.0) / 2;
+            assert_eq!(
+                h.lookup(addr, mid).map(|f| f.name.to_string()).as_deref(),
+                Some(l.name.as_str()),
+                "seed {seed}"
+            );
+            assert!(h.lookup(addr, l.unreg.0).is_none_or(|f| *f.name != *l.name), "seed {seed}");
+        }
+    }
 }
 
 // ---- batch output ----
@@ -472,6 +626,101 @@ fn samples_use_the_generation_of_their_timestamp() {
     assert_eq!(names, ["?", "handle"]);
 }
 
+/// One raw stack sampled twice: once in program a, once (after a was freed
+/// and b loaded at the same address) in b. The receiver merged them into one
+/// Sample; each timestamp must still be named by its own program.
+#[test]
+fn a_sample_spanning_an_address_reuse_is_split_by_time() {
+    let s = open();
+    let t0 = now_ns();
+    let addr = 0xffffffffc1000000;
+    s.bpf_register(t0 + 10, bpf_func(addr, "bpf_prog_aa_a"));
+    s.bpf_unregister(t0 + 20, addr, "bpf_prog_aa_a");
+    s.bpf_register(t0 + 30, bpf_func(addr, "bpf_prog_bb_b"));
+    let mut batch = kernel_batch(&[addr + 8], t0 + 15);
+    let smp = &mut batch.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0];
+    (smp.values, smp.timestamps_unix_nano) = (vec![1, 1, 1], vec![t0 + 15, t0 + 35, t0 + 16]);
+    let (out, outcome) = symbolize(batch, &s.generations().load());
+    let d = out.dictionary().unwrap();
+    let mut named: Vec<(String, Vec<u64>)> = out
+        .profiles()
+        .flat_map(|p| &p.samples)
+        .map(|smp| {
+            let l = &d.location_table[d.stack_table[smp.stack_index as usize].location_indices[0] as usize];
+            let f = &d.function_table[l.lines[0].function_index as usize];
+            let ts = smp.timestamps_unix_nano.iter().map(|t| t - t0).collect();
+            (str_at(&d.string_table, f.name_strindex).to_owned(), ts)
+        })
+        .collect();
+    named.sort();
+    assert_eq!(named, [("bpf_prog_aa_a".to_owned(), vec![15, 16]), ("bpf_prog_bb_b".to_owned(), vec![35])]);
+    assert_eq!(outcome.resolved, 3);
+}
+
+// ---- exact-address frames ----
+
+/// The recorded stack of `interrupted.stack`: (address, function perf names).
+fn recorded_interrupted_stack() -> Vec<(u64, String)> {
+    std::fs::read_to_string(fixtures().join("interrupted.stack"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (a, n) = l.split_once(' ').unwrap();
+            (u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap(), n.to_owned())
+        })
+        .collect()
+}
+
+fn names_of(store: &Store, addrs: &[u64]) -> Vec<String> {
+    let (out, _) = symbolize(kernel_batch(addrs, now_ns()), &store.generations().load());
+    frames(&out).into_iter().map(|f| f.0).collect()
+}
+
+#[test]
+fn frame_after_an_interrupt_entry_is_the_interrupted_instruction() {
+    let s = open_at(&fixtures().join("interrupted.kallsyms"), &fixtures().join("no-sysfs"));
+    let recorded = recorded_interrupted_stack();
+    let addrs: Vec<u64> = recorded.iter().map(|r| r.0).collect();
+    let want: Vec<String> = recorded.iter().map(|r| r.1.clone()).collect();
+    assert_eq!(names_of(&s, &addrs), want);
+
+    // The same interrupt arriving at __dd_dispatch_request's first byte: its
+    // address − 1 is padding (named by the function before it), so it is
+    // looked up as it is.
+    let at = recorded.iter().position(|r| r.1 == "asm_common_interrupt").unwrap() + 1;
+    let first_byte = s.generations().current().snapshot.find("__dd_dispatch_request").unwrap();
+    assert_eq!(s.generations().current().snapshot.find("__pfx___dd_dispatch_request"), None);
+    let mut moved = addrs.clone();
+    moved[at] = first_byte;
+    let got = names_of(&s, &moved);
+    assert_eq!(got[at], "__dd_dispatch_request", "{got:?}");
+    assert_eq!(got[..at], want[..at]);
+    assert_eq!(got[at + 1..], want[at + 1..]);
+}
+
+#[test]
+fn jump_target_after_a_thunk_leaf_and_padded_starts_are_exact() {
+    let s = open_at(&fixtures().join("interrupted.kallsyms"), &fixtures().join("no-sysfs"));
+    let snap = s.generations().current().snapshot.clone();
+    let thunk = snap.find("__x86_indirect_thunk_rax").unwrap();
+    let x64_sys_call = snap.find("x64_sys_call").unwrap();
+    let do_syscall_64 = snap.find("do_syscall_64").unwrap();
+    // Sampled in the retpoline thunk: the next frame is where it jumps.
+    assert_eq!(
+        names_of(&s, &[thunk + 3, x64_sys_call, do_syscall_64 + 0x80]),
+        ["__x86_indirect_thunk_rax", "x64_sys_call", "do_syscall_64"]
+    );
+    // Not after a thunk or an entry: a function's padded first byte is
+    // still exact (no call returns there), whatever the frame above it.
+    assert_eq!(names_of(&s, &[do_syscall_64 + 0x10, x64_sys_call]), ["do_syscall_64", "x64_sys_call"]);
+    // A return address inside a function keeps the − 1 rule.
+    assert_eq!(names_of(&s, &[do_syscall_64 + 0x10, x64_sys_call + 0x10]), ["do_syscall_64", "x64_sys_call"]);
+    // With the plain − 1 rule, x64_sys_call's first byte falls in
+    // rewind_stack_and_make_dead (the padding symbol is not kept).
+    assert!(matches!(snap.lookup(x64_sys_call - 1), Some(Symbol::Kernel { name: "rewind_stack_and_make_dead", .. })));
+}
+
 // ---- config and the processor through the component API ----
 
 #[test]
@@ -532,19 +781,31 @@ async fn processor_counts_frames_and_store_work_in_metrics() {
     p.start().await.unwrap();
     // One frame inside vfs_read, one far outside every symbol.
     p.process(kernel_batch(&[0xffffffff81000115, 0x1000], now_ns())).await.unwrap().forwarded().unwrap();
-    p.process(kernel_batch(&[0xffffffff81000115], now_ns())).await.unwrap().forwarded().unwrap();
+    // Three observations of one stack: three frames, one location.
+    let ts = now_ns();
+    let mut thrice = kernel_batch(&[0xffffffff81000115], ts);
+    let sample = &mut thrice.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0];
+    (sample.values, sample.timestamps_unix_nano) = (vec![1; 3], vec![ts; 3]);
+    p.process(thrice).await.unwrap().forwarded().unwrap();
     let m = registry.render();
-    let series = |name: &str| {
+    let series_in = |m: &str, name: &str| {
         m.lines()
             .find(|l| l.starts_with(&format!("profcol_processor_kernel_symbols_{name}{{")))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<u64>().ok())
     };
-    assert_eq!(series("frames_resolved_total"), Some(2), "{m}");
+    let series = |name: &str| series_in(&m, name);
+    assert_eq!(series("frames_resolved_total"), Some(4), "{m}");
     assert_eq!(series("frames_unresolved_total"), Some(1), "{m}");
     // The store's one full read at start, mirrored once, not once per batch.
     assert_eq!(series("kallsyms_reads_total"), Some(1), "{m}");
     assert_eq!(series("generations"), Some(1), "{m}");
+    assert_eq!(series("bpf_rescans_total"), Some(0), "{m}");
+    // Store work shows up with no batch passing.
+    p.store().unwrap().rescan_bpf();
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let m = registry.render();
+    assert_eq!(series_in(&m, "bpf_rescans_total"), Some(1), "{m}");
     p.shutdown().await.unwrap();
 }
 

@@ -15,23 +15,8 @@ use profcol_processors::kernel_symbols::snapshot::Symbol;
 use profcol_processors::kernel_symbols::store::BpfSource;
 use profcol_processors::kernel_symbols::{perf_ksymbol, Store, StoreConfig};
 
-/// Whether the test can run; panics under CI when it cannot.
-fn require_root(what: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    let msg = format!("{what} needs root (kallsyms addresses, bpf, perf_event_open); run the tests as root");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-fn missing(what: &str, e: impl std::fmt::Display) -> ! {
-    panic!("{what}: {e}; the test needs it (root with CAP_SYS_ADMIN, bpf JIT enabled)")
-}
+mod live;
+use live::{missing, require_root};
 
 #[test]
 fn proc_kallsyms_parses_and_vfs_read_resolves() {
@@ -50,6 +35,63 @@ fn proc_kallsyms_parses_and_vfs_read_resolves() {
     }
     // No address resolves to padding.
     assert!(snap.vmlinux.iter().all(|(_, n)| !n.starts_with("__pfx_")));
+}
+
+/// Every set of vmlinux text symbols sharing an address in the running
+/// kernel's /proc/kallsyms resolves by the alias rule (`table::rank`): the
+/// named rows by name, every set by the rule's properties.
+#[test]
+fn alias_rule_on_every_tie_set_of_the_running_kernel() {
+    if !require_root("alias_rule_on_every_tie_set") {
+        return;
+    }
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let mut ties: std::collections::BTreeMap<u64, Vec<(char, String)>> = Default::default();
+    for l in text.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(a), Some(k), Some(n), None) = (f.next(), f.next(), f.next(), f.next()) else { continue };
+        let k = k.chars().next().unwrap();
+        if "TtWw".contains(k) && !n.starts_with("__pfx_") {
+            ties.entry(u64::from_str_radix(a, 16).unwrap()).or_default().push((k, n.to_owned()));
+        }
+    }
+    ties.retain(|_, v| v.len() > 1);
+    let store = Store::open(StoreConfig { bpf_syscall: false, ..Default::default() }).unwrap();
+    let snap = store.generations().current().snapshot.clone();
+    let winner = |addr: u64| match snap.lookup(addr) {
+        Some(Symbol::Kernel { name, off: 0 }) => name.to_owned(),
+        other => panic!("{addr:#x}: {other:?}"),
+    };
+    assert!(ties.len() > 20, "only {} tie sets in /proc/kallsyms", ties.len());
+    for (&addr, set) in &ties {
+        let w = winner(addr);
+        let wk = set.iter().find(|(_, n)| *n == w).unwrap_or_else(|| panic!("{w} not in {set:?}")).0;
+        let has = |p: &dyn Fn(&(char, String)) -> bool| set.iter().any(p);
+        if has(&|(k, _)| "Tt".contains(*k)) {
+            assert!("Tt".contains(wk), "non-weak over weak: {w} of {set:?}");
+        }
+        if has(&|(k, _)| *k == wk.to_ascii_uppercase()) {
+            assert!(wk.is_ascii_uppercase(), "global over local: {w} of {set:?}");
+        }
+        if let Some((_, x64)) = set.iter().find(|(_, n)| n.starts_with("__x64_sys_")) {
+            assert_eq!(&w, x64, "{set:?}");
+        }
+        if has(&|(_, n)| !n.starts_with("__pi_")) {
+            assert!(!w.starts_with("__pi_"), "{w} of {set:?}");
+        }
+    }
+    // The sets the issue names, as this kernel lists them.
+    for (member, want) in [
+        ("__ia32_sys_getppid", "__x64_sys_getppid"),
+        ("__pi_memcpy", "memcpy"),
+        ("__pi___x86_indirect_thunk_rax", "__x86_indirect_thunk_rax"),
+    ] {
+        let (&addr, _) = ties
+            .iter()
+            .find(|(_, set)| set.iter().any(|(_, n)| n == member))
+            .unwrap_or_else(|| panic!("no tie set with {member} in /proc/kallsyms"));
+        assert_eq!(winner(addr), want);
+    }
 }
 
 /// A two-instruction socket filter (`r0 = 0; exit`) with BTF naming its
@@ -88,7 +130,8 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
     let store = Arc::new(Store::open(StoreConfig::default()).unwrap());
     assert_eq!(store.bpf_source(), BpfSource::Syscall, "bpf syscall enumeration works as root");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let rings = perf_ksymbol::spawn(tx.clone()).unwrap_or_else(|e| missing("perf_event_open", e));
+    let rings = perf_ksymbol::spawn(perf_ksymbol::Sink::new(tx.clone(), &store))
+        .unwrap_or_else(|e| missing("perf_event_open", e));
     let task = reload::spawn(store.clone(), ReloadConfig::default(), rx);
     let reads = store.counters.full_reads.load(Relaxed);
 
@@ -133,8 +176,14 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
     }
     let after_unload = now_ns();
     let list = store.generations().load();
-    assert!(matches!(Generations::at(&list, before_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
-    assert!(!matches!(Generations::at(&list, after_unload).snapshot.lookup(addr), Some(Symbol::Bpf { .. })));
+    assert!(matches!(
+        Generations::at(&list, before_unload).snapshot.lookup_at(addr, before_unload),
+        Some(Symbol::Bpf { .. })
+    ));
+    assert!(!matches!(
+        Generations::at(&list, after_unload).snapshot.lookup_at(addr, after_unload),
+        Some(Symbol::Bpf { .. })
+    ));
     assert_eq!(store.counters.full_reads.load(Relaxed), reads, "no kallsyms re-read for BPF");
 
     for r in rings {

@@ -5,7 +5,7 @@
 //!   kernel_symbols:
 //!     kallsyms: /proc/kallsyms
 //!     sysfs: /sys          # holds module/ and kernel/notes
-//!     retain: 60s          # how long superseded generations stay resolvable
+//!     retain: 60s          # how long superseded generations and unloaded BPF functions stay resolvable
 //!     uevents: true        # follow module loads (NETLINK_KOBJECT_UEVENT)
 //!     bpf: true            # bpf syscall enumeration + PERF_RECORD_KSYMBOL
 //!     reload: { debounce: 100ms, min_interval: 10s, max_backoff: 5m }
@@ -27,7 +27,7 @@ pub struct Config {
     pub kallsyms: PathBuf,
     /// sysfs root for module sections and build ids.
     pub sysfs: PathBuf,
-    /// How long replaced symbol generations are kept for late samples.
+    /// How long replaced symbol generations and unloaded BPF functions are kept for late samples.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub retain: Duration,

@@ -74,6 +74,9 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
     let mut bpf = Vec::new();
     // Module lines come grouped, so remember the last module looked up.
     let mut current: Option<(&str, Option<usize>)> = None;
+    // The name after the last `__pfx_` line: kallsyms is sorted by address,
+    // so the function it pads is among the next lines.
+    let mut padding_for: &[u8] = b"";
 
     let mut rest = text;
     while !rest.is_empty() {
@@ -92,6 +95,8 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
             }
             if line[19..].starts_with(PFX.as_bytes()) {
                 stats.pfx_skipped += 1;
+                let name = &line[19 + PFX.len()..];
+                padding_for = &name[..memchr::memchr(b'\t', name).unwrap_or(name.len())];
                 continue;
             }
         }
@@ -103,14 +108,16 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
             stats.non_text += 1;
             continue;
         }
-        if l.name.starts_with(PFX) {
+        if let Some(padded) = l.name.strip_prefix(PFX) {
             stats.pfx_skipped += 1;
+            padding_for = padded.as_bytes();
             continue;
         }
         if l.addr == 0 {
             stats.zero_addr += 1;
         }
-        let entry = Entry { addr: l.addr, rank: table::rank(l.kind, l.name), name: l.name };
+        let padded = !padding_for.is_empty() && l.name.as_bytes() == padding_for;
+        let entry = Entry { addr: l.addr, rank: table::rank(l.kind, l.name), name: l.name, padded };
         match l.module {
             None if opts.vmlinux => vmlinux.push(entry),
             None => stats.unchanged += 1,

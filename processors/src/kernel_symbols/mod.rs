@@ -8,11 +8,13 @@
 //! sample is named with what was loaded when it was taken.
 
 pub mod bpf;
+pub mod bpf_history;
 pub mod bpf_progs;
 pub mod config;
 pub mod error;
 pub mod generations;
 pub mod kallsyms;
+pub mod ordering;
 pub mod perf_ksymbol;
 pub mod processor;
 pub mod reload;

@@ -1,17 +1,23 @@
 //! PERF_RECORD_KSYMBOL / PERF_RECORD_BPF_EVENT listener: one dummy software
 //! perf event per CPU with `ksymbol` and `bpf_event` set, read from its mmap
 //! ring. The kernel emits these records on the CPU where a BPF program is
-//! loaded or freed, stamped (with `use_clockid`) in CLOCK_REALTIME, so a
-//! generation becomes live exactly when the program did.
+//! loaded or freed, stamped (with `use_clockid`) in CLOCK_MONOTONIC, the
+//! clock of `bpf_ktime_get_ns()` that stamps samples, and turned into unix
+//! nanoseconds with the same once-measured offset
+//! ([`profcol_ebpf::clock::KtimeToUnix::process`]). One task drains every
+//! ring and merges the records by timestamp ([`super::ordering`]) before
+//! they are applied.
 
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::addr_of_mut;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use profcol_ebpf::clock::KtimeToUnix;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc::UnboundedSender;
@@ -24,12 +30,15 @@ use profcol_ebpf::sys::{
 
 use super::bpf_progs::BpfFunc;
 use super::error::{Error, Result};
-use super::generations::now_ns;
+use super::ordering::{Reorder, SLACK_NS};
 use super::reload::Trigger;
+use super::store::{BpfEvent, MAX_BPF_BACKLOG};
 
 const PERF_RECORD_LOST: u32 = perf_event_type::PERF_RECORD_LOST as u32;
 const PERF_RECORD_KSYMBOL: u32 = perf_event_type::PERF_RECORD_KSYMBOL as u32;
 const PERF_RECORD_BPF_EVENT: u32 = perf_event_type::PERF_RECORD_BPF_EVENT as u32;
+/// Least time between two batches sent to the store.
+const BATCH_PERIOD: Duration = Duration::from_millis(10);
 /// Data pages per ring (power of two); records are rare and small.
 const DATA_PAGES: usize = 8;
 
@@ -39,13 +48,15 @@ pub struct Ring {
     base: *mut u8,
     map_len: usize,
     page: usize,
-    /// Whether records carry a CLOCK_REALTIME timestamp.
+    /// Whether records carry a CLOCK_MONOTONIC timestamp.
     timed: bool,
     scratch: Vec<u8>,
 }
 
 // SAFETY: the mapping is owned by this value and only touched through &mut self.
 unsafe impl Send for Ring {}
+// SAFETY: through &self only the fd and the ring's atomic head/tail are read.
+unsafe impl Sync for Ring {}
 
 impl Drop for Ring {
     fn drop(&mut self) {
@@ -60,7 +71,7 @@ impl AsRawFd for Ring {
     }
 }
 
-fn open_event(cpu: u32, realtime: bool) -> io::Result<OwnedFd> {
+fn open_event(cpu: u32, timed: bool) -> io::Result<OwnedFd> {
     let mut attr = sys::zeroed::<perf_event_attr>();
     attr.type_ = perf_type_id::PERF_TYPE_SOFTWARE as u32;
     attr.config = perf_sw_ids::PERF_COUNT_SW_DUMMY as u64;
@@ -68,18 +79,18 @@ fn open_event(cpu: u32, realtime: bool) -> io::Result<OwnedFd> {
     attr.__bindgen_anon_2.wakeup_watermark = 1; // wake on every record
     attr.set_ksymbol(1);
     attr.set_bpf_event(1);
-    if realtime {
+    if timed {
         attr.sample_type = perf_event_sample_format::PERF_SAMPLE_TIME as u64;
         attr.set_sample_id_all(1);
         attr.set_use_clockid(1);
-        attr.clockid = libc::CLOCK_REALTIME;
+        attr.clockid = libc::CLOCK_MONOTONIC;
     }
     sys::perf_event_open(&attr, -1, cpu as i32, None, 0)
 }
 
 impl Ring {
     pub fn open(cpu: u32) -> Result<Ring> {
-        // CLOCK_REALTIME timestamps where the kernel allows them.
+        // CLOCK_MONOTONIC timestamps where the kernel allows them.
         let (fd, timed) = match open_event(cpu, true) {
             Ok(fd) => (fd, true),
             Err(_) => (open_event(cpu, false).map_err(|source| Error::PerfOpen { cpu, source })?, false),
@@ -149,40 +160,53 @@ impl Ring {
     }
 }
 
-/// Turns one record into a trigger.
-pub fn parse_record(rec: &[u8], timed: bool) -> Option<Trigger> {
+/// What one record says.
+#[derive(Debug)]
+pub enum Record {
+    /// A BPF symbol record and its time: CLOCK_MONOTONIC ns when `timed`.
+    Bpf {
+        ktime_ns: Option<u64>,
+        event: BpfEvent,
+    },
+    Lost,
+}
+
+/// Reads one record; `None` for records of no interest or malformed ones.
+pub fn parse_record(rec: &[u8], timed: bool) -> Option<Record> {
     let header = sys::read::<perf_event_header>(rec)?;
     // With sample_id_all and only PERF_SAMPLE_TIME, the time ends the record.
-    let ts = if timed { sys::read::<u64>(rec.get(rec.len().checked_sub(size_of::<u64>())?..)?)? } else { now_ns() };
-    match header.type_ {
+    let ktime_ns =
+        if timed { Some(sys::read::<u64>(rec.get(rec.len().checked_sub(size_of::<u64>())?..)?)?) } else { None };
+    let event = match header.type_ {
         PERF_RECORD_KSYMBOL => {
             let k = sys::read::<KsymbolRecord>(rec)?;
             let name_bytes = rec.get(size_of::<KsymbolRecord>()..)?;
             let end = name_bytes.iter().position(|&b| b == 0)?;
             let name = std::str::from_utf8(&name_bytes[..end]).ok()?;
             if k.flags & sys::PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER != 0 {
-                Some(Trigger::KsymbolUnregister { ts_ns: ts, addr: k.addr })
+                BpfEvent::Unregister { start: k.addr, name: name.into() }
             } else {
-                Some(Trigger::KsymbolRegister {
-                    ts_ns: ts,
-                    func: BpfFunc {
-                        start: k.addr,
-                        len: k.len,
-                        prog_id: 0,
-                        name: name.into(),
-                        func: None,
-                        lines: Arc::from([]),
-                    },
+                BpfEvent::Register(BpfFunc {
+                    start: k.addr,
+                    len: k.len,
+                    prog_id: 0,
+                    name: name.into(),
+                    func: None,
+                    lines: Arc::from([]),
                 })
             }
         }
         PERF_RECORD_BPF_EVENT => {
             let e = sys::read::<BpfEventRecord>(rec)?;
-            (e.type_ == sys::PERF_BPF_EVENT_PROG_LOAD).then_some(Trigger::BpfProgLoad { ts_ns: ts, id: e.id })
+            if e.type_ != sys::PERF_BPF_EVENT_PROG_LOAD {
+                return None;
+            }
+            BpfEvent::ProgLoad { id: e.id }
         }
-        PERF_RECORD_LOST => Some(Trigger::Lost),
-        _ => None,
-    }
+        PERF_RECORD_LOST => return Some(Record::Lost),
+        _ => return None,
+    };
+    Some(Record::Bpf { ktime_ns, event })
 }
 
 /// Online CPUs, from /sys/devices/system/cpu/online ("0-3,6").
@@ -202,37 +226,113 @@ pub fn online_cpus() -> Vec<u32> {
     out
 }
 
-/// Opens a ring per online CPU and forwards records until `tx` closes.
-pub fn spawn(tx: UnboundedSender<Trigger>) -> Result<Vec<JoinHandle<()>>> {
-    let mut rings = Vec::new();
-    for cpu in online_cpus() {
-        rings.push(Ring::open(cpu)?);
-    }
-    let mut tasks = Vec::new();
-    for ring in rings {
-        // SAFETY: the Ring owns its fd and returns the same one for its lifetime.
-        let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| Error::PerfOpen { cpu: 0, source: io::Error::other(e.to_string()) })?;
-        let tx = tx.clone();
-        tasks.push(tokio::spawn(async move { run_ring(afd, tx).await }));
-    }
-    Ok(tasks)
+/// Where the listener reports to: the reload task's channel, and the
+/// store's backlog counters that keep that channel bounded.
+pub struct Sink {
+    pub tx: UnboundedSender<Trigger>,
+    pub backlog: Arc<AtomicUsize>,
+    pub dropped: Arc<AtomicU64>,
 }
 
-async fn run_ring(mut afd: AsyncFd<Ring>, tx: UnboundedSender<Trigger>) {
+impl Sink {
+    /// Reports to `store`'s reload task through `tx`.
+    pub fn new(tx: UnboundedSender<Trigger>, store: &super::store::Store) -> Self {
+        Sink { tx, backlog: store.counters.bpf_backlog.clone(), dropped: store.counters.bpf_records_dropped.clone() }
+    }
+}
+
+/// Opens a ring per online CPU and forwards merged records until the channel closes.
+pub fn spawn(sink: Sink) -> Result<Vec<JoinHandle<()>>> {
+    let mut rings = Vec::new();
+    for cpu in online_cpus() {
+        let ring = Ring::open(cpu)?;
+        // SAFETY: the Ring owns its fd and returns the same one for its lifetime.
+        let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| Error::PerfOpen { cpu, source: io::Error::other(e.to_string()) })?;
+        rings.push(afd);
+    }
+    Ok(vec![tokio::spawn(run_rings(rings, sink))])
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    Send,
+    /// Drop the batch; `rescan`: ask for one (once per overflow).
+    Drop {
+        rescan: bool,
+    },
+}
+
+/// Whether `n` more records fit the store's backlog. The store is behind
+/// (a starved host) when they do not: the batch is dropped rather than
+/// queued without bound, and the live set is enumerated again once the
+/// store has caught up with what was queued before.
+fn admit(backlog: &AtomicUsize, overflowed: &mut bool, n: usize) -> Admit {
+    let queued = backlog.load(Relaxed);
+    if queued + n > MAX_BPF_BACKLOG {
+        let rescan = !*overflowed;
+        *overflowed = true;
+        return Admit::Drop { rescan };
+    }
+    *overflowed &= queued > MAX_BPF_BACKLOG / 2;
+    backlog.fetch_add(n, Relaxed);
+    Admit::Send
+}
+
+/// Waits for any ring, drains them all, and sends on the records the
+/// watermark has passed, in time order (see [`super::ordering`]).
+async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
+    let Sink { tx, backlog, dropped } = sink;
+    // A rescan was asked for because records were dropped, and not yet done.
+    let mut overflowed = false;
+    let clock = KtimeToUnix::process();
+    let mut held: Reorder<BpfEvent> = Reorder::default();
+    let mut ready = Vec::new();
     loop {
-        // Poll wakeups, with a slow tick in case one is missed.
-        if let Ok(Ok(mut guard)) = tokio::time::timeout(Duration::from_millis(500), afd.readable_mut()).await {
+        // Held records need the watermark to move past them: come back soon.
+        let wait = if held.is_empty() { Duration::from_millis(500) } else { Duration::from_nanos(SLACK_NS) };
+        let any = futures::future::select_all(rings.iter().map(|r| Box::pin(r.readable())));
+        if let Ok((Ok(mut guard), _, _)) = tokio::time::timeout(wait, any).await {
             guard.clear_ready();
         }
+        // Everything stamped at or before the watermark is in the rings now.
+        let now = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
+        let watermark = now.saturating_sub(SLACK_NS);
+        let mut lost = false;
+        for ring in &mut rings {
+            // An untimed record (old kernel) is placed when it was drained.
+            ring.get_mut().drain(|rec, timed| match parse_record(rec, timed) {
+                Some(Record::Bpf { ktime_ns, event }) => held.push(ktime_ns.unwrap_or(now), event),
+                Some(Record::Lost) => lost = true,
+                None => {}
+            });
+        }
+        held.ready(watermark, &mut ready);
         let mut closed = false;
-        afd.get_mut().drain(|rec, timed| {
-            if let Some(t) = parse_record(rec, timed) {
-                closed |= tx.send(t).is_err();
+        let sent = !ready.is_empty();
+        if sent {
+            match admit(&backlog, &mut overflowed, ready.len()) {
+                Admit::Drop { rescan } => {
+                    dropped.fetch_add(ready.len() as u64, Relaxed);
+                    ready.clear();
+                    lost |= rescan;
+                }
+                Admit::Send => {
+                    let events = ready.drain(..).map(|(t, e)| (clock.to_unix_ns(t), e)).collect();
+                    closed |= tx.send(Trigger::Bpf(events)).is_err();
+                }
             }
-        });
+        }
+        if lost {
+            closed |= tx.send(Trigger::Lost).is_err();
+        }
         if closed || tx.is_closed() {
             return;
+        }
+        if sent {
+            // Gather for a moment: under churn one batch per period, not
+            // one per record.
+            tokio::time::sleep(BATCH_PERIOD).await;
         }
     }
 }
@@ -240,6 +340,23 @@ async fn run_ring(mut afd: AsyncFd<Ring>, tx: UnboundedSender<Trigger>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backlog_is_bounded_and_one_rescan_follows_an_overflow() {
+        let backlog = AtomicUsize::new(0);
+        let mut overflowed = false;
+        assert_eq!(admit(&backlog, &mut overflowed, MAX_BPF_BACKLOG - 10), Admit::Send);
+        assert_eq!(admit(&backlog, &mut overflowed, 11), Admit::Drop { rescan: true });
+        assert_eq!(admit(&backlog, &mut overflowed, 11), Admit::Drop { rescan: false });
+        assert_eq!(backlog.load(Relaxed), MAX_BPF_BACKLOG - 10);
+        // The store applied most of it: records flow again, and a later
+        // overflow asks for another rescan.
+        backlog.store(10, Relaxed);
+        assert_eq!(admit(&backlog, &mut overflowed, 5), Admit::Send);
+        assert!(!overflowed);
+        backlog.store(MAX_BPF_BACKLOG, Relaxed);
+        assert_eq!(admit(&backlog, &mut overflowed, 1), Admit::Drop { rescan: true });
+    }
 
     /// `body` as the kernel lays it out, then `tail` (name, sample_id).
     fn record<T: Copy>(body: T, tail: &[u8]) -> Vec<u8> {
@@ -267,17 +384,19 @@ mod tests {
             flags: 0,
         };
         match parse_record(&record(k, &tail), true) {
-            Some(Trigger::KsymbolRegister { ts_ns, func }) => {
-                assert_eq!((ts_ns, func.start, func.len), (ts, 0xffff_ffff_c000_1000, 96));
+            Some(Record::Bpf { ktime_ns, event: BpfEvent::Register(func) }) => {
+                assert_eq!((ktime_ns, func.start, func.len), (Some(ts), 0xffff_ffff_c000_1000, 96));
                 assert_eq!(&*func.name, "bpf_prog_0123456789abcdef_f");
             }
             other => panic!("{other:?}"),
         }
         let gone = KsymbolRecord { flags: sys::PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER, ..k };
-        assert!(matches!(
-            parse_record(&record(gone, &tail), true),
-            Some(Trigger::KsymbolUnregister { ts_ns, addr: 0xffff_ffff_c000_1000 }) if ts_ns == ts
-        ));
+        match parse_record(&record(gone, &tail), true) {
+            Some(Record::Bpf { ktime_ns, event: BpfEvent::Unregister { start, name } }) => {
+                assert_eq!((ktime_ns, start, &*name), (Some(ts), 0xffff_ffff_c000_1000, "bpf_prog_0123456789abcdef_f"));
+            }
+            other => panic!("{other:?}"),
+        }
 
         let e = BpfEventRecord {
             header: header(PERF_RECORD_BPF_EVENT, size_of::<BpfEventRecord>() + 8),
@@ -287,7 +406,10 @@ mod tests {
             tag: [7; 8],
         };
         let load = record(e, &ts.to_ne_bytes());
-        assert!(matches!(parse_record(&load, true), Some(Trigger::BpfProgLoad { ts_ns, id: 4242 }) if ts_ns == ts));
+        assert!(matches!(
+            parse_record(&load, true),
+            Some(Record::Bpf { ktime_ns: Some(t), event: BpfEvent::ProgLoad { id: 4242 } }) if t == ts
+        ));
         let unload = record(BpfEventRecord { type_: 2, ..e }, &ts.to_ne_bytes());
         assert!(parse_record(&unload, true).is_none());
 

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use profcol_api::component::{ComponentError, ProcessError, ProcessOutcome, Processor};
@@ -18,18 +19,25 @@ pub struct KernelSymbols {
     cfg: Config,
     store: OnceLock<Arc<Store>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    metrics: Option<Metrics>,
+    metrics: Option<Arc<Metrics>>,
 }
 
-/// The processor's series in /metrics: frames by outcome, and the store's
-/// own counters mirrored at each batch (the store counts with plain atomics,
-/// read by tests and `profcol kernel-symbols stats` too).
+/// How often the store's counters and sizes are copied into /metrics.
+const MIRROR_PERIOD: Duration = Duration::from_secs(1);
+
+/// The processor's series in /metrics: frames by outcome (added per batch),
+/// and the store's own counters and sizes, mirrored every [`MIRROR_PERIOD`]
+/// by a task of their own, so they move with no batch passing (the store
+/// counts with plain atomics, read by tests and `profcol kernel-symbols
+/// stats` too).
 struct Metrics {
     resolved: Counter,
     module_only: Counter,
     unresolved: Counter,
     generations: Gauge,
-    mirrored: [Mirrored; 4],
+    bpf_live: Gauge,
+    bpf_retired: Gauge,
+    mirrored: [Mirrored; 6],
 }
 
 /// A store counter, its series, and the value mirrored last.
@@ -43,6 +51,11 @@ impl Metrics {
             module_only: c("frames_module_only_total", "Kernel frames placed in a module whose names are not read yet"),
             unresolved: c("frames_unresolved_total", "Kernel frames no live symbol covered"),
             generations: t.gauge("kernel_symbols_generations", "Symbol generations kept"),
+            bpf_live: t.gauge("kernel_symbols_bpf_functions_live", "BPF functions loaded now"),
+            bpf_retired: t.gauge(
+                "kernel_symbols_bpf_functions_retired",
+                "Unloaded BPF functions kept for late samples (within retain)",
+            ),
             mirrored: [
                 (|s| &s.counters.full_reads, c("kallsyms_reads_total", "Full reads of kallsyms"), AtomicU64::new(0)),
                 (
@@ -60,15 +73,34 @@ impl Metrics {
                     c("bpf_symbol_events_total", "BPF program load/unload events applied"),
                     AtomicU64::new(0),
                 ),
+                (
+                    |s| &*s.counters.bpf_records_dropped,
+                    c(
+                        "bpf_records_dropped_total",
+                        "BPF symbol records dropped because the store fell behind (a rescan follows)",
+                    ),
+                    AtomicU64::new(0),
+                ),
+                (
+                    |s| &s.counters.bpf_rescans,
+                    c("bpf_rescans_total", "Full BPF program enumerations after the kernel lost records"),
+                    AtomicU64::new(0),
+                ),
             ],
         }
     }
 
-    fn record(&self, store: &Store, outcome: &symbolize::Outcome) {
+    fn record(&self, outcome: &symbolize::Outcome) {
         self.resolved.add(outcome.resolved);
         self.module_only.add(outcome.module_only);
         self.unresolved.add(outcome.unresolved);
-        self.generations.set(store.counters.generations.load(Relaxed) as i64);
+    }
+
+    fn mirror(&self, store: &Store) {
+        self.generations.set(store.generations().len() as i64);
+        let bpf = store.generations().current().snapshot.bpf.clone();
+        self.bpf_live.set(bpf.live_len() as i64);
+        self.bpf_retired.set(bpf.retired_len() as i64);
         for (of, series, seen) in &self.mirrored {
             let now = of(store).load(Relaxed);
             series.add(now.saturating_sub(seen.swap(now, Relaxed)));
@@ -84,7 +116,7 @@ impl KernelSymbols {
 
     /// With its series in the host's /metrics.
     pub fn with_telemetry(cfg: Config, telemetry: &ComponentTelemetry) -> Self {
-        KernelSymbols { metrics: Some(Metrics::new(telemetry)), ..Self::new(cfg) }
+        KernelSymbols { metrics: Some(Arc::new(Metrics::new(telemetry))), ..Self::new(cfg) }
     }
 
     /// The store, once started.
@@ -111,13 +143,24 @@ impl Processor for KernelSymbols {
             }
         }
         if self.cfg.bpf {
-            match perf_ksymbol::spawn(tx.clone()) {
+            match perf_ksymbol::spawn(perf_ksymbol::Sink::new(tx.clone(), &store)) {
                 Ok(t) => tasks.extend(t),
                 Err(e) => tracing::warn!(error = %e, "kernel_symbols: no PERF_RECORD_KSYMBOL"),
             }
         }
         drop(tx);
         tasks.push(reload::spawn(store.clone(), self.cfg.reload.clone(), rx));
+        if let Some(m) = &self.metrics {
+            m.mirror(&store);
+            let (m, store) = (m.clone(), store.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(MIRROR_PERIOD);
+                loop {
+                    tick.tick().await;
+                    m.mirror(&store);
+                }
+            }));
+        }
         let _ = self.store.set(store);
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).extend(tasks);
         Ok(())
@@ -133,7 +176,7 @@ impl Processor for KernelSymbols {
             tracing::debug!(?outcome, "kernel frames left unresolved");
         }
         if let Some(m) = &self.metrics {
-            m.record(store, &outcome);
+            m.record(&outcome);
         }
         Ok(ProcessOutcome::Forward(batch))
     }

@@ -4,7 +4,7 @@
 //! storm cannot postpone work forever); then module metadata is refreshed
 //! at once, and kallsyms is re-read at most once per `min_interval`, with
 //! exponential backoff up to `max_backoff` after a failure. BPF records are
-//! applied as they come, with no kallsyms read.
+//! applied as they come (one publish per merged batch), with no kallsyms read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,20 +14,16 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
 
-use super::bpf_progs::BpfFunc;
-use super::store::Store;
+use super::store::{BpfEvent, Store};
 
 /// What the listeners report.
 #[derive(Debug, Clone)]
 pub enum Trigger {
     /// A module was loaded or removed (uevent arrival time).
     ModuleUevent { at_ns: u64 },
-    /// PERF_RECORD_KSYMBOL register.
-    KsymbolRegister { ts_ns: u64, func: BpfFunc },
-    /// PERF_RECORD_KSYMBOL unregister.
-    KsymbolUnregister { ts_ns: u64, addr: u64 },
-    /// PERF_RECORD_BPF_EVENT load: fetch names and lines by id.
-    BpfProgLoad { ts_ns: u64, id: u32 },
+    /// BPF symbol records merged across CPUs, in time order (with
+    /// the unix-ns time of each).
+    Bpf(Vec<(u64, BpfEvent)>),
     /// The kernel dropped records: rescan BPF programs.
     Lost,
 }
@@ -76,23 +72,42 @@ async fn run(store: Arc<Store>, cfg: ReloadConfig, mut rx: UnboundedReceiver<Tri
     // The store was just opened with a full read.
     let mut next_read = Instant::now() + cfg.min_interval;
     let mut backoff = Duration::ZERO;
+    // A trigger taken from the channel while gathering BPF records.
+    let mut held: Option<Trigger> = None;
     loop {
         let meta_at = pending.map(|p| p.1);
         let read_at = kallsyms_due.then_some(next_read);
+        let next = async {
+            match held.take() {
+                Some(t) => Some(t),
+                None => rx.recv().await,
+            }
+        };
         tokio::select! {
             biased;
-            msg = rx.recv() => {
+            msg = next => {
                 let Some(msg) = msg else { return };
                 match msg {
                     Trigger::ModuleUevent { at_ns } => {
                         let p = pending.get_or_insert((at_ns, Instant::now() + cfg.debounce));
                         p.0 = p.0.min(at_ns);
                     }
-                    Trigger::KsymbolRegister { ts_ns, func } => store.bpf_register(ts_ns, func),
-                    Trigger::KsymbolUnregister { ts_ns, addr } => store.bpf_unregister(ts_ns, addr),
-                    Trigger::BpfProgLoad { ts_ns, id } => {
+                    Trigger::Bpf(mut events) => {
+                        // Whatever queued meanwhile goes into the same
+                        // publish (batches come in time order), so a busy
+                        // host costs one history rebuild per wake-up, not
+                        // one per record.
+                        while let Ok(t) = rx.try_recv() {
+                            match t {
+                                Trigger::Bpf(more) => events.extend(more),
+                                other => {
+                                    held = Some(other);
+                                    break;
+                                }
+                            }
+                        }
                         let s = store.clone();
-                        blocking(move || s.bpf_prog_loaded(ts_ns, id)).await;
+                        blocking(move || s.apply_bpf(events)).await;
                     }
                     Trigger::Lost => {
                         let s = store.clone();

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use super::bpf_progs::{BpfFunc, BpfFuncs, BpfLine};
+use super::bpf_history::BpfHistory;
+use super::bpf_progs::{BpfFunc, BpfLine};
 use super::sysfs::ModuleMeta;
 use super::table::SymbolTable;
 
@@ -37,7 +38,8 @@ pub struct Snapshot {
     /// Every module table kallsyms gave (loaded modules' too, for addresses
     /// outside their core such as init text); consulted after ownership.
     pub loose: Arc<[LooseTable]>,
-    pub bpf: BpfFuncs,
+    /// BPF functions with their lifetimes (the same history in every generation).
+    pub bpf: BpfHistory,
 }
 
 /// What an address is.
@@ -54,18 +56,24 @@ pub enum Symbol<'a> {
 }
 
 impl Snapshot {
-    /// Resolves one address. Order: BPF (exact ranges), then the loaded module
-    /// owning the address (so stale names never win over it), then vmlinux,
-    /// then the nearest symbol of any other module table.
-    #[inline]
+    /// Resolves one address as things are now (BPF functions loaded now).
     pub fn lookup(&self, addr: u64) -> Option<Symbol<'_>> {
+        self.lookup_at(addr, u64::MAX - 1)
+    }
+
+    /// Resolves one address for a sample taken at `ts_ns`. Order: vmlinux,
+    /// BPF functions live at `ts_ns` (exact ranges), then the loaded module
+    /// owning the address (so stale names never win over it), then the
+    /// nearest symbol of any other module table.
+    #[inline]
+    pub fn lookup_at(&self, addr: u64, ts_ns: u64) -> Option<Symbol<'_>> {
         let v = &self.vmlinux;
         if !v.is_empty() && addr >= v.base() && addr < v.last_addr() + TAIL_SLACK {
             if let Some((name, off)) = v.lookup(addr) {
                 return Some(Symbol::Kernel { name, off });
             }
         }
-        if let Some(func) = self.bpf.lookup(addr) {
+        if let Some(func) = self.bpf.lookup(addr, ts_ns) {
             return Some(Symbol::Bpf { func, off: addr - func.start, line: func.line(addr) });
         }
         if let Some(m) = self.owner(addr) {
@@ -73,6 +81,16 @@ impl Snapshot {
             return Some(Symbol::Module { module: &m.meta, sym });
         }
         self.nearest_loose(addr)
+    }
+
+    /// Whether `addr` is the first byte of a padded function (vmlinux or a
+    /// loaded module): no call returns there, so it is an exact address.
+    pub fn padded_start(&self, addr: u64) -> bool {
+        let v = &self.vmlinux;
+        if !v.is_empty() && addr >= v.base() && addr <= v.last_addr() {
+            return v.padded_start(addr);
+        }
+        self.owner(addr).and_then(|m| m.syms.as_ref()).is_some_and(|t| t.padded_start(addr))
     }
 
     /// The loaded module whose `[text, text + coresize)` holds `addr`; with
@@ -102,7 +120,7 @@ impl Snapshot {
 
     /// Symbols held: vmlinux, every module table, BPF functions.
     pub fn symbol_count(&self) -> usize {
-        self.vmlinux.len() + self.loose.iter().map(|l| l.syms.len()).sum::<usize>() + self.bpf.len()
+        self.vmlinux.len() + self.loose.iter().map(|l| l.syms.len()).sum::<usize>() + self.bpf.live_len()
     }
 
     /// Heap bytes of the symbol data of this snapshot.
@@ -117,6 +135,6 @@ impl Snapshot {
         self.vmlinux
             .find(name)
             .or_else(|| self.loose.iter().find_map(|l| l.syms.find(name)))
-            .or_else(|| self.bpf.iter().find(|f| &*f.name == name).map(|f| f.start))
+            .or_else(|| self.bpf.live().find(|f| &*f.name == name).map(|f| f.start))
     }
 }

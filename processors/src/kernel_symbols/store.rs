@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::bpf_history::{BpfHistory, BpfLedger, LedgerStats};
 use super::bpf_progs::{BpfFunc, BpfFuncs};
 use super::error::{Error, Result};
 use super::generations::{now_ns, Generations};
@@ -52,6 +53,25 @@ pub struct Counters {
     pub generations: AtomicU64,
     pub ksymbol_events: AtomicU64,
     pub bpf_rescans: AtomicU64,
+    /// BPF records handed to the reload task and not applied yet (the
+    /// listener drops records above [`MAX_BPF_BACKLOG`] and asks for a rescan).
+    pub bpf_backlog: Arc<std::sync::atomic::AtomicUsize>,
+    /// BPF records dropped because the backlog was full.
+    pub bpf_records_dropped: Arc<AtomicU64>,
+}
+
+/// Most BPF records queued for the store at once (about 100 bytes each).
+pub const MAX_BPF_BACKLOG: usize = 65_536;
+
+/// One BPF symbol record, in the order the listener merged them.
+#[derive(Debug, Clone)]
+pub enum BpfEvent {
+    /// PERF_RECORD_KSYMBOL register.
+    Register(BpfFunc),
+    /// PERF_RECORD_KSYMBOL unregister of the function `name` at `start`.
+    Unregister { start: u64, name: Arc<str> },
+    /// PERF_RECORD_BPF_EVENT load: fetch BTF names and lines by program id.
+    ProgLoad { id: u32 },
 }
 
 /// A module table and the loaded instance it was read for (`None`: the
@@ -73,7 +93,9 @@ struct State {
     /// `None`: no sysfs, every kallsyms module is taken as loaded.
     sysfs: Option<Vec<Arc<ModuleMeta>>>,
     tables: FxHashMap<Arc<str>, Table>,
-    bpf: BpfFuncs,
+    bpf: BpfLedger,
+    /// What readers see of `bpf`, frozen after each change.
+    bpf_view: BpfHistory,
     bpf_source: BpfSource,
     last_parse: ParseStats,
 }
@@ -95,22 +117,26 @@ impl Store {
             vmlinux_build_id: sysfs::vmlinux_build_id(&cfg.sysfs),
             sysfs: sysfs::read_modules(&cfg.sysfs)?.map(|v| v.into_iter().map(Arc::new).collect()),
             tables: FxHashMap::default(),
-            bpf: BpfFuncs::default(),
+            bpf: BpfLedger::default(),
+            bpf_view: BpfHistory::default(),
             bpf_source: BpfSource::Kallsyms,
             last_parse: ParseStats::default(),
         };
         let counters = Counters::default();
         let bpf_lines = read_kallsyms(&cfg, &mut state, &counters)?;
-        state.bpf = BpfFuncs::from_kallsyms(&bpf_lines);
+        let mut live = BpfFuncs::from_kallsyms(&bpf_lines);
         if cfg.bpf_syscall {
             match super::bpf::enumerate() {
                 Ok(funcs) => {
-                    state.bpf = BpfFuncs::new(funcs);
+                    live = BpfFuncs::new(funcs);
                     state.bpf_source = BpfSource::Syscall;
                 }
                 Err(e) => tracing::warn!(error = %e, "using [bpf] kallsyms lines for BPF programs"),
             }
         }
+        // Loaded before we looked: live since forever.
+        state.bpf = BpfLedger::with_live(&live);
+        state.bpf_view = state.bpf.freeze();
         let snap = snapshot_of(&state);
         let gens = Generations::new(snap, started, cfg.retain.as_nanos() as u64);
         counters.generations.store(1, Relaxed);
@@ -140,6 +166,26 @@ impl Store {
     fn publish(&self, since_ns: u64, st: &State) {
         self.gens.publish(since_ns, snapshot_of(st), now_ns());
         self.counters.generations.fetch_add(1, Relaxed);
+    }
+
+    /// Gives every retained generation the BPF history as it is now: BPF
+    /// changes carry their own times, so they never add a generation.
+    fn publish_bpf(&self, st: &mut State) {
+        let cutoff = now_ns().saturating_sub(self.cfg.retain.as_nanos() as u64);
+        st.bpf.prune(cutoff);
+        st.bpf_view = st.bpf.freeze();
+        let view = st.bpf_view.clone();
+        self.gens.amend(|snap| Some(Snapshot { bpf: view.clone(), ..snap.clone() }));
+    }
+
+    /// The BPF history readers see now.
+    pub fn bpf(&self) -> BpfHistory {
+        self.lock().bpf_view.clone()
+    }
+
+    /// What the BPF ledger counted (lost or late records).
+    pub fn bpf_stats(&self) -> LedgerStats {
+        self.lock().bpf.stats
     }
 
     /// Re-reads module metadata; on change publishes a generation live from
@@ -175,7 +221,7 @@ impl Store {
         }
         let before: Vec<*const SymbolTable> = st.tables.values().map(|t| Arc::as_ptr(&t.syms)).collect();
         let bpf_lines = read_kallsyms(&self.cfg, &mut st, &self.counters)?;
-        let mut changed =
+        let changed =
             before.len() != st.tables.len() || st.tables.values().any(|t| !before.contains(&Arc::as_ptr(&t.syms)));
         // Also catches BPF changes whose perf records never arrived (no
         // perf listener, or records lost before a rescan).
@@ -183,15 +229,13 @@ impl Store {
             BpfSource::Kallsyms => Some(BpfFuncs::from_kallsyms(&bpf_lines)),
             BpfSource::Syscall => super::bpf::enumerate().ok().map(BpfFuncs::new),
         };
-        if let Some(bpf) = bpf {
-            if bpf.iter().ne(st.bpf.iter()) {
-                st.bpf = bpf;
-                changed = true;
-            }
-        }
+        let bpf_changed = bpf.is_some_and(|bpf| st.bpf.reconcile(started, &bpf));
         if changed {
             self.publish(started, &st);
             self.backfill(&st);
+        }
+        if bpf_changed {
+            self.publish_bpf(&mut st);
         }
         Ok(())
     }
@@ -223,46 +267,52 @@ impl Store {
 
     /// A BPF function appeared (PERF_RECORD_KSYMBOL register), live from `ts_ns`.
     pub fn bpf_register(&self, ts_ns: u64, func: BpfFunc) {
-        self.counters.ksymbol_events.fetch_add(1, Relaxed);
-        let mut st = self.lock();
-        // Keep the richer entry from the bpf syscall if it is already there.
-        if st.bpf.lookup(func.start).is_some_and(|f| f.start == func.start && f.name == func.name) {
-            return;
-        }
-        st.bpf = st.bpf.with(func);
-        self.publish(ts_ns, &st);
+        self.apply_bpf(vec![(ts_ns, BpfEvent::Register(func))]);
     }
 
-    /// A BPF function went away (PERF_RECORD_KSYMBOL unregister) at `ts_ns`.
-    pub fn bpf_unregister(&self, ts_ns: u64, start: u64) {
-        self.counters.ksymbol_events.fetch_add(1, Relaxed);
-        let mut st = self.lock();
-        if st.bpf.iter().all(|f| f.start != start) {
-            return;
-        }
-        st.bpf = st.bpf.without(start);
-        self.publish(ts_ns, &st);
+    /// The BPF function at `start` went away (PERF_RECORD_KSYMBOL unregister) at `ts_ns`.
+    pub fn bpf_unregister(&self, ts_ns: u64, start: u64, name: &str) {
+        self.apply_bpf(vec![(ts_ns, BpfEvent::Unregister { start, name: name.into() })]);
     }
 
-    /// A program was loaded (PERF_RECORD_BPF_EVENT): fetch its functions with
-    /// BTF names and line info through the bpf syscall.
-    pub fn bpf_prog_loaded(&self, ts_ns: u64, prog_id: u32) {
-        if self.lock().bpf_source != BpfSource::Syscall {
+    /// Applies time-ordered BPF records (each at its own time) and publishes
+    /// the history once. Program loads are looked up through the bpf
+    /// syscall here, so call it off the async threads.
+    pub fn apply_bpf(&self, events: Vec<(u64, BpfEvent)>) {
+        if events.is_empty() {
             return;
         }
-        let funcs = match super::bpf::prog_funcs(prog_id) {
-            Ok(f) => f,
-            Err(e) => {
-                // Gone again already, or no privilege: the KSYMBOL name stays.
-                tracing::debug!(prog_id, error = %e, "cannot read BPF program info");
-                return;
+        let n = events.len();
+        let backlog = &self.counters.bpf_backlog;
+        let _ = backlog.fetch_update(Relaxed, Relaxed, |b| Some(b.saturating_sub(n)));
+        let syscall = self.lock().bpf_source == BpfSource::Syscall;
+        // Program info first, without the lock (the syscalls are slow).
+        let mut infos: Vec<BpfFunc> = Vec::new();
+        for (_, e) in &events {
+            if let (BpfEvent::ProgLoad { id }, true) = (e, syscall) {
+                match super::bpf::prog_funcs(*id) {
+                    Ok(f) => infos.extend(f),
+                    // Gone again already, or no privilege: the KSYMBOL name stays.
+                    Err(e) => tracing::debug!(prog_id = id, error = %e, "cannot read BPF program info"),
+                }
             }
-        };
-        let mut st = self.lock();
-        for f in funcs {
-            st.bpf = st.bpf.with(f);
         }
-        self.publish(ts_ns, &st);
+        let mut st = self.lock();
+        for (ts, e) in events {
+            match e {
+                BpfEvent::Register(f) => {
+                    self.counters.ksymbol_events.fetch_add(1, Relaxed);
+                    st.bpf.register(ts, f);
+                }
+                BpfEvent::Unregister { start, name } => {
+                    self.counters.ksymbol_events.fetch_add(1, Relaxed);
+                    st.bpf.unregister(ts, start, &name);
+                }
+                BpfEvent::ProgLoad { .. } => {}
+            }
+        }
+        st.bpf.enrich(&infos);
+        self.publish_bpf(&mut st);
     }
 
     /// Records were lost: enumerate BPF programs again. Returns false when
@@ -276,8 +326,9 @@ impl Store {
         match super::bpf::enumerate() {
             Ok(funcs) => {
                 let mut st = self.lock();
-                st.bpf = BpfFuncs::new(funcs);
-                self.publish(started, &st);
+                if st.bpf.reconcile(started, &BpfFuncs::new(funcs)) {
+                    self.publish_bpf(&mut st);
+                }
                 true
             }
             Err(e) => {
@@ -353,6 +404,6 @@ fn snapshot_of(st: &State) -> Snapshot {
         vmlinux_build_id: st.vmlinux_build_id.clone(),
         modules: modules.into(),
         loose: loose.into(),
-        bpf: st.bpf.clone(),
+        bpf: st.bpf_view.clone(),
     }
 }

@@ -3,11 +3,14 @@
 //! and a line naming the function. Every sample is resolved against the
 //! generation live at its timestamp.
 //!
-//! Work is per distinct (stack, generation) and (location, generation,
-//! leaf?), never per sample: samples only get a new stack index. Entries
-//! the rewrite orphaned are then dropped from the dictionary.
+//! Work is per distinct (stack, generation, BPF epoch) and (location,
+//! generation, BPF epoch, exact?), never per sample: samples only get a new
+//! stack index. Entries the rewrite orphaned are then dropped from the
+//! dictionary. A sample whose timestamps see different symbols is split
+//! first (see [`split_by_symbol_epoch`]). Counts are of frames: each sample's kernel frames times its
+//! observations.
 
-use profcol_api::model::{keys, pb, str_at, AttrValue, Profiles, ProfilesBuilder};
+use profcol_api::model::{keys, observations, pb, profile_counts_events, str_at, AttrValue, Profiles, ProfilesBuilder};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::generations::{Generation, Generations};
@@ -19,7 +22,8 @@ use std::sync::Arc;
 pub const BPF_MAPPING: &str = "[bpf]";
 const KERNEL_FRAME: &str = "kernel";
 
-/// What one batch went through.
+/// Kernel frames of one batch by outcome: every frame of every sample,
+/// times the sample's observations.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
     pub kernel_frames: u64,
@@ -27,6 +31,43 @@ pub struct Outcome {
     /// In a known module whose names are not read yet.
     pub module_only: u64,
     pub unresolved: u64,
+}
+
+impl Outcome {
+    fn add(&mut self, o: &Outcome, times: u64) {
+        self.kernel_frames += o.kernel_frames * times;
+        self.resolved += o.resolved * times;
+        self.module_only += o.module_only * times;
+        self.unresolved += o.unresolved * times;
+    }
+}
+
+/// Interrupt and exception entries: the frame after one is the
+/// interrupted instruction (from the saved registers), not a return address.
+fn is_entry(name: &str) -> bool {
+    name.starts_with("asm_")
+}
+
+/// Retpoline / return / SRSO thunks: reached by a jump, so the frame after
+/// one sampled as the leaf holds a jump target, not a return address.
+fn is_thunk(name: &str) -> bool {
+    name.contains("_thunk") || name.starts_with("srso_")
+}
+
+/// What the next outer frame is, as this frame says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Plain,
+    Entry,
+    Thunk,
+}
+
+/// How one location came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Resolved,
+    ModuleOnly,
+    Unresolved,
 }
 
 /// Symbolizes every kernel frame of `batch` with `gens`.
@@ -39,39 +80,50 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
     if kernel_locs.is_empty() {
         return (batch, out);
     }
-    let shape: Vec<(usize, usize, usize, u64)> = batch
+    let strings = &dict.string_table;
+    let shape: Vec<(usize, usize, usize, u64, bool)> = batch
         .0
         .resource_profiles
         .iter()
         .enumerate()
         .flat_map(|(r, rp)| {
             rp.scope_profiles.iter().enumerate().flat_map(move |(s, sp)| {
-                sp.profiles.iter().enumerate().map(move |(p, prof)| (r, s, p, prof.time_unix_nano))
+                sp.profiles
+                    .iter()
+                    .enumerate()
+                    .map(move |(p, prof)| (r, s, p, prof.time_unix_nano, profile_counts_events(prof, strings)))
             })
         })
         .collect();
     let mut b = ProfilesBuilder::from_profiles(batch);
     let mut ctx = Ctx::new(&mut b);
-    let mut stacks: FxHashMap<(i32, u64), i32> = FxHashMap::default();
+    // (stack, generation, BPF epoch) -> new stack and its frames' outcome.
+    let mut stacks: FxHashMap<(i32, u64, u32), (i32, Outcome)> = FxHashMap::default();
     let mut rewritten = false;
-    for (resource, scope, profile, start) in shape {
+    for (resource, scope, profile, start, counts_events) in shape {
         let r = profcol_api::model::ProfileRef { resource, scope, profile };
-        let n = ctx.b.profile_mut(r).samples.len();
-        for i in 0..n {
+        // Samples split below are appended and resolved in turn.
+        let mut i = 0;
+        while i < ctx.b.profile_mut(r).samples.len() {
+            split_by_symbol_epoch(ctx.b, r, i, gens, &kernel_locs);
             let s = &ctx.b.profile_mut(r).samples[i];
             let ts = s.timestamps_unix_nano.first().copied().unwrap_or(start);
+            let times = observations(s, counts_events);
             let stack = s.stack_index;
             let g = Generations::at(gens, ts);
-            let new = match stacks.get(&(stack, g.id)) {
-                Some(&n) => n,
+            let epoch = g.snapshot.bpf.epoch(ts);
+            let (new, o) = match stacks.get(&(stack, g.id, epoch)) {
+                Some(&hit) => hit,
                 None => {
-                    let n = ctx.stack(stack, g, &kernel_locs, &mut out);
-                    stacks.insert((stack, g.id), n);
-                    n
+                    let hit = ctx.stack(stack, g, ts, epoch, &kernel_locs);
+                    stacks.insert((stack, g.id, epoch), hit);
+                    hit
                 }
             };
+            out.add(&o, times);
             rewritten |= new != stack;
             ctx.b.profile_mut(r).samples[i].stack_index = new;
+            i += 1;
         }
     }
     let mut batch = b.build();
@@ -80,6 +132,68 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
         batch.compact();
     }
     (batch, out)
+}
+
+/// Which symbols a sample taken at `ts` sees: its generation and BPF epoch.
+fn symbol_epoch(gens: &[Arc<Generation>], ts: u64) -> (u64, u32) {
+    let g = Generations::at(gens, ts);
+    (g.id, g.snapshot.bpf.epoch(ts))
+}
+
+/// A sample with kernel frames whose timestamps fall in different symbol
+/// epochs (the same raw stack, but a BPF program freed and another loaded
+/// at its address between two of them) is split, so each part is named
+/// with the symbols of its own times. Sample `i` keeps the first part; the
+/// others are appended to the profile. Values go with their timestamps;
+/// a sample whose values do not pair with its timestamps is left whole.
+fn split_by_symbol_epoch(
+    b: &mut ProfilesBuilder,
+    r: profcol_api::model::ProfileRef,
+    i: usize,
+    gens: &[Arc<Generation>],
+    kernel: &FxHashSet<i32>,
+) {
+    let s = &b.profile_mut(r).samples[i];
+    let ts = &s.timestamps_unix_nano;
+    if ts.len() < 2 || !(s.values.is_empty() || s.values.len() == ts.len()) {
+        return;
+    }
+    let first = symbol_epoch(gens, ts[0]);
+    if ts.iter().all(|&t| symbol_epoch(gens, t) == first) {
+        return;
+    }
+    let stack = s.stack_index;
+    let has_kernel = usize::try_from(stack)
+        .ok()
+        .and_then(|k| b.dictionary().stack_table.get(k))
+        .is_some_and(|st| st.location_indices.iter().any(|l| kernel.contains(l)));
+    if !has_kernel {
+        return;
+    }
+    let whole = b.profile_mut(r).samples[i].clone();
+    let mut parts: Vec<((u64, u32), pb::Sample)> = Vec::new();
+    for (k, &t) in whole.timestamps_unix_nano.iter().enumerate() {
+        let key = symbol_epoch(gens, t);
+        let at = match parts.iter().position(|p| p.0 == key) {
+            Some(at) => at,
+            None => {
+                let empty = pb::Sample { timestamps_unix_nano: Vec::new(), values: Vec::new(), ..whole.clone() };
+                parts.push((key, empty));
+                parts.len() - 1
+            }
+        };
+        let part = &mut parts[at].1;
+        part.timestamps_unix_nano.push(t);
+        if let Some(&v) = whole.values.get(k) {
+            part.values.push(v);
+        }
+    }
+    let mut parts = parts.into_iter().map(|p| p.1);
+    let samples = &mut b.profile_mut(r).samples;
+    if let Some(head) = parts.next() {
+        samples[i] = head;
+    }
+    samples.extend(parts);
 }
 
 /// Locations with the kernel mapping and the kernel frame-type attribute
@@ -109,9 +223,12 @@ fn kernel_locations(d: &pb::ProfilesDictionary) -> FxHashSet<i32> {
         .collect()
 }
 
+/// (location, generation, BPF epoch, exact address?): one lookup.
+type LocKey = (i32, u64, u32, bool);
+
 struct Ctx<'b> {
     b: &'b mut ProfilesBuilder,
-    locs: FxHashMap<(i32, u64, bool), i32>,
+    locs: FxHashMap<LocKey, (i32, Kind, Class)>,
     frame_attr: i32,
 }
 
@@ -121,42 +238,66 @@ impl<'b> Ctx<'b> {
         Ctx { b, locs: FxHashMap::default(), frame_attr }
     }
 
-    fn stack(&mut self, stack: i32, g: &Generation, kernel: &FxHashSet<i32>, out: &mut Outcome) -> i32 {
+    fn stack(&mut self, stack: i32, g: &Generation, ts: u64, epoch: u32, kernel: &FxHashSet<i32>) -> (i32, Outcome) {
+        let mut out = Outcome::default();
         let Some(st) = usize::try_from(stack).ok().and_then(|i| self.b.dictionary().stack_table.get(i)) else {
-            return stack;
+            return (stack, out);
         };
         let locs = st.location_indices.clone();
         if !locs.iter().any(|l| kernel.contains(l)) {
-            return stack;
+            return (stack, out);
         }
-        // Leaf first: every frame but the first holds a return address.
+        // Leaf first. A frame is looked up at its exact address when it is
+        // the leaf, follows an interrupt/exception entry, or follows a thunk
+        // leaf; every other frame holds a return address (address − 1),
+        // unless that lands in the padding before a function.
+        let mut exact = true;
         let new: Vec<i32> = locs
             .iter()
             .enumerate()
             .map(|(pos, &l)| {
                 if !kernel.contains(&l) {
+                    exact = false;
                     return l;
                 }
-                let leaf = pos == 0;
-                if let Some(&n) = self.locs.get(&(l, g.id, leaf)) {
-                    return n;
+                out.kernel_frames += 1;
+                let (n, kind, class) = match self.locs.get(&(l, g.id, epoch, exact)) {
+                    Some(&hit) => hit,
+                    None => {
+                        let hit = self.location(l, g, ts, exact);
+                        self.locs.insert((l, g.id, epoch, exact), hit);
+                        hit
+                    }
+                };
+                exact = class == Class::Entry || (pos == 0 && class == Class::Thunk);
+                match kind {
+                    Kind::Resolved => out.resolved += 1,
+                    Kind::ModuleOnly => out.module_only += 1,
+                    Kind::Unresolved => out.unresolved += 1,
                 }
-                let n = self.location(l, g, leaf, out);
-                self.locs.insert((l, g.id, leaf), n);
                 n
             })
             .collect();
-        self.b.stack(&new)
+        (self.b.stack(&new), out)
     }
 
-    fn location(&mut self, loc: i32, g: &Generation, leaf: bool, out: &mut Outcome) -> i32 {
-        out.kernel_frames += 1;
+    fn location(&mut self, loc: i32, g: &Generation, ts: u64, exact: bool) -> (i32, Kind, Class) {
         let Some(addr) = self.b.dictionary().location_table.get(loc as usize).map(|l| l.address) else {
-            return loc;
+            return (loc, Kind::Unresolved, Class::Plain);
         };
-        let lookup = if leaf { addr } else { addr.saturating_sub(1) };
         let snap = &g.snapshot;
-        let (mapping, address, line) = match snap.lookup(lookup) {
+        let lookup = if exact || snap.padded_start(addr) { addr } else { addr.saturating_sub(1) };
+        let mut class = Class::Plain;
+        let mut classify = |name: &str| {
+            class = if is_entry(name) {
+                Class::Entry
+            } else if is_thunk(name) {
+                Class::Thunk
+            } else {
+                Class::Plain
+            };
+        };
+        let (mapping, address, line) = match snap.lookup_at(lookup, ts) {
             Some(Symbol::Kernel { name, .. }) => {
                 let v = &snap.vmlinux;
                 let m = self.mapping(
@@ -165,6 +306,7 @@ impl<'b> Ctx<'b> {
                     v.last_addr() + TAIL_SLACK,
                     snap.vmlinux_build_id.as_deref(),
                 );
+                classify(name);
                 (m, addr, Some(self.func_line(name, name, "", 0)))
             }
             Some(Symbol::Module { module, sym }) => {
@@ -182,22 +324,16 @@ impl<'b> Ctx<'b> {
                 let (file, no) = line.map_or(("", 0), |l| (&*l.file, i64::from(l.line)));
                 (m, addr, Some(self.func_line(name, &func.name, file, no)))
             }
-            None => {
-                out.unresolved += 1;
-                return loc;
-            }
+            None => return (loc, Kind::Unresolved, Class::Plain),
         };
-        if line.is_some() {
-            out.resolved += 1;
-        } else {
-            out.module_only += 1;
-        }
-        self.b.location(pb::Location {
+        let kind = if line.is_some() { Kind::Resolved } else { Kind::ModuleOnly };
+        let n = self.b.location(pb::Location {
             mapping_index: mapping,
             address,
             lines: line.into_iter().collect(),
             attribute_indices: vec![self.frame_attr],
-        })
+        });
+        (n, kind, class)
     }
 
     fn mapping(&mut self, file: &str, start: u64, limit: u64, build_id: Option<&[u8]>) -> i32 {

@@ -15,6 +15,10 @@ pub struct SymbolTable {
     offsets: Box<[u32]>,
     name_at: Box<[u32]>,
     blob: Box<[u8]>,
+    /// Bit i: symbol i has `__pfx_` padding right before it, so nothing
+    /// returns to its first byte (a call ending the previous function
+    /// returns into the padding).
+    padded: Box<[u64]>,
 }
 
 impl SymbolTable {
@@ -46,6 +50,18 @@ impl SymbolTable {
         Some((self.name(i), u64::from(rel - self.offsets[i])))
     }
 
+    /// Whether `addr` is the first byte of a function with padding before
+    /// it: then it is not a return address, but the address itself (an
+    /// interrupted instruction, a jump target).
+    #[inline]
+    pub fn padded_start(&self, addr: u64) -> bool {
+        let Some(rel) = addr.checked_sub(self.base).and_then(|r| u32::try_from(r).ok()) else { return false };
+        match self.offsets.binary_search(&rel) {
+            Ok(i) => self.padded.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1),
+            Err(_) => false,
+        }
+    }
+
     /// Start address of the symbol covering `addr`.
     pub fn symbol_start(&self, addr: u64) -> Option<u64> {
         let rel = u32::try_from(addr.checked_sub(self.base)?).ok()?;
@@ -75,31 +91,68 @@ impl SymbolTable {
 
     /// Heap bytes held by this table.
     pub fn heap_bytes(&self) -> usize {
-        self.offsets.len() * 4 + self.name_at.len() * 4 + self.blob.len()
+        self.offsets.len() * 4 + self.name_at.len() * 4 + self.blob.len() + self.padded.len() * 8
     }
 }
 
-/// How much a symbol is preferred when several share one address.
-/// Higher wins: a real name over the init_module/cleanup_module aliases,
-/// global over weak over local, fewer leading underscores.
-pub fn rank(kind: u8, name: &str) -> u8 {
+/// The architecture's own syscall entry prefix; other entries to the same
+/// body (`__ia32_sys_*`, `__do_sys_*`) lose to it.
+#[cfg(target_arch = "x86_64")]
+const ARCH_SYSCALL: &str = "__x64_sys_";
+#[cfg(target_arch = "aarch64")]
+const ARCH_SYSCALL: &str = "__arm64_sys_";
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const ARCH_SYSCALL: &str = "sys_";
+
+/// Prefix of the position-independent aliases of early-boot code.
+const PI_ALIAS: &str = "__pi_";
+
+/// How much a symbol is preferred when several share one address; higher
+/// wins, and the first seen wins among equals. Perf's tie-break
+/// (`choose_best_symbol`), with three documented departures:
+///
+/// 1. a real name over the `init_module` / `cleanup_module` aliases;
+/// 2. non-weak over weak (`T t` over `W w`);
+/// 3. global over local (`T` over `t`, `W` over `w`);
+/// 4. departure: not a `__pi_` alias (`memcpy`, `__x86_indirect_thunk_rax`
+///    over `__pi_memcpy`, `__pi___x86_indirect_thunk_rax`: the alias exists
+///    for early boot code and is never what ran later);
+/// 5. departure: the architecture's own syscall entry (`__x64_sys_getppid`
+///    over `__ia32_sys_getppid`, where perf's longer-name rule picks the
+///    compat entry on an x86-64 call path);
+/// 6. fewer leading underscores;
+/// 7. departure: not a range marker (a name ending `_start`, `_end` or
+///    `_array`) over one (`__x86_indirect_thunk_rax` over
+///    `__x86_indirect_thunk_array`, a static call trampoline over
+///    `__static_call_text_start`);
+/// 8. the longer name.
+pub fn rank(kind: u8, name: &str) -> u32 {
     let real = !matches!(name, "init_module" | "cleanup_module");
-    let binding = match kind {
-        b'T' => 3,
-        b'W' => 2,
-        b't' => 1,
-        _ => 0,
-    };
-    let underscores = name.bytes().take_while(|&b| b == b'_').count().min(15) as u8;
-    (u8::from(real) << 7) | (binding << 4) | (15 - underscores)
+    let non_weak = matches!(kind, b'T' | b't');
+    let global = kind.is_ascii_uppercase();
+    let not_pi = !name.starts_with(PI_ALIAS);
+    let arch_syscall = name.starts_with(ARCH_SYSCALL);
+    let underscores = name.bytes().take_while(|&b| b == b'_').count().min(15) as u32;
+    let not_marker = !(name.ends_with("_start") || name.ends_with("_end") || name.ends_with("_array"));
+    let len = name.len().min(255) as u32;
+    (u32::from(real) << 31)
+        | (u32::from(non_weak) << 30)
+        | (u32::from(global) << 29)
+        | (u32::from(not_pi) << 28)
+        | (u32::from(arch_syscall) << 27)
+        | ((15 - underscores) << 23)
+        | (u32::from(not_marker) << 22)
+        | (len << 14)
 }
 
 /// One candidate symbol while building; borrows its name from the source.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'a> {
     pub addr: u64,
-    pub rank: u8,
+    pub rank: u32,
     pub name: &'a str,
+    /// A `__pfx_` padding symbol precedes it.
+    pub padded: bool,
 }
 
 /// Counts of what building dropped.
@@ -127,9 +180,11 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
         let mut w = 0;
         for r in 0..entries.len() {
             if w > 0 && entries[w - 1].addr == entries[r].addr {
+                let padded = entries[w - 1].padded | entries[r].padded;
                 if entries[r].rank > entries[w - 1].rank {
                     entries[w - 1] = entries[r];
                 }
+                entries[w - 1].padded = padded;
             } else {
                 entries[w] = entries[r];
                 w += 1;
@@ -138,7 +193,11 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
         entries.truncate(w);
     } else {
         entries.sort_by_key(|e| (e.addr, std::cmp::Reverse(e.rank)));
-        entries.dedup_by_key(|e| e.addr);
+        entries.dedup_by(|later, kept| {
+            let same = later.addr == kept.addr;
+            kept.padded |= same && later.padded;
+            same
+        });
     }
     stats.aliases += (before - entries.len()) as u64;
 
@@ -147,11 +206,16 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
     let mut name_at = Vec::with_capacity(entries.len());
     let name_bytes: usize = entries.iter().map(|e| e.name.len().min(MAX_NAME) + 1).sum();
     let mut blob = Vec::with_capacity(name_bytes);
+    let mut padded = vec![0u64; entries.len().div_ceil(64)];
     for e in &entries {
         let Ok(off) = u32::try_from(e.addr - base) else {
             stats.out_of_range += 1;
             continue;
         };
+        if e.padded {
+            let i = offsets.len();
+            padded[i / 64] |= 1 << (i % 64);
+        }
         let name = truncate(e.name, &mut stats.truncated);
         offsets.push(off);
         name_at.push(blob.len() as u32);
@@ -163,6 +227,7 @@ pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable
         offsets: offsets.into_boxed_slice(),
         name_at: name_at.into_boxed_slice(),
         blob: blob.into_boxed_slice(),
+        padded: padded.into_boxed_slice(),
     }
 }
 
@@ -183,7 +248,7 @@ mod tests {
     use super::*;
 
     fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
-        Entry { addr, rank: rank(kind, name), name }
+        Entry { addr, rank: rank(kind, name), name, padded: false }
     }
 
     #[test]
@@ -213,6 +278,51 @@ mod tests {
         assert_eq!(t.lookup(0x10).unwrap().0, "global_init");
         assert_eq!(t.lookup(0x20).unwrap().0, "real_exit");
         assert_eq!(st.aliases, 3);
+    }
+
+    /// Tie sets as this kernel lists them (one address, kallsyms order) and
+    /// the name each must resolve to.
+    #[test]
+    fn alias_rule_table() {
+        let table: &[(&[(u8, &str)], &str)] = &[
+            (
+                &[(b't', "__do_sys_getppid"), (b'T', "__ia32_sys_getppid"), (b'T', "__x64_sys_getppid")],
+                "__x64_sys_getppid",
+            ),
+            (&[(b'T', "memcpy"), (b'T', "__memcpy"), (b'T', "__pi_memcpy")], "memcpy"),
+            (&[(b'T', "__pi_memcpy"), (b'T', "__memcpy"), (b'T', "memcpy")], "memcpy"),
+            (
+                &[
+                    (b'T', "__pi___x86_indirect_thunk_rax"),
+                    (b'T', "__x86_indirect_thunk_array"),
+                    (b'T', "__x86_indirect_thunk_rax"),
+                ],
+                "__x86_indirect_thunk_rax",
+            ),
+            (&[(b'T', "__pi___x86_return_thunk"), (b'T', "__x86_return_thunk")], "__x86_return_thunk"),
+            (
+                &[(b'T', "srso_alias_untrain_ret"), (b'T', "_stext"), (b'T', "_text"), (b'T', "__pi__text")],
+                "srso_alias_untrain_ret",
+            ),
+            (&[(b't', "cpu_show_not_affected"), (b'W', "cpu_show_ghostwrite")], "cpu_show_not_affected"),
+            (&[(b'T', "clkdev_hw_create"), (b't', "__clk_register_clkdev")], "clkdev_hw_create"),
+            (
+                &[(b'T', "__SCT__tp_func_initcall_level"), (b'T', "__static_call_text_start")],
+                "__SCT__tp_func_initcall_level",
+            ),
+            (
+                &[(b't', "__do_compat_sys_rt_sigreturn"), (b'T', "__ia32_compat_sys_rt_sigreturn")],
+                "__ia32_compat_sys_rt_sigreturn",
+            ),
+            (&[(b'T', "irq_entries_start"), (b'T', "__irqentry_text_start")], "irq_entries_start"),
+            (&[(b'w', "local_weak"), (b'W', "global_weak")], "global_weak"),
+        ];
+        for (set, want) in table {
+            let mut st = BuildStats::default();
+            let t = build(set.iter().map(|&(k, n)| e(0x100, k, n)).collect(), &mut st);
+            assert_eq!(t.lookup(0x100).unwrap().0, *want, "{set:?}");
+            assert_eq!(st.aliases as usize, set.len() - 1);
+        }
     }
 
     #[test]

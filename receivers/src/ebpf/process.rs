@@ -72,6 +72,9 @@ pub struct ProcessState {
     pub mappings: Arc<MappingSet>,
     last_refresh: Instant,
     last_seen: Instant,
+    /// CLOCK_MONOTONIC ns when /proc was read: an exec after it means the
+    /// executable, build ID and mappings read are the old image's.
+    loaded_ktime: u64,
 }
 
 enum Slot {
@@ -92,6 +95,8 @@ pub struct TableStats {
     pub exited: u64,
     /// Processes evicted to stay within capacity or after IDLE_TTL.
     pub evicted: u64,
+    /// Processes read again because they exec'd after they were read.
+    pub exec_reloads: u64,
 }
 
 /// Known processes, bounded.
@@ -103,6 +108,9 @@ pub struct ProcessTable {
     next_generation: u32,
     budget_window: Instant,
     budget_used: u32,
+    /// Known processes that exec'd since they were read: pid → the exec's
+    /// CLOCK_MONOTONIC ns. At most one entry per known process.
+    execs: FxHashMap<u32, u64>,
     pub stats: TableStats,
 }
 
@@ -116,6 +124,7 @@ impl ProcessTable {
             next_generation: 1,
             budget_window: Instant::now(),
             budget_used: 0,
+            execs: FxHashMap::default(),
             stats: TableStats::default(),
         }
     }
@@ -141,6 +150,33 @@ impl ProcessTable {
     /// Files whose build ID was read from disk so far.
     pub fn build_id_reads(&self) -> u64 {
         self.build_ids.reads
+    }
+
+    /// `pid` exec'd at `ktime_ns` (a `sched_process_exec` event). If it was
+    /// read before that, its first sample taken after the exec reads it
+    /// again; samples taken before keep the old image.
+    pub fn exec(&mut self, pid: u32, ktime_ns: u64) {
+        if let Some(Slot::Live(st)) = self.procs.get(&pid) {
+            if st.loaded_ktime < ktime_ns {
+                let e = self.execs.entry(pid).or_insert(ktime_ns);
+                *e = (*e).max(ktime_ns);
+            }
+        }
+    }
+
+    /// Called with each sample before [`Self::get`] / [`Self::resolve`]:
+    /// forgets `pid`'s old image when the sample was taken after an exec
+    /// the table has not read yet.
+    pub fn sample_at(&mut self, pid: u32, ktime_ns: u64) {
+        let Some(&exec) = self.execs.get(&pid) else { return };
+        if ktime_ns < exec {
+            return;
+        }
+        self.execs.remove(&pid);
+        if matches!(self.procs.get(&pid), Some(Slot::Live(st)) if st.loaded_ktime < exec) {
+            self.procs.remove(&pid);
+            self.stats.exec_reloads += 1;
+        }
     }
 
     /// The state of `pid`, loading it on first sight; `None` when its /proc
@@ -205,13 +241,20 @@ impl ProcessTable {
 
     fn refresh(&mut self, pid: u32, now: Instant) {
         self.stats.refreshes += 1;
-        let same_process = match (self.procs.get(&pid), procfs::read_start_time(pid)) {
+        let same_process = match (self.procs.get_mut(&pid), procfs::read_start_time(pid)) {
             (Some(Slot::Live(st)), Ok(t)) => t == st.info.start_time,
+            // Gone (its last samples, taken while it exited, are drained
+            // after it): they keep the image it had; the sweep drops it.
+            (Some(Slot::Live(st)), Err(_)) => {
+                st.last_refresh = now;
+                return;
+            }
             _ => false,
         };
         if !same_process {
-            // Exited, or the pid now names another process: start over.
+            // The pid now names another process, or was unreadable: start over.
             self.procs.remove(&pid);
+            self.execs.remove(&pid);
             if let Some(st) = self.load(pid, now) {
                 self.procs.insert(pid, Slot::Live(st));
             } else {
@@ -230,6 +273,8 @@ impl ProcessTable {
     }
 
     fn load(&mut self, pid: u32, now: Instant) -> Option<ProcessState> {
+        // Before the reads: an exec while reading counts as after them.
+        let loaded_ktime = super::clock::now_ns(libc::CLOCK_MONOTONIC);
         let facts = procfs::read_facts(pid).ok()?;
         let mappings = self.read_mappings(pid)?;
         let exe_name = facts
@@ -252,6 +297,7 @@ impl ProcessTable {
             mappings: Arc::new(mappings),
             last_refresh: now,
             last_seen: now,
+            loaded_ktime,
         })
     }
 
@@ -303,6 +349,7 @@ impl ProcessTable {
             .map(|(&pid, _)| pid);
         if let Some(pid) = victim {
             self.procs.remove(&pid);
+            self.execs.remove(&pid);
             self.stats.evicted += 1;
         }
     }
@@ -333,6 +380,7 @@ impl ProcessTable {
         }
         for (pid, exited) in gone {
             self.procs.remove(&pid);
+            self.execs.remove(&pid);
             if exited {
                 self.stats.exited += 1;
             } else {
@@ -366,6 +414,32 @@ mod tests {
         assert_eq!(s.find(0), None);
         assert_eq!(s.find(u64::MAX), None);
         assert_eq!(set(&[]).find(5), None);
+    }
+
+    #[test]
+    fn an_exec_after_the_read_rereads_for_later_samples_only() {
+        let now = Instant::now();
+        let mut t = ProcessTable::new(4);
+        let me = std::process::id();
+        let first = t.get(me, now).unwrap().mappings.generation;
+        let loaded = t.get(me, now).unwrap().loaded_ktime;
+        // An exec before the read changes nothing.
+        t.exec(me, loaded - 1);
+        t.sample_at(me, loaded + 10);
+        assert_eq!(t.get(me, now).unwrap().mappings.generation, first);
+        // An exec after it: earlier samples keep the image, later ones read again.
+        t.exec(me, loaded + 100);
+        t.sample_at(me, loaded + 99);
+        assert_eq!(t.get(me, now).unwrap().mappings.generation, first);
+        t.sample_at(me, loaded + 100);
+        assert_ne!(t.get(me, now).unwrap().mappings.generation, first);
+        assert_eq!(t.stats.exec_reloads, 1);
+        // Once read again, the same exec does nothing more.
+        t.sample_at(me, loaded + 200);
+        assert_eq!(t.stats.exec_reloads, 1);
+        // Exec events of unknown processes are not kept.
+        t.exec(u32::MAX - 7, 1);
+        assert!(t.execs.is_empty());
     }
 
     #[test]

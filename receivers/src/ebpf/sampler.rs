@@ -68,6 +68,7 @@ pub struct Counters {
     /// Processes whose /proc entry was unreadable (one per process).
     pub proc_unreadable: Counter,
     pub maps_refreshes: Counter,
+    pub exec_reloads: Counter,
     pub build_id_reads: Counter,
     pub batches: Counter,
     /// Known processes.
@@ -107,6 +108,10 @@ impl Counters {
                 "Processes whose /proc entry could not be read (samples kept without mappings)",
             ),
             maps_refreshes: t.counter("ebpf_maps_refreshes_total", "Re-reads of /proc/PID/maps after an address miss"),
+            exec_reloads: t.counter(
+                "ebpf_process_exec_reloads_total",
+                "Processes read again (executable, build ID, mappings) because they exec'd after they were read",
+            ),
             build_id_reads: t.counter("ebpf_build_id_reads_total", "ELF files read for a build ID (cache misses)"),
             batches: t.counter("ebpf_batches_total", "Batches pushed downstream"),
             processes: t.gauge("ebpf_processes", "Processes currently known to the receiver"),
@@ -241,7 +246,7 @@ fn run(
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
 ) {
-    let clock = KtimeToUnix::measure();
+    let clock = KtimeToUnix::process();
     let (mut loaded, first_sync) = match load_and_attach(&config) {
         Ok(l) => l,
         Err(e) => {
@@ -508,6 +513,7 @@ impl Sampler {
                 match e.kind {
                     ProcEventKind::Exec => {
                         self.counters.process_execs.inc();
+                        self.table.exec(e.pid, e.ktime_ns);
                         if !self.superseded[i] {
                             let age = Duration::from_nanos(ktime_now.saturating_sub(e.ktime_ns));
                             u.on_exec_at(e.pid, now.checked_sub(age).unwrap_or(now), now, &mut att);
@@ -522,7 +528,11 @@ impl Sampler {
         } else {
             for e in &events {
                 match e.kind {
-                    ProcEventKind::Exec => self.counters.process_execs.inc(),
+                    ProcEventKind::Exec => {
+                        self.counters.process_execs.inc();
+                        // Samples after it carry the new executable.
+                        self.table.exec(e.pid, e.ktime_ns);
+                    }
                     ProcEventKind::Exit => self.counters.process_exits.inc(),
                 }
             }
@@ -561,6 +571,7 @@ impl Sampler {
             // stack_end): by address range first, so that junk does not
             // trigger a maps re-read, then by the process's mappings.
             let (kn, un) = (stack_end::kernel_frames(&self.kbuf), stack_end::user_frames(&self.ubuf, None));
+            self.table.sample_at(h.pid, h.ktime_ns);
             let st =
                 if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
             let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
@@ -621,6 +632,7 @@ impl Sampler {
         let ts = self.table.stats;
         self.counters.proc_unreadable.add(ts.unreadable - self.last_table.unreadable);
         self.counters.maps_refreshes.add(ts.refreshes - self.last_table.refreshes);
+        self.counters.exec_reloads.add(ts.exec_reloads - self.last_table.exec_reloads);
         self.last_table = ts;
         let reads = self.table.build_id_reads();
         self.counters.build_id_reads.add(reads - self.last_build_id_reads);
