@@ -82,6 +82,7 @@ async fn start(max_concurrent_requests: usize, backpressure: Duration, max_mib: 
         },
         backpressure_timeout: backpressure,
         max_concurrent_requests,
+        ..Default::default()
     };
     let registry = Telemetry::new();
     let id: ComponentId = "otlp".parse().unwrap();

@@ -4,6 +4,7 @@
 //! - [`batch`]: deterministic batches shaped like the eBPF receiver's;
 //! - [`sink`]: a consumer that collects what a receiver pushes;
 //! - [`raw`]: OTLP requests sent as raw bytes over gRPC and HTTP;
+//! - [`hostile`]: expansion requests, gzip bombs, stalled HTTP/1.1 and gRPC bodies;
 //! - [`net`]: loopback listeners handed over already bound (no port races);
 //! - [`log`]: the process's own log captured, to read bound addresses;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
@@ -11,6 +12,7 @@
 
 pub mod alloc;
 pub mod batch;
+pub mod hostile;
 pub mod log;
 pub mod net;
 pub mod raw;

@@ -92,6 +92,13 @@ impl Profcol {
         wait_until(timeout, || self.log_count(needle) > 0)
     }
 
+    /// A `kB` line of /proc/PID/status (`VmHWM`: peak RSS, `VmRSS`: now), in bytes.
+    pub fn status_kb(&self, key: &str) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("profcol is running");
+        let line = text.lines().find(|l| l.starts_with(&format!("{key}:"))).unwrap_or_else(|| panic!("no {key}"));
+        line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("a number of kB") * 1024
+    }
+
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let t0 = Instant::now();
         while t0.elapsed() < timeout {

@@ -81,7 +81,7 @@ impl tonic::server::UnaryService<Bytes> for ExportCall {
         let ingest = self.0.clone();
         Box::pin(async move {
             let bytes = request.into_inner();
-            let batch = Ingest::decode_proto(&bytes).inspect_err(|e| ingest.count(e)).map_err(to_status)?;
+            let batch = ingest.decode_proto(&bytes).inspect_err(|e| ingest.count(e)).map_err(to_status)?;
             drop(bytes);
             let partial_success = ingest.accept(batch).await.map_err(to_status)?;
             Ok(tonic::Response::new(ExportProfilesServiceResponse { partial_success }))

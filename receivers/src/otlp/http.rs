@@ -143,8 +143,8 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
         }
     };
     let decoded = match enc {
-        Encoding::Proto => Ingest::decode_proto(data),
-        Encoding::Json => Ingest::decode_json(data),
+        Encoding::Proto => st.ingest.decode_proto(data),
+        Encoding::Json => st.ingest.decode_json(data),
     };
     let batch = match decoded {
         Ok(b) => b,

@@ -12,8 +12,10 @@
 //! At most `max_concurrent_requests` requests (gRPC and HTTP together) are
 //! read, decoded and pushed at once: a request takes a slot before its body
 //! is read and keeps it until the pipeline took or refused its batch, so the
-//! receiver's memory is bounded by slots × (size cap + decoded size) however
-//! many senders there are. A request that finds no slot free within
+//! receiver's memory is bounded by slots × (2 × size cap + decode budget)
+//! however many senders there are. The decode budget (`max_decoded_size_mib`)
+//! is checked on the bytes before decoding (`model::decode_budget`): a
+//! request that would expand past it is refused unread. A request that finds no slot free within
 //! `MAX_SLOT_WAIT` (1 s, at most `backpressure_timeout`) is told to retry, as
 //! for backpressure.
 
@@ -27,7 +29,7 @@ pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServe
 use profcol_api::component::{
     factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
 };
-use profcol_api::model::{ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
+use profcol_api::model::{decode_budget, ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
 use profcol_api::{Profiles, Receiver, Stability};
 use std::net::SocketAddr;
@@ -89,23 +91,50 @@ pub(crate) struct Ingest {
     slot_wait: Duration,
     /// Requests refused because no slot freed within `slot_wait`.
     inflight_refused: Counter,
+    /// `max_decoded_size_mib` in bytes.
+    max_decoded: usize,
+    /// Requests refused because they would decode past `max_decoded`.
+    over_budget: Counter,
 }
 
 /// One of the `max_concurrent_requests` slots; freed on drop.
 pub(crate) type Slot = tokio::sync::OwnedSemaphorePermit;
 
 impl Ingest {
-    pub(crate) fn decode_proto(bytes: &[u8]) -> Result<Profiles, IngestError> {
+    /// Decodes a protobuf request, after checking what it would decode to
+    /// against `max_decoded_size_mib` (one pass over the bytes, nothing
+    /// allocated): a request over the budget is never decoded.
+    pub(crate) fn decode_proto(&self, bytes: &[u8]) -> Result<Profiles, IngestError> {
         use prost::Message;
+        decode_budget::proto_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
         ExportProfilesServiceRequest::decode(bytes)
             .map(Profiles::from_request)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {e}")))
     }
 
-    pub(crate) fn decode_json(bytes: &[u8]) -> Result<Profiles, IngestError> {
+    /// Decodes an OTLP/JSON request, after the same budget check as
+    /// [`Ingest::decode_proto`] (JSON counts its parse tree as well).
+    pub(crate) fn decode_json(&self, bytes: &[u8]) -> Result<Profiles, IngestError> {
+        decode_budget::json_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
         // `ExportProfilesServiceRequest` and `ProfilesData` have the same fields.
         Profiles::from_json(bytes)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest JSON document: {e}")))
+    }
+
+    fn budget_error(&self, e: decode_budget::BudgetError) -> IngestError {
+        match e {
+            decode_budget::BudgetError::OverBudget { .. } => {
+                self.over_budget.inc();
+                IngestError::TooLarge(format!(
+                    "the request would take more than this gateway's max_decoded_size_mib ({} MiB) once decoded \
+                     ({e}); send smaller requests",
+                    self.max_decoded as f64 / 1048576.0
+                ))
+            }
+            decode_budget::BudgetError::Malformed(m) => {
+                IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {m}"))
+            }
+        }
     }
 
     /// Takes a slot for one request, waiting up to `slot_wait` for one to
@@ -292,6 +321,11 @@ impl Receiver for OtlpReceiver {
                 "inflight_refusals_total",
                 "Requests answered with retry-later because max_concurrent_requests were in flight.",
             ),
+            max_decoded: config::mib(self.cfg.max_decoded_size_mib),
+            over_budget: tel.counter(
+                "decode_budget_refusals_total",
+                "Requests refused unread because they would decode past max_decoded_size_mib.",
+            ),
         });
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -456,6 +490,8 @@ mod tests {
             max_concurrent: 1,
             slot_wait: bp.min(MAX_SLOT_WAIT),
             inflight_refused: tel.counter("inflight_refusals_total", ""),
+            max_decoded: usize::MAX,
+            over_budget: tel.counter("decode_budget_refusals_total", ""),
         };
         // A zero wait still takes a free slot.
         let i = ingest(Duration::ZERO);
