@@ -62,61 +62,92 @@ pub fn gzip_bomb(inflated: usize) -> Vec<u8> {
     e.finish().expect("writing into memory")
 }
 
-/// An HTTP/1.1 request to the profiles route that announces `content_length`
-/// bytes, sends `sent` of them (zeros) and then nothing. Keep the stream to
-/// keep the connection open.
-pub async fn stalled_http(addr: SocketAddr, content_length: usize, sent: usize) -> std::io::Result<TcpStream> {
-    let mut s = TcpStream::connect(addr).await?;
-    let head = format!(
-        "POST /v1development/profiles HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/x-protobuf\r\n\
-         content-length: {content_length}\r\n\r\n"
-    );
-    s.write_all(head.as_bytes()).await?;
-    s.write_all(&vec![0u8; sent.min(content_length)]).await?;
-    s.flush().await?;
-    Ok(s)
+/// An HTTP/1.1 request to the profiles route that announces a body of
+/// `content_length` bytes, sends `sent` of them (zeros) and then nothing.
+pub struct StalledHttp {
+    stream: TcpStream,
 }
 
-/// A gRPC Export call over HTTP/2 (prior knowledge) whose message header
-/// announces `message_len` bytes, of which `sent` follow, and then nothing
-/// (no END_STREAM). Keep the stream to keep the connection open.
-pub async fn stalled_grpc(addr: SocketAddr, message_len: u32, sent: usize) -> std::io::Result<TcpStream> {
-    let mut s = TcpStream::connect(addr).await?;
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    // SETTINGS (empty), then HEADERS on stream 1 with END_HEADERS.
-    out.extend_from_slice(&h2_frame(0x4, 0, 0, &[]));
-    let mut hpack = vec![0x83, 0x86]; // :method POST, :scheme http (static table)
-    let literal = |h: &mut Vec<u8>, name_index: u8, value: &str| {
-        // Literal without indexing, indexed name (4-bit prefix), plain value.
-        if name_index < 15 {
-            h.push(name_index);
-        } else {
-            h.push(0x0f);
-            h.push(name_index - 15);
+impl StalledHttp {
+    pub async fn open(addr: SocketAddr, content_length: usize, sent: usize) -> std::io::Result<StalledHttp> {
+        let mut stream = TcpStream::connect(addr).await?;
+        let head = format!(
+            "POST /v1development/profiles HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/x-protobuf\r\n\
+             content-length: {content_length}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(&vec![0u8; sent.min(content_length)]).await?;
+        stream.flush().await?;
+        Ok(StalledHttp { stream })
+    }
+
+    /// The status code and body of the server's answer, read until the
+    /// server closes the connection; None if it closed without one.
+    pub async fn answer(mut self) -> Option<(u16, String)> {
+        use tokio::io::AsyncReadExt;
+        let mut text = Vec::new();
+        let _ = self.stream.read_to_end(&mut text).await;
+        let text = String::from_utf8_lossy(&text).into_owned();
+        let code = text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        Some((code, body))
+    }
+}
+
+/// A gRPC Export call (HTTP/2, prior knowledge) that sends its headers and
+/// then `body` (None: no DATA frame at all) and never ends its stream.
+pub struct StalledGrpc {
+    response: h2::client::ResponseFuture,
+    /// Kept so the stream stays open.
+    _send: h2::SendStream<bytes::Bytes>,
+    /// Drives the connection; it ends once the stream and the connection are dropped.
+    _connection: tokio::task::JoinHandle<()>,
+}
+
+impl StalledGrpc {
+    pub async fn open(addr: SocketAddr, body: Option<Vec<u8>>) -> Result<StalledGrpc, String> {
+        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let (client, connection) = h2::client::handshake(tcp).await.map_err(|e| e.to_string())?;
+        let connection = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let mut client = client.ready().await.map_err(|e| e.to_string())?;
+        let req = http::Request::post(format!("http://{addr}{}", crate::raw::PATH))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("a valid request");
+        let (response, mut send) = client.send_request(req, false).map_err(|e| e.to_string())?;
+        if let Some(b) = body {
+            send.send_data(bytes::Bytes::from(b), false).map_err(|e| e.to_string())?;
         }
-        h.push(value.len() as u8);
-        h.extend_from_slice(value.as_bytes());
-    };
-    literal(&mut hpack, 4, crate::raw::PATH);
-    literal(&mut hpack, 1, &addr.to_string());
-    literal(&mut hpack, 31, "application/grpc");
-    // te: trailers (a new name).
-    hpack.extend_from_slice(&[0x00, 2, b't', b'e', 8]);
-    hpack.extend_from_slice(b"trailers");
-    out.extend_from_slice(&h2_frame(0x1, 0x4, 1, &hpack));
-    let mut data = vec![0u8];
-    data.extend_from_slice(&message_len.to_be_bytes());
-    data.extend(std::iter::repeat_n(0u8, sent.min(message_len as usize)));
-    out.extend_from_slice(&h2_frame(0x0, 0, 1, &data));
-    s.write_all(&out).await?;
-    s.flush().await?;
-    Ok(s)
+        Ok(StalledGrpc { response, _send: send, _connection: connection })
+    }
+
+    /// The gRPC status the server answers with (from the headers of a
+    /// trailers-only answer, or the trailers), or None if the stream broke.
+    pub async fn status(self) -> Option<(i32, String)> {
+        let resp = self.response.await.ok()?;
+        let read = |h: &http::HeaderMap| {
+            let code = h.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+            let msg = h.get("grpc-message").and_then(|m| m.to_str().ok()).unwrap_or("").to_owned();
+            Some((code, msg))
+        };
+        if let Some(s) = read(resp.headers()) {
+            return Some(s);
+        }
+        let mut body = resp.into_body();
+        while let Some(chunk) = body.data().await {
+            chunk.ok()?;
+        }
+        read(&body.trailers().await.ok()??)
+    }
 }
 
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
+/// A gRPC message prefix announcing `len` bytes (uncompressed), then `sent` zero bytes of it.
+pub fn grpc_message_start(len: u32, sent: usize) -> Vec<u8> {
+    let mut v = vec![0u8];
+    v.extend_from_slice(&len.to_be_bytes());
+    v.extend(std::iter::repeat_n(0u8, sent.min(len as usize)));
+    v
 }

@@ -10,15 +10,19 @@
 //! gRPC `UNAVAILABLE` / HTTP 503.
 //!
 //! At most `max_concurrent_requests` requests (gRPC and HTTP together) are
-//! read, decoded and pushed at once: a request takes a slot before its body
-//! is read and keeps it until the pipeline took or refused its batch, so the
-//! receiver's memory is bounded by slots × (2 × size cap + decode budget)
-//! however many senders there are. The decode budget (`max_decoded_size_mib`)
-//! is checked on the bytes before decoding (`model::decode_budget`): a
-//! request that would expand past it is refused unread. A request that finds no slot free within
-//! `MAX_SLOT_WAIT` (1 s, at most `backpressure_timeout`) is told to retry, as
-//! for backpressure.
+//! read, decoded and pushed at once: a request takes a slot once its body's
+//! first bytes arrived and keeps it until the pipeline took or refused its
+//! batch, so the receiver's memory is bounded by slots × (2 × size cap +
+//! decode budget) however many senders there are. A body must arrive within
+//! `read_timeout` (and keep up `min_read_rate_kib` past it, see [`body`]),
+//! or the sender gets DEADLINE_EXCEEDED / 408 and its slot goes on: stalled
+//! senders cannot hold slots for long. The decode budget
+//! (`max_decoded_size_mib`) is checked on the bytes before decoding
+//! (`model::decode_budget`): a request that would expand past it is refused
+//! unread. A request that finds no slot free within `MAX_SLOT_WAIT` (1 s, at
+//! most `backpressure_timeout`) is told to retry, as for backpressure.
 
+mod body;
 mod config;
 mod grpc;
 mod http;
@@ -74,6 +78,8 @@ pub(crate) enum IngestError {
     Unavailable(String),
     /// A processor refused the data for good: a retry would fail the same way.
     Rejected(String),
+    /// The body did not arrive within its deadlines (`read_timeout`, `min_read_rate_kib`).
+    TimedOut(String),
 }
 
 /// What both servers share: validation and the push into the pipeline.
@@ -95,6 +101,11 @@ pub(crate) struct Ingest {
     max_decoded: usize,
     /// Requests refused because they would decode past `max_decoded`.
     over_budget: Counter,
+    read_timeout: Duration,
+    /// `min_read_rate_kib` in bytes per second.
+    min_read_rate: f64,
+    /// Requests whose body missed its deadlines.
+    read_timeouts: Counter,
 }
 
 /// One of the `max_concurrent_requests` slots; freed on drop.
@@ -161,9 +172,35 @@ impl Ingest {
         }
     }
 
+    /// The deadlines and cap of a body of at most `max` bytes.
+    pub(crate) fn read_limits(&self, max: usize) -> body::ReadLimits {
+        body::ReadLimits { read_timeout: self.read_timeout, min_rate: self.min_read_rate, max }
+    }
+
+    /// What the sender is told when its body was not read; `cap_key` names
+    /// the size limit it passed (the server's config key).
+    pub(crate) fn read_error(&self, e: body::ReadError, max: usize, cap_key: &str) -> IngestError {
+        match e {
+            body::ReadError::TooLarge => IngestError::TooLarge(format!(
+                "the request body is larger than this gateway's {cap_key} ({max} bytes); send smaller requests"
+            )),
+            body::ReadError::TimedOut { received, waited } => IngestError::TimedOut(format!(
+                "the request body did not arrive in time: {received} bytes in {:.1} s (read_timeout {}, then at \
+                 least {} KiB/s); send it faster",
+                waited.as_secs_f64(),
+                humantime::format_duration(self.read_timeout),
+                self.min_read_rate / 1024.0
+            )),
+            body::ReadError::Broken(why) => {
+                IngestError::Invalid(format!("the request body did not arrive whole: {why}"))
+            }
+        }
+    }
+
     /// Counts an error the server found before [`Ingest::accept`].
     pub(crate) fn count(&self, e: &IngestError) {
         match e {
+            IngestError::TimedOut(_) => self.read_timeouts.inc(),
             IngestError::Invalid(_) | IngestError::TooLarge(_) => self.invalid.inc(),
             IngestError::Unavailable(_) => self.busy.inc(),
             // Counted as refused by `Next::send`.
@@ -325,6 +362,12 @@ impl Receiver for OtlpReceiver {
             over_budget: tel.counter(
                 "decode_budget_refusals_total",
                 "Requests refused unread because they would decode past max_decoded_size_mib.",
+            ),
+            read_timeout: self.cfg.read_timeout,
+            min_read_rate: self.cfg.min_read_rate_kib * 1024.0,
+            read_timeouts: tel.counter(
+                "read_timeouts_total",
+                "Requests whose body did not arrive within read_timeout / min_read_rate_kib (DEADLINE_EXCEEDED / 408).",
             ),
         });
         let cancel = CancellationToken::new();
@@ -492,6 +535,9 @@ mod tests {
             inflight_refused: tel.counter("inflight_refusals_total", ""),
             max_decoded: usize::MAX,
             over_budget: tel.counter("decode_budget_refusals_total", ""),
+            read_timeout: Duration::from_secs(5),
+            min_read_rate: 65536.0,
+            read_timeouts: tel.counter("read_timeouts_total", ""),
         };
         // A zero wait still takes a free slot.
         let i = ingest(Duration::ZERO);
