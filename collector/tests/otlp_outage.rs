@@ -333,7 +333,10 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
     .unwrap();
     match client.export(&batch(2)).await {
         Err(profcol_api::ExportError::Retryable { message, .. }) => {
-            assert!(message.contains("full") && message.contains("max_storage_bytes"), "{message}")
+            assert!(message.contains("full") && message.contains("max_storage_bytes"), "{message}");
+            // Where the queue lives is for the operator's log, not for senders.
+            assert!(!message.contains(dir.path().to_str().unwrap()), "{message}");
+            assert!(log_has(&dir.path().join("profcol.log"), storage.to_str().unwrap()));
         }
         other => panic!("a full persistent queue must answer a retryable error, got {other:?}"),
     }

@@ -288,7 +288,8 @@ impl ExporterHandle {
                 }
                 Err(e) => {
                     warn!(exporter = %self.id, samples = batch.sample_count(), error = %e, "persistent queue refused a batch");
-                    return Err(format!("exporter {}: {e}; the sender should retry later", self.id));
+                    // The sender hears the reason, not this host's paths.
+                    return Err(format!("exporter {}: {}; the sender should retry later", self.id, e.for_sender()));
                 }
             }
         }

@@ -50,6 +50,21 @@ pub enum PersistError {
     },
 }
 
+impl PersistError {
+    /// The same, without local paths or OS details: what a sender may be
+    /// told (the log has the whole error).
+    pub fn for_sender(&self) -> String {
+        match self {
+            PersistError::Full { used, max, need, .. } => format!(
+                "the persistent sending queue is full ({used} of max_storage_bytes {max} bytes used; this batch needs {need})"
+            ),
+            PersistError::Io { .. } => {
+                "the persistent sending queue cannot store the batch (a disk error; the collector's log says which)".into()
+            }
+        }
+    }
+}
+
 /// A directory of batches waiting to be exported.
 ///
 /// One per directory in the process (a reload that replaces an exporter
@@ -357,6 +372,21 @@ mod tests {
             b.sample(p, profcol_api::model::pb::Sample { stack_index: st, values: vec![1], ..Default::default() });
         }
         b.build()
+    }
+
+    #[test]
+    fn what_a_sender_is_told_names_no_path() {
+        let full = PersistError::Full { dir: "/var/lib/profcol/queue".into(), used: 10, max: 20, need: 15 };
+        let io = PersistError::Io {
+            path: "/var/lib/profcol/queue/otlp/00000000000000000001.batch".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert!(full.to_string().contains("/var/lib/profcol") && io.to_string().contains("/var/lib/profcol"));
+        for e in [full, io] {
+            let told = e.for_sender();
+            assert!(!told.contains('/') && !told.contains("No space"), "{told}");
+            assert!(told.contains("persistent sending queue"), "{told}");
+        }
     }
 
     #[test]
