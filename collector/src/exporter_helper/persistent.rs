@@ -22,6 +22,7 @@
 
 use profcol_api::Profiles;
 use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -88,6 +89,10 @@ pub struct PersistentQueue {
     _lock: std::fs::File,
 }
 
+/// Permissions of the queue's directories and files.
+const DIR_MODE: profcol_api::config::Mode = profcol_api::config::Mode(0o700);
+const FILE_MODE: profcol_api::config::Mode = profcol_api::config::Mode(0o600);
+
 /// The queues open in this process, by directory.
 static OPEN: Mutex<Vec<(PathBuf, Weak<PersistentQueue>)>> = Mutex::new(Vec::new());
 
@@ -95,7 +100,13 @@ static OPEN: Mutex<Vec<(PathBuf, Weak<PersistentQueue>)>> = Mutex::new(Vec::new(
 fn lock(dir: &Path) -> std::io::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     let path = dir.join(".lock");
-    let mut f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(FILE_MODE.bits())
+        .open(&path)?;
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut holder = String::new();
@@ -185,7 +196,9 @@ impl PersistentQueue {
     /// wait for a backlog to be read.
     pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<Arc<Self>> {
         let dir = root.join(sanitize(exporter_id));
-        std::fs::create_dir_all(&dir)?;
+        // Batches name hosts, processes and functions: only profcol's user reads them.
+        profcol_exporters::output::create_dirs(&dir, DIR_MODE)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(DIR_MODE.bits()))?;
         let dir = std::fs::canonicalize(&dir)?;
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
         open.retain(|(_, q)| q.strong_count() > 0);
@@ -212,7 +225,11 @@ impl PersistentQueue {
             }
             let Some(stem) = name.strip_suffix(".batch") else { continue };
             match stem.parse::<u64>() {
-                Ok(seq) if seq < u64::MAX => files.push((seq, p)),
+                Ok(seq) if seq < u64::MAX => {
+                    // Left by a version that wrote them world-readable.
+                    let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(FILE_MODE.bits()));
+                    files.push((seq, p))
+                }
                 _ => set_aside(exporter_id, &p, "its name is not a queue sequence number"),
             }
         }
@@ -309,7 +326,13 @@ impl PersistentQueue {
         let path = self.path(seq);
         let tmp = path.with_extension("tmp");
         let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(FILE_MODE.bits())
+                .open(&tmp)?;
+            f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE.bits()))?;
             let mut header = [0u8; HEADER];
             header[..4].copy_from_slice(MAGIC);
             header[4..8].copy_from_slice(&crc32(&payload).to_le_bytes());
@@ -372,6 +395,23 @@ mod tests {
             b.sample(p, profcol_api::model::pb::Sample { stack_index: st, values: vec![1], ..Default::default() });
         }
         b.build()
+    }
+
+    #[test]
+    fn only_profcols_user_can_read_the_queue() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("queue");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let q = PersistentQueue::open(&root, "otlp/backend", 1 << 20).unwrap();
+        q.persist_blocking(&batch(5)).unwrap();
+        let dir = root.join(sanitize("otlp/backend"));
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&dir), 0o700);
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        assert!(files.iter().any(|p| p.extension().is_some_and(|e| e == "batch")), "{files:?}");
+        for f in &files {
+            assert_eq!(mode(f), 0o600, "{}", f.display());
+        }
     }
 
     #[test]
