@@ -7,15 +7,16 @@
 //! senders retry instead of losing data; a reload hands the queue to the new
 //! exporter instance; a second profcol cannot share the queue directory.
 
-use profcol_api::component::{ComponentId, Consumer, Kind, Next};
+mod common;
+
+use common::backend;
+use profcol_api::component::Kind;
 use profcol_api::model::{canonical, pb, ProfileMeta};
-use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{Exporter, Profiles, ProfilesBuilder, Receiver};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter};
-use profcol_receivers::otlp::{GrpcConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::prelude::{closed_port, settings, Collector};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn batch(seed: u64) -> Profiles {
@@ -145,23 +146,6 @@ async fn send_all(port_in: u16, batches: &[Profiles]) {
     for b in batches {
         e.export(b).await.unwrap();
     }
-}
-
-async fn backend(port_out: u16) -> (OtlpReceiver, Arc<Collector>) {
-    let cfg = OtlpReceiverConfig {
-        protocols: Protocols {
-            grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port_out}"), ..Default::default() }),
-            http: None,
-        },
-        ..Default::default()
-    };
-    let r = OtlpReceiver::new(settings(Kind::Receiver, "otlp/backend"), cfg).unwrap();
-    let sink = Arc::new(Collector::default());
-    let id: ComponentId = "otlp/backend".parse().unwrap();
-    r.start(Next::new(vec![sink.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id)))
-        .await
-        .unwrap();
-    (r, sink)
 }
 
 async fn wait_samples(sink: &Collector, n: usize, timeout: Duration) {
@@ -323,7 +307,7 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
     let dir = tempfile::tempdir().unwrap();
     let one = batch(0).encode_to_vec().len();
     // Room for two batches on disk, not three.
-    let room = format!("\n      max_storage_bytes: {}", 2 * (one + 16) + 8);
+    let room = format!("\n      max_storage_bytes: {}", 2 * (one + 24) + 8);
     let QueuedNode { storage, child, port_in, port_out, .. } = start_queued(dir.path(), &room, false).await;
     send_all(port_in, &[batch(0), batch(1)]).await;
     let client = OtlpGrpcExporter::new(
@@ -367,7 +351,7 @@ async fn a_file_receiver_waits_out_a_full_persistent_queue() {
     }
     let port_out = closed_port();
     // Room for two batches: the other four are refused until the backend drains the queue.
-    let room = 2 * (batch(0).encode_to_vec().len() + 16) + 8;
+    let room = 2 * (batch(0).encode_to_vec().len() + 24) + 8;
     let text = format!(
         "receivers:
   file:

@@ -118,6 +118,36 @@ impl Drop for Profcol {
     }
 }
 
+/// An OTLP backend (gRPC) on `127.0.0.1:port`: an otlp receiver feeding a
+/// test [`Collector`](profcol_testkit::sink::Collector).
+pub async fn backend(port: u16) -> (profcol_receivers::otlp::OtlpReceiver, Arc<profcol_testkit::sink::Collector>) {
+    use profcol_api::component::{ComponentId, Consumer, Kind, Next};
+    use profcol_api::Receiver;
+    use profcol_receivers::otlp::{GrpcConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+    let cfg = OtlpReceiverConfig {
+        protocols: Protocols {
+            grpc: Some(GrpcConfig { endpoint: format!("127.0.0.1:{port}"), ..Default::default() }),
+            http: None,
+        },
+        ..Default::default()
+    };
+    let r = OtlpReceiver::new(profcol_testkit::settings(Kind::Receiver, "otlp/backend"), cfg).unwrap();
+    let sink = Arc::new(profcol_testkit::sink::Collector::default());
+    let id: ComponentId = "otlp/backend".parse().unwrap();
+    r.start(Next::new(
+        vec![sink.clone() as Arc<dyn Consumer>],
+        profcol_api::telemetry::ComponentTelemetry::detached(Kind::Receiver, &id),
+    ))
+    .await
+    .unwrap();
+    (r, sink)
+}
+
+/// The value of a series in Prometheus text (`name{labels} value`), if present.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))?.rsplit(' ').next()?.parse().ok()
+}
+
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
     while t0.elapsed() < timeout {
