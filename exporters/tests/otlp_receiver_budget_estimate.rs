@@ -17,9 +17,15 @@ static ALLOC: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Countin
 /// Serialises the allocator measurements (tests run on threads of one process).
 static MEASURE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Peak heap bytes held while `f` runs, above what was live before.
+/// One test at a time: the allocator counts every thread, so a test
+/// allocating or freeing beside a measurement would skew it.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    MEASURE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Peak heap bytes held while `f` runs, above what was live before (call
+/// under [`alone`]).
 fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let _one = MEASURE.lock().unwrap_or_else(|p| p.into_inner());
     let before = profcol_testkit::alloc::live();
     profcol_testkit::alloc::reset_peak();
     let out = f();
@@ -65,6 +71,7 @@ fn proto_cases() -> Vec<(&'static str, Vec<u8>)> {
 
 #[test]
 fn the_proto_estimate_covers_the_decode_peak() {
+    let _one = alone();
     for (name, wire) in proto_cases() {
         let est = proto_decoded_size(&wire, usize::MAX).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (decoded, peak) = peak_of(|| ExportProfilesServiceRequest::decode(&wire[..]).unwrap());
@@ -81,6 +88,7 @@ fn the_proto_estimate_covers_the_decode_peak() {
 
 #[test]
 fn the_json_estimate_covers_the_decode_peak() {
+    let _one = alone();
     let mut cases = vec![
         ("random batch", random_batch(7, 5, 5_000, 500, 24).to_json().into_bytes()),
         ("cpu batch", cpu_batch(3, 5, 200).to_json().into_bytes()),
@@ -136,6 +144,7 @@ fn the_json_estimate_covers_the_decode_peak() {
 
 #[test]
 fn over_budget_stops_early() {
+    let _one = alone();
     let wire = expansion_request(30 << 20);
     let t = std::time::Instant::now();
     let e = proto_decoded_size(&wire, 256 << 20).unwrap_err();
