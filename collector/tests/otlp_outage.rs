@@ -9,15 +9,15 @@
 
 mod common;
 
+use common::backend;
 use profcol_api::component::Kind;
 use profcol_api::model::{canonical, pb, ProfileMeta};
 use profcol_api::{Exporter, Profiles, ProfilesBuilder, Receiver};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter};
 use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::config::one_pipeline;
-use profcol_testkit::prelude::{closed_port, collecting_receiver, receiver_config, settings, Collector};
+use profcol_testkit::prelude::{closed_port, settings, Collector};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn batch(seed: u64) -> Profiles {
@@ -130,10 +130,6 @@ async fn send_all(port_in: u16, batches: &[Profiles]) {
     for b in batches {
         e.export(b).await.unwrap();
     }
-}
-
-async fn backend(port_out: u16) -> (Arc<OtlpReceiver>, Arc<Collector>) {
-    collecting_receiver("otlp/backend", receiver_config(Some(&format!("127.0.0.1:{port_out}")), None)).await
 }
 
 async fn wait_samples(sink: &Collector, n: usize, timeout: Duration) {
@@ -295,7 +291,7 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
     let dir = tempfile::tempdir().unwrap();
     let one = batch(0).encode_to_vec().len();
     // Room for two batches on disk, not three.
-    let room = format!("\n      max_storage_bytes: {}", 2 * (one + 16) + 8);
+    let room = format!("\n      max_storage_bytes: {}", 2 * (one + 24) + 8);
     let QueuedNode { storage, child, port_in, port_out, .. } = start_queued(dir.path(), &room, false).await;
     send_all(port_in, &[batch(0), batch(1)]).await;
     let client = OtlpGrpcExporter::new(
@@ -305,7 +301,10 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
     .unwrap();
     match client.export(&batch(2)).await {
         Err(profcol_api::ExportError::Retryable { message, .. }) => {
-            assert!(message.contains("full") && message.contains("max_storage_bytes"), "{message}")
+            assert!(message.contains("full") && message.contains("max_storage_bytes"), "{message}");
+            // Where the queue lives is for the operator's log, not for senders.
+            assert!(!message.contains(dir.path().to_str().unwrap()), "{message}");
+            assert!(log_has(&dir.path().join("profcol.log"), storage.to_str().unwrap()));
         }
         other => panic!("a full persistent queue must answer a retryable error, got {other:?}"),
     }
@@ -336,7 +335,7 @@ async fn a_file_receiver_waits_out_a_full_persistent_queue() {
     }
     let port_out = closed_port();
     // Room for two batches: the other four are refused until the backend drains the queue.
-    let room = 2 * (batch(0).encode_to_vec().len() + 16) + 8;
+    let room = 2 * (batch(0).encode_to_vec().len() + 24) + 8;
     let service = one_pipeline("file", "", "otlp");
     let text = format!(
         "receivers:

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use profcol_api::component::{factory, Component, Factory, FactoryMeta, Kind, Stability};
 use profcol_api::{ComponentError, ExportError, Exporter, Profiles};
 use serde::{Deserialize, Serialize};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,10 @@ pub struct FileExporterConfig {
     /// message prefixed by its length (4-byte big-endian).
     pub format: FileFormat,
     pub rotation: Rotation,
+    /// Permissions of the files it creates (octal string).
+    pub file_mode: profcol_api::config::Mode,
+    /// Permissions of the directories it creates (octal string).
+    pub dir_mode: profcol_api::config::Mode,
 }
 
 impl profcol_api::config::Validate for FileExporterConfig {
@@ -59,7 +63,13 @@ impl Default for Rotation {
 
 impl Default for FileExporterConfig {
     fn default() -> Self {
-        FileExporterConfig { path: PathBuf::new(), format: FileFormat::Json, rotation: Rotation::default() }
+        FileExporterConfig {
+            path: PathBuf::new(),
+            format: FileFormat::Json,
+            rotation: Rotation::default(),
+            file_mode: crate::output::DEFAULT_FILE_MODE,
+            dir_mode: crate::output::DEFAULT_DIR_MODE,
+        }
     }
 }
 
@@ -87,11 +97,12 @@ struct FileExporter {
     out: Arc<Mutex<Option<Writer>>>,
 }
 
-fn open(path: &Path) -> std::io::Result<Writer> {
+fn open(cfg: &FileExporterConfig) -> std::io::Result<Writer> {
+    let path = &cfg.path;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
+        crate::output::create_dirs(dir, cfg.dir_mode)?;
     }
-    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    let file = crate::output::open_append(path, cfg.file_mode)?;
     let size = file.metadata()?.len();
     Ok(Writer { file, size })
 }
@@ -153,7 +164,7 @@ fn write(cfg: &FileExporterConfig, slot: &mut Option<Writer>, bytes: &[u8]) -> s
         }
     }
     if slot.is_none() {
-        *slot = Some(open(&cfg.path)?);
+        *slot = Some(open(cfg)?);
     }
     let Some(w) = slot.as_mut() else { return Ok(()) };
     w.file.write_all(bytes)?;
@@ -170,7 +181,7 @@ impl Exporter for FileExporter {
         if std::fs::metadata(&self.cfg.path).is_ok_and(|m| !m.is_file()) {
             return Ok(());
         }
-        let w = open(&self.cfg.path)
+        let w = open(&self.cfg)
             .map_err(|e| ComponentError::io(format!("path: cannot open {} for writing", self.cfg.path.display()), e))?;
         *self.out.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
         Ok(())
@@ -227,6 +238,7 @@ mod tests {
             path: path.clone(),
             format: FileFormat::Json,
             rotation: Rotation { max_megabytes: 1, max_backups: 2 },
+            ..Default::default()
         };
         let mut slot = None;
         let line = vec![b'x'; 400 << 10];
@@ -251,6 +263,7 @@ mod tests {
             path: path.clone(),
             format: FileFormat::Json,
             rotation: Rotation { max_megabytes: 1, max_backups: 1 },
+            ..Default::default()
         };
         let mut slot = None;
         let line = vec![b'x'; 600 << 10];

@@ -6,7 +6,8 @@
 //! `profcol_model_rules::folded` (kernel frames `name_[k]`, unsymbolized ones
 //! `mapping+0xaddr`), the rules the `folded_exporter` example plugin uses too.
 
-use crate::group::{bounded_group, group_of, sanitize, unique_path, write_atomic, GroupBy};
+use crate::group::{bounded_group, group_of, sanitize, unique_path, GroupBy};
+use crate::output::write_atomic;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,10 @@ pub struct FlamegraphConfig {
     pub title: String,
     /// Put the process/thread name at the root of every stack.
     pub root_comm: bool,
+    /// Permissions of the files it creates (octal string).
+    pub file_mode: profcol_api::config::Mode,
+    /// Permissions of the directories it creates (octal string).
+    pub dir_mode: profcol_api::config::Mode,
 }
 
 impl profcol_api::config::Validate for FlamegraphConfig {
@@ -50,6 +55,8 @@ impl Default for FlamegraphConfig {
             folded: false,
             title: "CPU flame graph".into(),
             root_comm: true,
+            file_mode: crate::output::DEFAULT_FILE_MODE,
+            dir_mode: crate::output::DEFAULT_DIR_MODE,
         }
     }
 }
@@ -74,7 +81,7 @@ pub struct FlamegraphExporter {
 
 impl FlamegraphExporter {
     pub fn new(_settings: CreateSettings, cfg: FlamegraphConfig) -> Result<Self, ComponentError> {
-        std::fs::create_dir_all(&cfg.directory).map_err(|e| {
+        crate::output::create_dirs(&cfg.directory, cfg.dir_mode).map_err(|e| {
             ComponentError::msg(format!("directory {}: cannot create it: {e}", cfg.directory.display()))
         })?;
         Ok(FlamegraphExporter { cfg, delivered: Arc::default() })
@@ -162,12 +169,12 @@ impl Exporter for FlamegraphExporter {
                     .map_err(|e| ExportError::permanent(format!("drawing the flame graph: {e}")))?;
                 let prefix = sanitize(&cfg.file_prefix);
                 let path = unique_path(&cfg.directory, &prefix, t0, &group, "svg");
-                write_atomic(&path, &svg)
+                write_atomic(&path, &svg, cfg.file_mode)
                     .map_err(|e| ExportError::retryable(format!("writing {}: {e}", path.display())))?;
                 if cfg.folded {
                     let text = profcol_model_rules::folded::text(&stacks);
                     let fpath = path.with_extension("folded");
-                    write_atomic(&fpath, text.as_bytes())
+                    write_atomic(&fpath, text.as_bytes(), cfg.file_mode)
                         .map_err(|e| ExportError::retryable(format!("writing {}: {e}", fpath.display())))?;
                 }
                 delivered.insert(key);

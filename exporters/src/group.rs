@@ -186,16 +186,6 @@ impl Delivered {
     }
 }
 
-/// Writes `data` to `path` atomically (temporary file, fsync, rename).
-pub fn write_atomic(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

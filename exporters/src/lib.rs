@@ -5,6 +5,7 @@
 pub mod flamegraph;
 pub mod group;
 pub mod otlp;
+pub mod output;
 pub mod pprof;
 
 pub mod debug;

@@ -6,6 +6,7 @@
 //! - [`floor`]: the busy-node batch and the decode + encode floor gateway benches compare with;
 //! - [`sink`]: a consumer that collects what a receiver pushes;
 //! - [`raw`]: OTLP requests sent as raw bytes over gRPC and HTTP;
+//! - [`hostile`]: expansion requests, gzip bombs, stalled HTTP/1.1 and gRPC bodies;
 //! - [`net`]: loopback listeners handed over already bound (no port races);
 //! - [`otlp`]: an otlp receiver on loopback, collecting or forwarding;
 //! - [`log`]: the process's own log captured, to read bound addresses;
@@ -18,6 +19,7 @@ pub mod alloc;
 pub mod batch;
 pub mod config;
 pub mod floor;
+pub mod hostile;
 pub mod log;
 pub mod net;
 pub mod otlp;

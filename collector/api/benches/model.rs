@@ -244,6 +244,32 @@ fn bench(c: &mut Criterion) {
     g.bench_function("validate", |b| b.iter(|| built.validate().unwrap()));
     g.finish();
     bench_compact(c, &built);
+    bench_decode_budget(c, &built);
+}
+
+/// The receiver's decode-budget pre-pass next to the decode it guards, on
+/// the interned batch (both wire forms) and on JSON.
+fn bench_decode_budget(c: &mut Criterion, built: &Profiles) {
+    use profcol_api::model::decode_budget::{json_decoded_size, proto_decoded_size};
+    let bytes = built.encode_to_vec();
+    let json = built.to_json().into_bytes();
+    eprintln!(
+        "decode budget: proto {} bytes -> estimate {} bytes (memory_size {}), json {} bytes -> estimate {} bytes",
+        bytes.len(),
+        proto_decoded_size(&bytes, usize::MAX).unwrap(),
+        built.memory_size(),
+        json.len(),
+        json_decoded_size(&json, usize::MAX).unwrap()
+    );
+    let mut g = c.benchmark_group("decode_budget");
+    g.throughput(Throughput::Bytes(bytes.len() as u64));
+    g.sample_size(20);
+    g.bench_function("proto/pre-pass", |b| b.iter(|| proto_decoded_size(&bytes, usize::MAX).unwrap()));
+    g.bench_function("proto/decode (baseline)", |b| b.iter(|| Profiles::decode(&bytes).unwrap()));
+    g.throughput(Throughput::Bytes(json.len() as u64));
+    g.bench_function("json/pre-pass", |b| b.iter(|| json_decoded_size(&json, usize::MAX).unwrap()));
+    g.bench_function("json/decode (baseline)", |b| b.iter(|| Profiles::from_json(&json).unwrap()));
+    g.finish();
 }
 
 criterion_group!(benches, bench);

@@ -62,10 +62,62 @@ enum Outcome {
     Interrupted,
 }
 
-/// A persistent queue and its size gauge.
+/// A persistent queue and its gauges.
 struct Store {
     queue: Arc<PersistentQueue>,
     bytes: profcol_api::telemetry::Gauge,
+    batches: profcol_api::telemetry::Gauge,
+    samples: profcol_api::telemetry::Gauge,
+}
+
+impl Store {
+    /// Sets the gauges to what is on disk now.
+    fn measure(&self) {
+        let (batches, samples) = self.queue.on_disk();
+        self.bytes.set(i64::try_from(self.queue.used_bytes()).unwrap_or(i64::MAX));
+        self.batches.set(i64::try_from(batches).unwrap_or(i64::MAX));
+        self.samples.set(i64::try_from(samples).unwrap_or(i64::MAX));
+    }
+}
+
+/// What an exporter did with the batches it was handed, since it started:
+/// the shutdown summary, and what its counters on /metrics say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accounting {
+    pub delivered_batches: u64,
+    pub delivered_samples: u64,
+    /// In the persistent queue, for the next start.
+    pub kept_batches: u64,
+    pub kept_samples: u64,
+    /// Lost: dropped (queue full, shutdown) or failed for good.
+    pub dropped_batches: u64,
+    pub dropped_samples: u64,
+}
+
+impl std::ops::AddAssign for Accounting {
+    fn add_assign(&mut self, o: Self) {
+        self.delivered_batches += o.delivered_batches;
+        self.delivered_samples += o.delivered_samples;
+        self.kept_batches += o.kept_batches;
+        self.kept_samples += o.kept_samples;
+        self.dropped_batches += o.dropped_batches;
+        self.dropped_samples += o.dropped_samples;
+    }
+}
+
+impl std::fmt::Display for Accounting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "delivered {} batches ({} samples), kept on disk {} batches ({} samples), dropped {} batches ({} samples)",
+            self.delivered_batches,
+            self.delivered_samples,
+            self.kept_batches,
+            self.kept_samples,
+            self.dropped_batches,
+            self.dropped_samples
+        )
+    }
 }
 
 /// A running exporter: its queue, the tasks draining it, and the exporter.
@@ -83,6 +135,12 @@ pub struct ExporterHandle {
     deadline: Arc<std::sync::Mutex<Option<Instant>>>,
     /// Cancelled when the host begins draining.
     stopping: CancellationToken,
+    /// Batches the backend took (in part, for a partial success).
+    sent_batches: profcol_api::telemetry::Counter,
+    /// Batches lost: dropped (queue full, shutdown) or failed for good.
+    dropped_batches: profcol_api::telemetry::Counter,
+    /// In-memory batches being exported now: lost if shutdown aborts them.
+    exporting: std::sync::Mutex<(u64, u64)>,
 }
 
 impl ExporterHandle {
@@ -107,9 +165,16 @@ impl ExporterHandle {
                     context: format!("cannot open the persistent queue under sending_queue.storage {}", dir.display()),
                     source,
                 })?;
-                let bytes = telemetry.gauge("queue_storage_bytes", "Bytes of batches in the persistent sending queue.");
-                bytes.set(queue.used_bytes() as i64);
-                Some(Store { queue, bytes })
+                let store = Store {
+                    queue,
+                    bytes: telemetry.gauge("queue_storage_bytes", "Bytes of batches in the persistent sending queue."),
+                    batches: telemetry
+                        .gauge("queue_storage_batches", "Batches in the persistent sending queue (on disk)."),
+                    samples: telemetry
+                        .gauge("queue_storage_samples", "Samples in the batches of the persistent sending queue."),
+                };
+                store.measure();
+                Some(store)
             }
             None => None,
         };
@@ -119,6 +184,13 @@ impl ExporterHandle {
         let capacity = if q.enabled { q.queue_size.max(1) } else { 1 };
         telemetry.queue_capacity.set(i64::try_from(capacity).unwrap_or(i64::MAX));
         telemetry.queue_size.set(0);
+        let sent_batches =
+            telemetry.counter("sent_batches_total", "Batches the backend took (in part, for a partial success).");
+        let dropped_batches = telemetry.counter(
+            "dropped_batches_total",
+            "Batches lost: dropped (queue full, shutdown) or failed for good (their samples are in \
+             dropped_samples_total and send_failed_samples_total).",
+        );
         let h = Arc::new(ExporterHandle {
             id,
             exporter,
@@ -128,6 +200,9 @@ impl ExporterHandle {
             consumers: tokio::sync::Mutex::new(JoinSet::new()),
             deadline: Arc::default(),
             stopping: CancellationToken::new(),
+            sent_batches,
+            dropped_batches,
+            exporting: std::sync::Mutex::new((0, 0)),
             config,
         });
         let mut set = h.consumers.lock().await;
@@ -177,7 +252,17 @@ impl ExporterHandle {
                 None => return, // set aside as corrupt, with a warning
             },
         };
+        let in_memory = ticket.is_none();
+        let n = batch.sample_count() as u64;
+        if in_memory {
+            let mut e = self.exporting.lock().unwrap_or_else(|p| p.into_inner());
+            *e = (e.0 + 1, e.1 + n);
+        }
         let outcome = self.send_with_retry(&batch, trace.as_ref().map(|(t, _)| t)).await;
+        if in_memory {
+            let mut e = self.exporting.lock().unwrap_or_else(|p| p.into_inner());
+            *e = (e.0.saturating_sub(1), e.1.saturating_sub(n));
+        }
         drop(batch);
         match (outcome, ticket, &self.store) {
             (Outcome::Done, Some(ticket), _) => self.forget(ticket).await,
@@ -246,6 +331,7 @@ impl ExporterHandle {
             Ok(()) => return Ok(()),
             Err(Rejected::TooLarge(Entry { item: Queued::Memory(_), .. })) => {
                 self.telemetry.dropped.add(n);
+                self.dropped_batches.inc();
                 let why = format!(
                     "exporter {}: a batch of {weight} {} is larger than the whole sending queue \
                      (queue_size {}); raise sending_queue.queue_size or make batches smaller",
@@ -281,6 +367,7 @@ impl ExporterHandle {
             }
             Queued::Memory(_) => {
                 self.telemetry.dropped.add(n);
+                self.dropped_batches.inc();
                 if full {
                     warn!(exporter = %self.id, samples = n, queue_size = q.queue_size, sizer = q.sizer.as_str(),
                         "sending queue is full; batch dropped (raise sending_queue.queue_size or set block_on_overflow: true)");
@@ -298,7 +385,7 @@ impl ExporterHandle {
             let room = store.queue.room.notified();
             match store.queue.persist(Arc::clone(batch)).await {
                 Ok(ticket) => {
-                    store.bytes.set(store.queue.used_bytes() as i64);
+                    store.measure();
                     return Ok(ticket);
                 }
                 Err(PersistError::Full { .. }) if blocking && !self.queue.is_closed() => {
@@ -307,7 +394,8 @@ impl ExporterHandle {
                 }
                 Err(e) => {
                     warn!(exporter = %self.id, samples = batch.sample_count(), error = %e, "persistent queue refused a batch");
-                    return Err(format!("exporter {}: {e}; the sender should retry later", self.id));
+                    // The sender hears the reason, not this host's paths.
+                    return Err(format!("exporter {}: {}; the sender should retry later", self.id, e.for_sender()));
                 }
             }
         }
@@ -320,7 +408,7 @@ impl ExporterHandle {
         let (q, name, t) = (Arc::clone(&store.queue), self.id.to_string(), ticket.clone());
         let batch = tokio::task::spawn_blocking(move || q.load(&name, &t)).await.ok().flatten();
         if batch.is_none() {
-            store.bytes.set(store.queue.used_bytes() as i64);
+            store.measure();
         }
         batch
     }
@@ -330,7 +418,7 @@ impl ExporterHandle {
         let Some(store) = &self.store else { return };
         let queue = Arc::clone(&store.queue);
         let _ = tokio::task::spawn_blocking(move || queue.remove(&ticket)).await;
-        store.bytes.set(store.queue.used_bytes() as i64);
+        store.measure();
     }
 
     /// Queues the persistent queue's unclaimed batches (left from the last
@@ -404,6 +492,7 @@ impl ExporterHandle {
                 Ok(()) => {
                     self.telemetry.export_latency.record(t0.elapsed());
                     self.telemetry.sent.add(n);
+                    self.sent_batches.inc();
                     return Outcome::Done;
                 }
                 Err(e) => e,
@@ -416,6 +505,7 @@ impl ExporterHandle {
                     let rejected = err.rejected_samples(n);
                     self.telemetry.sent.add(n - rejected);
                     self.telemetry.send_failed.add(rejected);
+                    self.sent_batches.inc();
                     warn!(exporter = %self.id, samples = n, rejected, error = %err, "the backend rejected part of a batch");
                     return Outcome::Done;
                 }
@@ -435,13 +525,19 @@ impl ExporterHandle {
                 Some(_) if self.store.is_some() => return self.keep_for_next_start(n, &err),
                 _ => {
                     self.telemetry.send_failed.add(err.rejected_samples(n));
+                    self.dropped_batches.inc();
                     let why = match (&err, wait) {
                         (profcol_api::ExportError::Permanent { .. }, _) => "a retry would fail the same way",
                         (_, None) if !self.config.retry_on_failure.enabled => "retry_on_failure is off",
                         (_, None) => "retries exhausted (retry_on_failure.max_elapsed_time)",
                         (_, Some(_)) => "shutting down: the next retry would come after shutdown_timeout",
                     };
-                    warn!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped: {why}");
+                    if deadline.is_some() {
+                        // Shutting down: the summary counts these, one line for all.
+                        debug!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped: {why}");
+                    } else {
+                        warn!(exporter = %self.id, samples = n, error = %err, "export failed; batch dropped: {why}");
+                    }
                     return Outcome::Done;
                 }
             }
@@ -458,6 +554,20 @@ impl ExporterHandle {
         Outcome::Interrupted
     }
 
+    /// What this exporter did since it started (after [`ExporterHandle::shutdown`]:
+    /// all it will do): the same numbers its counters and gauges show.
+    pub fn accounting(&self) -> Accounting {
+        let (kept_batches, kept_samples) = self.store.as_ref().map_or((0, 0), |s| s.queue.on_disk());
+        Accounting {
+            delivered_batches: self.sent_batches.get(),
+            delivered_samples: self.telemetry.sent.get(),
+            kept_batches,
+            kept_samples,
+            dropped_batches: self.dropped_batches.get(),
+            dropped_samples: self.telemetry.dropped.get() + self.telemetry.send_failed.get(),
+        }
+    }
+
     /// Drains the queue (waiting at most until `deadline`), then shuts the
     /// exporter down. A persistent queue is not drained: what is queued stays
     /// on disk, and batches waiting for a retry stop waiting.
@@ -470,15 +580,29 @@ impl ExporterHandle {
             tokio::time::timeout_at(deadline.into(), async { while set.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             set.abort_all();
+            while set.join_next().await.is_some() {}
             warn!(exporter = %self.id, left = self.queue.len(), "shutdown_timeout passed before the sending queue drained");
         }
-        if let Some(store) = &self.store {
-            // Still on disk: for the handle a reload starts, or the next start.
-            let mut left = Vec::new();
-            while let Some((entry, _)) = self.queue.try_pop() {
-                left.extend(entry.item.ticket());
+        // What the aborted consumers were sending from memory is lost.
+        let (lost_batches, lost_samples) =
+            std::mem::take(&mut *self.exporting.lock().unwrap_or_else(|p| p.into_inner()));
+        self.dropped_batches.add(lost_batches);
+        self.telemetry.dropped.add(lost_samples);
+        // Still on disk: for the handle a reload starts, or the next start.
+        // Still in memory: lost.
+        let mut left = Vec::new();
+        while let Some((entry, _)) = self.queue.try_pop() {
+            match entry.item {
+                Queued::Disk(ticket, _) => left.push(ticket),
+                Queued::Memory(b) => {
+                    self.dropped_batches.inc();
+                    self.telemetry.dropped.add(b.sample_count() as u64);
+                }
             }
+        }
+        if let Some(store) = &self.store {
             store.queue.hand_back(left);
+            store.measure();
         }
         if let Err(e) = self.exporter.shutdown().await {
             warn!(exporter = %self.id, error = %e, "exporter shutdown failed");

@@ -5,8 +5,10 @@
 //! collector had accepted.
 //!
 //! Layout: `DIR/<exporter id>/<seq>.batch`, one file per batch:
-//! `b"PCQ1"`, CRC-32 (IEEE) of the payload (u32 LE), payload length (u64 LE),
-//! payload (`ProfilesData` protobuf). Files are written to `*.tmp`, fsynced,
+//! `b"PCQ2"`, CRC-32 (IEEE) of the payload (u32 LE), payload length (u64 LE),
+//! samples in the batch (u64 LE, so the queue can say what it holds without
+//! decoding), payload (`ProfilesData` protobuf); `PCQ1` files (no sample
+//! count) from earlier versions still read. Files are written to `*.tmp`, fsynced,
 //! renamed, and the directory fsynced. The queue holds at most
 //! `max_storage_bytes` on disk; past that [`PersistentQueue::persist`] says
 //! [`PersistError::Full`]. A file that does not read back (torn, truncated,
@@ -22,18 +24,26 @@
 
 use profcol_api::Profiles;
 use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-const MAGIC: &[u8; 4] = b"PCQ1";
-const HEADER: usize = 4 + 4 + 8;
+/// Version 2 headers: magic, CRC32 of the payload, payload length, samples
+/// (observations) in the batch, so a queue can say what it holds without
+/// decoding it. Version 1 files (no sample count) are still read.
+const MAGIC: &[u8; 4] = b"PCQ2";
+const HEADER: usize = 4 + 4 + 8 + 8;
+const MAGIC_V1: &[u8; 4] = b"PCQ1";
+const HEADER_V1: usize = 4 + 4 + 8;
 
 /// Identifies one batch on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ticket {
     seq: u64,
     bytes: u64,
+    /// Samples in the batch (0 when a version 1 file did not say).
+    samples: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +60,21 @@ pub enum PersistError {
     },
 }
 
+impl PersistError {
+    /// The same, without local paths or OS details: what a sender may be
+    /// told (the log has the whole error).
+    pub fn for_sender(&self) -> String {
+        match self {
+            PersistError::Full { used, max, need, .. } => format!(
+                "the persistent sending queue is full ({used} of max_storage_bytes {max} bytes used; this batch needs {need})"
+            ),
+            PersistError::Io { .. } => {
+                "the persistent sending queue cannot store the batch (a disk error; the collector's log says which)".into()
+            }
+        }
+    }
+}
+
 /// A directory of batches waiting to be exported.
 ///
 /// One per directory in the process (a reload that replaces an exporter
@@ -60,6 +85,9 @@ pub struct PersistentQueue {
     dir: PathBuf,
     max_bytes: AtomicU64,
     used: AtomicU64,
+    /// Batch files on disk, and the samples they hold.
+    batches: AtomicU64,
+    samples: AtomicU64,
     next_seq: AtomicU64,
     /// Batches on disk that no exporter has in its channel: left from the
     /// last run, or handed back by a handle that stopped. Read with
@@ -73,6 +101,10 @@ pub struct PersistentQueue {
     _lock: std::fs::File,
 }
 
+/// Permissions of the queue's directories and files.
+const DIR_MODE: profcol_api::config::Mode = profcol_api::config::Mode(0o700);
+const FILE_MODE: profcol_api::config::Mode = profcol_api::config::Mode(0o600);
+
 /// The queues open in this process, by directory.
 static OPEN: Mutex<Vec<(PathBuf, Weak<PersistentQueue>)>> = Mutex::new(Vec::new());
 
@@ -80,7 +112,13 @@ static OPEN: Mutex<Vec<(PathBuf, Weak<PersistentQueue>)>> = Mutex::new(Vec::new(
 fn lock(dir: &Path) -> std::io::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     let path = dir.join(".lock");
-    let mut f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(FILE_MODE.bits())
+        .open(&path)?;
     // SAFETY: flock on a descriptor this function owns.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut holder = String::new();
@@ -141,18 +179,30 @@ fn set_aside(exporter_id: &str, p: &Path, why: &str) {
     );
 }
 
+/// A batch file's header: (CRC32, payload length, samples, header length).
+fn read_header(f: &mut std::fs::File) -> Result<(u32, u64, u64, usize), String> {
+    let mut header = [0u8; HEADER];
+    f.read_exact(&mut header[..HEADER_V1]).map_err(|e| format!("short header: {e}"))?;
+    let size = match &header[..4] {
+        m if m == MAGIC => {
+            f.read_exact(&mut header[HEADER_V1..]).map_err(|e| format!("short header: {e}"))?;
+            HEADER
+        }
+        m if m == MAGIC_V1 => HEADER_V1,
+        _ => return Err("bad magic".into()),
+    };
+    let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
+    let len = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+    let samples = if size == HEADER { u64::from_le_bytes(header[16..24].try_into().unwrap_or_default()) } else { 0 };
+    Ok((crc, len, samples, size))
+}
+
 /// Reads and checks one batch file.
 fn read_batch(path: &Path) -> Result<Profiles, String> {
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut header = [0u8; HEADER];
-    f.read_exact(&mut header).map_err(|e| format!("short header: {e}"))?;
-    if &header[..4] != MAGIC {
-        return Err("bad magic".into());
-    }
-    let crc = u32::from_le_bytes(header[4..8].try_into().unwrap_or_default());
-    let len = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+    let (crc, len, _, header) = read_header(&mut f)?;
     let meta_len = f.metadata().map_err(|e| e.to_string())?.len();
-    if meta_len != HEADER as u64 + len {
+    if meta_len != header as u64 + len {
         return Err(format!("length {len} does not match the file size {meta_len}"));
     }
     let mut payload = Vec::with_capacity(len as usize);
@@ -170,7 +220,9 @@ impl PersistentQueue {
     /// wait for a backlog to be read.
     pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<Arc<Self>> {
         let dir = root.join(sanitize(exporter_id));
-        std::fs::create_dir_all(&dir)?;
+        // Batches name hosts, processes and functions: only profcol's user reads them.
+        profcol_exporters::output::create_dirs(&dir, DIR_MODE)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(DIR_MODE.bits()))?;
         let dir = std::fs::canonicalize(&dir)?;
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
         open.retain(|(_, q)| q.strong_count() > 0);
@@ -197,7 +249,11 @@ impl PersistentQueue {
             }
             let Some(stem) = name.strip_suffix(".batch") else { continue };
             match stem.parse::<u64>() {
-                Ok(seq) if seq < u64::MAX => files.push((seq, p)),
+                Ok(seq) if seq < u64::MAX => {
+                    // Left by a version that wrote them world-readable.
+                    let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(FILE_MODE.bits()));
+                    files.push((seq, p))
+                }
                 _ => set_aside(exporter_id, &p, "its name is not a queue sequence number"),
             }
         }
@@ -205,11 +261,15 @@ impl PersistentQueue {
         let mut replay = Vec::with_capacity(files.len());
         let mut used = 0u64;
         let mut max_seq = 0u64;
+        let mut samples_on_disk = 0u64;
         for (seq, p) in files {
             max_seq = max_seq.max(seq);
             let bytes = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
             used += bytes;
-            replay.push(Ticket { seq, bytes });
+            // The header only; a file that does not read is set aside when it is loaded.
+            let samples = std::fs::File::open(&p).ok().and_then(|mut f| read_header(&mut f).ok()).map_or(0, |h| h.2);
+            samples_on_disk += samples;
+            replay.push(Ticket { seq, bytes, samples });
         }
         if !replay.is_empty() {
             tracing::info!(
@@ -223,6 +283,8 @@ impl PersistentQueue {
             dir,
             max_bytes: AtomicU64::new(max_bytes),
             used: AtomicU64::new(used),
+            batches: AtomicU64::new(replay.len() as u64),
+            samples: AtomicU64::new(samples_on_disk),
             next_seq: AtomicU64::new(max_seq + 1),
             unclaimed: Mutex::new(replay),
             handed_back: tokio::sync::Notify::new(),
@@ -254,6 +316,17 @@ impl PersistentQueue {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// Batches and samples on disk now (samples of version 1 files not counted).
+    pub fn on_disk(&self) -> (u64, u64) {
+        (self.batches.load(Ordering::Relaxed), self.samples.load(Ordering::Relaxed))
+    }
+
+    /// A batch's file is gone (exported, or set aside).
+    fn gone(&self, t: &Ticket) {
+        let _ = self.batches.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |b| Some(b.saturating_sub(1)));
+        let _ = self.samples.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |s| Some(s.saturating_sub(t.samples)));
+    }
+
     fn path(&self, seq: u64) -> PathBuf {
         self.dir.join(format!("{seq:020}.batch"))
     }
@@ -268,6 +341,7 @@ impl PersistentQueue {
             Err(why) => {
                 set_aside(exporter_id, &p, &format!("it does not read back: {why}"));
                 self.used.fetch_sub(t.bytes.min(self.used.load(Ordering::Relaxed)), Ordering::AcqRel);
+                self.gone(t);
                 None
             }
         }
@@ -277,6 +351,7 @@ impl PersistentQueue {
     /// or use [`PersistentQueue::persist`]).
     pub fn persist_blocking(&self, batch: &Profiles) -> Result<Ticket, PersistError> {
         let payload = batch.encode_to_vec();
+        let samples = batch.sample_count() as u64;
         let need = (HEADER + payload.len()) as u64;
         // Reserve the space first so concurrent writers respect the bound.
         let mut cur = self.used.load(Ordering::Relaxed);
@@ -294,11 +369,18 @@ impl PersistentQueue {
         let path = self.path(seq);
         let tmp = path.with_extension("tmp");
         let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(FILE_MODE.bits())
+                .open(&tmp)?;
+            f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE.bits()))?;
             let mut header = [0u8; HEADER];
             header[..4].copy_from_slice(MAGIC);
             header[4..8].copy_from_slice(&crc32(&payload).to_le_bytes());
             header[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            header[16..24].copy_from_slice(&samples.to_le_bytes());
             f.write_all(&header)?;
             f.write_all(&payload)?;
             f.sync_all()?;
@@ -311,7 +393,9 @@ impl PersistentQueue {
             self.used.fetch_sub(need, Ordering::AcqRel);
             return Err(PersistError::Io { path: path.display().to_string(), source });
         }
-        Ok(Ticket { seq, bytes: need })
+        self.batches.fetch_add(1, Ordering::AcqRel);
+        self.samples.fetch_add(samples, Ordering::AcqRel);
+        Ok(Ticket { seq, bytes: need, samples })
     }
 
     /// Writes the batch durably off the async threads.
@@ -328,6 +412,7 @@ impl PersistentQueue {
         match std::fs::remove_file(self.path(t.seq)) {
             Ok(()) => {
                 self.used.fetch_sub(t.bytes.min(self.used.load(Ordering::Relaxed)), Ordering::AcqRel);
+                self.gone(t);
                 self.room.notify_waiters();
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -357,6 +442,63 @@ mod tests {
             b.sample(p, profcol_api::model::pb::Sample { stack_index: st, values: vec![1], ..Default::default() });
         }
         b.build()
+    }
+
+    #[test]
+    fn version_1_files_still_replay_and_the_queue_counts_what_it_holds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(sanitize("otlp"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let old = batch(3);
+        let payload = old.encode_to_vec();
+        let mut v1 = MAGIC_V1.to_vec();
+        v1.extend_from_slice(&crc32(&payload).to_le_bytes());
+        v1.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        v1.extend_from_slice(&payload);
+        std::fs::write(dir.join(format!("{:020}.batch", 7)), v1).unwrap();
+        let q = PersistentQueue::open(tmp.path(), "otlp", 1 << 20).unwrap();
+        // A version 1 file says nothing about its samples.
+        assert_eq!(q.on_disk(), (1, 0));
+        let t = q.persist_blocking(&batch(5)).unwrap();
+        assert_eq!(q.on_disk(), (2, batch(5).sample_count() as u64));
+        let replayed = q.take_unclaimed();
+        assert_eq!(q.load("otlp", &replayed[0]).unwrap(), old);
+        assert_eq!(q.load("otlp", &t).unwrap(), batch(5));
+        q.remove(&t);
+        q.remove(&replayed[0]);
+        assert_eq!(q.on_disk(), (0, 0));
+    }
+
+    #[test]
+    fn only_profcols_user_can_read_the_queue() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("queue");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let q = PersistentQueue::open(&root, "otlp/backend", 1 << 20).unwrap();
+        q.persist_blocking(&batch(5)).unwrap();
+        let dir = root.join(sanitize("otlp/backend"));
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&dir), 0o700);
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        assert!(files.iter().any(|p| p.extension().is_some_and(|e| e == "batch")), "{files:?}");
+        for f in &files {
+            assert_eq!(mode(f), 0o600, "{}", f.display());
+        }
+    }
+
+    #[test]
+    fn what_a_sender_is_told_names_no_path() {
+        let full = PersistError::Full { dir: "/var/lib/profcol/queue".into(), used: 10, max: 20, need: 15 };
+        let io = PersistError::Io {
+            path: "/var/lib/profcol/queue/otlp/00000000000000000001.batch".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert!(full.to_string().contains("/var/lib/profcol") && io.to_string().contains("/var/lib/profcol"));
+        for e in [full, io] {
+            let told = e.for_sender();
+            assert!(!told.contains('/') && !told.contains("No space"), "{told}");
+            assert!(told.contains("persistent sending queue"), "{told}");
+        }
     }
 
     #[test]

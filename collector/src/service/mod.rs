@@ -456,13 +456,26 @@ impl Service {
         }
         let stops = exporters.values().map(|e| e.handle.shutdown(deadline));
         futures::future::join_all(stops).await;
+        // One line for the whole run, what /metrics counted.
+        let mut total = crate::exporter_helper::Accounting::default();
+        for e in exporters.values() {
+            total += e.handle.accounting();
+        }
         for p in processors.values() {
             let _ = p.instance.shutdown().await;
         }
         for x in extensions.values() {
             let _ = x.instance.shutdown().await;
         }
-        info!("shut down");
+        info!(
+            delivered_batches = total.delivered_batches,
+            delivered_samples = total.delivered_samples,
+            kept_batches = total.kept_batches,
+            kept_samples = total.kept_samples,
+            dropped_batches = total.dropped_batches,
+            dropped_samples = total.dropped_samples,
+            "shut down: {total}"
+        );
     }
 }
 

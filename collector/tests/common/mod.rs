@@ -114,6 +114,13 @@ impl Profcol {
         wait_until(timeout, || self.log_count(needle) > 0)
     }
 
+    /// A `kB` line of /proc/PID/status (`VmHWM`: peak RSS, `VmRSS`: now), in bytes.
+    pub fn status_kb(&self, key: &str) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("profcol is running");
+        let line = text.lines().find(|l| l.starts_with(&format!("{key}:"))).unwrap_or_else(|| panic!("no {key}"));
+        line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("a number of kB") * 1024
+    }
+
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let t0 = Instant::now();
         while t0.elapsed() < timeout {
@@ -140,6 +147,20 @@ impl Drop for Profcol {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// An OTLP backend (gRPC) on `127.0.0.1:port`: an otlp receiver feeding a
+/// test [`Collector`](profcol_testkit::sink::Collector).
+pub async fn backend(
+    port: u16,
+) -> (Arc<profcol_receivers::otlp::OtlpReceiver>, Arc<profcol_testkit::sink::Collector>) {
+    use profcol_testkit::otlp::{collecting_receiver, receiver_config};
+    collecting_receiver("otlp/backend", receiver_config(Some(&format!("127.0.0.1:{port}")), None)).await
+}
+
+/// The value of a series in Prometheus text (`name{labels} value`), if present.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))?.rsplit(' ').next()?.parse().ok()
 }
 
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {

@@ -32,9 +32,11 @@ pub fn retry_delay(details: &[u8]) -> Option<Duration> {
 /// RetryInfo delay when the server gave one; RESOURCE_EXHAUSTED is retryable
 /// only when the server sent a RetryInfo (it signals throttling; without one
 /// it means the request can never fit); everything else is permanent.
-/// An UNKNOWN status that carries a source error was made by the client's
-/// own transport (a reset connection, a failed handshake), not answered by
-/// the server: like a refused connection, it is retried.
+/// An UNKNOWN or INTERNAL status that carries a source error was made by the
+/// client's own transport (a reset connection, a failed handshake, an HTTP/2
+/// GOAWAY from a server going away: tonic maps h2's NO_ERROR to INTERNAL),
+/// not answered by the server: like a refused connection, it is retried. A
+/// status the server sent (trailers) never has a source.
 pub fn from_grpc(s: &tonic::Status) -> ExportError {
     use tonic::Code;
     let mut message = format!("gRPC {:?}: {}", s.code(), s.message());
@@ -51,7 +53,7 @@ pub fn from_grpc(s: &tonic::Status) -> ExportError {
         | Code::Unavailable
         | Code::DataLoss => ExportError::Retryable { message, retry_after },
         Code::ResourceExhausted if retry_after.is_some() => ExportError::Retryable { message, retry_after },
-        Code::Unknown if source.is_some() => ExportError::Retryable { message, retry_after: None },
+        Code::Unknown | Code::Internal if source.is_some() => ExportError::Retryable { message, retry_after: None },
         _ => ExportError::Permanent { message },
     }
 }
@@ -161,6 +163,17 @@ mod tests {
             }
             e => panic!("{e:?}"),
         }
+    }
+
+    #[test]
+    fn a_server_going_away_mid_request_is_retried() {
+        // What tonic's client reports when the backend shuts down (GOAWAY,
+        // NO_ERROR) under a request: INTERNAL, from h2, never from the server.
+        let s = tonic::Status::from_error(Box::new(h2::Error::from(h2::Reason::NO_ERROR)));
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert!(matches!(from_grpc(&s), ExportError::Retryable { .. }), "{s:?}");
+        // The same code answered by a server stays permanent.
+        assert!(matches!(from_grpc(&tonic::Status::internal("bug")), ExportError::Permanent { .. }));
     }
 
     #[test]

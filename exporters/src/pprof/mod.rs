@@ -12,8 +12,9 @@ mod retention;
 
 use retention::Retention;
 
-use crate::group::{sanitize, unique_path, write_atomic, GroupBy};
+use crate::group::{sanitize, unique_path, GroupBy};
 use crate::otlp::status;
+use crate::output::write_atomic;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::{keys, view::SampleView, Resource};
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
@@ -64,6 +65,10 @@ pub struct PprofConfig {
     /// (`process`) or per container (`container`). The push makes one per
     /// series (see `labels`).
     pub group_by: GroupBy,
+    /// `directory` only: permissions of the files it creates (octal string).
+    pub file_mode: profcol_api::config::Mode,
+    /// `directory` only: permissions of the directories it creates (octal string).
+    pub dir_mode: profcol_api::config::Mode,
 }
 
 impl profcol_api::config::Validate for PprofConfig {
@@ -125,6 +130,8 @@ impl Default for PprofConfig {
             headers: BTreeMap::new(),
             ca_file: None,
             group_by: GroupBy::None,
+            file_mode: crate::output::DEFAULT_FILE_MODE,
+            dir_mode: crate::output::DEFAULT_DIR_MODE,
         }
     }
 }
@@ -172,7 +179,7 @@ impl PprofExporter {
         let err = ComponentError::msg;
         let dest = match (&cfg.directory, &cfg.endpoint) {
             (Some(d), None) => {
-                std::fs::create_dir_all(d)
+                crate::output::create_dirs(d, cfg.dir_mode)
                     .map_err(|e| err(format!("directory {}: cannot create it: {e}", d.display())))?;
                 let t = &settings.telemetry;
                 let retention = Retention::new(
@@ -312,11 +319,12 @@ impl Exporter for PprofExporter {
             match &self.dest {
                 Dest::Files(dir, retention) => {
                     let (dir, prefix, group) = (dir.clone(), sanitize(&self.cfg.file_prefix), g.group.clone());
+                    let mode = self.cfg.file_mode;
                     let retention = Arc::clone(retention);
                     let t = if g.start > 0 { g.start } else { bt0 };
                     let path = tokio::task::spawn_blocking(move || {
                         let p = unique_path(&dir, &prefix, t, &group, "pb.gz");
-                        write_atomic(&p, &data)?;
+                        write_atomic(&p, &data, mode)?;
                         retention.record(p.clone(), std::time::SystemTime::now());
                         Ok::<_, std::io::Error>(p)
                     })

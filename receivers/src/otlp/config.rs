@@ -17,10 +17,26 @@ pub struct OtlpReceiverConfig {
     pub backpressure_timeout: Duration,
     /// How many requests (gRPC and HTTP together) may be read, decoded and
     /// waiting on the pipeline at once; more wait briefly for a slot and are
-    /// then told to retry (gRPC UNAVAILABLE, HTTP 503). With the size cap this
-    /// bounds the receiver's memory: about `max_concurrent_requests` ×
-    /// (`max_recv_msg_size_mib` + the decoded size). At least 1.
+    /// then told to retry (gRPC UNAVAILABLE, HTTP 503). With the size caps this
+    /// bounds the receiver's memory: `max_concurrent_requests` ×
+    /// (2 × `max_recv_msg_size_mib` + `max_decoded_size_mib`). At least 1.
     pub max_concurrent_requests: usize,
+    /// Largest size a request may take once decoded, in MiB (fractions
+    /// allowed), estimated from its bytes before it is decoded; a request over
+    /// it is refused (gRPC RESOURCE_EXHAUSTED, HTTP 413) without being
+    /// decoded. With the size caps and `max_concurrent_requests` it bounds
+    /// the receiver's memory for any input.
+    pub max_decoded_size_mib: f64,
+    /// How long a request's body may take to arrive; a sender that has not
+    /// sent it all by then is answered gRPC DEADLINE_EXCEEDED / HTTP 408 and
+    /// its slot goes to another request. A larger body gets more time as long
+    /// as it keeps up `min_read_rate_kib`.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
+    pub read_timeout: Duration,
+    /// The transfer rate (KiB/s) a body must keep up after its first
+    /// `read_timeout` to be read further; 0 holds every body to `read_timeout`.
+    pub min_read_rate_kib: f64,
 }
 
 impl Validate for OtlpReceiverConfig {
@@ -41,6 +57,28 @@ impl Validate for OtlpReceiverConfig {
             "backpressure_timeout",
             checks::positive(self.backpressure_timeout, "how long a request may wait for the pipeline; default 5s"),
         );
+        if self.max_decoded_size_mib.is_nan() || self.max_decoded_size_mib <= 0.0 {
+            p.add(
+                "max_decoded_size_mib",
+                format!(
+                    "must be a positive number of MiB (fractions allowed, default {DEFAULT_MAX_DECODED_SIZE_MIB}), not {}",
+                    self.max_decoded_size_mib
+                ),
+            );
+        }
+        p.check(
+            "read_timeout",
+            checks::positive(self.read_timeout, "how long a request's body may take to arrive; default 5s"),
+        );
+        if self.min_read_rate_kib.is_nan() || self.min_read_rate_kib < 0.0 {
+            p.add(
+                "min_read_rate_kib",
+                format!(
+                    "must be a number of KiB/s, 0 or more (default 64; 0 holds every body to read_timeout), not {}",
+                    self.min_read_rate_kib
+                ),
+            );
+        }
         if self.max_concurrent_requests == 0 || self.max_concurrent_requests > tokio::sync::Semaphore::MAX_PERMITS {
             p.add(
                 "max_concurrent_requests",
@@ -162,9 +200,17 @@ impl Default for OtlpReceiverConfig {
             protocols: Protocols::default(),
             backpressure_timeout: Duration::from_secs(5),
             max_concurrent_requests: 16,
+            max_decoded_size_mib: DEFAULT_MAX_DECODED_SIZE_MIB,
+            read_timeout: Duration::from_secs(5),
+            min_read_rate_kib: 64.0,
         }
     }
 }
+
+/// 4 × the default `max_recv_msg_size_mib`: real batches decode to 6–12×
+/// their wire size (docs/PERFORMANCE.md), so requests of real profiles up to
+/// ~10 MiB fit, while a 3 MB request of empty samples (~250 MB decoded) does not.
+pub const DEFAULT_MAX_DECODED_SIZE_MIB: f64 = 128.0;
 
 /// Bytes of `m` MiB, saturating.
 pub(crate) fn mib(m: f64) -> usize {

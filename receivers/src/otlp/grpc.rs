@@ -6,11 +6,15 @@
 //! the message size before and after gzip decompression
 //! (`OUT_OF_RANGE` / `RESOURCE_EXHAUSTED`).
 //!
-//! The `max_concurrent_requests` slot is taken in [`ProfilesService::call`],
-//! the outermost point of a request, before `Grpc::unary` reads and
-//! decompresses the body: a request without a slot has no more in memory
-//! than what the HTTP/2 flow-control windows let the connection buffer.
+//! [`ProfilesService::call`], the outermost point of a request, reads the
+//! body itself against the deadlines (`read_timeout`, `min_read_rate_kib`:
+//! DEADLINE_EXCEEDED) and the size cap (RESOURCE_EXHAUSTED), taking the
+//! `max_concurrent_requests` slot once the body's first bytes arrived, and
+//! then hands the whole body to `Grpc::unary` (decompression, the cap after
+//! it, decoding). A request without a slot has no more in memory than what
+//! the HTTP/2 flow-control windows let the connection buffer.
 
+use super::body::BodyReader;
 use super::{tls, GrpcConfig, Ingest, IngestError};
 use bytes::{Buf, Bytes};
 use profcol_api::component::ComponentError;
@@ -69,6 +73,7 @@ fn to_status(e: IngestError) -> Status {
         IngestError::TooLarge(m) => Status::resource_exhausted(m),
         IngestError::Unavailable(m) => Status::unavailable(m),
         IngestError::Rejected(m) => Status::invalid_argument(m),
+        IngestError::TimedOut(m) => Status::deadline_exceeded(m),
     }
 }
 
@@ -81,7 +86,7 @@ impl tonic::server::UnaryService<Bytes> for ExportCall {
         let ingest = self.0.clone();
         Box::pin(async move {
             let bytes = request.into_inner();
-            let batch = Ingest::decode_proto(&bytes).inspect_err(|e| ingest.count(e)).map_err(to_status)?;
+            let batch = ingest.decode_proto(&bytes).inspect_err(|e| ingest.count(e)).map_err(to_status)?;
             drop(bytes);
             let partial_success = ingest.accept(batch).await.map_err(to_status)?;
             Ok(tonic::Response::new(ExportProfilesServiceResponse { partial_success }))
@@ -102,8 +107,8 @@ impl tonic::server::NamedService for ProfilesService {
 
 impl<B> Service<http::Request<B>> for ProfilesService
 where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<StdError> + std::fmt::Display + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = std::convert::Infallible;
@@ -122,16 +127,33 @@ where
         let ingest = self.ingest.clone();
         let max = self.max_size;
         Box::pin(async move {
+            let refuse = |e: IngestError| {
+                ingest.count(&e);
+                Ok(to_status(e).into_http())
+            };
+            let (parts, body) = req.into_parts();
+            // One message of at most `max` bytes behind its 5-byte prefix.
+            let cap = max.saturating_add(5);
+            let mut reader = BodyReader::new(body, ingest.read_limits(cap));
+            // No slot until the body starts arriving: headers alone hold none.
+            if let Err(e) = reader.first().await {
+                return refuse(ingest.read_error(e, max, "protocols.grpc.max_recv_msg_size_mib"));
+            }
             // Held until the pipeline took or refused the batch (unary returns after ExportCall).
             let _slot = match ingest.admit().await {
                 Ok(slot) => slot,
                 Err(e) => return Ok(to_status(e).into_http()),
+            };
+            let bytes = match reader.rest().await {
+                Ok(b) => b,
+                Err(e) => return refuse(ingest.read_error(e, max, "protocols.grpc.max_recv_msg_size_mib")),
             };
             let mut enc = EnabledCompressionEncodings::default();
             enc.enable(CompressionEncoding::Gzip);
             let mut grpc = tonic::server::Grpc::new(RawCodec)
                 .apply_compression_config(enc, enc)
                 .apply_max_message_size_config(Some(max), None);
+            let req = http::Request::from_parts(parts, http_body_util::Full::new(bytes));
             Ok(grpc.unary(ExportCall(ingest), req).await)
         })
     }

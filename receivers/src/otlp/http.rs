@@ -2,12 +2,14 @@
 //! (`application/x-protobuf`) or JSON (`application/json`), optionally gzip.
 //!
 //! Errors answer with a `google.rpc.Status` in the request's encoding, as
-//! OTLP/HTTP specifies: 400 malformed, 413 too large (also after
-//! decompression), 415 unknown content type or encoding, 503 with
+//! OTLP/HTTP specifies: 400 malformed, 408 a body that missed its deadlines,
+//! 413 too large (also after decompression, or once decoded: the decode
+//! budget), 415 unknown content type or encoding, 503 with
 //! `Retry-After` when the pipeline pushes back or `max_concurrent_requests`
 //! requests are in flight.
 
-use super::{tls, HttpConfig, Ingest, IngestError};
+use super::body::{BodyReader, ReadError};
+use super::{tls, HttpConfig, Ingest, IngestError, Slot};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -17,6 +19,7 @@ use axum::Router;
 use profcol_api::component::ComponentError;
 use profcol_api::model::rpc::RpcStatus;
 use profcol_api::model::ExportProfilesServiceResponse;
+use profcol_api::Profiles;
 use prost::Message;
 use std::io::Read;
 use std::sync::Arc;
@@ -62,6 +65,7 @@ fn error(enc: Encoding, e: IngestError) -> Response {
         IngestError::TooLarge(m) => reply(enc, StatusCode::PAYLOAD_TOO_LARGE, 8, m),
         IngestError::Unavailable(m) => reply(enc, StatusCode::SERVICE_UNAVAILABLE, 14, m),
         IngestError::Rejected(m) => reply(enc, StatusCode::BAD_REQUEST, 3, m),
+        IngestError::TimedOut(m) => reply(enc, StatusCode::REQUEST_TIMEOUT, 4, m),
     }
 }
 
@@ -93,37 +97,11 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
             );
         }
     };
-    // A slot before the body is read, held until the pipeline took or
-    // refused the batch: a request without one has nothing in memory but
-    // what the socket buffers.
-    let _slot = match st.ingest.admit().await {
-        Ok(slot) => slot,
-        Err(e) => return error(enc, e),
-    };
-    let bytes = match axum::body::to_bytes(body, st.max_size).await {
-        Ok(b) => b,
-        Err(_) => {
-            let e =
-                IngestError::TooLarge(format!("the request body is larger than the limit of {} bytes", st.max_size));
-            st.ingest.count(&e);
-            return error(enc, e);
-        }
-    };
     let ce =
         headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("").trim().to_ascii_lowercase();
-    let inflated;
-    let data: &[u8] = match ce.as_str() {
-        "" | "identity" => &bytes,
-        "gzip" | "x-gzip" => match gunzip_capped(&bytes, st.max_size) {
-            Ok(v) => {
-                inflated = v;
-                &inflated
-            }
-            Err(e) => {
-                st.ingest.count(&e);
-                return error(enc, e);
-            }
-        },
+    let gzip = match ce.as_str() {
+        "" | "identity" => false,
+        "gzip" | "x-gzip" => true,
         other => {
             st.ingest.count(&IngestError::Invalid(String::new()));
             return reply(
@@ -134,14 +112,16 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
             );
         }
     };
-    let decoded = match enc {
-        Encoding::Proto => Ingest::decode_proto(data),
-        Encoding::Json => Ingest::decode_json(data),
-    };
-    let batch = match decoded {
-        Ok(b) => b,
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    // The slot is held until the pipeline took or refused the batch; the
+    // body and its inflated copy are gone by then.
+    let (batch, _slot) = match read_and_decode(&st, enc, gzip, declared, body).await {
+        Ok(x) => x,
         Err(e) => {
-            st.ingest.count(&e);
+            // A refusal for want of a slot was counted by `admit`.
+            if !matches!(e, IngestError::Unavailable(_)) {
+                st.ingest.count(&e);
+            }
             return error(enc, e);
         }
     };
@@ -155,6 +135,58 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
         Encoding::Json => profcol_api::model::otlp_json::encode_response(&ok).into_bytes(),
     };
     (StatusCode::OK, [(header::CONTENT_TYPE, enc.content_type())], body).into_response()
+}
+
+const CAP_KEY: &str = "protocols.http.max_recv_msg_size_mib";
+
+/// Reads the body against its deadlines and cap, taking a slot once its
+/// first bytes arrived, then inflates and decodes it (after the decode
+/// budget). An oversized body is read on and discarded (up to its cap once
+/// more, within the deadlines) so the sender reads the 413 instead of a
+/// reset connection.
+async fn read_and_decode(
+    st: &AppState,
+    enc: Encoding,
+    gzip: bool,
+    declared: Option<u64>,
+    body: Body,
+) -> Result<(Profiles, Slot), IngestError> {
+    let max = st.max_size;
+    let mut reader = BodyReader::new(body, st.ingest.read_limits(max));
+    if declared.is_some_and(|n| n > max as u64) {
+        reader.drain(max).await;
+        return Err(st.ingest.read_error(ReadError::TooLarge, max, CAP_KEY));
+    }
+    // No slot until the body starts arriving: headers alone hold none.
+    if let Err(e) = reader.first().await {
+        if let ReadError::TooLarge = e {
+            reader.drain(max).await;
+        }
+        return Err(st.ingest.read_error(e, max, CAP_KEY));
+    }
+    let slot = st.ingest.admit().await?;
+    let bytes = match reader.rest().await {
+        Ok(b) => b,
+        Err(e) => {
+            drop(slot);
+            if let ReadError::TooLarge = e {
+                reader.drain(max).await;
+            }
+            return Err(st.ingest.read_error(e, max, CAP_KEY));
+        }
+    };
+    let inflated;
+    let data: &[u8] = if gzip {
+        inflated = gunzip_capped(&bytes, max)?;
+        &inflated
+    } else {
+        &bytes
+    };
+    let batch = match enc {
+        Encoding::Proto => st.ingest.decode_proto(data)?,
+        Encoding::Json => st.ingest.decode_json(data)?,
+    };
+    Ok((batch, slot))
 }
 
 /// A listener that does TLS handshakes off the accept path (a slow client

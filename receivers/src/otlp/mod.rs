@@ -10,13 +10,19 @@
 //! gRPC `UNAVAILABLE` / HTTP 503.
 //!
 //! At most `max_concurrent_requests` requests (gRPC and HTTP together) are
-//! read, decoded and pushed at once: a request takes a slot before its body
-//! is read and keeps it until the pipeline took or refused its batch, so the
-//! receiver's memory is bounded by slots × (size cap + decoded size) however
-//! many senders there are. A request that finds no slot free within
-//! `MAX_SLOT_WAIT` (1 s, at most `backpressure_timeout`) is told to retry, as
-//! for backpressure.
+//! read, decoded and pushed at once: a request takes a slot once its body's
+//! first bytes arrived and keeps it until the pipeline took or refused its
+//! batch, so the receiver's memory is bounded by slots × (2 × size cap +
+//! decode budget) however many senders there are. A body must arrive within
+//! `read_timeout` (and keep up `min_read_rate_kib` past it, see [`body`]),
+//! or the sender gets DEADLINE_EXCEEDED / 408 and its slot goes on: stalled
+//! senders cannot hold slots for long. The decode budget
+//! (`max_decoded_size_mib`) is checked on the bytes before decoding
+//! (`model::decode_budget`): a request that would expand past it is refused
+//! unread. A request that finds no slot free within `MAX_SLOT_WAIT` (1 s, at
+//! most `backpressure_timeout`) is told to retry, as for backpressure.
 
+mod body;
 mod config;
 mod grpc;
 mod http;
@@ -27,7 +33,7 @@ pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServe
 use profcol_api::component::{
     factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
 };
-use profcol_api::model::{ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
+use profcol_api::model::{decode_budget, ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
 use profcol_api::{Profiles, Receiver, Stability};
 use std::net::SocketAddr;
@@ -72,6 +78,8 @@ pub(crate) enum IngestError {
     Unavailable(String),
     /// A processor refused the data for good: a retry would fail the same way.
     Rejected(String),
+    /// The body did not arrive within its deadlines (`read_timeout`, `min_read_rate_kib`).
+    TimedOut(String),
 }
 
 /// What both servers share: validation and the push into the pipeline.
@@ -89,23 +97,55 @@ pub(crate) struct Ingest {
     slot_wait: Duration,
     /// Requests refused because no slot freed within `slot_wait`.
     inflight_refused: Counter,
+    /// `max_decoded_size_mib` in bytes.
+    max_decoded: usize,
+    /// Requests refused because they would decode past `max_decoded`.
+    over_budget: Counter,
+    read_timeout: Duration,
+    /// `min_read_rate_kib` in bytes per second.
+    min_read_rate: f64,
+    /// Requests whose body missed its deadlines.
+    read_timeouts: Counter,
 }
 
 /// One of the `max_concurrent_requests` slots; freed on drop.
 pub(crate) type Slot = tokio::sync::OwnedSemaphorePermit;
 
 impl Ingest {
-    pub(crate) fn decode_proto(bytes: &[u8]) -> Result<Profiles, IngestError> {
+    /// Decodes a protobuf request, after checking what it would decode to
+    /// against `max_decoded_size_mib` (one pass over the bytes, nothing
+    /// allocated): a request over the budget is never decoded.
+    pub(crate) fn decode_proto(&self, bytes: &[u8]) -> Result<Profiles, IngestError> {
         use prost::Message;
+        decode_budget::proto_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
         ExportProfilesServiceRequest::decode(bytes)
             .map(Profiles::from_request)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {e}")))
     }
 
-    pub(crate) fn decode_json(bytes: &[u8]) -> Result<Profiles, IngestError> {
+    /// Decodes an OTLP/JSON request, after the same budget check as
+    /// [`Ingest::decode_proto`] (JSON counts its parse tree as well).
+    pub(crate) fn decode_json(&self, bytes: &[u8]) -> Result<Profiles, IngestError> {
+        decode_budget::json_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
         // `ExportProfilesServiceRequest` and `ProfilesData` have the same fields.
         Profiles::from_json(bytes)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest JSON document: {e}")))
+    }
+
+    fn budget_error(&self, e: decode_budget::BudgetError) -> IngestError {
+        match e {
+            decode_budget::BudgetError::OverBudget { .. } => {
+                self.over_budget.inc();
+                IngestError::TooLarge(format!(
+                    "the request would take more than this gateway's max_decoded_size_mib ({} MiB) once decoded \
+                     ({e}); send smaller requests",
+                    self.max_decoded as f64 / 1048576.0
+                ))
+            }
+            decode_budget::BudgetError::Malformed(m) => {
+                IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {m}"))
+            }
+        }
     }
 
     /// Takes a slot for one request, waiting up to `slot_wait` for one to
@@ -132,9 +172,35 @@ impl Ingest {
         }
     }
 
+    /// The deadlines and cap of a body of at most `max` bytes.
+    pub(crate) fn read_limits(&self, max: usize) -> body::ReadLimits {
+        body::ReadLimits { read_timeout: self.read_timeout, min_rate: self.min_read_rate, max }
+    }
+
+    /// What the sender is told when its body was not read; `cap_key` names
+    /// the size limit it passed (the server's config key).
+    pub(crate) fn read_error(&self, e: body::ReadError, max: usize, cap_key: &str) -> IngestError {
+        match e {
+            body::ReadError::TooLarge => IngestError::TooLarge(format!(
+                "the request body is larger than this gateway's {cap_key} ({max} bytes); send smaller requests"
+            )),
+            body::ReadError::TimedOut { received, waited } => IngestError::TimedOut(format!(
+                "the request body did not arrive in time: {received} bytes in {:.1} s (read_timeout {}, then at \
+                 least {} KiB/s); send it faster",
+                waited.as_secs_f64(),
+                humantime::format_duration(self.read_timeout),
+                self.min_read_rate / 1024.0
+            )),
+            body::ReadError::Broken(why) => {
+                IngestError::Invalid(format!("the request body did not arrive whole: {why}"))
+            }
+        }
+    }
+
     /// Counts an error the server found before [`Ingest::accept`].
     pub(crate) fn count(&self, e: &IngestError) {
         match e {
+            IngestError::TimedOut(_) => self.read_timeouts.inc(),
             IngestError::Invalid(_) | IngestError::TooLarge(_) => self.invalid.inc(),
             IngestError::Unavailable(_) => self.busy.inc(),
             // Counted as refused by `Next::send`.
@@ -291,6 +357,17 @@ impl Receiver for OtlpReceiver {
             inflight_refused: tel.counter(
                 "inflight_refusals_total",
                 "Requests answered with retry-later because max_concurrent_requests were in flight.",
+            ),
+            max_decoded: config::mib(self.cfg.max_decoded_size_mib),
+            over_budget: tel.counter(
+                "decode_budget_refusals_total",
+                "Requests refused unread because they would decode past max_decoded_size_mib.",
+            ),
+            read_timeout: self.cfg.read_timeout,
+            min_read_rate: self.cfg.min_read_rate_kib * 1024.0,
+            read_timeouts: tel.counter(
+                "read_timeouts_total",
+                "Requests whose body did not arrive within read_timeout / min_read_rate_kib (DEADLINE_EXCEEDED / 408).",
             ),
         });
         let cancel = CancellationToken::new();
@@ -456,6 +533,11 @@ mod tests {
             max_concurrent: 1,
             slot_wait: bp.min(MAX_SLOT_WAIT),
             inflight_refused: tel.counter("inflight_refusals_total", ""),
+            max_decoded: usize::MAX,
+            over_budget: tel.counter("decode_budget_refusals_total", ""),
+            read_timeout: Duration::from_secs(5),
+            min_read_rate: 65536.0,
+            read_timeouts: tel.counter("read_timeouts_total", ""),
         };
         // A zero wait still takes a free slot.
         let i = ingest(Duration::ZERO);

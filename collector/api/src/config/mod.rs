@@ -7,11 +7,13 @@
 //! components only ever see their own structs.
 
 pub mod checks;
+mod mode;
 pub mod schema;
 mod secret;
 mod validate;
 mod value;
 
+pub use mode::Mode;
 pub use secret::{Secret, SecretUrl, REDACTED};
 pub use validate::{Problems, Validate};
 pub use value::ConfigValue;

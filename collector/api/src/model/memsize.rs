@@ -20,7 +20,7 @@ trait Heap {
 }
 
 /// What the allocator takes for a request of `bytes` (glibc malloc, 64-bit).
-fn block(bytes: usize) -> usize {
+pub(crate) fn block(bytes: usize) -> usize {
     if bytes == 0 {
         return 0;
     }

@@ -12,6 +12,7 @@
 mod builder;
 pub mod canonical;
 mod compact;
+pub mod decode_budget;
 mod memsize;
 pub mod otlp_json;
 pub mod rpc;
