@@ -18,6 +18,7 @@ use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::config::one_pipeline;
 use profcol_testkit::prelude::{closed_port, settings, Collector};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn batch(seed: u64) -> Profiles {
