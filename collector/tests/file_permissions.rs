@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Profcol;
+use profcol_testkit::config::OTLP_GRPC_RECEIVER;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
@@ -23,14 +23,11 @@ async fn queue_and_output_files_are_not_world_readable() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let backend = profcol_testkit::net::closed_port();
-    let cfg = common::write(
-        &d.join("profcol.yaml"),
+    let p = common::start_config(
+        d,
+        "profcol.yaml",
         &format!(
-            "receivers:
-  otlp:
-    protocols:
-      grpc: {{ endpoint: 127.0.0.1:0 }}
-exporters:
+            "{OTLP_GRPC_RECEIVER}exporters:
   file:
     path: {out}/jsonl/profiles.jsonl
   pprof:
@@ -55,7 +52,6 @@ service:
             out = d.join("out").display()
         ),
     );
-    let p = Profcol::start(&["--config", cfg.to_str().unwrap()]);
     let g = p.wait_addr("otlp receiver listening", "grpc", Duration::from_secs(30));
     let batch = profcol_testkit::batch::cpu_batch(1, 2, 10);
     profcol_testkit::raw::grpc_send(g, batch.encode_to_vec(), false).await.unwrap();

@@ -7,6 +7,7 @@
 mod common;
 
 use common::Profcol;
+use profcol_testkit::config::OTLP_GRPC_RECEIVER;
 use profcol_testkit::hostile::{expansion_request, json_expansion_request};
 use profcol_testkit::raw::{grpc_send, http_send};
 use std::time::Duration;
@@ -16,13 +17,11 @@ const MAX_RECV_MIB: u64 = 32;
 const MAX_DECODED_MIB: u64 = 128;
 
 fn gateway(dir: &std::path::Path) -> Profcol {
-    let cfg = common::write(
-        &dir.join("gateway.yaml"),
+    common::start_config(
+        dir,
+        "gateway.yaml",
         &format!(
-            "receivers:
-  otlp:
-    protocols:
-      grpc: {{ endpoint: 127.0.0.1:0, max_recv_msg_size_mib: {MAX_RECV_MIB} }}
+            "{OTLP_GRPC_RECEIVER}        max_recv_msg_size_mib: {MAX_RECV_MIB}
       http: {{ endpoint: 127.0.0.1:0, max_recv_msg_size_mib: {MAX_RECV_MIB} }}
     max_concurrent_requests: {SLOTS}
     max_decoded_size_mib: {MAX_DECODED_MIB}
@@ -34,8 +33,7 @@ service:
     profiles: {{ receivers: [otlp], exporters: [debug] }}
 "
         ),
-    );
-    Profcol::start(&["--config", cfg.to_str().unwrap()])
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use profcol_api::model::{canonical, pb, ProfileMeta};
 use profcol_api::{Exporter, Profiles, ProfilesBuilder, Receiver};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter};
 use profcol_receivers::otlp::OtlpReceiver;
-use profcol_testkit::config::one_pipeline;
+use profcol_testkit::config::{one_pipeline, otlp_exporter_retrying};
 use profcol_testkit::prelude::{closed_port, settings, Collector};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -100,21 +100,14 @@ fn config(
         ("", "")
     };
     let service = one_pipeline("otlp", listed, "otlp");
+    let exporter = otlp_exporter_retrying(port_out);
     let text = format!(
         "receivers:
   otlp:
     protocols:
       grpc:
         endpoint: 127.0.0.1:{port_in}
-{processors}exporters:
-  otlp:
-    endpoint: http://127.0.0.1:{port_out}
-    compression: gzip
-    timeout: 2s
-    retry_on_failure:
-      initial_interval: 200ms
-      max_interval: 1s
-      max_elapsed_time: 0s
+{processors}{exporter}    compression: gzip
     sending_queue:
       queue_size: 100
       num_consumers: 2{storage}

@@ -8,19 +8,17 @@ mod common;
 use common::{backend, metric, Profcol};
 use profcol_api::Receiver;
 use profcol_testkit::batch::cpu_batch;
+use profcol_testkit::config::OTLP_GRPC_RECEIVER;
 use profcol_testkit::raw::grpc_send;
 use std::time::Duration;
 
 fn gateway(dir: &std::path::Path, backend_port: u16, storage: Option<&std::path::Path>) -> Profcol {
     let storage = storage.map(|s| format!("\n      storage: {}", s.display())).unwrap_or_default();
-    let cfg = common::write(
-        &dir.join("profcol.yaml"),
+    common::start_config(
+        dir,
+        "profcol.yaml",
         &format!(
-            "receivers:
-  otlp:
-    protocols:
-      grpc: {{ endpoint: 127.0.0.1:0 }}
-exporters:
+            "{OTLP_GRPC_RECEIVER}exporters:
   otlp:
     endpoint: http://127.0.0.1:{backend_port}
     timeout: 1s
@@ -37,8 +35,7 @@ service:
     profiles: {{ receivers: [otlp], exporters: [otlp] }}
 "
         ),
-    );
-    Profcol::start(&["--config", cfg.to_str().unwrap()])
+    )
 }
 
 async fn scrape(addr: std::net::SocketAddr) -> String {

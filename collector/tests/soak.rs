@@ -17,6 +17,7 @@ use common::{backend, Profcol};
 use profcol_api::model::canonical::{self, CanonicalSample};
 use profcol_api::Receiver;
 use profcol_testkit::batch::cpu_batch;
+use profcol_testkit::config::{otlp_exporter_retrying, OTLP_GRPC_RECEIVER};
 use profcol_testkit::hostile::{expansion_request, grpc_message_start, gzip_bomb, StalledGrpc, StalledHttp};
 use profcol_testkit::raw::{grpc_send, http_send};
 use std::collections::BTreeMap;
@@ -32,24 +33,14 @@ const OUTAGE_EVERY: Duration = Duration::from_secs(60);
 const OUTAGE_AT: Duration = Duration::from_secs(12);
 
 fn gateway(dir: &std::path::Path, backend_port: u16) -> Profcol {
-    let cfg = common::write(
-        &dir.join("gateway.yaml"),
+    let exporter = otlp_exporter_retrying(backend_port);
+    common::start_config(
+        dir,
+        "gateway.yaml",
         &format!(
-            "receivers:
-  otlp:
-    protocols:
-      grpc: {{ endpoint: 127.0.0.1:0 }}
-      http: {{ endpoint: 127.0.0.1:0 }}
+            "{OTLP_GRPC_RECEIVER}      http: {{ endpoint: 127.0.0.1:0 }}
     read_timeout: 2s
-exporters:
-  otlp:
-    endpoint: http://127.0.0.1:{backend_port}
-    timeout: 2s
-    retry_on_failure:
-      initial_interval: 200ms
-      max_interval: 1s
-      max_elapsed_time: 0s
-    sending_queue:
+{exporter}    sending_queue:
       storage: {}
 service:
   telemetry: {{ metrics: {{ address: \"\" }} }}
@@ -58,8 +49,7 @@ service:
 ",
             dir.join("queue").display()
         ),
-    );
-    Profcol::start(&["--config", cfg.to_str().unwrap()])
+    )
 }
 
 /// Whether `t` (since the start) is within an outage, with `margin` around it.

@@ -4,7 +4,6 @@
 
 mod live;
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ async fn python_getppid_loop_names_x64_sys_getppid() {
         return;
     }
     let script = "import os, sys, time\nsys.stdin.readline()\ng = os.getppid\nend = time.time() + 4.0\nwhile time.time() < end:\n    for _ in range(1000):\n        g()\n";
-    let mut child = Command::new("python3")
+    let child = Command::new("python3")
         .args(["-c", script])
         .stdin(Stdio::piped())
         .spawn()
@@ -34,10 +33,7 @@ async fn python_getppid_loop_names_x64_sys_getppid() {
         ..Default::default()
     })
     .await;
-    writeln!(child.stdin.take().unwrap(), "go").unwrap();
-    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
-    assert!(status.success());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    profcol_testkit::workload::release_and_finish(child).await;
     let (batches, metrics) = p.stop().await;
 
     let samples = kernel_samples(&batches, pid);

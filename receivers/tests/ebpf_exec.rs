@@ -7,7 +7,6 @@
 
 mod ebpf_common;
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -42,7 +41,7 @@ async fn samples_after_exec_carry_the_new_executable() {
         "read go; end=$((SECONDS + 2)); while [ $SECONDS -lt $end ]; do :; done; \
          exec '{py}' -c 'import time\nend = time.time() + 2\nwhile time.time() < end: pass'"
     );
-    let mut child = Command::new("bash").args(["-c", &script]).stdin(Stdio::piped()).spawn().expect("bash");
+    let child = Command::new("bash").args(["-c", &script]).stdin(Stdio::piped()).spawn().expect("bash");
     let pid = child.id();
     let running = start(EbpfConfig {
         sample_frequency: 99,
@@ -52,10 +51,7 @@ async fn samples_after_exec_carry_the_new_executable() {
         ..Default::default()
     })
     .await;
-    writeln!(child.stdin.take().unwrap(), "go").unwrap();
-    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
-    assert!(status.success());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    profcol_testkit::workload::release_and_finish(child).await;
     let (batches, metrics) = running.stop().await;
 
     // The kernel's comm at each sample says which image ran: "bash", then

@@ -10,6 +10,23 @@ pub const OTLP_GRPC_RECEIVER: &str = "receivers:
         endpoint: 127.0.0.1:0
 ";
 
+/// An `exporters:` section with one `otlp` exporter to 127.0.0.1:`port` that
+/// retries quickly and never gives up (200 ms to 1 s apart, 2 s per attempt):
+/// what outage tests want. YAML may continue with more of its keys (4 spaces).
+pub fn otlp_exporter_retrying(port: u16) -> String {
+    format!(
+        "exporters:
+  otlp:
+    endpoint: http://127.0.0.1:{port}
+    timeout: 2s
+    retry_on_failure:
+      initial_interval: 200ms
+      max_interval: 1s
+      max_elapsed_time: 0s
+"
+    )
+}
+
 /// The `service:` section with one `profiles` pipeline of the named
 /// components (comma-separated; `processors` may be empty) and the host's
 /// own metrics endpoint off, so a test takes no port it did not ask for.

@@ -13,6 +13,7 @@
 //! - [`plugins`]: WebAssembly plugins (plugins/testdata, examples/plugins), built on demand;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
 //! - [`py_otlp`]: the OTLP server on the official Python stack;
+//! - [`workload`]: profiled child processes started on cue;
 //! - [`tools`]: external tools that must be there under CI=true.
 
 pub mod alloc;
@@ -28,6 +29,7 @@ pub mod py_otlp;
 pub mod raw;
 pub mod sink;
 pub mod tools;
+pub mod workload;
 
 use profcol_api::component::{ComponentId, CreateSettings, Kind};
 use profcol_api::telemetry::ComponentTelemetry;

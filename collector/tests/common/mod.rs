@@ -183,6 +183,12 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     (code, text)
 }
 
+/// Writes `text` as `dir/name` and starts profcol on it (validated first).
+pub fn start_config(dir: &Path, name: &str, text: &str) -> Profcol {
+    let cfg = write(&dir.join(name), text);
+    Profcol::start(&["--config", cfg.to_str().expect("a UTF-8 temp path")])
+}
+
 pub fn write(path: &Path, text: &str) -> PathBuf {
     std::fs::write(path, text).unwrap();
     path.to_path_buf()
