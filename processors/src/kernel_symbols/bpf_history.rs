@@ -251,18 +251,23 @@ impl BpfLedger {
         changed
     }
 
-    /// A full enumeration at `ts`: functions not in it ended, new ones began.
-    /// Returns whether anything changed.
+    /// A full enumeration begun at `ts`: functions not in it ended, new
+    /// ones began. Records stamped after `ts` may already be applied, and
+    /// they are newer than the enumeration: a function registered after
+    /// `ts` is not closed for missing from it (it may have loaded after the
+    /// enumeration passed its place), and one whose span reaches past `ts`
+    /// is not registered again (its unregister came after the enumeration
+    /// saw it). Returns whether anything changed.
     pub fn reconcile(&mut self, ts: u64, live: &BpfFuncs) -> bool {
         let mut changed = false;
-        for s in self.spans.iter_mut().filter(|s| s.until_ns == LIVE) {
+        for s in self.spans.iter_mut().filter(|s| s.until_ns == LIVE && s.since_ns < ts) {
             if !live.iter().any(|f| s.same(f)) {
-                s.until_ns = ts.max(s.since_ns);
+                s.until_ns = ts;
                 changed = true;
             }
         }
         for f in live.iter() {
-            if !self.spans.iter().any(|s| s.until_ns == LIVE && s.same(f)) {
+            if !self.spans.iter().any(|s| s.until_ns > ts && s.same(f)) {
                 self.register(ts, f.clone());
                 changed = true;
             }
@@ -348,6 +353,32 @@ mod tests {
         assert_eq!(name_at(&h, 0x1000, 35).as_deref(), Some("b"));
         assert_eq!(name_at(&h, 0x1000, 45), None);
         assert_eq!(l.stats.orphans, 2);
+    }
+
+    #[test]
+    fn an_enumeration_does_not_undo_records_newer_than_it() {
+        let mut l = BpfLedger::default();
+        l.register(10, f(0x1000, "old"));
+        // The enumeration begins at 50; meanwhile "new" loads at 60 (not in
+        // the enumeration) and "old" is freed at 70 (still in it); both
+        // records are applied before the enumeration is.
+        l.register(60, f(0x2000, "new"));
+        l.unregister(70, 0x1000, "old");
+        let listed = BpfFuncs::new(vec![f(0x1000, "old")]);
+        l.reconcile(50, &listed);
+        let h = l.freeze();
+        assert_eq!(name_at(&h, 0x2010, 65).as_deref(), Some("new"));
+        assert_eq!(name_at(&h, 0x2010, 1_000).as_deref(), Some("new"));
+        assert_eq!(name_at(&h, 0x1010, 65).as_deref(), Some("old"));
+        assert_eq!(name_at(&h, 0x1010, 75), None, "no ghost of a freed function");
+        // What the enumeration does know still counts: a function missing
+        // from it that loaded before it began has ended.
+        l.register(20, f(0x3000, "gone"));
+        l.reconcile(80, &BpfFuncs::new(vec![f(0x2000, "new")]));
+        let h = l.freeze();
+        assert_eq!(name_at(&h, 0x3010, 79).as_deref(), Some("gone"));
+        assert_eq!(name_at(&h, 0x3010, 80), None);
+        assert_eq!(name_at(&h, 0x2010, 1_000).as_deref(), Some("new"));
     }
 
     #[test]
