@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use profcol_api::model::{keys, pb, str_at, AttrValue, ProfileMeta, Profiles, ProfilesBuilder};
+use profcol_api::model::{keys, str_at, Profiles};
 use profcol_processors::kernel_symbols::bpf_progs::BpfFunc;
 use profcol_processors::kernel_symbols::generations::{now_ns, Generations};
 use profcol_processors::kernel_symbols::kallsyms::{self, ParseOptions};
@@ -13,6 +13,7 @@ use profcol_processors::kernel_symbols::snapshot::Symbol;
 use profcol_processors::kernel_symbols::symbolize::symbolize;
 use profcol_processors::kernel_symbols::sysfs::{self, hex};
 use profcol_processors::kernel_symbols::{Store, StoreConfig};
+use profcol_testkit::batch::kernel_batch;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kernel_symbols")
@@ -452,34 +453,6 @@ fn bpf_records_in_any_cross_cpu_order_still_land_at_their_times() {
 }
 
 // ---- batch output ----
-
-/// A batch with one sample: `addrs` leaf first, all kernel frames.
-fn kernel_batch(addrs: &[u64], ts: u64) -> Profiles {
-    let mut b = ProfilesBuilder::new();
-    let file = b.string(keys::KERNEL_MAPPING);
-    let m = b.mapping(pb::Mapping {
-        memory_start: 0,
-        memory_limit: u64::MAX,
-        file_offset: 0,
-        filename_strindex: file,
-        attribute_indices: vec![],
-    });
-    let kind = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
-    let locs: Vec<i32> = addrs
-        .iter()
-        .map(|&a| {
-            b.location(pb::Location { mapping_index: m, address: a, lines: vec![], attribute_indices: vec![kind] })
-        })
-        .collect();
-    let stack = b.stack(&locs);
-    let r = b.resource(Default::default());
-    let p = b.profile(r, &ProfileMeta::cpu(1, ts, 1));
-    b.sample(
-        p,
-        pb::Sample { stack_index: stack, values: vec![1], timestamps_unix_nano: vec![ts], ..Default::default() },
-    );
-    b.build()
-}
 
 /// (function, mapping file, address, build id) of each frame of sample 0.
 fn frames(p: &Profiles) -> Vec<(String, String, u64, String)> {

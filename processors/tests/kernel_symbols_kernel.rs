@@ -16,7 +16,11 @@ use profcol_processors::kernel_symbols::store::BpfSource;
 use profcol_processors::kernel_symbols::{perf_ksymbol, Store, StoreConfig};
 
 mod live;
-use live::{missing, require_root};
+use live::{load_spin_prog, missing, now_unix_ns, prog_symbol, require_root};
+use profcol_api::component::Processor;
+use profcol_api::model::canonical;
+use profcol_processors::kernel_symbols::{Config, KernelSymbols};
+use profcol_testkit::batch::kernel_batch;
 
 #[test]
 fn proc_kallsyms_parses_and_vfs_read_resolves() {
@@ -191,6 +195,33 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
     }
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+}
+
+/// A batch that reaches the processor before the records of its programs
+/// (a program loaded just before the receiver cut the batch) waits for
+/// them rather than leaving the program's frames unnamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waits_for_the_bpf_records_of_its_time() {
+    if !require_root("a_batch_waits_for_the_bpf_records_of_its_time") {
+        return;
+    }
+    let p = KernelSymbols::new(Config { uevents: false, ..Default::default() });
+    p.start().await.expect("kernel_symbols starts");
+    let progress = p.store().unwrap().bpf_progress.clone();
+    for round in 0..20 {
+        let fd = load_spin_prog(&format!("fresh{round}"), 10 + round);
+        // Sampled right after the load, processed at once: the register
+        // record is still in the listener's merge window.
+        let ts = now_unix_ns();
+        let (name, start, _) = prog_symbol(&fd);
+        let out = p.process(kernel_batch(&[start + 4], ts)).await.unwrap().forwarded().unwrap();
+        let frame = &canonical::samples(&out)[0].frames[0];
+        let named = frame.2.first().map(|l| l.0.as_str());
+        assert_eq!((frame.0.as_str(), named), ("[bpf]", Some(name.as_str())), "round {round}: {frame:?}");
+        assert!(progress.complete_to() >= ts, "round {round}: named before the records of its time were in");
+    }
+    assert_eq!(progress.timeouts.load(Relaxed), 0, "no batch waited in vain");
+    p.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -257,3 +257,32 @@ pub fn every_field_batch(seed: u64) -> Profiles {
     });
     p
 }
+
+/// A batch with one sample at `ts`: `addrs` leaf first, all kernel frames
+/// in `[kernel.kallsyms]`, as the eBPF receiver sends them to kernel_symbols.
+pub fn kernel_batch(addrs: &[u64], ts: u64) -> Profiles {
+    let mut b = ProfilesBuilder::new();
+    let file = b.string(keys::KERNEL_MAPPING);
+    let m = b.mapping(pb::Mapping {
+        memory_start: 0,
+        memory_limit: u64::MAX,
+        file_offset: 0,
+        filename_strindex: file,
+        attribute_indices: vec![],
+    });
+    let kind = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
+    let locs: Vec<i32> = addrs
+        .iter()
+        .map(|&a| {
+            b.location(pb::Location { mapping_index: m, address: a, lines: vec![], attribute_indices: vec![kind] })
+        })
+        .collect();
+    let stack = b.stack(&locs);
+    let r = b.resource(Default::default());
+    let p = b.profile(r, &ProfileMeta::cpu(1, ts, 1));
+    b.sample(
+        p,
+        pb::Sample { stack_index: stack, values: vec![1], timestamps_unix_nano: vec![ts], ..Default::default() },
+    );
+    b.build()
+}

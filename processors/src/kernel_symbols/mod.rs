@@ -9,6 +9,7 @@
 
 pub mod bpf;
 pub mod bpf_history;
+pub mod bpf_progress;
 pub mod bpf_progs;
 pub mod config;
 pub mod error;

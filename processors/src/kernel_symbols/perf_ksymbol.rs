@@ -28,6 +28,7 @@ use profcol_ebpf::sys::{
     perf_sw_ids, perf_type_id, BpfEventRecord, KsymbolRecord,
 };
 
+use super::bpf_progress::BpfProgress;
 use super::bpf_progs::BpfFunc;
 use super::error::{Error, Result};
 use super::ordering::{Reorder, SLACK_NS};
@@ -232,12 +233,19 @@ pub struct Sink {
     pub tx: UnboundedSender<Trigger>,
     pub backlog: Arc<AtomicUsize>,
     pub dropped: Arc<AtomicU64>,
+    /// Where the listener says how far its reports are complete.
+    pub progress: Arc<BpfProgress>,
 }
 
 impl Sink {
     /// Reports to `store`'s reload task through `tx`.
     pub fn new(tx: UnboundedSender<Trigger>, store: &super::store::Store) -> Self {
-        Sink { tx, backlog: store.counters.bpf_backlog.clone(), dropped: store.counters.bpf_records_dropped.clone() }
+        Sink {
+            tx,
+            backlog: store.counters.bpf_backlog.clone(),
+            dropped: store.counters.bpf_records_dropped.clone(),
+            progress: store.bpf_progress.clone(),
+        }
     }
 }
 
@@ -251,6 +259,7 @@ pub fn spawn(sink: Sink) -> Result<Vec<JoinHandle<()>>> {
             .map_err(|e| Error::PerfOpen { cpu, source: io::Error::other(e.to_string()) })?;
         rings.push(afd);
     }
+    sink.progress.set_listening(true);
     Ok(vec![tokio::spawn(run_rings(rings, sink))])
 }
 
@@ -282,18 +291,35 @@ fn admit(backlog: &AtomicUsize, overflowed: &mut bool, n: usize) -> Admit {
 /// Waits for any ring, drains them all, and sends on the records the
 /// watermark has passed, in time order (see [`super::ordering`]).
 async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
-    let Sink { tx, backlog, dropped } = sink;
+    let Sink { tx, backlog, dropped, progress } = sink;
+    // Batches waiting on this listener stop waiting once it is gone.
+    struct Stopped(Arc<BpfProgress>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.set_listening(false);
+        }
+    }
+    let _stopped = Stopped(progress.clone());
+    // Unix ns up to which the reports sent so far are complete.
+    let mut sent_to = 0;
     // A rescan was asked for because records were dropped, and not yet done.
     let mut overflowed = false;
     let clock = KtimeToUnix::process();
     let mut held: Reorder<BpfEvent> = Reorder::default();
     let mut ready = Vec::new();
     loop {
-        // Held records need the watermark to move past them: come back soon.
-        let wait = if held.is_empty() { Duration::from_millis(500) } else { Duration::from_nanos(SLACK_NS) };
+        // Held records, or a batch waiting for a time not reported yet,
+        // need the watermark to move: come back soon.
+        let behind = progress.wanted_to() > sent_to;
+        let wait = if held.is_empty() && !behind { Duration::from_millis(500) } else { Duration::from_nanos(SLACK_NS) };
         let any = futures::future::select_all(rings.iter().map(|r| Box::pin(r.readable())));
-        if let Ok((Ok(mut guard), _, _)) = tokio::time::timeout(wait, any).await {
-            guard.clear_ready();
+        tokio::select! {
+            r = tokio::time::timeout(wait, any) => {
+                if let Ok((Ok(mut guard), _, _)) = r {
+                    guard.clear_ready();
+                }
+            }
+            _ = progress.poked() => {}
         }
         // Everything stamped at or before the watermark is in the rings now.
         let now = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
@@ -310,6 +336,7 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
         held.ready(watermark, &mut ready);
         let mut closed = false;
         let sent = !ready.is_empty();
+        let complete_to = clock.to_unix_ns(watermark);
         if sent {
             match admit(&backlog, &mut overflowed, ready.len()) {
                 Admit::Drop { rescan } => {
@@ -319,9 +346,14 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
                 }
                 Admit::Send => {
                     let events = ready.drain(..).map(|(t, e)| (clock.to_unix_ns(t), e)).collect();
-                    closed |= tx.send(Trigger::Bpf(events)).is_err();
+                    closed |= tx.send(Trigger::Bpf { events, complete_to }).is_err();
+                    sent_to = complete_to;
                 }
             }
+        } else if progress.wanted_to() > sent_to && complete_to > sent_to {
+            // Nothing new, but a batch waits to know that.
+            closed |= tx.send(Trigger::Bpf { events: Vec::new(), complete_to }).is_err();
+            sent_to = complete_to;
         }
         if lost {
             closed |= tx.send(Trigger::Lost).is_err();

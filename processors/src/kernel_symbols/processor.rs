@@ -11,6 +11,7 @@ use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::Profiles;
 use tokio::task::JoinHandle;
 
+use super::bpf_progress::CATCH_UP_LIMIT;
 use super::config::Config;
 use super::store::Store;
 use super::{perf_ksymbol, reload, symbolize, uevent};
@@ -37,7 +38,7 @@ struct Metrics {
     generations: Gauge,
     bpf_live: Gauge,
     bpf_retired: Gauge,
-    mirrored: [Mirrored; 6],
+    mirrored: [Mirrored; 7],
 }
 
 /// A store counter, its series, and the value mirrored last.
@@ -84,6 +85,14 @@ impl Metrics {
                 (
                     |s| &s.counters.bpf_rescans,
                     c("bpf_rescans_total", "Full BPF program enumerations after the kernel lost records"),
+                    AtomicU64::new(0),
+                ),
+                (
+                    |s| &s.bpf_progress.timeouts,
+                    c(
+                        "bpf_catch_up_timeouts_total",
+                        "Batches named before the BPF symbol records of their time arrived (waited 250ms in vain)",
+                    ),
                     AtomicU64::new(0),
                 ),
             ],
@@ -170,6 +179,11 @@ impl Processor for KernelSymbols {
         let Some(store) = self.store.get() else {
             return Ok(ProcessOutcome::Forward(batch)); // not started: pass through untouched
         };
+        // The BPF records of the batch's time may still be on the way.
+        if let Some(newest) = newest_sample_ns(&batch) {
+            let now = profcol_ebpf::clock::KtimeToUnix::process().now_unix_ns();
+            store.bpf_progress.wait_for(newest.min(now), CATCH_UP_LIMIT).await;
+        }
         let gens = store.generations().load();
         let (batch, outcome) = symbolize::symbolize(batch, &gens);
         if outcome.unresolved > 0 {
@@ -187,4 +201,16 @@ impl Processor for KernelSymbols {
         }
         Ok(())
     }
+}
+
+/// The newest sample time of `batch` (a sample's own times, else its
+/// profile's end).
+fn newest_sample_ns(batch: &Profiles) -> Option<u64> {
+    let profiles = batch.0.resource_profiles.iter().flat_map(|r| &r.scope_profiles).flat_map(|s| &s.profiles);
+    profiles
+        .flat_map(|p| {
+            let end = p.time_unix_nano.saturating_add(p.duration_nano);
+            p.samples.iter().map(move |s| s.timestamps_unix_nano.iter().copied().max().unwrap_or(end))
+        })
+        .max()
 }

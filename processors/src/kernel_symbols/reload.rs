@@ -21,9 +21,10 @@ use super::store::{BpfEvent, Store};
 pub enum Trigger {
     /// A module was loaded or removed (uevent arrival time).
     ModuleUevent { at_ns: u64 },
-    /// BPF symbol records merged across CPUs, in time order (with
-    /// the unix-ns time of each).
-    Bpf(Vec<(u64, BpfEvent)>),
+    /// BPF symbol records merged across CPUs, in time order (with the
+    /// unix-ns time of each); every record stamped at or before
+    /// `complete_to` (unix ns) has now been sent.
+    Bpf { events: Vec<(u64, BpfEvent)>, complete_to: u64 },
     /// The kernel dropped records: rescan BPF programs.
     Lost,
 }
@@ -92,22 +93,28 @@ async fn run(store: Arc<Store>, cfg: ReloadConfig, mut rx: UnboundedReceiver<Tri
                         let p = pending.get_or_insert((at_ns, Instant::now() + cfg.debounce));
                         p.0 = p.0.min(at_ns);
                     }
-                    Trigger::Bpf(mut events) => {
+                    Trigger::Bpf { mut events, mut complete_to } => {
                         // Whatever queued meanwhile goes into the same
                         // publish (batches come in time order), so a busy
                         // host costs one history rebuild per wake-up, not
                         // one per record.
                         while let Ok(t) = rx.try_recv() {
                             match t {
-                                Trigger::Bpf(more) => events.extend(more),
+                                Trigger::Bpf { events: more, complete_to: to } => {
+                                    events.extend(more);
+                                    complete_to = complete_to.max(to);
+                                }
                                 other => {
                                     held = Some(other);
                                     break;
                                 }
                             }
                         }
-                        let s = store.clone();
-                        blocking(move || s.apply_bpf(events)).await;
+                        if !events.is_empty() {
+                            let s = store.clone();
+                            blocking(move || s.apply_bpf(events)).await;
+                        }
+                        store.bpf_progress.published_to(complete_to);
                     }
                     Trigger::Lost => {
                         let s = store.clone();

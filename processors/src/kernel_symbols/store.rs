@@ -104,6 +104,8 @@ pub struct Store {
     cfg: StoreConfig,
     gens: Generations,
     pub counters: Counters,
+    /// How far the BPF history is complete (the processor waits on it).
+    pub bpf_progress: Arc<super::bpf_progress::BpfProgress>,
     state: Mutex<State>,
 }
 
@@ -140,7 +142,7 @@ impl Store {
         let snap = snapshot_of(&state);
         let gens = Generations::new(snap, started, cfg.retain.as_nanos() as u64);
         counters.generations.store(1, Relaxed);
-        Ok(Store { cfg, gens, counters, state: Mutex::new(state) })
+        Ok(Store { cfg, gens, counters, bpf_progress: Default::default(), state: Mutex::new(state) })
     }
 
     pub fn config(&self) -> &StoreConfig {
