@@ -190,6 +190,18 @@ async fn stop(s: &mut Setup) {
     s.telemetry.shutdown();
 }
 
+/// User + system CPU time of this process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: a zeroed rusage is valid; getrusage fills it.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// Resident set size of this process, in KiB.
 fn rss_kib() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -227,6 +239,10 @@ fn telemetry_cost(rt: &tokio::runtime::Runtime) {
     ];
     let rounds: usize = std::env::var("GATEWAY_TELEMETRY_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
+    // CPU time per sample of the whole process (clients, gateway, backend):
+    // what the settings differ in, and far steadier than wall time on a
+    // shared machine.
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
     for round in 0..rounds {
         // Rotated order, so no setting always runs first (or after the same one).
         for k in 0..settings.len() {
@@ -234,10 +250,13 @@ fn telemetry_cost(rt: &tokio::runtime::Runtime) {
             let (label, metrics) = &settings[i];
             let mut s = rt.block_on(setup(Compression::None, None, metrics));
             rt.block_on(run(&s, &batch, 50));
+            let cpu0 = process_cpu();
             let took = rt.block_on(run(&s, &batch, 400));
+            let ns = (process_cpu() - cpu0).as_nanos() as f64 / (400 * n) as f64;
             let rate = (400 * n) as f64 / took.as_secs_f64();
-            eprintln!("TELEMETRY round {round} {label}: {rate:.0} samples/s");
+            eprintln!("TELEMETRY round {round} {label}: {rate:.0} samples/s, {ns:.1} CPU ns/sample");
             results[i].push(rate);
+            cpu[i].push(ns);
             rt.block_on(stop(&mut s));
         }
     }
@@ -256,6 +275,18 @@ fn telemetry_cost(rt: &tokio::runtime::Runtime) {
             (paired_med - 1.0) * 100.0,
             (paired[0] - 1.0) * 100.0,
             (paired[paired.len() - 1] - 1.0) * 100.0
+        );
+    }
+    let base = median(&mut cpu[0].clone());
+    for (i, (label, _)) in settings.iter().enumerate() {
+        let v = &mut cpu[i];
+        let med = median(v);
+        let (lo, hi) = (v[0], v[v.len() - 1]);
+        eprintln!(
+            "TELEMETRY CPU {label}: median {med:.1} ns/sample, min {lo:.1}, max {hi:.1}, \
+             spread (max-min)/median {:.1}%, median vs none {:+.1}%",
+            (hi - lo) / med * 100.0,
+            (med / base - 1.0) * 100.0
         );
     }
     // Memory through a longer outage, beside the same run with telemetry off:

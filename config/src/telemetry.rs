@@ -1,7 +1,7 @@
 //! The typed `service.telemetry` section, laid out as the OTel Collector's
 //! (`resource`, `metrics.level`/`readers`, `logs.processors`, `traces`).
 
-use profcol_api::config::Secret;
+use profcol_api::config::{Secret, SecretUrl};
 use profcol_api::telemetry::Level;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -155,7 +155,8 @@ pub struct OtlpTelemetryExporter {
     pub protocol: OtlpProtocol,
     /// `http://host:port` or `https://host:port`; for `http/protobuf` a URL
     /// without a path gets the signal's (`/v1/metrics`, `/v1/logs`, `/v1/traces`).
-    pub endpoint: String,
+    /// Credentials in it (`user:password@`) are redacted when printed or logged.
+    pub endpoint: SecretUrl,
     /// Headers sent with every request (e.g. an API key); redacted when printed.
     #[serde(default)]
     pub headers: BTreeMap<String, Secret>,
@@ -261,15 +262,16 @@ pub(crate) fn check(t: &TelemetryConfig, out: &mut Vec<(Vec<String>, String)>) {
 }
 
 fn check_otlp(o: &OtlpTelemetryExporter, at: &mut dyn FnMut(&[&str], String)) {
-    let scheme_ok = o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://");
-    let rest = o.endpoint.split_once("://").map(|(_, r)| r).unwrap_or("");
+    let url = o.endpoint.expose();
+    let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or("");
     let host = rest.split('/').next().unwrap_or("");
     if !scheme_ok || host.is_empty() {
         at(
             &["endpoint"],
             format!(
                 "{:?} is not an OTLP endpoint; write http://host:port or https://host:port (e.g. http://localhost:4317 for grpc, http://localhost:4318 for http/protobuf)",
-                o.endpoint
+                o.endpoint.redacted()
             ),
         );
     }
@@ -296,7 +298,7 @@ fn check_otlp(o: &OtlpTelemetryExporter, at: &mut dyn FnMut(&[&str], String)) {
     if tls.cert_file.is_some() != tls.key_file.is_some() {
         at(&["tls"], "cert_file and key_file go together (mutual TLS); set both or neither".into());
     }
-    if (tls.ca_file.is_some() || tls.cert_file.is_some()) && o.endpoint.starts_with("http://") {
+    if (tls.ca_file.is_some() || tls.cert_file.is_some()) && o.endpoint.expose().starts_with("http://") {
         at(&["tls"], "TLS settings need an https:// endpoint".into());
     }
 }

@@ -14,6 +14,7 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::Temporality;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
+use profcol_api::config::SecretUrl;
 use profcol_config::{OtlpProtocol, OtlpTelemetryExporter};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -51,13 +52,14 @@ impl Signal {
 pub struct Contained<E> {
     inner: E,
     signal: Signal,
+    /// As it may be logged (credentials redacted).
     endpoint: String,
     failing: AtomicBool,
 }
 
 impl<E> Contained<E> {
-    fn new(inner: E, signal: Signal, endpoint: &str) -> Self {
-        Contained { inner, signal, endpoint: endpoint.to_owned(), failing: AtomicBool::new(false) }
+    fn new(inner: E, signal: Signal, endpoint: &SecretUrl) -> Self {
+        Contained { inner, signal, endpoint: endpoint.redacted().into_owned(), failing: AtomicBool::new(false) }
     }
 
     fn outcome(&self, r: OTelSdkResult) -> OTelSdkResult {
@@ -126,14 +128,15 @@ impl<E: SpanExporter> SpanExporter for Contained<E> {
 
 /// The endpoint as the transport wants it: for http/protobuf, a URL without
 /// a path gets the signal's.
-fn endpoint(c: &OtlpTelemetryExporter, signal: Signal) -> String {
+fn endpoint(c: &OtlpTelemetryExporter, signal: Signal) -> SecretUrl {
+    let url = c.endpoint.expose();
     match c.protocol {
         OtlpProtocol::Grpc => c.endpoint.clone(),
         OtlpProtocol::HttpProtobuf => {
-            let rest = c.endpoint.split_once("://").map(|(_, r)| r).unwrap_or("");
+            let rest = url.split_once("://").map(|(_, r)| r).unwrap_or("");
             match rest.find('/') {
                 Some(i) if rest.len() > i + 1 => c.endpoint.clone(),
-                _ => format!("{}{}", c.endpoint.trim_end_matches('/'), signal.path()),
+                _ => SecretUrl::new(format!("{}{}", url.trim_end_matches('/'), signal.path())),
             }
         }
     }
@@ -144,7 +147,7 @@ fn read(path: &std::path::Path, what: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 fn tonic_tls(c: &OtlpTelemetryExporter) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
-    if !c.endpoint.starts_with("https://") {
+    if !c.endpoint.expose().starts_with("https://") {
         return Ok(None);
     }
     let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
@@ -193,8 +196,11 @@ macro_rules! build_exporter {
         let ep = endpoint(c, $signal);
         let built = match c.protocol {
             OtlpProtocol::Grpc => {
-                let mut b =
-                    $builder.with_tonic().with_endpoint(ep.clone()).with_timeout(c.timeout).with_metadata(metadata(c)?);
+                let mut b = $builder
+                    .with_tonic()
+                    .with_endpoint(ep.expose())
+                    .with_timeout(c.timeout)
+                    .with_metadata(metadata(c)?);
                 if let Some(tls) = tonic_tls(c)? {
                     b = b.with_tls_config(tls);
                 }
@@ -203,7 +209,7 @@ macro_rules! build_exporter {
             OtlpProtocol::HttpProtobuf => $builder
                 .with_http()
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(ep.clone())
+                .with_endpoint(ep.expose())
                 .with_timeout(c.timeout)
                 .with_headers(headers(c))
                 .with_http_client(http_client(c)?)
@@ -282,9 +288,19 @@ mod tests {
     #[test]
     fn http_endpoints_get_the_signal_path_only_without_one() {
         let h = OtlpProtocol::HttpProtobuf;
-        assert_eq!(endpoint(&cfg(h, "http://c:4318"), Signal::Metrics), "http://c:4318/v1/metrics");
-        assert_eq!(endpoint(&cfg(h, "http://c:4318/"), Signal::Logs), "http://c:4318/v1/logs");
-        assert_eq!(endpoint(&cfg(h, "http://c:4318/custom/logs"), Signal::Logs), "http://c:4318/custom/logs");
-        assert_eq!(endpoint(&cfg(OtlpProtocol::Grpc, "http://c:4317"), Signal::Traces), "http://c:4317");
+        assert_eq!(endpoint(&cfg(h, "http://c:4318"), Signal::Metrics).expose(), "http://c:4318/v1/metrics");
+        assert_eq!(endpoint(&cfg(h, "http://c:4318/"), Signal::Logs).expose(), "http://c:4318/v1/logs");
+        assert_eq!(endpoint(&cfg(h, "http://c:4318/custom/logs"), Signal::Logs).expose(), "http://c:4318/custom/logs");
+        assert_eq!(endpoint(&cfg(OtlpProtocol::Grpc, "http://c:4317"), Signal::Traces).expose(), "http://c:4317");
+    }
+
+    #[test]
+    fn credentials_in_the_endpoint_are_sent_but_never_logged() {
+        let c = cfg(OtlpProtocol::HttpProtobuf, "https://tenant:s3cret@otel.example:4318");
+        let ep = endpoint(&c, Signal::Metrics);
+        assert_eq!(ep.expose(), "https://tenant:s3cret@otel.example:4318/v1/metrics");
+        let logged = Contained::new((), Signal::Metrics, &ep).endpoint;
+        assert_eq!(logged, "https://tenant:[REDACTED]@otel.example:4318/v1/metrics");
+        assert!(!format!("{ep} {ep:?} {:?}", c).contains("s3cret"));
     }
 }
