@@ -26,7 +26,9 @@ pub struct SourceFrame {
 
 /// Line and inline information of one file.
 pub struct DwarfLines {
-    ctx: addr2line::Context<Reader>,
+    /// addr2line fills its lazily parsed units through `&self` (not
+    /// `Sync`): one lookup at a time per file.
+    ctx: std::sync::Mutex<addr2line::Context<Reader>>,
     bytes: usize,
 }
 
@@ -51,7 +53,7 @@ impl DwarfLines {
             return None;
         }
         let ctx = addr2line::Context::from_dwarf(dwarf).ok()?;
-        Some(DwarfLines { ctx, bytes })
+        Some(DwarfLines { ctx: std::sync::Mutex::new(ctx), bytes })
     }
 
     /// Bytes of debug sections held (parsed units add to this as they are
@@ -64,7 +66,8 @@ impl DwarfLines {
     /// Names are demangled by the unit's language (Rust, C++).
     pub fn frames(&self, vaddr: u64) -> Vec<SourceFrame> {
         let mut out = Vec::new();
-        let Ok(mut frames) = self.ctx.find_frames(vaddr).skip_all_loads() else {
+        let ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
+        let Ok(mut frames) = ctx.find_frames(vaddr).skip_all_loads() else {
             return out;
         };
         // A broken unit yields an error part-way: keep what came before it.
