@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# CI needs for the user_symbols tests (processors/tests/user_symbols*.rs,
+# elf/src/tests.rs):
+#   - gcc: compiles the C workloads with -g (and zlib-compressed DWARF);
+#   - binutils: addr2line (the reference names), objcopy (separate debug
+#     files, .gnu_debuglink), strip.
+# With CI=true a test whose tool is missing fails instead of skipping.
+set -euo pipefail
+
+need=()
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+for t in addr2line objcopy strip; do
+	command -v "$t" >/dev/null || { need+=(binutils); break; }
+done
+if [ ${#need[@]} -gt 0 ]; then
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
