@@ -17,3 +17,9 @@ if [ ${#need[@]} -gt 0 ]; then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# unshare (util-linux): the mount-namespace case of the live test.
+command -v unshare >/dev/null || {
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends util-linux >/dev/null
+}

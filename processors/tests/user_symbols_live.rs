@@ -3,6 +3,8 @@
 //! build id (a `.build-id` tree) and by `.gnu_debuglink`, are sampled; the
 //! processes exit and their binaries are deleted before the batches reach
 //! the processor, which names them through the files the receiver pinned.
+//! A fourth copy runs from a tmpfs mounted in its own mount namespace
+//! (`unshare -m`), at a path that does not exist on the host.
 //! Every frame must agree with binutils' `addr2line -f -i -C`.
 //!
 //!     sudo -E cargo test -p profcol-processors --test user_symbols_live
@@ -27,7 +29,10 @@ use user_symbols_common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exited_processes_are_named_as_addr2line_names_them() {
-    if !require_root("exited_processes_are_named_as_addr2line_names_them") || !tools_available() {
+    if !require_root("exited_processes_are_named_as_addr2line_names_them")
+        || !tools_available()
+        || !profcol_testkit::tools::tool_available("unshare", &["--version"])
+    {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -49,15 +54,31 @@ async fn exited_processes_are_named_as_addr2line_names_them() {
     stripped(&by_link, &run.join("by_link"));
     add_debuglink(&run.join("by_link"), &run.join("by_link.debug"));
 
-    let names = ["full", "by_id", "by_link"];
+    // ns: runs from a tmpfs mounted in a mount namespace of its own, at a
+    // path that is an empty directory on the host.
+    let ns = compile(&keep, "ns", 4);
+    let ns_dir = dir.path().join("nsroot");
+    std::fs::create_dir_all(&ns_dir).unwrap();
+
+    let names = ["full", "by_id", "by_link", "ns"];
     let mut children: Vec<_> = names
         .iter()
-        .map(|n| {
-            Command::new(run.join(n))
-                .arg("1.5")
-                .stdin(Stdio::piped())
-                .spawn()
-                .unwrap_or_else(|e| panic!("run {n}: {e}"))
+        .map(|&n| {
+            let mut cmd = if n == "ns" {
+                let script = format!(
+                    "mount -t tmpfs tmpfs {d} && cp {src} {d}/ns && exec {d}/ns 1.5",
+                    d = ns_dir.display(),
+                    src = ns.display()
+                );
+                let mut c = Command::new("unshare");
+                c.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+                c
+            } else {
+                let mut c = Command::new(run.join(n));
+                c.arg("1.5");
+                c
+            };
+            cmd.stdin(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("run {n}: {e}"))
         })
         .collect();
     let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
@@ -92,10 +113,11 @@ async fn exited_processes_are_named_as_addr2line_names_them() {
     for pid in &pids {
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still exists");
     }
-    for n in names {
+    for n in ["full", "by_id", "by_link"] {
         std::fs::remove_file(run.join(n)).unwrap();
     }
-    assert!(services.file_pins.len() >= 3, "the receiver pinned the three binaries");
+    assert!(!ns_dir.join("ns").exists(), "the namespaced binary is not on the host");
+    assert!(services.file_pins.len() >= 4, "the receiver pinned the four binaries");
 
     let pid: ComponentId = "user_symbols".parse().unwrap();
     let processor = UserSymbols::with_telemetry(
@@ -111,8 +133,8 @@ async fn exited_processes_are_named_as_addr2line_names_them() {
     }
     let metrics = registry.render();
 
-    for (n, reference) in [("full", &full), ("by_id", &by_id), ("by_link", &by_link)] {
-        let frames = native_frames(&out, &[&format!("/run/{n}")]);
+    for (n, reference) in [("full", &full), ("by_id", &by_id), ("by_link", &by_link), ("ns", &ns)] {
+        let frames = native_frames(&out, &[&format!("/run/{n}"), &format!("/nsroot/{n}")]);
         let (agree, total, diffs) = agreement(reference, &frames);
         let unnamed: u64 = frames.iter().filter(|f| f.frames.is_empty()).map(|f| f.weight).sum();
         eprintln!("{n}: {agree} of {total} frames agree with addr2line, {unnamed} unnamed");

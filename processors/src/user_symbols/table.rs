@@ -165,7 +165,14 @@ impl BinaryTable {
     }
 
     fn resolve_uncached(&self, offset: u64) -> Vec<NamedFrame> {
-        let Some(vaddr) = self.vaddr(offset) else { return Vec::new() };
+        match self.vaddr(offset) {
+            Some(vaddr) => self.resolve_vaddr(vaddr),
+            None => Vec::new(),
+        }
+    }
+
+    /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
+    pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
         let symbol = self.symbols.lookup(vaddr).map(|(name, _)| name);
         let mut out = Vec::new();
         if let Some(dwarf) = &self.dwarf {
