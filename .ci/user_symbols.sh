@@ -3,12 +3,15 @@
 # elf/src/tests.rs):
 #   - gcc: compiles the C workloads with -g (and zlib-compressed DWARF);
 #   - binutils: addr2line (the reference names), objcopy (separate debug
-#     files, .gnu_debuglink), strip.
+#     files, .gnu_debuglink), strip;
+#   - debuginfod: the server processors/tests/user_symbols_debuginfod.rs
+#     starts on a directory of debug files.
 # With CI=true a test whose tool is missing fails instead of skipping.
 set -euo pipefail
 
 need=()
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
+command -v debuginfod >/dev/null || need+=(debuginfod)
 for t in addr2line objcopy strip; do
 	command -v "$t" >/dev/null || { need+=(binutils); break; }
 done

@@ -5,92 +5,16 @@
 
 mod user_symbols_common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use profcol_api::component::{ComponentId, Kind, Processor};
-use profcol_api::model::{keys, pb, AttrValue, ProfileMeta, ProfilesBuilder, Resource};
 use profcol_api::services::FilePins;
 use profcol_api::telemetry::Telemetry;
-use profcol_api::Profiles;
 use profcol_processors::user_symbols::cache::{Cache, State};
 use profcol_processors::user_symbols::table::{SearchPaths, Want};
 use profcol_processors::user_symbols::{Config, UserSymbols};
 use user_symbols_common::*;
-
-/// A batch of one sample whose user stack is `offsets` (leaf first) in a
-/// mapping of `path` with `build_id` loaded at 0x10000 (offset 0), under a
-/// kernel frame and beside an already named frame.
-fn batch(path: &Path, build_id: &str, vaddrs: &[u64], elf: &profcol_elf::ElfFile) -> Profiles {
-    let mut b = ProfilesBuilder::new();
-    let r = b.resource(Resource::default());
-    let p = b.profile(r, &ProfileMeta::cpu(10_000_000, 1, 1));
-    let native = b.attribute(keys::FRAME_TYPE, AttrValue::Str("native"));
-    let kernel = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
-    let bid = b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(build_id));
-    let filename_strindex = b.string(&path.to_string_lossy());
-    let base = 0x10000;
-    let m = b.mapping(pb::Mapping {
-        memory_start: base,
-        memory_limit: base + 0x100000,
-        file_offset: 0,
-        filename_strindex,
-        attribute_indices: vec![bid],
-    });
-    let kname = b.string(keys::KERNEL_MAPPING);
-    let km = b.mapping(pb::Mapping { filename_strindex: kname, ..Default::default() });
-    let mut locs = vec![b.location(pb::Location {
-        mapping_index: km,
-        address: 0xffffffff81000000,
-        lines: vec![],
-        attribute_indices: vec![kernel],
-    })];
-    for &v in vaddrs {
-        let off = elf.file_offset(v).unwrap();
-        locs.push(b.location(pb::Location {
-            mapping_index: m,
-            address: base + off,
-            lines: vec![],
-            attribute_indices: vec![native],
-        }));
-    }
-    // An interpreter frame someone already named.
-    let f = b.function("py_func", "py_func", "x.py", 0);
-    locs.push(b.location(pb::Location {
-        mapping_index: 0,
-        address: 0,
-        lines: vec![pb::Line { function_index: f, line: 7, column: 0 }],
-        attribute_indices: vec![],
-    }));
-    let stack_index = b.stack(&locs);
-    b.sample(p, pb::Sample { stack_index, values: vec![2], ..Default::default() });
-    b.build()
-}
-
-/// The frames of the first sample, leaf first: (function names, line).
-fn frames(p: &Profiles) -> Vec<Vec<(String, i64)>> {
-    let d = p.dictionary().unwrap();
-    let s = &p.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0];
-    d.stack_table[s.stack_index as usize]
-        .location_indices
-        .iter()
-        .map(|&l| {
-            d.location_table[l as usize]
-                .lines
-                .iter()
-                .map(|ln| {
-                    let f = &d.function_table[ln.function_index as usize];
-                    (d.string_table[f.name_strindex as usize].clone(), ln.line)
-                })
-                .collect()
-        })
-        .collect()
-}
-
-fn symbol(elf: &profcol_elf::ElfFile, name: &str) -> (u64, u64) {
-    elf.function_symbols().iter().find(|s| s.2 == name).map(|s| (s.0, u64::from(s.1))).unwrap()
-}
 
 #[tokio::test]
 async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {

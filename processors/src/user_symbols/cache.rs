@@ -15,6 +15,7 @@ use profcol_api::services::FilePins;
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
+use super::debuginfod::{Debuginfod, DebuginfodCounters};
 use super::table::{BinaryTable, Missing, SearchPaths, Want};
 
 /// The state of one key.
@@ -61,11 +62,23 @@ pub struct Cache {
     /// Woken whenever a load finishes.
     pub loaded: Arc<Notify>,
     pub counters: Arc<LoadCounters>,
+    pub debuginfod: Arc<DebuginfodCounters>,
 }
 
 impl Cache {
     /// A cache and its loader thread (which ends when the cache is dropped).
     pub fn start(max_bytes: u64, negative_ttl: Duration, search: SearchPaths, pins: Arc<FilePins>) -> Arc<Self> {
+        Self::start_with(max_bytes, negative_ttl, search, pins, None)
+    }
+
+    /// With a debuginfod client for the loader thread.
+    pub fn start_with(
+        max_bytes: u64,
+        negative_ttl: Duration,
+        search: SearchPaths,
+        pins: Arc<FilePins>,
+        mut debuginfod: Option<Debuginfod>,
+    ) -> Arc<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<Want>();
         let cache = Arc::new(Cache {
             inner: Mutex::new(Inner { entries: FxHashMap::default(), clock: 0, bytes: 0 }),
@@ -74,14 +87,17 @@ impl Cache {
             queue: tx,
             loaded: Arc::new(Notify::new()),
             counters: Arc::new(LoadCounters::default()),
+            debuginfod: Arc::new(DebuginfodCounters::default()),
         });
+        let dcounters = cache.debuginfod.clone();
         let weak = Arc::downgrade(&cache);
         let spawned = std::thread::Builder::new().name("user-symbols".into()).spawn(move || {
             // Ends when every sender (the cache) is gone.
             while let Ok(want) = rx.recv() {
                 let t0 = Instant::now();
                 let pinned = pins.get(&want.key);
-                let result = BinaryTable::load(&want, pinned, &search);
+                let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
+                let result = BinaryTable::load_with(&want, pinned, &search, client);
                 let Some(cache) = weak.upgrade() else { return };
                 cache.finish(&want, result, t0.elapsed());
             }

@@ -8,6 +8,7 @@
 //!     debug_dirs: [/usr/lib/debug]  # .build-id/xx/rest.debug and .gnu_debuglink trees
 //!     negative_ttl: 5m           # a binary without file or symbols is tried again after this
 //!     cache: { max_bytes: 268435456 }  # loaded tables, least recently used evicted
+//!     debuginfod: { urls: [], timeout: 5s, negative_ttl: 10m, max_download_bytes: 536870912 }
 //! ```
 
 use std::path::PathBuf;
@@ -32,6 +33,38 @@ pub struct Config {
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub negative_ttl: Duration,
     pub cache: CacheConfig,
+    pub debuginfod: DebuginfodConfig,
+}
+
+/// debuginfod servers asked for the debug file of a binary without DWARF
+/// (or without symbols), by build id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+#[schemars(rename = "UserSymbolsDebuginfodConfig")]
+pub struct DebuginfodConfig {
+    /// Server base URLs, asked in order; empty: the `DEBUGINFOD_URLS` environment variable (space separated); neither: no requests.
+    pub urls: Vec<String>,
+    /// Limit of one request (a server that does not answer holds only the loader thread, this long per server).
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
+    pub timeout: Duration,
+    /// A build id no server has is asked for again only after this long.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
+    pub negative_ttl: Duration,
+    /// Largest debug file downloaded, in bytes; a larger answer is abandoned and counted as an error.
+    pub max_download_bytes: u64,
+}
+
+impl Default for DebuginfodConfig {
+    fn default() -> Self {
+        DebuginfodConfig {
+            urls: Vec::new(),
+            timeout: Duration::from_secs(5),
+            negative_ttl: Duration::from_secs(600),
+            max_download_bytes: 512 << 20,
+        }
+    }
 }
 
 /// The in-memory cache of loaded symbol tables.
@@ -60,6 +93,7 @@ impl Default for Config {
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
             negative_ttl: Duration::from_secs(300),
             cache: CacheConfig::default(),
+            debuginfod: DebuginfodConfig::default(),
         }
     }
 }
@@ -80,6 +114,18 @@ impl profcol_api::config::Validate for Config {
                     self.cache.max_bytes
                 ),
             );
+        }
+        for (i, u) in self.debuginfod.urls.iter().enumerate() {
+            let ok = (u.starts_with("http://") || u.starts_with("https://")) && reqwest::Url::parse(u).is_ok();
+            if !ok {
+                p.add(
+                    &format!("debuginfod.urls[{i}]"),
+                    format!("{u:?} is not an http(s) URL; give the server's base, e.g. https://debuginfod.debian.net"),
+                );
+            }
+        }
+        if self.debuginfod.timeout.is_zero() {
+            p.add("debuginfod.timeout", "0 would fail every request; use a positive duration (default 5s)");
         }
         for (i, d) in self.debug_dirs.iter().enumerate() {
             if !d.is_absolute() {

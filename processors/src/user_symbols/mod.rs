@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod debuginfod;
 pub mod processor;
 pub mod symbolize;
 pub mod table;

@@ -13,6 +13,7 @@ use profcol_api::Profiles;
 
 use super::cache::{Cache, State};
 use super::config::Config;
+use super::debuginfod::Debuginfod;
 use super::symbolize::{self, Candidates, Outcome};
 use super::table::SearchPaths;
 
@@ -35,8 +36,9 @@ struct Metrics {
     tables_missing: Counter,
     evictions: Counter,
     parse_micros: Counter,
+    debuginfod: [Counter; 4],
     /// Loader counters as last mirrored.
-    seen: [std::sync::atomic::AtomicU64; 4],
+    seen: [std::sync::atomic::AtomicU64; 8],
 }
 
 impl Metrics {
@@ -62,6 +64,13 @@ impl Metrics {
             ),
             evictions: t.counter("user_symbols_evictions_total", "Tables evicted to stay within cache.max_bytes"),
             parse_micros: t.counter("user_symbols_parse_microseconds_total", "Time spent loading tables, µs"),
+            debuginfod: ["ok", "not_found", "error", "negative_cached"].map(|o| {
+                t.counter_labeled(
+                    "user_symbols_debuginfod_requests_total",
+                    "debuginfod lookups by outcome (negative_cached: answered by the negative cache, no request)",
+                    ("outcome", o),
+                )
+            }),
             seen: Default::default(),
         }
     }
@@ -79,6 +88,10 @@ impl Metrics {
             (c.tables_missing.load(Relaxed), &self.tables_missing),
             (c.evictions.load(Relaxed), &self.evictions),
             (c.parse_micros.load(Relaxed), &self.parse_micros),
+            (cache.debuginfod.ok.load(Relaxed), &self.debuginfod[0]),
+            (cache.debuginfod.not_found.load(Relaxed), &self.debuginfod[1]),
+            (cache.debuginfod.error.load(Relaxed), &self.debuginfod[2]),
+            (cache.debuginfod.negative_hits.load(Relaxed), &self.debuginfod[3]),
         ]
         .into_iter()
         .enumerate()
@@ -101,7 +114,13 @@ impl UserSymbols {
     fn cache(&self) -> &Arc<Cache> {
         self.cache.get_or_init(|| {
             let search = SearchPaths { debug_dirs: self.cfg.debug_dirs.clone(), lines: self.cfg.lines };
-            Cache::start(self.cfg.cache.max_bytes, self.cfg.negative_ttl, search, self.pins.clone())
+            Cache::start_with(
+                self.cfg.cache.max_bytes,
+                self.cfg.negative_ttl,
+                search,
+                self.pins.clone(),
+                Debuginfod::new(&self.cfg.debuginfod),
+            )
         })
     }
 

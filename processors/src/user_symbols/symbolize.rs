@@ -60,11 +60,13 @@ struct MapInfo {
 pub struct Candidates {
     maps: FxHashMap<i32, MapInfo>,
     locs: FxHashSet<i32>,
+    /// Mappings some candidate location is in.
+    used: FxHashSet<i32>,
 }
 
 impl Candidates {
     pub fn find(batch: &Profiles) -> Self {
-        let mut c = Candidates { maps: FxHashMap::default(), locs: FxHashSet::default() };
+        let mut c = Candidates { maps: FxHashMap::default(), locs: FxHashSet::default(), used: FxHashSet::default() };
         let Some(d) = batch.dictionary() else { return c };
         let s = |i: i32| str_at(&d.string_table, i);
         let attr_str = |a: i32| -> Option<(&str, &str)> {
@@ -110,6 +112,7 @@ impl Candidates {
             });
             if native {
                 c.locs.insert(i as i32);
+                c.used.insert(l.mapping_index);
             }
         }
         c
@@ -122,8 +125,8 @@ impl Candidates {
     /// The distinct binaries the candidate frames need.
     pub fn wants(&self) -> Vec<Want> {
         let mut seen = FxHashSet::default();
-        let used: FxHashSet<i32> = self.maps.keys().copied().collect();
-        used.iter()
+        self.used
+            .iter()
             .filter_map(|m| self.maps.get(m))
             .filter(|m| seen.insert(m.want.key.clone()))
             .map(|m| m.want.clone())

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use profcol_api::services::PinnedFile;
+
+use super::debuginfod::{Debuginfod, DebuginfodCounters};
 use profcol_elf::{DwarfLines, ElfFile, SymbolTable};
 use rustc_hash::FxHashMap;
 
@@ -85,6 +87,17 @@ impl BinaryTable {
     /// else its path on this host (checked to have the same id), then the
     /// best debug file.
     pub fn load(want: &Want, pinned: Option<PinnedFile>, search: &SearchPaths) -> Result<Self, Missing> {
+        Self::load_with(want, pinned, search, None)
+    }
+
+    /// [`Self::load`], asking debuginfod for the debug file when no local
+    /// one is found and the binary lacks DWARF (with `lines`) or symbols.
+    pub fn load_with(
+        want: &Want,
+        pinned: Option<PinnedFile>,
+        search: &SearchPaths,
+        debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
+    ) -> Result<Self, Missing> {
         let (binary, binary_path, root) = match pinned {
             Some(p) => {
                 let f = p.file.try_clone().map_err(|_| Missing::NoFile)?;
@@ -99,7 +112,15 @@ impl BinaryTable {
         if !same_identity(&elf, &binary, want) {
             return Err(Missing::NoFile);
         }
-        let debug = find_debug_file(&elf, want, &binary_path, root.as_deref(), search);
+        let mut debug = find_debug_file(&elf, want, &binary_path, root.as_deref(), search);
+        let needs = (search.lines && !elf.has_debug_info()) || !elf.has_symtab();
+        if let (None, true, true, Some((client, counters))) = (&debug, needs, want.is_build_id, debuginfod) {
+            debug = client
+                .debuginfo(&want.key, counters)
+                .and_then(|bytes| ElfFile::from_vec(bytes).ok())
+                .filter(|d| d.gnu_build_id().map(profcol_elf::notes::hex).as_deref() == Some(&*want.key))
+                .map(|d| (d, PathBuf::from(format!("debuginfod:{}", want.key))));
+        }
         let segments = elf.load_segments();
         let (sym_src, debug_path) = match &debug {
             Some((d, p)) if d.has_symtab() => (d, Some(p.clone())),
