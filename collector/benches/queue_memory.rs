@@ -91,7 +91,7 @@ fn child(sizer: Sizer, queue_size: u64) {
         let id: ComponentId = "otlp/down".parse().unwrap();
         let telemetry = Telemetry::new().component(Kind::Exporter, &id);
         let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{closed}"), ..Default::default() };
-        let settings = CreateSettings { id: id.clone(), telemetry: telemetry.clone() };
+        let settings = CreateSettings { id: id.clone(), telemetry: telemetry.clone(), services: Default::default() };
         let exporter = Arc::new(OtlpGrpcExporter::new(settings, cfg).unwrap());
         let mut helper = ExporterHelperConfig::default();
         helper.retry_on_failure.max_elapsed_time = Duration::ZERO; // retry for ever: the backend is down

@@ -1,6 +1,7 @@
 //! The `profcol` command line.
 
 mod kernel_symbols_cli;
+mod user_symbols_cli;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -52,6 +53,11 @@ enum Cmd {
     KernelSymbols {
         #[command(subcommand)]
         cmd: kernel_symbols_cli::KernelSymbolsCmd,
+    },
+    /// Name addresses of user-space binaries as the user_symbols processor does.
+    Symbols {
+        #[command(subcommand)]
+        cmd: user_symbols_cli::SymbolsCmd,
     },
 }
 
@@ -158,6 +164,13 @@ fn main() -> ExitCode {
             }
         }
         Some(Cmd::KernelSymbols { cmd }) => match kernel_symbols_cli::run(cmd) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+        Some(Cmd::Symbols { cmd }) => match user_symbols_cli::run(cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");

@@ -85,7 +85,7 @@ async fn export_through_host(server: &Server, proto: Proto, batch: &Profiles) ->
     let id: ComponentId =
         format!("{}/py", if matches!(proto, Proto::Grpc) { "otlp" } else { "otlp_http" }).parse().unwrap();
     let telemetry = Telemetry::new().component(Kind::Exporter, &id);
-    let settings = CreateSettings { id: id.clone(), telemetry: telemetry.clone() };
+    let settings = CreateSettings { id: id.clone(), telemetry: telemetry.clone(), services: Default::default() };
     let exporter: Arc<dyn Exporter> = match proto {
         Proto::Grpc => {
             let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{}", server.grpc()), ..Default::default() };

@@ -18,19 +18,36 @@
 //!   holds it ([`ElfFile::file_offset`]), which is what a uprobe needs, for
 //!   PIE (`ET_DYN`) and non-PIE (`ET_EXEC`) files alike.
 //!
+//! - every function symbol, as a compact table for address lookups
+//!   ([`ElfFile::function_symbols`]), the virtual address of a file offset
+//!   ([`ElfFile::vaddr_of_file_offset`]), DWARF lines and inlined frames
+//!   ([`ElfFile::dwarf_lines`], through addr2line), the `.gnu_debuglink`
+//!   of a stripped file ([`ElfFile::debuglink`]), and a file id for files
+//!   without a build ID ([`file_id`]).
+//!
 //! Every length and offset in the file is bounds-checked by `object`; bad
 //! input is an [`Error`], never a panic.
 //!
 //! A mapped file that is truncated while it is being read raises SIGBUS; the
 //! readers here keep a mapping only for the duration of one parse.
 
+pub mod dwarf;
 pub mod notes;
+pub mod symbols;
+
+pub use dwarf::{DwarfLines, SourceFrame};
+pub use symbols::SymbolTable;
 
 use memmap2::Mmap;
-use object::elf::{FileHeader32, FileHeader64, PT_LOAD, PT_NOTE, SHN_UNDEF, SHT_DYNSYM, SHT_NOTE, SHT_SYMTAB};
-use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, Sym};
+use object::elf::{
+    FileHeader32, FileHeader64, PT_LOAD, PT_NOTE, SHF_COMPRESSED, SHN_UNDEF, SHT_DYNSYM, SHT_NOBITS, SHT_NOTE,
+    SHT_SYMTAB,
+};
+use object::read::elf::{CompressionHeader, FileHeader, ProgramHeader, SectionHeader, Sym};
 use object::{Endianness, FileKind};
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
 
 /// Why a file could not be read as ELF.
 #[derive(Debug, thiserror::Error)]
@@ -172,10 +189,125 @@ impl ElfFile {
     /// File offset of virtual address `vaddr`, through the `PT_LOAD`
     /// segment that holds it in the file (`p_vaddr <= vaddr < p_vaddr + p_filesz`).
     pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
+        offset_in(&self.load_segments(), vaddr)
+    }
+
+    /// The `PT_LOAD` segments as (p_vaddr, p_filesz, p_offset).
+    pub fn load_segments(&self) -> Vec<(u64, u64, u64)> {
         match self.class {
-            Class::Elf32 => file_offset::<FileHeader32<Endianness>>(self.bytes.get(), vaddr),
-            Class::Elf64 => file_offset::<FileHeader64<Endianness>>(self.bytes.get(), vaddr),
+            Class::Elf32 => load_segments::<FileHeader32<Endianness>>(self.bytes.get()),
+            Class::Elf64 => load_segments::<FileHeader64<Endianness>>(self.bytes.get()),
         }
+        .unwrap_or_default()
+    }
+
+    /// Virtual address of file offset `offset` through the `PT_LOAD`
+    /// segment that maps it (the inverse of [`Self::file_offset`]).
+    pub fn vaddr_of_file_offset(&self, offset: u64) -> Option<u64> {
+        vaddr_in(&self.load_segments(), offset)
+    }
+
+    /// Every defined function symbol of `.symtab` and `.dynsym`, compact.
+    pub fn function_symbols(&self) -> SymbolTable {
+        match self.class {
+            Class::Elf32 => function_symbols::<FileHeader32<Endianness>>(self.bytes.get()),
+            Class::Elf64 => function_symbols::<FileHeader64<Endianness>>(self.bytes.get()),
+        }
+    }
+
+    /// Whether the file has a non-empty `.symtab` (not stripped).
+    pub fn has_symtab(&self) -> bool {
+        self.section_size(".symtab").is_some_and(|n| n > 0)
+    }
+
+    /// Whether the file has DWARF (`.debug_info` with contents).
+    pub fn has_debug_info(&self) -> bool {
+        self.section_size(".debug_info").is_some_and(|n| n > 0)
+    }
+
+    /// Size in the file of section `name` (0 for `SHT_NOBITS`).
+    pub fn section_size(&self, name: &str) -> Option<u64> {
+        match self.class {
+            Class::Elf32 => section_size::<FileHeader32<Endianness>>(self.bytes.get(), name),
+            Class::Elf64 => section_size::<FileHeader64<Endianness>>(self.bytes.get(), name),
+        }
+    }
+
+    /// Bytes of section `name`, decompressed when `SHF_COMPRESSED` (zlib);
+    /// `None` when absent, `SHT_NOBITS`, or compressed in a format not read.
+    /// At most `max` bytes after decompression (a bomb is refused).
+    pub fn section_bytes(&self, name: &str, max: usize) -> Option<Vec<u8>> {
+        match self.class {
+            Class::Elf32 => section_bytes::<FileHeader32<Endianness>>(self.bytes.get(), name, max),
+            Class::Elf64 => section_bytes::<FileHeader64<Endianness>>(self.bytes.get(), name, max),
+        }
+    }
+
+    /// The file name `.gnu_debuglink` names (the separate debug file of a
+    /// stripped binary) and its CRC-32.
+    pub fn debuglink(&self) -> Option<(String, u32)> {
+        let data = self.section_bytes(".gnu_debuglink", 64 << 10)?;
+        let nul = data.iter().position(|&b| b == 0)?;
+        let name = std::str::from_utf8(&data[..nul]).ok()?;
+        if name.is_empty() || name.contains('/') {
+            return None;
+        }
+        let crc_at = (nul + 4) & !3;
+        let crc = data.get(crc_at..crc_at + 4)?;
+        let crc = u32::from_le_bytes(crc.try_into().ok()?);
+        let crc = if self.big_endian() { crc.swap_bytes() } else { crc };
+        Some((name.to_owned(), crc))
+    }
+
+    /// DWARF lines and inlined frames, when the file has `.debug_info`.
+    /// Debug sections are copied out, each at most `max_section` bytes.
+    pub fn dwarf_lines(&self, max_section: usize) -> Option<DwarfLines> {
+        if !self.has_debug_info() {
+            return None;
+        }
+        DwarfLines::load(self.big_endian(), |name| self.section_bytes(name, max_section))
+    }
+
+    fn big_endian(&self) -> bool {
+        let data = self.bytes.get();
+        // EI_DATA: 2 = big-endian; the header was checked in `new`.
+        data.get(5) == Some(&2)
+    }
+}
+
+/// Bytes hashed at each end of a file for [`file_id`].
+pub const FILE_ID_EDGE: u64 = 4096;
+
+/// An id for a file without a GNU build ID (Go binaries by default): the
+/// first 128 bits of SHA-256 over its first and last 4 KiB and its size
+/// (big-endian u64), in hex: the OTel profiler's `htlhash`. Reads 8 KiB,
+/// whatever the file's size.
+pub fn file_id(file: &File) -> std::io::Result<String> {
+    let size = file.metadata()?.len();
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; FILE_ID_EDGE as usize];
+    let head = size.min(FILE_ID_EDGE) as usize;
+    file.read_exact_at(&mut buf[..head], 0)?;
+    ctx.update(&buf[..head]);
+    let tail_at = size.saturating_sub(FILE_ID_EDGE);
+    let tail = (size - tail_at) as usize;
+    file.read_exact_at(&mut buf[..tail], tail_at)?;
+    ctx.update(&buf[..tail]);
+    ctx.update(&size.to_be_bytes());
+    Ok(notes::hex(&ctx.finish().as_ref()[..16]))
+}
+
+/// CRC-32 (IEEE, as `.gnu_debuglink` uses) of a whole file, read in chunks.
+pub fn debuglink_crc(file: &mut File) -> std::io::Result<u32> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut crc = flate2::Crc::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(crc.sum());
+        }
+        crc.update(&buf[..n]);
     }
 }
 
@@ -292,17 +424,98 @@ fn offset_in(loads: &[(u64, u64, u64)], vaddr: u64) -> Option<u64> {
         .map(|&(start, _, off)| vaddr - start + off)
 }
 
-fn file_offset<H: FileHeader<Endian = Endianness>>(data: &[u8], vaddr: u64) -> Option<u64> {
+fn vaddr_in(loads: &[(u64, u64, u64)], offset: u64) -> Option<u64> {
+    loads
+        .iter()
+        .find(|&&(_, filesz, off)| offset >= off && offset - off < filesz)
+        .map(|&(start, _, off)| offset - off + start)
+}
+
+fn load_segments<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Vec<(u64, u64, u64)>> {
     let h = H::parse(data).ok()?;
     let e = h.endian().ok()?;
-    let loads: Vec<(u64, u64, u64)> = h
-        .program_headers(e, data)
-        .ok()?
-        .iter()
-        .filter(|p| p.p_type(e) == PT_LOAD)
-        .map(|p| (p.p_vaddr(e).into(), p.p_filesz(e).into(), p.p_offset(e).into()))
-        .collect();
-    offset_in(&loads, vaddr)
+    Some(
+        h.program_headers(e, data)
+            .ok()?
+            .iter()
+            .filter(|p| p.p_type(e) == PT_LOAD)
+            .map(|p| (p.p_vaddr(e).into(), p.p_filesz(e).into(), p.p_offset(e).into()))
+            .collect(),
+    )
+}
+
+fn function_symbols<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> SymbolTable {
+    let mut raw = Vec::new();
+    let Ok(h) = H::parse(data) else { return SymbolTable::default() };
+    let Ok(e) = h.endian() else { return SymbolTable::default() };
+    let Ok(sections) = h.sections(e, data) else { return SymbolTable::default() };
+    for table in [SHT_SYMTAB, SHT_DYNSYM] {
+        let Ok(symbols) = sections.symbols(e, data, table) else {
+            continue;
+        };
+        let strings = symbols.strings();
+        for sym in symbols.iter() {
+            let start: u64 = sym.st_value(e).into();
+            if sym.st_shndx(e) == SHN_UNDEF || start == 0 {
+                continue;
+            }
+            let kind = sym.st_type();
+            if kind != object::elf::STT_FUNC && kind != object::elf::STT_GNU_IFUNC {
+                continue;
+            }
+            let Ok(name) = sym.name(e, strings) else {
+                continue;
+            };
+            if name.is_empty() {
+                continue;
+            }
+            let rank = match sym.st_bind() {
+                object::elf::STB_GLOBAL => 0,
+                object::elf::STB_WEAK => 1,
+                _ => 2,
+            };
+            raw.push(symbols::RawSymbol { start, size: sym.st_size(e).into(), name: unversioned(name), rank });
+        }
+    }
+    SymbolTable::build(raw)
+}
+
+fn section_size<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> Option<u64> {
+    let h = H::parse(data).ok()?;
+    let e = h.endian().ok()?;
+    let sections = h.sections(e, data).ok()?;
+    let (_, sh) = sections.section_by_name(e, name.as_bytes())?;
+    if sh.sh_type(e) == SHT_NOBITS {
+        return Some(0);
+    }
+    Some(sh.sh_size(e).into())
+}
+
+fn section_bytes<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max: usize) -> Option<Vec<u8>> {
+    let h = H::parse(data).ok()?;
+    let e = h.endian().ok()?;
+    let sections = h.sections(e, data).ok()?;
+    let (_, sh) = sections.section_by_name(e, name.as_bytes())?;
+    if sh.sh_type(e) == SHT_NOBITS {
+        return None;
+    }
+    if !sh.sh_flags(e).contains(SHF_COMPRESSED) {
+        let bytes = sh.data(e, data).ok()?;
+        return (bytes.len() <= max).then(|| bytes.to_vec());
+    }
+    let (header, offset, size) = sh.compression(e, data).ok()??;
+    if header.ch_type(e) != object::elf::ELFCOMPRESS_ZLIB {
+        return None;
+    }
+    let want = usize::try_from(header.ch_size(e).into()).ok()?;
+    if want > max {
+        return None;
+    }
+    let compressed = data.get(usize::try_from(offset).ok()?..usize::try_from(offset.checked_add(size)?).ok()?)?;
+    let mut out = Vec::with_capacity(want);
+    let mut z = flate2::read::ZlibDecoder::new(compressed).take(want as u64);
+    z.read_to_end(&mut out).ok()?;
+    (out.len() == want).then_some(out)
 }
 
 #[cfg(test)]

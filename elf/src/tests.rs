@@ -152,3 +152,107 @@ fn bad_input_is_an_error_not_a_panic() {
     bad[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(matches!(ElfFile::from_vec(bad), Err(Error::Malformed(_))));
 }
+
+const LINES_PROGRAM: &str = r#"
+volatile int sink;
+static inline __attribute__((always_inline)) int inner(int x) {
+    sink += x * 3;
+    return sink + 1;
+}
+__attribute__((noinline)) int outer(int x) {
+    int s = 0;
+    for (int i = 0; i < x; i++)
+        s += inner(i);
+    return s;
+}
+int main(int argc, char **argv) { (void)argv; return outer(argc) == 42; }
+"#;
+
+/// binutils' `addr2line -f -i -C -e FILE ADDR`: (function, file base name, line), innermost first.
+fn binutils_frames(file: &Path, vaddr: u64) -> Vec<(String, String, u32)> {
+    let out = Command::new("addr2line")
+        .args(["-f", "-i", "-C", "-e"])
+        .arg(file)
+        .arg(format!("{vaddr:#x}"))
+        .output()
+        .expect("run addr2line (binutils)");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .map(|c| {
+            let (file, line) = c[1].rsplit_once(':').unwrap();
+            let line = line.split_whitespace().next().unwrap().parse().unwrap_or(0);
+            (c[0].to_owned(), base(file), line)
+        })
+        .collect()
+}
+
+fn base(p: &str) -> String {
+    p.rsplit('/').next().unwrap_or(p).to_owned()
+}
+
+fn ours(lines: &DwarfLines, vaddr: u64) -> Vec<(String, String, u32)> {
+    lines
+        .frames(vaddr)
+        .into_iter()
+        .map(|f| (f.function.unwrap_or_default(), base(&f.file.unwrap_or_default()), f.line))
+        .collect()
+}
+
+#[test]
+fn dwarf_lines_and_inlined_frames_agree_with_binutils() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, extra) in [("plain", &[][..]), ("zdebug", &["-gz=zlib"][..])] {
+        let mut args = vec!["-g", "-O2"];
+        args.extend_from_slice(extra);
+        let bin = gcc(dir.path(), name, LINES_PROGRAM, &args);
+        let elf = open(&bin);
+        let syms = elf.function_symbols();
+        let (_, outer_start) = syms.lookup(syms.iter().find(|s| s.2 == "outer").unwrap().0).unwrap();
+        let size = syms.iter().find(|s| s.2 == "outer").unwrap().1 as u64;
+        let lines = elf.dwarf_lines(64 << 20).expect("debug info");
+        let mut inlined = 0;
+        for vaddr in outer_start..outer_start + size {
+            let want = binutils_frames(&bin, vaddr);
+            let got = ours(&lines, vaddr);
+            assert_eq!(got, want, "{name} at {vaddr:#x}");
+            inlined += usize::from(got.len() > 1);
+        }
+        assert!(inlined > 0, "{name}: some address of outer is inside the inlined `inner`");
+        // Symbol table: every address of outer is named outer.
+        assert_eq!(syms.lookup(outer_start + size - 1).map(|s| s.0), Some("outer"));
+    }
+}
+
+#[test]
+fn debuglink_and_file_offsets_of_a_stripped_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(dir.path(), "linked", LINES_PROGRAM, &["-g"]);
+    let debug = dir.path().join("linked.debug");
+    let run = |args: &[&std::ffi::OsStr]| assert!(Command::new("objcopy").args(args).status().unwrap().success());
+    run(&["--only-keep-debug".as_ref(), bin.as_os_str(), debug.as_os_str()]);
+    let stripped = strip(&bin);
+    let with_link = dir.path().join("linked.with-link");
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    run(&[link.as_ref(), stripped.as_os_str(), with_link.as_os_str()]);
+    let elf = open(&with_link);
+    assert!(!elf.has_symtab() && !elf.has_debug_info());
+    let (name, crc) = elf.debuglink().expect("debuglink");
+    assert_eq!(name, "linked.debug");
+    assert_eq!(crc, debuglink_crc(&mut File::open(&debug).unwrap()).unwrap());
+    let dbg = open(&debug);
+    assert_eq!(dbg.gnu_build_id(), elf.gnu_build_id());
+    let outer = dbg.function_symbols().iter().find(|s| s.2 == "outer").unwrap().0;
+    // The stripped file's segments map the debug file's addresses.
+    let off = elf.file_offset(outer).unwrap();
+    assert_eq!(elf.vaddr_of_file_offset(off), Some(outer));
+    assert_eq!(ours(&dbg.dwarf_lines(64 << 20).unwrap(), outer), binutils_frames(&debug, outer));
+    // file_id: 16 bytes of hex, changes with the contents.
+    let a = file_id(&File::open(&bin).unwrap()).unwrap();
+    assert_eq!(a.len(), 32);
+    assert_ne!(a, file_id(&File::open(&stripped).unwrap()).unwrap());
+    let tiny = dir.path().join("tiny");
+    std::fs::write(&tiny, b"x").unwrap();
+    assert_eq!(file_id(&File::open(&tiny).unwrap()).unwrap().len(), 32);
+}

@@ -80,7 +80,10 @@ async fn start(max_concurrent_requests: usize, backpressure: Duration, max_mib: 
     let registry = Telemetry::new();
     let id: ComponentId = "otlp".parse().unwrap();
     let tel = registry.component(Kind::Receiver, &id);
-    let r = Arc::new(OtlpReceiver::new(CreateSettings { telemetry: tel.clone(), id: id.clone() }, cfg).unwrap());
+    let r = Arc::new(
+        OtlpReceiver::new(CreateSettings { telemetry: tel.clone(), id: id.clone(), services: Default::default() }, cfg)
+            .unwrap(),
+    );
     let c = Arc::new(Collector::default());
     let pipe = Arc::new(Counting { inner: c.clone(), entered: AtomicUsize::new(0) });
     r.start(Next::new(vec![pipe.clone() as Arc<dyn Consumer>], ComponentTelemetry::detached(Kind::Receiver, &id)))

@@ -99,7 +99,10 @@ async fn main() {
             let registry = Telemetry::new();
             let id: ComponentId = "ebpf".parse().unwrap();
             let telemetry = registry.component(Kind::Receiver, &id);
-            let receiver = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, config);
+            let receiver = EbpfReceiver::new(
+                CreateSettings { id, telemetry: telemetry.clone(), services: Default::default() },
+                config,
+            );
             let next = Next::new(vec![Arc::new(Discard) as Arc<dyn Consumer>], telemetry);
             receiver.start(next).await.expect("ebpf receiver starts (root needed)");
             tokio::time::sleep(Duration::from_millis(500)).await;

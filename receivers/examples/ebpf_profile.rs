@@ -66,7 +66,8 @@ async fn main() {
     let registry = Telemetry::new();
     let id: ComponentId = "ebpf".parse().expect("id");
     let telemetry = registry.component(Kind::Receiver, &id);
-    let receiver = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, config);
+    let receiver =
+        EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone(), services: Default::default() }, config);
     let sink = Arc::new(Summary { quiet, observations: AtomicU64::new(0) });
     let next = Next::new(vec![sink.clone() as Arc<dyn Consumer>], telemetry);
     if let Err(e) = receiver.start(next).await {

@@ -354,7 +354,7 @@ async fn backpressure_fills_the_ring_and_losses_are_counted() {
     let id: ComponentId = "ebpf".parse().unwrap();
     let telemetry = registry.component(Kind::Receiver, &id);
     let receiver = profcol_receivers::ebpf::EbpfReceiver::new(
-        profcol_api::CreateSettings { id, telemetry: telemetry.clone() },
+        profcol_api::CreateSettings { id, telemetry: telemetry.clone(), services: Default::default() },
         EbpfConfig {
             sample_frequency: 999,
             report_interval: Duration::from_millis(100),
@@ -422,7 +422,7 @@ async fn unprivileged_child_start() {
     let id: ComponentId = "ebpf".parse().unwrap();
     let telemetry = profcol_api::telemetry::ComponentTelemetry::detached(Kind::Receiver, &id);
     let receiver = profcol_receivers::ebpf::EbpfReceiver::new(
-        profcol_api::CreateSettings { id, telemetry: telemetry.clone() },
+        profcol_api::CreateSettings { id, telemetry: telemetry.clone(), services: Default::default() },
         EbpfConfig::default(),
     );
     let err = receiver.start(Next::new(vec![], telemetry)).await.expect_err("start must fail unprivileged");

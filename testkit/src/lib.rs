@@ -37,7 +37,7 @@ use profcol_api::telemetry::ComponentTelemetry;
 /// Settings for a component created outside a host (detached telemetry).
 pub fn settings(kind: Kind, id: &str) -> CreateSettings {
     let id: ComponentId = id.parse().expect("a valid component id");
-    CreateSettings { telemetry: ComponentTelemetry::detached(kind, &id), id }
+    CreateSettings { telemetry: ComponentTelemetry::detached(kind, &id), id, services: Default::default() }
 }
 
 /// What most test files use, in one `use profcol_testkit::prelude::*;`.

@@ -439,6 +439,8 @@ pub enum Component {
 pub struct CreateSettings {
     pub id: ComponentId,
     pub telemetry: ComponentTelemetry,
+    /// What the host shares between components (pinned files, ...).
+    pub services: crate::services::HostServices,
 }
 
 /// A factory's description.

@@ -11,6 +11,7 @@ pub mod component;
 pub mod config;
 pub mod exporterhelper;
 pub mod model;
+pub mod services;
 pub mod telemetry;
 
 pub use component::{

@@ -12,6 +12,7 @@ use crate::extensions::HostStatus;
 use crate::registry::Registry;
 use check::{Checked, CheckedComponents};
 use profcol_api::component::{Component, ComponentId, Consumer, CreateSettings, Extension, Kind, Next};
+use profcol_api::services::HostServices;
 use profcol_api::telemetry::Telemetry;
 use profcol_api::{Processor, Receiver};
 use profcol_config::Config;
@@ -105,12 +106,14 @@ impl BuildError {
 pub struct Service {
     registry: Registry,
     telemetry: Telemetry,
+    /// Shared by every component of every graph (pins survive a reload).
+    services: HostServices,
     status: HostStatus,
     graph: Option<Graph>,
 }
 
-fn settings(telemetry: &Telemetry, kind: Kind, id: &ComponentId) -> CreateSettings {
-    CreateSettings { id: id.clone(), telemetry: telemetry.component(kind, id) }
+fn settings(telemetry: &Telemetry, services: &HostServices, kind: Kind, id: &ComponentId) -> CreateSettings {
+    CreateSettings { id: id.clone(), telemetry: telemetry.component(kind, id), services: services.clone() }
 }
 
 fn berr(kind: Kind, id: &ComponentId, error: profcol_api::ComponentError) -> BuildError {
@@ -119,7 +122,7 @@ fn berr(kind: Kind, id: &ComponentId, error: profcol_api::ComponentError) -> Bui
 
 impl Service {
     pub fn new(registry: Registry, telemetry: Telemetry, status: HostStatus) -> Self {
-        Service { registry, telemetry, status, graph: None }
+        Service { registry, telemetry, services: HostServices::default(), status, graph: None }
     }
 
     pub fn registry(&self) -> &Registry {
@@ -311,7 +314,7 @@ impl Service {
         let f = self.registry.get(kind, id.type_name()).ok_or_else(|| {
             berr(kind, id, profcol_api::ComponentError::msg(format!("unknown {kind} type {:?}", id.type_name())))
         })?;
-        f.create(settings(&self.telemetry, kind, id), &c.config).map_err(|e| berr(kind, id, e))
+        f.create(settings(&self.telemetry, &self.services, kind, id), &c.config).map_err(|e| berr(kind, id, e))
     }
 
     /// The Next targets of receiver `id` in graph `g`.

@@ -78,7 +78,11 @@ fn processor(plugin: &Path, config: &str) -> Arc<dyn Processor> {
     let raw = profcol_config::parse_section(&yaml).unwrap();
     ProcessorFactory.check(&raw).unwrap();
     let id: ComponentId = "wasm/bench".parse().unwrap();
-    let settings = CreateSettings { telemetry: Telemetry::new().component(Kind::Processor, &id), id };
+    let settings = CreateSettings {
+        telemetry: Telemetry::new().component(Kind::Processor, &id),
+        id,
+        services: Default::default(),
+    };
     match ProcessorFactory.create(settings, &raw).unwrap() {
         Component::Processor(p) => p,
         _ => unreachable!(),

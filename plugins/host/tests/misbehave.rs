@@ -130,7 +130,11 @@ async fn a_config_the_plugin_refuses_fails_the_start() {
     let raw = profcol_config::parse_section(&yaml).unwrap();
     ProcessorFactory.check(&raw).unwrap();
     let id: ComponentId = "wasm/test".parse().unwrap();
-    let settings = CreateSettings { telemetry: Telemetry::new().component(Kind::Processor, &id), id };
+    let settings = CreateSettings {
+        telemetry: Telemetry::new().component(Kind::Processor, &id),
+        id,
+        services: Default::default(),
+    };
     let err = ProcessorFactory.create(settings, &raw).err().expect("init refused");
     assert!(err.to_string().contains("init refused the config: this config is refused on purpose"), "{err}");
 }

@@ -70,7 +70,10 @@ impl Pipeline {
         processor.start().await.expect("kernel_symbols starts");
         let id: ComponentId = "ebpf".parse().unwrap();
         let telemetry = registry.component(Kind::Receiver, &id);
-        let rx = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, receiver);
+        let rx = EbpfReceiver::new(
+            CreateSettings { id, telemetry: telemetry.clone(), services: Default::default() },
+            receiver,
+        );
         let sink = Arc::new(Collector::default());
         let consumer = Arc::new(Symbolize { processor: processor.clone(), sink: sink.clone() });
         rx.start(Next::new(vec![consumer as Arc<dyn Consumer>], telemetry)).await.expect("ebpf receiver starts");

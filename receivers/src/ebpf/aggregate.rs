@@ -246,11 +246,14 @@ impl Interval {
                         .map_or(0, |(i, m)| {
                             *mapping_idx.entry(i).or_insert_with(|| {
                                 let filename_strindex = b.string(&m.path);
-                                let attribute_indices = match &m.build_id {
-                                    Some(id) => {
+                                let attribute_indices = match (&m.build_id, &m.file_id) {
+                                    (Some(id), _) => {
                                         vec![b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(id))]
                                     }
-                                    None => Vec::new(),
+                                    (None, Some(id)) => {
+                                        vec![b.attribute(keys::BUILD_ID_HTLHASH, AttrValue::Str(id))]
+                                    }
+                                    (None, None) => Vec::new(),
                                 };
                                 b.mapping(pb::Mapping {
                                     memory_start: m.start,
@@ -355,6 +358,7 @@ mod tests {
                 file_offset: 0x1000,
                 path: Arc::from("/opt/burn"),
                 build_id: Some(Arc::from("abcd")),
+                file_id: None,
             }],
         });
         let all = SampleAttrs { thread_id: true, thread_name: true, cpu: true };

@@ -37,7 +37,22 @@ pub struct FileKey {
 struct Entry {
     mtime: (i64, i64),
     size: u64,
-    build_id: Option<Arc<str>>,
+    ids: FileIds,
+}
+
+/// How a file is known to symbolizers: its GNU build ID, else a file id
+/// (`profcol_elf::file_id`, for ELF files without one, such as Go's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileIds {
+    pub build_id: Option<Arc<str>>,
+    pub file_id: Option<Arc<str>>,
+}
+
+impl FileIds {
+    /// The key a symbolizer finds the file by.
+    pub fn key(&self) -> Option<&Arc<str>> {
+        self.build_id.as_ref().or(self.file_id.as_ref())
+    }
 }
 
 /// Build IDs by (device, inode), validated by mtime and size. Bounded: when
@@ -65,21 +80,34 @@ impl BuildIdCache {
     /// Build ID (hex) of an opened file, from the cache when (dev, inode,
     /// mtime, size) match.
     pub fn get(&mut self, file: &File) -> io::Result<Option<Arc<str>>> {
+        Ok(self.ids(file)?.build_id)
+    }
+
+    /// Build ID, or for an ELF file without one its file id, from the cache
+    /// when (dev, inode, mtime, size) match.
+    pub fn ids(&mut self, file: &File) -> io::Result<FileIds> {
         let md = file.metadata()?;
         let key = FileKey { dev: md.dev(), inode: md.ino() };
         let mtime = (md.mtime(), md.mtime_nsec());
         if let Some(e) = self.entries.get(&key) {
             if e.mtime == mtime && e.size == md.size() {
-                return Ok(e.build_id.clone());
+                return Ok(e.ids.clone());
             }
         }
         self.reads += 1;
-        let build_id = read_build_id(file)?.map(|b| Arc::<str>::from(hex(&b)));
+        let ids = match ElfFile::open(file) {
+            Ok(elf) => match elf.gnu_build_id() {
+                Some(b) => FileIds { build_id: Some(Arc::from(hex(b))), file_id: None },
+                None => FileIds { build_id: None, file_id: profcol_elf::file_id(file).ok().map(Arc::from) },
+            },
+            Err(profcol_elf::Error::Map(e)) => return Err(e),
+            Err(_) => FileIds::default(),
+        };
         if self.entries.len() >= self.capacity {
             self.entries.clear();
         }
-        self.entries.insert(key, Entry { mtime, size: md.size(), build_id: build_id.clone() });
-        Ok(build_id)
+        self.entries.insert(key, Entry { mtime, size: md.size(), ids: ids.clone() });
+        Ok(ids)
     }
 }
 

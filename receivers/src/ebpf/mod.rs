@@ -80,10 +80,15 @@ impl EbpfReceiver {
 impl Receiver for EbpfReceiver {
     async fn start(&self, next: Next) -> Result<(), ComponentError> {
         let id = self.settings.id.to_string();
-        let handle =
-            SamplerHandle::start(self.config.clone(), next, self.counters.clone(), self.settings.telemetry.clone())
-                .await
-                .map_err(|e| ComponentError::msg(format!("receivers::{id}: {e}")))?;
+        let handle = SamplerHandle::start(
+            self.config.clone(),
+            next,
+            self.counters.clone(),
+            self.settings.telemetry.clone(),
+            self.settings.services.file_pins.clone(),
+        )
+        .await
+        .map_err(|e| ComponentError::msg(format!("receivers::{id}: {e}")))?;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = running.replace(handle) {
             // start twice: keep the new one, stop the old in the background.

@@ -7,9 +7,10 @@
 //! entry cannot be read is remembered as unreadable (one counted drop) so
 //! its later samples cost nothing and log nothing.
 
-use super::buildid::BuildIdCache;
+use super::buildid::{BuildIdCache, FileIds};
 use super::procfs::{self, MapsEntry};
 use super::service_name::ServiceNamer;
+use profcol_api::services::{FilePins, PinnedFile};
 use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::sync::Arc;
@@ -35,6 +36,8 @@ pub struct Mapping {
     pub path: Arc<str>,
     /// Lower-case hex GNU build ID, when the file has one.
     pub build_id: Option<Arc<str>>,
+    /// File id of an ELF file without a build ID (`profcol_elf::file_id`).
+    pub file_id: Option<Arc<str>>,
 }
 
 /// Resource-level facts about a process.
@@ -111,6 +114,9 @@ pub struct ProcessTable {
     /// Known processes that exec'd since they were read: pid → the exec's
     /// CLOCK_MONOTONIC ns. At most one entry per known process.
     execs: FxHashMap<u32, u64>,
+    /// Where mapped files are pinned for `user_symbols` (by build id or
+    /// file id) while their processes live.
+    pins: Option<Arc<FilePins>>,
     pub stats: TableStats,
 }
 
@@ -125,8 +131,14 @@ impl ProcessTable {
             budget_window: Instant::now(),
             budget_used: 0,
             execs: FxHashMap::default(),
+            pins: None,
             stats: TableStats::default(),
         }
+    }
+
+    /// Pins every mapped ELF file in `pins` from now on.
+    pub fn set_file_pins(&mut self, pins: Arc<FilePins>) {
+        self.pins = Some(pins);
     }
 
     /// Names processes loaded from now on by these sources.
@@ -305,26 +317,33 @@ impl ProcessTable {
         let entries = procfs::read_maps(pid).ok()?;
         let generation = self.next_generation;
         self.next_generation = self.next_generation.wrapping_add(1).max(1);
-        let mut by_file: FxHashMap<(u32, u32, u64), Option<Arc<str>>> = FxHashMap::default();
+        let mut by_file: FxHashMap<(u32, u32, u64), FileIds> = FxHashMap::default();
         let mut paths: FxHashMap<String, Arc<str>> = FxHashMap::default();
         let mut mappings = Vec::with_capacity(entries.len());
         for e in entries {
-            let build_id = if e.is_file() {
+            let ids = if e.is_file() {
                 let key = (e.dev.0, e.dev.1, e.inode);
                 match by_file.get(&key) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = self.build_id_of(pid, &e);
+                        let b = self.ids_of(pid, &e);
                         by_file.insert(key, b.clone());
                         b
                     }
                 }
             } else {
-                None
+                FileIds::default()
             };
             let name = if e.path.is_empty() { "[anon]" } else { e.path.as_str() };
             let path = paths.entry(name.to_owned()).or_insert_with(|| Arc::from(name)).clone();
-            mappings.push(Mapping { start: e.start, end: e.end, file_offset: e.offset, path, build_id });
+            mappings.push(Mapping {
+                start: e.start,
+                end: e.end,
+                file_offset: e.offset,
+                path,
+                build_id: ids.build_id,
+                file_id: ids.file_id,
+            });
         }
         Some(MappingSet { generation, mappings })
     }
@@ -332,10 +351,23 @@ impl ProcessTable {
     /// Opens the mapped file the way the process sees it: through
     /// map_files (works across mount namespaces and for deleted files),
     /// else through the process's root.
-    fn build_id_of(&mut self, pid: u32, e: &MapsEntry) -> Option<Arc<str>> {
+    ///
+    /// With pins set, the opened file is pinned under its build id (or
+    /// file id) unless already pinned, so `user_symbols` can read it after
+    /// the process is gone, whatever mount namespace it lived in.
+    fn ids_of(&mut self, pid: u32, e: &MapsEntry) -> FileIds {
         let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", e.start, e.end);
-        let file = File::open(via_map_files).or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path))).ok()?;
-        self.build_ids.get(&file).ok().flatten()
+        let Ok(file) = File::open(via_map_files).or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path))) else {
+            return FileIds::default();
+        };
+        let ids = self.build_ids.ids(&file).unwrap_or_default();
+        if let (Some(pins), Some(key)) = (&self.pins, ids.key()) {
+            if !pins.touch(key) {
+                let root = Some(Arc::from(format!("/proc/{pid}/root")));
+                pins.pin(key.clone(), PinnedFile { file: Arc::new(file), path: Arc::from(e.path.as_str()), root });
+            }
+        }
+        ids
     }
 
     fn evict_one(&mut self) {
@@ -368,6 +400,14 @@ impl ProcessTable {
                 }
                 Slot::Live(st) => {
                     if st.last_seen >= seen_since {
+                        // Still sampled: its files stay pinned.
+                        if let Some(pins) = &self.pins {
+                            for m in &st.mappings.mappings {
+                                if let Some(k) = m.build_id.as_ref().or(m.file_id.as_ref()) {
+                                    pins.touch(k);
+                                }
+                            }
+                        }
                         continue;
                     }
                     if now.duration_since(st.last_seen) >= IDLE_TTL {
@@ -399,7 +439,14 @@ mod tests {
             generation: 1,
             mappings: ranges
                 .iter()
-                .map(|&(s, e)| Mapping { start: s, end: e, file_offset: 0, path: Arc::from("/x"), build_id: None })
+                .map(|&(s, e)| Mapping {
+                    start: s,
+                    end: e,
+                    file_offset: 0,
+                    path: Arc::from("/x"),
+                    build_id: None,
+                    file_id: None,
+                })
                 .collect(),
         }
     }

@@ -28,6 +28,7 @@ use super::stack_end;
 use super::uprobes::{UprobeCounters, Uprobes};
 use aya::programs::uprobe::UProbeLink;
 use profcol_api::component::Next;
+use profcol_api::services::FilePins;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::Profiles;
 use profcol_ebpf::{ProcEvent, ProcEventKind, Sample, SampleKind, Stat};
@@ -167,6 +168,7 @@ impl SamplerHandle {
         next: Next,
         counters: Counters,
         telemetry: ComponentTelemetry,
+        pins: Arc<FilePins>,
     ) -> Result<Self, LoadError> {
         let uprobe_counters = (!config.uprobes.is_empty()).then(|| UprobeCounters::new(&telemetry));
         let started = Instant::now();
@@ -179,7 +181,7 @@ impl SamplerHandle {
             let wake = wake.clone();
             std::thread::Builder::new()
                 .name("profcol-ebpf".into())
-                .spawn(move || run(config, stop, wake, counters, uprobe_counters, batch_tx, ready_tx, started))
+                .spawn(move || run(config, stop, wake, counters, uprobe_counters, batch_tx, ready_tx, started, pins))
                 .map_err(|e| LoadError::Other(format!("spawning the sampler thread: {e}")))?
         };
         match ready_rx.await {
@@ -245,6 +247,7 @@ fn run(
     batches: tokio::sync::mpsc::Sender<Profiles>,
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
+    pins: Arc<FilePins>,
 ) {
     let clock = KtimeToUnix::process();
     let (mut loaded, first_sync) = match load_and_attach(&config) {
@@ -279,6 +282,7 @@ fn run(
     }
     let attrs = SampleAttrs::from_config(&config.sample_attributes);
     let mut table = ProcessTable::new(MAX_PROCESSES);
+    table.set_file_pins(pins);
     table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
     let mut s = Sampler {
         host: procfs::host_name(),

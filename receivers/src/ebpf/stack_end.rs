@@ -69,6 +69,7 @@ mod tests {
                 file_offset: e.offset,
                 path: Arc::from(e.path.as_str()),
                 build_id: None,
+                file_id: None,
             })
             .collect();
         MappingSet { generation: 1, mappings }

@@ -456,7 +456,11 @@ mod tests {
 
     fn create(cfg: OtlpReceiverConfig) -> Result<OtlpReceiver, ComponentError> {
         let id: ComponentId = "otlp".parse().unwrap();
-        let settings = CreateSettings { telemetry: ComponentTelemetry::detached(Kind::Receiver, &id), id };
+        let settings = CreateSettings {
+            telemetry: ComponentTelemetry::detached(Kind::Receiver, &id),
+            id,
+            services: Default::default(),
+        };
         OtlpReceiver::new(settings, cfg)
     }
 

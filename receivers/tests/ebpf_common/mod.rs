@@ -40,7 +40,8 @@ pub async fn start(config: EbpfConfig) -> Running {
     let registry = Telemetry::new();
     let id: ComponentId = "ebpf".parse().unwrap();
     let telemetry = registry.component(Kind::Receiver, &id);
-    let receiver = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, config);
+    let receiver =
+        EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone(), services: Default::default() }, config);
     let sink = Arc::new(Collector::default());
     let next = Next::new(vec![sink.clone() as Arc<dyn Consumer>], telemetry);
     receiver.start(next).await.expect("ebpf receiver starts");

@@ -48,6 +48,9 @@ pub mod keys {
     pub const THREAD_NAME: &str = "thread.name";
     pub const CPU_LOGICAL_NUMBER: &str = "cpu.logical_number";
     pub const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
+    /// File id of a mapped file without a GNU build id (Go binaries):
+    /// SHA-256 of its first and last 4 KiB and its size, first 128 bits.
+    pub const BUILD_ID_HTLHASH: &str = "process.executable.build_id.htlhash";
     pub const FRAME_TYPE: &str = "profile.frame.type";
     /// Filename of the mapping that holds kernel (vmlinux) frames.
     pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";

@@ -18,7 +18,7 @@ pub fn component(f: &dyn Factory, kind: Kind, plugin: &str, yaml: &str, telemetr
     let raw = profcol_config::parse_section(&yaml).unwrap();
     f.check(&raw).unwrap();
     let id: ComponentId = "wasm/test".parse().unwrap();
-    let settings = CreateSettings { telemetry: telemetry.component(kind, &id), id };
+    let settings = CreateSettings { telemetry: telemetry.component(kind, &id), id, services: Default::default() };
     f.create(settings, &raw).unwrap()
 }
 

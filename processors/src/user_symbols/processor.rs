@@ -1,0 +1,173 @@
+//! The processor: asks the cache for every binary a batch needs, waits at
+//! most `max_wait` for those still loading, and names what is loaded.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use profcol_api::component::{ComponentError, ProcessError, ProcessOutcome, Processor};
+use profcol_api::services::FilePins;
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use profcol_api::Profiles;
+
+use super::cache::{Cache, State};
+use super::config::Config;
+use super::debuginfod::Debuginfod;
+use super::symbolize::{self, Candidates, Outcome};
+use super::table::SearchPaths;
+
+pub struct UserSymbols {
+    cfg: Config,
+    pins: Arc<FilePins>,
+    cache: OnceLock<Arc<Cache>>,
+    metrics: Option<Metrics>,
+}
+
+/// `profcol_processor_user_symbols_*`.
+struct Metrics {
+    named: Counter,
+    no_symbols: Counter,
+    pending: Counter,
+    no_file: Counter,
+    cache_bytes: Gauge,
+    tables: Gauge,
+    tables_loaded: Counter,
+    tables_missing: Counter,
+    evictions: Counter,
+    parse_micros: Counter,
+    debuginfod: [Counter; 4],
+    /// Loader counters as last mirrored.
+    seen: [std::sync::atomic::AtomicU64; 8],
+}
+
+impl Metrics {
+    fn new(t: &ComponentTelemetry) -> Self {
+        let frames = |outcome: &str| {
+            t.counter_labeled(
+                "user_symbols_frames_total",
+                "Native user frames by outcome: each frame of each sample, times the sample's observations",
+                ("outcome", outcome),
+            )
+        };
+        Metrics {
+            named: frames("named"),
+            no_symbols: frames("unnamed_no_symbols"),
+            pending: frames("unnamed_pending"),
+            no_file: frames("unnamed_no_file"),
+            cache_bytes: t.gauge("user_symbols_cache_bytes", "Bytes of symbol tables held"),
+            tables: t.gauge("user_symbols_tables", "Symbol tables held"),
+            tables_loaded: t.counter("user_symbols_tables_loaded_total", "Symbol tables loaded"),
+            tables_missing: t.counter(
+                "user_symbols_tables_missing_total",
+                "Binaries whose file or symbols could not be found (tried again after negative_ttl)",
+            ),
+            evictions: t.counter("user_symbols_evictions_total", "Tables evicted to stay within cache.max_bytes"),
+            parse_micros: t.counter("user_symbols_parse_microseconds_total", "Time spent loading tables, µs"),
+            debuginfod: ["ok", "not_found", "error", "negative_cached"].map(|o| {
+                t.counter_labeled(
+                    "user_symbols_debuginfod_requests_total",
+                    "debuginfod lookups by outcome (negative_cached: answered by the negative cache, no request)",
+                    ("outcome", o),
+                )
+            }),
+            seen: Default::default(),
+        }
+    }
+
+    fn record(&self, o: &Outcome, cache: &Cache) {
+        self.named.add(o.named);
+        self.no_symbols.add(o.no_symbols);
+        self.pending.add(o.pending);
+        self.no_file.add(o.no_file);
+        self.cache_bytes.set(cache.bytes() as i64);
+        self.tables.set(cache.tables() as i64);
+        let c = &cache.counters;
+        for (i, (now, series)) in [
+            (c.tables_loaded.load(Relaxed), &self.tables_loaded),
+            (c.tables_missing.load(Relaxed), &self.tables_missing),
+            (c.evictions.load(Relaxed), &self.evictions),
+            (c.parse_micros.load(Relaxed), &self.parse_micros),
+            (cache.debuginfod.ok.load(Relaxed), &self.debuginfod[0]),
+            (cache.debuginfod.not_found.load(Relaxed), &self.debuginfod[1]),
+            (cache.debuginfod.error.load(Relaxed), &self.debuginfod[2]),
+            (cache.debuginfod.negative_hits.load(Relaxed), &self.debuginfod[3]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            series.add(now.saturating_sub(self.seen[i].swap(now, Relaxed)));
+        }
+    }
+}
+
+impl UserSymbols {
+    /// Without series in /metrics (tests, tools).
+    pub fn new(cfg: Config, pins: Arc<FilePins>) -> Self {
+        UserSymbols { cfg, pins, cache: OnceLock::new(), metrics: None }
+    }
+
+    pub fn with_telemetry(cfg: Config, pins: Arc<FilePins>, telemetry: &ComponentTelemetry) -> Self {
+        UserSymbols { metrics: Some(Metrics::new(telemetry)), ..Self::new(cfg, pins) }
+    }
+
+    fn cache(&self) -> &Arc<Cache> {
+        self.cache.get_or_init(|| {
+            let search = SearchPaths { debug_dirs: self.cfg.debug_dirs.clone(), lines: self.cfg.lines };
+            Cache::start_with(
+                self.cfg.cache.max_bytes,
+                self.cfg.negative_ttl,
+                search,
+                self.pins.clone(),
+                Debuginfod::new(&self.cfg.debuginfod),
+            )
+        })
+    }
+
+    /// Names `batch`'s native frames, waiting at most `max_wait` for loads.
+    pub async fn symbolize(&self, batch: Profiles) -> (Profiles, Outcome) {
+        let candidates = Candidates::find(&batch);
+        if candidates.is_empty() {
+            return (batch, Outcome::default());
+        }
+        let cache = self.cache().clone();
+        let wants = candidates.wants();
+        let deadline = Instant::now() + self.cfg.max_wait;
+        loop {
+            // Armed before the check, so a load finishing in between wakes us.
+            let notified = cache.loaded.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let loading = wants.iter().filter(|w| matches!(cache.request(w), State::Loading)).count();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if loading == 0 || left.is_zero() {
+                break;
+            }
+            let _ = tokio::time::timeout(left, notified).await;
+        }
+        let (batch, outcome) = symbolize::symbolize(batch, &candidates, &|key| cache.peek(key));
+        cache.settle();
+        (batch, outcome)
+    }
+
+    /// The cache (created on first use).
+    pub fn table_cache(&self) -> &Arc<Cache> {
+        self.cache()
+    }
+}
+
+#[async_trait]
+impl Processor for UserSymbols {
+    async fn start(&self) -> Result<(), ComponentError> {
+        let _ = self.cache();
+        Ok(())
+    }
+
+    async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
+        let (batch, outcome) = self.symbolize(batch).await;
+        if let Some(m) = &self.metrics {
+            m.record(&outcome, self.cache());
+        }
+        Ok(ProcessOutcome::Forward(batch))
+    }
+}

@@ -1,0 +1,292 @@
+//! One binary's symbols, loaded once per build id (or file id): the
+//! binary's `PT_LOAD` segments (file offset → virtual address), its
+//! function symbols and, with `lines`, its DWARF, each from the best file
+//! found (a separate debug file wins over the binary). Resolved offsets
+//! are memoized, bounded.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use profcol_api::services::PinnedFile;
+
+use super::debuginfod::{Debuginfod, DebuginfodCounters};
+use profcol_elf::{DwarfLines, ElfFile, SymbolTable};
+use rustc_hash::FxHashMap;
+
+/// Largest debug section read (after decompression).
+const MAX_DEBUG_SECTION: usize = 1 << 30;
+/// Resolved offsets memoized per table; the memo is cleared when full.
+const MEMO_ENTRIES: usize = 1 << 16;
+
+/// One named frame: a function, and where in the source when known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedFrame {
+    /// Demangled.
+    pub name: Box<str>,
+    /// As the binary spells it (mangled); equal to `name` for C.
+    pub system_name: Box<str>,
+    pub file: Box<str>,
+    pub line: u32,
+}
+
+impl NamedFrame {
+    fn heap_bytes(&self) -> usize {
+        self.name.len() + self.system_name.len() + self.file.len() + std::mem::size_of::<Self>()
+    }
+}
+
+/// Frames at one address, innermost inlined function first; empty when
+/// nothing names it.
+pub type Frames = Arc<[NamedFrame]>;
+
+/// Where a table's parts came from (for `profcol symbols lookup` and logs).
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    pub binary: Option<PathBuf>,
+    pub debug_file: Option<PathBuf>,
+}
+
+pub struct BinaryTable {
+    segments: Vec<(u64, u64, u64)>,
+    symbols: SymbolTable,
+    dwarf: Option<DwarfLines>,
+    memo: Mutex<FxHashMap<u64, Frames>>,
+    memo_bytes: std::sync::atomic::AtomicUsize,
+    pub sources: Sources,
+}
+
+/// Why no table could be made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Missing {
+    /// No readable file with this build id / file id.
+    NoFile,
+    /// The file was found but neither it nor a debug file has symbols.
+    NoSymbols,
+}
+
+/// What the loader needs to find a binary.
+#[derive(Clone, Debug)]
+pub struct Want {
+    /// Build id or file id (hex).
+    pub key: Arc<str>,
+    pub is_build_id: bool,
+    /// The mapping's path as the process saw it.
+    pub path: Arc<str>,
+}
+
+/// Where separate debug files are searched.
+#[derive(Clone, Debug)]
+pub struct SearchPaths {
+    pub debug_dirs: Vec<PathBuf>,
+    pub lines: bool,
+}
+
+impl BinaryTable {
+    /// Loads the table for `want`: the binary from its pin (`pinned`) or
+    /// else its path on this host (checked to have the same id), then the
+    /// best debug file.
+    pub fn load(want: &Want, pinned: Option<PinnedFile>, search: &SearchPaths) -> Result<Self, Missing> {
+        Self::load_with(want, pinned, search, None)
+    }
+
+    /// [`Self::load`], asking debuginfod for the debug file when no local
+    /// one is found and the binary lacks DWARF (with `lines`) or symbols.
+    pub fn load_with(
+        want: &Want,
+        pinned: Option<PinnedFile>,
+        search: &SearchPaths,
+        debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
+    ) -> Result<Self, Missing> {
+        let (binary, binary_path, root) = match pinned {
+            Some(p) => {
+                let f = p.file.try_clone().map_err(|_| Missing::NoFile)?;
+                (f, PathBuf::from(&*p.path), p.root.map(|r| PathBuf::from(&*r)))
+            }
+            None => {
+                let f = File::open(&*want.path).map_err(|_| Missing::NoFile)?;
+                (f, PathBuf::from(&*want.path), None)
+            }
+        };
+        let elf = ElfFile::open(&binary).map_err(|_| Missing::NoFile)?;
+        if !same_identity(&elf, &binary, want) {
+            return Err(Missing::NoFile);
+        }
+        let mut debug = find_debug_file(&elf, want, &binary_path, root.as_deref(), search);
+        let needs = (search.lines && !elf.has_debug_info()) || !elf.has_symtab();
+        if let (None, true, true, Some((client, counters))) = (&debug, needs, want.is_build_id, debuginfod) {
+            debug = client
+                .debuginfo(&want.key, counters)
+                .and_then(|bytes| ElfFile::from_vec(bytes).ok())
+                .filter(|d| d.gnu_build_id().map(profcol_elf::notes::hex).as_deref() == Some(&*want.key))
+                .map(|d| (d, PathBuf::from(format!("debuginfod:{}", want.key))));
+        }
+        let segments = elf.load_segments();
+        let (sym_src, debug_path) = match &debug {
+            Some((d, p)) if d.has_symtab() => (d, Some(p.clone())),
+            Some((_, p)) => (&elf, Some(p.clone())),
+            None => (&elf, None),
+        };
+        let mut symbols = sym_src.function_symbols();
+        if symbols.is_empty() {
+            symbols = elf.function_symbols();
+        }
+        let dwarf = if search.lines {
+            debug
+                .as_ref()
+                .and_then(|(d, _)| d.dwarf_lines(MAX_DEBUG_SECTION))
+                .or_else(|| elf.dwarf_lines(MAX_DEBUG_SECTION))
+        } else {
+            None
+        };
+        if symbols.is_empty() && dwarf.is_none() {
+            return Err(Missing::NoSymbols);
+        }
+        Ok(BinaryTable {
+            segments,
+            symbols,
+            dwarf,
+            memo: Mutex::new(FxHashMap::default()),
+            memo_bytes: Default::default(),
+            sources: Sources { binary: Some(binary_path), debug_file: debug_path },
+        })
+    }
+
+    /// Bytes held: symbols, debug sections, memoized results.
+    pub fn heap_bytes(&self) -> usize {
+        self.symbols.heap_bytes()
+            + self.dwarf.as_ref().map_or(0, DwarfLines::heap_bytes)
+            + self.memo_bytes.load(std::sync::atomic::Ordering::Relaxed)
+            + self.segments.len() * 24
+    }
+
+    /// Frames at file offset `offset` (already −1 for return addresses).
+    pub fn resolve(&self, offset: u64) -> Frames {
+        let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = memo.get(&offset) {
+            return f.clone();
+        }
+        let frames: Frames = self.resolve_uncached(offset).into();
+        if memo.len() >= MEMO_ENTRIES {
+            memo.clear();
+            self.memo_bytes.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        let bytes = frames.iter().map(NamedFrame::heap_bytes).sum::<usize>() + 48;
+        self.memo_bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        memo.insert(offset, frames.clone());
+        frames
+    }
+
+    /// The virtual address of file offset `offset` in this binary.
+    pub fn vaddr(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|&&(_, filesz, off)| offset >= off && offset - off < filesz)
+            .map(|&(start, _, off)| offset - off + start)
+    }
+
+    fn resolve_uncached(&self, offset: u64) -> Vec<NamedFrame> {
+        match self.vaddr(offset) {
+            Some(vaddr) => self.resolve_vaddr(vaddr),
+            None => Vec::new(),
+        }
+    }
+
+    /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
+    pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
+        let symbol = self.symbols.lookup(vaddr).map(|(name, _)| name);
+        let mut out = Vec::new();
+        if let Some(dwarf) = &self.dwarf {
+            for f in dwarf.frames(vaddr) {
+                let system = f.mangled.or_else(|| f.function.clone());
+                out.push(NamedFrame {
+                    name: f.function.unwrap_or_default().into(),
+                    system_name: system.unwrap_or_default().into(),
+                    file: f.file.unwrap_or_default().into(),
+                    line: f.line,
+                });
+            }
+        }
+        // The outermost frame is the function holding the code: name it
+        // from the symbol table when DWARF does not.
+        match (out.last_mut(), symbol) {
+            (Some(last), Some(sym)) if last.name.is_empty() => {
+                last.name = demangle(sym).into();
+                last.system_name = sym.into();
+            }
+            (None, Some(sym)) => {
+                out.push(NamedFrame { name: demangle(sym).into(), system_name: sym.into(), file: "".into(), line: 0 })
+            }
+            _ => {}
+        }
+        if out.iter().all(|f| f.name.is_empty()) {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Demangles Rust (v0 and legacy) and C++ names; others unchanged.
+pub fn demangle(name: &str) -> String {
+    addr2line::demangle_auto(name.into(), None).into_owned()
+}
+
+/// Whether the opened binary is the one the mapping named.
+fn same_identity(elf: &ElfFile, file: &File, want: &Want) -> bool {
+    if want.is_build_id {
+        elf.gnu_build_id().map(profcol_elf::notes::hex).as_deref() == Some(&*want.key)
+    } else {
+        profcol_elf::file_id(file).ok().as_deref() == Some(&*want.key)
+    }
+}
+
+/// The separate debug file: by build id under each debug dir, else by
+/// `.gnu_debuglink` next to the binary, in its `.debug/`, and under each
+/// debug dir (the GDB search order). A candidate must carry the same
+/// build id (or, without one, the CRC the link names).
+fn find_debug_file(
+    elf: &ElfFile,
+    want: &Want,
+    binary: &Path,
+    root: Option<&Path>,
+    search: &SearchPaths,
+) -> Option<(ElfFile, PathBuf)> {
+    if elf.has_debug_info() {
+        return None; // the binary has it all
+    }
+    let build_id = elf.gnu_build_id().map(profcol_elf::notes::hex);
+    if let (Some(id), true) = (&build_id, want.is_build_id) {
+        if id.len() > 2 {
+            for dir in &search.debug_dirs {
+                let p = dir.join(".build-id").join(&id[..2]).join(format!("{}.debug", &id[2..]));
+                if let Some(found) = open_matching(&p, build_id.as_deref(), None) {
+                    return Some((found, p));
+                }
+            }
+        }
+    }
+    let (name, crc) = elf.debuglink()?;
+    let dir = binary.parent().unwrap_or(Path::new("/"));
+    let mut candidates = Vec::new();
+    for base in root.into_iter().chain(std::iter::once(Path::new("/"))) {
+        let d = base.join(dir.strip_prefix("/").unwrap_or(dir));
+        candidates.push(d.join(&name));
+        candidates.push(d.join(".debug").join(&name));
+    }
+    for dd in &search.debug_dirs {
+        candidates.push(dd.join(dir.strip_prefix("/").unwrap_or(dir)).join(&name));
+    }
+    candidates.into_iter().find_map(|p| open_matching(&p, build_id.as_deref(), Some(crc)).map(|e| (e, p)))
+}
+
+fn open_matching(path: &Path, build_id: Option<&str>, crc: Option<u32>) -> Option<ElfFile> {
+    let mut f = File::open(path).ok()?;
+    let elf = ElfFile::open(&f).ok()?;
+    match (build_id, elf.gnu_build_id().map(profcol_elf::notes::hex)) {
+        (Some(want), Some(got)) => (want == got).then_some(elf),
+        _ => {
+            let crc = crc?;
+            (profcol_elf::debuglink_crc(&mut f).ok()? == crc).then_some(elf)
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! user_symbols on batches built here (no root): what is named, what passes
+//! untouched, how long a batch waits, the negative cache and the byte bound.
+//!
+//!     cargo test -p profcol-processors --test user_symbols
+
+mod user_symbols_common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use profcol_api::component::{ComponentId, Kind, Processor};
+use profcol_api::services::FilePins;
+use profcol_api::telemetry::Telemetry;
+use profcol_processors::user_symbols::cache::{Cache, State};
+use profcol_processors::user_symbols::table::{SearchPaths, Want};
+use profcol_processors::user_symbols::{Config, UserSymbols};
+use user_symbols_common::*;
+
+#[tokio::test]
+async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {
+    if !tools_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile(dir.path(), "w", 0);
+    let elf = profcol_elf::ElfFile::open(&std::fs::File::open(&bin).unwrap()).unwrap();
+    let id = build_id(&bin);
+    let (leaf, _) = symbol(&elf, "leaf_work");
+    let (middle, msize) = symbol(&elf, "middle");
+    // Leaf at leaf_work's first byte; a return address right after
+    // middle's call (looked up at −1: inside middle, at the call's line).
+    let ret = {
+        let code = std::fs::read(&bin).unwrap();
+        let off = elf.file_offset(middle).unwrap() as usize;
+        let call = code[off..off + msize as usize].iter().position(|&b| b == 0xe8).expect("a call in middle");
+        middle + call as u64 + 5
+    };
+    let input = batch(&bin, &id, &[leaf, ret], &elf);
+
+    let registry = Telemetry::new();
+    let cid: ComponentId = "user_symbols".parse().unwrap();
+    let p = UserSymbols::with_telemetry(
+        Config { max_wait: Duration::ZERO, ..Default::default() },
+        Arc::new(FilePins::default()),
+        &registry.component(Kind::Processor, &cid),
+    );
+    p.start().await.unwrap();
+    // max_wait 0: the first batch does not wait for the load.
+    let t = Instant::now();
+    let first = p.process(input.clone()).await.unwrap().forwarded().unwrap();
+    assert!(t.elapsed() < Duration::from_millis(100), "a batch waited {:?}", t.elapsed());
+    let f = frames(&first);
+    assert!(f[1].is_empty() && f[2].is_empty(), "pending frames stay unnamed: {f:?}");
+    assert_eq!(f[3], vec![("py_func".to_owned(), 7)], "named frames pass untouched");
+    let metrics = registry.render();
+    assert!(
+        metrics.contains("outcome=\"unnamed_pending\",processor=\"user_symbols\"} 4"),
+        "2 frames × 2 observations pending:\n{metrics}"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(p.table_cache().peek(&id), Some(State::Ready(_))) {
+        assert!(Instant::now() < deadline, "table never loaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = p.process(input).await.unwrap().forwarded().unwrap();
+    second.validate().unwrap();
+    let f = frames(&second);
+    assert!(f[0].is_empty(), "kernel frame untouched");
+    let want = addr2line(&bin, &[leaf, ret - 1]);
+    let names = |v: &[(String, i64)]| v.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&f[1]), want[0].iter().map(|x| x.0.clone()).collect::<Vec<_>>());
+    assert_eq!(f[1].last().unwrap().0, "leaf_work");
+    assert_eq!(names(&f[2]), vec!["middle".to_owned()]);
+    assert_eq!(f[2][0].1, i64::from(want[1][0].2), "return address named at the call's line");
+    assert_eq!(f[3], vec![("py_func".to_owned(), 7)]);
+    let metrics = registry.render();
+    assert!(metrics.contains("outcome=\"named\",processor=\"user_symbols\"} 4"), "{metrics}");
+    assert!(metrics.contains("profcol_processor_user_symbols_tables_loaded_total"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_missing_binary_is_looked_for_once_per_negative_ttl() {
+    if !tools_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile(dir.path(), "gone", 0);
+    let elf = profcol_elf::ElfFile::open(&std::fs::File::open(&bin).unwrap()).unwrap();
+    let id = build_id(&bin);
+    let (leaf, _) = symbol(&elf, "leaf_work");
+    let input = batch(&bin, &id, &[leaf], &elf);
+    drop(elf);
+    std::fs::remove_file(&bin).unwrap();
+    let registry = Telemetry::new();
+    let cid: ComponentId = "user_symbols".parse().unwrap();
+    let p = UserSymbols::with_telemetry(
+        Config { max_wait: Duration::from_secs(5), ..Default::default() },
+        Arc::new(FilePins::default()),
+        &registry.component(Kind::Processor, &cid),
+    );
+    for _ in 0..20 {
+        let out = p.process(input.clone()).await.unwrap().forwarded().unwrap();
+        assert!(frames(&out)[1].is_empty());
+    }
+    let metrics = registry.render();
+    assert!(metrics.contains("outcome=\"unnamed_no_file\",processor=\"user_symbols\"} 40"), "{metrics}");
+    assert!(
+        metrics.contains("profcol_processor_user_symbols_tables_missing_total{processor=\"user_symbols\"} 1"),
+        "looked for once:\n{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn the_cache_stays_within_its_bytes_least_recently_used_first() {
+    if !tools_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bins: Vec<_> = (0..3).map(|i| compile(dir.path(), &format!("b{i}"), i)).collect();
+    let wants: Vec<Want> = bins
+        .iter()
+        .map(|b| Want { key: Arc::from(build_id(b)), is_build_id: true, path: Arc::from(&*b.to_string_lossy()) })
+        .collect();
+    let search = SearchPaths { debug_dirs: vec![], lines: true };
+    // Room for about two tables.
+    let one = {
+        let c = Cache::start(u64::MAX, Duration::from_secs(60), search.clone(), Arc::new(FilePins::default()));
+        let t = wait_ready(&c, &wants[0]).await;
+        t.heap_bytes() as u64
+    };
+    let c = Cache::start(one * 2 + one / 2, Duration::from_secs(60), search, Arc::new(FilePins::default()));
+    wait_ready(&c, &wants[0]).await;
+    wait_ready(&c, &wants[1]).await;
+    c.request(&wants[0]); // b0 used more recently than b1
+    wait_ready(&c, &wants[2]).await;
+    assert!(c.bytes() as u64 <= one * 2 + one / 2, "{} bytes held", c.bytes());
+    assert!(matches!(c.peek(&wants[0].key), Some(State::Ready(_))), "recently used kept");
+    assert!(c.peek(&wants[1].key).is_none(), "least recently used evicted");
+    assert_eq!(c.counters.evictions.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+async fn wait_ready(c: &Cache, w: &Want) -> Arc<profcol_processors::user_symbols::table::BinaryTable> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let State::Ready(t) = c.request(w) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{} never loaded", w.path);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
