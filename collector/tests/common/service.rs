@@ -80,7 +80,7 @@ pub fn grpc_addr(id: &str) -> std::net::SocketAddr {
 pub fn sender(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
     let id = "otlp/sender".parse().unwrap();
     let settings = profcol_api::CreateSettings { telemetry: ComponentTelemetry::detached(Kind::Exporter, &id), id };
-    let cfg = OtlpGrpcConfig { endpoint: format!("http://{addr}"), ..Default::default() };
+    let cfg = OtlpGrpcConfig { endpoint: Some(format!("http://{addr}")), ..Default::default() };
     OtlpGrpcExporter::new(settings, cfg).unwrap()
 }
 

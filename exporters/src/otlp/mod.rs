@@ -13,6 +13,7 @@
 //! Only the send lives here: the host owns `timeout`, `retry_on_failure` and
 //! `sending_queue` around [`profcol_api::Exporter::export`].
 
+pub mod balancer;
 pub mod grpc;
 pub mod http;
 pub mod status;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+pub use balancer::{BalancerConfig, Resolver};
 pub use grpc::{OtlpGrpcConfig, OtlpGrpcExporter};
 pub use http::{HttpEncoding, OtlpHttpConfig, OtlpHttpExporter};
 
