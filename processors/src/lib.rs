@@ -4,11 +4,12 @@
 
 pub mod batch;
 pub mod kernel_symbols;
+pub mod resource;
 
 use profcol_api::component::Factory;
 use std::sync::Arc;
 
 /// Every processor factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![batch::factory_batch(), kernel_symbols::factory()]
+    vec![batch::factory_batch(), kernel_symbols::factory(), resource::factory()]
 }

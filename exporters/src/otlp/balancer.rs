@@ -64,7 +64,7 @@ pub struct DnsResolverConfig {
     pub port: Option<u16>,
     /// How often the name is resolved again (gateways added and removed).
     #[serde(with = "humantime_serde", default = "default_interval")]
-    #[schemars(with = "String")]
+    #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub interval: Duration,
 }
 
