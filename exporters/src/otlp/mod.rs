@@ -42,8 +42,9 @@ pub enum Compression {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientTlsConfig {
-    /// Plain text (no TLS) even without an `http://` scheme (gRPC only; for
-    /// HTTP the scheme of the endpoint decides).
+    /// Plain text (no TLS) even without an `http://` scheme (gRPC; for
+    /// `otlp_http` the endpoint's scheme decides, and this only for
+    /// `balancer` addresses written without one).
     pub insecure: bool,
     /// CA certificates (PEM) to trust instead of the system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
