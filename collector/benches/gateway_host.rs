@@ -113,8 +113,11 @@ exporters:
         .port();
     let clients = (0..CLIENTS)
         .map(|k| {
-            let cfg =
-                OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{port_in}"), compression, ..Default::default() };
+            let cfg = OtlpGrpcConfig {
+                endpoint: Some(format!("http://127.0.0.1:{port_in}")),
+                compression,
+                ..Default::default()
+            };
             Arc::new(OtlpGrpcExporter::new(settings(Kind::Exporter, &format!("otlp/client{k}")), cfg).unwrap())
         })
         .collect();

@@ -163,7 +163,7 @@ async fn flood(port: u16, body: &Bytes) -> Outcome {
     let clients: Vec<Arc<OtlpGrpcExporter>> = (0..SENDERS)
         .map(|k| {
             let cfg = OtlpGrpcConfig {
-                endpoint: format!("http://127.0.0.1:{port}"),
+                endpoint: Some(format!("http://127.0.0.1:{port}")),
                 compression: Compression::None,
                 ..Default::default()
             };

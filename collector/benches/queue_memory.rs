@@ -90,7 +90,7 @@ fn child(sizer: Sizer, queue_size: u64) {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let id: ComponentId = "otlp/down".parse().unwrap();
         let telemetry = Telemetry::new().component(Kind::Exporter, &id);
-        let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{closed}"), ..Default::default() };
+        let cfg = OtlpGrpcConfig { endpoint: Some(format!("http://127.0.0.1:{closed}")), ..Default::default() };
         let settings = CreateSettings { id: id.clone(), telemetry: telemetry.clone(), services: Default::default() };
         let exporter = Arc::new(OtlpGrpcExporter::new(settings, cfg).unwrap());
         let mut helper = ExporterHelperConfig::default();

@@ -119,7 +119,7 @@ fn config(
 }
 
 async fn send_all(port_in: u16, batches: &[Profiles]) {
-    let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{port_in}"), ..Default::default() };
+    let cfg = OtlpGrpcConfig { endpoint: Some(format!("http://127.0.0.1:{port_in}")), ..Default::default() };
     let e = OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp/client"), cfg).unwrap();
     for b in batches {
         e.export(b).await.unwrap();
@@ -290,7 +290,7 @@ async fn a_full_persistent_queue_refuses_and_the_sender_is_told_to_retry() {
     send_all(port_in, &[batch(0), batch(1)]).await;
     let client = OtlpGrpcExporter::new(
         settings(Kind::Exporter, "otlp/client"),
-        OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{port_in}"), ..Default::default() },
+        OtlpGrpcConfig { endpoint: Some(format!("http://127.0.0.1:{port_in}")), ..Default::default() },
     )
     .unwrap();
     match client.export(&batch(2)).await {

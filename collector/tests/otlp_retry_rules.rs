@@ -88,12 +88,15 @@ async fn export_through_host(server: &Server, proto: Proto, batch: &Profiles) ->
     let settings = CreateSettings { id: id.clone(), telemetry: telemetry.clone(), services: Default::default() };
     let exporter: Arc<dyn Exporter> = match proto {
         Proto::Grpc => {
-            let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{}", server.grpc()), ..Default::default() };
+            let cfg =
+                OtlpGrpcConfig { endpoint: Some(format!("http://127.0.0.1:{}", server.grpc())), ..Default::default() };
             Arc::new(OtlpGrpcExporter::new(settings, cfg).unwrap())
         }
         Proto::Http => {
-            let cfg =
-                OtlpHttpConfig { endpoint: format!("http://127.0.0.1:{}", server.http()).into(), ..Default::default() };
+            let cfg = OtlpHttpConfig {
+                endpoint: Some(format!("http://127.0.0.1:{}", server.http()).into()),
+                ..Default::default()
+            };
             Arc::new(OtlpHttpExporter::new(settings, cfg).unwrap())
         }
     };

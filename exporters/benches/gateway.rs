@@ -47,7 +47,7 @@ async fn receiver(next: Next) -> Arc<OtlpReceiver> {
 }
 
 fn exporter(addr: std::net::SocketAddr, compression: Compression) -> OtlpGrpcExporter {
-    let cfg = OtlpGrpcConfig { endpoint: format!("http://{addr}"), compression, ..Default::default() };
+    let cfg = OtlpGrpcConfig { endpoint: Some(format!("http://{addr}")), compression, ..Default::default() };
     OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp"), cfg).unwrap()
 }
 

@@ -53,7 +53,7 @@ async fn otlp_http_reads_an_endless_answer_only_up_to_a_bound() {
     let batch = cpu_batch(1, 1, 5);
     for (status, ok) in [("200 OK", true), ("400 Bad Request", false)] {
         let addr = endless_server(status).await;
-        let cfg = OtlpHttpConfig { endpoint: format!("http://{addr}").into(), ..Default::default() };
+        let cfg = OtlpHttpConfig { endpoint: Some(format!("http://{addr}").into()), ..Default::default() };
         let e = OtlpHttpExporter::new(settings(Kind::Exporter, "otlp_http"), cfg).unwrap();
         let r = bounded(e.export(&batch)).await;
         if ok {

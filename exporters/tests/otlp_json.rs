@@ -272,7 +272,7 @@ async fn official_parser_reads_what_otlp_http_json_sends() {
     let want = batches();
     for compression in [Compression::None, Compression::Gzip] {
         let cfg = OtlpHttpConfig {
-            endpoint: format!("http://127.0.0.1:{}", py.port).into(),
+            endpoint: Some(format!("http://127.0.0.1:{}", py.port).into()),
             encoding: HttpEncoding::Json,
             compression,
             ..Default::default()

@@ -18,7 +18,7 @@ fn start(args: &[&str]) -> Option<PyOtlpServer> {
 }
 
 fn exporter(port: u16, compression: Compression, name: &str) -> (OtlpGrpcExporter, profcol_api::CreateSettings) {
-    let cfg = OtlpGrpcConfig { endpoint: format!("http://127.0.0.1:{port}"), compression, ..Default::default() };
+    let cfg = OtlpGrpcConfig { endpoint: Some(format!("http://127.0.0.1:{port}")), compression, ..Default::default() };
     let s = settings(Kind::Exporter, name);
     (OtlpGrpcExporter::new(s.clone(), cfg).unwrap(), s)
 }

@@ -93,14 +93,17 @@ async fn start(max_concurrent_requests: usize, backpressure: Duration, max_mib: 
 }
 
 fn grpc_exporter(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
-    let cfg =
-        OtlpGrpcConfig { endpoint: format!("http://{addr}"), compression: Compression::Gzip, ..Default::default() };
+    let cfg = OtlpGrpcConfig {
+        endpoint: Some(format!("http://{addr}")),
+        compression: Compression::Gzip,
+        ..Default::default()
+    };
     OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp/agent"), cfg).unwrap()
 }
 
 fn http_exporter(addr: std::net::SocketAddr) -> OtlpHttpExporter {
     let cfg = OtlpHttpConfig {
-        endpoint: format!("http://{addr}").into(),
+        endpoint: Some(format!("http://{addr}").into()),
         encoding: HttpEncoding::Proto,
         compression: Compression::None,
         ..Default::default()

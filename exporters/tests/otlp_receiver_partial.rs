@@ -30,9 +30,9 @@ async fn invalid_profiles_are_dropped_and_answered_with_partial_success() {
     let r = Arc::new(OtlpReceiver::new(rs.clone(), receiver_config(Some(LOOPBACK), Some(LOOPBACK))).unwrap());
     let c = Arc::new(Collector::default());
     r.start(c.next()).await.unwrap();
-    let grpc = OtlpGrpcConfig { endpoint: format!("http://{}", r.grpc_addr().unwrap()), ..Default::default() };
+    let grpc = OtlpGrpcConfig { endpoint: Some(format!("http://{}", r.grpc_addr().unwrap())), ..Default::default() };
     let http = |encoding| OtlpHttpConfig {
-        endpoint: format!("http://{}", r.http_addr().unwrap()).into(),
+        endpoint: Some(format!("http://{}", r.http_addr().unwrap()).into()),
         encoding,
         ..Default::default()
     };

@@ -36,7 +36,7 @@ async fn grpc_roundtrip_gzip_and_plain() {
     for compression in [Compression::Gzip, Compression::None] {
         let (r, c) = start_receiver().await;
         let mut cfg = OtlpGrpcConfig {
-            endpoint: format!("http://{}", r.grpc_addr().unwrap()),
+            endpoint: Some(format!("http://{}", r.grpc_addr().unwrap())),
             compression,
             ..Default::default()
         };
@@ -53,7 +53,7 @@ async fn http_roundtrip_proto_json_gzip_and_plain() {
         for compression in [Compression::Gzip, Compression::None] {
             let (r, c) = start_receiver().await;
             let cfg = OtlpHttpConfig {
-                endpoint: format!("http://{}", r.http_addr().unwrap()).into(),
+                endpoint: Some(format!("http://{}", r.http_addr().unwrap()).into()),
                 encoding,
                 compression,
                 ..Default::default()

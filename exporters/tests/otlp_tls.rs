@@ -85,12 +85,12 @@ fn with_client_cert(ca: &Path, (cert, key): &(PathBuf, PathBuf)) -> ClientTlsCon
 }
 
 fn grpc(endpoint: String, tls: ClientTlsConfig, compression: Compression) -> OtlpGrpcExporter {
-    let cfg = OtlpGrpcConfig { endpoint, tls, compression, ..Default::default() };
+    let cfg = OtlpGrpcConfig { endpoint: Some(endpoint), tls, compression, ..Default::default() };
     OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp/out"), cfg).unwrap()
 }
 
 fn http(endpoint: String, tls: ClientTlsConfig, compression: Compression) -> OtlpHttpExporter {
-    let cfg = OtlpHttpConfig { endpoint: endpoint.into(), tls, compression, ..Default::default() };
+    let cfg = OtlpHttpConfig { endpoint: Some(endpoint.into()), tls, compression, ..Default::default() };
     OtlpHttpExporter::new(settings(Kind::Exporter, "otlp_http/out"), cfg).unwrap()
 }
 
@@ -188,11 +188,11 @@ async fn wrong_ca_or_server_name_fails_with_a_certificate_error() {
 fn bad_tls_settings_are_refused_at_construction() {
     let pki = pki();
     let g = |tls| {
-        let cfg = OtlpGrpcConfig { endpoint: "https://localhost:4317".into(), tls, ..Default::default() };
+        let cfg = OtlpGrpcConfig { endpoint: Some("https://localhost:4317".into()), tls, ..Default::default() };
         OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp/out"), cfg).err().expect("accepted").to_string()
     };
     let h = |tls| {
-        let cfg = OtlpHttpConfig { endpoint: "https://localhost:4318".into(), tls, ..Default::default() };
+        let cfg = OtlpHttpConfig { endpoint: Some("https://localhost:4318".into()), tls, ..Default::default() };
         OtlpHttpExporter::new(settings(Kind::Exporter, "otlp_http/out"), cfg).err().expect("accepted").to_string()
     };
     let missing = pki.dir.path().join("no-such-ca.pem");
@@ -207,10 +207,12 @@ fn bad_tls_settings_are_refused_at_construction() {
     let m = h(ClientTlsConfig { server_name_override: Some("localhost".into()), ..trust(&pki.ca) });
     assert!(m.contains("tls.server_name_override is not supported by otlp_http"), "{m}");
     // TLS settings on a plain-text endpoint would be ignored: refused instead.
-    let cfg = OtlpGrpcConfig { endpoint: "http://localhost:4317".into(), tls: trust(&pki.ca), ..Default::default() };
+    let cfg =
+        OtlpGrpcConfig { endpoint: Some("http://localhost:4317".into()), tls: trust(&pki.ca), ..Default::default() };
     let m = OtlpGrpcExporter::new(settings(Kind::Exporter, "otlp/out"), cfg).err().expect("accepted").to_string();
     assert!(m.contains("tls.ca_file is set but endpoint \"http://localhost:4317\" is plain text"), "{m}");
-    let cfg = OtlpHttpConfig { endpoint: "http://localhost:4318".into(), tls: trust(&pki.ca), ..Default::default() };
+    let cfg =
+        OtlpHttpConfig { endpoint: Some("http://localhost:4318".into()), tls: trust(&pki.ca), ..Default::default() };
     let m = OtlpHttpExporter::new(settings(Kind::Exporter, "otlp_http/out"), cfg).err().expect("accepted").to_string();
     assert!(m.contains("is plain text"), "{m}");
 }

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod kernel_symbols;
+pub mod resource;
 pub mod user_symbols;
 
 use profcol_api::component::Factory;
@@ -11,5 +12,5 @@ use std::sync::Arc;
 
 /// Every processor factory of this crate.
 pub fn factories() -> Vec<Arc<dyn Factory>> {
-    vec![batch::factory_batch(), kernel_symbols::factory(), user_symbols::factory()]
+    vec![batch::factory_batch(), kernel_symbols::factory(), user_symbols::factory(), resource::factory()]
 }

@@ -84,7 +84,7 @@ pub fn sender(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
         id,
         services: Default::default(),
     };
-    let cfg = OtlpGrpcConfig { endpoint: format!("http://{addr}"), ..Default::default() };
+    let cfg = OtlpGrpcConfig { endpoint: Some(format!("http://{addr}")), ..Default::default() };
     OtlpGrpcExporter::new(settings, cfg).unwrap()
 }
 

@@ -1,5 +1,6 @@
 //! `otlp` (alias `otlp_grpc`): OTLP profiles over gRPC with tonic.
 
+use super::balancer::{Balancer, BalancerConfig, Route, Target};
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use bytes::{BufMut, Bytes};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
@@ -21,8 +22,14 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.profiles.v1development
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpGrpcConfig {
-    /// `host:port`, `http://host:port` (plain text) or `https://host:port`.
-    pub endpoint: String,
+    /// `host:port`, `http://host:port` (plain text) or `https://host:port`
+    /// (default `localhost:4317`); not with `balancer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Spreads batches over several gateways instead of one `endpoint`:
+    /// see "Balancing over gateways" in docs/CONFIG.md.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balancer: Option<BalancerConfig>,
     /// Sent with every request, e.g. `authorization: "Bearer ${env:TOKEN}"`.
     pub headers: BTreeMap<String, profcol_api::config::Secret>,
     /// Request compression: `gzip` or `none`.
@@ -35,22 +42,26 @@ pub struct OtlpGrpcConfig {
 
 impl profcol_api::config::Validate for OtlpGrpcConfig {
     fn validate(&self, p: &mut profcol_api::config::Problems) {
-        use profcol_api::config::checks;
-        let e = self.endpoint.trim();
-        if e.contains("://") {
-            p.check("endpoint", checks::http_url(e));
-            let authority = e.split_once("://").map_or("", |(_, r)| r.split(['/', '?', '#']).next().unwrap_or(""));
-            if authority.contains('@') {
-                p.add(
-                    "endpoint",
-                    "credentials in a gRPC endpoint are not sent; remove them and use headers: {authorization: ...}",
-                );
+        match (&self.endpoint, &self.balancer) {
+            (Some(_), Some(_)) => p.add(
+                "balancer",
+                "cannot be used with endpoint: the balancer names the addresses; remove endpoint (or balancer)",
+            ),
+            (_, Some(b)) => {
+                p.nested("balancer", b);
+                for e in balanced_endpoints(b) {
+                    if !endpoint_uri(&e, &self.tls).1 {
+                        p.check("", self.tls.check_plaintext(&e));
+                    }
+                }
             }
-        } else {
-            p.check("endpoint", checks::host_port(e, false));
-        }
-        if !endpoint_uri(self).1 {
-            p.check("", self.tls.check_plaintext(&self.endpoint));
+            (_, None) => {
+                let e = self.endpoint();
+                validate_endpoint(p, e);
+                if !endpoint_uri(e, &self.tls).1 {
+                    p.check("", self.tls.check_plaintext(e));
+                }
+            }
         }
         super::validate_headers(p, &self.headers);
         p.nested("tls", &self.tls);
@@ -63,10 +74,48 @@ impl profcol_api::config::Validate for OtlpGrpcConfig {
     }
 }
 
+fn validate_endpoint(p: &mut profcol_api::config::Problems, e: &str) {
+    use profcol_api::config::checks;
+    let e = e.trim();
+    if e.contains("://") {
+        p.check("endpoint", checks::http_url(e));
+        let authority = e.split_once("://").map_or("", |(_, r)| r.split(['/', '?', '#']).next().unwrap_or(""));
+        if authority.contains('@') {
+            p.add(
+                "endpoint",
+                "credentials in a gRPC endpoint are not sent; remove them and use headers: {authorization: ...}",
+            );
+        }
+    } else {
+        p.check("endpoint", checks::host_port(e, false));
+    }
+}
+
+/// The static endpoints, or a stand-in address for a DNS name (what TLS
+/// checks need: only the scheme matters).
+fn balanced_endpoints(b: &BalancerConfig) -> Vec<String> {
+    match &b.resolver {
+        super::balancer::ResolverConfig::Static(s) => s.endpoints.clone(),
+        super::balancer::ResolverConfig::Dns(d) => {
+            vec![format!("{}:{}", d.hostname.trim(), d.port.unwrap_or(DEFAULT_PORT))]
+        }
+    }
+}
+
+const DEFAULT_PORT: u16 = 4317;
+
+impl OtlpGrpcConfig {
+    /// The endpoint in use without a balancer.
+    pub fn endpoint(&self) -> &str {
+        self.endpoint.as_deref().unwrap_or("localhost:4317")
+    }
+}
+
 impl Default for OtlpGrpcConfig {
     fn default() -> Self {
         OtlpGrpcConfig {
-            endpoint: "localhost:4317".into(),
+            endpoint: None,
+            balancer: None,
             headers: BTreeMap::new(),
             compression: Compression::Gzip,
             tls: ClientTlsConfig::default(),
@@ -128,30 +177,96 @@ impl Codec for PreEncoded {
 
 /// The `otlp` exporter component.
 pub struct OtlpGrpcExporter {
+    route: Route<GrpcTarget>,
+}
+
+/// What every address's sender shares.
+struct Shared {
     id: String,
-    channel: Channel,
     metadata: MetadataMap,
     compression: Compression,
     max_recv: usize,
     counters: OtlpCounters,
 }
 
+/// One address: a channel and what requests carry.
+pub struct GrpcTarget {
+    channel: Channel,
+    shared: Arc<Shared>,
+}
+
 /// The URI tonic connects to, and whether it is TLS.
-fn endpoint_uri(cfg: &OtlpGrpcConfig) -> (String, bool) {
-    let e = cfg.endpoint.trim();
+fn endpoint_uri(endpoint: &str, tls: &ClientTlsConfig) -> (String, bool) {
+    let e = endpoint.trim();
     if e.starts_with("http://") {
         (e.to_owned(), false)
     } else if e.starts_with("https://") {
         (e.to_owned(), true)
-    } else if cfg.tls.insecure {
+    } else if tls.insecure {
         (format!("http://{e}"), false)
     } else {
         (format!("https://{e}"), true)
     }
 }
 
+/// A lazy channel to `endpoint`, as the config says (`tls_name`: the name
+/// the server's certificate is checked against, when not the endpoint's host).
+fn channel(cfg: &OtlpGrpcConfig, endpoint: &str, tls_name: Option<&str>) -> Result<Channel, String> {
+    let (uri, tls) = endpoint_uri(endpoint, &cfg.tls);
+    let mut ep = Endpoint::from_shared(uri)
+        .map_err(|e| {
+            format!("endpoint {endpoint:?} is not a valid address ({e}); write host:port or http(s)://host:port")
+        })?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(1 << 20))
+        .initial_connection_window_size(Some(4 << 20))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(false);
+    if !tls {
+        cfg.tls.check_plaintext(endpoint)?;
+    } else {
+        let (ca, ident) = cfg.tls.load()?;
+        let mut tc = tonic::transport::ClientTlsConfig::new();
+        tc = match ca {
+            Some(ca) => tc.ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            None => tc.with_native_roots(),
+        };
+        if let Some((c, k)) = ident {
+            tc = tc.identity(tonic::transport::Identity::from_pem(c, k));
+        }
+        if let Some(n) = cfg.tls.server_name_override.as_deref().or(tls_name) {
+            tc = tc.domain_name(n.to_owned());
+        }
+        ep = ep.tls_config(tc).map_err(|e| format!("tls: {e}"))?;
+    }
+    // Lazy: a backend that is down at start-up is an outage to ride out
+    // (the host retries), not a start-up failure.
+    Ok(ep.connect_lazy())
+}
+
 impl OtlpGrpcExporter {
     pub fn new(settings: CreateSettings, cfg: OtlpGrpcConfig) -> Result<Self, ComponentError> {
+        let resolver = cfg.balancer.as_ref().map(|b| b.resolver(DEFAULT_PORT));
+        Self::build(settings, cfg, resolver)
+    }
+
+    /// As [`OtlpGrpcExporter::new`], with `balancer`'s addresses from
+    /// `resolver` instead of the one the config names (tests decide what a
+    /// name resolves to).
+    pub fn with_resolver(
+        settings: CreateSettings,
+        cfg: OtlpGrpcConfig,
+        resolver: Arc<dyn super::balancer::Resolver>,
+    ) -> Result<Self, ComponentError> {
+        Self::build(settings, cfg, Some(resolver))
+    }
+
+    fn build(
+        settings: CreateSettings,
+        cfg: OtlpGrpcConfig,
+        resolver: Option<Arc<dyn super::balancer::Resolver>>,
+    ) -> Result<Self, ComponentError> {
         let id = settings.id.to_string();
         let err = ComponentError::msg;
         check_headers(&cfg.headers).map_err(err)?;
@@ -163,55 +278,58 @@ impl OtlpGrpcExporter {
                 .map_err(|e| err(format!("headers.{k}: not a valid gRPC metadata value: {e}")))?;
             metadata.insert(key, val);
         }
-        let (uri, tls) = endpoint_uri(&cfg);
-        let mut ep = Endpoint::from_shared(uri.clone())
-            .map_err(|e| {
-                err(format!(
-                    "endpoint {:?} is not a valid address ({e}); write host:port or http(s)://host:port",
-                    cfg.endpoint
-                ))
-            })?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .initial_stream_window_size(Some(1 << 20))
-            .initial_connection_window_size(Some(4 << 20))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(false);
-        if !tls {
-            cfg.tls.check_plaintext(&cfg.endpoint).map_err(err)?;
-        } else {
-            let (ca, ident) = cfg.tls.load().map_err(err)?;
-            let mut tc = tonic::transport::ClientTlsConfig::new();
-            tc = match ca {
-                Some(ca) => tc.ca_certificate(tonic::transport::Certificate::from_pem(ca)),
-                None => tc.with_native_roots(),
-            };
-            if let Some((c, k)) = ident {
-                tc = tc.identity(tonic::transport::Identity::from_pem(c, k));
-            }
-            if let Some(n) = &cfg.tls.server_name_override {
-                tc = tc.domain_name(n.clone());
-            }
-            ep = ep.tls_config(tc).map_err(|e| err(format!("tls: {e}")))?;
-        }
-        // Lazy: a backend that is down at start-up is an outage to ride out
-        // (the host retries), not a start-up failure.
-        let channel = ep.connect_lazy();
-        Ok(OtlpGrpcExporter {
+        let shared = Arc::new(Shared {
             counters: OtlpCounters::new(&settings.telemetry),
-            id,
-            channel,
+            id: id.clone(),
             metadata,
             compression: cfg.compression,
             max_recv: usize::try_from(cfg.max_recv_msg_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
-        })
+        });
+        let route = match (&cfg.balancer, resolver) {
+            (Some(b), Some(resolver)) => {
+                if cfg.endpoint.is_some() {
+                    return Err(err("endpoint and balancer are both set; keep one".into()));
+                }
+                let tls_name = b.dns_name().map(str::to_owned);
+                let (interval, key) = (b.interval(), b.routing_key.clone());
+                let conn_cfg = cfg.clone();
+                let conn_shared = shared.clone();
+                let connect: super::balancer::Connect<GrpcTarget> = Box::new(move |address: &str| {
+                    let channel = channel(&conn_cfg, address, tls_name.as_deref())?;
+                    Ok(GrpcTarget { channel, shared: conn_shared.clone() })
+                });
+                Route::Balanced(Balancer::new(&id, &settings.telemetry, resolver, interval, key, connect))
+            }
+            (None, Some(_)) => return Err(err("a resolver was given but the config has no balancer".into())),
+            _ => Route::One(GrpcTarget { channel: channel(&cfg, cfg.endpoint(), None).map_err(err)?, shared }),
+        };
+        Ok(OtlpGrpcExporter { route })
+    }
+
+    /// The addresses the balancer sends to (empty without a balancer).
+    pub fn balanced_addresses(&self) -> Vec<String> {
+        self.route.addresses()
     }
 
     /// Sends one request whose protobuf bytes are `body`, the encoding of a
-    /// batch of `shape` (what a partial success is counted against).
+    /// batch of `shape` (what a partial success is counted against). With a
+    /// balancer the bytes are decoded and balanced as a batch.
     pub async fn export_encoded(&self, body: Bytes, shape: Shape) -> Result<(), ExportError> {
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(self.max_recv);
-        if self.compression == Compression::Gzip {
+        match &self.route {
+            Route::One(t) => t.send_encoded(body, shape).await,
+            Route::Balanced(b) => {
+                let batch = Profiles::decode(&body).map_err(|e| ExportError::permanent(format!("{e}")))?;
+                b.export(&batch).await
+            }
+        }
+    }
+}
+
+impl GrpcTarget {
+    async fn send_encoded(&self, body: Bytes, shape: Shape) -> Result<(), ExportError> {
+        let s = &*self.shared;
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(s.max_recv);
+        if s.compression == Compression::Gzip {
             grpc = grpc.send_compressed(tonic::codec::CompressionEncoding::Gzip);
         }
         grpc = grpc.accept_compressed(tonic::codec::CompressionEncoding::Gzip);
@@ -221,18 +339,18 @@ impl OtlpGrpcExporter {
                 retry_after: None,
             })?;
             let mut req = tonic::Request::new(body);
-            *req.metadata_mut() = self.metadata.clone();
+            *req.metadata_mut() = s.metadata.clone();
             let path = http::uri::PathAndQuery::from_static(EXPORT_PATH);
             grpc.unary(req, path, PreEncoded).await.map_err(|s| status::from_grpc(&s))
         }
         .await;
         match result {
             Ok(resp) => match &resp.get_ref().partial_success {
-                Some(p) => self.counters.partial(&self.id, p, shape),
+                Some(p) => s.counters.partial(&s.id, p, shape),
                 None => Ok(()),
             },
             Err(e) => {
-                self.counters.count(&self.id, &e);
+                s.counters.count(&s.id, &e);
                 Err(e)
             }
         }
@@ -240,11 +358,28 @@ impl OtlpGrpcExporter {
 }
 
 #[async_trait::async_trait]
-impl Exporter for OtlpGrpcExporter {
-    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+impl Target for GrpcTarget {
+    async fn send(&self, batch: &Profiles) -> Result<(), ExportError> {
         // ProfilesData and ExportProfilesServiceRequest share field numbers:
         // the batch's encoding is the request's.
-        self.export_encoded(Bytes::from(batch.encode_to_vec()), Shape::of(batch)).await
+        self.send_encoded(Bytes::from(batch.encode_to_vec()), Shape::of(batch)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Exporter for OtlpGrpcExporter {
+    async fn start(&self) -> Result<(), ComponentError> {
+        self.route.start().await;
+        Ok(())
+    }
+
+    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+        self.route.export(batch).await
+    }
+
+    async fn shutdown(&self) -> Result<(), ComponentError> {
+        self.route.shutdown().await;
+        Ok(())
     }
 }
 
@@ -254,12 +389,11 @@ mod tests {
 
     #[test]
     fn endpoint_schemes() {
-        let mut c = OtlpGrpcConfig::default();
-        assert_eq!(endpoint_uri(&c), ("https://localhost:4317".into(), true));
-        c.tls.insecure = true;
-        assert_eq!(endpoint_uri(&c), ("http://localhost:4317".into(), false));
-        c.endpoint = "https://x:1".into();
-        assert_eq!(endpoint_uri(&c), ("https://x:1".into(), true));
+        let mut tls = ClientTlsConfig::default();
+        assert_eq!(endpoint_uri("localhost:4317", &tls), ("https://localhost:4317".into(), true));
+        tls.insecure = true;
+        assert_eq!(endpoint_uri("localhost:4317", &tls), ("http://localhost:4317".into(), false));
+        assert_eq!(endpoint_uri("https://x:1", &tls), ("https://x:1".into(), true));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `otlp_http`: OTLP profiles over HTTP (`POST {endpoint}/v1development/profiles`),
 //! protobuf by default, JSON as an option.
 
+use super::balancer::{Balancer, BalancerConfig, Resolver, ResolverConfig, Route, Target};
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::config::SecretUrl;
@@ -26,8 +27,15 @@ pub enum HttpEncoding {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpHttpConfig {
-    /// Base URL; `/v1development/profiles` is appended.
-    pub endpoint: SecretUrl,
+    /// Base URL; `/v1development/profiles` is appended (default
+    /// `http://localhost:4318`); not with `balancer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<SecretUrl>,
+    /// Spreads batches over several gateways instead of one `endpoint`:
+    /// see "Balancing over gateways" in docs/CONFIG.md. Addresses without
+    /// a scheme are `https://` unless `tls.insecure` is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balancer: Option<BalancerConfig>,
     /// Full URL of the profiles route, used as is (overrides `endpoint`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profiles_endpoint: Option<SecretUrl>,
@@ -44,12 +52,32 @@ pub struct OtlpHttpConfig {
 impl profcol_api::config::Validate for OtlpHttpConfig {
     fn validate(&self, p: &mut profcol_api::config::Problems) {
         use profcol_api::config::checks;
-        p.check("endpoint", checks::http_url(self.endpoint.expose().trim()));
-        if let Some(u) = &self.profiles_endpoint {
-            p.check("profiles_endpoint", checks::http_url(u.expose().trim()));
-        }
-        if self.endpoint.expose().trim().starts_with("http://") {
-            p.check("", self.tls.check_plaintext(&self.endpoint.redacted()));
+        match &self.balancer {
+            Some(b) => {
+                if self.endpoint.is_some() || self.profiles_endpoint.is_some() {
+                    p.add(
+                        "balancer",
+                        "cannot be used with endpoint or profiles_endpoint: the balancer names the addresses; \
+                         remove endpoint (or balancer)",
+                    );
+                }
+                p.nested("balancer", b);
+                for e in balanced_urls(b, &self.tls) {
+                    if e.starts_with("http://") {
+                        p.check("", self.tls.check_plaintext(&e));
+                    }
+                }
+            }
+            None => {
+                let endpoint = self.endpoint();
+                p.check("endpoint", checks::http_url(endpoint.expose().trim()));
+                if let Some(u) = &self.profiles_endpoint {
+                    p.check("profiles_endpoint", checks::http_url(u.expose().trim()));
+                }
+                if endpoint.expose().trim().starts_with("http://") {
+                    p.check("", self.tls.check_plaintext(&endpoint.redacted()));
+                }
+            }
         }
         if self.tls.server_name_override.is_some() {
             p.add(
@@ -62,10 +90,43 @@ impl profcol_api::config::Validate for OtlpHttpConfig {
     }
 }
 
+const DEFAULT_PORT: u16 = 4318;
+
+/// The base URL of a balanced address: its own scheme, else `https://`
+/// unless `tls.insecure`.
+fn base_url(address: &str, tls: &ClientTlsConfig) -> String {
+    let a = address.trim().trim_end_matches('/');
+    if a.contains("://") {
+        a.to_owned()
+    } else if tls.insecure {
+        format!("http://{a}")
+    } else {
+        format!("https://{a}")
+    }
+}
+
+/// The base URLs a balancer config can produce (a DNS name: one, for the scheme).
+fn balanced_urls(b: &BalancerConfig, tls: &ClientTlsConfig) -> Vec<String> {
+    match &b.resolver {
+        ResolverConfig::Static(s) => s.endpoints.iter().map(|e| base_url(e, tls)).collect(),
+        ResolverConfig::Dns(d) => {
+            vec![base_url(&format!("{}:{}", d.hostname.trim(), d.port.unwrap_or(DEFAULT_PORT)), tls)]
+        }
+    }
+}
+
+impl OtlpHttpConfig {
+    /// The endpoint in use without a balancer.
+    pub fn endpoint(&self) -> SecretUrl {
+        self.endpoint.clone().unwrap_or_else(|| SecretUrl::new("http://localhost:4318"))
+    }
+}
+
 impl Default for OtlpHttpConfig {
     fn default() -> Self {
         OtlpHttpConfig {
-            endpoint: SecretUrl::new("http://localhost:4318"),
+            endpoint: None,
+            balancer: None,
             profiles_endpoint: None,
             encoding: HttpEncoding::Proto,
             headers: BTreeMap::new(),
@@ -89,36 +150,91 @@ pub fn factory_otlp_http() -> Arc<dyn Factory> {
 
 /// The `otlp_http` exporter component.
 pub struct OtlpHttpExporter {
+    route: Route<HttpTarget>,
+}
+
+/// What every address's sender shares.
+struct Shared {
     id: String,
-    client: reqwest::Client,
-    url: reqwest::Url,
-    /// `url` without its credentials, for messages.
-    shown: String,
     headers: reqwest::header::HeaderMap,
     encoding: HttpEncoding,
     compression: Compression,
     counters: OtlpCounters,
 }
 
+/// One address: a client (its connection pool) and the URL it posts to.
+pub struct HttpTarget {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    /// `url` without its credentials, for messages.
+    shown: String,
+    shared: Arc<Shared>,
+}
+
+/// A client as the config says; `pin`: the host name and the one address
+/// it is sent to (a DNS balancer's address, so TLS checks the name).
+fn client(cfg: &OtlpHttpConfig, pin: Option<(&str, std::net::SocketAddr)>) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .pool_idle_timeout(Duration::from_secs(60));
+    let (ca, ident) = cfg.tls.load()?;
+    if let Some(ca) = ca {
+        let certs = reqwest::Certificate::from_pem_bundle(&ca).map_err(|e| format!("tls.ca_file: {e}"))?;
+        b = b.tls_built_in_root_certs(false);
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    if let Some((c, k)) = ident {
+        let mut pem = k;
+        pem.push(b'\n');
+        pem.extend_from_slice(&c);
+        b = b.identity(reqwest::Identity::from_pem(&pem).map_err(|e| format!("tls.cert_file/key_file: {e}"))?);
+    }
+    if let Some((host, addr)) = pin {
+        b = b.resolve(host, addr);
+    }
+    b.build().map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
+/// The profiles URL under a base URL, checked; and how messages show it.
+fn profiles_url(url_text: SecretUrl) -> Result<(reqwest::Url, String), String> {
+    // Messages and logs show the URL without its credentials.
+    let shown = url_text.to_string();
+    let url = reqwest::Url::parse(url_text.expose())
+        .map_err(|e| format!("endpoint {shown:?} is not a URL ({e}); write e.g. http://host:4318"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("endpoint {shown:?}: the scheme must be http or https"));
+    }
+    Ok((url, shown))
+}
+
 impl OtlpHttpExporter {
     pub fn new(settings: CreateSettings, cfg: OtlpHttpConfig) -> Result<Self, ComponentError> {
+        let resolver = cfg.balancer.as_ref().map(|b| b.resolver(DEFAULT_PORT));
+        Self::build(settings, cfg, resolver)
+    }
+
+    /// As [`OtlpHttpExporter::new`], with `balancer`'s addresses from
+    /// `resolver` (tests decide what a name resolves to).
+    pub fn with_resolver(
+        settings: CreateSettings,
+        cfg: OtlpHttpConfig,
+        resolver: Arc<dyn Resolver>,
+    ) -> Result<Self, ComponentError> {
+        Self::build(settings, cfg, Some(resolver))
+    }
+
+    fn build(
+        settings: CreateSettings,
+        cfg: OtlpHttpConfig,
+        resolver: Option<Arc<dyn Resolver>>,
+    ) -> Result<Self, ComponentError> {
         let id = settings.id.to_string();
         let err = ComponentError::msg;
         check_headers(&cfg.headers).map_err(err)?;
-        let url_text = SecretUrl::new(match &cfg.profiles_endpoint {
-            Some(u) => u.expose().to_owned(),
-            None => format!("{}{PROFILES_PATH}", cfg.endpoint.expose().trim_end_matches('/')),
-        });
-        // Messages and logs show the URL without its credentials.
-        let shown = url_text.to_string();
-        let url = reqwest::Url::parse(url_text.expose())
-            .map_err(|e| err(format!("endpoint {shown:?} is not a URL ({e}); write e.g. http://host:4318")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(err(format!("endpoint {shown:?}: the scheme must be http or https")));
-        }
-        if cfg.endpoint.expose().trim().starts_with("http://") {
-            cfg.tls.check_plaintext(&cfg.endpoint.redacted()).map_err(err)?;
-        }
         if cfg.tls.server_name_override.is_some() {
             // reqwest checks the certificate against the URL's host only; ignoring
             // the setting would quietly verify another name than the one asked for.
@@ -133,45 +249,86 @@ impl OtlpHttpExporter {
                 headers.insert(k, v);
             }
         }
-        let mut b = reqwest::Client::builder()
-            .use_rustls_tls()
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60));
-        let (ca, ident) = cfg.tls.load().map_err(err)?;
-        if let Some(ca) = ca {
-            let certs = reqwest::Certificate::from_pem_bundle(&ca).map_err(|e| err(format!("tls.ca_file: {e}")))?;
-            b = b.tls_built_in_root_certs(false);
-            for c in certs {
-                b = b.add_root_certificate(c);
-            }
-        }
-        if let Some((c, k)) = ident {
-            let mut pem = k;
-            pem.push(b'\n');
-            pem.extend_from_slice(&c);
-            b = b.identity(reqwest::Identity::from_pem(&pem).map_err(|e| err(format!("tls.cert_file/key_file: {e}")))?);
-        }
-        let client = b.build().map_err(|e| err(format!("cannot build the HTTP client: {e}")))?;
-        Ok(OtlpHttpExporter {
+        let shared = Arc::new(Shared {
             counters: OtlpCounters::new(&settings.telemetry),
-            id,
-            client,
-            url,
-            shown,
+            id: id.clone(),
             headers,
             encoding: cfg.encoding,
             compression: cfg.compression,
-        })
+        });
+        let route = match (&cfg.balancer, resolver) {
+            (Some(b), Some(resolver)) => {
+                if cfg.endpoint.is_some() || cfg.profiles_endpoint.is_some() {
+                    return Err(err("endpoint and balancer are both set; keep one".into()));
+                }
+                let dns_name = b.dns_name().map(str::to_owned);
+                let (interval, key) = (b.interval(), b.routing_key.clone());
+                let conn_cfg = cfg.clone();
+                let conn_shared = shared.clone();
+                let connect: super::balancer::Connect<HttpTarget> = Box::new(move |address: &str| {
+                    connect_address(&conn_cfg, address, dns_name.as_deref(), conn_shared.clone())
+                });
+                Route::Balanced(Balancer::new(&id, &settings.telemetry, resolver, interval, key, connect))
+            }
+            (None, Some(_)) => return Err(err("a resolver was given but the config has no balancer".into())),
+            _ => {
+                let endpoint = cfg.endpoint();
+                let url_text = SecretUrl::new(match &cfg.profiles_endpoint {
+                    Some(u) => u.expose().to_owned(),
+                    None => format!("{}{PROFILES_PATH}", endpoint.expose().trim_end_matches('/')),
+                });
+                let (url, shown) = profiles_url(url_text).map_err(err)?;
+                if endpoint.expose().trim().starts_with("http://") {
+                    cfg.tls.check_plaintext(&endpoint.redacted()).map_err(err)?;
+                }
+                Route::One(HttpTarget { client: client(&cfg, None).map_err(err)?, url, shown, shared })
+            }
+        };
+        Ok(OtlpHttpExporter { route })
     }
 
-    async fn send(&self, batch: &Profiles) -> Result<(), ExportError> {
-        let (ct, body) = match self.encoding {
+    /// The addresses the balancer sends to (empty without a balancer).
+    pub fn balanced_addresses(&self) -> Vec<String> {
+        self.route.addresses()
+    }
+}
+
+/// The sender of one balanced address. With a DNS name the URL keeps the
+/// name (TLS checks it, `Host` carries it) and the client is pinned to the
+/// resolved address.
+fn connect_address(
+    cfg: &OtlpHttpConfig,
+    address: &str,
+    dns_name: Option<&str>,
+    shared: Arc<Shared>,
+) -> Result<HttpTarget, String> {
+    let base = base_url(address, &cfg.tls);
+    let pinned = dns_name.and_then(|name| Some((name, address.parse::<std::net::SocketAddr>().ok()?)));
+    let base = match pinned {
+        Some((name, addr)) => {
+            format!("{}://{}:{}", base.split_once("://").map_or("https", |(s, _)| s), name, addr.port())
+        }
+        None => base,
+    };
+    if base.starts_with("http://") {
+        cfg.tls.check_plaintext(&base)?;
+    }
+    let (url, mut shown) = profiles_url(SecretUrl::new(format!("{base}{PROFILES_PATH}")))?;
+    if pinned.is_some() {
+        shown = format!("{shown} ({address})");
+    }
+    Ok(HttpTarget { client: client(cfg, pinned)?, url, shown, shared })
+}
+
+impl HttpTarget {
+    async fn post(&self, batch: &Profiles) -> Result<(), ExportError> {
+        let s = &*self.shared;
+        let (ct, body) = match s.encoding {
             HttpEncoding::Proto => ("application/x-protobuf", batch.encode_to_vec()),
             HttpEncoding::Json => ("application/json", batch.to_json().into_bytes()),
         };
-        let mut req = self.client.post(self.url.clone()).headers(self.headers.clone()).header("content-type", ct);
-        let body = match self.compression {
+        let mut req = self.client.post(self.url.clone()).headers(s.headers.clone()).header("content-type", ct);
+        let body = match s.compression {
             Compression::None => body,
             Compression::Gzip => {
                 req = req.header("content-encoding", "gzip");
@@ -203,19 +360,36 @@ impl OtlpHttpExporter {
             prost::Message::decode(bytes.as_ref()).ok()
         };
         match answer.and_then(|a| a.partial_success) {
-            Some(p) => self.counters.partial(&self.id, &p, Shape::of(batch)),
+            Some(p) => s.counters.partial(&s.id, &p, Shape::of(batch)),
             None => Ok(()),
         }
     }
 }
 
 #[async_trait::async_trait]
-impl Exporter for OtlpHttpExporter {
-    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
-        let r = self.send(batch).await;
+impl Target for HttpTarget {
+    async fn send(&self, batch: &Profiles) -> Result<(), ExportError> {
+        let r = self.post(batch).await;
         if let Err(e) = &r {
-            self.counters.count(&self.id, e);
+            self.shared.counters.count(&self.shared.id, e);
         }
         r
+    }
+}
+
+#[async_trait::async_trait]
+impl Exporter for OtlpHttpExporter {
+    async fn start(&self) -> Result<(), ComponentError> {
+        self.route.start().await;
+        Ok(())
+    }
+
+    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+        self.route.export(batch).await
+    }
+
+    async fn shutdown(&self) -> Result<(), ComponentError> {
+        self.route.shutdown().await;
+        Ok(())
     }
 }

@@ -13,6 +13,7 @@
 //! Only the send lives here: the host owns `timeout`, `retry_on_failure` and
 //! `sending_queue` around [`profcol_api::Exporter::export`].
 
+pub mod balancer;
 pub mod grpc;
 pub mod http;
 pub mod status;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+pub use balancer::{BalancerConfig, Resolver};
 pub use grpc::{OtlpGrpcConfig, OtlpGrpcExporter};
 pub use http::{HttpEncoding, OtlpHttpConfig, OtlpHttpExporter};
 
@@ -40,8 +42,9 @@ pub enum Compression {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientTlsConfig {
-    /// Plain text (no TLS) even without an `http://` scheme (gRPC only; for
-    /// HTTP the scheme of the endpoint decides).
+    /// Plain text (no TLS) even without an `http://` scheme (gRPC; for
+    /// `otlp_http` the endpoint's scheme decides, and this only for
+    /// `balancer` addresses written without one).
     pub insecure: bool,
     /// CA certificates (PEM) to trust instead of the system's roots.
     #[serde(skip_serializing_if = "Option::is_none")]
