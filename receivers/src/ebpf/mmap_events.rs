@@ -148,6 +148,34 @@ impl MappingBatch {
         std::ffi::CStr::from_bytes_with_nul(&self.paths[at..at + m.path_len as usize]).unwrap_or_default()
     }
 
+    /// Adds one executable mapping of the file at `path` (no NUL in it).
+    pub fn push_map(
+        &mut self,
+        time_ns: u64,
+        pid: u32,
+        range: std::ops::Range<u64>,
+        (major, minor): (u32, u32),
+        ino: u64,
+        path: &[u8],
+    ) {
+        let path_at = self.paths.len() as u32;
+        self.paths.extend_from_slice(path);
+        self.paths.push(0);
+        self.events.push(MappingEvent {
+            time_ns,
+            pid,
+            kind: MappingEventKind::Map(FileMap {
+                start: range.start,
+                end: range.end,
+                major,
+                minor,
+                ino,
+                path_at,
+                path_len: path.len() as u32 + 1,
+            }),
+        });
+    }
+
     /// Parses one record (`rec`: header included). Public for tests.
     pub fn push_record(&mut self, rec: &[u8]) {
         let u32_at = |o: usize| rec.get(o..o + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
@@ -187,21 +215,7 @@ impl MappingBatch {
                 if name.first() != Some(&b'/') || ino == 0 {
                     return; // anonymous executable memory, [vdso], ...
                 }
-                let path_at = self.paths.len() as u32;
-                self.paths.extend_from_slice(&name[..=nul]);
-                self.events.push(MappingEvent {
-                    time_ns,
-                    pid,
-                    kind: MappingEventKind::Map(FileMap {
-                        start: addr,
-                        end: addr.saturating_add(len),
-                        major,
-                        minor,
-                        ino,
-                        path_at,
-                        path_len: nul as u32 + 1,
-                    }),
-                });
+                self.push_map(time_ns, pid, addr..addr.saturating_add(len), (major, minor), ino, &name[..nul]);
             }
             _ => {} // a COMM that is not an exec (a thread renamed)
         }
