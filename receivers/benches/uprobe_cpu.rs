@@ -13,6 +13,7 @@
 //!     ROUNDS=7 SECONDS=20 cargo bench -p profcol-receivers --bench uprobe_cpu
 //!     ONLY=named cargo bench -p profcol-receivers --bench uprobe_cpu   # off, named
 //!     ONLY=any cargo bench -p profcol-receivers --bench uprobe_cpu     # off, any
+//!     WARMUP_MS=10000 cargo bench ...   # each receiver runs 10 s before its window
 //!
 //! The receiver runs in this process; the exec loop is another process, so
 //! this process's CPU time (getrusage, user + system) is the receiver's.
@@ -74,6 +75,9 @@ async fn main() {
     }
     let (rounds, seconds, rate, life_ms) =
         (env("ROUNDS", 5), env("SECONDS", 10), env("RATE", 100), env("LIFE_MS", 100));
+    // How long each receiver runs before its window: longer lets it learn
+    // the host's own binaries first (a receiver that has been running).
+    let warmup = Duration::from_millis(env("WARMUP_MS", 500));
     let only = std::env::var("ONLY").ok();
     let settings: Vec<_> =
         SETTINGS.iter().filter(|(n, _)| *n == "off" || only.as_deref().is_none_or(|o| o == *n)).collect();
@@ -107,7 +111,7 @@ async fn main() {
             let receiver = EbpfReceiver::new(CreateSettings { id, telemetry: telemetry.clone() }, config);
             let next = Next::new(vec![Arc::new(Discard) as Arc<dyn Consumer>], telemetry);
             receiver.start(next).await.expect("ebpf receiver starts (root needed)");
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(warmup).await;
             let (before, loop_before) = (cpu_seconds(libc::RUSAGE_SELF), cpu_seconds(libc::RUSAGE_CHILDREN));
             let out = Command::new(&execloop)
                 .arg(&big)
