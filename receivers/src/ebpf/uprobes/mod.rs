@@ -2,10 +2,16 @@
 //! that runs them.
 //!
 //! [`Uprobes`] follows processes (the ones running at start from /proc,
-//! then exec and exit events from the BPF process-discovery programs) and,
-//! for each executable and executable mapping that a probe's `binary:`
-//! pattern selects, decides once per file whether anything is to be
-//! attached:
+//! then the kernel's exec and mapping records, [`super::mmap_events`], and
+//! the exit events of the BPF process-discovery programs) and, for each
+//! executable and executable mapping that a probe's `binary:` pattern
+//! selects, decides once per file whether anything is to be attached.
+//! From the kernel's records ([`Uprobes::on_image`],
+//! [`Uprobes::on_kernel_mapping`]) a mapping's path decides whether any
+//! probe selects it (no system call when none does), and a `stat` of that
+//! path, checked against the device and inode the kernel reported, keys
+//! and validates the verdict. Without those records (or when some were
+//! lost) new processes are looked at through /proc ([`Uprobes::on_exec_at`]):
 //!
 //! - an executable costs one `stat` of `/proc/PID/exe` (the process's
 //!   view: works across mount namespaces and for deleted files) and a
