@@ -13,6 +13,7 @@
 //!     ROUNDS=7 SECONDS=20 cargo bench -p profcol-receivers --bench uprobe_cpu
 //!     ONLY=named cargo bench -p profcol-receivers --bench uprobe_cpu   # off, named
 //!     ONLY=any cargo bench -p profcol-receivers --bench uprobe_cpu     # off, any
+//!     WARMUP_MS=10000 cargo bench ...   # each receiver runs 10 s before its window
 //!
 //! The receiver runs in this process; the exec loop is another process, so
 //! this process's CPU time (getrusage, user + system) is the receiver's.
@@ -38,10 +39,12 @@ impl Consumer for Discard {
     }
 }
 
-fn cpu_seconds() -> f64 {
+/// CPU time (user + system) of this process (`RUSAGE_SELF`) or of its
+/// waited-for children (`RUSAGE_CHILDREN`: the exec loop and what it ran).
+fn cpu_seconds(who: libc::c_int) -> f64 {
     // SAFETY: ru is a valid out-parameter.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(ru.ru_utime) + t(ru.ru_stime)
 }
@@ -72,6 +75,9 @@ async fn main() {
     }
     let (rounds, seconds, rate, life_ms) =
         (env("ROUNDS", 5), env("SECONDS", 10), env("RATE", 100), env("LIFE_MS", 100));
+    // How long each receiver runs before its window: longer lets it learn
+    // the host's own binaries first (a receiver that has been running).
+    let warmup = Duration::from_millis(env("WARMUP_MS", 500));
     let only = std::env::var("ONLY").ok();
     let settings: Vec<_> =
         SETTINGS.iter().filter(|(n, _)| *n == "off" || only.as_deref().is_none_or(|o| o == *n)).collect();
@@ -83,6 +89,9 @@ async fn main() {
 
     let load_before = load_average();
     let mut cpu = vec![Vec::new(); settings.len()];
+    // The exec loop's own CPU: the kernel writes its mapping records in the
+    // exec'ing process's time.
+    let mut loop_cpu = vec![Vec::new(); settings.len()];
     for round in 0..rounds {
         for (i, (name, probe)) in settings.iter().enumerate() {
             let config = EbpfConfig {
@@ -105,8 +114,8 @@ async fn main() {
             );
             let next = Next::new(vec![Arc::new(Discard) as Arc<dyn Consumer>], telemetry);
             receiver.start(next).await.expect("ebpf receiver starts (root needed)");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let before = cpu_seconds();
+            tokio::time::sleep(warmup).await;
+            let (before, loop_before) = (cpu_seconds(libc::RUSAGE_SELF), cpu_seconds(libc::RUSAGE_CHILDREN));
             let out = Command::new(&execloop)
                 .arg(&big)
                 .arg(rate.to_string())
@@ -114,7 +123,8 @@ async fn main() {
                 .arg(life_ms.to_string())
                 .output()
                 .expect("run execloop");
-            let used = cpu_seconds() - before;
+            let used = cpu_seconds(libc::RUSAGE_SELF) - before;
+            let loop_used = cpu_seconds(libc::RUSAGE_CHILDREN) - loop_before;
             receiver.shutdown().await.unwrap();
             let execs = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             let metrics = registry.render();
@@ -127,15 +137,17 @@ async fn main() {
                     .to_owned()
             };
             println!(
-                "round {round} {name:<5} cpu {:>7.1} ms ({:.2}% of one CPU)  {execs}  parsed={} negative_hits={} exec_events={}  load {}",
+                "round {round} {name:<5} cpu {:>7.1} ms ({:.2}% of one CPU)  exec loop {:.0} ms  {execs}  parsed={} negative_hits={} exec_events={}  load {}",
                 used * 1e3,
                 used / seconds as f64 * 100.0,
+                loop_used * 1e3,
                 get("ebpf_uprobe_binaries_parsed_total"),
                 get("ebpf_uprobe_negative_hits_total"),
                 get("ebpf_process_execs_total"),
                 load_average(),
             );
             cpu[i].push(used);
+            loop_cpu[i].push(loop_used);
         }
     }
     println!("receiver CPU over {seconds} s at {rate} execs/s, {rounds} interleaved rounds; load average {load_before} before, {} after", load_average());
@@ -144,12 +156,13 @@ async fn main() {
         let m = median(&mut cpu[i]);
         let (lo, hi) = (cpu[i][0], cpu[i][cpu[i].len() - 1]);
         println!(
-            "  {name:<5} median {:>6.1} ms (min {:.1}, max {:.1})  ratio to off {:.2}x  extra per exec {:.1} us",
+            "  {name:<5} median {:>6.1} ms (min {:.1}, max {:.1})  ratio to off {:.2}x  extra per exec {:.1} us  (exec loop median {:.0} ms)",
             m * 1e3,
             lo * 1e3,
             hi * 1e3,
             m / off,
             (m - off) / (rate * seconds) as f64 * 1e6,
+            median(&mut loop_cpu[i]) * 1e3,
         );
     }
 }

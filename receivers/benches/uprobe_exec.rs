@@ -13,6 +13,11 @@
 //!   does it: a `stat` of the exe link and the lookup (or open and parse),
 //!   and the exit (a probe on an executable by name reads no maps). "No cache" is the
 //!   same code with a zero TTL, so every verdict has expired.
+//! - `per_exec_kernel/cached`, `per_exec_kernel/no_cache`: the same from
+//!   the kernel's exec and mapping records, as the receiver handles them
+//!   when it has them: the exec record, the executable's mapping record
+//!   (a `stat` of its path checked against the record's device and inode,
+//!   and the lookup, or the parse) and the exit.
 
 #[path = "uprobe_fixture.rs"]
 mod uprobe_fixture;
@@ -22,9 +27,12 @@ use profcol_api::component::{ComponentId, Kind};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_elf::ElfFile;
 use profcol_receivers::ebpf::config::UprobeSpec;
+use profcol_receivers::ebpf::mmap_events::{MappingBatch, MappingEventKind};
+use profcol_receivers::ebpf::procfs;
 use profcol_receivers::ebpf::uprobes::cache::{Acquire, AttachmentCache, CacheLimits, FileStamp};
 use profcol_receivers::ebpf::uprobes::{AttachError, Attacher, UprobeCounters, Uprobes, MAPS_RESCAN_DELAYS};
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -100,6 +108,36 @@ fn bench(c: &mut Criterion) {
                     u.on_exec(pid, now, &mut att);
                     u.poll(now + MAPS_RESCAN_DELAYS[0], &mut att);
                     u.poll(now + MAPS_RESCAN_DELAYS[1], &mut att);
+                    u.on_exit(pid, now);
+                })
+            });
+            let parsed = u.counters().binaries_parsed.get();
+            let hits = u.counters().negative_hits.get();
+            if case == "cached" {
+                assert_eq!(parsed, 1, "cached: one parse, then hits ({hits})");
+            } else {
+                assert_eq!(hits, 0, "no_cache: every exec parses ({parsed})");
+            }
+        }
+
+        // The executable's mapping as the kernel's record gives it.
+        let exe = procfs::read_maps(pid).unwrap().into_iter().find(|m| m.path.ends_with(&name)).unwrap();
+        let md = std::fs::metadata(&exe.path).unwrap();
+        let mut batch = MappingBatch::default();
+        let dev = (libc::major(md.dev()), libc::minor(md.dev()));
+        batch.push_map(0, pid, exe.start..exe.end, dev, md.ino(), exe.path.as_bytes());
+        let MappingEventKind::Map(record) = batch.events[0].kind else { unreachable!() };
+        for (case, ttl) in [("cached", Duration::from_secs(600)), ("no_cache", Duration::ZERO)] {
+            let mut u = uprobes(&name, ttl);
+            let mut att = NoAttach;
+            let t0 = Instant::now();
+            let mut i = 0u64;
+            g.bench_function(format!("per_exec_kernel/{case}"), |b| {
+                b.iter(|| {
+                    let now = t0 + Duration::from_micros(i);
+                    i += 1;
+                    u.on_image(pid, now);
+                    u.on_kernel_mapping(pid, &record, &batch, now, &mut att);
                     u.on_exit(pid, now);
                 })
             });

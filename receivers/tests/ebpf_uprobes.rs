@@ -310,3 +310,56 @@ async fn process_in_another_mount_namespace_is_probed() {
     let calls: usize = calls_of(&batches, pid).iter().map(|s| s.count).sum();
     assert_eq!(calls, 77, "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_gone_before_their_events_are_read_are_still_looked_at() {
+    let Some(Setup { _turn, dir, name, .. }) =
+        setup("processes_gone_before_their_events_are_read_are_still_looked_at", "gone").await
+    else {
+        return;
+    };
+    let prog = copy_named(&build_workload("brief", dir.path()), dir.path(), &name);
+    let running = start(config(&name)).await;
+    // Each exits at once: gone long before its exec is read. The kernel's
+    // mapping record still names the executable (path, device, inode).
+    for _ in 0..100 {
+        assert!(Command::new(&prog).status().unwrap().success());
+    }
+    wait_for(&running, "a verdict for every exec", |r| {
+        metric(r, "ebpf_uprobe_binaries_parsed_total") + metric(r, "ebpf_uprobe_negative_hits_total") >= 100
+    });
+    assert_eq!(metric(&running, "ebpf_uprobe_binaries_parsed_total"), 1, "{}", running.registry.render());
+    assert_eq!(metric(&running, "ebpf_uprobe_mapping_records_lost_total"), 0);
+    running.stop().await;
+}
+
+#[test]
+fn kernel_mapping_records_name_the_executable_after_its_exec() {
+    use profcol_receivers::ebpf::mmap_events::{MappingBatch, MappingEventKind, MappingEvents};
+    use std::os::unix::fs::MetadataExt;
+    if !require_bpf("kernel_mapping_records_name_the_executable_after_its_exec") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = build_workload("brief", dir.path());
+    let cpus = aya::util::online_cpus().unwrap();
+    let mut events = MappingEvents::open(&cpus).expect("perf side-band events");
+    let pid = Command::new(&prog).spawn().unwrap().id();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut batch = MappingBatch::default();
+    events.read(&mut batch);
+    let mine: Vec<_> = batch.events.iter().filter(|e| e.pid == pid).collect();
+    assert!(matches!(mine.first().map(|e| e.kind), Some(MappingEventKind::Exec)), "the exec comes first: {mine:?}");
+    let md = std::fs::metadata(&prog).unwrap();
+    let exe = mine.iter().find_map(|e| match e.kind {
+        MappingEventKind::Map(m) if batch.path(&m) == prog.as_os_str().as_encoded_bytes() => Some((e.time_ns, m)),
+        _ => None,
+    });
+    let (time, exe) = exe.unwrap_or_else(|| panic!("a mapping of {} in {mine:?}", prog.display()));
+    assert_eq!((exe.dev(), exe.ino), (md.dev(), md.ino()), "the kernel's device and inode are stat's");
+    assert!(time > mine[0].time_ns);
+    let libc =
+        mine.iter().any(|e| matches!(e.kind, MappingEventKind::Map(m) if batch.path(&m).ends_with(b"/libc.so.6")));
+    assert!(libc, "libraries mapped by the loader come too: {mine:?}");
+    assert_eq!(batch.lost, 0);
+}

@@ -20,6 +20,7 @@ pub mod clock;
 pub mod config;
 pub mod exec_maps;
 pub mod loader;
+pub mod mmap_events;
 pub mod privileges;
 pub mod process;
 pub mod procfs;

@@ -21,6 +21,7 @@ use super::aggregate::{Interval, SampleAttrs, SampleIn};
 use super::clock::{now_ns, KtimeToUnix};
 use super::config::EbpfConfig;
 use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
+use super::mmap_events::{MappingBatch, MappingEventKind, MappingEvents};
 use super::process::ProcessTable;
 use super::procfs;
 use super::service_name::ServiceNamer;
@@ -47,6 +48,15 @@ pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
 /// this period (a burst of short-lived processes costs one wake-up per
 /// period, and a process that exec'd and exited within one costs no /proc
 /// read at all).
+///
+/// With the kernel's mapping records ([`super::mmap_events`]) a process
+/// needs no /proc read, its executable and libraries are known even after
+/// it exited, and a binary seen before is answered by its verdict: the
+/// period doubles after every read that found nothing new (no binary
+/// parsed), up to [`DRAIN_PERIOD`] (the loop's own wake-up, so a steady
+/// stream of known binaries costs no extra wake-up), and drops back to
+/// this after a read that parsed one (a new binary: its processes' next
+/// mappings, the libraries, are wanted soon).
 pub const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
 /// How often the online CPUs are re-read (on the loop's existing wake-ups).
 pub const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
@@ -265,6 +275,17 @@ fn run(
         since_process_start_ms = ms_since_process_start().unwrap_or(0),
         "ebpf receiver: perf events attached"
     );
+    // Opened before the scan of running processes, so a process started
+    // during the scan is in one or the other.
+    let mappings = uprobe_counters.as_ref().and_then(|_| match MappingEvents::open(&loaded.cpus()) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(
+                "ebpf receiver: uprobes: no kernel mapping records ({e}); new processes are looked at through /proc"
+            );
+            None
+        }
+    });
     let uprobes = uprobe_counters.map(|c| {
         let mut u = Uprobes::new(&config.uprobes, config.negative_cache, c);
         let t = Instant::now();
@@ -299,6 +320,10 @@ fn run(
         kbuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
         ubuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
         uprobes,
+        mappings,
+        mapping_batch: MappingBatch::default(),
+        mapping_gap: false,
+        order: Vec::new(),
         probes: config.uprobes.clone(),
         unfollowed_hits: Vec::new(),
         proc_batch: Vec::new(),
@@ -307,11 +332,13 @@ fn run(
         last_proc_lost: 0,
     };
     let mut next_report = Instant::now() + config.report_interval;
+    let mut fds = Vec::new();
     let mut next_cpu_check = Instant::now() + CPU_CHECK_PERIOD;
     // Exec/exit events: read on PROC_EVENT_PERIOD while they keep coming;
     // after a read that found none, the next event wakes the thread.
     let mut last_proc_read = Instant::now();
     let mut proc_events_flowing = true;
+    let mut proc_period = PROC_EVENT_PERIOD;
     loop {
         let stopping = stop.load(Ordering::SeqCst);
         if !stopping {
@@ -319,7 +346,7 @@ fn run(
             let mut timeout = next_report.saturating_duration_since(now).min(DRAIN_PERIOD);
             let mut watch_proc = None;
             if let Some(u) = &s.uprobes {
-                let next_read = last_proc_read + PROC_EVENT_PERIOD;
+                let next_read = last_proc_read + proc_period;
                 if proc_events_flowing {
                     timeout = timeout.min(next_read.saturating_duration_since(now));
                 } else {
@@ -330,12 +357,25 @@ fn run(
                     timeout = timeout.min(due.max(next_read).saturating_duration_since(now));
                 }
             }
-            wait(loaded.ring.as_raw_fd(), wake.as_raw_fd(), watch_proc, timeout);
+            wait(&mut fds, [loaded.ring.as_raw_fd(), wake.as_raw_fd()], watch_proc, s.mappings.as_ref(), timeout);
         }
         let now = Instant::now();
-        if s.uprobes.is_none() || stopping || !proc_events_flowing || now >= last_proc_read + PROC_EVENT_PERIOD {
+        let mapping_ring_full = fds.iter().skip(3).any(|p| p.revents & libc::POLLIN != 0);
+        if s.uprobes.is_none()
+            || stopping
+            || !proc_events_flowing
+            || mapping_ring_full
+            || now >= last_proc_read + proc_period
+        {
+            let parsed = s.uprobes.as_ref().map_or(0, |u| u.counters().binaries_parsed.get());
             proc_events_flowing = s.drain_proc_events(&mut loaded, now) > 0;
             last_proc_read = now;
+            let parsed_now = s.uprobes.as_ref().map_or(0, |u| u.counters().binaries_parsed.get());
+            proc_period = if s.mappings.is_none() || parsed_now != parsed {
+                PROC_EVENT_PERIOD
+            } else {
+                (proc_period * 2).min(DRAIN_PERIOD)
+            };
         }
         s.drain(&mut loaded);
         if let Some(u) = s.uprobes.as_mut() {
@@ -346,7 +386,10 @@ fn run(
             u.poll(now, &mut att);
         }
         if !stopping && now >= next_cpu_check {
-            check_cpus(&mut loaded, &s.counters, now);
+            let revived = check_cpus(&mut loaded, &s.counters, now);
+            if let Some(m) = s.mappings.as_mut() {
+                s.mapping_gap |= m.sync(&loaded.cpus(), &revived);
+            }
             next_cpu_check = now + CPU_CHECK_PERIOD;
         }
         if stopping || now >= next_report || s.interval.is_full() {
@@ -372,12 +415,13 @@ fn run(
 }
 
 /// Follows CPU hotplug: re-reads the online CPUs and re-syncs perf events.
-fn check_cpus(loaded: &mut Loaded, counters: &Counters, now: Instant) {
+/// Returns the CPUs whose events died unseen (offline and back).
+fn check_cpus(loaded: &mut Loaded, counters: &Counters, now: Instant) -> Vec<u32> {
     let online = match aya::util::online_cpus() {
         Ok(o) => o,
         Err((path, e)) => {
             tracing::debug!(error = %e, "ebpf receiver: cannot read {path}; CPU set not re-checked");
-            return;
+            return Vec::new();
         }
     };
     match loaded.sync_cpus(&online, now) {
@@ -397,8 +441,12 @@ fn check_cpus(loaded: &mut Loaded, counters: &Counters, now: Instant) {
                     "ebpf receiver: perf events lost to an unseen offline/online cycle (or suspend); re-attached"
                 );
             }
+            sync.revived
         }
-        Err(e) => tracing::warn!(error = %e, "ebpf receiver: cannot re-sync CPUs"),
+        Err(e) => {
+            tracing::warn!(error = %e, "ebpf receiver: cannot re-sync CPUs");
+            Vec::new()
+        }
     }
 }
 
@@ -441,19 +489,25 @@ pub fn cpu_list(cpus: &[u32]) -> String {
     out
 }
 
-/// Waits until the ring (or `proc_ring`, when given) has data, the wake
-/// eventfd is signalled, or timeout.
-fn wait(ring: RawFd, wake: RawFd, proc_ring: Option<RawFd>, timeout: Duration) {
-    let mut fds = [
-        libc::pollfd { fd: ring, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: proc_ring.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-    ];
+/// Waits until the sample ring (or `proc_ring`, when given) has data, the
+/// wake eventfd is signalled, a mapping ring is half full, or timeout.
+/// `fds` is reused; entries from index 3 on are the mapping rings.
+fn wait(
+    fds: &mut Vec<libc::pollfd>,
+    [ring, wake]: [RawFd; 2],
+    proc_ring: Option<RawFd>,
+    mappings: Option<&MappingEvents>,
+    timeout: Duration,
+) {
+    let pollfd = |fd: RawFd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    fds.clear();
+    // A negative fd is ignored by poll.
+    fds.extend([pollfd(ring), pollfd(wake), pollfd(proc_ring.unwrap_or(-1))]);
+    fds.extend(mappings.into_iter().flat_map(|m| m.fds()).map(pollfd));
     // Rounded up: a deadline less than 1 ms away must not become a busy loop.
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    let n = if proc_ring.is_some() { 3 } else { 2 };
-    // SAFETY: fds is a valid array of at least n pollfd.
-    unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
+    // SAFETY: fds is a valid array of fds.len() pollfd.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }
 
 struct Sampler {
@@ -473,6 +527,17 @@ struct Sampler {
     ubuf: Vec<u64>,
     /// Present when probes are configured.
     uprobes: Option<Uprobes<UProbeLink>>,
+    /// The kernel's exec and mapping records (probes configured and the
+    /// side-band events could be opened); else new processes are looked at
+    /// through /proc.
+    mappings: Option<MappingEvents>,
+    mapping_batch: MappingBatch,
+    /// A mapping ring was (re)opened since the last read: records may be
+    /// missing, so that read's execs are looked at through /proc too.
+    mapping_gap: bool,
+    /// Process and mapping events of one read in time order: (time, index,
+    /// whether a mapping record).
+    order: Vec<(u64, u32, bool)>,
     probes: Vec<super::config::UprobeSpec>,
     /// Pids of probe hits this drain that are not followed yet.
     unfollowed_hits: Vec<u32>,
@@ -499,26 +564,54 @@ impl Sampler {
                 None => self.counters.malformed.inc(),
             }
         }
-        let n = events.len();
-        if let (Some(u), false) = (self.uprobes.as_mut(), events.is_empty()) {
+        let mut side = std::mem::take(&mut self.mapping_batch);
+        side.clear();
+        if let Some(m) = self.mappings.as_mut() {
+            m.read(&mut side);
+        }
+        // Records missed (full ring, a ring reopened): this read's execs are
+        // looked at through /proc as well.
+        let via_proc = self.mappings.is_none() || side.lost > 0 || std::mem::take(&mut self.mapping_gap);
+        if let Some(u) = &self.uprobes {
+            u.counters().mapping_records_lost.add(side.lost);
+        }
+        self.counters.malformed.add(side.malformed);
+        let n = events.len() + side.events.len();
+        if let (Some(u), false) = (self.uprobes.as_mut(), n == 0) {
             // Exited already, or exec'd again (a later event of the same pid
             // in this batch): /proc shows only the last image, so only the
             // last exec is looked at. Marked walking backwards.
             self.later.clear();
             self.superseded.clear();
-            self.superseded.resize(n, false);
+            self.superseded.resize(events.len(), false);
             for (i, e) in events.iter().enumerate().rev() {
                 self.superseded[i] = !self.later.insert(e.pid);
             }
+            // Both streams in time order (the same CLOCK_MONOTONIC): an exit
+            // and a reuse of its pid in one read are told apart.
+            self.order.clear();
+            self.order.extend(events.iter().enumerate().map(|(i, e)| (e.ktime_ns, i as u32, false)));
+            self.order.extend(side.events.iter().enumerate().map(|(i, e)| (e.time_ns, i as u32, true)));
+            self.order.sort_unstable();
             // Event times (CLOCK_MONOTONIC, as Instant) for the maps rescans.
             let ktime_now = now_ns(libc::CLOCK_MONOTONIC);
             let mut att = loaded.attacher();
-            for (i, e) in events.iter().enumerate() {
+            for &(_, i, is_mapping) in &self.order {
+                let i = i as usize;
+                if is_mapping {
+                    let e = &side.events[i];
+                    match &e.kind {
+                        MappingEventKind::Exec => u.on_image(e.pid, now),
+                        MappingEventKind::Map(m) => u.on_kernel_mapping(e.pid, m, &side, now, &mut att),
+                    }
+                    continue;
+                }
+                let e = &events[i];
                 match e.kind {
                     ProcEventKind::Exec => {
                         self.counters.process_execs.inc();
                         self.table.exec(e.pid, e.ktime_ns);
-                        if !self.superseded[i] {
+                        if via_proc && !self.superseded[i] {
                             let age = Duration::from_nanos(ktime_now.saturating_sub(e.ktime_ns));
                             u.on_exec_at(e.pid, now.checked_sub(age).unwrap_or(now), now, &mut att);
                         }
@@ -542,6 +635,7 @@ impl Sampler {
             }
         }
         self.proc_batch = events;
+        self.mapping_batch = side;
         n
     }
 

@@ -2,10 +2,16 @@
 //! that runs them.
 //!
 //! [`Uprobes`] follows processes (the ones running at start from /proc,
-//! then exec and exit events from the BPF process-discovery programs) and,
-//! for each executable and executable mapping that a probe's `binary:`
-//! pattern selects, decides once per file whether anything is to be
-//! attached:
+//! then the kernel's exec and mapping records, [`super::mmap_events`], and
+//! the exit events of the BPF process-discovery programs) and, for each
+//! executable and executable mapping that a probe's `binary:` pattern
+//! selects, decides once per file whether anything is to be attached.
+//! From the kernel's records ([`Uprobes::on_image`],
+//! [`Uprobes::on_kernel_mapping`]) a mapping's path decides whether any
+//! probe selects it (no system call when none does), and a `stat` of that
+//! path, checked against the device and inode the kernel reported, keys
+//! and validates the verdict. Without those records (or when some were
+//! lost) new processes are looked at through /proc ([`Uprobes::on_exec_at`]):
 //!
 //! - an executable costs one `stat` of `/proc/PID/exe` (the process's
 //!   view: works across mount namespaces and for deleted files) and a
@@ -39,6 +45,7 @@ pub mod matcher;
 
 use super::config::{NegativeCacheConfig, UprobeSpec};
 use super::exec_maps::{ExecMapping, ExecMaps, ExecMapsReader};
+use super::mmap_events::{FileMap, MappingBatch};
 use super::procfs::{self, ProcPath};
 use cache::{Acquire, AttachmentCache, CacheLimits, FileKey, FileStamp};
 use matcher::BinaryPattern;
@@ -46,6 +53,7 @@ use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_elf::ElfFile;
 use rustc_hash::FxHashMap;
 use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
 /// When a new process's maps are read again after its exec event.
@@ -63,6 +71,10 @@ pub const LIVENESS_CHECK_PERIOD: Duration = Duration::from_secs(5);
 pub const DETACH_GRACE: Duration = Duration::from_secs(1);
 /// Processes followed at most (each costs a few bytes and holds references).
 pub const MAX_FOLLOWED: usize = 1 << 20;
+/// Processes whose new image has not shown its executable mapping yet,
+/// remembered at most (cleared when full: their executables are then
+/// checked like libraries).
+pub const MAX_FRESH_IMAGES: usize = 1 << 16;
 
 /// Why an attach failed: the `reason` label of `attach_failures_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +144,7 @@ pub struct UprobeCounters {
     pub probe_hits: Counter,
     pub attach_failures: [Counter; 4],
     pub processes: Gauge,
+    pub mapping_records_lost: Counter,
 }
 
 impl UprobeCounters {
@@ -166,6 +179,10 @@ impl UprobeCounters {
             probe_hits: t.counter("ebpf_uprobe_probe_hits_total", "Calls of probed functions seen by the BPF program"),
             attach_failures: FailureReason::ALL.map(failure),
             processes: t.gauge("ebpf_uprobe_processes", "Processes followed for uprobes"),
+            mapping_records_lost: t.counter(
+                "ebpf_uprobe_mapping_records_lost_total",
+                "Kernel exec and mapping records lost to a full ring (those execs were looked at through /proc)",
+            ),
         }
     }
 }
@@ -224,6 +241,10 @@ pub struct Uprobes<L> {
     /// Whether some probe may select a shared library, so new processes'
     /// maps are read (a pattern that names an executable needs no maps).
     maps_needed: bool,
+    /// Processes that started a new image whose first executable mapping
+    /// (the executable) has not been seen yet ([`Self::on_kernel_mapping`]).
+    fresh_images: rustc_hash::FxHashSet<u32>,
+    self_pid: u32,
 }
 
 impl<L> Uprobes<L> {
@@ -259,6 +280,8 @@ impl<L> Uprobes<L> {
             holders: 0,
             any_pattern: specs.iter().any(|s| s.binary.is_some()),
             maps_needed: probes_may_select_libraries(specs),
+            fresh_images: Default::default(),
+            self_pid: std::process::id(),
         }
     }
 
@@ -364,7 +387,117 @@ impl<L> Uprobes<L> {
     /// The process exited: drop its references (what it held last is
     /// detached [`DETACH_GRACE`] later unless taken again).
     pub fn on_exit(&mut self, pid: u32, now: Instant) {
+        self.fresh_images.remove(&pid);
         self.release(pid, now);
+        self.publish();
+    }
+
+    /// The kernel's exec record ([`super::mmap_events`]): the process
+    /// starts a new image and drops what the old one held; its next
+    /// executable file mapping is its executable. With the kernel's
+    /// mapping records the exec event itself needs no handling here.
+    pub fn on_image(&mut self, pid: u32, now: Instant) {
+        if self.fresh_images.len() >= MAX_FRESH_IMAGES {
+            self.fresh_images.clear(); // bounded; only the stat-per-exec rule is lost for them
+        }
+        self.fresh_images.insert(pid);
+        if self.procs.contains_key(&pid) {
+            self.release(pid, now);
+            self.publish();
+        }
+    }
+
+    /// An executable file mapping the kernel reported (the executable of a
+    /// new image, the loader, a library, a `dlopen`): no /proc access when
+    /// no probe selects its path; otherwise a `stat` of the path (cheap:
+    /// no fresh /proc entries) whose device and inode must be the ones the
+    /// kernel reported, falling back to `/proc/PID/map_files` when they are
+    /// not (another mount namespace, a file replaced since). A library
+    /// checked within [`MAPPED_RECHECK`] costs a lookup; an executable is
+    /// checked at every exec (size and mtime validate its verdict). Only
+    /// processes that hold an attachment are followed.
+    pub fn on_kernel_mapping(
+        &mut self,
+        pid: u32,
+        m: &FileMap,
+        batch: &MappingBatch,
+        now: Instant,
+        att: &mut impl Attacher<Link = L>,
+    ) {
+        let executable = self.fresh_images.remove(&pid);
+        if pid == self.self_pid {
+            return; // the BPF program ignores our own calls
+        }
+        let raw = batch.path(m);
+        let path = match std::str::from_utf8(raw) {
+            Ok(p) => std::borrow::Cow::Borrowed(p),
+            Err(_) => String::from_utf8_lossy(raw),
+        };
+        let path = path.trim_end_matches(" (deleted)");
+        if !self.selects(path) {
+            return; // decided from the kernel's path: no system call
+        }
+        let reported = FileKey { dev: m.dev(), ino: m.ino };
+        if self.procs.get(&pid).is_some_and(|f| f.seen.contains(&reported)) {
+            return; // mapped again (another segment, a re-mmap)
+        }
+        let id = (m.major, m.minor, m.ino);
+        let known = if executable {
+            None
+        } else {
+            self.mapped
+                .get(&id)
+                .filter(|f| now.saturating_duration_since(f.checked) < MAPPED_RECHECK)
+                .and_then(|f| f.file)
+        };
+        let via_path = || {
+            let st = stat(batch.c_path(m))?;
+            let key = FileKey { dev: st.st_dev, ino: st.st_ino };
+            (key == reported).then(|| (key, stamp_of(&st)))
+        };
+        // (key, stamp, whether the path opens it from here)
+        let found = match known {
+            Some((k, s)) => Some((k, s, false)),
+            None => via_path().map(|(k, s)| (k, s, true)),
+        };
+        let (key, stamp, by_path) = match found {
+            Some(found) => found,
+            None => {
+                // Not reachable by its path from here: through the process.
+                let Ok(md) = std::fs::metadata(ProcPath::map_file(pid, m.start, m.end).as_path()) else {
+                    return; // gone: nothing learnt
+                };
+                let (k, s) = FileStamp::of(&md);
+                (k, s, false)
+            }
+        };
+        if !executable {
+            if self.mapped.len() >= MAX_MAPPED {
+                self.mapped.clear();
+            }
+            self.mapped.insert(id, MappedFile { file: Some((key, stamp)), checked: now });
+        }
+        let held = self.decide(key, stamp, now, att, || {
+            let file = if by_path {
+                File::open(std::ffi::OsStr::from_bytes(raw))
+            } else {
+                File::open(ProcPath::map_file(pid, m.start, m.end).as_path())
+            };
+            Some((file.ok()?, path.to_owned()))
+        });
+        if held {
+            if !self.procs.contains_key(&pid) {
+                if self.procs.len() >= MAX_FOLLOWED {
+                    self.cache.release(key, now);
+                    return;
+                }
+                self.procs.insert(pid, Followed::default());
+            }
+            if let Some(f) = self.procs.get_mut(&pid) {
+                f.seen.push(key);
+            }
+            self.hold(pid, key);
+        }
         self.publish();
     }
 
@@ -736,6 +869,19 @@ impl<L> Uprobes<L> {
         }
         links
     }
+}
+
+/// `stat(2)` of a path (no allocation: the path is NUL-terminated already).
+fn stat(path: &std::ffi::CStr) -> Option<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: path is NUL-terminated; st is a valid out-parameter.
+    let rc = unsafe { libc::stat(path.as_ptr(), st.as_mut_ptr()) };
+    // SAFETY: stat filled st when it returned 0.
+    (rc == 0).then(|| unsafe { st.assume_init() })
+}
+
+fn stamp_of(st: &libc::stat) -> FileStamp {
+    FileStamp { size: st.st_size as u64, mtime_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128 }
 }
 
 /// Whether a probe may select a shared library: one without `binary:`, or

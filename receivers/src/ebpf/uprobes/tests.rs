@@ -235,3 +235,134 @@ fn a_library_named_without_so_is_recognised_when_mapped_at_start() {
 fn which_sleep() -> std::path::PathBuf {
     ["/usr/bin/sleep", "/bin/sleep"].iter().map(std::path::PathBuf::from).find(|p| p.exists()).expect("sleep")
 }
+
+/// The executable mapping of `pid` whose path contains `part`, as a kernel
+/// mapping record would report it (the test reads /proc/PID/maps to make one).
+fn mapping_record(batch: &mut MappingBatch, pid: u32, part: &str) -> FileMap {
+    let m = procfs::read_maps(pid).unwrap().into_iter().find(|m| m.path.contains(part));
+    let m = m.unwrap_or_else(|| panic!("pid {pid} maps {part} executable"));
+    let md = std::fs::metadata(&m.path).unwrap();
+    let (major, minor) = (libc::major(md.dev()), libc::minor(md.dev()));
+    record(batch, pid, m.start..m.end, (major, minor), md.ino(), m.path.as_bytes())
+}
+
+fn record(
+    batch: &mut MappingBatch,
+    pid: u32,
+    range: std::ops::Range<u64>,
+    dev: (u32, u32),
+    ino: u64,
+    path: &[u8],
+) -> FileMap {
+    batch.push_map(0, pid, range, dev, ino, path);
+    match batch.events.last().unwrap().kind {
+        super::super::mmap_events::MappingEventKind::Map(m) => m,
+        _ => unreachable!(),
+    }
+}
+
+use std::os::unix::fs::MetadataExt;
+
+#[test]
+fn kernel_mappings_decide_from_the_path_and_answer_repeats_with_a_verdict() {
+    let mut u = uprobes(&[("no_such_function_here", Some("sleep"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let (a, b) = (sleeper(), sleeper());
+    std::thread::sleep(Duration::from_millis(100));
+    let mut batch = MappingBatch::default();
+    // A library no probe selects: decided from its path, nothing counted.
+    let libc = mapping_record(&mut batch, a.id(), "/libc.so");
+    u.on_kernel_mapping(a.id(), &libc, &batch, t0, &mut att);
+    let c = u.counters();
+    assert_eq!((c.binaries_parsed.get(), c.negative_hits.get(), c.negative_entries.get()), (0, 0, 0));
+    // The executable: parsed once, then a verdict for the next process.
+    for p in [&a, &b] {
+        u.on_image(p.id(), t0);
+        let exe = mapping_record(&mut batch, p.id(), "sleep");
+        u.on_kernel_mapping(p.id(), &exe, &batch, t0, &mut att);
+    }
+    let c = u.counters();
+    assert_eq!((c.binaries_parsed.get(), c.negative_hits.get(), c.negative_entries.get()), (1, 1, 1));
+    assert_eq!(u.counters().processes.get(), 0, "nothing held: not followed");
+    kill(a);
+    kill(b);
+}
+
+#[test]
+fn kernel_mapping_held_until_exit_or_a_new_image() {
+    let mut u = uprobes(&[("clock_nanosleep", Some("libc.so.6"))]);
+    let mut att = FakeAttacher::default();
+    let t0 = Instant::now();
+    let (a, b) = (sleeper(), sleeper());
+    std::thread::sleep(Duration::from_millis(100));
+    let mut batch = MappingBatch::default();
+    for p in [&a, &b] {
+        let libc = mapping_record(&mut batch, p.id(), "/libc.so");
+        u.on_kernel_mapping(p.id(), &libc, &batch, t0, &mut att);
+        // Mapped again (another record of the same file): no second reference.
+        u.on_kernel_mapping(p.id(), &libc, &batch, t0, &mut att);
+    }
+    assert_eq!((att.attached.len(), u.counters().holders.get(), u.counters().processes.get()), (1, 2, 2));
+    assert_eq!((u.counters().binaries_parsed.get(), u.counters().positive_hits.get()), (1, 1));
+    u.on_image(a.id(), t0); // exec'd something else: the old image's references go
+    u.on_exit(b.id(), t0);
+    u.poll(t0 + DETACH_GRACE, &mut att);
+    assert_eq!((u.counters().holders.get(), u.attached_files()), (0, 0));
+    assert_eq!(att.detached.load(Ordering::SeqCst), 1);
+    kill(a);
+    kill(b);
+}
+
+#[test]
+fn a_path_that_is_not_the_reported_file_is_opened_through_the_process() {
+    // As for a process in another mount namespace: the path the kernel
+    // reports does not lead to the mapped file from here.
+    let mut u = uprobes(&[("clock_nanosleep", Some("libc.so.6"))]);
+    let mut att = FakeAttacher::default();
+    let a = sleeper();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut batch = MappingBatch::default();
+    let real = mapping_record(&mut batch, a.id(), "/libc.so");
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = dir.path().join("libc.so.6");
+    std::fs::write(&elsewhere, b"not the mapped file").unwrap();
+    for path in [elsewhere.as_os_str().as_encoded_bytes(), b"/no/such/dir/libc.so.6"] {
+        let m = record(&mut batch, a.id(), real.start..real.end, (real.major, real.minor), real.ino, path);
+        u.on_image(a.id(), Instant::now());
+        u.on_kernel_mapping(a.id(), &m, &batch, Instant::now(), &mut att);
+        assert_eq!(u.counters().holders.get(), 1, "libc found through /proc/PID/map_files");
+    }
+    assert_eq!((att.attached.len(), u.counters().binaries_parsed.get()), (1, 1));
+    kill(a);
+}
+
+#[test]
+fn an_executable_rewritten_in_place_is_looked_at_again_at_its_next_exec() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = dir.path().join("prog");
+    std::fs::copy(which_sleep(), &prog).unwrap();
+    let mut u = uprobes(&[("clock_nanosleep", Some("prog"))]);
+    let mut att = FakeAttacher::default();
+    let a = sleeper(); // a live pid for the record; the path leads to the file
+    let mut batch = MappingBatch::default();
+    let exec = |u: &mut Uprobes<FakeLink>, batch: &mut MappingBatch, att: &mut FakeAttacher| {
+        let md = std::fs::metadata(&prog).unwrap();
+        let dev = (libc::major(md.dev()), libc::minor(md.dev()));
+        let m = record(batch, a.id(), 0x1000..0x2000, dev, md.ino(), prog.as_os_str().as_encoded_bytes());
+        u.on_image(a.id(), Instant::now());
+        u.on_kernel_mapping(a.id(), &m, batch, Instant::now(), att);
+    };
+    exec(&mut u, &mut batch, &mut att);
+    exec(&mut u, &mut batch, &mut att);
+    assert_eq!((u.counters().binaries_parsed.get(), u.counters().negative_hits.get()), (1, 1));
+    // Same inode, new size and mtime: libc's bytes, which have the symbol.
+    let libc =
+        procfs::read_maps(std::process::id()).unwrap().into_iter().find(|m| m.path.contains("/libc.so")).unwrap();
+    let ino = std::fs::metadata(&prog).unwrap().ino();
+    std::fs::write(&prog, std::fs::read(&libc.path).unwrap()).unwrap();
+    assert_eq!(std::fs::metadata(&prog).unwrap().ino(), ino);
+    exec(&mut u, &mut batch, &mut att);
+    assert_eq!((u.counters().binaries_parsed.get(), att.attached.len(), u.counters().holders.get()), (2, 1, 1));
+    kill(a);
+}
