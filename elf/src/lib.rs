@@ -25,6 +25,7 @@
 //! readers here keep a mapping only for the duration of one parse.
 
 pub mod notes;
+pub mod unwind;
 
 use memmap2::Mmap;
 use object::elf::{FileHeader32, FileHeader64, PT_LOAD, PT_NOTE, SHN_UNDEF, SHT_DYNSYM, SHT_NOTE, SHT_SYMTAB};

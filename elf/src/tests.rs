@@ -152,3 +152,5 @@ fn bad_input_is_an_error_not_a_panic() {
     bad[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(matches!(ElfFile::from_vec(bad), Err(Error::Malformed(_))));
 }
+
+mod unwind;
