@@ -204,9 +204,7 @@ fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
     priority: u8,
     out: &mut Vec<FdeRows>,
     stats: &mut TableStats,
-) where
-    S: Clone,
-{
+) {
     let mut ctx = UnwindContext::new();
     let mut entries = section.entries(bases);
     loop {
