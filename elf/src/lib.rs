@@ -170,6 +170,14 @@ impl ElfFile {
         }
     }
 
+    /// The `PT_LOAD` segments, in file order.
+    pub fn load_segments(&self) -> Vec<LoadSegment> {
+        match self.class {
+            Class::Elf32 => load_segments::<FileHeader32<Endianness>>(self.bytes.get()),
+            Class::Elf64 => load_segments::<FileHeader64<Endianness>>(self.bytes.get()),
+        }
+    }
+
     /// File offset of virtual address `vaddr`, through the `PT_LOAD`
     /// segment that holds it in the file (`p_vaddr <= vaddr < p_vaddr + p_filesz`).
     pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
@@ -291,6 +299,41 @@ fn offset_in(loads: &[(u64, u64, u64)], vaddr: u64) -> Option<u64> {
         .iter()
         .find(|&&(start, filesz, _)| vaddr >= start && vaddr - start < filesz)
         .map(|&(start, _, off)| vaddr - start + off)
+}
+
+/// A `PT_LOAD` segment: where file bytes go in the address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    pub vaddr: u64,
+    pub offset: u64,
+    pub filesz: u64,
+    pub executable: bool,
+}
+
+impl LoadSegment {
+    /// The virtual address of file offset `offset` when this segment maps
+    /// it (a mapping starts at the page holding `p_offset`, so offsets down
+    /// to that page count).
+    pub fn vaddr_of(&self, offset: u64, page_size: u64) -> Option<u64> {
+        let first = self.offset - self.offset % page_size.max(1);
+        (offset >= first && offset < self.offset.saturating_add(self.filesz))
+            .then(|| self.vaddr.wrapping_sub(self.offset).wrapping_add(offset))
+    }
+}
+
+fn load_segments<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Vec<LoadSegment> {
+    let Ok(h) = H::parse(data) else { return Vec::new() };
+    let Ok(e) = h.endian() else { return Vec::new() };
+    let Ok(phs) = h.program_headers(e, data) else { return Vec::new() };
+    phs.iter()
+        .filter(|p| p.p_type(e) == PT_LOAD)
+        .map(|p| LoadSegment {
+            vaddr: p.p_vaddr(e).into(),
+            offset: p.p_offset(e).into(),
+            filesz: p.p_filesz(e).into(),
+            executable: (p.p_flags(e) & object::elf::PF_X).0 != 0,
+        })
+        .collect()
 }
 
 fn file_offset<H: FileHeader<Endian = Endianness>>(data: &[u8], vaddr: u64) -> Option<u64> {

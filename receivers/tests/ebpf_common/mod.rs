@@ -238,8 +238,10 @@ impl Symbolizer {
                 (off, size, s.address())
             })
             .collect();
+        // .symtab and .dynsym: a stripped library still names its exports.
         let mut symbols: Vec<(u64, u64, String)> = file
             .symbols()
+            .chain(file.dynamic_symbols())
             .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
             .map(|s| (s.address(), s.size(), s.name().unwrap_or("").to_owned()))
             .collect();

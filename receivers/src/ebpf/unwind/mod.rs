@@ -1,0 +1,313 @@
+//! User-stack unwinding with `.eh_frame` tables (`unwind:` config): the
+//! receiver's half of `ebpf/bpf/unwind.h`.
+//!
+//! When a process is first sampled (and again when its mappings change),
+//! every file-backed executable mapping gets its file's unwind table
+//! (built once per build id by `profcol_elf::unwind`, shared by every
+//! process, kept by [`store::TableStore`] within `max_table_bytes`), and
+//! the process's address ranges go into the LPM trie `unwind_mappings`:
+//! (pid, address prefix) → (table, bias), plus one pid-wide entry without a
+//! table, so the BPF program knows the process and walks mappings without
+//! a table (vdso, JIT code, files without `.eh_frame`) by frame pointers.
+//! A process's samples before that (its first ones) take the kernel's
+//! frame-pointer walk, reported as `no_table`.
+
+pub mod kernel;
+pub mod store;
+
+use super::process::MappingSet;
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use profcol_ebpf::unwind::prefixes;
+use profcol_ebpf::UnwindEnd;
+use profcol_elf::{ElfFile, LoadSegment};
+use rustc_hash::FxHashMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::time::Instant;
+use store::{LoadRefused, Sink, TableKey, TableStore};
+
+/// Files remembered (segments, or "no table"); cleared when full.
+const MAX_FILES: usize = 4096;
+
+/// What the BPF maps are asked to hold, besides tables.
+pub trait MappingSink: Sink {
+    /// (pid, the `bits` high bits of `addr`) → (table, bias); `bits` 0 is
+    /// the whole process.
+    fn set_mapping(&mut self, pid: u32, addr: u64, bits: u32, table: u32, bias: u64) -> Result<(), String>;
+    fn remove_mapping(&mut self, pid: u32, addr: u64, bits: u32);
+}
+
+/// Self-telemetry of unwinding (`profcol_receiver_ebpf_unwind_*`).
+#[derive(Clone)]
+pub struct UnwindCounters {
+    /// Per reason (indexed by `UnwindEnd as usize`), `unknown` unused.
+    pub stack_end: Vec<Counter>,
+    pub table_builds: Counter,
+    pub table_build_failures: Counter,
+    pub table_build_micros: Counter,
+    pub table_evictions: Counter,
+    pub tables_loaded: Gauge,
+    pub table_bytes: Gauge,
+}
+
+impl UnwindCounters {
+    pub fn new(t: &ComponentTelemetry) -> Self {
+        UnwindCounters {
+            stack_end: UnwindEnd::ALL
+                .iter()
+                .map(|e| {
+                    t.counter_labeled(
+                        "ebpf_unwind_stack_end_total",
+                        "User stacks by how they ended (outermost frame, no table, unsupported rule, depth limit, \
+                         read error); frame-pointer-only stacks (mode frame_pointers) are not counted",
+                        ("reason", e.name()),
+                    )
+                })
+                .collect(),
+            table_builds: t
+                .counter("ebpf_unwind_table_builds_total", "Unwind tables built from .eh_frame/.debug_frame"),
+            table_build_failures: t.counter(
+                "ebpf_unwind_table_build_failures_total",
+                "Files whose unwind table could not be built or loaded (no CFI, not x86-64, over max_table_bytes, \
+                 map update failed); their code is walked by frame pointers in mode auto",
+            ),
+            table_build_micros: t
+                .counter("ebpf_unwind_table_build_microseconds_total", "Time spent building and loading unwind tables"),
+            table_evictions: t.counter(
+                "ebpf_unwind_table_evictions_total",
+                "Unwind tables evicted to stay within unwind.max_table_bytes (least recently used first)",
+            ),
+            tables_loaded: t.gauge("ebpf_unwind_tables_loaded", "Unwind tables loaded into the kernel"),
+            table_bytes: t.gauge(
+                "ebpf_unwind_table_bytes",
+                "Bytes of unwind tables loaded into the kernel (rows and page entries; at most max_table_bytes)",
+            ),
+        }
+    }
+
+    /// Counts one sample's stack end.
+    pub fn count_end(&self, end: UnwindEnd) {
+        if end != UnwindEnd::Unknown {
+            if let Some(c) = self.stack_end.get(end as usize) {
+                c.inc();
+            }
+        }
+    }
+}
+
+/// A file as far as unwinding is concerned.
+enum FileState {
+    /// Its segments (for the bias of each mapping); the table is in the
+    /// store while it is loaded.
+    Table(Arc<[LoadSegment]>),
+    /// No usable table (no CFI, or refused): frame pointers.
+    NoTable,
+}
+
+/// One address-range entry of a process in the LPM trie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Installed {
+    addr: u64,
+    bits: u32,
+    table: u32,
+}
+
+struct PidEntry {
+    generation: u32,
+    installed: Vec<Installed>,
+}
+
+/// Per-process tables in the kernel.
+pub struct Unwinder {
+    store: TableStore,
+    files: FxHashMap<TableKey, FileState>,
+    pids: FxHashMap<u32, PidEntry>,
+    counters: UnwindCounters,
+    last_evictions: u64,
+}
+
+impl Unwinder {
+    pub fn new(store: TableStore, counters: UnwindCounters) -> Self {
+        Unwinder { store, files: FxHashMap::default(), pids: FxHashMap::default(), counters, last_evictions: 0 }
+    }
+
+    pub fn counters(&self) -> &UnwindCounters {
+        &self.counters
+    }
+
+    /// Makes the kernel's view of `pid` match `mappings` (nothing to do
+    /// when this generation is installed already).
+    pub fn sync(&mut self, pid: u32, mappings: &MappingSet, sink: &mut dyn MappingSink, now: Instant) {
+        if self.pids.get(&pid).is_some_and(|p| p.generation == mappings.generation) {
+            return;
+        }
+        self.forget(pid, sink, now);
+        let mut installed = Vec::new();
+        for m in &mappings.mappings {
+            if !m.path.starts_with('/') {
+                continue;
+            }
+            let Some((id, bias)) = self.table_for(pid, m, sink, now) else { continue };
+            for (addr, bits) in prefixes(m.start, m.end) {
+                if sink.set_mapping(pid, addr, bits, id, bias).is_ok() {
+                    installed.push(Installed { addr, bits, table: id });
+                }
+            }
+            self.store.hold(id, pid, now);
+        }
+        // The pid-wide entry last: until it is in, the BPF program does not
+        // know the process (frame pointers for all of it), rather than
+        // walking mappings whose table is still being built by frame
+        // pointers. With it, what has no table is walked by frame pointers.
+        if sink.set_mapping(pid, 0, 0, 0, 0).is_ok() {
+            installed.push(Installed { addr: 0, bits: 0, table: 0 });
+        }
+        self.pids.insert(pid, PidEntry { generation: mappings.generation, installed });
+        self.publish();
+    }
+
+    /// Removes `pid` from the kernel's maps and releases its tables.
+    pub fn forget(&mut self, pid: u32, sink: &mut dyn MappingSink, now: Instant) {
+        let Some(p) = self.pids.remove(&pid) else { return };
+        for i in &p.installed {
+            sink.remove_mapping(pid, i.addr, i.bits);
+            if i.table != 0 {
+                self.store.release(i.table, pid, now);
+            }
+        }
+    }
+
+    /// Pids installed now.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pids.keys().copied()
+    }
+
+    /// Once per interval: forget pids `alive` says are gone, drop tables
+    /// nobody maps any more.
+    pub fn sweep(&mut self, alive: impl Fn(u32) -> bool, sink: &mut dyn MappingSink, now: Instant) {
+        let gone: Vec<u32> = self.pids.keys().copied().filter(|&p| !alive(p)).collect();
+        for pid in gone {
+            self.forget(pid, sink, now);
+        }
+        self.store.drop_unused(now, sink);
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        self.counters.tables_loaded.set(self.store.len() as i64);
+        self.counters.table_bytes.set(self.store.bytes() as i64);
+        self.counters.table_evictions.add(self.store.evictions - self.last_evictions);
+        self.last_evictions = self.store.evictions;
+    }
+
+    /// The loaded table and bias of mapping `m` of `pid`, building the
+    /// table on first sight of its file.
+    fn table_for(
+        &mut self,
+        pid: u32,
+        m: &super::process::Mapping,
+        sink: &mut dyn MappingSink,
+        now: Instant,
+    ) -> Option<(u32, u64)> {
+        let file = File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
+            .ok()?;
+        let key = match &m.build_id {
+            Some(b) => TableKey::BuildId(b.clone()),
+            None => {
+                let md = file.metadata().ok()?;
+                TableKey::File { dev: md.dev(), inode: md.ino(), size: md.size(), mtime: (md.mtime(), md.mtime_nsec()) }
+            }
+        };
+        let segments = match (self.files.get(&key), self.store.id(&key)) {
+            (Some(FileState::NoTable), _) => return None,
+            (Some(FileState::Table(segs)), Some(id)) => {
+                self.store.touch(id, now);
+                return bias(segs, m.file_offset, m.start).map(|b| (id, b));
+            }
+            // Never seen, or evicted since: build it.
+            _ => self.build(key.clone(), &file, sink, now),
+        };
+        let Some(segments) = segments else {
+            self.remember(key, FileState::NoTable);
+            return None;
+        };
+        let id = self.store.id(&key)?;
+        let b = bias(&segments, m.file_offset, m.start);
+        self.remember(key, FileState::Table(segments));
+        b.map(|b| (id, b))
+    }
+
+    fn remember(&mut self, key: TableKey, state: FileState) {
+        if self.files.len() >= MAX_FILES {
+            self.files.clear();
+        }
+        self.files.insert(key, state);
+    }
+
+    /// Builds and loads the table of `file`; its segments, or `None` when
+    /// it has no usable table.
+    fn build(
+        &mut self,
+        key: TableKey,
+        file: &File,
+        sink: &mut dyn MappingSink,
+        now: Instant,
+    ) -> Option<Arc<[LoadSegment]>> {
+        let started = Instant::now();
+        let result = (|| {
+            let elf = ElfFile::open(file).map_err(|e| e.to_string())?;
+            let (table, _) = elf.unwind_table().map_err(|e| e.to_string())?;
+            let compact = table.compact().map_err(|e| e.to_string())?;
+            let segments: Arc<[LoadSegment]> = elf.load_segments().into();
+            let (_, evicted) = self.store.load(key.clone(), &compact, sink, now).map_err(|e| match e {
+                LoadRefused::TooLarge => {
+                    format!("{} bytes of table do not fit unwind.max_table_bytes", compact.bytes())
+                }
+                LoadRefused::RulesFull => "the rule dictionary is full".to_owned(),
+                LoadRefused::Map(m) => m,
+            })?;
+            for (id, pids) in evicted {
+                self.unpoint(id, &pids, sink);
+            }
+            Ok::<_, String>(segments)
+        })();
+        self.counters.table_build_micros.add(started.elapsed().as_micros() as u64);
+        match result {
+            Ok(s) => {
+                self.counters.table_builds.inc();
+                Some(s)
+            }
+            Err(e) => {
+                self.counters.table_build_failures.inc();
+                tracing::debug!(?key, error = %e, "ebpf receiver: no unwind table (frame pointers there)");
+                None
+            }
+        }
+    }
+
+    /// Table `id` was evicted: the ranges of `pids` that used it now have
+    /// no table.
+    fn unpoint(&mut self, id: u32, pids: &[u32], sink: &mut dyn MappingSink) {
+        for pid in pids {
+            let Some(p) = self.pids.get_mut(pid) else { continue };
+            p.installed.retain(|i| {
+                if i.table == id {
+                    sink.remove_mapping(*pid, i.addr, i.bits);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+    }
+}
+
+/// Process address minus file virtual address for a mapping of file
+/// offset `offset` at `start`.
+fn bias(segments: &[LoadSegment], offset: u64, start: u64) -> Option<u64> {
+    let page = super::config::page_size();
+    let seg = segments.iter().filter(|s| s.vaddr_of(offset, page).is_some()).max_by_key(|s| s.executable)?;
+    Some(start.wrapping_sub(seg.vaddr_of(offset, page)?))
+}

@@ -1,0 +1,163 @@
+//! User stacks unwound with `.eh_frame` tables (#19), end to end: the real
+//! receiver and BPF program on programs compiled here without frame
+//! pointers. Needs root (or CAP_BPF + CAP_PERFMON); fails under CI=true
+//! without them, skips with a message otherwise.
+//!
+//!     sudo -E cargo test -p profcol-receivers --test ebpf_unwind -- --test-threads=1
+
+mod ebpf_common;
+
+use ebpf_common::*;
+use profcol_receivers::ebpf::aggregate::UNWIND_END_ATTR;
+use profcol_receivers::ebpf::config::{UnwindConfig, UnwindMode};
+use profcol_receivers::ebpf::EbpfConfig;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const FREQ: u64 = 99;
+const SECONDS: f64 = 3.0;
+
+/// examples/workloads/deep.c compiled with `flags`.
+fn build_deep(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep.c");
+    let out = dir.join(name);
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(flags)
+        .args(["-Wl,--build-id", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc (install gcc)");
+    assert!(status.success(), "compiling {}", src.display());
+    out
+}
+
+/// The chain every sample should carry below its leaf, leaf first.
+const CHAIN: [&str; 4] = ["deep_leaf", "deep_mid", "deep_top", "main"];
+
+/// Function names of a sample's user frames, each looked up in the
+/// binary of its mapping (return addresses minus 1: the call).
+fn names(s: &Observed, syms: &mut Vec<(String, Symbolizer)>) -> Vec<String> {
+    let user: Vec<&Frame> = s.frames.iter().filter(|f| f.frame_type == "native").collect();
+    user.iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let Some(m) = &f.mapping else { return format!("{:#x}", f.address) };
+            if !syms.iter().any(|(p, _)| *p == f.mapping_filename) {
+                syms.push((f.mapping_filename.clone(), Symbolizer::new(Path::new(&f.mapping_filename))));
+            }
+            let sym = &syms.iter().find(|(p, _)| *p == f.mapping_filename).unwrap().1;
+            let addr = if i == 0 { f.address } else { f.address - 1 };
+            let base = Path::new(&f.mapping_filename).file_name().unwrap().to_string_lossy().to_string();
+            match sym.function(m, addr) {
+                Some(n) => n.to_owned(),
+                None => format!("{base}+{:#x}", addr - m.memory_start + m.file_offset),
+            }
+        })
+        .collect()
+}
+
+/// Whether `stack` is CHAIN from some frame on, then libc's start routine
+/// (in the binary when static, in libc.so.6 otherwise) and `_start` last.
+fn whole(stack: &[String], is_static: bool) -> bool {
+    let Some(k) = CHAIN.iter().position(|c| stack.first().map(String::as_str) == Some(*c)) else {
+        return false;
+    };
+    let n = CHAIN.len() - k;
+    if stack.len() != n + 3 || stack[..n] != CHAIN[k..] {
+        return false;
+    }
+    let (call_main, start_main) = (&stack[n], &stack[n + 1]);
+    let call_main_ok =
+        if is_static { call_main == "__libc_start_call_main" } else { call_main.starts_with("libc.so.6+") };
+    call_main_ok && start_main.starts_with("__libc_start_main") && stack[n + 2] == "_start"
+}
+
+/// Runs `bin` under the receiver (only its pid sampled); returns the share
+/// of its samples with whole stacks, after printing the ones without.
+async fn whole_share(bin: &Path, is_static: bool, mode: UnwindMode) -> f64 {
+    let mut w = Workload::spawn(bin, SECONDS);
+    let pid = w.pid;
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        unwind: UnwindConfig { mode, ..Default::default() },
+        ..Default::default()
+    })
+    .await;
+    w.go();
+    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (batches, metrics) = running.stop().await;
+    let samples = samples_of(&batches, pid);
+    let mut syms = Vec::new();
+    let (mut good, mut total) = (0, 0);
+    let mut bad = std::collections::BTreeMap::<String, usize>::new();
+    for s in &samples {
+        let stack = names(s, &mut syms);
+        total += s.count;
+        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        if whole(&stack, is_static) {
+            assert_eq!(end, None, "a whole stack has no {UNWIND_END_ATTR}: {stack:?}");
+            good += s.count;
+        } else {
+            *bad.entry(format!("{} (end {end:?})", stack.join(" <- "))).or_default() += s.count;
+        }
+    }
+    let name = bin.file_name().unwrap().to_string_lossy();
+    eprintln!("{name} ({mode:?}): {good}/{total} samples whole");
+    for (stack, n) in &bad {
+        eprintln!("  {n:4} {stack}");
+    }
+    assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "{name}: only {total} samples\n{metrics}");
+    if mode != UnwindMode::FramePointers {
+        assert!(metrics.contains("profcol_receiver_ebpf_unwind_table_builds_total{receiver=\"ebpf\"}"), "{metrics}");
+        let outermost = metrics
+            .lines()
+            .find(|l| l.starts_with("profcol_receiver_ebpf_unwind_stack_end_total") && l.contains("outermost"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        assert!(outermost as f64 >= good as f64 * 0.9, "stack ends counted: {outermost} vs {good}\n{metrics}");
+    }
+    good as f64 / total as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_without_frame_pointers_are_whole() {
+    if !require_bpf("stacks_without_frame_pointers_are_whole") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let omit = ["-O2", "-fomit-frame-pointer"];
+    let dynamic = build_deep(dir.path(), "deep_dynamic", &omit);
+    let stat = build_deep(dir.path(), "deep_static", &[&omit[..], &["-static"]].concat());
+    for (bin, is_static) in [(&dynamic, false), (&stat, true)] {
+        let share = whole_share(bin, is_static, UnwindMode::Auto).await;
+        assert!(share >= 0.95, "{}: {:.1}% whole stacks", bin.display(), share * 100.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frame_pointer_build_gives_the_same_stacks_under_auto() {
+    if !require_bpf("frame_pointer_build_gives_the_same_stacks_under_auto") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fp = build_deep(dir.path(), "deep_fp", &["-O2", "-fno-omit-frame-pointer"]);
+    let share = whole_share(&fp, false, UnwindMode::Auto).await;
+    assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_only_mode_unwinds_too() {
+    if !require_bpf("tables_only_mode_unwinds_too") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_deep(dir.path(), "deep_static_tables", &["-O2", "-fomit-frame-pointer", "-static"]);
+    let share = whole_share(&bin, true, UnwindMode::Tables).await;
+    assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
+}
