@@ -161,3 +161,89 @@ async fn tables_only_mode_unwinds_too() {
     let share = whole_share(&bin, true, UnwindMode::Tables).await;
     assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
 }
+
+/// Whole-stack share of a distribution binary run as `cmd args` for
+/// SECONDS × 2: whole stacks end with libc's `__libc_start_main` and then
+/// `_start` in the executable, and carry no `profcol.unwind.end`. Returns
+/// (whole, total, samples with kernel frames).
+async fn distribution_stacks(cmd: &str, args: &[&str]) -> (usize, usize, usize) {
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd} runs: {e}"));
+    let pid = child.id();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap().to_string_lossy().to_string();
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        ..Default::default()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs_f64(SECONDS * 2.0)).await;
+    let (batches, metrics) = running.stop().await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let samples = samples_of(&batches, pid);
+    let mut syms = Vec::new();
+    let (mut good, mut total, mut in_kernel) = (0, 0, 0);
+    let mut bad = std::collections::BTreeMap::<String, usize>::new();
+    for s in &samples {
+        let stack = names(s, &mut syms);
+        let user: Vec<&Frame> = s.frames.iter().filter(|f| f.frame_type == "native").collect();
+        total += s.count;
+        if s.frames.iter().any(|f| f.frame_type == "kernel") {
+            in_kernel += s.count;
+        }
+        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        let n = stack.len();
+        let ok = n >= 4
+            && end.is_none()
+            && user[n - 1].mapping_filename == exe
+            && stack[n - 2].starts_with("__libc_start_main")
+            && user[n - 3].mapping_filename.ends_with("/libc.so.6");
+        if ok {
+            good += s.count;
+        } else {
+            *bad.entry(format!("{} (end {end:?})", stack.join(" <- "))).or_default() += s.count;
+        }
+    }
+    let build_us = metrics
+        .lines()
+        .find(|l| l.starts_with("profcol_receiver_ebpf_unwind_table_build_microseconds_total"))
+        .unwrap_or_default()
+        .to_owned();
+    eprintln!("{cmd}: {good}/{total} samples whole, {in_kernel} in the kernel; {build_us}");
+    for (stack, n) in &bad {
+        eprintln!("  {n:4} {stack}");
+    }
+    assert!(total >= 100, "{total} samples\n{metrics}");
+    (good, total, in_kernel)
+}
+
+/// Debian's `sha256sum` (stripped, no frame pointers) hashing /dev/zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distribution_sha256sum_stacks_are_whole() {
+    if !require_bpf("distribution_sha256sum_stacks_are_whole") {
+        return;
+    }
+    let (good, total, _) = distribution_stacks("sha256sum", &["/dev/zero"]).await;
+    let share = good as f64 / total as f64;
+    assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
+}
+
+/// `dd` copying /dev/zero to /dev/null: mostly in `read`, so most samples
+/// are taken in kernel mode and the walk starts from the user registers
+/// saved at syscall entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_of_samples_taken_in_syscalls_are_whole() {
+    if !require_bpf("stacks_of_samples_taken_in_syscalls_are_whole") {
+        return;
+    }
+    let (good, total, in_kernel) = distribution_stacks("dd", &["if=/dev/zero", "of=/dev/null", "bs=4M"]).await;
+    assert!(in_kernel * 2 >= total, "mostly kernel samples: {in_kernel}/{total}");
+    let share = good as f64 / total as f64;
+    assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
+}
