@@ -162,6 +162,78 @@ async fn tables_only_mode_unwinds_too() {
     assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
 }
 
+/// A Rust release binary (rustc -C opt-level=2: no frame pointers):
+/// `deep_rust_leaf` <- `deep_rust_mid` <- `deep_rust_top` <- `deep_rust::main`
+/// (after the callees of `cpu_ns`'s file reads, when sampled there), std's
+/// runtime frames, the C `main`, libc's start routine and `_start` last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_release_stacks_are_whole() {
+    if !require_bpf("rust_release_stacks_are_whole") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep_rust.rs");
+    let bin = dir.path().join("deep_rust");
+    let ok = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .args(["-C", "opt-level=2", "-C", "debuginfo=0", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run rustc")
+        .success();
+    assert!(ok, "compiling {}", src.display());
+    let mut w = Workload::spawn(&bin, SECONDS);
+    let pid = w.pid;
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        ..Default::default()
+    })
+    .await;
+    w.go();
+    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (batches, metrics) = running.stop().await;
+    let chain = ["deep_rust_leaf", "deep_rust_mid", "deep_rust_top", "deep_rust4main"];
+    let mut syms = Vec::new();
+    let (mut good, mut total) = (0, 0);
+    let mut bad = std::collections::BTreeMap::<String, usize>::new();
+    for s in &samples_of(&batches, pid) {
+        let stack = names(s, &mut syms);
+        total += s.count;
+        // Callees of the chain (std's file reads in cpu_ns) may come first.
+        let first = stack.iter().position(|f| chain.iter().any(|c| f.contains(c)));
+        let k = first.and_then(|i| chain.iter().position(|c| stack[i].contains(c)));
+        let stack = &stack[first.unwrap_or(0)..];
+        let ok = k.is_some_and(|k| {
+            let n = chain.len() - k;
+            let c_main = stack.iter().position(|f| f == "main");
+            stack.len() > n
+                && stack[..n].iter().zip(&chain[k..]).all(|(f, c)| f.contains(c))
+                && c_main.is_some_and(|m| {
+                    m > n
+                        && stack.len() == m + 4
+                        && stack[m + 1].starts_with("libc.so.6+")
+                        && stack[m + 2].starts_with("__libc_start_main")
+                        && stack[m + 3] == "_start"
+                })
+        }) && !s.attrs.iter().any(|(k, _)| k == UNWIND_END_ATTR);
+        if ok {
+            good += s.count;
+        } else {
+            *bad.entry(stack.join(" <- ")).or_default() += s.count;
+        }
+    }
+    eprintln!("deep_rust: {good}/{total} samples whole");
+    for (stack, n) in &bad {
+        eprintln!("  {n:4} {stack}");
+    }
+    assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "only {total} samples\n{metrics}");
+    let share = good as f64 / total as f64;
+    assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
+}
+
 /// Whole-stack share of a distribution binary run as `cmd args` for
 /// SECONDS × 2: whole stacks end with libc's `__libc_start_main` and then
 /// `_start` in the executable, and carry no `profcol.unwind.end`. Returns
