@@ -279,10 +279,6 @@ fn run(
         );
         u
     });
-    if ready.send(Ok(())).is_err() {
-        return;
-    }
-    let attrs = SampleAttrs::from_config(&config.sample_attributes);
     let unwinder = loaded.unwind_maps.as_ref().map(|_| {
         let sizes = super::loader::unwind_sizes(&config);
         let store = super::unwind::store::TableStore::new(
@@ -293,6 +289,17 @@ fn run(
         );
         Unwinder::new(store, unwind_counters.clone())
     });
+    let unwinder = match unwinder.transpose() {
+        Ok(u) => u,
+        Err(e) => {
+            let _ = ready.send(Err(LoadError::Other(format!("spawning the unwind table thread: {e}"))));
+            return;
+        }
+    };
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    let attrs = SampleAttrs::from_config(&config.sample_attributes);
     let mut table = ProcessTable::new(MAX_PROCESSES);
     table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
     let mut s = Sampler {
@@ -570,6 +577,10 @@ impl Sampler {
 
     fn drain(&mut self, loaded: &mut Loaded) {
         let now = Instant::now();
+        // Tables built since the last drain go into the kernel first.
+        if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
+            uw.poll(maps, now);
+        }
         let mut n = 0u64;
         while let Some(item) = loaded.ring.next() {
             n += 1;

@@ -19,10 +19,12 @@ use super::process::MappingSet;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_ebpf::unwind::prefixes;
 use profcol_ebpf::UnwindEnd;
+use profcol_elf::unwind::CompactTable;
 use profcol_elf::{ElfFile, LoadSegment};
 use rustc_hash::FxHashMap;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 use store::{LoadRefused, Sink, TableKey, TableStore};
@@ -98,6 +100,8 @@ impl UnwindCounters {
 
 /// A file as far as unwinding is concerned.
 enum FileState {
+    /// Its table is being built by the worker.
+    Pending,
     /// Its segments (for the bias of each mapping); the table is in the
     /// store while it is loaded.
     Table(Arc<[LoadSegment]>),
@@ -116,55 +120,149 @@ struct Installed {
 struct PidEntry {
     generation: u32,
     installed: Vec<Installed>,
+    /// Installed (pid-wide entry written); false while tables it needs
+    /// are being built.
+    complete: bool,
+    /// [`Unwinder::epoch`] at the last attempt: an incomplete process is
+    /// tried again only once a build has finished since.
+    epoch: u64,
 }
 
-/// Per-process tables in the kernel.
+/// What the worker built for a file.
+struct Built {
+    key: TableKey,
+    result: Result<(CompactTable, Arc<[LoadSegment]>), String>,
+    micros: u64,
+}
+
+/// Builds waiting for the worker at most (more are asked for again later).
+const MAX_QUEUED_BUILDS: usize = 64;
+
+/// Per-process tables in the kernel. Tables are built on a worker thread
+/// (`profcol-unwind`), so a large binary never holds up the sampling loop;
+/// the loop loads finished tables ([`Unwinder::poll`]) and installs a
+/// process once every table it needs is in.
 pub struct Unwinder {
     store: TableStore,
     files: FxHashMap<TableKey, FileState>,
     pids: FxHashMap<u32, PidEntry>,
     counters: UnwindCounters,
     last_evictions: u64,
+    jobs: SyncSender<(TableKey, File)>,
+    built: Receiver<Built>,
+    /// Finished builds so far.
+    epoch: u64,
 }
 
 impl Unwinder {
-    pub fn new(store: TableStore, counters: UnwindCounters) -> Self {
-        Unwinder { store, files: FxHashMap::default(), pids: FxHashMap::default(), counters, last_evictions: 0 }
+    pub fn new(store: TableStore, counters: UnwindCounters) -> std::io::Result<Self> {
+        let (jobs, job_rx) = sync_channel::<(TableKey, File)>(MAX_QUEUED_BUILDS);
+        let (built_tx, built) = channel();
+        // Not joined: dropping the sender ends it after the build at hand.
+        std::thread::Builder::new().name("profcol-unwind".into()).spawn(move || {
+            while let Ok((key, file)) = job_rx.recv() {
+                let started = Instant::now();
+                let result = build(&file);
+                let micros = started.elapsed().as_micros() as u64;
+                if built_tx.send(Built { key, result, micros }).is_err() {
+                    break;
+                }
+            }
+        })?;
+        Ok(Unwinder {
+            store,
+            files: FxHashMap::default(),
+            pids: FxHashMap::default(),
+            counters,
+            last_evictions: 0,
+            jobs,
+            built,
+            epoch: 0,
+        })
     }
 
     pub fn counters(&self) -> &UnwindCounters {
         &self.counters
     }
 
-    /// Makes the kernel's view of `pid` match `mappings` (nothing to do
-    /// when this generation is installed already).
+    /// Loads the tables the worker finished into the kernel.
+    pub fn poll(&mut self, sink: &mut dyn MappingSink, now: Instant) {
+        while let Ok(b) = self.built.try_recv() {
+            self.epoch += 1;
+            self.counters.table_build_micros.add(b.micros);
+            let loaded = b.result.and_then(|(compact, segments)| {
+                let (_, evicted) = self.store.load(b.key.clone(), &compact, sink, now).map_err(|e| match e {
+                    LoadRefused::TooLarge => {
+                        format!("{} bytes of table do not fit unwind.max_table_bytes", compact.bytes())
+                    }
+                    LoadRefused::RulesFull => "the rule dictionary is full".to_owned(),
+                    LoadRefused::Map(m) => m,
+                })?;
+                for (id, pids) in evicted {
+                    self.unpoint(id, &pids, sink);
+                }
+                Ok(segments)
+            });
+            let state = match loaded {
+                Ok(segments) => {
+                    self.counters.table_builds.inc();
+                    FileState::Table(segments)
+                }
+                Err(e) => {
+                    self.counters.table_build_failures.inc();
+                    tracing::debug!(key = ?b.key, error = %e, "ebpf receiver: no unwind table (frame pointers there)");
+                    FileState::NoTable
+                }
+            };
+            self.remember(b.key, state);
+        }
+        self.publish();
+    }
+
+    /// Makes the kernel's view of `pid` match `mappings`: nothing to do
+    /// when this generation is installed already, or still waits for a
+    /// build that has not finished.
     pub fn sync(&mut self, pid: u32, mappings: &MappingSet, sink: &mut dyn MappingSink, now: Instant) {
-        if self.pids.get(&pid).is_some_and(|p| p.generation == mappings.generation) {
-            return;
+        if let Some(p) = self.pids.get(&pid) {
+            if p.generation == mappings.generation && (p.complete || p.epoch == self.epoch) {
+                return;
+            }
         }
         self.forget(pid, sink, now);
-        let mut installed = Vec::new();
+        // Every table first; the process is installed only when all are in.
+        let mut plan = Vec::new();
+        let mut ready = true;
         for m in &mappings.mappings {
             if !m.path.starts_with('/') {
                 continue;
             }
-            let Some((id, bias)) = self.table_for(pid, m, sink, now) else { continue };
-            for (addr, bits) in prefixes(m.start, m.end) {
-                if sink.set_mapping(pid, addr, bits, id, bias).is_ok() {
-                    installed.push(Installed { addr, bits, table: id });
-                }
+            match self.table_for(pid, m) {
+                Lookup::Ready(id, bias) => plan.push((m, id, bias)),
+                Lookup::None => {}
+                Lookup::Waiting => ready = false,
             }
-            self.store.hold(id, pid, now);
         }
-        // The pid-wide entry last: until it is in, the BPF program does not
-        // know the process (frame pointers for all of it), rather than
-        // walking mappings whose table is still being built by frame
-        // pointers. With it, what has no table is walked by frame pointers.
-        if sink.set_mapping(pid, 0, 0, 0, 0).is_ok() {
-            installed.push(Installed { addr: 0, bits: 0, table: 0 });
+        let mut entry =
+            PidEntry { generation: mappings.generation, installed: Vec::new(), complete: false, epoch: self.epoch };
+        if ready {
+            for (m, id, bias) in plan {
+                for (addr, bits) in prefixes(m.start, m.end) {
+                    if sink.set_mapping(pid, addr, bits, id, bias).is_ok() {
+                        entry.installed.push(Installed { addr, bits, table: id });
+                    }
+                }
+                self.store.hold(id, pid, now);
+            }
+            // The pid-wide entry last: until it is in, the BPF program does
+            // not know the process (the kernel's frame-pointer walk for all
+            // of it) rather than half-walk it. With it, what has no table is
+            // walked by frame pointers.
+            if sink.set_mapping(pid, 0, 0, 0, 0).is_ok() {
+                entry.installed.push(Installed { addr: 0, bits: 0, table: 0 });
+            }
+            entry.complete = true;
         }
-        self.pids.insert(pid, PidEntry { generation: mappings.generation, installed });
-        self.publish();
+        self.pids.insert(pid, entry);
     }
 
     /// Removes `pid` from the kernel's maps and releases its tables.
@@ -176,11 +274,6 @@ impl Unwinder {
                 self.store.release(i.table, pid, now);
             }
         }
-    }
-
-    /// Pids installed now.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.pids.keys().copied()
     }
 
     /// Once per interval: forget pids `alive` says are gone, drop tables
@@ -201,90 +294,57 @@ impl Unwinder {
         self.last_evictions = self.store.evictions;
     }
 
-    /// The loaded table and bias of mapping `m` of `pid`, building the
-    /// table on first sight of its file.
-    fn table_for(
-        &mut self,
-        pid: u32,
-        m: &super::process::Mapping,
-        sink: &mut dyn MappingSink,
-        now: Instant,
-    ) -> Option<(u32, u64)> {
-        let file = File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
-            .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
-            .ok()?;
+    /// The loaded table and bias of mapping `m` of `pid`; a file seen for
+    /// the first time (or evicted since) goes to the worker.
+    fn table_for(&mut self, pid: u32, m: &super::process::Mapping) -> Lookup {
+        let open = || {
+            File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+                .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
+                .ok()
+        };
+        let mut file = None;
         let key = match &m.build_id {
             Some(b) => TableKey::BuildId(b.clone()),
             None => {
-                let md = file.metadata().ok()?;
+                let Some(f) = open() else { return Lookup::None };
+                let Ok(md) = f.metadata() else { return Lookup::None };
+                file = Some(f);
                 TableKey::File { dev: md.dev(), inode: md.ino(), size: md.size(), mtime: (md.mtime(), md.mtime_nsec()) }
             }
         };
-        let segments = match (self.files.get(&key), self.store.id(&key)) {
-            (Some(FileState::NoTable), _) => return None,
+        match (self.files.get(&key), self.store.id(&key)) {
+            (Some(FileState::NoTable), _) => return Lookup::None,
+            (Some(FileState::Pending), _) => return Lookup::Waiting,
             (Some(FileState::Table(segs)), Some(id)) => {
-                self.store.touch(id, now);
-                return bias(segs, m.file_offset, m.start).map(|b| (id, b));
+                return match bias(segs, m.file_offset, m.start) {
+                    Some(b) => Lookup::Ready(id, b),
+                    None => Lookup::None,
+                };
             }
             // Never seen, or evicted since: build it.
-            _ => self.build(key.clone(), &file, sink, now),
-        };
-        let Some(segments) = segments else {
-            self.remember(key, FileState::NoTable);
-            return None;
-        };
-        let id = self.store.id(&key)?;
-        let b = bias(&segments, m.file_offset, m.start);
-        self.remember(key, FileState::Table(segments));
-        b.map(|b| (id, b))
+            _ => {}
+        }
+        let Some(file) = file.or_else(open) else { return Lookup::None };
+        match self.jobs.try_send((key.clone(), file)) {
+            Ok(()) => {
+                self.remember(key, FileState::Pending);
+                Lookup::Waiting
+            }
+            // The queue is full: asked again at a later sample.
+            Err(TrySendError::Full(_)) => {
+                self.epoch = self.epoch.wrapping_add(1);
+                Lookup::Waiting
+            }
+            Err(TrySendError::Disconnected(_)) => Lookup::None,
+        }
     }
 
     fn remember(&mut self, key: TableKey, state: FileState) {
-        if self.files.len() >= MAX_FILES {
-            self.files.clear();
+        if self.files.len() >= MAX_FILES && !self.files.contains_key(&key) {
+            // Pending entries stay: their builds are on their way.
+            self.files.retain(|_, s| matches!(s, FileState::Pending));
         }
         self.files.insert(key, state);
-    }
-
-    /// Builds and loads the table of `file`; its segments, or `None` when
-    /// it has no usable table.
-    fn build(
-        &mut self,
-        key: TableKey,
-        file: &File,
-        sink: &mut dyn MappingSink,
-        now: Instant,
-    ) -> Option<Arc<[LoadSegment]>> {
-        let started = Instant::now();
-        let result = (|| {
-            let elf = ElfFile::open(file).map_err(|e| e.to_string())?;
-            let (table, _) = elf.unwind_table().map_err(|e| e.to_string())?;
-            let compact = table.compact().map_err(|e| e.to_string())?;
-            let segments: Arc<[LoadSegment]> = elf.load_segments().into();
-            let (_, evicted) = self.store.load(key.clone(), &compact, sink, now).map_err(|e| match e {
-                LoadRefused::TooLarge => {
-                    format!("{} bytes of table do not fit unwind.max_table_bytes", compact.bytes())
-                }
-                LoadRefused::RulesFull => "the rule dictionary is full".to_owned(),
-                LoadRefused::Map(m) => m,
-            })?;
-            for (id, pids) in evicted {
-                self.unpoint(id, &pids, sink);
-            }
-            Ok::<_, String>(segments)
-        })();
-        self.counters.table_build_micros.add(started.elapsed().as_micros() as u64);
-        match result {
-            Ok(s) => {
-                self.counters.table_builds.inc();
-                Some(s)
-            }
-            Err(e) => {
-                self.counters.table_build_failures.inc();
-                tracing::debug!(?key, error = %e, "ebpf receiver: no unwind table (frame pointers there)");
-                None
-            }
-        }
     }
 
     /// Table `id` was evicted: the ranges of `pids` that used it now have
@@ -302,6 +362,24 @@ impl Unwinder {
             });
         }
     }
+}
+
+/// What [`Unwinder::table_for`] found for a mapping.
+enum Lookup {
+    /// Table id and bias.
+    Ready(u32, u64),
+    /// No table for this mapping (walked by frame pointers in `auto`).
+    None,
+    /// Its table is being built.
+    Waiting,
+}
+
+/// The compact table and segments of `file` (on the worker thread).
+fn build(file: &File) -> Result<(CompactTable, Arc<[LoadSegment]>), String> {
+    let elf = ElfFile::open(file).map_err(|e| e.to_string())?;
+    let (table, _) = elf.unwind_table().map_err(|e| e.to_string())?;
+    let compact = table.compact().map_err(|e| e.to_string())?;
+    Ok((compact, elf.load_segments().into()))
 }
 
 /// Process address minus file virtual address for a mapping of file
