@@ -198,6 +198,39 @@ impl ElfFile {
     }
 }
 
+impl ElfFile {
+    /// The address ranges of the FDEs in `.eh_frame` (where functions
+    /// start and end, for code no symbol names), sorted by start.
+    pub fn fde_ranges(&self) -> Vec<(u64, u64)> {
+        let Ok((addr, bytes, text)) = self.eh_frame() else { return Vec::new() };
+        let bases = BaseAddresses::default().set_eh_frame(addr).set_text(text);
+        let eh = EhFrame::new(bytes, LittleEndian);
+        let mut out = Vec::new();
+        let mut entries = eh.entries(&bases);
+        while let Ok(Some(entry)) = entries.next() {
+            if let CieOrFde::Fde(partial) = entry {
+                if let Ok(fde) = partial.parse(EhFrame::cie_from_offset) {
+                    out.push((fde.initial_address(), fde.end_address()));
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// `.eh_frame`'s address and bytes, and `.text`'s address.
+    fn eh_frame(&self) -> Result<(u64, &[u8], u64), UnwindError> {
+        let data = self.bytes.get();
+        let h = FileHeader64::<Endianness>::parse(data).map_err(|_| Error::Malformed("ELF header"))?;
+        let e = h.endian().map_err(|_| Error::Malformed("byte order"))?;
+        let sections = h.sections(e, data).map_err(|_| Error::Malformed("section headers"))?;
+        let text = sections.section_by_name(e, b".text").map_or(0, |(_, sh)| sh.sh_addr(e));
+        let (_, sh) = sections.section_by_name(e, b".eh_frame").ok_or(UnwindError::NoCfi)?;
+        let bytes = sh.data(e, data).map_err(|_| Error::Malformed(".eh_frame"))?;
+        Ok((sh.sh_addr(e), bytes, text))
+    }
+}
+
 fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
     section: &S,
     bases: &BaseAddresses,

@@ -11,6 +11,7 @@ use ebpf_common::*;
 use profcol_receivers::ebpf::aggregate::UNWIND_END_ATTR;
 use profcol_receivers::ebpf::config::{UnwindConfig, UnwindMode};
 use profcol_receivers::ebpf::EbpfConfig;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -318,4 +319,204 @@ async fn stacks_of_samples_taken_in_syscalls_are_whole() {
     assert!(in_kernel * 2 >= total, "mostly kernel samples: {in_kernel}/{total}");
     let share = good as f64 / total as f64;
     assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
+}
+
+/// Names functions the same way for both sides of the perf comparison: the
+/// file's symbols, else the `.eh_frame` FDE holding the address (stripped
+/// code), as `file+0xFDE_START`.
+#[derive(Default)]
+struct FunctionNamer {
+    files: std::collections::HashMap<String, (Symbolizer, Vec<(u64, u64)>)>,
+}
+
+impl FunctionNamer {
+    fn load(&mut self, path: &str) -> &(Symbolizer, Vec<(u64, u64)>) {
+        self.files.entry(path.to_owned()).or_insert_with(|| {
+            let fdes = File::open(path)
+                .ok()
+                .and_then(|f| profcol_elf::ElfFile::open(&f).ok())
+                .map(|e| e.fde_ranges())
+                .unwrap_or_default();
+            (Symbolizer::new(Path::new(path)), fdes)
+        })
+    }
+
+    /// The function at the file's virtual address `v` of `path`.
+    fn name(&mut self, path: &str, v: u64) -> String {
+        let base = Path::new(path).file_name().map(|b| b.to_string_lossy().to_string()).unwrap_or_default();
+        let (sym, fdes) = self.load(path);
+        if let Some(n) = sym.function_at(v) {
+            return n.to_owned();
+        }
+        let i = fdes.partition_point(|&(s, _)| s <= v);
+        match i.checked_sub(1).map(|i| fdes[i]) {
+            Some((s, e)) if v < e => format!("{base}+{s:#x}"),
+            _ => format!("{base}+{v:#x}?"),
+        }
+    }
+
+    /// A profcol sample's user stack, leaf first, at most 16 functions.
+    fn profcol_stack(&mut self, s: &Observed) -> Vec<String> {
+        let user: Vec<&Frame> = s.frames.iter().filter(|f| f.frame_type == "native").take(16).collect();
+        user.iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let Some(m) = &f.mapping else { return format!("{:#x}?", f.address) };
+                let addr = if i == 0 { f.address } else { f.address - 1 };
+                let v = self.load(&f.mapping_filename).0.vaddr(m, addr);
+                match v {
+                    Some(v) => self.name(&f.mapping_filename, v),
+                    None => format!("{addr:#x}?"),
+                }
+            })
+            .collect()
+    }
+}
+
+/// `perf script`'s user call chains (leaf first, at most 16 functions) of
+/// `perf.data`, named by `namer`.
+fn perf_stacks(data: &Path, namer: &mut FunctionNamer) -> Vec<Vec<String>> {
+    let out = Command::new("perf")
+        .args(["script", "--no-inline", "-F", "ip,dso", "-i"])
+        .arg(data)
+        .output()
+        .expect("run perf script (linux-perf)");
+    assert!(out.status.success(), "perf script: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut stacks = Vec::new();
+    for block in text.split("\n\n") {
+        let mut frames: Vec<(u64, String)> = Vec::new();
+        for line in block.lines() {
+            let line = line.trim();
+            let (Some((ip, rest)), Some(open)) = (line.split_once(' '), line.rfind('(')) else { continue };
+            let dso = rest[open - ip.len() - 1..].trim_start_matches('(').trim_end_matches(')').to_owned();
+            if dso.starts_with('[') || !dso.starts_with('/') {
+                continue; // kernel frames, unknown objects
+            }
+            let Ok(ip) = u64::from_str_radix(ip, 16) else { continue };
+            frames.push((ip, dso));
+        }
+        if frames.is_empty() {
+            continue;
+        }
+        // perf prints a frame as its offset in the file (`map_ip`): the
+        // same as the virtual address in PIE code, not in a non-PIE binary.
+        let stack = frames
+            .iter()
+            .take(16)
+            .enumerate()
+            .map(|(i, (off, dso))| {
+                let off = if i == 0 { *off } else { off - 1 };
+                match namer.load(dso).0.vaddr_of_offset(off) {
+                    Some(v) => namer.name(dso, v),
+                    None => format!("{dso}@{off:#x}?"),
+                }
+            })
+            .collect();
+        stacks.push(stack);
+    }
+    stacks
+}
+
+/// Share of each stack in `stacks`.
+fn distribution<'a>(stacks: impl Iterator<Item = (&'a Vec<String>, usize)>) -> std::collections::HashMap<String, f64> {
+    let mut counts = std::collections::HashMap::<String, f64>::new();
+    let mut total = 0.0;
+    for (s, n) in stacks {
+        *counts.entry(s.join(";")).or_default() += n as f64;
+        total += n as f64;
+    }
+    counts.values_mut().for_each(|v| *v /= total.max(1.0));
+    counts
+}
+
+/// Σ min(a, b) over stacks: 1 when the distributions are the same.
+fn overlap(a: &std::collections::HashMap<String, f64>, b: &std::collections::HashMap<String, f64>) -> f64 {
+    a.iter().map(|(k, v)| v.min(b.get(k).copied().unwrap_or(0.0))).sum()
+}
+
+/// profcol and `perf record --call-graph dwarf` (which unwinds the same
+/// `.eh_frame` in user space from a copy of the stack) profile the same
+/// process at once; both sides named by [`FunctionNamer`]. Returns the
+/// overlap of the two distributions of leaf-first function sequences and
+/// perf's overlap with itself (odd against even samples).
+async fn agreement_with_perf(cmd: &str, args: &[&str]) -> (f64, f64) {
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd} runs: {e}"));
+    let pid = child.id();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("perf.data");
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        ..Default::default()
+    })
+    .await;
+    // Tables in first, so both sides see the same steady state.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let perf = Command::new("perf")
+        .args(["record", "-q", "-F", &FREQ.to_string(), "--call-graph", "dwarf,65528", "-p", &pid.to_string(), "-o"])
+        .arg(&data)
+        .args(["--", "sleep", "8"])
+        .stdout(std::process::Stdio::null())
+        .status();
+    let t1 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let (batches, _) = running.stop().await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(perf.expect("run perf record (linux-perf)").success(), "perf record failed");
+    let mut namer = FunctionNamer::default();
+    let ours: Vec<(Vec<String>, usize)> = samples_of(&batches, pid)
+        .iter()
+        .map(|s| {
+            let n = s.timestamps.iter().filter(|&&t| t >= t0 && t <= t1).count();
+            (namer.profcol_stack(s), n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let theirs = perf_stacks(&data, &mut namer);
+    let a = distribution(ours.iter().map(|(s, n)| (s, *n)));
+    let b = distribution(theirs.iter().map(|s| (s, 1)));
+    let odd = distribution(theirs.iter().step_by(2).map(|s| (s, 1)));
+    let even = distribution(theirs.iter().skip(1).step_by(2).map(|s| (s, 1)));
+    let (agree, noise) = (overlap(&a, &b), overlap(&odd, &even));
+    let n_ours: usize = ours.iter().map(|(_, n)| n).sum();
+    eprintln!("{cmd}: profcol {n_ours} samples, perf {}; overlap {agree:.3}, perf halves {noise:.3}", theirs.len());
+    let mut top: Vec<(&String, &f64)> = a.iter().collect();
+    top.sort_by(|x, y| y.1.total_cmp(x.1));
+    for (k, v) in top.iter().take(5) {
+        eprintln!("  profcol {:.3} perf {:.3} {k}", v, b.get(*k).copied().unwrap_or(0.0));
+    }
+    let mut top: Vec<(&String, &f64)> = b.iter().filter(|(k, _)| !a.contains_key(*k)).collect();
+    top.sort_by(|x, y| y.1.total_cmp(x.1));
+    for (k, v) in top.iter().take(3) {
+        eprintln!("  perf only {v:.3} {k}");
+    }
+    assert!(n_ours >= 100 && theirs.len() >= 100, "too few samples: {n_ours} and {}", theirs.len());
+    (agree, noise)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distribution_binaries_agree_with_perf_dwarf() {
+    if !require_bpf("distribution_binaries_agree_with_perf_dwarf")
+        || !profcol_testkit::tools::tool_available("perf", &["--version"])
+    {
+        return;
+    }
+    // Debian's interpreter (stripped, no frame pointers), not a pyenv shim.
+    let python = "/usr/bin/python3";
+    let loop_src = "def f(n):\n    return sum(i * i for i in range(n))\nwhile True:\n    f(1000)\n";
+    for (cmd, args) in [("sha256sum", vec!["/dev/zero"]), (python, vec!["-c", loop_src])] {
+        let (agree, noise) = agreement_with_perf(cmd, &args).await;
+        // The goal is 0.9; where perf does not agree with itself that well
+        // (python3's spread of stacks at 99 Hz over 8 s: 0.92 in one run),
+        // profcol must come within 0.05 of perf's own agreement.
+        let want = 0.9f64.min(noise - 0.05);
+        assert!(agree >= want, "{cmd}: overlap with perf {agree:.3} < {want:.3} (perf against itself: {noise:.3})");
+    }
 }
