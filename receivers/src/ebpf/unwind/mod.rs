@@ -389,3 +389,63 @@ fn bias(segments: &[LoadSegment], offset: u64, start: u64) -> Option<u64> {
     let seg = segments.iter().filter(|s| s.vaddr_of(offset, page).is_some()).max_by_key(|s| s.executable)?;
     Some(start.wrapping_sub(seg.vaddr_of(offset, page)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::store::tests::MemSink;
+    use super::*;
+    use crate::ebpf::process::ProcessTable;
+    use profcol_api::component::{ComponentId, Kind};
+    use profcol_elf::unwind::kind;
+
+    #[inline(never)]
+    fn marker() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    /// This test process, unwound the way the BPF program would: its
+    /// tables come from the worker, the process is installed once all are
+    /// in with the pid-wide entry written last, and forgetting it removes
+    /// every entry.
+    #[test]
+    fn a_process_is_installed_once_its_tables_are_in() {
+        let now = Instant::now();
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(4);
+        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+        let id: ComponentId = "ebpf".parse().unwrap();
+        let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
+        let store = TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384);
+        let mut u = Unwinder::new(store, counters).unwrap();
+        let mut sink = MemSink::default();
+        u.sync(me, &set, &mut sink, now);
+        assert!(sink.mappings.is_empty(), "nothing is written before the tables are built");
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        while !u.pids.get(&me).is_some_and(|p| p.complete) {
+            assert!(Instant::now() < deadline, "tables built within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            u.poll(&mut sink, now);
+            u.sync(me, &set, &mut sink, now);
+        }
+        assert!(u.counters().table_builds.get() >= 2, "the test binary and libc");
+        assert_eq!(sink.mapping_writes.last(), Some(&(me, 0, 0)), "the pid-wide entry is written last");
+        // The entry holding `marker` names a table whose rule at the
+        // function's first instruction is CFA = rsp + 8.
+        let addr = marker as usize as u64;
+        let (&(_, _, bits), &(table, bias)) = sink
+            .mappings
+            .iter()
+            .filter(|(&(pid, a, bits), _)| pid == me && bits > 0 && (addr ^ a) >> (64 - bits) == 0)
+            .max_by_key(|(k, _)| k.2)
+            .expect("an entry holds the test's code");
+        assert!(bits > 0 && table != 0);
+        let rule = sink.rule_at(table, addr - bias).expect("a rule");
+        assert_eq!((rule.kind, rule.cfa_offset), (kind::CFA_RSP, 8), "{rule:?}");
+        // Installed: the same generation costs nothing more.
+        let writes = sink.mapping_writes.len();
+        u.sync(me, &set, &mut sink, now);
+        assert_eq!(sink.mapping_writes.len(), writes);
+        u.forget(me, &mut sink, now);
+        assert!(sink.mappings.is_empty());
+    }
+}

@@ -298,7 +298,7 @@ impl TableStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use profcol_elf::unwind::{kind, rbp, Page};
 
@@ -308,6 +308,20 @@ mod tests {
         pub rows: FxHashMap<u32, u64>,
         pub pages: FxHashMap<(u32, u32), (u32, u32)>,
         pub rules: FxHashMap<u32, Rule>,
+        /// (pid, addr, bits) → (table, bias), and the order of the writes.
+        pub mappings: FxHashMap<(u32, u64, u32), (u32, u64)>,
+        pub mapping_writes: Vec<(u32, u64, u32)>,
+    }
+
+    impl crate::ebpf::unwind::MappingSink for MemSink {
+        fn set_mapping(&mut self, pid: u32, addr: u64, bits: u32, table: u32, bias: u64) -> Result<(), String> {
+            self.mappings.insert((pid, addr, bits), (table, bias));
+            self.mapping_writes.push((pid, addr, bits));
+            Ok(())
+        }
+        fn remove_mapping(&mut self, pid: u32, addr: u64, bits: u32) {
+            self.mappings.remove(&(pid, addr, bits));
+        }
     }
 
     impl Sink for MemSink {
@@ -332,7 +346,7 @@ mod tests {
 
     impl MemSink {
         /// The rule the BPF program would find for `vaddr` in table `id`.
-        fn rule_at(&self, id: u32, vaddr: u64) -> Option<Rule> {
+        pub(crate) fn rule_at(&self, id: u32, vaddr: u64) -> Option<Rule> {
             let &(first, count) = self.pages.get(&(id, (vaddr >> 16) as u32))?;
             let row = |i: u32| {
                 let e = self.rows[&(i / 2)];
