@@ -431,7 +431,7 @@ mod tests {
         assert_eq!(sink.mapping_writes.last(), Some(&(me, 0, 0)), "the pid-wide entry is written last");
         // The entry holding `marker` names a table whose rule at the
         // function's first instruction is CFA = rsp + 8.
-        let addr = marker as usize as u64;
+        let addr = marker as *const () as usize as u64;
         let (&(_, _, bits), &(table, bias)) = sink
             .mappings
             .iter()
