@@ -114,19 +114,26 @@ static __always_inline void count(__u32 slot)
 		*v += 1; /* per-CPU slot: no atomics needed */
 }
 
-/* Copies stacks and identity into the scratch record and writes it.
- * `entry_ret` nonzero: the sample is taken at a function's first
- * instruction (a uprobe), where the frame-pointer walk skips the caller
- * (its frame is not set up yet); the return address found at the stack
- * pointer is put back as the second user frame. */
-static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe,
-					__u64 entry_ret)
+/* Frames per stack (kernel and user each), from the configuration. */
+static __always_inline __u32 stack_depth(void)
+{
+	__u32 depth = cfg_max_stack_depth;
+	if (depth > MAX_STACK_DEPTH)
+		depth = MAX_STACK_DEPTH;
+	if (depth == 0)
+		depth = 1;
+	return depth;
+}
+
+/* The scratch record with identity and kernel stack filled in; NULL (and
+ * counted) when the scratch map cannot be looked up. */
+static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe)
 {
 	__u32 zero = 0;
 	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 	if (!s) {
 		count(STAT_NO_SCRATCH);
-		return 0;
+		return NULL;
 	}
 
 	s->ktime_ns = bpf_ktime_get_ns();
@@ -134,21 +141,54 @@ static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 
 	s->tid = tid;
 	s->cpu = bpf_get_smp_processor_id();
 	s->kind = kind;
+	s->user_end = UNWIND_END_UNKNOWN;
 	s->probe = probe;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 
-	__u32 depth = cfg_max_stack_depth;
-	if (depth > MAX_STACK_DEPTH)
-		depth = MAX_STACK_DEPTH;
-	if (depth == 0)
-		depth = 1;
-
-	long kbytes = bpf_get_stack(ctx, s->ips, depth * sizeof(__u64), 0);
+	long kbytes = bpf_get_stack(ctx, s->ips, stack_depth() * sizeof(__u64), 0);
 	__u32 kn = 0;
 	if (kbytes < 0)
 		count(STAT_KSTACK_ERR);
 	else
 		kn = (__u64)kbytes / sizeof(__u64);
+	if (kn > MAX_STACK_DEPTH)
+		kn = MAX_STACK_DEPTH;
+	s->kstack_len = kn;
+	s->ustack_len = 0;
+	return s;
+}
+
+/* Writes the used part of the record into the ring; `wake` nonzero wakes
+ * the reader now. */
+static __always_inline void output_sample(struct sample *s, int wake)
+{
+	__u64 size = SAMPLE_HEADER_SIZE + ((__u64)s->kstack_len + s->ustack_len) * sizeof(__u64);
+	if (size > sizeof(*s))
+		size = sizeof(*s);
+
+	/* Wake the reader only when the ring is over a quarter full; otherwise
+	 * it drains on its own timer. */
+	__u64 flags = BPF_RB_NO_WAKEUP;
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	__u64 ring = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+	if (wake || avail + size > ring / 4)
+		flags = BPF_RB_FORCE_WAKEUP;
+
+	if (bpf_ringbuf_output(&events, s, size, flags))
+		count(STAT_LOST_RINGBUF);
+	else
+		count(STAT_SAMPLES);
+}
+
+/* The user stack of the kernel's frame-pointer walk, and the record out.
+ * `entry_ret` nonzero: the sample is taken at a function's first
+ * instruction (a uprobe), where the frame-pointer walk skips the caller
+ * (its frame is not set up yet); the return address found at the stack
+ * pointer is put back as the second user frame. */
+static __always_inline int write_fp_sample(void *ctx, struct sample *s, __u64 entry_ret, int wake)
+{
+	__u32 depth = stack_depth();
+	__u32 kn = s->kstack_len;
 	if (kn > MAX_STACK_DEPTH)
 		kn = MAX_STACK_DEPTH;
 
@@ -172,28 +212,22 @@ static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 
 		if (un > depth)
 			un = depth;
 	}
-
-	s->kstack_len = kn;
 	s->ustack_len = un;
-
-	__u64 size = SAMPLE_HEADER_SIZE + ((__u64)kn + un) * sizeof(__u64);
-	if (size > sizeof(*s))
-		size = sizeof(*s);
-
-	/* Wake the reader only when the ring is over a quarter full; otherwise
-	 * it drains on its own timer. */
-	__u64 flags = BPF_RB_NO_WAKEUP;
-	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-	__u64 ring = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
-	if (avail + size > ring / 4)
-		flags = BPF_RB_FORCE_WAKEUP;
-
-	if (bpf_ringbuf_output(&events, s, size, flags))
-		count(STAT_LOST_RINGBUF);
-	else
-		count(STAT_SAMPLES);
+	output_sample(s, wake);
 	return 0;
 }
+
+/* Copies stacks and identity into the scratch record and writes it. */
+static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe,
+					__u64 entry_ret)
+{
+	struct sample *s = fill_sample(ctx, tgid, tid, kind, probe);
+	if (!s)
+		return 0;
+	return write_fp_sample(ctx, s, entry_ret, 0);
+}
+
+#include "unwind.h"
 
 SEC("perf_event")
 int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
@@ -210,7 +244,17 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 		count(STAT_FILTERED);
 		return 0;
 	}
-	return write_sample(ctx, tgid, tid, SAMPLE_CPU, 0, 0);
+	struct sample *s = fill_sample(ctx, tgid, tid, SAMPLE_CPU, 0);
+	if (!s)
+		return 0;
+	/* With unwind tables loaded for the process: the table walk (a tail
+	 * call that writes the record). Otherwise frame pointers. */
+	int unknown = unwind_start(ctx, s, stack_depth()) == UNWIND_START_UNKNOWN;
+	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
+		s->user_end = UNWIND_END_NO_TABLE;
+	/* A process without tables yet wakes the reader, which loads them:
+	 * only its first few samples take frame pointers. */
+	return write_fp_sample(ctx, s, 0, unknown && unwind_wake_due());
 }
 
 SEC("uprobe")

@@ -16,6 +16,17 @@ enum sample_kind {
 	SAMPLE_PROBE = 1, /* uprobe hit: one call; `probe` = attach cookie */
 };
 
+/* How a user stack ended (`user_end`). UNWIND_END_UNKNOWN: the kernel's
+ * frame-pointer walk (bpf_get_stack) made it, which does not say. */
+enum unwind_end {
+	UNWIND_END_UNKNOWN = 0,
+	UNWIND_END_OUTERMOST = 1,   /* reached the outermost frame */
+	UNWIND_END_NO_TABLE = 2,    /* code without unwind info (or not loaded yet) */
+	UNWIND_END_UNSUPPORTED = 3, /* a rule outside the supported subset */
+	UNWIND_END_DEPTH = 4,       /* max_stack_depth frames */
+	UNWIND_END_READ_ERROR = 5,  /* reading the user stack failed */
+};
+
 /* One sample, CPU or probe, in the `events` ring buffer. Only the used
  * part of `ips` is written. */
 struct sample {
@@ -26,7 +37,8 @@ struct sample {
 	__u16 kstack_len;        /* frames in ips[0 .. kstack_len) */
 	__u16 ustack_len;        /* frames in ips[kstack_len .. +ustack_len) */
 	char comm[TASK_COMM_LEN];
-	__u32 kind;              /* enum sample_kind */
+	__u16 kind;              /* enum sample_kind */
+	__u16 user_end;          /* enum unwind_end: how the user stack ended */
 	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe */
 	/* One spare slot: a probe hit inserts its return address. */
 	__u64 ips[2 * MAX_STACK_DEPTH + 1];

@@ -63,6 +63,8 @@ pub mod globals {
     pub const FILTER_PIDS: &str = "cfg_filter_pids";
     /// `u32`: the receiver's own tgid, whose probe hits are ignored.
     pub const SELF_TGID: &str = "cfg_self_tgid";
+    /// `u32`: [`crate::unwind::Mode`] of user-stack unwinding.
+    pub const UNWIND_MODE: &str = "cfg_unwind_mode";
 }
 
 pub use record::{MAX_STACK_DEPTH, TASK_COMM_LEN};
@@ -106,7 +108,11 @@ impl Stat {
 }
 
 pub mod record;
-pub use record::{ProcEvent, ProcEventKind, Sample, SampleHeader, SampleKind, PROC_EVENT_SIZE, SAMPLE_HEADER_SIZE};
+pub use record::{
+    ProcEvent, ProcEventKind, Sample, SampleHeader, SampleKind, UnwindEnd, PROC_EVENT_SIZE, SAMPLE_HEADER_SIZE,
+};
+
+pub mod unwind;
 
 #[cfg(test)]
 mod tests {
@@ -134,6 +140,13 @@ mod tests {
             EXIT_PROGRAM,
             PROC_EVENTS_MAP,
             PROC_EVENT_LOST_MAP,
+            unwind::PROGRAM,
+            unwind::ROWS_MAP,
+            unwind::PAGES_MAP,
+            unwind::RULES_MAP,
+            unwind::MAPPINGS_MAP,
+            unwind::PROGS_MAP,
+            globals::UNWIND_MODE,
         ] {
             assert!(has(name.as_bytes()), "{name} missing from object");
         }

@@ -40,13 +40,60 @@ pub struct SampleHeader {
     /// Thread name, NUL padded.
     pub comm: [u8; TASK_COMM_LEN],
     pub kind: SampleKind,
+    /// How the user stack ended (`user_end`).
+    pub user_end: UnwindEnd,
+}
+
+/// How a user stack ended (`enum unwind_end`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnwindEnd {
+    /// The kernel's frame-pointer walk made the stack; it does not say.
+    Unknown,
+    /// The walk reached the outermost frame.
+    Outermost,
+    /// Code without unwind info, or whose table is not loaded (yet).
+    NoTable,
+    /// An unwind rule outside the supported subset.
+    Unsupported,
+    /// `max_stack_depth` frames.
+    DepthLimit,
+    /// Reading the user stack failed.
+    ReadError,
+}
+
+impl UnwindEnd {
+    /// Every value, in `enum unwind_end` order.
+    pub const ALL: [UnwindEnd; 6] = [
+        UnwindEnd::Unknown,
+        UnwindEnd::Outermost,
+        UnwindEnd::NoTable,
+        UnwindEnd::Unsupported,
+        UnwindEnd::DepthLimit,
+        UnwindEnd::ReadError,
+    ];
+
+    fn from_raw(v: u16) -> Option<Self> {
+        Self::ALL.get(usize::from(v)).copied()
+    }
+
+    /// The name used in metrics and the `profcol.unwind.end` attribute.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnwindEnd::Unknown => "unknown",
+            UnwindEnd::Outermost => "outermost",
+            UnwindEnd::NoTable => "no_table",
+            UnwindEnd::Unsupported => "unsupported_rule",
+            UnwindEnd::DepthLimit => "depth_limit",
+            UnwindEnd::ReadError => "read_error",
+        }
+    }
 }
 
 /// Size of the sample head in bytes (`offsetof(struct sample, ips)`).
 pub const SAMPLE_HEADER_SIZE: usize = 48;
 
-const KIND_CPU: u32 = 0;
-const KIND_PROBE: u32 = 1;
+const KIND_CPU: u16 = 0;
+const KIND_PROBE: u16 = 1;
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
     b.get(o..o + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_ne_bytes)
@@ -87,7 +134,7 @@ impl<'a> Sample<'a> {
     /// of an unknown kind.
     pub fn parse(bytes: &'a [u8]) -> Option<Self> {
         let head = bytes.get(..SAMPLE_HEADER_SIZE)?;
-        let kind = match u32_at(head, 40) {
+        let kind = match u16_at(head, 40) {
             KIND_CPU => SampleKind::Cpu,
             KIND_PROBE => SampleKind::Probe(u32_at(head, 44)),
             _ => return None,
@@ -101,6 +148,7 @@ impl<'a> Sample<'a> {
             ustack_len: u16_at(head, 22),
             comm: comm_at(head, 24),
             kind,
+            user_end: UnwindEnd::from_raw(u16_at(head, 42))?,
         };
         if header.kstack_len as usize > MAX_STACK_DEPTH || header.ustack_len as usize > MAX_STACK_DEPTH {
             return None;
@@ -166,7 +214,7 @@ impl ProcEvent {
 mod tests {
     use super::*;
 
-    fn record(kind: u32, probe: u32, k: &[u64], u: &[u64]) -> Vec<u8> {
+    fn record(kind: u16, probe: u32, k: &[u64], u: &[u64]) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(&123u64.to_ne_bytes());
         v.extend_from_slice(&7u32.to_ne_bytes());
@@ -176,6 +224,7 @@ mod tests {
         v.extend_from_slice(&(u.len() as u16).to_ne_bytes());
         v.extend_from_slice(b"worker\0\0\0\0\0\0\0\0\0\0");
         v.extend_from_slice(&kind.to_ne_bytes());
+        v.extend_from_slice(&2u16.to_ne_bytes()); // user_end: no table
         v.extend_from_slice(&probe.to_ne_bytes());
         assert_eq!(v.len(), SAMPLE_HEADER_SIZE);
         for f in k.iter().chain(u) {
@@ -190,6 +239,7 @@ mod tests {
         let s = Sample::parse(&r).expect("parse");
         assert_eq!((s.header.pid, s.header.tid, s.header.cpu), (7, 8, 1));
         assert_eq!(s.header.kind, SampleKind::Cpu);
+        assert_eq!(s.header.user_end, UnwindEnd::NoTable);
         assert_eq!(s.comm(), "worker");
         assert_eq!(s.kernel_stack().collect::<Vec<_>>(), vec![0xffff_ffff_8100_0000, 2]);
         assert_eq!(s.user_stack().collect::<Vec<_>>(), vec![0x401000]);
@@ -208,6 +258,9 @@ mod tests {
         bad[20..22].copy_from_slice(&200u16.to_ne_bytes());
         assert!(Sample::parse(&bad).is_none());
         assert!(Sample::parse(&record(7, 0, &[], &[])).is_none());
+        let mut bad = record(KIND_CPU, 0, &[], &[]);
+        bad[42..44].copy_from_slice(&6u16.to_ne_bytes());
+        assert!(Sample::parse(&bad).is_none(), "unknown user_end");
     }
 
     #[test]

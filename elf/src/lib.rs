@@ -34,6 +34,7 @@
 pub mod dwarf;
 pub mod notes;
 pub mod symbols;
+pub mod unwind;
 
 pub use dwarf::{DwarfLines, SourceFrame};
 pub use symbols::SymbolTable;
@@ -189,11 +190,19 @@ impl ElfFile {
     /// File offset of virtual address `vaddr`, through the `PT_LOAD`
     /// segment that holds it in the file (`p_vaddr <= vaddr < p_vaddr + p_filesz`).
     pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
-        offset_in(&self.load_segments(), vaddr)
+        offset_in(&self.loads(), vaddr)
+    }
+
+    /// The `PT_LOAD` segments, in file order.
+    pub fn load_segments(&self) -> Vec<LoadSegment> {
+        match self.class {
+            Class::Elf32 => load_segment_list::<FileHeader32<Endianness>>(self.bytes.get()),
+            Class::Elf64 => load_segment_list::<FileHeader64<Endianness>>(self.bytes.get()),
+        }
     }
 
     /// The `PT_LOAD` segments as (p_vaddr, p_filesz, p_offset).
-    pub fn load_segments(&self) -> Vec<(u64, u64, u64)> {
+    fn loads(&self) -> Vec<(u64, u64, u64)> {
         match self.class {
             Class::Elf32 => load_segments::<FileHeader32<Endianness>>(self.bytes.get()),
             Class::Elf64 => load_segments::<FileHeader64<Endianness>>(self.bytes.get()),
@@ -204,7 +213,7 @@ impl ElfFile {
     /// Virtual address of file offset `offset` through the `PT_LOAD`
     /// segment that maps it (the inverse of [`Self::file_offset`]).
     pub fn vaddr_of_file_offset(&self, offset: u64) -> Option<u64> {
-        vaddr_in(&self.load_segments(), offset)
+        vaddr_in(&self.loads(), offset)
     }
 
     /// Every defined function symbol of `.symtab` and `.dynsym`, compact.
@@ -429,6 +438,41 @@ fn vaddr_in(loads: &[(u64, u64, u64)], offset: u64) -> Option<u64> {
         .iter()
         .find(|&&(_, filesz, off)| offset >= off && offset - off < filesz)
         .map(|&(start, _, off)| offset - off + start)
+}
+
+/// A `PT_LOAD` segment: where file bytes go in the address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    pub vaddr: u64,
+    pub offset: u64,
+    pub filesz: u64,
+    pub executable: bool,
+}
+
+impl LoadSegment {
+    /// The virtual address of file offset `offset` when this segment maps
+    /// it (a mapping starts at the page holding `p_offset`, so offsets down
+    /// to that page count).
+    pub fn vaddr_of(&self, offset: u64, page_size: u64) -> Option<u64> {
+        let first = self.offset - self.offset % page_size.max(1);
+        (offset >= first && offset < self.offset.saturating_add(self.filesz))
+            .then(|| self.vaddr.wrapping_sub(self.offset).wrapping_add(offset))
+    }
+}
+
+fn load_segment_list<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Vec<LoadSegment> {
+    let Ok(h) = H::parse(data) else { return Vec::new() };
+    let Ok(e) = h.endian() else { return Vec::new() };
+    let Ok(phs) = h.program_headers(e, data) else { return Vec::new() };
+    phs.iter()
+        .filter(|p| p.p_type(e) == PT_LOAD)
+        .map(|p| LoadSegment {
+            vaddr: p.p_vaddr(e).into(),
+            offset: p.p_offset(e).into(),
+            filesz: p.p_filesz(e).into(),
+            executable: (p.p_flags(e) & object::elf::PF_X).0 != 0,
+        })
+        .collect()
 }
 
 fn load_segments<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Vec<(u64, u64, u64)>> {

@@ -256,3 +256,5 @@ fn debuglink_and_file_offsets_of_a_stripped_copy() {
     std::fs::write(&tiny, b"x").unwrap();
     assert_eq!(file_id(&File::open(&tiny).unwrap()).unwrap().len(), 32);
 }
+
+mod unwind;

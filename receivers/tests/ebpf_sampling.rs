@@ -8,7 +8,7 @@ mod ebpf_common;
 
 use ebpf_common::*;
 use profcol_api::model::{any_value::Value, keys};
-use profcol_receivers::ebpf::config::SampleAttribute;
+use profcol_receivers::ebpf::config::{SampleAttribute, UnwindConfig, UnwindMode};
 use profcol_receivers::ebpf::EbpfConfig;
 use std::time::Duration;
 
@@ -195,7 +195,8 @@ async fn the_same_stack_on_two_cpus_is_one_sample_unless_the_cpu_is_asked_for() 
 /// frame-pointer walk through it and through libc reports 0s and junk after
 /// the real frames. Every stack the receiver hands on ends at its last real
 /// frame, each user frame inside a mapping of the process, and the cut
-/// stacks are counted.
+/// stacks are counted. (`unwind: frame_pointers`: with tables, in the
+/// default mode, these stacks are whole; see tests/ebpf_unwind.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stacks_of_code_without_frame_pointers_end_at_their_last_real_frame() {
     if !require_bpf("stacks_of_code_without_frame_pointers_end_at_their_last_real_frame") {
@@ -211,6 +212,7 @@ async fn stacks_of_code_without_frame_pointers_end_at_their_last_real_frame() {
         sample_frequency: 199,
         report_interval: Duration::from_secs(1),
         pids: vec![pid],
+        unwind: UnwindConfig { mode: UnwindMode::FramePointers, ..Default::default() },
         ..Default::default()
     })
     .await;

@@ -121,7 +121,7 @@ impl BinaryTable {
                 .filter(|d| d.gnu_build_id().map(profcol_elf::notes::hex).as_deref() == Some(&*want.key))
                 .map(|d| (d, PathBuf::from(format!("debuginfod:{}", want.key))));
         }
-        let segments = elf.load_segments();
+        let segments = elf.load_segments().iter().map(|s| (s.vaddr, s.filesz, s.offset)).collect();
         let (sym_src, debug_path) = match &debug {
             Some((d, p)) if d.has_symtab() => (d, Some(p.clone())),
             Some((_, p)) => (&elf, Some(p.clone())),

@@ -14,6 +14,7 @@ use super::service_name::ServiceNamer;
 use profcol_api::model::ProfileRef;
 use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
+use profcol_ebpf::UnwindEnd;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
@@ -33,6 +34,8 @@ struct Key {
     comm: [u8; 16],
     kstack: Box<[u64]>,
     ustack: Box<[u64]>,
+    /// The `profcol.unwind.end` attribute, when the walk stopped early.
+    unwind_end: Option<&'static str>,
 }
 
 /// Process facts and the mappings its frames resolve in (`None`: /proc
@@ -60,6 +63,20 @@ pub struct SampleIn<'a> {
     pub unix_ns: u64,
     pub kstack: &'a [u64],
     pub ustack: &'a [u64],
+    /// How the user stack ended.
+    pub unwind_end: UnwindEnd,
+}
+
+/// Sample attribute: why the user stack walk stopped before the outermost
+/// frame (absent when it reached it, or when frame pointers alone made it).
+pub const UNWIND_END_ATTR: &str = "profcol.unwind.end";
+
+/// The [`UNWIND_END_ATTR`] value of a stack end, if it gets one.
+pub fn unwind_end_attr(end: UnwindEnd) -> Option<&'static str> {
+    match end {
+        UnwindEnd::Unknown | UnwindEnd::Outermost => None,
+        e => Some(e.name()),
+    }
 }
 
 /// Which sample attributes a batch carries (`sample_attributes:`); the
@@ -135,6 +152,7 @@ impl Interval {
             comm: if self.attrs.thread_name { s.comm } else { [0; 16] },
             kstack: s.kstack.into(),
             ustack: s.ustack.into(),
+            unwind_end: unwind_end_attr(s.unwind_end),
         };
         self.samples.entry(key).or_default().push(s.unix_ns);
         self.count += 1;
@@ -282,6 +300,9 @@ impl Interval {
                 if self.attrs.cpu {
                     attribute_indices.push(b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)));
                 }
+                if let Some(end) = k.unwind_end {
+                    attribute_indices.push(b.attribute(UNWIND_END_ATTR, AttrValue::Str(end)));
+                }
                 ts.sort_unstable();
                 b.sample(
                     prof,
@@ -374,6 +395,7 @@ mod tests {
                     unix_ns: t,
                     kstack: &[0xffff_ffff_8100_1234],
                     ustack: &[0x1100, 0x1200, 0x9999],
+                    unwind_end: UnwindEnd::Unknown,
                 },
                 Some((&info, &maps)),
             );
@@ -388,6 +410,7 @@ mod tests {
                 unix_ns: 1_300,
                 kstack: &[],
                 ustack: &[0x5555],
+                unwind_end: UnwindEnd::Unknown,
             },
             None,
         );
@@ -488,6 +511,7 @@ mod tests {
                     unix_ns: t,
                     kstack: &[0xffff_ffff_8100_0000],
                     ustack: &[0x1000],
+                    unwind_end: UnwindEnd::Unknown,
                 };
                 iv.add(&s, Some((&info, &maps)));
             }
@@ -529,6 +553,7 @@ mod tests {
             unix_ns: 1,
             kstack: &[],
             ustack: &[0x1000],
+            unwind_end: UnwindEnd::Unknown,
         };
         iv.add(&gone, None);
         let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]));

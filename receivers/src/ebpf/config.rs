@@ -44,6 +44,42 @@ pub struct EbpfConfig {
     /// `cpu.logical_number`. Samples that differ only in an attribute left
     /// out merge (the same stack on two CPUs is one sample by default).
     pub sample_attributes: Vec<SampleAttribute>,
+    /// How user stacks are walked.
+    pub unwind: UnwindConfig,
+}
+
+/// `unwind:` section: user stacks from `.eh_frame` unwind tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct UnwindConfig {
+    /// `auto`: unwind tables where loaded, frame pointers elsewhere (a
+    /// process's first samples, before its tables are built, and mappings
+    /// without `.eh_frame`); `frame_pointers`: only the kernel's
+    /// frame-pointer walk; `tables`: only tables (no table: the stack ends).
+    pub mode: UnwindMode,
+    /// Bytes of unwind tables loaded into the kernel at most (least
+    /// recently used evicted beyond); allocated in the kernel up front
+    /// unless `mode: frame_pointers`.
+    pub max_table_bytes: u64,
+}
+
+/// `unwind.mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UnwindMode {
+    Auto,
+    FramePointers,
+    Tables,
+}
+
+/// Smallest and largest `unwind.max_table_bytes`.
+pub const MIN_TABLE_BYTES: u64 = 1 << 16;
+pub const MAX_TABLE_BYTES: u64 = 1 << 31;
+
+impl Default for UnwindConfig {
+    fn default() -> Self {
+        UnwindConfig { mode: UnwindMode::Auto, max_table_bytes: 16 << 20 }
+    }
 }
 
 pub use super::service_name::Source as ServiceNameSource;
@@ -109,6 +145,7 @@ impl Default for EbpfConfig {
             negative_cache: NegativeCacheConfig::default(),
             service_name: vec![ServiceNameSource::Executable],
             sample_attributes: vec![SampleAttribute::ThreadId, SampleAttribute::ThreadName],
+            unwind: UnwindConfig::default(),
         }
     }
 }
@@ -177,6 +214,13 @@ impl Validate for EbpfConfig {
             p.add(
                 "service_name",
                 "empty: every process would be `unknown_service`; list at least one source (default [executable])",
+            );
+        }
+        let t = self.unwind.max_table_bytes;
+        if !(MIN_TABLE_BYTES..=MAX_TABLE_BYTES).contains(&t) {
+            p.add(
+                "unwind.max_table_bytes",
+                format!("{t} is out of range; use {MIN_TABLE_BYTES}..={MAX_TABLE_BYTES} bytes (64 KiB to 2 GiB)"),
             );
         }
         let nc = &self.negative_cache;
@@ -259,6 +303,20 @@ mod tests {
         assert!(bad(|c| c.uprobes = vec![probe("malloc", Some("lib[c.so"))]).starts_with("uprobes[0].binary"));
         assert!(bad(|c| c.negative_cache.ttl = Duration::ZERO).starts_with("negative_cache.ttl"));
         assert!(bad(|c| c.negative_cache.max_entries = 0).starts_with("negative_cache.max_entries"));
+        assert!(bad(|c| c.unwind.max_table_bytes = 10).starts_with("unwind.max_table_bytes: 10 is out of range"));
+    }
+
+    #[test]
+    fn unwind_keys() {
+        let d = EbpfConfig::default();
+        assert_eq!(d.unwind, UnwindConfig { mode: UnwindMode::Auto, max_table_bytes: 16 << 20 });
+        let c: EbpfConfig =
+            parse_section("unwind: { mode: frame_pointers, max_table_bytes: 1048576 }").unwrap().decode().unwrap();
+        assert_eq!(c.unwind, UnwindConfig { mode: UnwindMode::FramePointers, max_table_bytes: 1 << 20 });
+        let e = parse_section("unwind: { mode: dwarf }").unwrap().decode::<EbpfConfig>().unwrap_err().to_string();
+        assert!(e.contains("frame_pointers"), "{e}");
+        let back: EbpfConfig = profcol_api::config::encode(&c).unwrap().decode().unwrap();
+        assert_eq!(back, c);
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Loaded {
     pub proc_events: Option<ProcEvents>,
     /// Whether the uprobe program is loaded (probes configured).
     pub uprobes_loaded: bool,
+    /// The unwinder's maps (`None` with `unwind.mode: frame_pointers`).
+    pub unwind_maps: Option<super::unwind::kernel::KernelMaps>,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -98,7 +100,11 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
     let exclude_idle = u32::from(cfg.exclude_idle);
     let filter_pids = u32::from(!cfg.pids.is_empty());
     let self_tgid = std::process::id();
+    let unwind = unwind_sizes(cfg);
     let mut ebpf = EbpfLoader::new()
+        .override_global(obj::globals::UNWIND_MODE, &(unwind.mode as u32), true)
+        .map_max_entries(obj::unwind::ROWS_MAP, unwind.row_elems)
+        .map_max_entries(obj::unwind::PAGES_MAP, unwind.pages)
         .override_global(obj::globals::MAX_STACK_DEPTH, &depth, true)
         .override_global(obj::globals::EXCLUDE_IDLE, &exclude_idle, true)
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
@@ -123,10 +129,85 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         .try_into()
         .map_err(|e: ProgramError| other("BPF program type", &e))?;
     prog.load().map_err(|e| other("the kernel refused the BPF program", &e))?;
+    if unwind.mode != obj::unwind::Mode::FramePointers {
+        load_unwind_program(&mut ebpf)?;
+    }
     if !cfg.uprobes.is_empty() {
         load_uprobe_program(&mut ebpf)?;
     }
     Ok(ebpf)
+}
+
+/// Map sizes and mode of the unwinder, from `unwind:`.
+pub struct UnwindSizes {
+    pub mode: obj::unwind::Mode,
+    /// Elements (two rows, 8 bytes) of the row array.
+    pub row_elems: u32,
+    /// Entries of the page map.
+    pub pages: u32,
+}
+
+/// One page entry per this many bytes of the budget: tables average well
+/// above it (a 64 KiB page of code holds hundreds of rows).
+const BYTES_PER_PAGE_ENTRY: u64 = 256;
+
+pub fn unwind_sizes(cfg: &EbpfConfig) -> UnwindSizes {
+    use super::config::UnwindMode;
+    let mode = match cfg.unwind.mode {
+        UnwindMode::Auto => obj::unwind::Mode::Auto,
+        UnwindMode::FramePointers => obj::unwind::Mode::FramePointers,
+        UnwindMode::Tables => obj::unwind::Mode::Tables,
+    };
+    if mode == obj::unwind::Mode::FramePointers {
+        // Nothing is loaded: the smallest maps the kernel accepts.
+        return UnwindSizes { mode, row_elems: 1, pages: 1 };
+    }
+    let bytes = cfg.unwind.max_table_bytes;
+    UnwindSizes {
+        mode,
+        row_elems: (bytes / 8).clamp(1, u64::from(u32::MAX)) as u32,
+        pages: (bytes / BYTES_PER_PAGE_ENTRY).clamp(1024, 1 << 22) as u32,
+    }
+}
+
+/// Loads the table-walking program and puts it in the tail-call array.
+fn load_unwind_program(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    use aya::maps::ProgramArray;
+    let prog: &mut PerfEvent = ebpf
+        .program_mut(obj::unwind::PROGRAM)
+        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::unwind::PROGRAM)))?
+        .try_into()
+        .map_err(|e: ProgramError| other("BPF program type", &e))?;
+    prog.load().map_err(|e| {
+        other(
+            "unwind: the kernel refused the table-walking BPF program (it needs bpf_task_pt_regs, Linux >= 5.15, and \
+             kernel BTF); set `unwind: { mode: frame_pointers }` to profile without it",
+            &e,
+        )
+    })?;
+    let fd = prog
+        .fd()
+        .map_err(|e| other("unwind program fd", &e))?
+        .try_clone()
+        .map_err(|e| LoadError::Other(format!("unwind program fd: {e}")))?;
+    let mut progs = ProgramArray::try_from(
+        ebpf.map_mut(obj::unwind::PROGS_MAP)
+            .ok_or_else(|| LoadError::Other("BPF object lacks the unwind_progs map".into()))?,
+    )
+    .map_err(|e| other("unwind_progs map", &e))?;
+    progs.set(0, &fd, 0).map_err(|e| other("unwind_progs: setting the tail call", &e))
+}
+
+/// Takes the unwinder's maps from the loaded object.
+fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps, LoadError> {
+    let mut take =
+        |name: &str| ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")));
+    let rows = aya::maps::Array::try_from(take(obj::unwind::ROWS_MAP)?).map_err(|e| other("unwind_rows", &e))?;
+    let pages = BpfHashMap::try_from(take(obj::unwind::PAGES_MAP)?).map_err(|e| other("unwind_pages", &e))?;
+    let rules = aya::maps::Array::try_from(take(obj::unwind::RULES_MAP)?).map_err(|e| other("unwind_rules", &e))?;
+    let mappings = aya::maps::lpm_trie::LpmTrie::try_from(take(obj::unwind::MAPPINGS_MAP)?)
+        .map_err(|e| other("unwind_mappings", &e))?;
+    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, mappings })
 }
 
 /// Loads the uprobe program; the error names what the kernel lacks.
@@ -247,7 +328,13 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError>
         }
         Err(e) => return Err(LoadError::Other(format!("uprobes need exec/exit events: {e}"))),
     };
+    let unwind_maps = if cfg.unwind.mode == super::config::UnwindMode::FramePointers {
+        None
+    } else {
+        Some(take_unwind_maps(&mut ebpf)?)
+    };
     let mut loaded = Loaded {
+        unwind_maps,
         events: BTreeMap::new(),
         retry: BTreeMap::new(),
         sample_frequency: cfg.sample_frequency,

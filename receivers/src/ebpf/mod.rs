@@ -27,6 +27,7 @@ pub mod procfs;
 pub mod sampler;
 pub mod service_name;
 pub mod stack_end;
+pub mod unwind;
 pub mod uprobes;
 
 pub use config::EbpfConfig;

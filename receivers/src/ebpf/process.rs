@@ -159,6 +159,11 @@ impl ProcessTable {
         self.procs.is_empty()
     }
 
+    /// Whether `pid` is known (read, or remembered as unreadable).
+    pub fn is_known(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
     /// Files whose build ID was read from disk so far.
     pub fn build_id_reads(&self) -> u64 {
         self.build_ids.reads

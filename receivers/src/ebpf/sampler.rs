@@ -26,6 +26,7 @@ use super::process::ProcessTable;
 use super::procfs;
 use super::service_name::ServiceNamer;
 use super::stack_end;
+use super::unwind::{UnwindCounters, Unwinder};
 use super::uprobes::{UprobeCounters, Uprobes};
 use aya::programs::uprobe::UProbeLink;
 use profcol_api::component::Next;
@@ -181,6 +182,7 @@ impl SamplerHandle {
         pins: Arc<FilePins>,
     ) -> Result<Self, LoadError> {
         let uprobe_counters = (!config.uprobes.is_empty()).then(|| UprobeCounters::new(&telemetry));
+        let unwind_counters = UnwindCounters::new(&telemetry);
         let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(eventfd().map_err(|e| LoadError::Other(format!("eventfd: {e}")))?);
@@ -191,7 +193,9 @@ impl SamplerHandle {
             let wake = wake.clone();
             std::thread::Builder::new()
                 .name("profcol-ebpf".into())
-                .spawn(move || run(config, stop, wake, counters, uprobe_counters, batch_tx, ready_tx, started, pins))
+                .spawn(move || {
+                    run(config, stop, wake, counters, uprobe_counters, unwind_counters, batch_tx, ready_tx, started, pins)
+                })
                 .map_err(|e| LoadError::Other(format!("spawning the sampler thread: {e}")))?
         };
         match ready_rx.await {
@@ -254,6 +258,7 @@ fn run(
     wake: Arc<OwnedFd>,
     counters: Counters,
     uprobe_counters: Option<UprobeCounters>,
+    unwind_counters: UnwindCounters,
     batches: tokio::sync::mpsc::Sender<Profiles>,
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
@@ -298,6 +303,23 @@ fn run(
         );
         u
     });
+    let unwinder = loaded.unwind_maps.as_ref().map(|_| {
+        let sizes = super::loader::unwind_sizes(&config);
+        let store = super::unwind::store::TableStore::new(
+            config.unwind.max_table_bytes,
+            sizes.row_elems,
+            sizes.pages as usize,
+            profcol_ebpf::unwind::RULES_CAPACITY,
+        );
+        Unwinder::new(store, unwind_counters.clone())
+    });
+    let unwinder = match unwinder.transpose() {
+        Ok(u) => u,
+        Err(e) => {
+            let _ = ready.send(Err(LoadError::Other(format!("spawning the unwind table thread: {e}"))));
+            return;
+        }
+    };
     if ready.send(Ok(())).is_err() {
         return;
     }
@@ -330,6 +352,8 @@ fn run(
         later: FxHashSet::default(),
         superseded: Vec::new(),
         last_proc_lost: 0,
+        unwinder,
+        unwind_counters,
     };
     let mut next_report = Instant::now() + config.report_interval;
     let mut fds = Vec::new();
@@ -393,7 +417,7 @@ fn run(
             next_cpu_check = now + CPU_CHECK_PERIOD;
         }
         if stopping || now >= next_report || s.interval.is_full() {
-            let batch = s.cut(&loaded, now);
+            let batch = s.cut(&mut loaded, now);
             if now >= next_report {
                 next_report = now + config.report_interval;
             }
@@ -547,6 +571,9 @@ struct Sampler {
     later: FxHashSet<u32>,
     superseded: Vec<bool>,
     last_proc_lost: u64,
+    /// Present unless `unwind.mode: frame_pointers`.
+    unwinder: Option<Unwinder>,
+    unwind_counters: UnwindCounters,
 }
 
 impl Sampler {
@@ -634,6 +661,13 @@ impl Sampler {
                 }
             }
         }
+        // An exited process's ranges leave the kernel's trie at once (its
+        // pid may be reused).
+        if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
+            for e in events.iter().filter(|e| e.kind == ProcEventKind::Exit) {
+                uw.forget(e.pid, maps, now);
+            }
+        }
         self.proc_batch = events;
         self.mapping_batch = side;
         n
@@ -641,6 +675,10 @@ impl Sampler {
 
     fn drain(&mut self, loaded: &mut Loaded) {
         let now = Instant::now();
+        // Tables built since the last drain go into the kernel first.
+        if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
+            uw.poll(maps, now);
+        }
         let mut n = 0u64;
         while let Some(item) = loaded.ring.next() {
             n += 1;
@@ -673,6 +711,12 @@ impl Sampler {
             let st =
                 if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
             let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
+            self.unwind_counters.count_end(h.user_end);
+            if let (Some(uw), Some(maps), Some((_, m))) =
+                (self.unwinder.as_mut(), loaded.unwind_maps.as_mut(), process.as_ref())
+            {
+                uw.sync(h.pid, m, maps, now);
+            }
             let un = stack_end::user_frames(&self.ubuf[..un], process.as_ref().map(|(_, m)| &**m));
             if kn < self.kbuf.len() || un < self.ubuf.len() {
                 self.counters.stacks_cut.inc();
@@ -689,6 +733,7 @@ impl Sampler {
                     unix_ns: self.clock.to_unix_ns(h.ktime_ns),
                     kstack: &self.kbuf,
                     ustack: &self.ubuf,
+                    unwind_end: h.user_end,
                 },
                 process.as_ref().map(|(i, m)| (i, m)),
             );
@@ -701,7 +746,7 @@ impl Sampler {
 
     /// Ends the interval: updates telemetry, sweeps the process table and
     /// builds the batch (`None` when nothing was sampled).
-    fn cut(&mut self, loaded: &Loaded, now: Instant) -> Option<Profiles> {
+    fn cut(&mut self, loaded: &mut Loaded, now: Instant) -> Option<Profiles> {
         let stats = loaded.read_stats();
         let delta = |s: Stat| stats[s as usize].wrapping_sub(self.last_stats[s as usize]);
         let lost = delta(Stat::LostRingbuf);
@@ -726,6 +771,10 @@ impl Sampler {
         self.last_stats = stats;
 
         self.table.sweep(now, self.interval_started);
+        if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
+            let table = &self.table;
+            uw.sweep(|pid| table.is_known(pid), maps, now);
+        }
         self.interval_started = now;
         let ts = self.table.stats;
         self.counters.proc_unreadable.add(ts.unreadable - self.last_table.unreadable);

@@ -239,8 +239,10 @@ impl Symbolizer {
                 (off, size, s.address())
             })
             .collect();
+        // .symtab and .dynsym: a stripped library still names its exports.
         let mut symbols: Vec<(u64, u64, String)> = file
             .symbols()
+            .chain(file.dynamic_symbols())
             .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
             .map(|s| (s.address(), s.size(), s.name().unwrap_or("").to_owned()))
             .collect();
@@ -251,10 +253,25 @@ impl Symbolizer {
 
     /// Function holding the runtime `address` of a frame in `mapping`.
     pub fn function(&self, mapping: &pb::Mapping, address: u64) -> Option<&str> {
+        self.function_at(self.vaddr(mapping, address)?)
+    }
+
+    /// The file's virtual address of the runtime `address` in `mapping`.
+    pub fn vaddr(&self, mapping: &pb::Mapping, address: u64) -> Option<u64> {
         let file_off = address.checked_sub(mapping.memory_start)? + mapping.file_offset;
         let &(seg_off, _, vaddr) =
             self.segments.iter().find(|&&(off, size, _)| file_off >= off && file_off < off + size)?;
-        let v = file_off - seg_off + vaddr;
+        Some(file_off - seg_off + vaddr)
+    }
+
+    /// The file's virtual address of file offset `off`.
+    pub fn vaddr_of_offset(&self, off: u64) -> Option<u64> {
+        let &(seg_off, _, vaddr) = self.segments.iter().find(|&&(o, size, _)| off >= o && off < o + size)?;
+        Some(off - seg_off + vaddr)
+    }
+
+    /// Function holding the file's virtual address `v`.
+    pub fn function_at(&self, v: u64) -> Option<&str> {
         self.symbols.iter().find(|(a, sz, _)| v >= *a && v < a + sz).map(|(_, _, n)| n.as_str())
     }
 }

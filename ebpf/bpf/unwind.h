@@ -1,0 +1,389 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * User-stack unwinding with unwind tables built from .eh_frame (#19),
+ * included by cpu_sample.bpf.c. Its maps and programs are this file's own.
+ *
+ * The receiver loads, per ELF file (shared by build id), a compact table
+ * (profcol_elf::unwind::CompactTable): 64 KiB pages of rows
+ * `(address & 0xffff) << 16 | rule id` into `unwind_rows`, the page index
+ * into `unwind_pages`, rules into `unwind_rules`; and, per process, its
+ * executable mappings into the LPM trie `unwind_mappings`
+ * (pid, address) -> (table, bias). The sampling program starts a walk for
+ * processes the trie knows and tail-calls `profcol_unwind`, which unwinds
+ * UNWIND_FRAMES_PER_CALL frames per call (the verifier checks a bounded
+ * loop per program; no bpf_loop, which needs BTF func_info, and the object
+ * carries no BTF) and tail-calls itself until the stack ends; then it
+ * writes the record. Mappings the trie knows without a table are walked by
+ * frame pointers (mode auto).
+ *
+ * Layouts are mirrored by profcol_ebpf::unwind; change both together.
+ */
+#ifndef PROFCOL_UNWIND_H
+#define PROFCOL_UNWIND_H
+
+/* Rule kinds (profcol_elf::unwind::kind). */
+#define RULE_UNSUPPORTED 0
+#define RULE_CFA_RSP 1
+#define RULE_CFA_RBP 2
+#define RULE_PLT 3
+#define RULE_OUTERMOST 4
+#define RULE_NO_INFO 5
+/* Where the caller's rbp is (profcol_elf::unwind::rbp). */
+#define RBP_SAME 0
+#define RBP_AT_CFA 1
+#define RBP_UNKNOWN 2
+
+/* cfg_unwind_mode */
+#define UNWIND_MODE_FRAME_POINTERS 0
+#define UNWIND_MODE_AUTO 1
+#define UNWIND_MODE_TABLES 2
+
+#define UNWIND_FRAMES_PER_CALL 8
+/* 127 frames / 8 per call: 16 calls, under the kernel's limit of 33. */
+#define UNWIND_MAX_CALLS 17
+#define UNWIND_SEARCH_STEPS 17 /* log2(65536 rows per page) + 1 */
+#define USER_ADDR_END 0x0000800000000000ULL
+
+const volatile __u32 cfg_unwind_mode = UNWIND_MODE_FRAME_POINTERS;
+
+struct unwind_rule {
+	__u8 kind;
+	__u8 rbp;
+	__s16 rbp_offset;
+	__s32 cfa_offset;
+};
+
+struct unwind_page_key {
+	__u32 table;
+	__u32 page; /* file virtual address >> 16 */
+};
+
+struct unwind_page {
+	__u32 first; /* global row index in unwind_rows */
+	__u32 count;
+};
+
+/* LPM key: prefixlen covers the pid (32 bits) then the address's high bits;
+ * both big endian, as the trie compares bytes. */
+struct unwind_mapping_key {
+	__u32 prefixlen;
+	__u32 pid_be;
+	__u64 addr_be;
+};
+
+struct unwind_mapping {
+	__u32 table; /* 0: no table for this mapping (walk it by frame pointers) */
+	__u32 flags;
+	__u64 bias;  /* process address - file virtual address */
+};
+
+/* The walk between tail calls (per CPU). */
+struct unwind_state {
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	__u32 frames;  /* user frames recorded */
+	__u32 kframes; /* kernel frames before them in the record */
+	__u32 depth;
+	__u32 calls;
+	__u32 pid;
+	__u32 bp_known;
+	__u32 wake;         /* wake the reader with this record */
+	__u32 pad;
+	__u64 last_wake_ns; /* last wake-up for a process without tables */
+};
+
+/* unwind_start's answer when the walk did not start. */
+#define UNWIND_START_NO -1
+#define UNWIND_START_UNKNOWN 1 /* the receiver has not loaded the process */
+/* Wake-ups for processes without tables, per CPU, at most this often. */
+#define UNWIND_WAKE_PERIOD_NS 20000000ULL
+
+/* Two rows per element (elements are 8 bytes in an array map anyway);
+ * sized by the loader from unwind.max_table_bytes. */
+struct bpf_map_def SEC("maps") unwind_rows = {
+	.type = BPF_MAP_TYPE_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(__u64),
+	.max_entries = 1,
+};
+
+struct bpf_map_def SEC("maps") unwind_pages = {
+	.type = BPF_MAP_TYPE_HASH,
+	.key_size = sizeof(struct unwind_page_key),
+	.value_size = sizeof(struct unwind_page),
+	.max_entries = 1,
+	.map_flags = BPF_F_NO_PREALLOC,
+};
+
+struct bpf_map_def SEC("maps") unwind_rules = {
+	.type = BPF_MAP_TYPE_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(struct unwind_rule),
+	.max_entries = 16384,
+};
+
+struct bpf_map_def SEC("maps") unwind_mappings = {
+	.type = BPF_MAP_TYPE_LPM_TRIE,
+	.key_size = sizeof(struct unwind_mapping_key),
+	.value_size = sizeof(struct unwind_mapping),
+	.max_entries = 65536,
+	.map_flags = BPF_F_NO_PREALLOC,
+};
+
+struct bpf_map_def SEC("maps") unwind_states = {
+	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(struct unwind_state),
+	.max_entries = 1,
+};
+
+struct bpf_map_def SEC("maps") unwind_progs = {
+	.type = BPF_MAP_TYPE_PROG_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(__u32),
+	.max_entries = 1,
+};
+
+/* The most specific entry of `pid` holding `addr`; with `bits` 0, only the
+ * pid-wide entry (the receiver writes it after all the others, so it
+ * means the process is loaded). */
+static __always_inline struct unwind_mapping *unwind_lookup(__u32 pid, __u64 addr, __u32 bits)
+{
+	struct unwind_mapping_key key = {
+		.prefixlen = 32 + bits,
+		.pid_be = __builtin_bswap32(pid),
+		.addr_be = __builtin_bswap64(addr),
+	};
+	return bpf_map_lookup_elem(&unwind_mappings, &key);
+}
+
+static __always_inline struct unwind_mapping *unwind_mapping_of(__u32 pid, __u64 addr)
+{
+	return unwind_lookup(pid, addr, 64);
+}
+
+static __always_inline int unwind_knows(__u32 pid)
+{
+	return unwind_lookup(pid, 0, 0) != NULL;
+}
+
+/* The user registers at the sample: the interrupted ones when the sample
+ * hit user mode, else those saved at kernel entry. */
+static __always_inline int user_regs(struct bpf_perf_event_data *ctx, struct pt_regs *out)
+{
+	if ((ctx->regs.cs & 3) == 3) {
+		out->rip = ctx->regs.rip;
+		out->rsp = ctx->regs.rsp;
+		out->rbp = ctx->regs.rbp;
+		return 0;
+	}
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return -1;
+	if (bpf_probe_read_kernel(out, sizeof(*out), regs))
+		return -1;
+	return 0;
+}
+
+/* The last row of page `pg` at or below `lo` (the address's low 16 bits):
+ * its rule, or NULL (an address before the page's first row: no info). */
+static __always_inline struct unwind_rule *unwind_find_rule(struct unwind_page *pg, __u32 lo)
+{
+	__u32 l = pg->first, r = pg->first + pg->count;
+	for (int i = 0; i < UNWIND_SEARCH_STEPS; i++) {
+		if (l >= r)
+			break;
+		__u32 mid = l + (r - l) / 2;
+		__u32 key = mid >> 1;
+		__u64 *pair = bpf_map_lookup_elem(&unwind_rows, &key);
+		if (!pair)
+			return NULL;
+		__u32 row = (mid & 1) ? (__u32)(*pair >> 32) : (__u32)*pair;
+		if ((row >> 16) <= lo)
+			l = mid + 1;
+		else
+			r = mid;
+	}
+	if (l == pg->first)
+		return NULL;
+	__u32 idx = l - 1;
+	__u32 key = idx >> 1;
+	__u64 *pair = bpf_map_lookup_elem(&unwind_rows, &key);
+	if (!pair)
+		return NULL;
+	__u32 row = (idx & 1) ? (__u32)(*pair >> 32) : (__u32)*pair;
+	__u32 rule_id = row & 0xffff;
+	return bpf_map_lookup_elem(&unwind_rules, &rule_id);
+}
+
+/* One frame-pointer step; 0 or an enum unwind_end. */
+static __always_inline __u32 unwind_fp_step(struct unwind_state *st)
+{
+	if (!st->bp_known)
+		return UNWIND_END_UNSUPPORTED;
+	if (st->bp == 0)
+		return UNWIND_END_OUTERMOST;
+	__u64 frame[2];
+	if (bpf_probe_read_user(frame, sizeof(frame), (void *)st->bp))
+		return UNWIND_END_READ_ERROR;
+	st->sp = st->bp + 16;
+	st->bp = frame[0];
+	st->pc = frame[1];
+	return 0;
+}
+
+/* Moves `st` from the frame at st->pc to its caller; 0 to go on, else how
+ * the stack ended. */
+static __always_inline __u32 unwind_step(struct unwind_state *st)
+{
+	/* A return address may be just past its function (a noreturn call
+	 * last): look up the call instruction. */
+	__u64 pc = st->frames > 1 ? st->pc - 1 : st->pc;
+	struct unwind_mapping *m = unwind_mapping_of(st->pid, pc);
+	/* No entry at all: the process is not (or no longer) loaded. */
+	if (!m)
+		return UNWIND_END_NO_TABLE;
+	if (m->table == 0) {
+		if (cfg_unwind_mode == UNWIND_MODE_AUTO)
+			return unwind_fp_step(st);
+		return UNWIND_END_NO_TABLE;
+	}
+	__u64 vaddr = pc - m->bias;
+	struct unwind_page_key pk = { .table = m->table, .page = (__u32)(vaddr >> 16) };
+	struct unwind_page *pg = bpf_map_lookup_elem(&unwind_pages, &pk);
+	if (!pg)
+		return UNWIND_END_NO_TABLE;
+	struct unwind_rule *rule = unwind_find_rule(pg, (__u32)(vaddr & 0xffff));
+	if (!rule)
+		return UNWIND_END_NO_TABLE;
+	__u64 cfa;
+	switch (rule->kind) {
+	case RULE_CFA_RSP:
+		cfa = st->sp + rule->cfa_offset;
+		break;
+	case RULE_CFA_RBP:
+		if (!st->bp_known)
+			return UNWIND_END_UNSUPPORTED;
+		cfa = st->bp + rule->cfa_offset;
+		break;
+	case RULE_PLT:
+		cfa = st->sp + 8 + (((st->pc & 15) >= (__u64)rule->cfa_offset) ? 8 : 0);
+		break;
+	case RULE_OUTERMOST:
+		return UNWIND_END_OUTERMOST;
+	case RULE_NO_INFO:
+		return UNWIND_END_NO_TABLE;
+	default:
+		return UNWIND_END_UNSUPPORTED;
+	}
+	__u64 ra;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)))
+		return UNWIND_END_READ_ERROR;
+	if (rule->rbp == RBP_AT_CFA) {
+		if (bpf_probe_read_user(&st->bp, sizeof(st->bp), (void *)(cfa + rule->rbp_offset)))
+			return UNWIND_END_READ_ERROR;
+	} else if (rule->rbp == RBP_UNKNOWN) {
+		st->bp_known = 0;
+	}
+	st->sp = cfa;
+	st->pc = ra;
+	return 0;
+}
+
+SEC("perf_event")
+int profcol_unwind(struct bpf_perf_event_data *ctx)
+{
+	__u32 zero = 0;
+	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
+	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
+	if (!st || !s)
+		return 0;
+	__u32 end = 0;
+	for (int i = 0; i < UNWIND_FRAMES_PER_CALL; i++) {
+		if (st->frames >= st->depth) {
+			end = UNWIND_END_DEPTH;
+			break;
+		}
+		/* A return address of 0, or outside user space: the end. */
+		if (st->pc == 0 || st->pc >= USER_ADDR_END) {
+			end = st->frames ? UNWIND_END_OUTERMOST : UNWIND_END_READ_ERROR;
+			break;
+		}
+		__u32 at = st->kframes + st->frames;
+		if (at >= 2 * MAX_STACK_DEPTH + 1) {
+			end = UNWIND_END_DEPTH;
+			break;
+		}
+		s->ips[at] = st->pc;
+		st->frames++;
+		end = unwind_step(st);
+		if (end)
+			break;
+	}
+	if (!end) {
+		st->calls++;
+		if (st->calls < UNWIND_MAX_CALLS)
+			bpf_tail_call(ctx, &unwind_progs, 0);
+		end = UNWIND_END_DEPTH;
+	}
+	s->ustack_len = st->frames;
+	s->user_end = end;
+	output_sample(s, st->wake);
+	return 0;
+}
+
+/* Whether this CPU may wake the reader for a process without tables (at
+ * most once per UNWIND_WAKE_PERIOD_NS). */
+static __always_inline int unwind_wake_due(void)
+{
+	__u32 zero = 0;
+	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
+	if (!st)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - st->last_wake_ns < UNWIND_WAKE_PERIOD_NS)
+		return 0;
+	st->last_wake_ns = now;
+	return 1;
+}
+
+/* Starts a table walk for a CPU sample whose header and kernel stack are in
+ * `s`; when the walk is not started (the caller then takes the
+ * frame-pointer path) returns UNWIND_START_UNKNOWN for a process the
+ * receiver has not loaded, else UNWIND_START_NO. On success it does not
+ * return (tail call). */
+static __always_inline int unwind_start(struct bpf_perf_event_data *ctx, struct sample *s, __u32 depth)
+{
+	if (cfg_unwind_mode == UNWIND_MODE_FRAME_POINTERS)
+		return UNWIND_START_NO;
+	struct pt_regs regs = {};
+	if (user_regs(ctx, &regs))
+		return UNWIND_START_NO;
+	if (regs.rip == 0 || regs.rip >= USER_ADDR_END)
+		return UNWIND_START_NO; /* a kernel thread: no user stack */
+	/* Processes the receiver has not loaded yet: frame pointers (auto). */
+	int unknown = !unwind_knows(s->pid);
+	if (cfg_unwind_mode == UNWIND_MODE_AUTO && unknown)
+		return UNWIND_START_UNKNOWN;
+	int wake = unknown && unwind_wake_due();
+	__u32 zero = 0;
+	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
+	if (!st)
+		return UNWIND_START_NO;
+	st->wake = wake;
+	st->pc = regs.rip;
+	st->sp = regs.rsp;
+	st->bp = regs.rbp;
+	st->frames = 0;
+	st->kframes = s->kstack_len;
+	st->depth = depth;
+	st->calls = 0;
+	st->pid = s->pid;
+	st->bp_known = 1;
+	bpf_tail_call(ctx, &unwind_progs, 0);
+	return UNWIND_START_NO;
+}
+
+#endif

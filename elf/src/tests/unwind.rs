@@ -1,0 +1,232 @@
+//! Unwind tables against `readelf --debug-dump=frames-interp` (binutils'
+//! own CFI interpreter) on binaries compiled here and on the system's libc.
+
+use super::{gcc, open, strip};
+use crate::unwind::{kind, rbp, Rule, UnwindTable};
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::Command;
+
+const DEEP: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void deep_leaf(unsigned long n) { for (unsigned long i = 0; i < n; i++) sink += i * i; }
+__attribute__((noinline)) void deep_mid(unsigned long n) { char buf[300]; snprintf(buf, sizeof buf, "%lu", n); deep_leaf(n + buf[0]); sink += buf[1]; }
+__attribute__((noinline)) void deep_top(unsigned long n) { deep_mid(n); sink++; }
+int main(int argc, char **argv) { deep_top(argc > 1 ? strtoul(argv[1], 0, 10) : 10); puts("done"); return 0; }
+"#;
+
+/// One row of readelf's interpreted CFI: address, CFA text, rbp and ra text.
+struct ReadelfRow {
+    loc: u64,
+    cfa: String,
+    rbp: String,
+    ra: String,
+}
+
+/// Rows of every FDE whose CIE is not a signal trampoline's ("S").
+fn readelf_rows(path: &Path) -> Vec<ReadelfRow> {
+    let out =
+        Command::new("readelf").arg("--debug-dump=frames-interp").arg(path).output().expect("run readelf (binutils)");
+    // readelf 2.40 exits 1 on libc.so.6 with complete output and no message.
+    assert!(!out.stdout.is_empty(), "readelf printed nothing for {}", path.display());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut signal_cies = HashSet::new();
+    let mut rows = Vec::new();
+    let mut columns: Vec<String> = Vec::new();
+    let mut skip = false;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.len() >= 5 && words[3] == "CIE" {
+            if words[4].trim_matches('"').contains('S') {
+                signal_cies.insert(words[0].to_owned());
+            }
+            skip = true; // the CIE's own rows are no addresses
+            continue;
+        }
+        if words.len() >= 5 && words[3] == "FDE" {
+            let cie = words[4].trim_start_matches("cie=");
+            skip = signal_cies.contains(cie);
+            continue;
+        }
+        if words.first() == Some(&"LOC") {
+            columns = words.iter().map(|w| w.to_string()).collect();
+            continue;
+        }
+        if skip || words.len() != columns.len() || words.len() < 2 || words[1] == "ZERO" {
+            continue;
+        }
+        let Ok(loc) = u64::from_str_radix(words[0], 16) else { continue };
+        let col = |name: &str| columns.iter().position(|c| c == name).map_or("u".to_owned(), |i| words[i].to_owned());
+        rows.push(ReadelfRow { loc, cfa: words[1].to_owned(), rbp: col("rbp"), ra: col("ra") });
+    }
+    rows
+}
+
+fn expected_matches(r: &ReadelfRow, got: Rule) -> bool {
+    if r.ra == "u" {
+        return got.kind == kind::OUTERMOST;
+    }
+    if r.ra != "c-8" {
+        return got.kind == kind::UNSUPPORTED;
+    }
+    let cfa_ok = match r.cfa.split_once('+') {
+        Some(("rsp", n)) => got.kind == kind::CFA_RSP && n.parse() == Ok(got.cfa_offset),
+        Some(("rbp", n)) => got.kind == kind::CFA_RBP && n.parse() == Ok(got.cfa_offset),
+        _ if r.cfa == "exp" => got.kind == kind::PLT || got.kind == kind::UNSUPPORTED,
+        _ => got.kind == kind::UNSUPPORTED,
+    };
+    if !cfa_ok {
+        return false;
+    }
+    if got.kind == kind::UNSUPPORTED {
+        return true;
+    }
+    match r.rbp.strip_prefix("c") {
+        _ if r.rbp == "u" || r.rbp == "s" => got.rbp == rbp::SAME,
+        Some(n) => n.parse::<i16>().ok() == Some(got.rbp_offset) && got.rbp == rbp::AT_CFA,
+        None => got.rbp == rbp::UNKNOWN,
+    }
+}
+
+/// Every readelf row agrees with the table and with its compact form; the
+/// compact form is no bigger than the CFI it came from.
+fn check_against_readelf(path: &Path) -> UnwindTable {
+    let f = open(path);
+    let (table, stats) = f.unwind_table().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let compact = table.compact().unwrap();
+    let rows = readelf_rows(path);
+    assert!(rows.len() > 10, "{}: readelf shows rows", path.display());
+    let mut plt = 0;
+    for r in &rows {
+        let got = table.rule_at(r.loc);
+        assert!(
+            expected_matches(r, got),
+            "{} at {:#x}: readelf says CFA {} rbp {} ra {}, table {got:?}",
+            path.display(),
+            r.loc,
+            r.cfa,
+            r.rbp,
+            r.ra
+        );
+        assert_eq!(compact.rule_at(r.loc), got, "compact form at {:#x}", r.loc);
+        plt += usize::from(got.kind == kind::PLT);
+    }
+    // Between rows too (every address of the first 64 KiB of rows).
+    let lo = table.rows[0].address;
+    for a in lo..lo + 0x10000 {
+        assert_eq!(compact.rule_at(a), table.rule_at(a), "compact form at {a:#x}");
+    }
+    assert!(
+        compact.bytes() as u64 <= stats.cfi_bytes,
+        "{}: {} table bytes for {} bytes of CFI",
+        path.display(),
+        compact.bytes(),
+        stats.cfi_bytes
+    );
+    assert_eq!(stats.bad_fdes, 0, "{}", path.display());
+    let _ = plt;
+    table
+}
+
+#[test]
+fn tables_agree_with_readelf_on_compiled_programs() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in [
+        ("omitfp", &["-fomit-frame-pointer", "-fasynchronous-unwind-tables"][..]),
+        ("fp", &["-fno-omit-frame-pointer", "-fasynchronous-unwind-tables"][..]),
+        ("static", &["-fomit-frame-pointer", "-fasynchronous-unwind-tables", "-static"][..]),
+    ] {
+        let bin = gcc(dir.path(), name, DEEP, args);
+        let table = check_against_readelf(&bin);
+        let f = open(&bin);
+        let (syms, _) = f.find_functions(&["deep_leaf", "deep_mid", "main", "_start"]);
+        let [leaf, mid, main, start] = [0, 1, 2, 3].map(|i| syms[i].clone().expect("symbol"));
+        // A frameless leaf: CFA = rsp + 8 at its first instruction.
+        assert_eq!(table.rule_at(leaf.address).kind, kind::CFA_RSP, "{name}");
+        assert_eq!(table.rule_at(leaf.address).cfa_offset, 8, "{name}");
+        // deep_mid's 300-byte buffer: somewhere inside, CFA is far above rsp
+        // (or rbp-based in the frame-pointer build).
+        let inside: Vec<Rule> = (mid.address..mid.address + mid.size).map(|a| table.rule_at(a)).collect();
+        if name == "fp" {
+            assert!(inside.iter().any(|r| r.kind == kind::CFA_RBP && r.cfa_offset == 16), "{name}: {inside:?}");
+            assert!(inside.iter().any(|r| r.rbp == rbp::AT_CFA && r.rbp_offset == -16), "{name}");
+        } else {
+            assert!(inside.iter().any(|r| r.kind == kind::CFA_RSP && r.cfa_offset > 300), "{name}: {inside:?}");
+        }
+        assert!(table.rule_at(main.address).kind == kind::CFA_RSP, "{name}");
+        // _start marks the outermost frame (its return address is undefined).
+        assert_eq!(table.rule_at(start.address + 1).kind, kind::OUTERMOST, "{name}");
+        // Stripping keeps .eh_frame: the same table.
+        assert_eq!(open(&strip(&bin)).unwind_table().unwrap().0, table, "{name}");
+    }
+}
+
+#[test]
+fn tables_agree_with_readelf_on_system_libraries() {
+    for p in ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/sha256sum"] {
+        let p = Path::new(p);
+        if p.exists() {
+            check_against_readelf(p);
+        }
+    }
+}
+
+#[test]
+fn plt_entries_get_the_plt_rule() {
+    // A lazy-binding PLT (-z lazy) has binutils' CFA expression.
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(dir.path(), "lazy", DEEP, &["-fasynchronous-unwind-tables", "-Wl,-z,lazy"]);
+    let (table, _) = open(&bin).unwind_table().unwrap();
+    let plt: Vec<_> = table.rows.iter().filter(|r| r.rule.kind == kind::PLT).collect();
+    assert!(!plt.is_empty(), "a PLT row");
+    for r in plt {
+        assert!(r.rule.cfa_offset == 11 || r.rule.cfa_offset == 10, "{r:?}");
+    }
+}
+
+#[test]
+fn debug_frame_is_read_when_eh_frame_is_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(
+        dir.path(),
+        "dbg",
+        DEEP,
+        &["-fomit-frame-pointer", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-g", "-static"],
+    );
+    let f = open(&bin);
+    let (syms, _) = f.find_functions(&["deep_mid"]);
+    let mid = syms[0].clone().unwrap();
+    let (table, stats) = f.unwind_table().unwrap();
+    assert!(stats.cfi_bytes > 0);
+    let inside: Vec<Rule> = (mid.address..mid.address + mid.size).map(|a| table.rule_at(a)).collect();
+    assert!(inside.iter().any(|r| r.kind == kind::CFA_RSP && r.cfa_offset > 300), "{inside:?}");
+}
+
+#[test]
+fn truncated_and_garbled_cfi_is_no_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = std::fs::read(gcc(dir.path(), "g", DEEP, &["-fasynchronous-unwind-tables"])).unwrap();
+    let f = crate::ElfFile::from_vec(bin.clone()).unwrap();
+    assert!(f.unwind_table().is_ok());
+    // Flip bytes all over the file: errors or tables, never a panic.
+    for step in [7usize, 13, 101] {
+        let mut bad = bin.clone();
+        let mut i = 0x40;
+        while i < bad.len() {
+            bad[i] ^= 0x5a;
+            i += step * 37;
+        }
+        if let Ok(f) = crate::ElfFile::from_vec(bad) {
+            if let Ok((t, _)) = f.unwind_table() {
+                let _ = t.compact();
+            }
+        }
+    }
+    for cut in [64, 1000, bin.len() / 2] {
+        if let Ok(f) = crate::ElfFile::from_vec(bin[..cut].to_vec()) {
+            let _ = f.unwind_table();
+        }
+    }
+}

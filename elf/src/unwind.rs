@@ -1,0 +1,460 @@
+//! Compact unwind tables for x86-64 from `.eh_frame` and `.debug_frame`.
+//!
+//! A sampled user stack is walked in the kernel (BPF) with these tables
+//! when the code keeps no frame pointers. The walk needs, per instruction
+//! address, only three things: how to find the canonical frame address
+//! (CFA), where the return address is, and where the caller's `rbp` is
+//! (the one callee-saved register a later CFA rule may depend on). So the
+//! DWARF CFI of every FDE is evaluated here (with `gimli`) into rows
+//! `address → Rule`, rows with the same rule as the previous one merged,
+//! and everything outside the subset real compilers emit is marked
+//! [`kind::UNSUPPORTED`] so the walk stops there instead of guessing.
+//!
+//! The subset: CFA = `rsp`/`rbp` + offset; the return address at CFA − 8
+//! (or undefined: the outermost frame, e.g. `_start`); `rbp` unchanged or
+//! saved at CFA + n; and the PLT's CFA expression
+//! (`rsp + 8 + ((rip & 15) >= k) * 8`, binutils' lazy and IBT PLTs).
+//!
+//! [`CompactTable`] is the form the BPF maps hold, after the OTel eBPF
+//! profiler's "stack delta pages": the address space is cut into 64 KiB
+//! pages; each page lists its rows as 4-byte words (low 16 bits of the
+//! address, 16-bit rule id) after a row carried over at the page start,
+//! and rules are interned (a few hundred distinct ones per binary). A
+//! lookup is one page lookup and a binary search of at most 17 steps.
+
+use crate::{ElfFile, Error};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, LittleEndian, Register, RegisterRule, UnwindContext,
+    UnwindSection, X86_64,
+};
+use object::elf::{FileHeader64, EM_X86_64, SHF_COMPRESSED};
+use object::read::elf::{FileHeader, SectionHeader};
+use object::Endianness;
+use std::collections::HashMap;
+
+/// What a row says about the CFA (and whether the walk may go on).
+pub mod kind {
+    /// The rules here are outside the supported subset: stop.
+    pub const UNSUPPORTED: u8 = 0;
+    /// CFA = rsp + cfa_offset.
+    pub const CFA_RSP: u8 = 1;
+    /// CFA = rbp + cfa_offset.
+    pub const CFA_RBP: u8 = 2;
+    /// PLT entry: CFA = rsp + 8 + ((rip & 15) >= cfa_offset ? 8 : 0).
+    pub const PLT: u8 = 3;
+    /// The return address is undefined: the outermost frame.
+    pub const OUTERMOST: u8 = 4;
+    /// No FDE covers the address (a gap between functions).
+    pub const NO_INFO: u8 = 5;
+}
+
+/// Where the caller's `rbp` is.
+pub mod rbp {
+    /// Unchanged by this frame.
+    pub const SAME: u8 = 0;
+    /// Saved at CFA + rbp_offset.
+    pub const AT_CFA: u8 = 1;
+    /// Not recoverable by the subset (a later rbp-based CFA stops).
+    pub const UNKNOWN: u8 = 2;
+}
+
+/// One unwind rule: 8 bytes, laid out as `struct unwind_rule` in the BPF C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rule {
+    pub kind: u8,
+    pub rbp: u8,
+    pub rbp_offset: i16,
+    pub cfa_offset: i32,
+}
+
+impl Rule {
+    pub const UNSUPPORTED: Rule = Rule { kind: kind::UNSUPPORTED, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
+    pub const NO_INFO: Rule = Rule { kind: kind::NO_INFO, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
+
+    /// The 8 bytes of `struct unwind_rule` (native endian).
+    pub fn to_bytes(self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[0] = self.kind;
+        b[1] = self.rbp;
+        b[2..4].copy_from_slice(&self.rbp_offset.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.cfa_offset.to_ne_bytes());
+        b
+    }
+}
+
+/// `address` starts a range (up to the next row) governed by `rule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub address: u64,
+    pub rule: Rule,
+}
+
+/// Rows sorted by address; the last row is always a [`kind::NO_INFO`]
+/// end marker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnwindTable {
+    pub rows: Vec<Row>,
+}
+
+/// What building a table saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Bytes of `.eh_frame` and `.debug_frame` read.
+    pub cfi_bytes: u64,
+    pub fdes: u64,
+    /// FDEs that failed to parse or evaluate (skipped: their range has no info).
+    pub bad_fdes: u64,
+    /// Rows whose rule is [`kind::UNSUPPORTED`].
+    pub unsupported_rows: u64,
+}
+
+/// Why no table could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum UnwindError {
+    #[error("{0}")]
+    Elf(#[from] Error),
+    #[error("unwind tables are built for x86-64 ELF64 files only")]
+    Architecture,
+    #[error("the file has no .eh_frame or .debug_frame")]
+    NoCfi,
+    #[error("more than 65535 distinct unwind rules")]
+    TooManyRules,
+}
+
+const RA: Register = X86_64::RA;
+const RSP: Register = X86_64::RSP;
+const RBP: Register = X86_64::RBP;
+
+/// The CFA expression of binutils' PLT entries, with `DW_OP_lit<k>` at
+/// [`PLT_LIT_AT`]: `rsp + 8 + ((rip & 15) >= k) << 3`.
+const PLT_EXPR: [u8; 11] = [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x00, 0x2a, 0x33, 0x24, 0x22];
+const PLT_LIT_AT: usize = 6;
+
+fn plt_threshold(expr: &[u8]) -> Option<i32> {
+    if expr.len() != PLT_EXPR.len() {
+        return None;
+    }
+    let lit = expr[PLT_LIT_AT];
+    let same = expr.iter().zip(PLT_EXPR.iter()).enumerate().all(|(i, (a, b))| i == PLT_LIT_AT || a == b);
+    (same && (0x30..=0x4f).contains(&lit)).then(|| i32::from(lit - 0x30))
+}
+
+/// One FDE's rows, before the FDEs are merged.
+struct FdeRows {
+    start: u64,
+    end: u64,
+    /// 0 for `.eh_frame`, 1 for `.debug_frame` (the first wins an overlap).
+    priority: u8,
+    rows: Vec<Row>,
+}
+
+impl ElfFile {
+    /// Builds the unwind table of an x86-64 ELF64 file from `.eh_frame`
+    /// and `.debug_frame` (uncompressed); addresses are the file's virtual
+    /// addresses.
+    pub fn unwind_table(&self) -> Result<(UnwindTable, TableStats), UnwindError> {
+        if self.class != crate::Class::Elf64 {
+            return Err(UnwindError::Architecture);
+        }
+        let data = self.bytes.get();
+        let h = FileHeader64::<Endianness>::parse(data).map_err(|_| Error::Malformed("ELF header"))?;
+        let e = h.endian().map_err(|_| Error::Malformed("byte order"))?;
+        if h.e_machine(e) != EM_X86_64 || e != Endianness::Little {
+            return Err(UnwindError::Architecture);
+        }
+        let sections = h.sections(e, data).map_err(|_| Error::Malformed("section headers"))?;
+        let section = |name: &[u8]| {
+            let (_, sh) = sections.section_by_name(e, name)?;
+            if (sh.sh_flags(e) & SHF_COMPRESSED).0 != 0 {
+                return None;
+            }
+            let bytes = sh.data(e, data).ok()?;
+            Some((sh.sh_addr(e), bytes))
+        };
+        let text = section(b".text").map_or(0, |(a, _)| a);
+        let mut stats = TableStats::default();
+        let mut fdes = Vec::new();
+        let mut any = false;
+        if let Some((addr, bytes)) = section(b".eh_frame") {
+            any = true;
+            stats.cfi_bytes += bytes.len() as u64;
+            let bases = BaseAddresses::default().set_eh_frame(addr).set_text(text);
+            let eh = EhFrame::new(bytes, LittleEndian);
+            collect(&eh, &bases, 0, &mut fdes, &mut stats);
+        }
+        if let Some((_, bytes)) = section(b".debug_frame") {
+            any = true;
+            stats.cfi_bytes += bytes.len() as u64;
+            let mut df = DebugFrame::new(bytes, LittleEndian);
+            df.set_address_size(8);
+            collect(&df, &BaseAddresses::default(), 1, &mut fdes, &mut stats);
+        }
+        if !any {
+            return Err(UnwindError::NoCfi);
+        }
+        let table = merge(fdes);
+        stats.unsupported_rows = table.rows.iter().filter(|r| r.rule.kind == kind::UNSUPPORTED).count() as u64;
+        Ok((table, stats))
+    }
+}
+
+impl ElfFile {
+    /// The address ranges of the FDEs in `.eh_frame` (where functions
+    /// start and end, for code no symbol names), sorted by start.
+    pub fn fde_ranges(&self) -> Vec<(u64, u64)> {
+        let Ok((addr, bytes, text)) = self.eh_frame() else { return Vec::new() };
+        let bases = BaseAddresses::default().set_eh_frame(addr).set_text(text);
+        let eh = EhFrame::new(bytes, LittleEndian);
+        let mut out = Vec::new();
+        let mut entries = eh.entries(&bases);
+        while let Ok(Some(entry)) = entries.next() {
+            if let CieOrFde::Fde(partial) = entry {
+                if let Ok(fde) = partial.parse(EhFrame::cie_from_offset) {
+                    out.push((fde.initial_address(), fde.end_address()));
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// `.eh_frame`'s address and bytes, and `.text`'s address.
+    fn eh_frame(&self) -> Result<(u64, &[u8], u64), UnwindError> {
+        let data = self.bytes.get();
+        let h = FileHeader64::<Endianness>::parse(data).map_err(|_| Error::Malformed("ELF header"))?;
+        let e = h.endian().map_err(|_| Error::Malformed("byte order"))?;
+        let sections = h.sections(e, data).map_err(|_| Error::Malformed("section headers"))?;
+        let text = sections.section_by_name(e, b".text").map_or(0, |(_, sh)| sh.sh_addr(e));
+        let (_, sh) = sections.section_by_name(e, b".eh_frame").ok_or(UnwindError::NoCfi)?;
+        let bytes = sh.data(e, data).map_err(|_| Error::Malformed(".eh_frame"))?;
+        Ok((sh.sh_addr(e), bytes, text))
+    }
+}
+
+fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    priority: u8,
+    out: &mut Vec<FdeRows>,
+    stats: &mut TableStats,
+) {
+    let mut ctx = UnwindContext::new();
+    let mut entries = section.entries(bases);
+    loop {
+        let entry = match entries.next() {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            // The rest of the section cannot be walked: keep what was read.
+            Err(_) => {
+                stats.bad_fdes += 1;
+                break;
+            }
+        };
+        let CieOrFde::Fde(partial) = entry else { continue };
+        stats.fdes += 1;
+        let Ok(fde) = partial.parse(S::cie_from_offset) else {
+            stats.bad_fdes += 1;
+            continue;
+        };
+        let (start, end) = (fde.initial_address(), fde.end_address());
+        if start >= end {
+            continue;
+        }
+        let signal = fde.cie().is_signal_trampoline();
+        let mut rows = Vec::new();
+        let ok = (|| -> gimli::Result<()> {
+            let mut table = fde.rows(section, bases, &mut ctx)?;
+            while let Some(row) = table.next_row()? {
+                let rule = if signal { Rule::UNSUPPORTED } else { rule_of(row, section) };
+                rows.push(Row { address: row.start_address(), rule });
+            }
+            Ok(())
+        })();
+        if ok.is_err() || rows.is_empty() {
+            stats.bad_fdes += 1;
+            continue;
+        }
+        out.push(FdeRows { start, end, priority, rows });
+    }
+}
+
+fn rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    row: &gimli::UnwindTableRow<usize>,
+    section: &S,
+) -> Rule {
+    let ra_undefined = match row.register(RA) {
+        Some(RegisterRule::Offset(-8)) => false,
+        Some(RegisterRule::Undefined) => true,
+        _ => return Rule::UNSUPPORTED,
+    };
+    let (kind, cfa_offset) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let Ok(off) = i32::try_from(*offset) else { return Rule::UNSUPPORTED };
+            match *register {
+                RSP => (kind::CFA_RSP, off),
+                RBP => (kind::CFA_RBP, off),
+                _ => return Rule::UNSUPPORTED,
+            }
+        }
+        CfaRule::Expression(expr) => match expr.get(section).ok().and_then(|x| plt_threshold(x.0.slice())) {
+            Some(k) => (kind::PLT, k),
+            None => return Rule::UNSUPPORTED,
+        },
+    };
+    let (rbp, rbp_offset) = match row.register(RBP) {
+        None | Some(RegisterRule::SameValue) => (rbp::SAME, 0),
+        Some(RegisterRule::Offset(n)) => match i16::try_from(n) {
+            Ok(n) => (rbp::AT_CFA, n),
+            Err(_) => (rbp::UNKNOWN, 0),
+        },
+        Some(_) => (rbp::UNKNOWN, 0),
+    };
+    let kind = if ra_undefined { kind::OUTERMOST } else { kind };
+    Rule { kind, rbp, rbp_offset, cfa_offset }
+}
+
+/// Sorts FDEs, drops those overlapping an earlier (or higher-priority) one,
+/// fills gaps with NO_INFO and merges equal neighbours.
+fn merge(mut fdes: Vec<FdeRows>) -> UnwindTable {
+    fdes.sort_by_key(|f| (f.start, f.priority));
+    let mut rows: Vec<Row> = Vec::new();
+    let mut covered_end = 0u64;
+    let push = |rows: &mut Vec<Row>, r: Row| {
+        if let Some(last) = rows.last_mut() {
+            if last.address == r.address {
+                *last = r;
+                // The previous row may now equal this one's predecessor.
+                if rows.len() >= 2 && rows[rows.len() - 2].rule == r.rule {
+                    rows.pop();
+                }
+                return;
+            }
+            if last.rule == r.rule {
+                return;
+            }
+        }
+        rows.push(r);
+    };
+    for f in fdes {
+        if f.start < covered_end {
+            continue;
+        }
+        if f.start > covered_end && covered_end != 0 {
+            push(&mut rows, Row { address: covered_end, rule: Rule::NO_INFO });
+        }
+        for r in &f.rows {
+            if r.address >= f.start && r.address < f.end {
+                push(&mut rows, *r);
+            }
+        }
+        covered_end = f.end;
+    }
+    if covered_end != 0 {
+        push(&mut rows, Row { address: covered_end, rule: Rule::NO_INFO });
+    }
+    UnwindTable { rows }
+}
+
+impl UnwindTable {
+    /// The rule for `address` (NO_INFO outside every FDE).
+    pub fn rule_at(&self, address: u64) -> Rule {
+        let i = self.rows.partition_point(|r| r.address <= address);
+        match i.checked_sub(1) {
+            Some(i) => self.rows[i].rule,
+            None => Rule::NO_INFO,
+        }
+    }
+
+    /// The compact, paged form the BPF maps hold.
+    pub fn compact(&self) -> Result<CompactTable, UnwindError> {
+        let mut rules: Vec<Rule> = Vec::new();
+        let mut ids: HashMap<Rule, u16> = HashMap::new();
+        let mut id_of = |r: Rule| -> Result<u16, UnwindError> {
+            if let Some(&id) = ids.get(&r) {
+                return Ok(id);
+            }
+            let id = u16::try_from(rules.len()).map_err(|_| UnwindError::TooManyRules)?;
+            rules.push(r);
+            ids.insert(r, id);
+            Ok(id)
+        };
+        let mut pages: Vec<Page> = Vec::new();
+        let mut words: Vec<u32> = Vec::new();
+        for (i, row) in self.rows.iter().enumerate() {
+            let first_page = row.address >> PAGE_SHIFT;
+            // The rule holds up to the next row: it starts its own page and
+            // is carried into each later page it covers.
+            let end = self.rows.get(i + 1).map_or(row.address + 1, |n| n.address);
+            let last_page = (end - 1) >> PAGE_SHIFT;
+            if row.rule.kind == kind::NO_INFO && pages.last().is_none_or(|p| u64::from(p.page) != first_page) {
+                // A page that starts without info needs no carried row, and
+                // pages wholly without info are left out.
+                continue;
+            }
+            let id = id_of(row.rule)?;
+            for page in first_page..=last_page {
+                let Ok(page32) = u32::try_from(page) else { break };
+                let lo = if page == first_page { (row.address & 0xffff) as u32 } else { 0 };
+                if row.rule.kind == kind::NO_INFO && page != first_page {
+                    break;
+                }
+                if pages.last().is_none_or(|p| p.page != page32) {
+                    pages.push(Page { page: page32, first: words.len() as u32, count: 0 });
+                }
+                words.push((lo << 16) | u32::from(id));
+                if let Some(p) = pages.last_mut() {
+                    p.count += 1;
+                }
+            }
+        }
+        Ok(CompactTable { rules, pages, rows: words })
+    }
+}
+
+/// log2 of the page size of [`CompactTable`].
+pub const PAGE_SHIFT: u32 = 16;
+
+/// One 64 KiB page: its rows are `rows[first .. first + count]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Page {
+    /// `address >> PAGE_SHIFT`.
+    pub page: u32,
+    pub first: u32,
+    pub count: u32,
+}
+
+/// An unwind table as the BPF maps hold it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactTable {
+    /// Distinct rules; rows refer to them by index.
+    pub rules: Vec<Rule>,
+    /// Pages with rows, ascending.
+    pub pages: Vec<Page>,
+    /// `(address & 0xffff) << 16 | rule index`, ascending within each page.
+    pub rows: Vec<u32>,
+}
+
+/// Bytes of one page entry in the BPF hash map (key and value).
+pub const PAGE_ENTRY_BYTES: usize = 16;
+
+impl CompactTable {
+    /// Bytes the table takes in the BPF maps: rows, page entries, rules.
+    pub fn bytes(&self) -> usize {
+        self.rows.len() * 4 + self.pages.len() * PAGE_ENTRY_BYTES + self.rules.len() * 8
+    }
+
+    /// The rule for `address`, as the BPF program finds it: the page, then
+    /// the last row at or below the address's low 16 bits.
+    pub fn rule_at(&self, address: u64) -> Rule {
+        let Ok(page) = u32::try_from(address >> PAGE_SHIFT) else { return Rule::NO_INFO };
+        let Ok(p) = self.pages.binary_search_by_key(&page, |p| p.page) else { return Rule::NO_INFO };
+        let p = self.pages[p];
+        let rows = &self.rows[p.first as usize..(p.first + p.count) as usize];
+        let lo = (address & 0xffff) as u32;
+        let i = rows.partition_point(|w| (w >> 16) <= lo);
+        match i.checked_sub(1) {
+            Some(i) => self.rules[(rows[i] & 0xffff) as usize],
+            None => Rule::NO_INFO,
+        }
+    }
+}

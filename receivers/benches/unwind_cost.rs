@@ -1,0 +1,186 @@
+//! What user-stack unwinding with `.eh_frame` tables costs (#19), side by
+//! side in one run (root: BPF):
+//!
+//!     cargo bench -p profcol-receivers --bench unwind_cost
+//!
+//! 1. Table building: for the system's libc, python3 and sha256sum and this
+//!    benchmark's own (Rust, large) executable: time to build the compact
+//!    table (open, parse `.eh_frame`/`.debug_frame`, evaluate, compact;
+//!    median of 5), bytes of CFI, bytes of table, table bytes per MiB of CFI.
+//! 2. In-kernel time per sample of the sampling program (the kernel's
+//!    `bpf_stats_enabled` run time of `profcol_cpu_sample`, which includes
+//!    its tail calls into `profcol_unwind`), on `examples/workloads/deep.c`
+//!    spinning 6 frames deep: `unwind.mode: frame_pointers` on a build with
+//!    frame pointers (the baseline) against `auto` (tables) on the same
+//!    build and on an `-fomit-frame-pointer` build; the three settings
+//!    interleaved over 3 rounds, medians reported.
+
+#[path = "../tests/ebpf_common/mod.rs"]
+mod ebpf_common;
+
+use ebpf_common::{start, Workload};
+use profcol_ebpf::sys;
+use profcol_elf::ElfFile;
+use profcol_receivers::ebpf::config::{UnwindConfig, UnwindMode};
+use profcol_receivers::ebpf::EbpfConfig;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+const FREQ: u64 = 499;
+const SECONDS: f64 = 2.0;
+const ROUNDS: usize = 3;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn table_builds() {
+    let own = std::env::current_exe().unwrap();
+    let files: Vec<PathBuf> = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3", "/usr/bin/sha256sum"]
+        .iter()
+        .map(PathBuf::from)
+        .chain([own])
+        .filter(|p| p.exists())
+        .map(|p| std::fs::canonicalize(p).unwrap())
+        .collect();
+    println!("## table build");
+    println!(
+        "| file | file size | CFI bytes | table bytes | table bytes per MiB of CFI | rows | build ms (median of 5) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for f in files {
+        let file = File::open(&f).unwrap();
+        let mut times = Vec::new();
+        let mut result = None;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let elf = ElfFile::open(&file).unwrap();
+            let (table, stats) = elf.unwind_table().unwrap();
+            let compact = table.compact().unwrap();
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            result = Some((stats, compact));
+        }
+        let (stats, compact) = result.unwrap();
+        let size = file.metadata().unwrap().len();
+        println!(
+            "| {} | {} | {} | {} | {:.0} | {} | {:.1} |",
+            f.file_name().unwrap().to_string_lossy(),
+            size,
+            stats.cfi_bytes,
+            compact.bytes(),
+            compact.bytes() as f64 / (stats.cfi_bytes as f64 / (1 << 20) as f64),
+            compact.rows.len(),
+            median(times)
+        );
+    }
+}
+
+fn build_deep(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep.c");
+    let out = dir.join(name);
+    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(flags)
+        .args(["-Wl,--build-id", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run cc")
+        .success();
+    assert!(ok, "compiling deep.c");
+    out
+}
+
+/// (run time ns, runs) of this process's `profcol_cpu_sample` program.
+fn sampler_stats() -> (u64, u64) {
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+        if target.to_string_lossy() != "anon_inode:bpf-prog" {
+            continue;
+        }
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<RawFd>() else { continue };
+        // SAFETY: the fd is open in this process for the duration of the call.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let Ok(info) = sys::prog_info(fd.as_fd()) else { continue };
+        let name: Vec<u8> = info.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        if name.starts_with(b"profcol_cpu_sa") {
+            return (info.run_time_ns, info.run_cnt);
+        }
+    }
+    panic!("no profcol_cpu_sample program among this process's fds");
+}
+
+/// ns per sample written, and samples, for one run of `bin` under `mode`.
+async fn kernel_ns_per_sample(bin: &Path, mode: UnwindMode) -> (f64, u64) {
+    let mut w = Workload::spawn(bin, SECONDS);
+    let pid = w.pid;
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        pids: vec![pid],
+        unwind: UnwindConfig { mode, ..Default::default() },
+        ..Default::default()
+    })
+    .await;
+    // Let the receiver load the process's tables before measuring.
+    w.go();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (t0, n0) = sampler_stats();
+    let samples0 = metric(&running.registry.render(), "profcol_receiver_ebpf_samples_total");
+    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    let (t1, n1) = sampler_stats();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, metrics) = running.stop().await;
+    let samples = metric(&metrics, "profcol_receiver_ebpf_samples_total") - samples0;
+    let _ = n1 - n0;
+    ((t1 - t0) as f64 / samples.max(1) as f64, samples)
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l.contains('{'))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    table_builds();
+    if profcol_receivers::ebpf::privileges::Privileges::current().check().is_err() {
+        println!("in-kernel cost: skipped (needs root or CAP_BPF+CAP_PERFMON)");
+        return;
+    }
+    let before = std::fs::read_to_string(STATS_SYSCTL).unwrap_or_else(|_| "0".into());
+    std::fs::write(STATS_SYSCTL, "1").expect("enable kernel.bpf_stats_enabled (root)");
+    let dir = tempfile::tempdir().unwrap();
+    let fp = build_deep(dir.path(), "deep_fp", &["-O2", "-fno-omit-frame-pointer"]);
+    let omit = build_deep(dir.path(), "deep_omit", &["-O2", "-fomit-frame-pointer"]);
+    let settings = [
+        ("frame_pointers, frame-pointer build (baseline)", UnwindMode::FramePointers, &fp),
+        ("auto (tables), frame-pointer build", UnwindMode::Auto, &fp),
+        ("auto (tables), -fomit-frame-pointer build", UnwindMode::Auto, &omit),
+    ];
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
+    let mut counts = vec![0u64; settings.len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, mode, bin)) in settings.iter().enumerate() {
+            let (v, n) = kernel_ns_per_sample(bin, *mode).await;
+            ns[i].push(v);
+            counts[i] += n;
+        }
+    }
+    let _ = std::fs::write(STATS_SYSCTL, before.trim());
+    let base = median(ns[0].clone());
+    println!("\n## in-kernel time per sample ({FREQ} Hz, {SECONDS} s CPU per run, {ROUNDS} rounds interleaved)");
+    println!("| setting | ns per sample (median) | runs | samples | × baseline |");
+    println!("|---|---|---|---|---|");
+    for (i, (label, _, _)) in settings.iter().enumerate() {
+        let m = median(ns[i].clone());
+        let runs: Vec<String> = ns[i].iter().map(|v| format!("{v:.0}")).collect();
+        println!("| {label} | {m:.0} | {} | {} | {:.2} |", runs.join(", "), counts[i], m / base);
+    }
+}

@@ -1,0 +1,451 @@
+//! User-stack unwinding with `.eh_frame` tables (`unwind:` config): the
+//! receiver's half of `ebpf/bpf/unwind.h`.
+//!
+//! When a process is first sampled (and again when its mappings change),
+//! every file-backed executable mapping gets its file's unwind table
+//! (built once per build id by `profcol_elf::unwind`, shared by every
+//! process, kept by [`store::TableStore`] within `max_table_bytes`), and
+//! the process's address ranges go into the LPM trie `unwind_mappings`:
+//! (pid, address prefix) → (table, bias), plus one pid-wide entry without a
+//! table, so the BPF program knows the process and walks mappings without
+//! a table (vdso, JIT code, files without `.eh_frame`) by frame pointers.
+//! A process's samples before that (its first ones) take the kernel's
+//! frame-pointer walk, reported as `no_table`.
+
+pub mod kernel;
+pub mod store;
+
+use super::process::MappingSet;
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use profcol_ebpf::unwind::prefixes;
+use profcol_ebpf::UnwindEnd;
+use profcol_elf::unwind::CompactTable;
+use profcol_elf::{ElfFile, LoadSegment};
+use rustc_hash::FxHashMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Instant;
+use store::{LoadRefused, Sink, TableKey, TableStore};
+
+/// Files remembered (segments, or "no table"); cleared when full.
+const MAX_FILES: usize = 4096;
+
+/// What the BPF maps are asked to hold, besides tables.
+pub trait MappingSink: Sink {
+    /// (pid, the `bits` high bits of `addr`) → (table, bias); `bits` 0 is
+    /// the whole process.
+    fn set_mapping(&mut self, pid: u32, addr: u64, bits: u32, table: u32, bias: u64) -> Result<(), String>;
+    fn remove_mapping(&mut self, pid: u32, addr: u64, bits: u32);
+}
+
+/// Self-telemetry of unwinding (`profcol_receiver_ebpf_unwind_*`).
+#[derive(Clone)]
+pub struct UnwindCounters {
+    /// Per reason (indexed by `UnwindEnd as usize`), `unknown` unused.
+    pub stack_end: Vec<Counter>,
+    pub table_builds: Counter,
+    pub table_build_failures: Counter,
+    pub table_build_micros: Counter,
+    pub table_evictions: Counter,
+    pub tables_loaded: Gauge,
+    pub table_bytes: Gauge,
+}
+
+impl UnwindCounters {
+    pub fn new(t: &ComponentTelemetry) -> Self {
+        UnwindCounters {
+            stack_end: UnwindEnd::ALL
+                .iter()
+                .map(|e| {
+                    t.counter_labeled(
+                        "ebpf_unwind_stack_end_total",
+                        "User stacks by how they ended (outermost frame, no table, unsupported rule, depth limit, \
+                         read error); frame-pointer-only stacks (mode frame_pointers) are not counted",
+                        ("reason", e.name()),
+                    )
+                })
+                .collect(),
+            table_builds: t
+                .counter("ebpf_unwind_table_builds_total", "Unwind tables built from .eh_frame/.debug_frame"),
+            table_build_failures: t.counter(
+                "ebpf_unwind_table_build_failures_total",
+                "Files whose unwind table could not be built or loaded (no CFI, not x86-64, over max_table_bytes, \
+                 map update failed); their code is walked by frame pointers in mode auto",
+            ),
+            table_build_micros: t
+                .counter("ebpf_unwind_table_build_microseconds_total", "Time spent building and loading unwind tables"),
+            table_evictions: t.counter(
+                "ebpf_unwind_table_evictions_total",
+                "Unwind tables evicted to stay within unwind.max_table_bytes (least recently used first)",
+            ),
+            tables_loaded: t.gauge("ebpf_unwind_tables_loaded", "Unwind tables loaded into the kernel"),
+            table_bytes: t.gauge(
+                "ebpf_unwind_table_bytes",
+                "Bytes of unwind tables loaded into the kernel (rows and page entries; at most max_table_bytes)",
+            ),
+        }
+    }
+
+    /// Counts one sample's stack end.
+    pub fn count_end(&self, end: UnwindEnd) {
+        if end != UnwindEnd::Unknown {
+            if let Some(c) = self.stack_end.get(end as usize) {
+                c.inc();
+            }
+        }
+    }
+}
+
+/// A file as far as unwinding is concerned.
+enum FileState {
+    /// Its table is being built by the worker.
+    Pending,
+    /// Its segments (for the bias of each mapping); the table is in the
+    /// store while it is loaded.
+    Table(Arc<[LoadSegment]>),
+    /// No usable table (no CFI, or refused): frame pointers.
+    NoTable,
+}
+
+/// One address-range entry of a process in the LPM trie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Installed {
+    addr: u64,
+    bits: u32,
+    table: u32,
+}
+
+struct PidEntry {
+    generation: u32,
+    installed: Vec<Installed>,
+    /// Installed (pid-wide entry written); false while tables it needs
+    /// are being built.
+    complete: bool,
+    /// [`Unwinder::epoch`] at the last attempt: an incomplete process is
+    /// tried again only once a build has finished since.
+    epoch: u64,
+}
+
+/// What the worker built for a file.
+struct Built {
+    key: TableKey,
+    result: Result<(CompactTable, Arc<[LoadSegment]>), String>,
+    micros: u64,
+}
+
+/// Builds waiting for the worker at most (more are asked for again later).
+const MAX_QUEUED_BUILDS: usize = 64;
+
+/// Per-process tables in the kernel. Tables are built on a worker thread
+/// (`profcol-unwind`), so a large binary never holds up the sampling loop;
+/// the loop loads finished tables ([`Unwinder::poll`]) and installs a
+/// process once every table it needs is in.
+pub struct Unwinder {
+    store: TableStore,
+    files: FxHashMap<TableKey, FileState>,
+    pids: FxHashMap<u32, PidEntry>,
+    counters: UnwindCounters,
+    last_evictions: u64,
+    jobs: SyncSender<(TableKey, File)>,
+    built: Receiver<Built>,
+    /// Finished builds so far.
+    epoch: u64,
+}
+
+impl Unwinder {
+    pub fn new(store: TableStore, counters: UnwindCounters) -> std::io::Result<Self> {
+        let (jobs, job_rx) = sync_channel::<(TableKey, File)>(MAX_QUEUED_BUILDS);
+        let (built_tx, built) = channel();
+        // Not joined: dropping the sender ends it after the build at hand.
+        std::thread::Builder::new().name("profcol-unwind".into()).spawn(move || {
+            while let Ok((key, file)) = job_rx.recv() {
+                let started = Instant::now();
+                let result = build(&file);
+                let micros = started.elapsed().as_micros() as u64;
+                if built_tx.send(Built { key, result, micros }).is_err() {
+                    break;
+                }
+            }
+        })?;
+        Ok(Unwinder {
+            store,
+            files: FxHashMap::default(),
+            pids: FxHashMap::default(),
+            counters,
+            last_evictions: 0,
+            jobs,
+            built,
+            epoch: 0,
+        })
+    }
+
+    pub fn counters(&self) -> &UnwindCounters {
+        &self.counters
+    }
+
+    /// Loads the tables the worker finished into the kernel.
+    pub fn poll(&mut self, sink: &mut dyn MappingSink, now: Instant) {
+        while let Ok(b) = self.built.try_recv() {
+            self.epoch += 1;
+            self.counters.table_build_micros.add(b.micros);
+            let loaded = b.result.and_then(|(compact, segments)| {
+                let (_, evicted) = self.store.load(b.key.clone(), &compact, sink, now).map_err(|e| match e {
+                    LoadRefused::TooLarge => {
+                        format!("{} bytes of table do not fit unwind.max_table_bytes", compact.bytes())
+                    }
+                    LoadRefused::RulesFull => "the rule dictionary is full".to_owned(),
+                    LoadRefused::Map(m) => m,
+                })?;
+                for (id, pids) in evicted {
+                    self.unpoint(id, &pids, sink);
+                }
+                Ok(segments)
+            });
+            let state = match loaded {
+                Ok(segments) => {
+                    self.counters.table_builds.inc();
+                    FileState::Table(segments)
+                }
+                Err(e) => {
+                    self.counters.table_build_failures.inc();
+                    tracing::debug!(key = ?b.key, error = %e, "ebpf receiver: no unwind table (frame pointers there)");
+                    FileState::NoTable
+                }
+            };
+            self.remember(b.key, state);
+        }
+        self.publish();
+    }
+
+    /// Makes the kernel's view of `pid` match `mappings`: nothing to do
+    /// when this generation is installed already, or still waits for a
+    /// build that has not finished.
+    pub fn sync(&mut self, pid: u32, mappings: &MappingSet, sink: &mut dyn MappingSink, now: Instant) {
+        if let Some(p) = self.pids.get(&pid) {
+            if p.generation == mappings.generation && (p.complete || p.epoch == self.epoch) {
+                return;
+            }
+        }
+        self.forget(pid, sink, now);
+        // Every table first; the process is installed only when all are in.
+        let mut plan = Vec::new();
+        let mut ready = true;
+        for m in &mappings.mappings {
+            if !m.path.starts_with('/') {
+                continue;
+            }
+            match self.table_for(pid, m) {
+                Lookup::Ready(id, bias) => plan.push((m, id, bias)),
+                Lookup::None => {}
+                Lookup::Waiting => ready = false,
+            }
+        }
+        let mut entry =
+            PidEntry { generation: mappings.generation, installed: Vec::new(), complete: false, epoch: self.epoch };
+        if ready {
+            for (m, id, bias) in plan {
+                for (addr, bits) in prefixes(m.start, m.end) {
+                    if sink.set_mapping(pid, addr, bits, id, bias).is_ok() {
+                        entry.installed.push(Installed { addr, bits, table: id });
+                    }
+                }
+                self.store.hold(id, pid, now);
+            }
+            // The pid-wide entry last: until it is in, the BPF program does
+            // not know the process (the kernel's frame-pointer walk for all
+            // of it) rather than half-walk it. With it, what has no table is
+            // walked by frame pointers.
+            if sink.set_mapping(pid, 0, 0, 0, 0).is_ok() {
+                entry.installed.push(Installed { addr: 0, bits: 0, table: 0 });
+            }
+            entry.complete = true;
+        }
+        self.pids.insert(pid, entry);
+    }
+
+    /// Removes `pid` from the kernel's maps and releases its tables.
+    pub fn forget(&mut self, pid: u32, sink: &mut dyn MappingSink, now: Instant) {
+        let Some(p) = self.pids.remove(&pid) else { return };
+        for i in &p.installed {
+            sink.remove_mapping(pid, i.addr, i.bits);
+            if i.table != 0 {
+                self.store.release(i.table, pid, now);
+            }
+        }
+    }
+
+    /// Once per interval: forget pids `alive` says are gone, drop tables
+    /// nobody maps any more.
+    pub fn sweep(&mut self, alive: impl Fn(u32) -> bool, sink: &mut dyn MappingSink, now: Instant) {
+        let gone: Vec<u32> = self.pids.keys().copied().filter(|&p| !alive(p)).collect();
+        for pid in gone {
+            self.forget(pid, sink, now);
+        }
+        self.store.drop_unused(now, sink);
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        self.counters.tables_loaded.set(self.store.len() as i64);
+        self.counters.table_bytes.set(self.store.bytes() as i64);
+        self.counters.table_evictions.add(self.store.evictions - self.last_evictions);
+        self.last_evictions = self.store.evictions;
+    }
+
+    /// The loaded table and bias of mapping `m` of `pid`; a file seen for
+    /// the first time (or evicted since) goes to the worker.
+    fn table_for(&mut self, pid: u32, m: &super::process::Mapping) -> Lookup {
+        let open = || {
+            File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+                .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
+                .ok()
+        };
+        let mut file = None;
+        let key = match &m.build_id {
+            Some(b) => TableKey::BuildId(b.clone()),
+            None => {
+                let Some(f) = open() else { return Lookup::None };
+                let Ok(md) = f.metadata() else { return Lookup::None };
+                file = Some(f);
+                TableKey::File { dev: md.dev(), inode: md.ino(), size: md.size(), mtime: (md.mtime(), md.mtime_nsec()) }
+            }
+        };
+        match (self.files.get(&key), self.store.id(&key)) {
+            (Some(FileState::NoTable), _) => return Lookup::None,
+            (Some(FileState::Pending), _) => return Lookup::Waiting,
+            (Some(FileState::Table(segs)), Some(id)) => {
+                return match bias(segs, m.file_offset, m.start) {
+                    Some(b) => Lookup::Ready(id, b),
+                    None => Lookup::None,
+                };
+            }
+            // Never seen, or evicted since: build it.
+            _ => {}
+        }
+        let Some(file) = file.or_else(open) else { return Lookup::None };
+        match self.jobs.try_send((key.clone(), file)) {
+            Ok(()) => {
+                self.remember(key, FileState::Pending);
+                Lookup::Waiting
+            }
+            // The queue is full: asked again at a later sample.
+            Err(TrySendError::Full(_)) => {
+                self.epoch = self.epoch.wrapping_add(1);
+                Lookup::Waiting
+            }
+            Err(TrySendError::Disconnected(_)) => Lookup::None,
+        }
+    }
+
+    fn remember(&mut self, key: TableKey, state: FileState) {
+        if self.files.len() >= MAX_FILES && !self.files.contains_key(&key) {
+            // Pending entries stay: their builds are on their way.
+            self.files.retain(|_, s| matches!(s, FileState::Pending));
+        }
+        self.files.insert(key, state);
+    }
+
+    /// Table `id` was evicted: the ranges of `pids` that used it now have
+    /// no table.
+    fn unpoint(&mut self, id: u32, pids: &[u32], sink: &mut dyn MappingSink) {
+        for pid in pids {
+            let Some(p) = self.pids.get_mut(pid) else { continue };
+            p.installed.retain(|i| {
+                if i.table == id {
+                    sink.remove_mapping(*pid, i.addr, i.bits);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+    }
+}
+
+/// What [`Unwinder::table_for`] found for a mapping.
+enum Lookup {
+    /// Table id and bias.
+    Ready(u32, u64),
+    /// No table for this mapping (walked by frame pointers in `auto`).
+    None,
+    /// Its table is being built.
+    Waiting,
+}
+
+/// The compact table and segments of `file` (on the worker thread).
+fn build(file: &File) -> Result<(CompactTable, Arc<[LoadSegment]>), String> {
+    let elf = ElfFile::open(file).map_err(|e| e.to_string())?;
+    let (table, _) = elf.unwind_table().map_err(|e| e.to_string())?;
+    let compact = table.compact().map_err(|e| e.to_string())?;
+    Ok((compact, elf.load_segments().into()))
+}
+
+/// Process address minus file virtual address for a mapping of file
+/// offset `offset` at `start`.
+fn bias(segments: &[LoadSegment], offset: u64, start: u64) -> Option<u64> {
+    let page = super::config::page_size();
+    let seg = segments.iter().filter(|s| s.vaddr_of(offset, page).is_some()).max_by_key(|s| s.executable)?;
+    Some(start.wrapping_sub(seg.vaddr_of(offset, page)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::store::tests::MemSink;
+    use super::*;
+    use crate::ebpf::process::ProcessTable;
+    use profcol_api::component::{ComponentId, Kind};
+    use profcol_elf::unwind::kind;
+
+    #[inline(never)]
+    fn marker() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    /// This test process, unwound the way the BPF program would: its
+    /// tables come from the worker, the process is installed once all are
+    /// in with the pid-wide entry written last, and forgetting it removes
+    /// every entry.
+    #[test]
+    fn a_process_is_installed_once_its_tables_are_in() {
+        let now = Instant::now();
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(4);
+        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+        let id: ComponentId = "ebpf".parse().unwrap();
+        let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
+        let store = TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384);
+        let mut u = Unwinder::new(store, counters).unwrap();
+        let mut sink = MemSink::default();
+        u.sync(me, &set, &mut sink, now);
+        assert!(sink.mappings.is_empty(), "nothing is written before the tables are built");
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        while !u.pids.get(&me).is_some_and(|p| p.complete) {
+            assert!(Instant::now() < deadline, "tables built within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            u.poll(&mut sink, now);
+            u.sync(me, &set, &mut sink, now);
+        }
+        assert!(u.counters().table_builds.get() >= 2, "the test binary and libc");
+        assert_eq!(sink.mapping_writes.last(), Some(&(me, 0, 0)), "the pid-wide entry is written last");
+        // The entry holding `marker` names a table whose rule at the
+        // function's first instruction is CFA = rsp + 8.
+        let addr = marker as *const () as usize as u64;
+        let (&(_, _, bits), &(table, bias)) = sink
+            .mappings
+            .iter()
+            .filter(|(&(pid, a, bits), _)| pid == me && bits > 0 && (addr ^ a) >> (64 - bits) == 0)
+            .max_by_key(|(k, _)| k.2)
+            .expect("an entry holds the test's code");
+        assert!(bits > 0 && table != 0);
+        let rule = sink.rule_at(table, addr - bias).expect("a rule");
+        assert_eq!((rule.kind, rule.cfa_offset), (kind::CFA_RSP, 8), "{rule:?}");
+        // Installed: the same generation costs nothing more.
+        let writes = sink.mapping_writes.len();
+        u.sync(me, &set, &mut sink, now);
+        assert_eq!(sink.mapping_writes.len(), writes);
+        u.forget(me, &mut sink, now);
+        assert!(sink.mappings.is_empty());
+    }
+}

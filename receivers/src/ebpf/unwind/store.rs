@@ -1,0 +1,449 @@
+//! Unwind tables loaded into the kernel's maps, shared by every process that
+//! maps the same file (by build id), within `unwind.max_table_bytes`.
+//!
+//! A table takes a contiguous run of the row array (two rows per 8-byte
+//! element, first-fit from a free list), one hash entry per page, and ids in
+//! the global rule dictionary (append-only, bounded by the rule map). When a
+//! new table does not fit, tables no process maps go first, least recently
+//! used first; then tables in use, least recently used first (their
+//! processes fall back to frame pointers for that file). Tables no process
+//! has mapped for [`UNUSED_GRACE`] are dropped.
+//!
+//! The kernel side is behind [`Sink`], so the bookkeeping is tested without
+//! BPF maps.
+
+use profcol_elf::unwind::{CompactTable, Rule, PAGE_ENTRY_BYTES};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a table nobody maps stays loaded (a binary run again soon, as
+/// in a shell loop, keeps its table).
+pub const UNUSED_GRACE: Duration = Duration::from_secs(30);
+
+/// Where the tables go (the BPF maps, or a fake in tests).
+pub trait Sink {
+    /// Writes row-array elements `at ..` (each two rows, low half first).
+    fn write_rows(&mut self, at: u32, elems: &[u64]) -> Result<(), String>;
+    fn set_page(&mut self, table: u32, page: u32, first: u32, count: u32) -> Result<(), String>;
+    fn remove_page(&mut self, table: u32, page: u32);
+    fn set_rule(&mut self, id: u32, rule: Rule) -> Result<(), String>;
+}
+
+/// What identifies a table: the GNU build id, else the file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TableKey {
+    BuildId(Arc<str>),
+    File { dev: u64, inode: u64, size: u64, mtime: (i64, i64) },
+}
+
+/// Why a table was not loaded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LoadRefused {
+    /// Larger than `max_table_bytes` on its own.
+    TooLarge,
+    /// The rule dictionary is full.
+    RulesFull,
+    /// The kernel refused a map update.
+    Map(String),
+}
+
+/// A table evicted while in use: its id and the pids that mapped it.
+pub type Evicted = (u32, Vec<u32>);
+
+struct Entry {
+    id: u32,
+    /// First row-array element and element count.
+    at: u32,
+    elems: u32,
+    pages: Vec<u32>,
+    bytes: u64,
+    users: FxHashSet<u32>,
+    last_used: Instant,
+}
+
+/// Loaded tables and their space.
+pub struct TableStore {
+    entries: FxHashMap<TableKey, Entry>,
+    ids: FxHashMap<u32, TableKey>,
+    next_id: u32,
+    /// Free runs `(at, elems)` of the row array, sorted by `at`.
+    free: Vec<(u32, u32)>,
+    page_capacity: usize,
+    pages_used: usize,
+    max_bytes: u64,
+    bytes: u64,
+    rules: FxHashMap<Rule, u32>,
+    rule_capacity: u32,
+    /// Tables evicted to make room (in use or not).
+    pub evictions: u64,
+}
+
+impl TableStore {
+    /// `row_elems`: elements of the row array; `page_capacity`: entries of
+    /// the page map; `rule_capacity`: entries of the rule map.
+    pub fn new(max_bytes: u64, row_elems: u32, page_capacity: usize, rule_capacity: u32) -> Self {
+        TableStore {
+            entries: FxHashMap::default(),
+            ids: FxHashMap::default(),
+            next_id: 1,
+            free: if row_elems > 0 { vec![(0, row_elems)] } else { Vec::new() },
+            page_capacity,
+            pages_used: 0,
+            max_bytes,
+            bytes: 0,
+            rules: FxHashMap::default(),
+            rule_capacity,
+            evictions: 0,
+        }
+    }
+
+    /// Bytes of the loaded tables (rows and page entries).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The loaded table's id for `key`.
+    pub fn id(&self, key: &TableKey) -> Option<u32> {
+        self.entries.get(key).map(|e| e.id)
+    }
+
+    /// `pid` maps the table `id` now.
+    pub fn hold(&mut self, id: u32, pid: u32, now: Instant) {
+        if let Some(e) = self.ids.get(&id).and_then(|k| self.entries.get_mut(k)) {
+            e.users.insert(pid);
+            e.last_used = now;
+        }
+    }
+
+    /// `pid` no longer maps table `id`.
+    pub fn release(&mut self, id: u32, pid: u32, now: Instant) {
+        if let Some(e) = self.ids.get(&id).and_then(|k| self.entries.get_mut(k)) {
+            if e.users.remove(&pid) && e.users.is_empty() {
+                e.last_used = now;
+            }
+        }
+    }
+
+    /// Marks the tables `ids` as used at `now` (for LRU).
+    pub fn touch(&mut self, id: u32, now: Instant) {
+        if let Some(e) = self.ids.get(&id).and_then(|k| self.entries.get_mut(k)) {
+            e.last_used = now;
+        }
+    }
+
+    /// Loads `table` under `key`, evicting as needed. Returns the new id and
+    /// the tables evicted while in use, with the pids that mapped them (the
+    /// caller points those mappings at no table).
+    pub fn load(
+        &mut self,
+        key: TableKey,
+        table: &CompactTable,
+        sink: &mut dyn Sink,
+        now: Instant,
+    ) -> Result<(u32, Vec<Evicted>), LoadRefused> {
+        let rows = table.rows.len() as u64;
+        let elems = rows.div_ceil(2).max(1);
+        let bytes = elems * 8 + (table.pages.len() * PAGE_ENTRY_BYTES) as u64;
+        if bytes > self.max_bytes || table.pages.len() > self.page_capacity {
+            return Err(LoadRefused::TooLarge);
+        }
+        let elems = elems as u32;
+        // Rule ids first: a full dictionary refuses before anything moves.
+        let new_rules: FxHashSet<Rule> = table.rules.iter().copied().filter(|r| !self.rules.contains_key(r)).collect();
+        if self.rules.len() + new_rules.len() > self.rule_capacity as usize {
+            return Err(LoadRefused::RulesFull);
+        }
+        let mut evicted_in_use = Vec::new();
+        let at = loop {
+            let fits_bytes = self.bytes + bytes <= self.max_bytes;
+            let fits_pages = self.pages_used + table.pages.len() <= self.page_capacity;
+            if fits_bytes && fits_pages {
+                if let Some(at) = self.allocate(elems) {
+                    break at;
+                }
+            }
+            match self.victim() {
+                Some(victim) => {
+                    let (id, users) = self.evict(&victim, sink);
+                    self.evictions += 1;
+                    if !users.is_empty() {
+                        evicted_in_use.push((id, users));
+                    }
+                }
+                None => return Err(LoadRefused::TooLarge),
+            }
+        };
+        let id = self.next_id;
+        self.next_id = self.next_id.checked_add(1).unwrap_or(1).max(1);
+        match self.write(id, at, table, sink) {
+            Ok(()) => {}
+            Err(e) => {
+                for p in &table.pages {
+                    sink.remove_page(id, p.page);
+                }
+                self.free_run(at, elems);
+                return Err(LoadRefused::Map(e));
+            }
+        }
+        self.bytes += bytes;
+        self.pages_used += table.pages.len();
+        self.ids.insert(id, key.clone());
+        self.entries.insert(
+            key,
+            Entry {
+                id,
+                at,
+                elems,
+                pages: table.pages.iter().map(|p| p.page).collect(),
+                bytes,
+                users: FxHashSet::default(),
+                last_used: now,
+            },
+        );
+        Ok((id, evicted_in_use))
+    }
+
+    fn write(&mut self, id: u32, at: u32, table: &CompactTable, sink: &mut dyn Sink) -> Result<(), String> {
+        let mut global = Vec::with_capacity(table.rules.len());
+        for r in &table.rules {
+            let next = self.rules.len() as u32;
+            let g = match self.rules.get(r) {
+                Some(&g) => g,
+                None => {
+                    sink.set_rule(next, *r)?;
+                    self.rules.insert(*r, next);
+                    next
+                }
+            };
+            global.push(g);
+        }
+        let mut elems = Vec::with_capacity(table.rows.len().div_ceil(2));
+        for pair in table.rows.chunks(2) {
+            let remap = |w: u32| (w & 0xffff_0000) | global[(w & 0xffff) as usize];
+            let lo = u64::from(remap(pair[0]));
+            let hi = pair.get(1).map_or(0, |&w| u64::from(remap(w)));
+            elems.push(lo | (hi << 32));
+        }
+        sink.write_rows(at, &elems)?;
+        for p in &table.pages {
+            sink.set_page(id, p.page, at * 2 + p.first, p.count)?;
+        }
+        Ok(())
+    }
+
+    /// Least recently used table without users, else least recently used.
+    fn victim(&self) -> Option<TableKey> {
+        self.entries.iter().min_by_key(|(_, e)| (!e.users.is_empty(), e.last_used)).map(|(k, _)| k.clone())
+    }
+
+    fn evict(&mut self, key: &TableKey, sink: &mut dyn Sink) -> (u32, Vec<u32>) {
+        let Some(e) = self.entries.remove(key) else { return (0, Vec::new()) };
+        for &p in &e.pages {
+            sink.remove_page(e.id, p);
+        }
+        self.ids.remove(&e.id);
+        self.free_run(e.at, e.elems);
+        self.bytes -= e.bytes;
+        self.pages_used -= e.pages.len();
+        (e.id, e.users.into_iter().collect())
+    }
+
+    /// Drops tables nobody has mapped for [`UNUSED_GRACE`]; returns how many.
+    pub fn drop_unused(&mut self, now: Instant, sink: &mut dyn Sink) -> usize {
+        let old: Vec<TableKey> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.users.is_empty() && now.duration_since(e.last_used) >= UNUSED_GRACE)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &old {
+            self.evict(k, sink);
+        }
+        old.len()
+    }
+
+    fn allocate(&mut self, elems: u32) -> Option<u32> {
+        let i = self.free.iter().position(|&(_, len)| len >= elems)?;
+        let (at, len) = self.free[i];
+        if len == elems {
+            self.free.remove(i);
+        } else {
+            self.free[i] = (at + elems, len - elems);
+        }
+        Some(at)
+    }
+
+    fn free_run(&mut self, at: u32, elems: u32) {
+        let i = self.free.partition_point(|&(a, _)| a < at);
+        self.free.insert(i, (at, elems));
+        // Coalesce with the neighbours.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use profcol_elf::unwind::{kind, rbp, Page};
+
+    /// The maps as plain memory.
+    #[derive(Default)]
+    pub(crate) struct MemSink {
+        pub rows: FxHashMap<u32, u64>,
+        pub pages: FxHashMap<(u32, u32), (u32, u32)>,
+        pub rules: FxHashMap<u32, Rule>,
+        /// (pid, addr, bits) → (table, bias), and the order of the writes.
+        pub mappings: FxHashMap<(u32, u64, u32), (u32, u64)>,
+        pub mapping_writes: Vec<(u32, u64, u32)>,
+    }
+
+    impl crate::ebpf::unwind::MappingSink for MemSink {
+        fn set_mapping(&mut self, pid: u32, addr: u64, bits: u32, table: u32, bias: u64) -> Result<(), String> {
+            self.mappings.insert((pid, addr, bits), (table, bias));
+            self.mapping_writes.push((pid, addr, bits));
+            Ok(())
+        }
+        fn remove_mapping(&mut self, pid: u32, addr: u64, bits: u32) {
+            self.mappings.remove(&(pid, addr, bits));
+        }
+    }
+
+    impl Sink for MemSink {
+        fn write_rows(&mut self, at: u32, elems: &[u64]) -> Result<(), String> {
+            for (i, &e) in elems.iter().enumerate() {
+                self.rows.insert(at + i as u32, e);
+            }
+            Ok(())
+        }
+        fn set_page(&mut self, table: u32, page: u32, first: u32, count: u32) -> Result<(), String> {
+            self.pages.insert((table, page), (first, count));
+            Ok(())
+        }
+        fn remove_page(&mut self, table: u32, page: u32) {
+            self.pages.remove(&(table, page));
+        }
+        fn set_rule(&mut self, id: u32, rule: Rule) -> Result<(), String> {
+            self.rules.insert(id, rule);
+            Ok(())
+        }
+    }
+
+    impl MemSink {
+        /// The rule the BPF program would find for `vaddr` in table `id`.
+        pub(crate) fn rule_at(&self, id: u32, vaddr: u64) -> Option<Rule> {
+            let &(first, count) = self.pages.get(&(id, (vaddr >> 16) as u32))?;
+            let row = |i: u32| {
+                let e = self.rows[&(i / 2)];
+                if i % 2 == 1 {
+                    (e >> 32) as u32
+                } else {
+                    e as u32
+                }
+            };
+            let lo = (vaddr & 0xffff) as u32;
+            let last = (first..first + count).rev().find(|&i| row(i) >> 16 <= lo)?;
+            Some(self.rules[&(row(last) & 0xffff)])
+        }
+    }
+
+    fn rule(off: i32) -> Rule {
+        Rule { kind: kind::CFA_RSP, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: off }
+    }
+
+    /// A table of `rows` rows in page 1, rule offsets `base + i`.
+    fn table(rows: u32, base: i32) -> CompactTable {
+        CompactTable {
+            rules: (0..rows).map(|i| rule(base + i as i32)).collect(),
+            pages: vec![Page { page: 1, first: 0, count: rows }],
+            rows: (0..rows).map(|i| (i * 16) << 16 | i).collect(),
+        }
+    }
+
+    fn key(n: u8) -> TableKey {
+        TableKey::BuildId(Arc::from(format!("{n:02x}")))
+    }
+
+    #[test]
+    fn loads_remap_rules_and_read_back() {
+        let now = Instant::now();
+        let mut sink = MemSink::default();
+        let mut s = TableStore::new(1 << 20, 1 << 17, 1024, 64);
+        let (a, _) = s.load(key(1), &table(5, 8), &mut sink, now).unwrap();
+        let (b, _) = s.load(key(2), &table(3, 10), &mut sink, now).unwrap();
+        assert_ne!(a, b);
+        // Table b shares rules 10 and 11 with a (ids 2, 3) and adds none.
+        assert_eq!(sink.rules.len(), 5);
+        for i in 0..5u64 {
+            assert_eq!(sink.rule_at(a, 0x10000 + i * 16 + 3), Some(rule(8 + i as i32)));
+        }
+        for i in 0..3u64 {
+            assert_eq!(sink.rule_at(b, 0x10000 + i * 16), Some(rule(10 + i as i32)));
+        }
+        assert_eq!(s.bytes(), (3 * 8 + 16) + (2 * 8 + 16));
+    }
+
+    #[test]
+    fn evicts_unused_first_then_least_recently_used() {
+        let t0 = Instant::now();
+        let mut sink = MemSink::default();
+        // Room for two tables of 100 rows (50 elements + one page each).
+        let mut s = TableStore::new(2 * (50 * 8 + 16), 1000, 1024, 1000);
+        let (a, _) = s.load(key(1), &table(100, 0), &mut sink, t0).unwrap();
+        let (b, _) = s.load(key(2), &table(100, 0), &mut sink, t0 + Duration::from_secs(1)).unwrap();
+        s.hold(a, 10, t0 + Duration::from_secs(2));
+        // b is unused: it goes although a is older.
+        let (c, evicted) = s.load(key(3), &table(100, 0), &mut sink, t0 + Duration::from_secs(3)).unwrap();
+        assert!(evicted.is_empty());
+        assert_eq!(s.id(&key(2)), None);
+        assert!(!sink.pages.contains_key(&(b, 1)));
+        s.hold(c, 11, t0 + Duration::from_secs(4));
+        // Both in use: a (least recently used) goes, and its pid is told.
+        let (_, evicted) = s.load(key(4), &table(100, 0), &mut sink, t0 + Duration::from_secs(5)).unwrap();
+        assert_eq!(evicted, vec![(a, vec![10])]);
+        assert_eq!(s.id(&key(1)), None);
+        assert_eq!(s.evictions, 2);
+        // Too large on its own.
+        assert_eq!(s.load(key(5), &table(300, 0), &mut sink, t0).unwrap_err(), LoadRefused::TooLarge);
+        assert!(s.bytes() <= 2 * (50 * 8 + 16));
+    }
+
+    #[test]
+    fn unused_tables_drop_after_the_grace_and_space_coalesces() {
+        let t0 = Instant::now();
+        let mut sink = MemSink::default();
+        let mut s = TableStore::new(1 << 20, 300, 1024, 1000);
+        let (a, _) = s.load(key(1), &table(200, 0), &mut sink, t0).unwrap();
+        let (b, _) = s.load(key(2), &table(200, 0), &mut sink, t0).unwrap();
+        let (c, _) = s.load(key(3), &table(200, 0), &mut sink, t0).unwrap();
+        s.hold(a, 1, t0);
+        s.hold(b, 2, t0);
+        s.hold(c, 3, t0);
+        s.release(a, 1, t0);
+        s.release(b, 2, t0);
+        assert_eq!(s.drop_unused(t0 + UNUSED_GRACE / 2, &mut sink), 0);
+        assert_eq!(s.drop_unused(t0 + UNUSED_GRACE, &mut sink), 2);
+        assert_eq!(s.len(), 1);
+        // a and b were adjacent: 200 elements in one run fit again.
+        s.load(key(4), &table(400, 0), &mut sink, t0).unwrap();
+        assert!(s.rules.len() <= 1000);
+        // The rule dictionary is bounded.
+        let mut small = TableStore::new(1 << 20, 1000, 1024, 4);
+        assert_eq!(small.load(key(9), &table(5, 0), &mut sink, t0).unwrap_err(), LoadRefused::RulesFull);
+    }
+}
