@@ -34,7 +34,7 @@ fn proc_kallsyms_parses_and_vfs_read_resolves() {
     let snap = store.generations().current().snapshot.clone();
     let vfs_read = snap.find("vfs_read").expect("vfs_read in /proc/kallsyms");
     match snap.lookup(vfs_read + 5) {
-        Some(Symbol::Kernel { name, off }) => assert_eq!((name, off), ("vfs_read", 5)),
+        Some(Symbol::Kernel { name, off }) => assert_eq!((name.to_string().as_str(), off), ("vfs_read", 5)),
         other => panic!("vfs_read+5 resolved to {other:?}"),
     }
     // No address resolves to padding.
@@ -63,7 +63,7 @@ fn alias_rule_on_every_tie_set_of_the_running_kernel() {
     let store = Store::open(StoreConfig { bpf_syscall: false, ..Default::default() }).unwrap();
     let snap = store.generations().current().snapshot.clone();
     let winner = |addr: u64| match snap.lookup(addr) {
-        Some(Symbol::Kernel { name, off: 0 }) => name.to_owned(),
+        Some(Symbol::Kernel { name, off: 0 }) => name.to_string(),
         other => panic!("{addr:#x}: {other:?}"),
     };
     assert!(ties.len() > 20, "only {} tie sets in /proc/kallsyms", ties.len());

@@ -7,7 +7,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::table::{self, BuildStats, Entry, SymbolTable};
+use super::table::{self, BuildStats, Entry, Rank, SymbolTable, TableBuilder, Unsorted};
 
 /// Prefix of the CONFIG_FUNCTION_PADDING symbols placed before functions.
 const PFX: &str = "__pfx_";
@@ -65,11 +65,62 @@ pub struct Parsed {
 }
 
 /// Parses kallsyms text. Never fails: bad lines are counted and skipped.
+///
+/// Each table is built as its lines stream by (kallsyms lists vmlinux and
+/// each module in address order); input that is not in order is parsed
+/// again, collecting and sorting each table's symbols first.
 pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
+    parse_with(text, opts, true)
+        .unwrap_or_else(|Unsorted| parse_with(text, opts, false).expect("collecting tables accepts any order"))
+}
+
+/// One table being built: streamed straight into its layout, or collected
+/// to be sorted.
+enum Acc<'a> {
+    Stream(TableBuilder<'a>),
+    Collect(Vec<Entry<'a>>),
+}
+
+impl<'a> Acc<'a> {
+    fn new(stream: bool, capacity: usize) -> Self {
+        if stream {
+            Acc::Stream(TableBuilder::with_capacity(capacity))
+        } else {
+            Acc::Collect(Vec::with_capacity(capacity))
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, addr: u64, kind: u8, name: &'a str, padded: bool) -> Result<(), Unsorted> {
+        match self {
+            Acc::Stream(b) => b.push(addr, Rank::Kind(kind), name, padded),
+            Acc::Collect(v) => {
+                v.push(Entry { addr, rank: table::rank(kind, name), name, padded });
+                Ok(())
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Acc::Stream(b) => b.is_empty(),
+            Acc::Collect(v) => v.is_empty(),
+        }
+    }
+
+    fn finish(self, stats: &mut BuildStats) -> SymbolTable {
+        match self {
+            Acc::Stream(b) => b.finish(stats),
+            Acc::Collect(v) => table::build(v, stats),
+        }
+    }
+}
+
+fn parse_with(text: &[u8], opts: &ParseOptions<'_>, stream: bool) -> Result<Parsed, Unsorted> {
     let mut stats = ParseStats::default();
-    // About one kept symbol per 64 bytes of kallsyms text.
-    let mut vmlinux: Vec<Entry<'_>> = Vec::with_capacity(text.len() / 64);
-    let mut modules: Vec<(&str, Vec<Entry<'_>>)> = Vec::new();
+    // About one kept symbol per 85 bytes of kallsyms text.
+    let mut vmlinux = Acc::new(stream, if opts.vmlinux { text.len() / 85 } else { 0 });
+    let mut modules: Vec<(&str, Acc<'_>)> = Vec::new();
     let mut module_index: FxHashMap<&str, Option<usize>> = FxHashMap::default();
     let mut bpf = Vec::new();
     // Module lines come grouped, so remember the last module looked up.
@@ -117,9 +168,8 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
             stats.zero_addr += 1;
         }
         let padded = !padding_for.is_empty() && l.name.as_bytes() == padding_for;
-        let entry = Entry { addr: l.addr, rank: table::rank(l.kind, l.name), name: l.name, padded };
         match l.module {
-            None if opts.vmlinux => vmlinux.push(entry),
+            None if opts.vmlinux => vmlinux.push(l.addr, l.kind, l.name, padded)?,
             None => stats.unchanged += 1,
             Some("bpf") => bpf.push(BpfLine { addr: l.addr, name: l.name.into() }),
             Some(m) => {
@@ -128,7 +178,7 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
                     _ => {
                         let slot = *module_index.entry(m).or_insert_with(|| {
                             (opts.module)(m).then(|| {
-                                modules.push((m, Vec::new()));
+                                modules.push((m, Acc::new(stream, 0)));
                                 modules.len() - 1
                             })
                         });
@@ -137,7 +187,7 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
                     }
                 };
                 match slot {
-                    Some(i) => modules[i].1.push(entry),
+                    Some(i) => modules[i].1.push(l.addr, l.kind, l.name, padded)?,
                     None => stats.unchanged += 1,
                 }
             }
@@ -145,15 +195,15 @@ pub fn parse(text: &[u8], opts: &ParseOptions<'_>) -> Parsed {
     }
 
     let mut bs = BuildStats::default();
-    let vmlinux = (!vmlinux.is_empty()).then(|| table::build(vmlinux, &mut bs));
+    let vmlinux = (!vmlinux.is_empty()).then(|| vmlinux.finish(&mut bs));
     let modules: Vec<(Box<str>, SymbolTable)> =
-        modules.into_iter().map(|(name, entries)| (Box::from(name), table::build(entries, &mut bs))).collect();
+        modules.into_iter().map(|(name, acc)| (Box::from(name), acc.finish(&mut bs))).collect();
     stats.symbols =
         vmlinux.as_ref().map_or(0, |t| t.len() as u64) + modules.iter().map(|(_, t)| t.len() as u64).sum::<u64>();
     stats.truncated = bs.truncated;
     stats.aliases = bs.aliases;
     stats.out_of_range = bs.out_of_range;
-    Parsed { vmlinux, modules, bpf, stats }
+    Ok(Parsed { vmlinux, modules, bpf, stats })
 }
 
 struct Line<'a> {
@@ -313,12 +363,44 @@ ffffffffc0001000 t p\t[bpf]\n";
         let p = parse(text, &ParseOptions::default());
         let v = p.vmlinux.unwrap();
         assert_eq!(v.len(), 2);
-        assert_eq!(v.lookup(0xffffffff81000025), Some(("b", 5)));
+        assert_eq!(v.lookup(0xffffffff81000025).map(|(n, o)| (n.to_string(), o)), Some(("b".to_string(), 5)));
         assert_eq!(p.modules.len(), 1);
         assert_eq!(p.bpf.len(), 1);
         assert_eq!(p.stats.malformed, 1);
         assert_eq!(p.stats.pfx_skipped, 1);
         assert_eq!(p.stats.non_text, 1);
+    }
+
+    /// Lines out of address order (streaming refuses them) give the same
+    /// tables as the same lines in order.
+    #[test]
+    fn unsorted_input_parses_like_sorted() {
+        let sorted = b"ffffffff81000000 T a\n\
+ffffffff81000010 t __pfx_b\n\
+ffffffff81000020 t b\n\
+ffffffff81000020 T b_alias\n\
+ffffffff81000040 t c\n\
+ffffffffc0000000 t m1\t[mod]\n\
+ffffffffc0000100 t m2\t[mod]\n";
+        let unsorted = b"ffffffff81000040 t c\n\
+ffffffff81000000 T a\n\
+ffffffff81000010 t __pfx_b\n\
+ffffffff81000020 t b\n\
+ffffffff81000020 T b_alias\n\
+ffffffffc0000100 t m2\t[mod]\n\
+ffffffffc0000000 t m1\t[mod]\n";
+        let list = |p: &Parsed| {
+            let mut v: Vec<(u64, String)> =
+                p.vmlinux.as_ref().unwrap().iter().map(|(a, n)| (a, n.to_string())).collect();
+            v.extend(p.modules[0].1.iter().map(|(a, n)| (a, n.to_string())));
+            v
+        };
+        let (s, u) = (parse(sorted, &ParseOptions::default()), parse(unsorted, &ParseOptions::default()));
+        assert_eq!(list(&s), list(&u));
+        assert_eq!(list(&s)[1], (0xffffffff81000020, "b_alias".to_string()));
+        assert_eq!(s.stats, u.stats);
+        assert!(s.vmlinux.as_ref().unwrap().padded_start(0xffffffff81000020));
+        assert!(u.vmlinux.as_ref().unwrap().padded_start(0xffffffff81000020));
     }
 }
 
@@ -334,5 +416,48 @@ mod perf_probe {
             std::hint::black_box(super::parse(&text, &super::ParseOptions::default()));
         }
         eprintln!("parse: {:?} per run", t.elapsed() / 100);
+    }
+}
+
+#[cfg(test)]
+mod lookup_probe {
+    #[test]
+    #[ignore = "profiling aid: KS_PROBE=file cargo test --release -- --ignored lookup_probe"]
+    fn lookup_probe() {
+        let Ok(p) = std::env::var("KS_PROBE") else { return };
+        let text = std::fs::read(p).unwrap();
+        let t = super::parse(&text, &super::ParseOptions::default()).vmlinux.unwrap();
+        let (lo, hi) = (t.base(), t.last_addr());
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let n_addrs: usize = std::env::var("KS_N").map_or(1 << 16, |v| v.parse().unwrap());
+        let addrs: Vec<u64> = (0..n_addrs)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                lo + x % (hi - lo)
+            })
+            .collect();
+        for _ in 0..3 {
+            let s = std::time::Instant::now();
+            let mut n = 0u64;
+            for _ in 0..(20 << 16) / n_addrs {
+                for &a in &addrs {
+                    n += std::hint::black_box(t.lookup(a)).map_or(0, |(_, o)| o);
+                }
+            }
+            let only = s.elapsed().as_nanos() as f64 / (20 << 16) as f64;
+            let s = std::time::Instant::now();
+            let mut buf = super::super::table::NameBuf::new();
+            for _ in 0..(20 << 16) / n_addrs {
+                for &a in &addrs {
+                    if let Some((name, _)) = t.lookup(a) {
+                        n += std::hint::black_box(name.decode(&mut buf)).len() as u64;
+                    }
+                }
+            }
+            let with = s.elapsed().as_nanos() as f64 / (20 << 16) as f64;
+            eprintln!("lookup {only:.1} ns, with name {with:.1} ns ({n})");
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::bpf_history::BpfHistory;
 use super::bpf_progs::{BpfFunc, BpfLine};
 use super::sysfs::ModuleMeta;
-use super::table::SymbolTable;
+use super::table::{SymName, SymbolTable};
 
 /// Slack after the last known symbol of a table: kallsyms gives no sizes.
 pub const TAIL_SLACK: u64 = 4096;
@@ -46,11 +46,11 @@ pub struct Snapshot {
 #[derive(Debug, Clone, Copy)]
 pub enum Symbol<'a> {
     /// In vmlinux.
-    Kernel { name: &'a str, off: u64 },
+    Kernel { name: SymName<'a>, off: u64 },
     /// Inside a loaded module's range; `sym` is `None` until its names are read.
-    Module { module: &'a ModuleMeta, sym: Option<(&'a str, u64)> },
+    Module { module: &'a ModuleMeta, sym: Option<(SymName<'a>, u64)> },
     /// Named by a table of a module that does not own the address.
-    Loose { module: &'a str, name: &'a str, off: u64 },
+    Loose { module: &'a str, name: SymName<'a>, off: u64 },
     /// In a JIT-ed BPF function.
     Bpf { func: &'a BpfFunc, off: u64, line: Option<&'a BpfLine> },
 }

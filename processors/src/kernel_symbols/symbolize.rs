@@ -16,6 +16,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::generations::{Generation, Generations};
 use super::snapshot::{Symbol, TAIL_SLACK};
 use super::sysfs::hex;
+use super::table::NameBuf;
 use std::sync::Arc;
 
 /// Mapping filename of BPF frames (they have no file and no build ID).
@@ -297,6 +298,7 @@ impl<'b> Ctx<'b> {
                 Class::Plain
             };
         };
+        let mut buf = NameBuf::new();
         let (mapping, address, line) = match snap.lookup_at(lookup, ts) {
             Some(Symbol::Kernel { name, .. }) => {
                 let v = &snap.vmlinux;
@@ -306,16 +308,21 @@ impl<'b> Ctx<'b> {
                     v.last_addr() + TAIL_SLACK,
                     snap.vmlinux_build_id.as_deref(),
                 );
+                let name = name.decode(&mut buf);
                 classify(name);
                 (m, addr, Some(self.func_line(name, name, "", 0)))
             }
             Some(Symbol::Module { module, sym }) => {
                 let m = self.mapping(&module.name, module.text, module.text + module.size, module.build_id.as_deref());
-                let line = sym.map(|(name, _)| self.func_line(name, name, "", 0));
+                let line = sym.map(|(name, _)| {
+                    let name = name.decode(&mut buf);
+                    self.func_line(name, name, "", 0)
+                });
                 (m, addr - module.text, line)
             }
             Some(Symbol::Loose { module, name, .. }) => {
                 let m = self.mapping(module, 0, 0, None);
+                let name = name.decode(&mut buf);
                 (m, addr, Some(self.func_line(name, name, "", 0)))
             }
             Some(Symbol::Bpf { func, line, .. }) => {

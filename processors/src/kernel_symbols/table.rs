@@ -1,20 +1,107 @@
 //! One module's symbols, held compactly: sorted 32-bit offsets from the
-//! module's base, each with an index into one blob of length-prefixed names.
+//! module's base and the names front-coded in blocks.
 //!
-//! 8 bytes per symbol plus the name bytes; no per-name allocation and no
+//! Names sorted by address share long prefixes (`ext4_`, `tcp_v4_`, a
+//! function and its `.cold` part), so each name but a block's first is kept
+//! as the length it shares with the one before plus the rest: ~17 bytes per
+//! name instead of ~23 here, and one 32-bit index per block of [`BLOCK`]
+//! names instead of one per name. A lookup decodes at most [`BLOCK`] names
+//! into the caller's [`NameBuf`]; no per-name allocation and no
 //! name -> address map (the rare name lookup scans).
+
+use std::fmt;
 
 /// Longest name kept; longer ones are cut (at a char boundary) so the
 /// length fits the one-byte prefix.
 pub const MAX_NAME: usize = 255;
+
+/// Names per front-coding block: a lookup decodes at most this many; 8
+/// keeps that to a few cache lines and the block index to 0.5 B per name.
+const BLOCK: usize = 4;
+
+/// Symbols per bucket of the address index, on average: the index costs
+/// 0.5 B per symbol and leaves a search of a few offsets.
+const PER_BUCKET: usize = 8;
+
+/// Bytes after the last name, so a decode can copy in fixed 16-byte chunks.
+const SLACK: usize = 16;
+
+/// Room for one decoded name (and the slack of the last chunk copied).
+pub struct NameBuf([u8; MAX_NAME + SLACK]);
+
+impl NameBuf {
+    pub fn new() -> Self {
+        NameBuf([0; MAX_NAME + SLACK])
+    }
+}
+
+impl Default for NameBuf {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A symbol's name in its table, decoded when asked for: a lookup itself
+/// copies no bytes.
+#[derive(Clone, Copy)]
+pub struct SymName<'a> {
+    table: &'a SymbolTable,
+    i: u32,
+}
+
+impl<'a> SymName<'a> {
+    /// Decodes the name into `buf`.
+    #[inline]
+    pub fn decode<'b>(&self, buf: &'b mut NameBuf) -> &'b str {
+        let len = self.table.decode(self.i as usize, &mut buf.0);
+        let bytes = &buf.0[..len];
+        debug_assert!(std::str::from_utf8(bytes).is_ok());
+        // SAFETY: tables store only `&str` names cut at char boundaries; a
+        // decode puts back exactly the bytes of the stored name (a shared
+        // prefix is the previous name's bytes where both agree).
+        unsafe { std::str::from_utf8_unchecked(bytes) }
+    }
+}
+
+impl fmt::Display for SymName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.decode(&mut NameBuf::new()))
+    }
+}
+
+impl fmt::Debug for SymName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.decode(&mut NameBuf::new()), f)
+    }
+}
+
+impl PartialEq<str> for SymName<'_> {
+    fn eq(&self, other: &str) -> bool {
+        self.decode(&mut NameBuf::new()) == other
+    }
+}
+
+impl PartialEq<&str> for SymName<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        self.decode(&mut NameBuf::new()) == *other
+    }
+}
 
 /// Immutable symbol table of one module (or vmlinux).
 #[derive(Debug, Default, Clone)]
 pub struct SymbolTable {
     base: u64,
     offsets: Box<[u32]>,
-    name_at: Box<[u32]>,
-    blob: Box<[u8]>,
+    /// Bucket `b` holds offsets `b << shift .. (b + 1) << shift`; `first[b]`
+    /// is the symbol covering the bucket's start, so the symbol covering any
+    /// offset in it is among `first[b] ..= first[b + 1]`.
+    first: Box<[u32]>,
+    shift: u32,
+    /// Where in `names` block `b` (names `b * BLOCK ..`) starts.
+    block_at: Box<[u32]>,
+    /// A block's first name as `len, bytes`; every other as `shared, rest
+    /// len, rest bytes`, `shared` bytes taken from the name before it.
+    names: Box<[u8]>,
     /// Bit i: symbol i has `__pfx_` padding right before it, so nothing
     /// returns to its first byte (a call ending the previous function
     /// returns into the padding).
@@ -40,14 +127,32 @@ impl SymbolTable {
         self.offsets.last().map_or(self.base, |&o| self.base + u64::from(o))
     }
 
+    /// Offset of `addr` from the base, if it can be in this table.
+    #[inline]
+    fn rel(&self, addr: u64) -> Option<u32> {
+        u32::try_from(addr.checked_sub(self.base)?).ok()
+    }
+
+    /// Index of the last symbol at or below `rel`: its bucket, then a
+    /// search of the few offsets the bucket spans.
+    #[inline]
+    fn covering(&self, rel: u32) -> Option<usize> {
+        // Past the last bucket the last symbol covers it.
+        let b = ((rel >> self.shift) as usize).min(self.first.len().checked_sub(2)?);
+        let (lo, hi) = (self.first[b], self.first[b + 1]);
+        let (lo, hi) = (lo as usize, hi as usize);
+        let i = lo + self.offsets[lo..=hi].partition_point(|&o| o <= rel);
+        // offsets[0] == 0 <= rel, so some symbol is at or below it.
+        Some(i - 1)
+    }
+
     /// The symbol covering `addr` (the last one at or below it) and the
     /// distance from its start.
     #[inline]
-    pub fn lookup(&self, addr: u64) -> Option<(&str, u64)> {
-        let rel = addr.checked_sub(self.base)?;
-        let rel = u32::try_from(rel).ok()?;
-        let i = self.offsets.partition_point(|&o| o <= rel).checked_sub(1)?;
-        Some((self.name(i), u64::from(rel - self.offsets[i])))
+    pub fn lookup(&self, addr: u64) -> Option<(SymName<'_>, u64)> {
+        let rel = self.rel(addr)?;
+        let i = self.covering(rel)?;
+        Some((SymName { table: self, i: i as u32 }, u64::from(rel - self.offsets[i])))
     }
 
     /// Whether `addr` is the first byte of a function with padding before
@@ -55,44 +160,69 @@ impl SymbolTable {
     /// interrupted instruction, a jump target).
     #[inline]
     pub fn padded_start(&self, addr: u64) -> bool {
-        let Some(rel) = addr.checked_sub(self.base).and_then(|r| u32::try_from(r).ok()) else { return false };
-        match self.offsets.binary_search(&rel) {
-            Ok(i) => self.padded.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1),
-            Err(_) => false,
+        let Some(rel) = self.rel(addr) else { return false };
+        match self.covering(rel) {
+            Some(i) if self.offsets[i] == rel => self.padded.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1),
+            _ => false,
         }
     }
 
     /// Start address of the symbol covering `addr`.
     pub fn symbol_start(&self, addr: u64) -> Option<u64> {
-        let rel = u32::try_from(addr.checked_sub(self.base)?).ok()?;
-        let i = self.offsets.partition_point(|&o| o <= rel).checked_sub(1)?;
+        let i = self.covering(self.rel(addr)?)?;
         Some(self.base + u64::from(self.offsets[i]))
     }
 
-    fn name(&self, i: usize) -> &str {
-        let at = self.name_at[i] as usize;
-        let len = self.blob[at] as usize;
-        let bytes = &self.blob[at + 1..at + 1 + len];
-        debug_assert!(std::str::from_utf8(bytes).is_ok());
-        // SAFETY: `build` only stores `&str` names, cut at char boundaries,
-        // and the blob is immutable afterwards.
-        unsafe { std::str::from_utf8_unchecked(bytes) }
+    /// Decodes name `i` into `buf` (its block's first name, then the names
+    /// after it up to `i`) and returns its length.
+    #[inline]
+    fn decode(&self, i: usize, buf: &mut [u8; MAX_NAME + SLACK]) -> usize {
+        let mut at = self.block_at[i / BLOCK] as usize;
+        let mut len = 0;
+        at = copy_rest(&self.names, at + 1, usize::from(self.names[at]), buf, &mut len);
+        for _ in 0..i % BLOCK {
+            let shared = usize::from(self.names[at]);
+            len = shared;
+            at = copy_rest(&self.names, at + 2, usize::from(self.names[at + 1]), buf, &mut len);
+        }
+        len
     }
 
     /// Address of a symbol by name: a linear scan, used only by tools and tests.
     pub fn find(&self, name: &str) -> Option<u64> {
-        (0..self.len()).find(|&i| self.name(i) == name).map(|i| self.base + u64::from(self.offsets[i]))
+        self.iter().find(|(_, n)| n == name).map(|(a, _)| a)
     }
 
-    /// (address, name) of every symbol, in address order.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &str)> + '_ {
-        (0..self.len()).map(|i| (self.base + u64::from(self.offsets[i]), self.name(i)))
+    /// (address, name) of every symbol, in address order (allocates each
+    /// name: for tools and tests).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, String)> + '_ {
+        let mut buf = NameBuf::new();
+        (0..self.len()).map(move |i| {
+            let name = SymName { table: self, i: i as u32 }.decode(&mut buf).to_owned();
+            (self.base + u64::from(self.offsets[i]), name)
+        })
     }
 
     /// Heap bytes held by this table.
     pub fn heap_bytes(&self) -> usize {
-        self.offsets.len() * 4 + self.name_at.len() * 4 + self.blob.len() + self.padded.len() * 8
+        (self.offsets.len() + self.first.len() + self.block_at.len()) * 4 + self.names.len() + self.padded.len() * 8
     }
+}
+
+/// Appends the `n` bytes at `names[at..]` to `buf[*len..]` and returns
+/// where the next name starts. Copies whole 16-byte chunks: `names` ends in
+/// [`SLACK`] spare bytes and `buf` has room for them, so the chunks never
+/// need a length check of their own (names are short: usually one chunk).
+#[inline(always)]
+fn copy_rest(names: &[u8], at: usize, n: usize, buf: &mut [u8; MAX_NAME + SLACK], len: &mut usize) -> usize {
+    let mut k = 0;
+    while k < n {
+        let (from, to) = (at + k, *len + k);
+        buf[to..to + SLACK].copy_from_slice(&names[from..from + SLACK]);
+        k += SLACK;
+    }
+    *len += n;
+    at + n
 }
 
 /// The architecture's own syscall entry prefix; other entries to the same
@@ -166,69 +296,182 @@ pub struct BuildStats {
     pub out_of_range: u64,
 }
 
+/// An address lower than the one before it: [`TableBuilder`] takes
+/// symbols in address order only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsorted;
+
+/// How a symbol's alias rank is known: computed already, or from its
+/// kallsyms type, computed only if another symbol shares its address.
+#[derive(Debug, Clone, Copy)]
+pub enum Rank {
+    Of(u32),
+    Kind(u8),
+}
+
+impl Rank {
+    fn value(self, name: &str) -> u32 {
+        match self {
+            Rank::Of(r) => r,
+            Rank::Kind(k) => rank(k, name),
+        }
+    }
+}
+
+/// The symbol seen last, kept until a different address shows it won its
+/// address.
+#[derive(Clone, Copy)]
+struct Pending<'a> {
+    addr: u64,
+    rank: Rank,
+    name: &'a str,
+    padded: bool,
+}
+
+/// Builds a table from symbols pushed in address order, straight into its
+/// final layout: no list of entries, no sort.
+pub struct TableBuilder<'a> {
+    base: u64,
+    offsets: Vec<u32>,
+    block_at: Vec<u32>,
+    names: Vec<u8>,
+    padded: Vec<u64>,
+    /// The name stored last, which the next one is front-coded against.
+    prev: &'a [u8],
+    pending: Option<Pending<'a>>,
+    stats: BuildStats,
+}
+
+impl<'a> TableBuilder<'a> {
+    /// `symbols`: how many are expected (a capacity hint).
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    pub fn with_capacity(symbols: usize) -> Self {
+        TableBuilder {
+            base: 0,
+            offsets: Vec::with_capacity(symbols),
+            block_at: Vec::with_capacity(symbols / BLOCK + 1),
+            names: Vec::with_capacity(symbols * 18 + SLACK),
+            padded: Vec::with_capacity(symbols / 64 + 1),
+            prev: b"",
+            pending: None,
+            stats: BuildStats::default(),
+        }
+    }
+
+    /// Adds one symbol; of several at one address the best ranked stays
+    /// (the first among equals).
+    #[inline]
+    pub fn push(&mut self, addr: u64, rank: Rank, name: &'a str, padded: bool) -> Result<(), Unsorted> {
+        match &mut self.pending {
+            None => {
+                self.base = addr;
+                self.pending = Some(Pending { addr, rank, name, padded });
+            }
+            Some(p) if p.addr == addr => {
+                self.stats.aliases += 1;
+                let (old, new) = (p.rank.value(p.name), rank.value(name));
+                p.padded |= padded;
+                p.rank = Rank::Of(old.max(new));
+                if new > old {
+                    p.name = name;
+                }
+            }
+            Some(p) if p.addr < addr => {
+                let done = std::mem::replace(p, Pending { addr, rank, name, padded });
+                self.store(done);
+            }
+            Some(_) => return Err(Unsorted),
+        }
+        Ok(())
+    }
+
+    fn store(&mut self, p: Pending<'a>) {
+        let Ok(off) = u32::try_from(p.addr - self.base) else {
+            self.stats.out_of_range += 1;
+            return;
+        };
+        let i = self.offsets.len();
+        if i.is_multiple_of(64) {
+            self.padded.push(0);
+        }
+        if p.padded {
+            self.padded[i / 64] |= 1 << (i % 64);
+        }
+        self.offsets.push(off);
+        let name = truncate(p.name, &mut self.stats.truncated).as_bytes();
+        if i.is_multiple_of(BLOCK) {
+            self.block_at.push(self.names.len() as u32);
+            self.names.push(name.len() as u8);
+            self.names.extend_from_slice(name);
+        } else {
+            let shared = self.prev.iter().zip(name).take_while(|(a, b)| a == b).count();
+            self.names.push(shared as u8);
+            self.names.push((name.len() - shared) as u8);
+            self.names.extend_from_slice(&name[shared..]);
+        }
+        self.prev = name;
+    }
+
+    pub fn finish(mut self, stats: &mut BuildStats) -> SymbolTable {
+        if let Some(p) = self.pending.take() {
+            self.store(p);
+        }
+        stats.aliases += self.stats.aliases;
+        stats.truncated += self.stats.truncated;
+        stats.out_of_range += self.stats.out_of_range;
+        self.names.extend_from_slice(&[0; SLACK]);
+        let (first, shift) = bucket_index(&self.offsets);
+        SymbolTable {
+            base: self.base,
+            offsets: self.offsets.into_boxed_slice(),
+            first: first.into_boxed_slice(),
+            shift,
+            block_at: self.block_at.into_boxed_slice(),
+            names: self.names.into_boxed_slice(),
+            padded: self.padded.into_boxed_slice(),
+        }
+    }
+}
+
+/// The bucket index of sorted `offsets` (the first is 0): a power-of-two
+/// bucket width giving about [`PER_BUCKET`] symbols per bucket, and for
+/// each bucket the symbol covering its start, plus one closing entry.
+fn bucket_index(offsets: &[u32]) -> (Vec<u32>, u32) {
+    let Some(&last) = offsets.last() else { return (Vec::new(), 0) };
+    let want = (offsets.len() / PER_BUCKET).max(1) as u64;
+    let mut shift = 0;
+    while (u64::from(last) >> shift) + 1 > want {
+        shift += 1;
+    }
+    let buckets = (u64::from(last) >> shift) as usize + 1;
+    let mut first = Vec::with_capacity(buckets + 1);
+    let mut i = 0usize;
+    for b in 0..buckets as u64 {
+        let start = b << shift;
+        while i + 1 < offsets.len() && u64::from(offsets[i + 1]) <= start {
+            i += 1;
+        }
+        first.push(i as u32);
+    }
+    first.push(offsets.len() as u32 - 1);
+    (first, shift)
+}
+
 /// Builds a table from candidate entries (any order, duplicates allowed).
 pub fn build(mut entries: Vec<Entry<'_>>, stats: &mut BuildStats) -> SymbolTable {
-    if entries.is_empty() {
-        return SymbolTable::default();
+    // kallsyms is sorted by address already (vmlinux and most modules);
+    // otherwise a stable sort keeps first-seen order among equals.
+    if !entries.windows(2).all(|w| w[0].addr <= w[1].addr) {
+        entries.sort_by_key(|e| e.addr);
     }
-    // kallsyms is sorted by address already (vmlinux and most modules):
-    // then keep the best of each run of equal addresses without sorting.
-    // Otherwise a stable sort puts the best first, keeping first-seen order
-    // among equals.
-    let before = entries.len();
-    if entries.windows(2).all(|w| w[0].addr <= w[1].addr) {
-        let mut w = 0;
-        for r in 0..entries.len() {
-            if w > 0 && entries[w - 1].addr == entries[r].addr {
-                let padded = entries[w - 1].padded | entries[r].padded;
-                if entries[r].rank > entries[w - 1].rank {
-                    entries[w - 1] = entries[r];
-                }
-                entries[w - 1].padded = padded;
-            } else {
-                entries[w] = entries[r];
-                w += 1;
-            }
-        }
-        entries.truncate(w);
-    } else {
-        entries.sort_by_key(|e| (e.addr, std::cmp::Reverse(e.rank)));
-        entries.dedup_by(|later, kept| {
-            let same = later.addr == kept.addr;
-            kept.padded |= same && later.padded;
-            same
-        });
-    }
-    stats.aliases += (before - entries.len()) as u64;
-
-    let base = entries[0].addr;
-    let mut offsets = Vec::with_capacity(entries.len());
-    let mut name_at = Vec::with_capacity(entries.len());
-    let name_bytes: usize = entries.iter().map(|e| e.name.len().min(MAX_NAME) + 1).sum();
-    let mut blob = Vec::with_capacity(name_bytes);
-    let mut padded = vec![0u64; entries.len().div_ceil(64)];
+    let mut b = TableBuilder::with_capacity(entries.len());
     for e in &entries {
-        let Ok(off) = u32::try_from(e.addr - base) else {
-            stats.out_of_range += 1;
-            continue;
-        };
-        if e.padded {
-            let i = offsets.len();
-            padded[i / 64] |= 1 << (i % 64);
-        }
-        let name = truncate(e.name, &mut stats.truncated);
-        offsets.push(off);
-        name_at.push(blob.len() as u32);
-        blob.push(name.len() as u8);
-        blob.extend_from_slice(name.as_bytes());
+        b.push(e.addr, Rank::Of(e.rank), e.name, e.padded).expect("entries are sorted");
     }
-    SymbolTable {
-        base,
-        offsets: offsets.into_boxed_slice(),
-        name_at: name_at.into_boxed_slice(),
-        blob: blob.into_boxed_slice(),
-        padded: padded.into_boxed_slice(),
-    }
+    b.finish(stats)
 }
 
 fn truncate<'a>(name: &'a str, truncated: &mut u64) -> &'a str {
@@ -255,10 +498,11 @@ mod tests {
     fn lookup_finds_covering_symbol() {
         let mut st = BuildStats::default();
         let t = build(vec![e(0x2000, b't', "b"), e(0x1000, b'T', "a")], &mut st);
-        assert_eq!(t.lookup(0x0fff), None);
-        assert_eq!(t.lookup(0x1000), Some(("a", 0)));
-        assert_eq!(t.lookup(0x1fff), Some(("a", 0xfff)));
-        assert_eq!(t.lookup(0x2005), Some(("b", 5)));
+        let at = |a| t.lookup(a).map(|(n, o)| (n.to_string(), o));
+        assert_eq!(at(0x0fff), None);
+        assert_eq!(at(0x1000), Some(("a".into(), 0)));
+        assert_eq!(at(0x1fff), Some(("a".into(), 0xfff)));
+        assert_eq!(at(0x2005), Some(("b".into(), 5)));
         assert_eq!(t.find("b"), Some(0x2000));
     }
 
@@ -330,7 +574,64 @@ mod tests {
         let mut st = BuildStats::default();
         let long = format!("{}é", "x".repeat(254));
         let t = build(vec![e(1, b'T', &long)], &mut st);
-        assert_eq!(t.lookup(1).unwrap().0.len(), 254);
+        assert_eq!(t.lookup(1).unwrap().0.to_string().len(), 254);
         assert_eq!(st.truncated, 1);
+    }
+
+    /// Names sharing prefixes of every length (none, some, all, a name
+    /// that is a prefix of the next and the reverse, multi-byte chars cut
+    /// in the middle of the shared part) across several blocks and buckets:
+    /// every address gives back its exact name.
+    #[test]
+    fn front_coded_names_round_trip() {
+        let stems = ["ext4_", "ext4_da_", "tcp_v4_", "é_x", "éa", "", "a"];
+        let names: Vec<String> = (0..1000)
+            .map(|i| match i % 5 {
+                0 => format!("{}{}", stems[i % stems.len()], i / 3),
+                1 => format!("{}{}.cold", stems[i % stems.len()], i / 3),
+                2 => stems[i % stems.len()].to_owned() + "z",
+                3 => format!("{}é{}", "y".repeat(i % 300), i),
+                _ => format!("f{i}"),
+            })
+            .collect();
+        let mut st = BuildStats::default();
+        let entries = names.iter().enumerate().map(|(i, n)| e(0x1000 + 16 * i as u64, b'T', n)).collect();
+        let t = build(entries, &mut st);
+        assert_eq!(t.len(), names.len());
+        let want: Vec<String> = names.iter().map(|n| truncate(n, &mut 0).to_owned()).collect();
+        for (i, n) in want.iter().enumerate() {
+            let a = 0x1000 + 16 * i as u64;
+            let (got, off) = t.lookup(a + 3).unwrap();
+            assert_eq!((got.to_string(), off), (n.clone(), 3), "symbol {i}");
+            assert_eq!(t.symbol_start(a + 15), Some(a));
+        }
+        let listed: Vec<String> = t.iter().map(|(_, n)| n.to_string()).collect();
+        assert_eq!(listed, want);
+        for i in [0, 7, 8, 63, 64, 777, 999] {
+            let first = want.iter().position(|n| *n == want[i]).unwrap() as u64;
+            assert_eq!(t.find(&want[i]), Some(0x1000 + 16 * first));
+        }
+        assert!(st.truncated > 0);
+    }
+
+    #[test]
+    fn padded_bits_and_exact_starts() {
+        let mut st = BuildStats::default();
+        let entries =
+            (0..200u64).map(|i| Entry { addr: 0x100 * (i + 1), rank: 0, name: "f", padded: i % 3 == 0 }).collect();
+        let t = build(entries, &mut st);
+        for i in 0..200u64 {
+            let a = 0x100 * (i + 1);
+            assert_eq!(t.padded_start(a), i % 3 == 0, "{i}");
+            assert!(!t.padded_start(a + 1));
+        }
+        assert!(!t.padded_start(0x10));
+    }
+
+    #[test]
+    fn builder_refuses_a_lower_address() {
+        let mut b = TableBuilder::with_capacity(2);
+        b.push(0x20, Rank::Kind(b'T'), "b", false).unwrap();
+        assert_eq!(b.push(0x10, Rank::Kind(b'T'), "a", false), Err(Unsorted));
     }
 }
