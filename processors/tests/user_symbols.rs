@@ -150,3 +150,67 @@ async fn wait_ready(c: &Cache, w: &Want) -> Arc<profcol_processors::user_symbols
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A Rust program: `mix` inlined into `leaf_work`, the standard library's
+/// range iterator inlined too; mangled (legacy) names.
+const RUST_PROGRAM: &str = r#"
+use std::hint::black_box;
+#[inline(always)]
+fn mix(x: u64) -> u64 { let y = x ^ (x >> 13); y.wrapping_mul(0x9E3779B97F4A7C15) ^ (y >> 7) }
+#[inline(never)]
+fn leaf_work(n: u64) -> u64 { let mut s = 0u64; for i in 0..n { s = s.wrapping_add(mix(i + s)); } black_box(s) }
+#[inline(never)]
+fn middle(n: u64) -> u64 { let r = leaf_work(n); black_box(r) + 1 }
+fn main() { let n: u64 = std::env::args().count() as u64 * 1000; println!("{}", middle(black_box(n))); }
+"#;
+
+#[test]
+fn a_rust_binary_with_inlined_functions_is_named_as_addr2line_names_it() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    if !tools_available() || !profcol_testkit::tools::tool_available(&rustc, &["--version"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("r.rs");
+    std::fs::write(&src, RUST_PROGRAM).unwrap();
+    let bin = dir.path().join("r");
+    let ok = std::process::Command::new(&rustc)
+        .args(["-C", "opt-level=2", "-g", "-C", "force-frame-pointers=yes", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "rustc");
+    let elf = profcol_elf::ElfFile::open(&std::fs::File::open(&bin).unwrap()).unwrap();
+    let want = Want { key: Arc::from(build_id(&bin)), is_build_id: true, path: Arc::from(&*bin.to_string_lossy()) };
+    let table = profcol_processors::user_symbols::table::BinaryTable::load(
+        &want,
+        None,
+        &SearchPaths { debug_dirs: vec![], lines: true },
+    )
+    .expect("table");
+    let mut vaddrs = Vec::new();
+    for (start, size, name) in elf.function_symbols().iter() {
+        if name.contains("leaf_work") || name.contains("middle") {
+            vaddrs.extend(start..start + u64::from(size));
+        }
+    }
+    assert!(vaddrs.len() > 20, "both functions found");
+    let reference = addr2line(&bin, &vaddrs);
+    let base = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
+    let mut inlined_std = false;
+    for (v, want) in vaddrs.iter().zip(&reference) {
+        let got: Vec<Frame> = table
+            .resolve(elf.file_offset(*v).unwrap())
+            .iter()
+            .map(|f| (f.name.to_string(), base(&f.file), f.line))
+            .collect();
+        assert_eq!(&got, want, "at {v:#x}");
+        inlined_std |= got.len() > 1 && got.last().unwrap().0 == "r::leaf_work" && got[0].0.contains("core::");
+        if let Some(outer) = got.last() {
+            assert!(outer.0 == "r::leaf_work" || outer.0 == "r::middle", "demangled: {}", outer.0);
+        }
+    }
+    assert!(inlined_std, "the range iterator shows inlined into r::leaf_work");
+}

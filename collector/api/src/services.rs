@@ -32,7 +32,9 @@ pub struct PinnedFile {
     pub root: Option<Arc<str>>,
 }
 
-/// Default bound on pinned files (each holds one descriptor).
+/// Default bound on pinned files (each holds one descriptor); lowered to
+/// a quarter of the soft `RLIMIT_NOFILE` when that is smaller, so pins
+/// never starve perf events, sockets and files of descriptors.
 pub const DEFAULT_MAX_PINS: usize = 1024;
 /// Default time a pin outlives the last time a process was seen mapping it.
 pub const DEFAULT_PIN_AGE: Duration = Duration::from_secs(600);
@@ -53,8 +55,18 @@ pub struct FilePins {
 
 impl Default for FilePins {
     fn default() -> Self {
-        FilePins::new(DEFAULT_MAX_PINS, DEFAULT_PIN_AGE)
+        FilePins::new(DEFAULT_MAX_PINS.min(nofile_soft_limit() / 4), DEFAULT_PIN_AGE)
     }
+}
+
+/// The soft limit on open descriptors (1024 when it cannot be read).
+fn nofile_soft_limit() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
 }
 
 impl FilePins {
