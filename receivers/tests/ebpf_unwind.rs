@@ -21,17 +21,18 @@ const SECONDS: f64 = 3.0;
 
 /// examples/workloads/deep.c compiled with `flags`.
 fn build_deep(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep.c");
-    let out = dir.join(name);
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(flags)
-        .args(["-Wl,--build-id", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc (install gcc)");
-    assert!(status.success(), "compiling {}", src.display());
-    out
+    compile_workload("deep.c", name, dir, flags)
+}
+
+/// `deep.c` or `deep_rust.rs` run under the receiver with `mode`.
+async fn profile(bin: &Path, mode: UnwindMode) -> (Vec<profcol_api::Profiles>, String, u32) {
+    let config = EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        unwind: UnwindConfig { mode, ..Default::default() },
+        ..Default::default()
+    };
+    profile_workload(bin, SECONDS, config).await
 }
 
 /// The chain every sample should carry below its leaf, leaf first.
@@ -78,20 +79,7 @@ fn whole(stack: &[String], is_static: bool) -> bool {
 /// Runs `bin` under the receiver (only its pid sampled); returns the share
 /// of its samples with whole stacks, after printing the ones without.
 async fn whole_share(bin: &Path, is_static: bool, mode: UnwindMode) -> f64 {
-    let mut w = Workload::spawn(bin, SECONDS);
-    let pid = w.pid;
-    let running = start(EbpfConfig {
-        sample_frequency: FREQ,
-        report_interval: Duration::from_secs(1),
-        pids: vec![pid],
-        unwind: UnwindConfig { mode, ..Default::default() },
-        ..Default::default()
-    })
-    .await;
-    w.go();
-    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (batches, metrics) = running.stop().await;
+    let (batches, metrics, pid) = profile(bin, mode).await;
     let samples = samples_of(&batches, pid);
     let mut syms = Vec::new();
     let (mut good, mut total) = (0, 0);
@@ -173,29 +161,8 @@ async fn rust_release_stacks_are_whole() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep_rust.rs");
-    let bin = dir.path().join("deep_rust");
-    let ok = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
-        .args(["-C", "opt-level=2", "-C", "debuginfo=0", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("run rustc")
-        .success();
-    assert!(ok, "compiling {}", src.display());
-    let mut w = Workload::spawn(&bin, SECONDS);
-    let pid = w.pid;
-    let running = start(EbpfConfig {
-        sample_frequency: FREQ,
-        report_interval: Duration::from_secs(1),
-        pids: vec![pid],
-        ..Default::default()
-    })
-    .await;
-    w.go();
-    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (batches, metrics) = running.stop().await;
+    let bin = compile_workload("deep_rust.rs", "deep_rust", dir.path(), &["-C", "opt-level=2", "-C", "debuginfo=0"]);
+    let (batches, metrics, pid) = profile(&bin, UnwindMode::Auto).await;
     let chain = ["deep_rust_leaf", "deep_rust_mid", "deep_rust_top", "deep_rust4main"];
     let mut syms = Vec::new();
     let (mut good, mut total) = (0, 0);
