@@ -46,6 +46,10 @@ fn names(s: &Observed, syms: &mut Vec<(String, Symbolizer)>) -> Vec<String> {
         .enumerate()
         .map(|(i, f)| {
             let Some(m) = &f.mapping else { return format!("{:#x}", f.address) };
+            if !Path::new(&f.mapping_filename).is_file() {
+                return format!("{}+{:#x}", f.mapping_filename, f.address - m.memory_start);
+                // [vdso]
+            }
             if !syms.iter().any(|(p, _)| *p == f.mapping_filename) {
                 syms.push((f.mapping_filename.clone(), Symbolizer::new(Path::new(&f.mapping_filename))));
             }
@@ -329,6 +333,9 @@ impl FunctionNamer {
             .enumerate()
             .map(|(i, f)| {
                 let Some(m) = &f.mapping else { return format!("{:#x}?", f.address) };
+                if !Path::new(&f.mapping_filename).is_file() {
+                    return f.mapping_filename.clone(); // [vdso]
+                }
                 let addr = if i == 0 { f.address } else { f.address - 1 };
                 let v = self.load(&f.mapping_filename).0.vaddr(m, addr);
                 match v {
@@ -357,7 +364,7 @@ fn perf_stacks(data: &Path, namer: &mut FunctionNamer) -> Vec<Vec<String>> {
             let line = line.trim();
             let (Some((ip, rest)), Some(open)) = (line.split_once(' '), line.rfind('(')) else { continue };
             let dso = rest[open - ip.len() - 1..].trim_start_matches('(').trim_end_matches(')').to_owned();
-            if dso.starts_with('[') || !dso.starts_with('/') {
+            if dso == "[kernel.kallsyms]" || !(dso.starts_with('/') || dso == "[vdso]") {
                 continue; // kernel frames, unknown objects
             }
             let Ok(ip) = u64::from_str_radix(ip, 16) else { continue };
@@ -374,6 +381,9 @@ fn perf_stacks(data: &Path, namer: &mut FunctionNamer) -> Vec<Vec<String>> {
             .enumerate()
             .map(|(i, (off, dso))| {
                 let off = if i == 0 { *off } else { off - 1 };
+                if dso == "[vdso]" {
+                    return dso.clone();
+                }
                 match namer.load(dso).0.vaddr_of_offset(off) {
                     Some(v) => namer.name(dso, v),
                     None => format!("{dso}@{off:#x}?"),
