@@ -256,9 +256,14 @@ fn an_otlp_server_sees_service_name_and_scope_on_every_resource() {
         assert!(!r.service_names.is_empty(), "request {i} has no resource");
         assert!(r.service_names.iter().all(|s| !s.is_empty()), "request {i}: a resource without service.name");
         assert!(r.scopes.iter().all(|s| *s == scope), "request {i}: scopes {:?}", r.scopes);
-        // Default sample attributes: thread id and name, not the CPU.
+        // Default sample attributes: thread id and name, not the CPU; and
+        // `profcol.unwind.end` on stacks whose walk stopped early (a
+        // process's first samples, before its unwind tables are loaded).
         for k in &r.sample_attribute_keys {
-            assert!(["thread.id", "thread.name"].contains(&k.as_str()), "request {i}: sample attribute {k}");
+            assert!(
+                ["thread.id", "thread.name", "profcol.unwind.end"].contains(&k.as_str()),
+                "request {i}: sample attribute {k}"
+            );
         }
         services.extend(r.service_names.iter().cloned());
     }

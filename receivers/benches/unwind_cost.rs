@@ -18,7 +18,7 @@
 #[path = "../tests/ebpf_common/mod.rs"]
 mod ebpf_common;
 
-use ebpf_common::{start, Workload};
+use ebpf_common::{compile_workload, start, Workload};
 use profcol_ebpf::sys;
 use profcol_elf::ElfFile;
 use profcol_receivers::ebpf::config::{UnwindConfig, UnwindMode};
@@ -26,7 +26,6 @@ use profcol_receivers::ebpf::EbpfConfig;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
@@ -78,21 +77,6 @@ fn table_builds() {
             median(times)
         );
     }
-}
-
-fn build_deep(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep.c");
-    let out = dir.join(name);
-    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(flags)
-        .args(["-Wl,--build-id", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc")
-        .success();
-    assert!(ok, "compiling deep.c");
-    out
 }
 
 /// (run time ns, runs) of this process's `profcol_cpu_sample` program.
@@ -157,8 +141,8 @@ async fn main() {
     let before = std::fs::read_to_string(STATS_SYSCTL).unwrap_or_else(|_| "0".into());
     std::fs::write(STATS_SYSCTL, "1").expect("enable kernel.bpf_stats_enabled (root)");
     let dir = tempfile::tempdir().unwrap();
-    let fp = build_deep(dir.path(), "deep_fp", &["-O2", "-fno-omit-frame-pointer"]);
-    let omit = build_deep(dir.path(), "deep_omit", &["-O2", "-fomit-frame-pointer"]);
+    let fp = compile_workload("deep.c", "deep_fp", dir.path(), &["-O2", "-fno-omit-frame-pointer"]);
+    let omit = compile_workload("deep.c", "deep_omit", dir.path(), &["-O2", "-fomit-frame-pointer"]);
     let settings = [
         ("frame_pointers, frame-pointer build (baseline)", UnwindMode::FramePointers, &fp),
         ("auto (tables), frame-pointer build", UnwindMode::Auto, &fp),

@@ -21,17 +21,18 @@ const SECONDS: f64 = 3.0;
 
 /// examples/workloads/deep.c compiled with `flags`.
 fn build_deep(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep.c");
-    let out = dir.join(name);
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(flags)
-        .args(["-Wl,--build-id", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run cc (install gcc)");
-    assert!(status.success(), "compiling {}", src.display());
-    out
+    compile_workload("deep.c", name, dir, flags)
+}
+
+/// `deep.c` or `deep_rust.rs` run under the receiver with `mode`.
+async fn profile(bin: &Path, mode: UnwindMode) -> (Vec<profcol_api::Profiles>, String, u32) {
+    let config = EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        unwind: UnwindConfig { mode, ..Default::default() },
+        ..Default::default()
+    };
+    profile_workload(bin, SECONDS, config).await
 }
 
 /// The chain every sample should carry below its leaf, leaf first.
@@ -45,6 +46,10 @@ fn names(s: &Observed, syms: &mut Vec<(String, Symbolizer)>) -> Vec<String> {
         .enumerate()
         .map(|(i, f)| {
             let Some(m) = &f.mapping else { return format!("{:#x}", f.address) };
+            if !Path::new(&f.mapping_filename).is_file() {
+                return format!("{}+{:#x}", f.mapping_filename, f.address - m.memory_start);
+                // [vdso]
+            }
             if !syms.iter().any(|(p, _)| *p == f.mapping_filename) {
                 syms.push((f.mapping_filename.clone(), Symbolizer::new(Path::new(&f.mapping_filename))));
             }
@@ -78,20 +83,7 @@ fn whole(stack: &[String], is_static: bool) -> bool {
 /// Runs `bin` under the receiver (only its pid sampled); returns the share
 /// of its samples with whole stacks, after printing the ones without.
 async fn whole_share(bin: &Path, is_static: bool, mode: UnwindMode) -> f64 {
-    let mut w = Workload::spawn(bin, SECONDS);
-    let pid = w.pid;
-    let running = start(EbpfConfig {
-        sample_frequency: FREQ,
-        report_interval: Duration::from_secs(1),
-        pids: vec![pid],
-        unwind: UnwindConfig { mode, ..Default::default() },
-        ..Default::default()
-    })
-    .await;
-    w.go();
-    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (batches, metrics) = running.stop().await;
+    let (batches, metrics, pid) = profile(bin, mode).await;
     let samples = samples_of(&batches, pid);
     let mut syms = Vec::new();
     let (mut good, mut total) = (0, 0);
@@ -173,29 +165,8 @@ async fn rust_release_stacks_are_whole() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/deep_rust.rs");
-    let bin = dir.path().join("deep_rust");
-    let ok = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
-        .args(["-C", "opt-level=2", "-C", "debuginfo=0", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("run rustc")
-        .success();
-    assert!(ok, "compiling {}", src.display());
-    let mut w = Workload::spawn(&bin, SECONDS);
-    let pid = w.pid;
-    let running = start(EbpfConfig {
-        sample_frequency: FREQ,
-        report_interval: Duration::from_secs(1),
-        pids: vec![pid],
-        ..Default::default()
-    })
-    .await;
-    w.go();
-    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (batches, metrics) = running.stop().await;
+    let bin = compile_workload("deep_rust.rs", "deep_rust", dir.path(), &["-C", "opt-level=2", "-C", "debuginfo=0"]);
+    let (batches, metrics, pid) = profile(&bin, UnwindMode::Auto).await;
     let chain = ["deep_rust_leaf", "deep_rust_mid", "deep_rust_top", "deep_rust4main"];
     let mut syms = Vec::new();
     let (mut good, mut total) = (0, 0);
@@ -362,6 +333,9 @@ impl FunctionNamer {
             .enumerate()
             .map(|(i, f)| {
                 let Some(m) = &f.mapping else { return format!("{:#x}?", f.address) };
+                if !Path::new(&f.mapping_filename).is_file() {
+                    return f.mapping_filename.clone(); // [vdso]
+                }
                 let addr = if i == 0 { f.address } else { f.address - 1 };
                 let v = self.load(&f.mapping_filename).0.vaddr(m, addr);
                 match v {
@@ -390,7 +364,7 @@ fn perf_stacks(data: &Path, namer: &mut FunctionNamer) -> Vec<Vec<String>> {
             let line = line.trim();
             let (Some((ip, rest)), Some(open)) = (line.split_once(' '), line.rfind('(')) else { continue };
             let dso = rest[open - ip.len() - 1..].trim_start_matches('(').trim_end_matches(')').to_owned();
-            if dso.starts_with('[') || !dso.starts_with('/') {
+            if dso == "[kernel.kallsyms]" || !(dso.starts_with('/') || dso == "[vdso]") {
                 continue; // kernel frames, unknown objects
             }
             let Ok(ip) = u64::from_str_radix(ip, 16) else { continue };
@@ -407,6 +381,9 @@ fn perf_stacks(data: &Path, namer: &mut FunctionNamer) -> Vec<Vec<String>> {
             .enumerate()
             .map(|(i, (off, dso))| {
                 let off = if i == 0 { *off } else { off - 1 };
+                if dso == "[vdso]" {
+                    return dso.clone();
+                }
                 match namer.load(dso).0.vaddr_of_offset(off) {
                     Some(v) => namer.name(dso, v),
                     None => format!("{dso}@{off:#x}?"),

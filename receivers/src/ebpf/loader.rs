@@ -130,7 +130,16 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         .map_err(|e: ProgramError| other("BPF program type", &e))?;
     prog.load().map_err(|e| other("the kernel refused the BPF program", &e))?;
     if unwind.mode != obj::unwind::Mode::FramePointers {
-        load_unwind_program(&mut ebpf)?;
+        if let Err(e) = load_unwind_program(&mut ebpf) {
+            if cfg.unwind.mode != super::config::UnwindMode::Auto {
+                return Err(e);
+            }
+            // The default must not stop a kernel without it from profiling.
+            tracing::warn!("ebpf receiver: {e}; user stacks by frame pointers only");
+            let mut fp = cfg.clone();
+            fp.unwind.mode = super::config::UnwindMode::FramePointers;
+            return load_program(&fp);
+        }
     }
     if !cfg.uprobes.is_empty() {
         load_uprobe_program(&mut ebpf)?;
@@ -328,11 +337,10 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError>
         }
         Err(e) => return Err(LoadError::Other(format!("uprobes need exec/exit events: {e}"))),
     };
-    let unwind_maps = if cfg.unwind.mode == super::config::UnwindMode::FramePointers {
-        None
-    } else {
-        Some(take_unwind_maps(&mut ebpf)?)
-    };
+    // Tables only when the table-walking program loaded (`auto` falls
+    // back to frame pointers without it).
+    let unwind_loaded = ebpf.program(obj::unwind::PROGRAM).is_some_and(|p| p.fd().is_ok());
+    let unwind_maps = if unwind_loaded { Some(take_unwind_maps(&mut ebpf)?) } else { None };
     let mut loaded = Loaded {
         unwind_maps,
         events: BTreeMap::new(),

@@ -58,16 +58,41 @@ impl Running {
 
 /// Compiles examples/workloads/<name>.c with frame pointers into `dir`.
 pub fn build_workload(name: &str, dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads").join(format!("{name}.c"));
-    let out = dir.join(name);
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-Wl,--build-id", "-o"])
-        .arg(&out)
+    compile_workload(&format!("{name}.c"), name, dir, &["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline"])
+}
+
+/// Compiles examples/workloads/`file` into `dir`/`out` with `flags`: C
+/// with `$CC` (else cc, with a GNU build id), Rust (`.rs`) with `$RUSTC`
+/// (else rustc).
+pub fn compile_workload(file: &str, out: &str, dir: &Path, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads").join(file);
+    let bin = dir.join(out);
+    let (tool, var, extra) =
+        if file.ends_with(".rs") { ("rustc", "RUSTC", &[][..]) } else { ("cc", "CC", &["-Wl,--build-id"][..]) };
+    let status = Command::new(std::env::var(var).unwrap_or_else(|_| tool.into()))
+        .args(flags)
+        .args(extra)
+        .arg("-o")
+        .arg(&bin)
         .arg(&src)
         .status()
-        .expect("run cc (install gcc)");
+        .unwrap_or_else(|e| panic!("run {tool}: {e}"));
     assert!(status.success(), "compiling {}", src.display());
-    out
+    bin
+}
+
+/// Runs a workload (ready/go/cpu_ns protocol) of `seconds` of CPU under
+/// a receiver with `config` that samples only its pid; returns the
+/// batches, the receiver's metrics and the pid.
+pub async fn profile_workload(bin: &Path, seconds: f64, config: EbpfConfig) -> (Vec<Profiles>, String, u32) {
+    let mut w = Workload::spawn(bin, seconds);
+    let pid = w.pid;
+    let running = start(EbpfConfig { pids: vec![pid], ..config }).await;
+    w.go();
+    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (batches, metrics) = running.stop().await;
+    (batches, metrics, pid)
 }
 
 /// A workload process following the ready/go/cpu_ns protocol.
