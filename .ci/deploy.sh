@@ -8,8 +8,8 @@
 #     kubernetes-client (1.20) is too old for these kustomizations, so a
 #     machine without kubectl fails here with what to install;
 #   - runs deploy/container/check.sh: image built from this clone, rootfs
-#     exported, the binary run from it (a dev-profile musl build: about
-#     N minutes cold, see docs/DEPLOY.md "The image").
+#     exported, the binary run from it (a dev-profile musl build: 556 s user
+#     CPU cold, ~5 min on an idle 2-core machine; docs/ARCHITECTURE.md, "CI time").
 # Idempotent and quiet: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -57,6 +57,9 @@ const CASES: &[Case] = &[
     case("exporters:\n  otlp:\n    endpoint: localhost:4317\n    headers:\n      x-token: \"a\\nb\"\n", "exporters::otlp::headers::x-token", "x-token:", "visible ASCII only"),
     case("exporters:\n  otlp:\n    endpoint: localhost:4317\n    max_recv_msg_size_mib: 0\n", "exporters::otlp::max_recv_msg_size_mib", "max_recv_msg_size_mib:", "use 1 to 4096 MiB"),
     case("exporters:\n  otlp:\n    endpoint: localhost:4317\n    headers:\n      authorization: \"[REDACTED]\"\n", "exporters::otlp::headers::authorization", "authorization:", "put the real value here"),
+    case("exporters:\n  otlp:\n    endpoint: localhost:4317\n    balancer:\n      resolver:\n        static:\n          endpoints: [a:4317]\n", "exporters::otlp::balancer", "balancer:", "remove endpoint (or balancer)"),
+    case("exporters:\n  otlp_http:\n    balancer:\n      resolver:\n        dns:\n          hostname: gw.svc\n          interval: 10ms\n", "exporters::otlp_http::balancer::resolver::dns::interval", "interval:", "use 100ms to 1h"),
+    case("processors:\n  resource:\n    attributes:\n      - key: ''\n        action: upsert\n        value: x\n", "processors::resource::attributes::0::key", "key:", "name the resource attribute"),
     // exporter helper keys (every exporter)
     case("exporters:\n  otlp:\n    endpoint: localhost:4317\n    timeout: 0s\n", "exporters::otlp::timeout", "timeout:", "must be greater than 0"),
     case("exporters:\n  debug:\n    sending_queue:\n      queue_size: 0\n", "exporters::debug::sending_queue::queue_size", "queue_size:", "set enabled: false"),
