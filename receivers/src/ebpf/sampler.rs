@@ -194,7 +194,18 @@ impl SamplerHandle {
             std::thread::Builder::new()
                 .name("profcol-ebpf".into())
                 .spawn(move || {
-                    run(config, stop, wake, counters, uprobe_counters, unwind_counters, batch_tx, ready_tx, started, pins)
+                    run(
+                        config,
+                        stop,
+                        wake,
+                        counters,
+                        uprobe_counters,
+                        unwind_counters,
+                        batch_tx,
+                        ready_tx,
+                        started,
+                        pins,
+                    )
                 })
                 .map_err(|e| LoadError::Other(format!("spawning the sampler thread: {e}")))?
         };
