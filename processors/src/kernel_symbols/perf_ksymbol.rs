@@ -289,11 +289,22 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
     let mut held: Reorder<BpfEvent> = Reorder::default();
     let mut ready = Vec::new();
     loop {
-        // Held records need the watermark to move past them: come back soon.
-        let wait = if held.is_empty() { Duration::from_millis(500) } else { Duration::from_nanos(SLACK_NS) };
-        let any = futures::future::select_all(rings.iter().map(|r| Box::pin(r.readable())));
-        if let Ok((Ok(mut guard), _, _)) = tokio::time::timeout(wait, any).await {
-            guard.clear_ready();
+        // Held records need the watermark to move past them: come back
+        // soon. With none held, sleep until a ring has a record or the
+        // store is gone: an idle listener costs no wake-up.
+        {
+            let any = futures::future::select_all(rings.iter().map(|r| Box::pin(r.readable())));
+            let woke = if held.is_empty() {
+                tokio::select! {
+                    r = any => Some(r),
+                    _ = tx.closed() => return,
+                }
+            } else {
+                tokio::time::timeout(Duration::from_nanos(SLACK_NS), any).await.ok()
+            };
+            if let Some((Ok(mut guard), _, _)) = woke {
+                guard.clear_ready();
+            }
         }
         // Everything stamped at or before the watermark is in the rings now.
         let now = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
