@@ -56,25 +56,52 @@ struct Batch {
     held: Mutex<Option<Held>>,
 }
 
-/// What the processor holds: the merged batches and their observations
+/// What the processor holds: the batches so far and their observations
 /// (counted per incoming batch, so a merge never recounts what is held).
 struct Held {
-    merged: ProfilesBuilder,
+    merged: Merged,
     samples: usize,
+}
+
+/// A first batch is held as it came: forwarded alone it needs no rebuild,
+/// and a second one is merged into it (its dictionary indexed in place,
+/// not interned again into an empty one).
+enum Merged {
+    One(Profiles),
+    Many(Box<ProfilesBuilder>),
+}
+
+impl Merged {
+    fn add(self, batch: Profiles) -> Merged {
+        let mut b = match self {
+            Merged::One(first) => Box::new(ProfilesBuilder::from_profiles(first)),
+            Merged::Many(b) => b,
+        };
+        b.append(batch);
+        Merged::Many(b)
+    }
+
+    fn build(self) -> Profiles {
+        match self {
+            Merged::One(p) => p,
+            Merged::Many(b) => b.build(),
+        }
+    }
 }
 
 #[async_trait]
 impl Processor for Batch {
     async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let h = held.get_or_insert_with(|| Held { merged: ProfilesBuilder::new(), samples: 0 });
-        h.samples = h.samples.saturating_add(batch.sample_count());
-        h.merged.append(batch);
+        let samples = batch.sample_count();
+        let h = match held.take() {
+            None => Held { merged: Merged::One(batch), samples },
+            Some(h) => Held { merged: h.merged.add(batch), samples: h.samples.saturating_add(samples) },
+        };
         if h.samples >= self.cfg.send_batch_size {
-            if let Some(full) = held.take() {
-                return Ok(ProcessOutcome::Forward(full.merged.build()));
-            }
+            return Ok(ProcessOutcome::Forward(h.merged.build()));
         }
+        *held = Some(h);
         Ok(ProcessOutcome::Held)
     }
 

@@ -41,7 +41,6 @@ pub struct Compiled {
 
 pub struct Runtime {
     engine: Engine,
-    cache_dir: Mutex<Option<PathBuf>>,
     cache: Mutex<Option<Arc<DiskCache>>>,
     compiled: Mutex<HashMap<String, Weak<Compiled>>>,
     /// Held while compiling: components that load the same new file at
@@ -51,6 +50,11 @@ pub struct Runtime {
 
 static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 
+/// `service.plugins.cache_dir`, kept apart from the runtime: setting it must
+/// not start the engine and its epoch ticker (a wake-up every
+/// [`EPOCH_TICK`]) in a process that runs no plugin.
+static CACHE_DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+
 /// The process-wide runtime (one engine, one epoch ticker).
 pub fn runtime() -> Result<&'static Runtime, String> {
     RUNTIME.get_or_init(Runtime::new).as_ref().map_err(Clone::clone)
@@ -59,10 +63,11 @@ pub fn runtime() -> Result<&'static Runtime, String> {
 /// Sets the compile cache directory (`service.plugins.cache_dir`; None: the
 /// default). Takes effect for the next compile.
 pub fn set_cache_dir(dir: Option<PathBuf>) {
-    if let Ok(r) = runtime() {
-        let mut cur = r.cache_dir.lock().unwrap_or_else(|p| p.into_inner());
-        if *cur != dir {
-            *cur = dir;
+    let mut cur = CACHE_DIR.lock().unwrap_or_else(|p| p.into_inner());
+    if *cur != dir {
+        *cur = dir;
+        // A runtime already running opens the new directory at its next compile.
+        if let Some(Ok(r)) = RUNTIME.get() {
             *r.cache.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
     }
@@ -95,13 +100,7 @@ impl Runtime {
                 }
             })
             .map_err(|e| format!("cannot start the plugin epoch thread: {e}"))?;
-        Ok(Runtime {
-            engine,
-            cache_dir: Mutex::new(None),
-            cache: Mutex::new(None),
-            compiled: Mutex::new(HashMap::new()),
-            compiling: Mutex::new(()),
-        })
+        Ok(Runtime { engine, cache: Mutex::new(None), compiled: Mutex::new(HashMap::new()), compiling: Mutex::new(()) })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -111,7 +110,7 @@ impl Runtime {
     fn disk(&self) -> Arc<DiskCache> {
         let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         c.get_or_insert_with(|| {
-            let dir = self.cache_dir.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let dir = CACHE_DIR.lock().unwrap_or_else(|p| p.into_inner()).clone();
             Arc::new(DiskCache::open(dir))
         })
         .clone()

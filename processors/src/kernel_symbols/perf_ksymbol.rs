@@ -309,17 +309,27 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
     let mut ready = Vec::new();
     loop {
         // Held records, or a batch waiting for a time not reported yet,
-        // need the watermark to move: come back soon.
-        let behind = progress.wanted_to() > sent_to;
-        let wait = if held.is_empty() && !behind { Duration::from_millis(500) } else { Duration::from_nanos(SLACK_NS) };
-        let any = futures::future::select_all(rings.iter().map(|r| Box::pin(r.readable())));
-        tokio::select! {
-            r = tokio::time::timeout(wait, any) => {
-                if let Ok((Ok(mut guard), _, _)) = r {
-                    guard.clear_ready();
+        // need the watermark to move: come back soon. Otherwise sleep until
+        // a ring has a record, a batch starts waiting, or the store is
+        // gone: an idle listener costs no wake-up.
+        {
+            let behind = progress.wanted_to() > sent_to;
+            let any = futures::future::select_all(rings.iter().map(|r| Box::pin(r.readable())));
+            let woke = if held.is_empty() && !behind {
+                tokio::select! {
+                    r = any => Some(r),
+                    _ = progress.poked() => None,
+                    _ = tx.closed() => return,
                 }
+            } else {
+                tokio::select! {
+                    r = tokio::time::timeout(Duration::from_nanos(SLACK_NS), any) => r.ok(),
+                    _ = progress.poked() => None,
+                }
+            };
+            if let Some((Ok(mut guard), _, _)) = woke {
+                guard.clear_ready();
             }
-            _ = progress.poked() => {}
         }
         // Everything stamped at or before the watermark is in the rings now.
         let now = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);

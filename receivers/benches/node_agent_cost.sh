@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Steady-state cost of the whole node agent vs `perf record -F 99 -a -g`,
+# all running at the same time over the same load.
+#
+#   sudo receivers/benches/node_agent_cost.sh              # 3 runs of 60 s
+#   RUNS=1 sudo receivers/benches/node_agent_cost.sh       # one run
+#
+# Each run starts, at once and over one load (two busy CPUs: a shell loop
+# and `dd if=/dev/zero of=/dev/null`):
+#   - node:  the release `profcol` binary with examples/default.yaml (ebpf ->
+#            kernel_symbols -> pprof + debug), sample_frequency raised to 99;
+#   - debug: the same binary with ebpf -> debug only, 99 Hz;
+#   - perf:  perf record -F 99 -a -g (Debian linux-perf).
+# It reads each process's CPU time, the sum of the first field of
+# /proc/PID/task/*/schedstat (ns on CPU per thread), at START_AT (10 s) and
+# END_AT (40 s) after the start, and RSS (VmRSS, VmHWM) at RSS_AT (60 s).
+# Steady state is the slope between the two reads (ms of CPU per second);
+# start-up is the CPU at START_AT minus START_AT seconds of that slope.
+# Lines: RUN (one per tool per run), then MEDIAN and RATIO over the runs.
+# Needs root, perf.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+RUNS=${RUNS:-3}
+FREQ=${FREQ:-99}
+START_AT=${START_AT:-10}
+END_AT=${END_AT:-40}
+RSS_AT=${RSS_AT:-60}
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+cargo build --release -q -p profcol --bin profcol
+BIN=${CARGO_TARGET_DIR:-target}/release/profcol
+
+# The default node agent at FREQ, writing into TMP; each agent serves its
+# metrics (on by default) on a port of its own, so both can start.
+METRICS_PORT=${METRICS_PORT:-18887}
+sed -e "s/sample_frequency: [0-9]*/sample_frequency: $FREQ/" \
+	-e "s|directory: ./profiles|directory: $TMP/profiles|" \
+	-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: 127.0.0.1:$METRICS_PORT|" examples/default.yaml >"$TMP/node.yaml"
+grep -q "sample_frequency: $FREQ" "$TMP/node.yaml"
+cat >"$TMP/debug.yaml" <<EOF
+receivers:
+  ebpf:
+    sample_frequency: $FREQ
+    report_interval: 5s
+exporters:
+  debug:
+    verbosity: basic
+service:
+  telemetry:
+    metrics:
+      address: 127.0.0.1:$((METRICS_PORT + 1))
+  pipelines:
+    profiles:
+      receivers: [ebpf]
+      exporters: [debug]
+EOF
+
+# ns on CPU of every live thread of PID
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%d\n", s}'; }
+kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
+
+printf 'load average before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
+RESULTS=$TMP/results
+: >"$RESULTS"
+for run in $(seq "$RUNS"); do
+	PIDS=()
+	sh -c 'while :; do :; done' &
+	PIDS+=($!)
+	dd if=/dev/zero of=/dev/null bs=4k 2>/dev/null &
+	PIDS+=($!)
+	sleep 1
+	declare -A PID=()
+	"$BIN" --config "$TMP/node.yaml" >"$TMP/node.log" 2>&1 &
+	PID[node]=$!
+	"$BIN" --config "$TMP/debug.yaml" >"$TMP/debug.log" 2>&1 &
+	PID[debug]=$!
+	perf record -F "$FREQ" -a -g -o "$TMP/perf.data" >"$TMP/perf.log" 2>&1 &
+	PID[perf]=$!
+	PIDS+=("${PID[@]}")
+	t0=$(date +%s.%N)
+	until_at() { sleep "$(awk -v t0="$t0" -v at="$1" -v now="$(date +%s.%N)" 'BEGIN{d = t0 + at - now; print (d > 0 ? d : 0)}')"; }
+	declare -A C10=() C40=()
+	until_at "$START_AT"
+	for t in node debug perf; do
+		kill -0 "${PID[$t]}" 2>/dev/null || { echo "$t exited early:"; cat "$TMP/$t.log"; exit 1; }
+		C10[$t]=$(cpu_ns "${PID[$t]}")
+	done
+	until_at "$END_AT"
+	for t in node debug perf; do C40[$t]=$(cpu_ns "${PID[$t]}"); done
+	until_at "$RSS_AT"
+	for t in node debug perf; do
+		rss=$(kib "${PID[$t]}" VmRSS)
+		hwm=$(kib "${PID[$t]}" VmHWM)
+		awk -v run="$run" -v t="$t" -v a="${C10[$t]}" -v b="${C40[$t]}" -v s="$START_AT" -v e="$END_AT" \
+			-v rss="$rss" -v hwm="$hwm" 'BEGIN{
+			slope = (b - a) / 1e6 / (e - s); start = a / 1e6 - s * slope
+			printf "RUN %d %-5s cpu@%ds %8.1f ms  cpu@%ds %8.1f ms  steady %7.3f ms/s  start-up %7.1f ms  RSS@60s %6d KiB  peak %6d KiB\n",
+				run, t, s, a / 1e6, e, b / 1e6, slope, start, rss, hwm
+			printf "%d %s %f %f %d %d\n", run, t, slope, start, rss, hwm >> "'"$RESULTS"'"
+		}'
+	done
+	kill -INT "${PID[perf]}"
+	kill -TERM "${PID[node]}" "${PID[debug]}"
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	for t in node debug; do
+		grep -q 'perf events attached' "$TMP/$t.log" || { echo "$t agent did not start:"; cat "$TMP/$t.log"; exit 1; }
+	done
+	rm -f "$TMP/perf.data"
+	printf 'load average after run %d: %s\n' "$run" "$(cut -d' ' -f1-3 /proc/loadavg)"
+done
+
+python3 - "$RESULTS" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+by = {}
+for run, tool, slope, start, rss, hwm in rows:
+    by.setdefault(tool, []).append((float(slope), float(start), int(rss), int(hwm)))
+med = {t: [statistics.median(v[i] for v in vals) for i in range(4)] for t, vals in by.items()}
+for t, (slope, start, rss, hwm) in med.items():
+    print(f"MEDIAN {t:5} steady {slope:.3f} ms/s  start-up {start:.1f} ms  RSS@60s {rss} KiB  peak {hwm} KiB")
+p = med["perf"]
+# Per run ratios too: the runs share their load, medians of ratios are steadier.
+for t in ("node", "debug"):
+    rs = [a[0] / b[0] for a, b in zip(by[t], by["perf"]) if b[0] > 0]
+    print(f"RATIO {t}/perf steady {med[t][0] / p[0]:.2f}x (per run {', '.join(f'{r:.2f}' for r in rs)})"
+          f"  start-up {med[t][1] / p[1]:.2f}x  RSS@60s {med[t][2] / p[2]:.2f}x  peak RSS {med[t][3] / p[3]:.2f}x")
+EOF
