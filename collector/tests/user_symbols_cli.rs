@@ -8,20 +8,7 @@ use std::process::Command;
 
 use profcol_testkit::tools::tool_available;
 
-const PROGRAM: &str = r#"
-volatile int sink;
-static inline __attribute__((always_inline)) int inner(int x) {
-    sink += x * 3;
-    return sink + 1;
-}
-__attribute__((noinline)) int outer(int x) {
-    int s = 0;
-    for (int i = 0; i < x; i++)
-        s += inner(i);
-    return s;
-}
-int main(int argc, char **argv) { (void)argv; return outer(argc) == 42; }
-"#;
+const PROGRAM: &str = include_str!("../../examples/workloads/inlined.c");
 
 fn profcol(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_profcol")).args(args).output().expect("profcol runs")

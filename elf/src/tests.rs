@@ -153,20 +153,7 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(matches!(ElfFile::from_vec(bad), Err(Error::Malformed(_))));
 }
 
-const LINES_PROGRAM: &str = r#"
-volatile int sink;
-static inline __attribute__((always_inline)) int inner(int x) {
-    sink += x * 3;
-    return sink + 1;
-}
-__attribute__((noinline)) int outer(int x) {
-    int s = 0;
-    for (int i = 0; i < x; i++)
-        s += inner(i);
-    return s;
-}
-int main(int argc, char **argv) { (void)argv; return outer(argc) == 42; }
-"#;
+const LINES_PROGRAM: &str = include_str!("../../examples/workloads/inlined.c");
 
 /// binutils' `addr2line -f -i -C -e FILE ADDR`: (function, file base name, line), innermost first.
 fn binutils_frames(file: &Path, vaddr: u64) -> Vec<(String, String, u32)> {
