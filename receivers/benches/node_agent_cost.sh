@@ -71,8 +71,9 @@ service:
       exporters: [debug]
 EOF
 
-# ns on CPU of every live thread of PID
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%d\n", s}'; }
+# ns on CPU of every live thread of PID (%.0f: awk's %d stops at 2^31 ns,
+# 2.1 s, which an agent building unwind tables passes within a minute)
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%.0f\n", s}'; }
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 
 printf 'load average before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
