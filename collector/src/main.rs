@@ -205,7 +205,15 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = &config.service.runtime;
+            if let Some(n) = runtime.malloc_arenas {
+                limit_malloc_arenas(n);
+            }
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = runtime.worker_threads {
+                builder.worker_threads(n);
+            }
+            let rt = match builder.enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");
@@ -242,6 +250,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// `service.runtime.malloc_arenas`: set before the runtime's threads start,
+/// so none of them has an arena beyond the limit.
+fn limit_malloc_arenas(n: u32) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt has no preconditions; M_ARENA_MAX takes any positive count.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, n.min(i32::MAX as u32) as i32);
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = n;
+}
+
 async fn run(
     cli: Cli,
     registry: Registry,
@@ -262,7 +282,8 @@ async fn run(
     let mut service = Service::new(registry, telemetry, status);
     let pipelines: Vec<String> = config.pipelines.keys().cloned().collect();
     service.start(config, checked).await.context("cannot start")?;
-    info!(pipelines = ?pipelines, "profcol started");
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    info!(pipelines = ?pipelines, workers, "profcol started");
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }

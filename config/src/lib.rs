@@ -18,7 +18,7 @@ mod value;
 
 pub use error::{render_path, ConfigError, ConfigErrors, Position};
 pub use positions::Positions;
-pub use service::{PipelineConfig, PluginsConfig, ServiceConfig};
+pub use service::{PipelineConfig, PluginsConfig, RuntimeConfig, ServiceConfig};
 pub use telemetry::{
     BatchProcessorConfig, LogEncoding, LogProcessorConfig, LogsConfig, MetricReaderConfig, MetricsConfig, OtlpProtocol,
     OtlpTelemetryExporter, PeriodicReaderConfig, PrometheusConfig, PullExporterConfig, PullReaderConfig,
@@ -306,6 +306,22 @@ fn check_service(s: &ServiceConfig, r: &mut Report<'_>) {
     }
     if let Err(m) = checks::positive(s.shutdown_timeout, "the drain budget on SIGINT/SIGTERM; default 10s") {
         r.at(&["service", "shutdown_timeout"], m);
+    }
+    if let Some(n) = s.runtime.worker_threads {
+        if !(1..=1024).contains(&n) {
+            r.at(
+                &["service", "runtime", "worker_threads"],
+                format!("{n}: use 1 to 1024 (leave it out for one per CPU)"),
+            );
+        }
+    }
+    if let Some(n) = s.runtime.malloc_arenas {
+        if !(1..=1024).contains(&n) {
+            r.at(
+                &["service", "runtime", "malloc_arenas"],
+                format!("{n}: use 1 to 1024 (leave it out for glibc's default)"),
+            );
+        }
     }
 }
 

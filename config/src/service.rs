@@ -21,6 +21,25 @@ pub struct ServiceConfig {
     pub shutdown_timeout: Duration,
     /// WebAssembly plugins (`wasm` processors and exporters).
     pub plugins: PluginsConfig,
+    /// Threads and heap of the process (read at start; a reload keeps them).
+    pub runtime: RuntimeConfig,
+}
+
+/// `service.runtime`: how many threads run the pipelines and how many heaps
+/// they allocate from. The defaults suit a gateway; a node agent, which
+/// moves a few batches a minute, needs one of each.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Async worker threads (receivers' servers, processors, exporters);
+    /// default one per CPU. Threads of their own (the ebpf sampler, table
+    /// builds) are not counted.
+    pub worker_threads: Option<usize>,
+    /// glibc malloc arenas at most (`M_ARENA_MAX`); default glibc's, 8 per
+    /// CPU. Each thread that allocates may get an arena of its own, which
+    /// keeps freed memory for that thread: fewer arenas, less resident
+    /// memory, more contention between allocating threads.
+    pub malloc_arenas: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -40,6 +59,7 @@ impl Default for ServiceConfig {
             telemetry: TelemetryConfig::default(),
             shutdown_timeout: Duration::from_secs(10),
             plugins: PluginsConfig::default(),
+            runtime: RuntimeConfig::default(),
         }
     }
 }

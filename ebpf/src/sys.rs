@@ -73,6 +73,7 @@ unsafe impl Plain for KsymbolRecord {}
 unsafe impl Plain for BpfEventRecord {}
 unsafe impl Plain for u32 {}
 unsafe impl Plain for u64 {}
+unsafe impl<const N: usize> Plain for [u8; N] {}
 
 /// An all-zero `T`, the starting point of every struct passed to the kernel.
 pub fn zeroed<T: Plain>() -> T {
@@ -148,6 +149,50 @@ pub fn btf_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     let mut attr = id_attr(id);
     // SAFETY: this command's attr holds no pointers.
     unsafe { bpf(bpf_cmd::BPF_BTF_GET_FD_BY_ID, &mut attr) }.map(owned_fd)
+}
+
+/// `BPF_MAP_UPDATE_BATCH`: `map[keys[i]] = values[i]` for every `i` in one
+/// syscall (array and hash maps, Linux >= 5.6), instead of one
+/// `BPF_MAP_UPDATE_ELEM` each. `keys` and `values` are of the map's key and
+/// value sizes and of equal length. On an error, the updates before the
+/// failing element stay; the error says how many went in.
+pub fn map_update_batch<K: Plain, V: Plain>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> io::Result<()> {
+    assert_eq!(keys.len(), values.len(), "one value per key");
+    let count = u32::try_from(keys.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if count == 0 {
+        return Ok(());
+    }
+    let mut attr = zeroed::<bpf_attr>();
+    attr.batch.map_fd = map.as_raw_fd() as u32;
+    attr.batch.keys = keys.as_ptr() as u64;
+    attr.batch.values = values.as_ptr() as u64;
+    attr.batch.count = count;
+    // SAFETY: keys and values are live for `count` elements each; the
+    // kernel only reads them (and writes attr.batch.count).
+    match unsafe { bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut attr) } {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // SAFETY: reading a plain-integer union variant.
+            let done = unsafe { attr.batch.count };
+            Err(io::Error::new(e.kind(), format!("BPF_MAP_UPDATE_BATCH: {e} after {done} of {count} elements")))
+        }
+    }
+}
+
+/// `BPF_MAP_DELETE_BATCH`: removes every key of `keys` in one syscall (hash
+/// maps, Linux >= 5.6). A missing key stops the batch with `ENOENT`; the
+/// keys before it are gone.
+pub fn map_delete_batch<K: Plain>(map: BorrowedFd<'_>, keys: &[K]) -> io::Result<()> {
+    let count = u32::try_from(keys.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    if count == 0 {
+        return Ok(());
+    }
+    let mut attr = zeroed::<bpf_attr>();
+    attr.batch.map_fd = map.as_raw_fd() as u32;
+    attr.batch.keys = keys.as_ptr() as u64;
+    attr.batch.count = count;
+    // SAFETY: keys is live for `count` elements; the kernel only reads it.
+    unsafe { bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr) }.map(drop)
 }
 
 /// The info structs `BPF_OBJ_GET_INFO_BY_FD` fills.

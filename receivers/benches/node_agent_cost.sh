@@ -10,7 +10,10 @@
 #   - node:  the release `profcol` binary with examples/default.yaml (ebpf ->
 #            kernel_symbols -> pprof + debug), sample_frequency raised to 99;
 #   - debug: the same binary with ebpf -> debug only, 99 Hz;
-#   - perf:  perf record -F 99 -a -g (Debian linux-perf).
+#   - perf:  perf record -F 99 -a -g (Debian linux-perf);
+#   - before: with BEFORE_BIN=path/to/an/older/profcol, that binary with the
+#            node config too (its metrics on a port of its own): a change's
+#            before and after over the same load.
 # It reads each process's CPU time, the sum of the first field of
 # /proc/PID/task/*/schedstat (ns on CPU per thread), at START_AT (10 s) and
 # END_AT (40 s) after the start, and RSS (VmRSS, VmHWM) at RSS_AT (60 s).
@@ -37,6 +40,9 @@ trap cleanup EXIT
 
 cargo build --release -q -p profcol --bin profcol
 BIN=${CARGO_TARGET_DIR:-target}/release/profcol
+BEFORE_BIN=${BEFORE_BIN:-}
+TOOLS="node debug perf"
+[ -n "$BEFORE_BIN" ] && TOOLS="node before debug perf"
 
 # The default node agent at FREQ, writing into TMP; each agent serves its
 # metrics (on by default) on a port of its own, so both can start.
@@ -45,6 +51,8 @@ sed -e "s/sample_frequency: [0-9]*/sample_frequency: $FREQ/" \
 	-e "s|directory: ./profiles|directory: $TMP/profiles|" \
 	-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: 127.0.0.1:$METRICS_PORT|" examples/default.yaml >"$TMP/node.yaml"
 grep -q "sample_frequency: $FREQ" "$TMP/node.yaml"
+sed -e "/^  runtime:/,/malloc_arenas/d" -e "s|$TMP/profiles|$TMP/profiles-before|" -e "s|address: 127.0.0.1:$METRICS_PORT|address: 127.0.0.1:$((METRICS_PORT + 2))|" \
+	"$TMP/node.yaml" >"$TMP/before.yaml"
 cat >"$TMP/debug.yaml" <<EOF
 receivers:
   ebpf:
@@ -63,8 +71,9 @@ service:
       exporters: [debug]
 EOF
 
-# ns on CPU of every live thread of PID
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%d\n", s}'; }
+# ns on CPU of every live thread of PID (%.0f: awk's %d stops at 2^31 ns,
+# 2.1 s, which an agent building unwind tables passes within a minute)
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%.0f\n", s}'; }
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 
 printf 'load average before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -82,6 +91,10 @@ for run in $(seq "$RUNS"); do
 	PID[node]=$!
 	"$BIN" --config "$TMP/debug.yaml" >"$TMP/debug.log" 2>&1 &
 	PID[debug]=$!
+	if [ -n "$BEFORE_BIN" ]; then
+		"$BEFORE_BIN" --config "$TMP/before.yaml" >"$TMP/before.log" 2>&1 &
+		PID[before]=$!
+	fi
 	perf record -F "$FREQ" -a -g -o "$TMP/perf.data" >"$TMP/perf.log" 2>&1 &
 	PID[perf]=$!
 	PIDS+=("${PID[@]}")
@@ -89,29 +102,29 @@ for run in $(seq "$RUNS"); do
 	until_at() { sleep "$(awk -v t0="$t0" -v at="$1" -v now="$(date +%s.%N)" 'BEGIN{d = t0 + at - now; print (d > 0 ? d : 0)}')"; }
 	declare -A C10=() C40=()
 	until_at "$START_AT"
-	for t in node debug perf; do
+	for t in $TOOLS; do
 		kill -0 "${PID[$t]}" 2>/dev/null || { echo "$t exited early:"; cat "$TMP/$t.log"; exit 1; }
 		C10[$t]=$(cpu_ns "${PID[$t]}")
 	done
 	until_at "$END_AT"
-	for t in node debug perf; do C40[$t]=$(cpu_ns "${PID[$t]}"); done
+	for t in $TOOLS; do C40[$t]=$(cpu_ns "${PID[$t]}"); done
 	until_at "$RSS_AT"
-	for t in node debug perf; do
+	for t in $TOOLS; do
 		rss=$(kib "${PID[$t]}" VmRSS)
 		hwm=$(kib "${PID[$t]}" VmHWM)
 		awk -v run="$run" -v t="$t" -v a="${C10[$t]}" -v b="${C40[$t]}" -v s="$START_AT" -v e="$END_AT" \
 			-v rss="$rss" -v hwm="$hwm" 'BEGIN{
 			slope = (b - a) / 1e6 / (e - s); start = a / 1e6 - s * slope
-			printf "RUN %d %-5s cpu@%ds %8.1f ms  cpu@%ds %8.1f ms  steady %7.3f ms/s  start-up %7.1f ms  RSS@60s %6d KiB  peak %6d KiB\n",
+			printf "RUN %d %-6s cpu@%ds %8.1f ms  cpu@%ds %8.1f ms  steady %7.3f ms/s  start-up %7.1f ms  RSS@60s %6d KiB  peak %6d KiB\n",
 				run, t, s, a / 1e6, e, b / 1e6, slope, start, rss, hwm
 			printf "%d %s %f %f %d %d\n", run, t, slope, start, rss, hwm >> "'"$RESULTS"'"
 		}'
 	done
 	kill -INT "${PID[perf]}"
-	kill -TERM "${PID[node]}" "${PID[debug]}"
+	kill -TERM "${PID[node]}" "${PID[debug]}" ${PID[before]:-}
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
-	for t in node debug; do
+	for t in ${TOOLS% perf}; do
 		grep -q 'perf events attached' "$TMP/$t.log" || { echo "$t agent did not start:"; cat "$TMP/$t.log"; exit 1; }
 	done
 	rm -f "$TMP/perf.data"
@@ -126,10 +139,10 @@ for run, tool, slope, start, rss, hwm in rows:
     by.setdefault(tool, []).append((float(slope), float(start), int(rss), int(hwm)))
 med = {t: [statistics.median(v[i] for v in vals) for i in range(4)] for t, vals in by.items()}
 for t, (slope, start, rss, hwm) in med.items():
-    print(f"MEDIAN {t:5} steady {slope:.3f} ms/s  start-up {start:.1f} ms  RSS@60s {rss} KiB  peak {hwm} KiB")
+    print(f"MEDIAN {t:6} steady {slope:.3f} ms/s  start-up {start:.1f} ms  RSS@60s {rss} KiB  peak {hwm} KiB")
 p = med["perf"]
 # Per run ratios too: the runs share their load, medians of ratios are steadier.
-for t in ("node", "debug"):
+for t in [t for t in ("node", "before", "debug") if t in by]:
     rs = [a[0] / b[0] for a, b in zip(by[t], by["perf"]) if b[0] > 0]
     print(f"RATIO {t}/perf steady {med[t][0] / p[0]:.2f}x (per run {', '.join(f'{r:.2f}' for r in rs)})"
           f"  start-up {med[t][1] / p[1]:.2f}x  RSS@60s {med[t][2] / p[2]:.2f}x  peak RSS {med[t][3] / p[3]:.2f}x")

@@ -216,7 +216,7 @@ fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps
     let rules = aya::maps::Array::try_from(take(obj::unwind::RULES_MAP)?).map_err(|e| other("unwind_rules", &e))?;
     let mappings = aya::maps::lpm_trie::LpmTrie::try_from(take(obj::unwind::MAPPINGS_MAP)?)
         .map_err(|e| other("unwind_mappings", &e))?;
-    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, mappings })
+    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, mappings, row_keys: Vec::new() })
 }
 
 /// Loads the uprobe program; the error names what the kernel lacks.

@@ -40,8 +40,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How often the ring buffer is drained when nothing forces a wakeup.
-pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
+/// How often the ring buffer is drained when nothing forces a wakeup: a
+/// node agent's steady wake-up. The ring's quarter-full wakeup bounds what
+/// waits, and a process the unwinder does not know yet wakes the reader
+/// itself (every 20 ms at most), so its tables do not wait for this.
+pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
+/// The longest period of exec/exit event reads while events keep coming
+/// (probes configured).
+pub const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
 /// How often exec/exit events are read, at most, when probes are
 /// configured. The BPF programs wake the reader only for an event into an
 /// empty ring: an idle host costs no wake-up, the first exec after a quiet
@@ -54,8 +60,8 @@ pub const DRAIN_PERIOD: Duration = Duration::from_millis(250);
 /// needs no /proc read, its executable and libraries are known even after
 /// it exited, and a binary seen before is answered by its verdict: the
 /// period doubles after every read that found nothing new (no binary
-/// parsed), up to [`DRAIN_PERIOD`] (the loop's own wake-up, so a steady
-/// stream of known binaries costs no extra wake-up), and drops back to
+/// parsed), up to [`PROC_EVENT_MAX_PERIOD`] (a steady stream of known
+/// binaries costs at most four wake-ups a second), and drops back to
 /// this after a read that parsed one (a new binary: its processes' next
 /// mappings, the libraries, are wanted soon).
 pub const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
@@ -409,7 +415,7 @@ fn run(
             proc_period = if s.mappings.is_none() || parsed_now != parsed {
                 PROC_EVENT_PERIOD
             } else {
-                (proc_period * 2).min(DRAIN_PERIOD)
+                (proc_period * 2).min(PROC_EVENT_MAX_PERIOD)
             };
         }
         s.drain(&mut loaded);

@@ -26,11 +26,17 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use store::{LoadRefused, Sink, TableKey, TableStore};
 
 /// Files remembered (segments, or "no table"); cleared when full.
 const MAX_FILES: usize = 4096;
+/// A table evicted while processes used it is not built again for this
+/// long: their files are walked by frame pointers meanwhile. When the
+/// binaries that new processes run need more than `max_table_bytes`,
+/// evicting and rebuilding would otherwise go round for good (a build host
+/// measured 370 builds a minute, each a parse of a whole `.eh_frame`).
+pub const EVICTED_HOLDOFF: Duration = Duration::from_secs(60);
 
 /// What the BPF maps are asked to hold, besides tables.
 pub trait MappingSink: Sink {
@@ -107,6 +113,9 @@ enum FileState {
     Table(Arc<[LoadSegment]>),
     /// No usable table (no CFI, or refused): frame pointers.
     NoTable,
+    /// Its table was evicted while in use at this time: frame pointers
+    /// until [`EVICTED_HOLDOFF`] has passed.
+    Evicted(Instant),
 }
 
 /// One address-range entry of a process in the LPM trie.
@@ -187,6 +196,7 @@ impl Unwinder {
 
     /// Loads the tables the worker finished into the kernel.
     pub fn poll(&mut self, sink: &mut dyn MappingSink, now: Instant) {
+        let epoch = self.epoch;
         while let Ok(b) = self.built.try_recv() {
             self.epoch += 1;
             self.counters.table_build_micros.add(b.micros);
@@ -198,8 +208,9 @@ impl Unwinder {
                     LoadRefused::RulesFull => "the rule dictionary is full".to_owned(),
                     LoadRefused::Map(m) => m,
                 })?;
-                for (id, pids) in evicted {
+                for (id, key, pids) in evicted {
                     self.unpoint(id, &pids, sink);
+                    self.remember(key, FileState::Evicted(now));
                 }
                 Ok(segments)
             });
@@ -215,6 +226,9 @@ impl Unwinder {
                 }
             };
             self.remember(b.key, state);
+        }
+        if self.epoch != epoch {
+            release_freed_memory();
         }
         self.publish();
     }
@@ -236,7 +250,7 @@ impl Unwinder {
             if !m.path.starts_with('/') {
                 continue;
             }
-            match self.table_for(pid, m) {
+            match self.table_for(pid, m, now) {
                 Lookup::Ready(id, bias) => plan.push((m, id, bias)),
                 Lookup::None => {}
                 Lookup::Waiting => ready = false,
@@ -296,7 +310,7 @@ impl Unwinder {
 
     /// The loaded table and bias of mapping `m` of `pid`; a file seen for
     /// the first time (or evicted since) goes to the worker.
-    fn table_for(&mut self, pid: u32, m: &super::process::Mapping) -> Lookup {
+    fn table_for(&mut self, pid: u32, m: &super::process::Mapping, now: Instant) -> Lookup {
         let open = || {
             File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
                 .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
@@ -315,6 +329,7 @@ impl Unwinder {
         match (self.files.get(&key), self.store.id(&key)) {
             (Some(FileState::NoTable), _) => return Lookup::None,
             (Some(FileState::Pending), _) => return Lookup::Waiting,
+            (Some(FileState::Evicted(at)), _) if now.duration_since(*at) < EVICTED_HOLDOFF => return Lookup::None,
             (Some(FileState::Table(segs)), Some(id)) => {
                 return match bias(segs, m.file_offset, m.start) {
                     Some(b) => Lookup::Ready(id, b),
@@ -382,6 +397,19 @@ fn build(file: &File) -> Result<(CompactTable, Arc<[LoadSegment]>), String> {
     Ok((compact, elf.load_segments().into()))
 }
 
+/// Hands the heap the allocator keeps free back to the kernel. A table
+/// build of a large binary allocates tens of MiB for a moment (the parsed
+/// `.eh_frame`, the full table before compaction, the compact table until
+/// it is in the kernel); glibc keeps what was freed in the worker's arena,
+/// so a node agent's RSS would stay at its largest build for good.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Process address minus file virtual address for a mapping of file
 /// offset `offset` at `start`.
 fn bias(segments: &[LoadSegment], offset: u64, start: u64) -> Option<u64> {
@@ -447,5 +475,38 @@ mod tests {
         assert_eq!(sink.mapping_writes.len(), writes);
         u.forget(me, &mut sink, now);
         assert!(sink.mappings.is_empty());
+    }
+
+    /// A file whose table was evicted while in use is walked by frame
+    /// pointers, without a build, until the holdoff has passed; then a new
+    /// process of it asks for the build again.
+    #[test]
+    fn an_evicted_table_is_not_rebuilt_within_the_holdoff() {
+        let now = Instant::now();
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(4);
+        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+        let id: ComponentId = "ebpf".parse().unwrap();
+        let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
+        let mut u = Unwinder::new(TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384), counters).unwrap();
+        let keys: Vec<TableKey> =
+            set.mappings.iter().filter_map(|m| m.build_id.clone()).map(TableKey::BuildId).collect();
+        assert!(keys.len() >= 2, "the test binary and libc have build ids");
+        for k in &keys {
+            u.remember(k.clone(), FileState::Evicted(now));
+        }
+        let mut sink = MemSink::default();
+        u.sync(me, &set, &mut sink, now + EVICTED_HOLDOFF / 2);
+        let p = u.pids.get(&me).expect("synced");
+        assert!(p.complete, "nothing to wait for: no build was asked for");
+        for k in &keys {
+            assert!(matches!(u.files.get(k), Some(FileState::Evicted(_))), "{k:?} not rebuilt");
+        }
+        assert!(sink.mapping_writes.contains(&(me, 0, 0)), "known to the BPF program: frame pointers");
+        // After the holdoff the same files go to the worker again.
+        u.forget(me, &mut sink, now);
+        u.sync(me, &set, &mut sink, now + EVICTED_HOLDOFF);
+        assert!(!u.pids.get(&me).expect("synced").complete, "waits for the builds");
+        assert!(keys.iter().any(|k| matches!(u.files.get(k), Some(FileState::Pending))));
     }
 }

@@ -27,6 +27,16 @@ pub trait Sink {
     fn write_rows(&mut self, at: u32, elems: &[u64]) -> Result<(), String>;
     fn set_page(&mut self, table: u32, page: u32, first: u32, count: u32) -> Result<(), String>;
     fn remove_page(&mut self, table: u32, page: u32);
+    /// `(page, first, count)` of one table at once (the kernel's side does
+    /// it in one syscall).
+    fn set_pages(&mut self, table: u32, pages: &[(u32, u32, u32)]) -> Result<(), String> {
+        pages.iter().try_for_each(|&(page, first, count)| self.set_page(table, page, first, count))
+    }
+    fn remove_pages(&mut self, table: u32, pages: &[u32]) {
+        for &p in pages {
+            self.remove_page(table, p);
+        }
+    }
     fn set_rule(&mut self, id: u32, rule: Rule) -> Result<(), String>;
 }
 
@@ -48,8 +58,8 @@ pub enum LoadRefused {
     Map(String),
 }
 
-/// A table evicted while in use: its id and the pids that mapped it.
-pub type Evicted = (u32, Vec<u32>);
+/// A table evicted while in use: its id, its key and the pids that mapped it.
+pub type Evicted = (u32, TableKey, Vec<u32>);
 
 struct Entry {
     id: u32,
@@ -176,7 +186,7 @@ impl TableStore {
                     let (id, users) = self.evict(&victim, sink);
                     self.evictions += 1;
                     if !users.is_empty() {
-                        evicted_in_use.push((id, users));
+                        evicted_in_use.push((id, victim, users));
                     }
                 }
                 None => return Err(LoadRefused::TooLarge),
@@ -187,9 +197,8 @@ impl TableStore {
         match self.write(id, at, table, sink) {
             Ok(()) => {}
             Err(e) => {
-                for p in &table.pages {
-                    sink.remove_page(id, p.page);
-                }
+                let pages: Vec<u32> = table.pages.iter().map(|p| p.page).collect();
+                sink.remove_pages(id, &pages);
                 self.free_run(at, elems);
                 return Err(LoadRefused::Map(e));
             }
@@ -234,10 +243,8 @@ impl TableStore {
             elems.push(lo | (hi << 32));
         }
         sink.write_rows(at, &elems)?;
-        for p in &table.pages {
-            sink.set_page(id, p.page, at * 2 + p.first, p.count)?;
-        }
-        Ok(())
+        let pages: Vec<(u32, u32, u32)> = table.pages.iter().map(|p| (p.page, at * 2 + p.first, p.count)).collect();
+        sink.set_pages(id, &pages)
     }
 
     /// Least recently used table without users, else least recently used.
@@ -247,9 +254,7 @@ impl TableStore {
 
     fn evict(&mut self, key: &TableKey, sink: &mut dyn Sink) -> (u32, Vec<u32>) {
         let Some(e) = self.entries.remove(key) else { return (0, Vec::new()) };
-        for &p in &e.pages {
-            sink.remove_page(e.id, p);
-        }
+        sink.remove_pages(e.id, &e.pages);
         self.ids.remove(&e.id);
         self.free_run(e.at, e.elems);
         self.bytes -= e.bytes;
@@ -415,7 +420,7 @@ pub(crate) mod tests {
         s.hold(c, 11, t0 + Duration::from_secs(4));
         // Both in use: a (least recently used) goes, and its pid is told.
         let (_, evicted) = s.load(key(4), &table(100, 0), &mut sink, t0 + Duration::from_secs(5)).unwrap();
-        assert_eq!(evicted, vec![(a, vec![10])]);
+        assert_eq!(evicted, vec![(a, key(1), vec![10])]);
         assert_eq!(s.id(&key(1)), None);
         assert_eq!(s.evictions, 2);
         // Too large on its own.
