@@ -13,7 +13,15 @@
 //! The subset: CFA = `rsp`/`rbp` + offset; the return address at CFA − 8
 //! (or undefined: the outermost frame, e.g. `_start`); `rbp` unchanged or
 //! saved at CFA + n; and the PLT's CFA expression
-//! (`rsp + 8 + ((rip & 15) >= k) * 8`, binutils' lazy and IBT PLTs).
+//! (`rsp + 8 + ((rip & 15) >= k) * 8`, binutils' lazy and IBT PLTs); and
+//! signal trampolines (glibc's `__restore_rt`: a CIE with augmentation
+//! `S`, CFA = `*(rsp + n)`, every register at `rsp + m` in the
+//! `ucontext`), which become one [`kind::SIGNAL`] rule.
+//!
+//! Go binaries keep frame pointers in Go code and describe it only in
+//! `.debug_frame`, without saying where `rbp` is saved; their tables take
+//! `.eh_frame` (the C parts of a cgo binary) alone and mark the rest of
+//! their executable segments [`kind::FRAME_POINTER`].
 //!
 //! [`CompactTable`] is the form the BPF maps hold, after the OTel eBPF
 //! profiler's "stack delta pages": the address space is cut into 64 KiB
@@ -46,6 +54,12 @@ pub mod kind {
     pub const OUTERMOST: u8 = 4;
     /// No FDE covers the address (a gap between functions).
     pub const NO_INFO: u8 = 5;
+    /// Code known to keep frame pointers (Go): one frame-pointer step.
+    pub const FRAME_POINTER: u8 = 6;
+    /// A signal trampoline: rsp points at the kernel's `ucontext`; the
+    /// interrupted rsp is at rsp + cfa_offset, rip right after it (+ 8)
+    /// and rbp at rsp + rbp_offset.
+    pub const SIGNAL: u8 = 7;
 }
 
 /// Where the caller's `rbp` is.
@@ -70,6 +84,7 @@ pub struct Rule {
 impl Rule {
     pub const UNSUPPORTED: Rule = Rule { kind: kind::UNSUPPORTED, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
     pub const NO_INFO: Rule = Rule { kind: kind::NO_INFO, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
+    pub const FRAME_POINTER: Rule = Rule { kind: kind::FRAME_POINTER, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
 
     /// The 8 bytes of `struct unwind_rule` (native endian).
     pub fn to_bytes(self) -> [u8; 8] {
@@ -106,6 +121,9 @@ pub struct TableStats {
     pub bad_fdes: u64,
     /// Rows whose rule is [`kind::UNSUPPORTED`].
     pub unsupported_rows: u64,
+    /// A Go binary: code outside `.eh_frame`'s FDEs is
+    /// [`kind::FRAME_POINTER`] and `.debug_frame` is not read.
+    pub go: bool,
 }
 
 /// Why no table could be built.
@@ -172,7 +190,10 @@ impl ElfFile {
             Some((sh.sh_addr(e), bytes))
         };
         let text = section(b".text").map_or(0, |(a, _)| a);
-        let mut stats = TableStats::default();
+        let go = self.go_build_id().is_some()
+            || sections.section_by_name(e, b".gopclntab").is_some()
+            || sections.section_by_name(e, b".go.buildinfo").is_some();
+        let mut stats = TableStats { go, ..TableStats::default() };
         let mut fdes = Vec::new();
         let mut any = false;
         if let Some((addr, bytes)) = section(b".eh_frame") {
@@ -182,7 +203,7 @@ impl ElfFile {
             let eh = EhFrame::new(bytes, LittleEndian);
             collect(&eh, &bases, 0, &mut fdes, &mut stats);
         }
-        if let Some((_, bytes)) = section(b".debug_frame") {
+        if let Some((_, bytes)) = section(b".debug_frame").filter(|_| !go) {
             any = true;
             stats.cfi_bytes += bytes.len() as u64;
             let mut df = DebugFrame::new(bytes, LittleEndian);
@@ -192,7 +213,16 @@ impl ElfFile {
         if !any {
             return Err(UnwindError::NoCfi);
         }
-        let table = merge(fdes);
+        let mut table = merge(fdes);
+        if go {
+            let code: Vec<(u64, u64)> = self
+                .load_segments()
+                .iter()
+                .filter(|s| s.executable)
+                .map(|s| (s.vaddr, s.vaddr.saturating_add(s.filesz)))
+                .collect();
+            table = table.fill_gaps(&code, Rule::FRAME_POINTER);
+        }
         stats.unsupported_rows = table.rows.iter().filter(|r| r.rule.kind == kind::UNSUPPORTED).count() as u64;
         Ok((table, stats))
     }
@@ -265,7 +295,7 @@ fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
         let ok = (|| -> gimli::Result<()> {
             let mut table = fde.rows(section, bases, &mut ctx)?;
             while let Some(row) = table.next_row()? {
-                let rule = if signal { Rule::UNSUPPORTED } else { rule_of(row, section) };
+                let rule = if signal { signal_rule_of(row, section) } else { rule_of(row, section) };
                 rows.push(Row { address: row.start_address(), rule });
             }
             Ok(())
@@ -311,6 +341,61 @@ fn rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
     };
     let kind = if ra_undefined { kind::OUTERMOST } else { kind };
     Rule { kind, rbp, rbp_offset, cfa_offset }
+}
+
+/// `rsp + n` (`DW_OP_breg7 n`), then the rest of `expr`.
+fn rsp_plus(expr: &[u8]) -> Option<(i64, &[u8])> {
+    let (&op, mut rest) = expr.split_first()?;
+    if op != 0x77 {
+        return None;
+    }
+    let (mut value, mut shift) = (0i64, 0u32);
+    loop {
+        let (&b, r) = rest.split_first()?;
+        rest = r;
+        if shift >= 63 {
+            return None;
+        }
+        value |= i64::from(b & 0x7f) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            if shift < 64 && b & 0x40 != 0 {
+                value |= -1i64 << shift;
+            }
+            return Some((value, rest));
+        }
+    }
+}
+
+/// The rule of a signal trampoline's row (glibc's `__restore_rt`): CFA =
+/// `*(rsp + n)` (`DW_OP_breg7 n; DW_OP_deref`), rip saved at `rsp + n + 8`
+/// (the kernel's sigcontext keeps rip right after rsp) and rbp at
+/// `rsp + m`. Anything else is [`kind::UNSUPPORTED`].
+fn signal_rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    row: &gimli::UnwindTableRow<usize>,
+    section: &S,
+) -> Rule {
+    let at_rsp = |rule: Option<RegisterRule<usize>>| match rule {
+        Some(RegisterRule::Expression(e)) => {
+            e.get(section).ok().and_then(|x| rsp_plus(x.0.slice()).filter(|(_, rest)| rest.is_empty())).map(|v| v.0)
+        }
+        _ => None,
+    };
+    let CfaRule::Expression(cfa) = row.cfa() else { return Rule::UNSUPPORTED };
+    let rsp_at = cfa.get(section).ok().and_then(|x| match rsp_plus(x.0.slice()) {
+        Some((n, [0x06])) => Some(n),
+        _ => None,
+    });
+    let (Some(rsp_at), Some(rip_at), Some(rbp_at)) = (rsp_at, at_rsp(row.register(RA)), at_rsp(row.register(RBP)))
+    else {
+        return Rule::UNSUPPORTED;
+    };
+    match (i32::try_from(rsp_at), i16::try_from(rbp_at)) {
+        (Ok(cfa_offset), Ok(rbp_offset)) if rip_at == rsp_at + 8 => {
+            Rule { kind: kind::SIGNAL, rbp: rbp::SAME, rbp_offset, cfa_offset }
+        }
+        _ => Rule::UNSUPPORTED,
+    }
 }
 
 /// Sorts FDEs, drops those overlapping an earlier (or higher-priority) one,
@@ -363,6 +448,28 @@ impl UnwindTable {
             Some(i) => self.rows[i].rule,
             None => Rule::NO_INFO,
         }
+    }
+
+    /// This table with every address of `ranges` it has no info for
+    /// governed by `fill` instead.
+    pub fn fill_gaps(&self, ranges: &[(u64, u64)], fill: Rule) -> UnwindTable {
+        let mut bounds: Vec<u64> =
+            self.rows.iter().map(|r| r.address).chain(ranges.iter().flat_map(|&(s, e)| [s, e])).collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let inside = |a: u64| ranges.iter().any(|&(s, e)| a >= s && a < e);
+        let mut rows: Vec<Row> = Vec::with_capacity(bounds.len());
+        for address in bounds {
+            let mut rule = self.rule_at(address);
+            if rule.kind == kind::NO_INFO && inside(address) {
+                rule = fill;
+            }
+            // No leading no-info row; no row equal to the one before.
+            if rows.last().map_or(rule.kind != kind::NO_INFO, |r| r.rule != rule) {
+                rows.push(Row { address, rule });
+            }
+        }
+        UnwindTable { rows }
     }
 
     /// The compact, paged form the BPF maps hold.
