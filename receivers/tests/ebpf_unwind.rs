@@ -510,7 +510,12 @@ fn build_cgo_deep(dir: &Path) -> PathBuf {
     compile_workload("cgo_deep_lib.c", "libcgo_deep_lib.so", dir, &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC"]);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/cgo_deep.go");
     let bin = dir.join("cgo_deep");
-    let status = Command::new(std::env::var("GO").unwrap_or_else(|_| "go".into()))
+    let mut go = Command::new(std::env::var("GO").unwrap_or_else(|_| "go".into()));
+    // go needs a build cache; without HOME (some CI runners) one here.
+    if std::env::var_os("HOME").is_none() && std::env::var_os("XDG_CACHE_HOME").is_none() {
+        go.env("GOCACHE", dir.join("gocache"));
+    }
+    let status = go
         .args(["build", "-o"])
         .arg(&bin)
         .arg(&src)

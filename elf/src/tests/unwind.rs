@@ -230,3 +230,55 @@ fn truncated_and_garbled_cfi_is_no_panic() {
         }
     }
 }
+
+#[test]
+fn signal_trampolines_get_the_signal_rule() {
+    // glibc's __restore_rt (linked in statically): CFA = *(rsp + 160),
+    // rip at rsp + 168, rbp at rsp + 120 (offsets into the ucontext).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(dir.path(), "static", DEEP, &["-static"]);
+    let f = open(&bin);
+    let (syms, _) = f.find_functions(&["__restore_rt"]);
+    let restore = syms[0].clone().expect("__restore_rt in a static glibc binary");
+    let (table, _) = f.unwind_table().unwrap();
+    let want = Rule { kind: kind::SIGNAL, rbp: rbp::SAME, rbp_offset: 120, cfa_offset: 160 };
+    // The FDE starts one byte early: a handler's return address minus 1.
+    for a in [restore.address - 1, restore.address, restore.address + 8] {
+        assert_eq!(table.rule_at(a), want, "at {a:#x}");
+        assert_eq!(table.compact().unwrap().rule_at(a), want);
+    }
+}
+
+#[test]
+fn go_binaries_walk_code_without_eh_frame_by_frame_pointers() {
+    // C standing in for a cgo binary: its code has only .debug_frame (as Go
+    // code does), the C start files have .eh_frame.
+    let go_note = r#"
+struct go_note { unsigned namesz, descsz, type; char name[4]; char desc[12]; };
+__attribute__((section(".note.go.buildid"), aligned(4), used))
+static const struct go_note go_note = { 3, 12, 4, "Go", "abc/def-GHI_" };
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["-fomit-frame-pointer", "-g", "-static"];
+    let plain = open(&gcc(dir.path(), "plain", DEEP, &flags));
+    let go = open(&gcc(dir.path(), "go", &format!("{DEEP}{go_note}"), &flags));
+    let mid = |f: &crate::ElfFile| f.find_functions(&["deep_mid"]).0[0].clone().unwrap();
+    let (plain_table, plain_stats) = plain.unwind_table().unwrap();
+    let (go_table, go_stats) = go.unwind_table().unwrap();
+    assert!(!plain_stats.go && go_stats.go);
+    let m = mid(&plain);
+    assert!((m.address..m.address + m.size).any(|a| plain_table.rule_at(a).kind == kind::CFA_RSP));
+    let m = mid(&go);
+    for a in m.address..m.address + m.size {
+        assert_eq!(go_table.rule_at(a), Rule::FRAME_POINTER, "Go code at {a:#x}: frame pointers, not .debug_frame");
+    }
+    // .eh_frame's FDEs keep their rules; outside the executable segments
+    // there is no info.
+    let (syms, _) = go.find_functions(&["_start"]);
+    let start = syms[0].clone().unwrap();
+    assert_eq!(go_table.rule_at(start.address + 1).kind, kind::OUTERMOST);
+    assert_eq!(go_table.rule_at(0).kind, kind::NO_INFO);
+    assert_eq!(go_table.rows.last().map(|r| r.rule), Some(Rule::NO_INFO), "the end marker");
+    let compact = go_table.compact().unwrap();
+    assert_eq!(compact.rule_at(m.address), Rule::FRAME_POINTER);
+}
