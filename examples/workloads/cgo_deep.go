@@ -2,19 +2,14 @@
 // that spins alternately in a pure-Go chain (goLeaf <- goMid <- goTop <-
 // main.main) and, through cgo, in C (cgo_c_leaf <- cgo_c_mid <- cgo_c_top,
 // in libcgo_deep_lib.so built without frame pointers) called from
-// callC <- main.main. receivers/tests/ebpf_unwind.rs builds both.
+// callC <- main.main (cgo_deep_c.go). Built with CGO_ENABLED=0 it is pure
+// Go (cgo_deep_pure.go: callC does nothing). receivers/tests/ebpf_unwind.rs
+// builds all three files both ways.
 //
 // Protocol (as burn.c): prints "ready <pid>", waits for a line on stdin,
 // spins argv[1] seconds of CPU time (default 3), prints
 // "cpu_ns <process CPU time in ns>" and exits.
 package main
-
-/*
-#cgo LDFLAGS: -lcgo_deep_lib
-#include <stdint.h>
-void cgo_c_top(uint64_t rounds);
-*/
-import "C"
 
 import (
 	"bufio"
@@ -58,12 +53,6 @@ func goMid(rounds int) {
 //go:noinline
 func goTop(rounds int) {
 	goMid(rounds)
-	sink++
-}
-
-//go:noinline
-func callC(rounds int) {
-	C.cgo_c_top(C.uint64_t(rounds))
 	sink++
 }
 

@@ -504,27 +504,86 @@ async fn distribution_binaries_agree_with_perf_dwarf() {
     }
 }
 
-/// `examples/workloads/cgo_deep.go` built with `go build` against
-/// `libcgo_deep_lib.so` (`cgo_deep_lib.c`, `-O2 -fomit-frame-pointer`).
-fn build_cgo_deep(dir: &Path) -> PathBuf {
-    compile_workload("cgo_deep_lib.c", "libcgo_deep_lib.so", dir, &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC"]);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/cgo_deep.go");
-    let bin = dir.join("cgo_deep");
+/// `examples/workloads/cgo_deep.go` built with `go build`: with `cgo`,
+/// against `libcgo_deep_lib.so` (`cgo_deep_lib.c`, `-O2
+/// -fomit-frame-pointer`); without, pure Go (internally linked, no
+/// `.eh_frame`).
+fn build_cgo_deep(dir: &Path, cgo: bool) -> PathBuf {
+    let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads");
+    let bin = dir.join(if cgo { "cgo_deep" } else { "go_deep" });
     let mut go = Command::new(std::env::var("GO").unwrap_or_else(|_| "go".into()));
     // go needs a build cache; without HOME (some CI runners) one here.
     if std::env::var_os("HOME").is_none() && std::env::var_os("XDG_CACHE_HOME").is_none() {
         go.env("GOCACHE", dir.join("gocache"));
     }
-    let status = go
-        .args(["build", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .env("CGO_ENABLED", "1")
-        .env("CGO_LDFLAGS", format!("-L{0} -Wl,-rpath,{0}", dir.display()))
-        .status()
-        .expect("run go (golang-go)");
-    assert!(status.success(), "go build {}", src.display());
+    go.args(["build", "-o"]).arg(&bin).arg(workloads.join("cgo_deep.go"));
+    // Files named on the command line are built whatever their build tags.
+    if cgo {
+        compile_workload(
+            "cgo_deep_lib.c",
+            "libcgo_deep_lib.so",
+            dir,
+            &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC"],
+        );
+        go.arg(workloads.join("cgo_deep_c.go"))
+            .env("CGO_ENABLED", "1")
+            .env("CGO_LDFLAGS", format!("-L{0} -Wl,-rpath,{0}", dir.display()));
+    } else {
+        go.arg(workloads.join("cgo_deep_pure.go")).env("CGO_ENABLED", "0");
+    }
+    let status = go.status().expect("run go (golang-go)");
+    assert!(status.success(), "go build {}", bin.display());
     bin
+}
+
+/// The Go chain of `cgo_deep.go`, leaf first, as the frame-pointer walk
+/// gives it: down to `runtime.goexit`, the bottom of a goroutine's stack.
+const GO_CHAIN: [&str; 6] = ["main.goLeaf", "main.goMid", "main.goTop", "main.main", "runtime.main", "runtime.goexit"];
+
+/// Whether frame name `f` is function `want` (Go assembly symbols carry an
+/// ABI suffix such as `.abi0`).
+fn is_fn(f: &str, want: &str) -> bool {
+    f == want || f.strip_prefix(want).is_some_and(|s| s.starts_with(".abi"))
+}
+
+/// Frames of `stack` that are `chain` from some link of it on (None when
+/// the stack does not start inside the chain or leaves it).
+fn chain_prefix(stack: &[String], chain: &[&str]) -> Option<usize> {
+    let k = chain.iter().position(|c| stack.first().is_some_and(|f| is_fn(f, c)))?;
+    let n = chain.len() - k;
+    (stack.len() >= n && stack[..n].iter().zip(&chain[k..]).all(|(f, c)| is_fn(f, c))).then_some(n)
+}
+
+/// A pure Go program (no cgo: no `.eh_frame`, its `.debug_frame` not
+/// used) under `mode: auto`: ≥ 95% of its samples are exactly the Go chain
+/// down to `runtime.goexit`, walked by frame pointers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pure_go_stacks_are_whole() {
+    if !require_bpf("pure_go_stacks_are_whole") || !profcol_testkit::tools::tool_available("go", &["version"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_cgo_deep(dir.path(), false);
+    let (batches, metrics, pid) = profile(&bin, UnwindMode::Auto).await;
+    let mut syms = Vec::new();
+    let (mut good, mut total) = (0, 0);
+    let mut bad = std::collections::BTreeMap::<String, usize>::new();
+    for s in &samples_of(&batches, pid) {
+        let stack = names(s, &mut syms);
+        total += s.count;
+        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        if chain_prefix(&stack, &GO_CHAIN) == Some(stack.len()) && end.is_none() {
+            good += s.count;
+        } else {
+            *bad.entry(format!("{} (end {end:?})", stack.join(" <- "))).or_default() += s.count;
+        }
+    }
+    eprintln!("go_deep: {good}/{total} samples whole");
+    for (stack, n) in &bad {
+        eprintln!("  {n:4} {stack}");
+    }
+    assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "only {total} samples\n{metrics}");
+    assert!(good as f64 >= total as f64 * 0.95, "{good}/{total} whole");
 }
 
 /// A Go program (frame pointers) spinning alternately in a Go chain and,
@@ -545,37 +604,29 @@ async fn go_and_c_stacks_through_cgo_are_whole() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bin = build_cgo_deep(dir.path());
+    let bin = build_cgo_deep(dir.path(), true);
     let (batches, metrics, pid) = profile(&bin, UnwindMode::Auto).await;
-    let go_side = ["main.goLeaf", "main.goMid", "main.goTop", "main.main", "runtime.main", "runtime.goexit"];
     let c_side = ["cgo_c_leaf", "cgo_c_mid", "cgo_c_top", "runtime.asmcgocall"];
     let go_caller = ["main._Cfunc_cgo_c_top", "main.callC", "main.main", "runtime.main", "runtime.goexit"];
     let mut syms = Vec::new();
     let (mut go_whole, mut go_total, mut c_whole, mut crossed, mut c_total, mut total) = (0, 0, 0, 0, 0, 0);
     let mut bad = std::collections::BTreeMap::<String, usize>::new();
-    // `stack` is `chain` from some frame on (a Go symbol may carry an ABI
-    // suffix such as `.abi0`).
-    let is = |f: &String, want: &str| f == want || f.strip_prefix(want).is_some_and(|s| s.starts_with(".abi"));
-    let from = |stack: &[String], chain: &[&str]| -> Option<usize> {
-        let k = chain.iter().position(|c| stack.first().is_some_and(|f| is(f, c)))?;
-        let n = chain.len() - k;
-        (stack.len() >= n && stack[..n].iter().zip(&chain[k..]).all(|(f, c)| is(f, c))).then_some(n)
-    };
     for s in &samples_of(&batches, pid) {
         let stack = names(s, &mut syms);
         total += s.count;
         let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
         let ok = if stack.first().is_some_and(|f| f.starts_with("main.go")) {
             go_total += s.count;
-            let ok = from(&stack, &go_side).is_some_and(|n| n == stack.len()) && end.is_none();
+            let ok = chain_prefix(&stack, &GO_CHAIN) == Some(stack.len()) && end.is_none();
             go_whole += if ok { s.count } else { 0 };
             ok
         } else if stack.first().is_some_and(|f| f.starts_with("cgo_c_")) {
             c_total += s.count;
-            let ok = from(&stack, &c_side).is_some();
+            let n = chain_prefix(&stack, &c_side);
+            let ok = n.is_some();
             c_whole += if ok { s.count } else { 0 };
-            let n = from(&stack, &c_side).unwrap_or(0);
-            let across = ok && stack[n..].len() == go_caller.len() && from(&stack[n..], &go_caller).is_some();
+            let rest = &stack[n.unwrap_or(stack.len())..];
+            let across = rest.len() == go_caller.len() && chain_prefix(rest, &go_caller).is_some();
             crossed += if across && end.is_none() { s.count } else { 0 };
             ok
         } else {
