@@ -32,6 +32,7 @@
 #define RULE_NO_INFO 5
 #define RULE_FRAME_POINTER 6 /* code that keeps frame pointers (Go) */
 #define RULE_SIGNAL 7        /* a signal trampoline: registers from the ucontext */
+#define RULE_GO_CGO_CALL 8   /* Go's asmcgocall after its call into C: back to the goroutine stack */
 /* Where the caller's rbp is (profcol_elf::unwind::rbp). */
 #define RBP_SAME 0
 #define RBP_AT_CFA 1
@@ -257,6 +258,26 @@ static __always_inline __u32 unwind_signal_step(struct unwind_state *st, struct 
 	return 0;
 }
 
+/* Out of Go's runtime.asmcgocall, which switched to the system stack and
+ * called C: it saved the goroutine g at sp + cfa_offset and its stack
+ * depth (g.stack.hi - the goroutine's sp at the call) at sp + rbp_offset.
+ * asmcgocall keeps no frame, so that goroutine sp holds its return address
+ * (into runtime.cgocall); rbp is the goroutine's still. */
+static __always_inline __u32 unwind_go_cgo_step(struct unwind_state *st, struct unwind_rule *rule)
+{
+	__u64 g, depth, hi, ra;
+	if (bpf_probe_read_user(&g, sizeof(g), (void *)(st->sp + rule->cfa_offset)) ||
+	    bpf_probe_read_user(&depth, sizeof(depth), (void *)(st->sp + rule->rbp_offset)) ||
+	    bpf_probe_read_user(&hi, sizeof(hi), (void *)(g + 8))) /* g.stack.hi */
+		return UNWIND_END_READ_ERROR;
+	__u64 sp = hi - depth;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)sp))
+		return UNWIND_END_READ_ERROR;
+	st->sp = sp + 8;
+	st->pc = ra;
+	return 0;
+}
+
 /* Moves `st` from the frame at st->pc to its caller; 0 to go on, else how
  * the stack ended. */
 static __always_inline __u32 unwind_step(struct unwind_state *st)
@@ -306,6 +327,8 @@ static __always_inline __u32 unwind_step(struct unwind_state *st)
 		return UNWIND_END_NO_TABLE;
 	case RULE_SIGNAL:
 		return unwind_signal_step(st, rule);
+	case RULE_GO_CGO_CALL:
+		return unwind_go_cgo_step(st, rule);
 	default:
 		return UNWIND_END_UNSUPPORTED;
 	}

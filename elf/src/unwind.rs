@@ -60,6 +60,12 @@ pub mod kind {
     /// interrupted rsp is at rsp + cfa_offset, rip right after it (+ 8)
     /// and rbp at rsp + rbp_offset.
     pub const SIGNAL: u8 = 7;
+    /// Go's `runtime.asmcgocall` right after it called C on the system
+    /// stack: the goroutine `g` is at rsp + cfa_offset, the depth it left
+    /// below `g.stack.hi` at rsp + rbp_offset; the goroutine's stack
+    /// pointer at the call (`g.stack.hi` - depth) holds the return address
+    /// into `runtime.cgocall`.
+    pub const GO_CGO_CALL: u8 = 8;
 }
 
 /// Where the caller's `rbp` is.
@@ -222,6 +228,9 @@ impl ElfFile {
                 .map(|s| (s.vaddr, s.vaddr.saturating_add(s.filesz)))
                 .collect();
             table = table.fill_gaps(&code, Rule::FRAME_POINTER);
+            if let Some((call, rule)) = self.go_cgo_call() {
+                table = table.with_rule(call, call + CALL_RAX.len() as u64, rule);
+            }
         }
         stats.unsupported_rows = table.rows.iter().filter(|r| r.rule.kind == kind::UNSUPPORTED).count() as u64;
         Ok((table, stats))
@@ -246,6 +255,34 @@ impl ElfFile {
         }
         out.sort_unstable();
         out
+    }
+
+    /// The `call *%rax` in `runtime.asmcgocall` (by symbol) and its
+    /// [`kind::GO_CGO_CALL`] rule, read off the instructions before it that
+    /// save `g` and the stack depth (Go 1.x: `mov %rdi,G(%rsp); mov
+    /// 8(%rdi),%rdi; sub %rdx,%rdi; mov %rdi,D(%rsp)`); None when the
+    /// symbol is gone (a stripped binary) or the code differs.
+    fn go_cgo_call(&self) -> Option<(u64, Rule)> {
+        let (found, _) = self.find_functions(&["runtime.asmcgocall.abi0", "runtime.asmcgocall"]);
+        let f = found.into_iter().flatten().next()?;
+        let start = usize::try_from(f.file_offset).ok()?;
+        let code = self.bytes.get().get(start..start.checked_add(usize::try_from(f.size.min(512)).ok()?)?)?;
+        // g.stack.hi - the entry rsp: the depth asmcgocall saves.
+        const DEPTH: [u8; 7] = [0x48, 0x8b, 0x7f, 0x08, 0x48, 0x29, 0xd7];
+        let at = code.windows(DEPTH.len()).position(|w| w == DEPTH)?;
+        let g = match code.get(at.checked_sub(5)?..at)? {
+            [0x48, 0x89, 0x7c, 0x24, g] => *g,
+            _ => return None,
+        };
+        let (depth, after) = match code.get(at + DEPTH.len()..)? {
+            [0x48, 0x89, 0x7c, 0x24, d, ..] => (*d, at + DEPTH.len() + 5),
+            [0x48, 0x89, 0x3c, 0x24, ..] => (0, at + DEPTH.len() + 4),
+            _ => return None,
+        };
+        let call = after + code.get(after..)?.windows(2).take(16).position(|w| w == CALL_RAX)?;
+        let rule =
+            Rule { kind: kind::GO_CGO_CALL, rbp: rbp::SAME, rbp_offset: i16::from(depth), cfa_offset: i32::from(g) };
+        Some((f.address + call as u64, rule))
     }
 
     /// `.eh_frame`'s address and bytes, and `.text`'s address.
@@ -398,6 +435,9 @@ fn signal_rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
     }
 }
 
+/// `call *%rax`.
+const CALL_RAX: [u8; 2] = [0xff, 0xd0];
+
 /// Sorts FDEs, drops those overlapping an earlier (or higher-priority) one,
 /// fills gaps with NO_INFO and merges equal neighbours.
 fn merge(mut fdes: Vec<FdeRows>) -> UnwindTable {
@@ -469,6 +509,17 @@ impl UnwindTable {
                 rows.push(Row { address, rule });
             }
         }
+        UnwindTable { rows }
+    }
+
+    /// This table with `rule` for `[start, end)`.
+    pub fn with_rule(&self, start: u64, end: u64, rule: Rule) -> UnwindTable {
+        let after = self.rule_at(end);
+        let mut rows: Vec<Row> = self.rows.iter().filter(|r| r.address < start).copied().collect();
+        rows.push(Row { address: start, rule });
+        rows.push(Row { address: end, rule: after });
+        rows.extend(self.rows.iter().filter(|r| r.address > end).copied());
+        rows.dedup_by(|b, a| a.rule == b.rule);
         UnwindTable { rows }
     }
 

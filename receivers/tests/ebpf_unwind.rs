@@ -592,10 +592,9 @@ async fn pure_go_stacks_are_whole() {
 /// `goLeaf` <- `goMid` <- `goTop` <- `main.main` <- `runtime.main` <-
 /// `runtime.goexit` and nothing after; `cgo_c_leaf` <- `cgo_c_mid` <-
 /// `cgo_c_top` <- `runtime.asmcgocall` (the cgo wrapper tail-calls the C
-/// function), then across the switch by the goroutine's frame pointer:
-/// `main._Cfunc_cgo_c_top` <- `main.callC` <- `main.main` <- `runtime.main`
-/// <- `runtime.goexit` (`runtime.cgocall`, whose frameless callee
-/// `asmcgocall` switched stacks, is skipped by that frame-pointer step).
+/// function), then across the switch onto the goroutine's stack:
+/// `runtime.cgocall` <- `main._Cfunc_cgo_c_top` <- `main.callC` <-
+/// `main.main` <- `runtime.main` <- `runtime.goexit`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_and_c_stacks_through_cgo_are_whole() {
     if !require_bpf("go_and_c_stacks_through_cgo_are_whole")
@@ -607,7 +606,8 @@ async fn go_and_c_stacks_through_cgo_are_whole() {
     let bin = build_cgo_deep(dir.path(), true);
     let (batches, metrics, pid) = profile(&bin, UnwindMode::Auto).await;
     let c_side = ["cgo_c_leaf", "cgo_c_mid", "cgo_c_top", "runtime.asmcgocall"];
-    let go_caller = ["main._Cfunc_cgo_c_top", "main.callC", "main.main", "runtime.main", "runtime.goexit"];
+    let go_caller =
+        ["runtime.cgocall", "main._Cfunc_cgo_c_top", "main.callC", "main.main", "runtime.main", "runtime.goexit"];
     let mut syms = Vec::new();
     let (mut go_whole, mut go_total, mut c_whole, mut crossed, mut c_total, mut total) = (0, 0, 0, 0, 0, 0);
     let mut bad = std::collections::BTreeMap::<String, usize>::new();

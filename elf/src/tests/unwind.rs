@@ -282,3 +282,40 @@ static const struct go_note go_note = { 3, 12, 4, "Go", "abc/def-GHI_" };
     let compact = go_table.compact().unwrap();
     assert_eq!(compact.rule_at(m.address), Rule::FRAME_POINTER);
 }
+
+#[test]
+fn go_asmcgocall_gets_the_cgo_call_rule() {
+    // Go 1.19's runtime.asmcgocall around its call into C: saves g at
+    // 0x30(%rsp) and the depth at 0x28(%rsp), then `call *%rax`.
+    let asm = r#"
+__asm__(".text\n.globl runtime.asmcgocall.abi0\n.type runtime.asmcgocall.abi0,@function\n"
+        "runtime.asmcgocall.abi0:\n"
+        "mov 0x8(%rsp),%rax\nmov 0x10(%rsp),%rbx\nmov %rsp,%rdx\n"
+        "sub $0x40,%rsp\nand $-16,%rsp\n"
+        ".byte 0x48,0x89,0x7c,0x24,0x30\n"
+        ".byte 0x48,0x8b,0x7f,0x08\n.byte 0x48,0x29,0xd7\n"
+        ".byte 0x48,0x89,0x7c,0x24,0x28\n"
+        "mov %rbx,%rdi\nmov %rbx,%rcx\n"
+        "asmcgocall_call:\ncall *%rax\n"
+        "mov 0x30(%rsp),%rdi\nret\n"
+        ".size runtime.asmcgocall.abi0, .-runtime.asmcgocall.abi0\n");
+struct go_note { unsigned namesz, descsz, type; char name[4]; char desc[12]; };
+__attribute__((section(".note.go.buildid"), aligned(4), used))
+static const struct go_note go_note = { 3, 12, 4, "Go", "abc/def-GHI_" };
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let f = open(&gcc(dir.path(), "cgo", &format!("{DEEP}{asm}"), &["-static"]));
+    let (syms, _) = f.find_functions(&["runtime.asmcgocall.abi0"]);
+    let fun = syms[0].clone().unwrap();
+    let (table, stats) = f.unwind_table().unwrap();
+    assert!(stats.go);
+    let call = (fun.address..fun.address + fun.size)
+        .find(|&a| table.rule_at(a).kind == kind::GO_CGO_CALL)
+        .expect("a cgo-call row");
+    let want = Rule { kind: kind::GO_CGO_CALL, rbp: rbp::SAME, rbp_offset: 0x28, cfa_offset: 0x30 };
+    // The call instruction's two bytes (a return address minus 1 is the second).
+    assert_eq!((table.rule_at(call), table.rule_at(call + 1)), (want, want));
+    assert_eq!(table.rule_at(call + 2), Rule::FRAME_POINTER);
+    assert_eq!(table.rule_at(call - 1), Rule::FRAME_POINTER);
+    assert_eq!(table.compact().unwrap().rule_at(call + 1), want);
+}
