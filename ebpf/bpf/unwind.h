@@ -105,12 +105,15 @@ struct unwind_state {
 #define UNWIND_WAKE_PERIOD_NS 20000000ULL
 
 /* Two rows per element (elements are 8 bytes in an array map anyway);
- * sized by the loader from unwind.max_table_bytes. */
+ * sized by the loader from unwind.max_table_bytes. Mapped into the
+ * receiver (BPF_F_MMAPABLE, Linux >= 5.5; the ring buffer needs 5.8), which
+ * writes rows with plain stores rather than a syscall per element. */
 struct bpf_map_def SEC("maps") unwind_rows = {
 	.type = BPF_MAP_TYPE_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(__u64),
 	.max_entries = 1,
+	.map_flags = BPF_F_MMAPABLE,
 };
 
 struct bpf_map_def SEC("maps") unwind_pages = {

@@ -35,8 +35,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --release -q -p profcol --bin profcol
-BIN=${CARGO_TARGET_DIR:-target}/release/profcol
+# PROFCOL_BIN: a profcol binary built already (else the release build).
+if [ -z "${PROFCOL_BIN:-}" ]; then
+	cargo build --release -q -p profcol --bin profcol
+	PROFCOL_BIN=${CARGO_TARGET_DIR:-target}/release/profcol
+fi
+BIN=$PROFCOL_BIN
 "${CC:-cc}" -O2 -fomit-frame-pointer -o "$TMP/deep" examples/workloads/deep.c
 
 METRICS_PORT=${METRICS_PORT:-18897}

@@ -206,6 +206,7 @@ impl Unwinder {
             let state = match loaded {
                 Ok(segments) => {
                     self.counters.table_builds.inc();
+                    tracing::debug!(key = ?b.key, micros = b.micros, bytes = self.store.bytes(), "ebpf receiver: unwind table built");
                     FileState::Table(segments)
                 }
                 Err(e) => {
