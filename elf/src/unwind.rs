@@ -38,7 +38,7 @@ use gimli::{
 use object::elf::{FileHeader64, EM_X86_64, SHF_COMPRESSED};
 use object::read::elf::{FileHeader, SectionHeader};
 use object::Endianness;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// What a row says about the CFA (and whether the walk may go on).
 pub mod kind {
@@ -526,7 +526,8 @@ impl UnwindTable {
     /// The compact, paged form the BPF maps hold.
     pub fn compact(&self) -> Result<CompactTable, UnwindError> {
         let mut rules: Vec<Rule> = Vec::new();
-        let mut ids: HashMap<Rule, u16> = HashMap::new();
+        // Looked up once per row: a fast hash (rules are 8 plain bytes).
+        let mut ids: FxHashMap<Rule, u16> = FxHashMap::default();
         let mut id_of = |r: Rule| -> Result<u16, UnwindError> {
             if let Some(&id) = ids.get(&r) {
                 return Ok(id);
