@@ -69,7 +69,7 @@ agent_config auto "$METRICS_PORT" >"$TMP/auto.yaml"
 agent_config frame_pointers "$((METRICS_PORT + 1))" >"$TMP/fp.yaml"
 
 # ns on CPU of every live thread of PID
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%d\n", s}'; }
+cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%.0f\n", s}'; }
 metric() { # name [label filter]
 	python3 -c 'import sys, urllib.request
 text = urllib.request.urlopen(sys.argv[1]).read().decode()

@@ -138,6 +138,23 @@ struct Built {
 /// Builds waiting for the worker at most (more are asked for again later).
 const MAX_QUEUED_BUILDS: usize = 64;
 
+/// How long a file whose table was evicted to make room is not built
+/// again (its code is walked by frame pointers meanwhile), doubled at each
+/// further eviction up to [`MAX_REBUILD_BACKOFF`]. Without it, a working
+/// set of tables larger than `max_table_bytes` (a build host: rustc's
+/// librustc_driver and LLVM tables alone are ~11 MB) is rebuilt and
+/// evicted in turn by every new process: the worker parsed the same files
+/// ~30 times in 25 s.
+const REBUILD_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
+const MAX_REBUILD_BACKOFF: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A file evicted to make room: not built again before `until`.
+#[derive(Clone, Copy)]
+struct Backoff {
+    until: Instant,
+    evictions: u32,
+}
+
 /// Per-process tables in the kernel. Tables are built on a worker thread
 /// (`profcol-unwind`), so a large binary never holds up the sampling loop;
 /// the loop loads finished tables ([`Unwinder::poll`]) and installs a
@@ -152,6 +169,8 @@ pub struct Unwinder {
     built: Receiver<Built>,
     /// Finished builds so far.
     epoch: u64,
+    /// Files evicted to make room, by key (at most MAX_FILES).
+    backoff: FxHashMap<TableKey, Backoff>,
 }
 
 impl Unwinder {
@@ -178,6 +197,7 @@ impl Unwinder {
             jobs,
             built,
             epoch: 0,
+            backoff: FxHashMap::default(),
         })
     }
 
@@ -203,6 +223,9 @@ impl Unwinder {
                 }
                 Ok(segments)
             });
+            for key in self.store.take_evicted() {
+                self.back_off(key, now);
+            }
             let state = match loaded {
                 Ok(segments) => {
                     self.counters.table_builds.inc();
@@ -237,7 +260,7 @@ impl Unwinder {
             if !m.path.starts_with('/') {
                 continue;
             }
-            match self.table_for(pid, m) {
+            match self.table_for(pid, m, now) {
                 Lookup::Ready(id, bias) => plan.push((m, id, bias)),
                 Lookup::None => {}
                 Lookup::Waiting => ready = false,
@@ -288,6 +311,16 @@ impl Unwinder {
         self.publish();
     }
 
+    /// `key`'s table was evicted to make room: no rebuild for a while.
+    fn back_off(&mut self, key: TableKey, now: Instant) {
+        if self.backoff.len() >= MAX_FILES && !self.backoff.contains_key(&key) {
+            self.backoff.retain(|_, b| b.until > now);
+        }
+        let evictions = self.backoff.get(&key).map_or(0, |b| b.evictions).saturating_add(1);
+        let wait = REBUILD_BACKOFF.saturating_mul(1 << (evictions - 1).min(8)).min(MAX_REBUILD_BACKOFF);
+        self.backoff.insert(key, Backoff { until: now + wait, evictions });
+    }
+
     fn publish(&mut self) {
         self.counters.tables_loaded.set(self.store.len() as i64);
         self.counters.table_bytes.set(self.store.bytes() as i64);
@@ -297,7 +330,7 @@ impl Unwinder {
 
     /// The loaded table and bias of mapping `m` of `pid`; a file seen for
     /// the first time (or evicted since) goes to the worker.
-    fn table_for(&mut self, pid: u32, m: &super::process::Mapping) -> Lookup {
+    fn table_for(&mut self, pid: u32, m: &super::process::Mapping, now: Instant) -> Lookup {
         let open = || {
             File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
                 .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
@@ -322,8 +355,12 @@ impl Unwinder {
                     None => Lookup::None,
                 };
             }
-            // Never seen, or evicted since: build it.
+            // Never seen, or evicted since: build it (unless evicted
+            // recently: then frame pointers for now).
             _ => {}
+        }
+        if self.backoff.get(&key).is_some_and(|b| now < b.until) {
+            return Lookup::None;
         }
         let Some(file) = file.or_else(open) else { return Lookup::None };
         match self.jobs.try_send((key.clone(), file)) {

@@ -77,6 +77,8 @@ pub struct TableStore {
     rule_capacity: u32,
     /// Tables evicted to make room (in use or not).
     pub evictions: u64,
+    /// Their keys, for the caller to take ([`TableStore::take_evicted`]).
+    evicted: Vec<TableKey>,
 }
 
 impl TableStore {
@@ -95,6 +97,7 @@ impl TableStore {
             rules: FxHashMap::default(),
             rule_capacity,
             evictions: 0,
+            evicted: Vec::new(),
         }
     }
 
@@ -131,6 +134,11 @@ impl TableStore {
                 e.last_used = now;
             }
         }
+    }
+
+    /// The keys of the tables evicted to make room since the last call.
+    pub fn take_evicted(&mut self) -> Vec<TableKey> {
+        std::mem::take(&mut self.evicted)
     }
 
     /// Marks the tables `ids` as used at `now` (for LRU).
@@ -175,6 +183,7 @@ impl TableStore {
                 Some(victim) => {
                     let (id, users) = self.evict(&victim, sink);
                     self.evictions += 1;
+                    self.evicted.push(victim);
                     if !users.is_empty() {
                         evicted_in_use.push((id, users));
                     }
