@@ -7,7 +7,8 @@
 #   - binutils (readelf): elf/src/tests/unwind.rs checks the unwind tables
 #     against `readelf --debug-dump=frames-interp`;
 #   - gcc with a static libc (libc6-dev) and rustc (the toolchain): the
-#     workloads are compiled at test time.
+#     workloads are compiled at test time;
+#   - golang-go: the mixed Go/C (cgo) workload, examples/workloads/cgo_deep.go.
 # With CI=true the tests fail, not skip, when a tool is missing.
 set -euo pipefail
 
@@ -16,9 +17,10 @@ command -v perf >/dev/null || need+=(linux-perf)
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v readelf >/dev/null || need+=(binutils)
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+command -v go >/dev/null || need+=(golang-go)
 if [ ${#need[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-echo "unwind: $(perf --version 2>/dev/null || echo 'perf missing'), $(/usr/bin/python3 --version 2>&1)"
+echo "unwind: $(perf --version 2>/dev/null || echo 'perf missing'), $(/usr/bin/python3 --version 2>&1), $(go version 2>/dev/null || echo 'go missing')"

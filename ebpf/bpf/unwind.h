@@ -13,8 +13,10 @@
  * UNWIND_FRAMES_PER_CALL frames per call (the verifier checks a bounded
  * loop per program; no bpf_loop, which needs BTF func_info, and the object
  * carries no BTF) and tail-calls itself until the stack ends; then it
- * writes the record. Mappings the trie knows without a table are walked by
- * frame pointers (mode auto).
+ * writes the record. Mappings the trie knows without a table, and code a
+ * table marks RULE_FRAME_POINTER (Go code in a Go binary), are walked by
+ * frame pointers (mode auto). A signal trampoline (RULE_SIGNAL) continues
+ * in the interrupted code with the registers the kernel saved.
  *
  * Layouts are mirrored by profcol_ebpf::unwind; change both together.
  */
@@ -28,6 +30,9 @@
 #define RULE_PLT 3
 #define RULE_OUTERMOST 4
 #define RULE_NO_INFO 5
+#define RULE_FRAME_POINTER 6 /* code that keeps frame pointers (Go) */
+#define RULE_SIGNAL 7        /* a signal trampoline: registers from the ucontext */
+#define RULE_GO_CGO_CALL 8   /* Go's asmcgocall after its call into C: back to the goroutine stack */
 /* Where the caller's rbp is (profcol_elf::unwind::rbp). */
 #define RBP_SAME 0
 #define RBP_AT_CFA 1
@@ -89,7 +94,7 @@ struct unwind_state {
 	__u32 pid;
 	__u32 bp_known;
 	__u32 wake;         /* wake the reader with this record */
-	__u32 pad;
+	__u32 pc_exact;     /* pc is an interrupted instruction, not a return address */
 	__u64 last_wake_ns; /* last wake-up for a process without tables */
 };
 
@@ -100,12 +105,15 @@ struct unwind_state {
 #define UNWIND_WAKE_PERIOD_NS 20000000ULL
 
 /* Two rows per element (elements are 8 bytes in an array map anyway);
- * sized by the loader from unwind.max_table_bytes. */
+ * sized by the loader from unwind.max_table_bytes. Mapped into the
+ * receiver (BPF_F_MMAPABLE, Linux >= 5.5; the ring buffer needs 5.8), which
+ * writes rows with plain stores rather than a syscall per element. */
 struct bpf_map_def SEC("maps") unwind_rows = {
 	.type = BPF_MAP_TYPE_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(__u64),
 	.max_entries = 1,
+	.map_flags = BPF_F_MMAPABLE,
 };
 
 struct bpf_map_def SEC("maps") unwind_pages = {
@@ -234,13 +242,54 @@ static __always_inline __u32 unwind_fp_step(struct unwind_state *st)
 	return 0;
 }
 
+/* Out of a signal trampoline (glibc's __restore_rt, entered by the
+ * handler's return with rsp at the kernel's ucontext): the interrupted
+ * rsp and rip (saved next to each other) and rbp. */
+static __always_inline __u32 unwind_signal_step(struct unwind_state *st, struct unwind_rule *rule)
+{
+	__u64 sp_ip[2];
+	__u64 bp;
+	if (bpf_probe_read_user(sp_ip, sizeof(sp_ip), (void *)(st->sp + rule->cfa_offset)))
+		return UNWIND_END_READ_ERROR;
+	if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(st->sp + rule->rbp_offset)))
+		return UNWIND_END_READ_ERROR;
+	st->sp = sp_ip[0];
+	st->pc = sp_ip[1];
+	st->bp = bp;
+	st->bp_known = 1;
+	st->pc_exact = 1;
+	return 0;
+}
+
+/* Out of Go's runtime.asmcgocall, which switched to the system stack and
+ * called C: it saved the goroutine g at sp + cfa_offset and its stack
+ * depth (g.stack.hi - the goroutine's sp at the call) at sp + rbp_offset.
+ * asmcgocall keeps no frame, so that goroutine sp holds its return address
+ * (into runtime.cgocall); rbp is the goroutine's still. */
+static __always_inline __u32 unwind_go_cgo_step(struct unwind_state *st, struct unwind_rule *rule)
+{
+	__u64 g, depth, hi, ra;
+	if (bpf_probe_read_user(&g, sizeof(g), (void *)(st->sp + rule->cfa_offset)) ||
+	    bpf_probe_read_user(&depth, sizeof(depth), (void *)(st->sp + rule->rbp_offset)) ||
+	    bpf_probe_read_user(&hi, sizeof(hi), (void *)(g + 8))) /* g.stack.hi */
+		return UNWIND_END_READ_ERROR;
+	__u64 sp = hi - depth;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)sp))
+		return UNWIND_END_READ_ERROR;
+	st->sp = sp + 8;
+	st->pc = ra;
+	return 0;
+}
+
 /* Moves `st` from the frame at st->pc to its caller; 0 to go on, else how
  * the stack ended. */
 static __always_inline __u32 unwind_step(struct unwind_state *st)
 {
 	/* A return address may be just past its function (a noreturn call
-	 * last): look up the call instruction. */
-	__u64 pc = st->frames > 1 ? st->pc - 1 : st->pc;
+	 * last): look up the call instruction. The leaf's pc and one a
+	 * signal interrupted are instructions of their own. */
+	__u64 pc = (st->frames > 1 && !st->pc_exact) ? st->pc - 1 : st->pc;
+	st->pc_exact = 0;
 	struct unwind_mapping *m = unwind_mapping_of(st->pid, pc);
 	/* No entry at all: the process is not (or no longer) loaded. */
 	if (!m)
@@ -275,6 +324,14 @@ static __always_inline __u32 unwind_step(struct unwind_state *st)
 		return UNWIND_END_OUTERMOST;
 	case RULE_NO_INFO:
 		return UNWIND_END_NO_TABLE;
+	case RULE_FRAME_POINTER:
+		if (cfg_unwind_mode == UNWIND_MODE_AUTO)
+			return unwind_fp_step(st);
+		return UNWIND_END_NO_TABLE;
+	case RULE_SIGNAL:
+		return unwind_signal_step(st, rule);
+	case RULE_GO_CGO_CALL:
+		return unwind_go_cgo_step(st, rule);
 	default:
 		return UNWIND_END_UNSUPPORTED;
 	}
@@ -382,6 +439,7 @@ static __always_inline int unwind_start(struct bpf_perf_event_data *ctx, struct 
 	st->calls = 0;
 	st->pid = s->pid;
 	st->bp_known = 1;
+	st->pc_exact = 0;
 	bpf_tail_call(ctx, &unwind_progs, 0);
 	return UNWIND_START_NO;
 }

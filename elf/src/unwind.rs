@@ -13,7 +13,15 @@
 //! The subset: CFA = `rsp`/`rbp` + offset; the return address at CFA − 8
 //! (or undefined: the outermost frame, e.g. `_start`); `rbp` unchanged or
 //! saved at CFA + n; and the PLT's CFA expression
-//! (`rsp + 8 + ((rip & 15) >= k) * 8`, binutils' lazy and IBT PLTs).
+//! (`rsp + 8 + ((rip & 15) >= k) * 8`, binutils' lazy and IBT PLTs); and
+//! signal trampolines (glibc's `__restore_rt`: a CIE with augmentation
+//! `S`, CFA = `*(rsp + n)`, every register at `rsp + m` in the
+//! `ucontext`), which become one [`kind::SIGNAL`] rule.
+//!
+//! Go binaries keep frame pointers in Go code and describe it only in
+//! `.debug_frame`, without saying where `rbp` is saved; their tables take
+//! `.eh_frame` (the C parts of a cgo binary) alone and mark the rest of
+//! their executable segments [`kind::FRAME_POINTER`].
 //!
 //! [`CompactTable`] is the form the BPF maps hold, after the OTel eBPF
 //! profiler's "stack delta pages": the address space is cut into 64 KiB
@@ -46,6 +54,18 @@ pub mod kind {
     pub const OUTERMOST: u8 = 4;
     /// No FDE covers the address (a gap between functions).
     pub const NO_INFO: u8 = 5;
+    /// Code known to keep frame pointers (Go): one frame-pointer step.
+    pub const FRAME_POINTER: u8 = 6;
+    /// A signal trampoline: rsp points at the kernel's `ucontext`; the
+    /// interrupted rsp is at rsp + cfa_offset, rip right after it (+ 8)
+    /// and rbp at rsp + rbp_offset.
+    pub const SIGNAL: u8 = 7;
+    /// Go's `runtime.asmcgocall` right after it called C on the system
+    /// stack: the goroutine `g` is at rsp + cfa_offset, the depth it left
+    /// below `g.stack.hi` at rsp + rbp_offset; the goroutine's stack
+    /// pointer at the call (`g.stack.hi` - depth) holds the return address
+    /// into `runtime.cgocall`.
+    pub const GO_CGO_CALL: u8 = 8;
 }
 
 /// Where the caller's `rbp` is.
@@ -70,6 +90,7 @@ pub struct Rule {
 impl Rule {
     pub const UNSUPPORTED: Rule = Rule { kind: kind::UNSUPPORTED, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
     pub const NO_INFO: Rule = Rule { kind: kind::NO_INFO, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
+    pub const FRAME_POINTER: Rule = Rule { kind: kind::FRAME_POINTER, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
 
     /// The 8 bytes of `struct unwind_rule` (native endian).
     pub fn to_bytes(self) -> [u8; 8] {
@@ -106,6 +127,9 @@ pub struct TableStats {
     pub bad_fdes: u64,
     /// Rows whose rule is [`kind::UNSUPPORTED`].
     pub unsupported_rows: u64,
+    /// A Go binary: code outside `.eh_frame`'s FDEs is
+    /// [`kind::FRAME_POINTER`] and `.debug_frame` is not read.
+    pub go: bool,
 }
 
 /// Why no table could be built.
@@ -172,7 +196,10 @@ impl ElfFile {
             Some((sh.sh_addr(e), bytes))
         };
         let text = section(b".text").map_or(0, |(a, _)| a);
-        let mut stats = TableStats::default();
+        let go = self.go_build_id().is_some()
+            || sections.section_by_name(e, b".gopclntab").is_some()
+            || sections.section_by_name(e, b".go.buildinfo").is_some();
+        let mut stats = TableStats { go, ..TableStats::default() };
         let mut fdes = Vec::new();
         let mut any = false;
         if let Some((addr, bytes)) = section(b".eh_frame") {
@@ -182,7 +209,7 @@ impl ElfFile {
             let eh = EhFrame::new(bytes, LittleEndian);
             collect(&eh, &bases, 0, &mut fdes, &mut stats);
         }
-        if let Some((_, bytes)) = section(b".debug_frame") {
+        if let Some((_, bytes)) = section(b".debug_frame").filter(|_| !go) {
             any = true;
             stats.cfi_bytes += bytes.len() as u64;
             let mut df = DebugFrame::new(bytes, LittleEndian);
@@ -192,7 +219,19 @@ impl ElfFile {
         if !any {
             return Err(UnwindError::NoCfi);
         }
-        let table = merge(fdes);
+        let mut table = merge(fdes);
+        if go {
+            let code: Vec<(u64, u64)> = self
+                .load_segments()
+                .iter()
+                .filter(|s| s.executable)
+                .map(|s| (s.vaddr, s.vaddr.saturating_add(s.filesz)))
+                .collect();
+            table = table.fill_gaps(&code, Rule::FRAME_POINTER);
+            if let Some((call, rule)) = self.go_cgo_call() {
+                table = table.with_rule(call, call + CALL_RAX.len() as u64, rule);
+            }
+        }
         stats.unsupported_rows = table.rows.iter().filter(|r| r.rule.kind == kind::UNSUPPORTED).count() as u64;
         Ok((table, stats))
     }
@@ -216,6 +255,34 @@ impl ElfFile {
         }
         out.sort_unstable();
         out
+    }
+
+    /// The `call *%rax` in `runtime.asmcgocall` (by symbol) and its
+    /// [`kind::GO_CGO_CALL`] rule, read off the instructions before it that
+    /// save `g` and the stack depth (Go 1.x: `mov %rdi,G(%rsp); mov
+    /// 8(%rdi),%rdi; sub %rdx,%rdi; mov %rdi,D(%rsp)`); None when the
+    /// symbol is gone (a stripped binary) or the code differs.
+    fn go_cgo_call(&self) -> Option<(u64, Rule)> {
+        let (found, _) = self.find_functions(&["runtime.asmcgocall.abi0", "runtime.asmcgocall"]);
+        let f = found.into_iter().flatten().next()?;
+        let start = usize::try_from(f.file_offset).ok()?;
+        let code = self.bytes.get().get(start..start.checked_add(usize::try_from(f.size.min(512)).ok()?)?)?;
+        // g.stack.hi - the entry rsp: the depth asmcgocall saves.
+        const DEPTH: [u8; 7] = [0x48, 0x8b, 0x7f, 0x08, 0x48, 0x29, 0xd7];
+        let at = code.windows(DEPTH.len()).position(|w| w == DEPTH)?;
+        let g = match code.get(at.checked_sub(5)?..at)? {
+            [0x48, 0x89, 0x7c, 0x24, g] => *g,
+            _ => return None,
+        };
+        let (depth, after) = match code.get(at + DEPTH.len()..)? {
+            [0x48, 0x89, 0x7c, 0x24, d, ..] => (*d, at + DEPTH.len() + 5),
+            [0x48, 0x89, 0x3c, 0x24, ..] => (0, at + DEPTH.len() + 4),
+            _ => return None,
+        };
+        let call = after + code.get(after..)?.windows(2).take(16).position(|w| w == CALL_RAX)?;
+        let rule =
+            Rule { kind: kind::GO_CGO_CALL, rbp: rbp::SAME, rbp_offset: i16::from(depth), cfa_offset: i32::from(g) };
+        Some((f.address + call as u64, rule))
     }
 
     /// `.eh_frame`'s address and bytes, and `.text`'s address.
@@ -265,7 +332,7 @@ fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
         let ok = (|| -> gimli::Result<()> {
             let mut table = fde.rows(section, bases, &mut ctx)?;
             while let Some(row) = table.next_row()? {
-                let rule = if signal { Rule::UNSUPPORTED } else { rule_of(row, section) };
+                let rule = if signal { signal_rule_of(row, section) } else { rule_of(row, section) };
                 rows.push(Row { address: row.start_address(), rule });
             }
             Ok(())
@@ -312,6 +379,64 @@ fn rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
     let kind = if ra_undefined { kind::OUTERMOST } else { kind };
     Rule { kind, rbp, rbp_offset, cfa_offset }
 }
+
+/// `rsp + n` (`DW_OP_breg7 n`), then the rest of `expr`.
+fn rsp_plus(expr: &[u8]) -> Option<(i64, &[u8])> {
+    let (&op, mut rest) = expr.split_first()?;
+    if op != 0x77 {
+        return None;
+    }
+    let (mut value, mut shift) = (0i64, 0u32);
+    loop {
+        let (&b, r) = rest.split_first()?;
+        rest = r;
+        if shift >= 63 {
+            return None;
+        }
+        value |= i64::from(b & 0x7f) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            if shift < 64 && b & 0x40 != 0 {
+                value |= -1i64 << shift;
+            }
+            return Some((value, rest));
+        }
+    }
+}
+
+/// The rule of a signal trampoline's row (glibc's `__restore_rt`): CFA =
+/// `*(rsp + n)` (`DW_OP_breg7 n; DW_OP_deref`), rip saved at `rsp + n + 8`
+/// (the kernel's sigcontext keeps rip right after rsp) and rbp at
+/// `rsp + m`. Anything else is [`kind::UNSUPPORTED`].
+fn signal_rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+    row: &gimli::UnwindTableRow<usize>,
+    section: &S,
+) -> Rule {
+    let at_rsp = |rule: Option<RegisterRule<usize>>| match rule {
+        Some(RegisterRule::Expression(e)) => {
+            e.get(section).ok().and_then(|x| rsp_plus(x.0.slice()).filter(|(_, rest)| rest.is_empty())).map(|v| v.0)
+        }
+        _ => None,
+    };
+    let CfaRule::Expression(cfa) = row.cfa() else { return Rule::UNSUPPORTED };
+    let rsp_at = cfa.get(section).ok().and_then(|x| match rsp_plus(x.0.slice()) {
+        Some((n, [0x06])) => Some(n),
+        _ => None,
+    });
+    let (Some(rsp_at), Some(rip_at), Some(rbp_at)) = (rsp_at, at_rsp(row.register(RA)), at_rsp(row.register(RBP)))
+    else {
+        return Rule::UNSUPPORTED;
+    };
+    match (i32::try_from(rsp_at), i16::try_from(rbp_at)) {
+        (Ok(cfa_offset), Ok(rbp_offset)) if rip_at == rsp_at + 8 => {
+            Rule { kind: kind::SIGNAL, rbp: rbp::SAME, rbp_offset, cfa_offset }
+        }
+        _ => Rule::UNSUPPORTED,
+    }
+}
+
+/// `call *%rax`.
+const CALL_RAX: [u8; 2] = [0xff, 0xd0];
 
 /// Sorts FDEs, drops those overlapping an earlier (or higher-priority) one,
 /// fills gaps with NO_INFO and merges equal neighbours.
@@ -365,10 +490,43 @@ impl UnwindTable {
         }
     }
 
+    /// This table with every address of `ranges` it has no info for
+    /// governed by `fill` instead.
+    pub fn fill_gaps(&self, ranges: &[(u64, u64)], fill: Rule) -> UnwindTable {
+        let mut bounds: Vec<u64> =
+            self.rows.iter().map(|r| r.address).chain(ranges.iter().flat_map(|&(s, e)| [s, e])).collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let inside = |a: u64| ranges.iter().any(|&(s, e)| a >= s && a < e);
+        let mut rows: Vec<Row> = Vec::with_capacity(bounds.len());
+        for address in bounds {
+            let mut rule = self.rule_at(address);
+            if rule.kind == kind::NO_INFO && inside(address) {
+                rule = fill;
+            }
+            // No leading no-info row; no row equal to the one before.
+            if rows.last().map_or(rule.kind != kind::NO_INFO, |r| r.rule != rule) {
+                rows.push(Row { address, rule });
+            }
+        }
+        UnwindTable { rows }
+    }
+
+    /// This table with `rule` for `[start, end)`.
+    pub fn with_rule(&self, start: u64, end: u64, rule: Rule) -> UnwindTable {
+        let after = self.rule_at(end);
+        let mut rows: Vec<Row> = self.rows.iter().filter(|r| r.address < start).copied().collect();
+        rows.push(Row { address: start, rule });
+        rows.push(Row { address: end, rule: after });
+        rows.extend(self.rows.iter().filter(|r| r.address > end).copied());
+        rows.dedup_by(|b, a| a.rule == b.rule);
+        UnwindTable { rows }
+    }
+
     /// The compact, paged form the BPF maps hold.
     pub fn compact(&self) -> Result<CompactTable, UnwindError> {
         let mut rules: Vec<Rule> = Vec::new();
-        // One lookup per row: FxHash, not SipHash (4% of a build host's agent).
+        // Looked up once per row: a fast hash (rules are 8 plain bytes).
         let mut ids: FxHashMap<Rule, u16> = FxHashMap::default();
         let mut id_of = |r: Rule| -> Result<u16, UnwindError> {
             if let Some(&id) = ids.get(&r) {

@@ -67,11 +67,17 @@ fn names(s: &Observed, syms: &mut Vec<(String, Symbolizer)>) -> Vec<String> {
 /// Whether `stack` is CHAIN from some frame on, then libc's start routine
 /// (in the binary when static, in libc.so.6 otherwise) and `_start` last.
 fn whole(stack: &[String], is_static: bool) -> bool {
-    let Some(k) = CHAIN.iter().position(|c| stack.first().map(String::as_str) == Some(*c)) else {
+    whole_chain(stack, &CHAIN, is_static)
+}
+
+/// Whether `stack` is `chain` (ending in `main`) from some frame on, then
+/// libc's start routine and `_start` last.
+fn whole_chain(stack: &[String], chain: &[&str], is_static: bool) -> bool {
+    let Some(k) = chain.iter().position(|c| stack.first().map(String::as_str) == Some(*c)) else {
         return false;
     };
-    let n = CHAIN.len() - k;
-    if stack.len() != n + 3 || stack[..n] != CHAIN[k..] {
+    let n = chain.len() - k;
+    if stack.len() != n + 3 || stack[..n] != chain[k..] {
         return false;
     }
     let (call_main, start_main) = (&stack[n], &stack[n + 1]);
@@ -495,5 +501,226 @@ async fn distribution_binaries_agree_with_perf_dwarf() {
         // profcol must come within 0.05 of perf's own agreement.
         let want = 0.9f64.min(noise - 0.05);
         assert!(agree >= want, "{cmd}: overlap with perf {agree:.3} < {want:.3} (perf against itself: {noise:.3})");
+    }
+}
+
+/// `examples/workloads/cgo_deep.go` built with `go build`: with `cgo`,
+/// against `libcgo_deep_lib.so` (`cgo_deep_lib.c`, `-O2
+/// -fomit-frame-pointer`); without, pure Go (internally linked, no
+/// `.eh_frame`).
+fn build_cgo_deep(dir: &Path, cgo: bool) -> PathBuf {
+    let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads");
+    let bin = dir.join(if cgo { "cgo_deep" } else { "go_deep" });
+    let mut go = Command::new(std::env::var("GO").unwrap_or_else(|_| "go".into()));
+    // go needs a build cache; without HOME (some CI runners) one here.
+    if std::env::var_os("HOME").is_none() && std::env::var_os("XDG_CACHE_HOME").is_none() {
+        go.env("GOCACHE", dir.join("gocache"));
+    }
+    go.args(["build", "-o"]).arg(&bin).arg(workloads.join("cgo_deep.go"));
+    // Files named on the command line are built whatever their build tags.
+    if cgo {
+        compile_workload(
+            "cgo_deep_lib.c",
+            "libcgo_deep_lib.so",
+            dir,
+            &["-O2", "-fomit-frame-pointer", "-shared", "-fPIC"],
+        );
+        go.arg(workloads.join("cgo_deep_c.go"))
+            .env("CGO_ENABLED", "1")
+            .env("CGO_LDFLAGS", format!("-L{0} -Wl,-rpath,{0}", dir.display()));
+    } else {
+        go.arg(workloads.join("cgo_deep_pure.go")).env("CGO_ENABLED", "0");
+    }
+    let status = go.status().expect("run go (golang-go)");
+    assert!(status.success(), "go build {}", bin.display());
+    bin
+}
+
+/// The Go chain of `cgo_deep.go`, leaf first, as the frame-pointer walk
+/// gives it: down to `runtime.goexit`, the bottom of a goroutine's stack.
+const GO_CHAIN: [&str; 6] = ["main.goLeaf", "main.goMid", "main.goTop", "main.main", "runtime.main", "runtime.goexit"];
+
+/// Whether frame name `f` is function `want` (Go assembly symbols carry an
+/// ABI suffix such as `.abi0`).
+fn is_fn(f: &str, want: &str) -> bool {
+    f == want || f.strip_prefix(want).is_some_and(|s| s.starts_with(".abi"))
+}
+
+/// Frames of `stack` that are `chain` from some link of it on (None when
+/// the stack does not start inside the chain or leaves it).
+fn chain_prefix(stack: &[String], chain: &[&str]) -> Option<usize> {
+    let k = chain.iter().position(|c| stack.first().is_some_and(|f| is_fn(f, c)))?;
+    let n = chain.len() - k;
+    (stack.len() >= n && stack[..n].iter().zip(&chain[k..]).all(|(f, c)| is_fn(f, c))).then_some(n)
+}
+
+/// A pure Go program (no cgo: no `.eh_frame`, its `.debug_frame` not
+/// used) under `mode: auto`: ≥ 95% of its samples are exactly the Go chain
+/// down to `runtime.goexit`, walked by frame pointers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pure_go_stacks_are_whole() {
+    if !require_bpf("pure_go_stacks_are_whole") || !profcol_testkit::tools::tool_available("go", &["version"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_cgo_deep(dir.path(), false);
+    let (batches, metrics, pid) = profile(&bin, UnwindMode::Auto).await;
+    let mut syms = Vec::new();
+    let (mut good, mut total) = (0, 0);
+    let mut bad = std::collections::BTreeMap::<String, usize>::new();
+    for s in &samples_of(&batches, pid) {
+        let stack = names(s, &mut syms);
+        total += s.count;
+        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        if chain_prefix(&stack, &GO_CHAIN) == Some(stack.len()) && end.is_none() {
+            good += s.count;
+        } else {
+            *bad.entry(format!("{} (end {end:?})", stack.join(" <- "))).or_default() += s.count;
+        }
+    }
+    eprintln!("go_deep: {good}/{total} samples whole");
+    for (stack, n) in &bad {
+        eprintln!("  {n:4} {stack}");
+    }
+    assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "only {total} samples\n{metrics}");
+    assert!(good as f64 >= total as f64 * 0.95, "{good}/{total} whole");
+}
+
+/// A Go program (frame pointers) spinning alternately in a Go chain and,
+/// through cgo, in a C library without frame pointers (tables), under
+/// `mode: auto`. Each side of the Go/C stack switch comes out whole:
+/// `goLeaf` <- `goMid` <- `goTop` <- `main.main` <- `runtime.main` <-
+/// `runtime.goexit` and nothing after; `cgo_c_leaf` <- `cgo_c_mid` <-
+/// `cgo_c_top` <- `runtime.asmcgocall` (the cgo wrapper tail-calls the C
+/// function), then across the switch onto the goroutine's stack:
+/// `runtime.cgocall` <- `main._Cfunc_cgo_c_top` <- `main.callC` <-
+/// `main.main` <- `runtime.main` <- `runtime.goexit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_and_c_stacks_through_cgo_are_whole() {
+    if !require_bpf("go_and_c_stacks_through_cgo_are_whole")
+        || !profcol_testkit::tools::tool_available("go", &["version"])
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_cgo_deep(dir.path(), true);
+    let (batches, metrics, pid) = profile(&bin, UnwindMode::Auto).await;
+    let c_side = ["cgo_c_leaf", "cgo_c_mid", "cgo_c_top", "runtime.asmcgocall"];
+    let go_caller =
+        ["runtime.cgocall", "main._Cfunc_cgo_c_top", "main.callC", "main.main", "runtime.main", "runtime.goexit"];
+    let mut syms = Vec::new();
+    let (mut go_whole, mut go_total, mut c_whole, mut crossed, mut c_total, mut total) = (0, 0, 0, 0, 0, 0);
+    let mut bad = std::collections::BTreeMap::<String, usize>::new();
+    for s in &samples_of(&batches, pid) {
+        let stack = names(s, &mut syms);
+        total += s.count;
+        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        let ok = if stack.first().is_some_and(|f| f.starts_with("main.go")) {
+            go_total += s.count;
+            let ok = chain_prefix(&stack, &GO_CHAIN) == Some(stack.len()) && end.is_none();
+            go_whole += if ok { s.count } else { 0 };
+            ok
+        } else if stack.first().is_some_and(|f| f.starts_with("cgo_c_")) {
+            c_total += s.count;
+            let n = chain_prefix(&stack, &c_side);
+            let ok = n.is_some();
+            c_whole += if ok { s.count } else { 0 };
+            let rest = &stack[n.unwrap_or(stack.len())..];
+            let across = rest.len() == go_caller.len() && chain_prefix(rest, &go_caller).is_some();
+            crossed += if across && end.is_none() { s.count } else { 0 };
+            ok
+        } else {
+            false
+        };
+        if !ok {
+            *bad.entry(format!("{} (end {end:?})", stack.join(" <- "))).or_default() += s.count;
+        }
+    }
+    eprintln!(
+        "cgo_deep: Go side {go_whole}/{go_total} whole; C side {c_whole}/{c_total} whole, {crossed} across the \
+         switch; {total} samples"
+    );
+    for (stack, n) in &bad {
+        eprintln!("  {n:4} {stack}");
+    }
+    assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "only {total} samples\n{metrics}");
+    assert!(go_total * 4 >= total && c_total * 4 >= total, "both sides sampled: Go {go_total}, C {c_total} of {total}");
+    assert!(go_whole as f64 >= go_total as f64 * 0.95, "Go side: {go_whole}/{go_total} whole");
+    assert!(c_whole as f64 >= c_total as f64 * 0.95, "C side: {c_whole}/{c_total} whole");
+    assert!(crossed as f64 >= c_total as f64 * 0.9, "C side across the switch: {crossed}/{c_total}");
+}
+
+/// `mov $0xf,%rax; syscall` (rt_sigreturn): the code of libc's signal
+/// trampoline `__restore_rt`, whose symbol a stripped libc does not keep.
+const SIGRETURN_CODE: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05];
+
+/// Whether the frame's address is a signal trampoline's first instruction
+/// (the return address a handler was given).
+fn is_sigreturn(f: &Frame) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Some(m) = &f.mapping else { return false };
+    let Ok(mut file) = File::open(&f.mapping_filename) else { return false };
+    let mut code = [0u8; 9];
+    file.seek(SeekFrom::Start(f.address - m.memory_start + m.file_offset)).is_ok()
+        && file.read_exact(&mut code).is_ok()
+        && code == SIGRETURN_CODE
+}
+
+/// `signal_deep.c` spends most of its time in a SIGPROF handler: its
+/// stacks go sig_leaf <- sig_handler <- `__restore_rt` <- the interrupted
+/// code (callees of `work_mid`, then the chain down to main, libc's start
+/// routine and `_start`), with no `profcol.unwind.end`. Returns the share
+/// of the handler's samples that are whole.
+async fn signal_share(bin: &Path, is_static: bool) -> f64 {
+    const WORK: [&str; 4] = ["work_leaf", "work_mid", "work_top", "main"];
+    let (batches, metrics, pid) = profile(bin, UnwindMode::Auto).await;
+    let mut syms = Vec::new();
+    let (mut good, mut handler, mut total) = (0, 0, 0);
+    let mut bad = std::collections::BTreeMap::<String, usize>::new();
+    for s in &samples_of(&batches, pid) {
+        let user: Vec<&Frame> = s.frames.iter().filter(|f| f.frame_type == "native").collect();
+        let mut stack = names(s, &mut syms);
+        total += s.count;
+        let Some(t) = user.iter().skip(1).position(|f| is_sigreturn(f)).map(|i| i + 1) else {
+            continue; // not in the handler
+        };
+        handler += s.count;
+        stack[t] = "__restore_rt".into();
+        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        // The interrupted code: the work chain from the first of its
+        // frames on (at most two callees before it: cpu_ns's clock_gettime
+        // and the vdso).
+        let interrupted = &stack[t + 1..];
+        let chain_at = interrupted.iter().position(|f| WORK.contains(&f.as_str())).filter(|&i| i <= 2);
+        let ok = stack[t - 1] == "sig_handler"
+            && end.is_none()
+            && chain_at.is_some_and(|i| whole_chain(&interrupted[i..], &WORK, is_static));
+        if ok {
+            good += s.count;
+        } else {
+            *bad.entry(format!("{} (end {end:?})", stack.join(" <- "))).or_default() += s.count;
+        }
+    }
+    let name = bin.file_name().unwrap().to_string_lossy();
+    eprintln!("{name}: {good}/{handler} handler samples whole ({total} samples)");
+    for (stack, n) in &bad {
+        eprintln!("  {n:4} {stack}");
+    }
+    assert!(handler * 2 >= total && total as f64 >= FREQ as f64 * SECONDS * 0.5, "{handler}/{total}\n{metrics}");
+    good as f64 / handler as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_through_signal_handlers_are_whole() {
+    if !require_bpf("stacks_through_signal_handlers_are_whole") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let omit = ["-O2", "-fomit-frame-pointer"];
+    let dynamic = compile_workload("signal_deep.c", "signal_dynamic", dir.path(), &omit);
+    let stat = compile_workload("signal_deep.c", "signal_static", dir.path(), &[&omit[..], &["-static"]].concat());
+    for (bin, is_static) in [(&dynamic, false), (&stat, true)] {
+        let share = signal_share(bin, is_static).await;
+        assert!(share >= 0.95, "{}: {:.1}% whole handler stacks", bin.display(), share * 100.0);
     }
 }

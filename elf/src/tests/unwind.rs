@@ -230,3 +230,92 @@ fn truncated_and_garbled_cfi_is_no_panic() {
         }
     }
 }
+
+#[test]
+fn signal_trampolines_get_the_signal_rule() {
+    // glibc's __restore_rt (linked in statically): CFA = *(rsp + 160),
+    // rip at rsp + 168, rbp at rsp + 120 (offsets into the ucontext).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(dir.path(), "static", DEEP, &["-static"]);
+    let f = open(&bin);
+    let (syms, _) = f.find_functions(&["__restore_rt"]);
+    let restore = syms[0].clone().expect("__restore_rt in a static glibc binary");
+    let (table, _) = f.unwind_table().unwrap();
+    let want = Rule { kind: kind::SIGNAL, rbp: rbp::SAME, rbp_offset: 120, cfa_offset: 160 };
+    // The FDE starts one byte early: a handler's return address minus 1.
+    for a in [restore.address - 1, restore.address, restore.address + 8] {
+        assert_eq!(table.rule_at(a), want, "at {a:#x}");
+        assert_eq!(table.compact().unwrap().rule_at(a), want);
+    }
+}
+
+#[test]
+fn go_binaries_walk_code_without_eh_frame_by_frame_pointers() {
+    // C standing in for a cgo binary: its code has only .debug_frame (as Go
+    // code does), the C start files have .eh_frame.
+    let go_note = r#"
+struct go_note { unsigned namesz, descsz, type; char name[4]; char desc[12]; };
+__attribute__((section(".note.go.buildid"), aligned(4), used))
+static const struct go_note go_note = { 3, 12, 4, "Go", "abc/def-GHI_" };
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["-fomit-frame-pointer", "-g", "-static"];
+    let plain = open(&gcc(dir.path(), "plain", DEEP, &flags));
+    let go = open(&gcc(dir.path(), "go", &format!("{DEEP}{go_note}"), &flags));
+    let mid = |f: &crate::ElfFile| f.find_functions(&["deep_mid"]).0[0].clone().unwrap();
+    let (plain_table, plain_stats) = plain.unwind_table().unwrap();
+    let (go_table, go_stats) = go.unwind_table().unwrap();
+    assert!(!plain_stats.go && go_stats.go);
+    let m = mid(&plain);
+    assert!((m.address..m.address + m.size).any(|a| plain_table.rule_at(a).kind == kind::CFA_RSP));
+    let m = mid(&go);
+    for a in m.address..m.address + m.size {
+        assert_eq!(go_table.rule_at(a), Rule::FRAME_POINTER, "Go code at {a:#x}: frame pointers, not .debug_frame");
+    }
+    // .eh_frame's FDEs keep their rules; outside the executable segments
+    // there is no info.
+    let (syms, _) = go.find_functions(&["_start"]);
+    let start = syms[0].clone().unwrap();
+    assert_eq!(go_table.rule_at(start.address + 1).kind, kind::OUTERMOST);
+    assert_eq!(go_table.rule_at(0).kind, kind::NO_INFO);
+    assert_eq!(go_table.rows.last().map(|r| r.rule), Some(Rule::NO_INFO), "the end marker");
+    let compact = go_table.compact().unwrap();
+    assert_eq!(compact.rule_at(m.address), Rule::FRAME_POINTER);
+}
+
+#[test]
+fn go_asmcgocall_gets_the_cgo_call_rule() {
+    // Go 1.19's runtime.asmcgocall around its call into C: saves g at
+    // 0x30(%rsp) and the depth at 0x28(%rsp), then `call *%rax`.
+    let asm = r#"
+__asm__(".text\n.globl runtime.asmcgocall.abi0\n.type runtime.asmcgocall.abi0,@function\n"
+        "runtime.asmcgocall.abi0:\n"
+        "mov 0x8(%rsp),%rax\nmov 0x10(%rsp),%rbx\nmov %rsp,%rdx\n"
+        "sub $0x40,%rsp\nand $-16,%rsp\n"
+        ".byte 0x48,0x89,0x7c,0x24,0x30\n"
+        ".byte 0x48,0x8b,0x7f,0x08\n.byte 0x48,0x29,0xd7\n"
+        ".byte 0x48,0x89,0x7c,0x24,0x28\n"
+        "mov %rbx,%rdi\nmov %rbx,%rcx\n"
+        "asmcgocall_call:\ncall *%rax\n"
+        "mov 0x30(%rsp),%rdi\nret\n"
+        ".size runtime.asmcgocall.abi0, .-runtime.asmcgocall.abi0\n");
+struct go_note { unsigned namesz, descsz, type; char name[4]; char desc[12]; };
+__attribute__((section(".note.go.buildid"), aligned(4), used))
+static const struct go_note go_note = { 3, 12, 4, "Go", "abc/def-GHI_" };
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let f = open(&gcc(dir.path(), "cgo", &format!("{DEEP}{asm}"), &["-static"]));
+    let (syms, _) = f.find_functions(&["runtime.asmcgocall.abi0"]);
+    let fun = syms[0].clone().unwrap();
+    let (table, stats) = f.unwind_table().unwrap();
+    assert!(stats.go);
+    let call = (fun.address..fun.address + fun.size)
+        .find(|&a| table.rule_at(a).kind == kind::GO_CGO_CALL)
+        .expect("a cgo-call row");
+    let want = Rule { kind: kind::GO_CGO_CALL, rbp: rbp::SAME, rbp_offset: 0x28, cfa_offset: 0x30 };
+    // The call instruction's two bytes (a return address minus 1 is the second).
+    assert_eq!((table.rule_at(call), table.rule_at(call + 1)), (want, want));
+    assert_eq!(table.rule_at(call + 2), Rule::FRAME_POINTER);
+    assert_eq!(table.rule_at(call - 1), Rule::FRAME_POINTER);
+    assert_eq!(table.compact().unwrap().rule_at(call + 1), want);
+}

@@ -211,12 +211,19 @@ fn load_unwind_program(ebpf: &mut Ebpf) -> Result<(), LoadError> {
 fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps, LoadError> {
     let mut take =
         |name: &str| ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")));
-    let rows = aya::maps::Array::try_from(take(obj::unwind::ROWS_MAP)?).map_err(|e| other("unwind_rows", &e))?;
+    let rows = match take(obj::unwind::ROWS_MAP)? {
+        aya::maps::Map::Array(data) => {
+            let elems = data.info().map_err(|e| other("unwind_rows", &e))?.max_entries();
+            super::unwind::kernel::RowArray::new(data, elems)
+                .map_err(|e| LoadError::Other(format!("unwind_rows: mapping it into memory: {e}")))?
+        }
+        _ => return Err(LoadError::Other("unwind_rows is not an array map".into())),
+    };
     let pages = BpfHashMap::try_from(take(obj::unwind::PAGES_MAP)?).map_err(|e| other("unwind_pages", &e))?;
     let rules = aya::maps::Array::try_from(take(obj::unwind::RULES_MAP)?).map_err(|e| other("unwind_rules", &e))?;
     let mappings = aya::maps::lpm_trie::LpmTrie::try_from(take(obj::unwind::MAPPINGS_MAP)?)
         .map_err(|e| other("unwind_mappings", &e))?;
-    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, mappings, row_keys: Vec::new() })
+    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, mappings })
 }
 
 /// Loads the uprobe program; the error names what the kernel lacks.

@@ -8,18 +8,57 @@ use profcol_ebpf::unwind::{mapping_key_data, mapping_value, page_key, page_value
 use profcol_elf::unwind::Rule;
 use std::os::fd::AsFd;
 
-/// Row-array elements per `BPF_MAP_UPDATE_BATCH` (the key scratch is this
-/// many `u32`s).
-const ROWS_PER_BATCH: usize = 16 * 1024;
+/// `unwind_rows` (`BPF_F_MMAPABLE`), mapped into this process: a table's
+/// rows are copied in with plain stores. A table's page entries are
+/// written (by syscall) only after its rows, so the BPF program never
+/// finds a page whose rows are not there yet.
+pub struct RowArray {
+    ptr: std::ptr::NonNull<u64>,
+    elems: u32,
+    /// Keeps the map (and so the mapping's object) alive.
+    _map: MapData,
+}
+
+// The mapping is owned by this value alone; the kernel side only reads it.
+unsafe impl Send for RowArray {}
+
+impl RowArray {
+    /// Maps `elems` elements of the array map `map` read-write.
+    pub fn new(map: MapData, elems: u32) -> std::io::Result<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let len = (elems as usize * 8).max(1);
+        // SAFETY: a fresh shared mapping of the map's fd; checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u64>()).ok_or_else(|| std::io::Error::other("mmap gave NULL"))?;
+        Ok(RowArray { ptr, elems, _map: map })
+    }
+}
+
+impl Drop for RowArray {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), (self.elems as usize * 8).max(1)) };
+    }
+}
 
 /// The unwinder's maps, taken from the loaded object.
 pub struct KernelMaps {
-    pub rows: Array<MapData, u64>,
+    pub rows: RowArray,
     pub pages: BpfHashMap<MapData, [u8; 8], [u8; 8]>,
     pub rules: Array<MapData, [u8; 8]>,
     pub mappings: LpmTrie<MapData, [u8; 12], [u8; 16]>,
-    /// Indexes of one batch of rows (reused).
-    pub row_keys: Vec<u32>,
 }
 
 fn trie_key(pid: u32, addr: u64, bits: u32) -> Key<[u8; 12]> {
@@ -27,16 +66,14 @@ fn trie_key(pid: u32, addr: u64, bits: u32) -> Key<[u8; 12]> {
 }
 
 impl Sink for KernelMaps {
-    /// One syscall per [`ROWS_PER_BATCH`] elements: a table of a large
-    /// binary is hundreds of thousands of them.
     fn write_rows(&mut self, at: u32, elems: &[u64]) -> Result<(), String> {
-        let fd = self.rows.map().fd().as_fd();
-        for (n, chunk) in elems.chunks(ROWS_PER_BATCH).enumerate() {
-            let first = at + (n * ROWS_PER_BATCH) as u32;
-            self.row_keys.clear();
-            self.row_keys.extend((0..chunk.len() as u32).map(|i| first + i));
-            profcol_ebpf::sys::map_update_batch(fd, &self.row_keys, chunk).map_err(|e| format!("unwind_rows: {e}"))?;
+        let end = (at as usize).checked_add(elems.len()).filter(|&e| e <= self.rows.elems as usize);
+        if end.is_none() {
+            return Err(format!("unwind_rows: {} elements at {at} exceed its {}", elems.len(), self.rows.elems));
         }
+        // SAFETY: in bounds (checked above) of the live mapping, which
+        // nothing in this process aliases.
+        unsafe { std::ptr::copy_nonoverlapping(elems.as_ptr(), self.rows.ptr.as_ptr().add(at as usize), elems.len()) };
         Ok(())
     }
 

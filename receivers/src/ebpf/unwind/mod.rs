@@ -31,12 +31,6 @@ use store::{LoadRefused, Sink, TableKey, TableStore};
 
 /// Files remembered (segments, or "no table"); cleared when full.
 const MAX_FILES: usize = 4096;
-/// A table evicted while processes used it is not built again for this
-/// long: their files are walked by frame pointers meanwhile. When the
-/// binaries that new processes run need more than `max_table_bytes`,
-/// evicting and rebuilding would otherwise go round for good (a build host
-/// measured 370 builds a minute, each a parse of a whole `.eh_frame`).
-pub const EVICTED_HOLDOFF: Duration = Duration::from_secs(60);
 
 /// What the BPF maps are asked to hold, besides tables.
 pub trait MappingSink: Sink {
@@ -113,9 +107,6 @@ enum FileState {
     Table(Arc<[LoadSegment]>),
     /// No usable table (no CFI, or refused): frame pointers.
     NoTable,
-    /// Its table was evicted while in use at this time: frame pointers
-    /// until [`EVICTED_HOLDOFF`] has passed.
-    Evicted(Instant),
 }
 
 /// One address-range entry of a process in the LPM trie.
@@ -147,6 +138,23 @@ struct Built {
 /// Builds waiting for the worker at most (more are asked for again later).
 const MAX_QUEUED_BUILDS: usize = 64;
 
+/// How long a file whose table was evicted to make room is not built
+/// again (its code is walked by frame pointers meanwhile), doubled at each
+/// further eviction up to [`MAX_REBUILD_BACKOFF`]. Without it, a working
+/// set of tables larger than `max_table_bytes` (a build host: rustc's
+/// librustc_driver and LLVM tables alone are ~11 MB) is rebuilt and
+/// evicted in turn by every new process: the worker parsed the same files
+/// ~30 times in 25 s.
+const REBUILD_BACKOFF: Duration = Duration::from_secs(30);
+const MAX_REBUILD_BACKOFF: Duration = Duration::from_secs(600);
+
+/// A file evicted to make room: not built again before `until`.
+#[derive(Clone, Copy)]
+struct Backoff {
+    until: Instant,
+    evictions: u32,
+}
+
 /// Per-process tables in the kernel. Tables are built on a worker thread
 /// (`profcol-unwind`), so a large binary never holds up the sampling loop;
 /// the loop loads finished tables ([`Unwinder::poll`]) and installs a
@@ -161,6 +169,8 @@ pub struct Unwinder {
     built: Receiver<Built>,
     /// Finished builds so far.
     epoch: u64,
+    /// Files evicted to make room, by key (at most MAX_FILES).
+    backoff: FxHashMap<TableKey, Backoff>,
 }
 
 impl Unwinder {
@@ -187,6 +197,7 @@ impl Unwinder {
             jobs,
             built,
             epoch: 0,
+            backoff: FxHashMap::default(),
         })
     }
 
@@ -208,15 +219,18 @@ impl Unwinder {
                     LoadRefused::RulesFull => "the rule dictionary is full".to_owned(),
                     LoadRefused::Map(m) => m,
                 })?;
-                for (id, key, pids) in evicted {
+                for (id, pids) in evicted {
                     self.unpoint(id, &pids, sink);
-                    self.remember(key, FileState::Evicted(now));
                 }
                 Ok(segments)
             });
+            for key in self.store.take_evicted() {
+                self.back_off(key, now);
+            }
             let state = match loaded {
                 Ok(segments) => {
                     self.counters.table_builds.inc();
+                    tracing::debug!(key = ?b.key, micros = b.micros, bytes = self.store.bytes(), "ebpf receiver: unwind table built");
                     FileState::Table(segments)
                 }
                 Err(e) => {
@@ -301,6 +315,16 @@ impl Unwinder {
         self.publish();
     }
 
+    /// `key`'s table was evicted to make room: no rebuild for a while.
+    fn back_off(&mut self, key: TableKey, now: Instant) {
+        if self.backoff.len() >= MAX_FILES && !self.backoff.contains_key(&key) {
+            self.backoff.retain(|_, b| b.until > now);
+        }
+        let evictions = self.backoff.get(&key).map_or(0, |b| b.evictions).saturating_add(1);
+        let wait = REBUILD_BACKOFF.saturating_mul(1 << (evictions - 1).min(8)).min(MAX_REBUILD_BACKOFF);
+        self.backoff.insert(key, Backoff { until: now + wait, evictions });
+    }
+
     fn publish(&mut self) {
         self.counters.tables_loaded.set(self.store.len() as i64);
         self.counters.table_bytes.set(self.store.bytes() as i64);
@@ -329,15 +353,18 @@ impl Unwinder {
         match (self.files.get(&key), self.store.id(&key)) {
             (Some(FileState::NoTable), _) => return Lookup::None,
             (Some(FileState::Pending), _) => return Lookup::Waiting,
-            (Some(FileState::Evicted(at)), _) if now.duration_since(*at) < EVICTED_HOLDOFF => return Lookup::None,
             (Some(FileState::Table(segs)), Some(id)) => {
                 return match bias(segs, m.file_offset, m.start) {
                     Some(b) => Lookup::Ready(id, b),
                     None => Lookup::None,
                 };
             }
-            // Never seen, or evicted since: build it.
+            // Never seen, or evicted since: build it (unless evicted
+            // recently: then frame pointers for now).
             _ => {}
+        }
+        if self.backoff.get(&key).is_some_and(|b| now < b.until) {
+            return Lookup::None;
         }
         let Some(file) = file.or_else(open) else { return Lookup::None };
         match self.jobs.try_send((key.clone(), file)) {
@@ -477,8 +504,8 @@ mod tests {
         assert!(sink.mappings.is_empty());
     }
 
-    /// A file whose table was evicted while in use is walked by frame
-    /// pointers, without a build, until the holdoff has passed; then a new
+    /// A file whose table was evicted to make room is walked by frame
+    /// pointers, without a build, until its backoff has passed; then a new
     /// process of it asks for the build again.
     #[test]
     fn an_evicted_table_is_not_rebuilt_within_the_holdoff() {
@@ -493,19 +520,19 @@ mod tests {
             set.mappings.iter().filter_map(|m| m.build_id.clone()).map(TableKey::BuildId).collect();
         assert!(keys.len() >= 2, "the test binary and libc have build ids");
         for k in &keys {
-            u.remember(k.clone(), FileState::Evicted(now));
+            u.back_off(k.clone(), now);
         }
         let mut sink = MemSink::default();
-        u.sync(me, &set, &mut sink, now + EVICTED_HOLDOFF / 2);
+        u.sync(me, &set, &mut sink, now + REBUILD_BACKOFF / 2);
         let p = u.pids.get(&me).expect("synced");
         assert!(p.complete, "nothing to wait for: no build was asked for");
         for k in &keys {
-            assert!(matches!(u.files.get(k), Some(FileState::Evicted(_))), "{k:?} not rebuilt");
+            assert!(!matches!(u.files.get(k), Some(FileState::Pending)), "{k:?} not rebuilt");
         }
         assert!(sink.mapping_writes.contains(&(me, 0, 0)), "known to the BPF program: frame pointers");
-        // After the holdoff the same files go to the worker again.
+        // After the backoff the same files go to the worker again.
         u.forget(me, &mut sink, now);
-        u.sync(me, &set, &mut sink, now + EVICTED_HOLDOFF);
+        u.sync(me, &set, &mut sink, now + REBUILD_BACKOFF);
         assert!(!u.pids.get(&me).expect("synced").complete, "waits for the builds");
         assert!(keys.iter().any(|k| matches!(u.files.get(k), Some(FileState::Pending))));
     }

@@ -58,8 +58,8 @@ pub enum LoadRefused {
     Map(String),
 }
 
-/// A table evicted while in use: its id, its key and the pids that mapped it.
-pub type Evicted = (u32, TableKey, Vec<u32>);
+/// A table evicted while in use: its id and the pids that mapped it.
+pub type Evicted = (u32, Vec<u32>);
 
 struct Entry {
     id: u32,
@@ -87,6 +87,8 @@ pub struct TableStore {
     rule_capacity: u32,
     /// Tables evicted to make room (in use or not).
     pub evictions: u64,
+    /// Their keys, for the caller to take ([`TableStore::take_evicted`]).
+    evicted: Vec<TableKey>,
 }
 
 impl TableStore {
@@ -105,6 +107,7 @@ impl TableStore {
             rules: FxHashMap::default(),
             rule_capacity,
             evictions: 0,
+            evicted: Vec::new(),
         }
     }
 
@@ -141,6 +144,11 @@ impl TableStore {
                 e.last_used = now;
             }
         }
+    }
+
+    /// The keys of the tables evicted to make room since the last call.
+    pub fn take_evicted(&mut self) -> Vec<TableKey> {
+        std::mem::take(&mut self.evicted)
     }
 
     /// Marks the tables `ids` as used at `now` (for LRU).
@@ -185,8 +193,9 @@ impl TableStore {
                 Some(victim) => {
                     let (id, users) = self.evict(&victim, sink);
                     self.evictions += 1;
+                    self.evicted.push(victim);
                     if !users.is_empty() {
-                        evicted_in_use.push((id, victim, users));
+                        evicted_in_use.push((id, users));
                     }
                 }
                 None => return Err(LoadRefused::TooLarge),
@@ -420,7 +429,7 @@ pub(crate) mod tests {
         s.hold(c, 11, t0 + Duration::from_secs(4));
         // Both in use: a (least recently used) goes, and its pid is told.
         let (_, evicted) = s.load(key(4), &table(100, 0), &mut sink, t0 + Duration::from_secs(5)).unwrap();
-        assert_eq!(evicted, vec![(a, key(1), vec![10])]);
+        assert_eq!(evicted, vec![(a, vec![10])]);
         assert_eq!(s.id(&key(1)), None);
         assert_eq!(s.evictions, 2);
         // Too large on its own.
