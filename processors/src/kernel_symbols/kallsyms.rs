@@ -254,6 +254,31 @@ fn no_newline16(b: &[u8]) -> bool {
     !has_nl(w0) && !has_nl(w1)
 }
 
+/// Index of the first byte at or after `from` that is not printable ASCII
+/// (`<= b' '` or `>= 0x7f`), or `text.len()`.
+#[inline]
+fn first_unprintable(text: &[u8], from: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut i = from;
+    while i + 8 <= text.len() {
+        let w = u64::from_le_bytes(text[i..i + 8].try_into().expect("8 bytes"));
+        // High bit set in a byte that is < 0x21 (borrow trick; exact for the
+        // lowest such byte) or >= 0x7f (0x7f + 1 carries into the high bit).
+        let low = w.wrapping_sub(ONES * 0x21) & !w;
+        let high = w.wrapping_add(ONES) | w;
+        let hit = (low | high) & HIGH;
+        if hit != 0 {
+            return i + (hit.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < text.len() && text[i] > b' ' && text[i] < 0x7f {
+        i += 1;
+    }
+    i
+}
+
 /// The line at `pos` read in the kernel's layout, `%016lx %c %s[\t[%s]]`,
 /// without first looking for its end: the same lines and results as
 /// splitting at the newline and then [`fast_split`], in one pass.
@@ -279,14 +304,11 @@ fn fast_line(text: &[u8], pos: usize) -> Fast<'_> {
         return Fast::Padding(&text[from..end], next);
     }
     let Some(addr) = parse_hex(&text[pos..pos + 16]) else { return Fast::General };
-    // Names are short: a plain loop beats a memchr call here, and checks
-    // that the name is printable ASCII on the way.
-    let mut end = name_at;
-    while end < n && text[end] != b'\t' && text[end] != b'\n' {
-        if text[end] <= b' ' || text[end] >= 0x7f {
-            return Fast::General;
-        }
-        end += 1;
+    // The name ends at the first byte that is not printable ASCII, found
+    // 8 bytes at a time; it must be the tab or the newline.
+    let end = first_unprintable(text, name_at);
+    if end < n && text[end] != b'\t' && text[end] != b'\n' {
+        return Fast::General;
     }
     if end == name_at {
         return Fast::General;
@@ -464,6 +486,11 @@ ffffffff81000050 T \td\n\
 ffffffff81000060 T e f\n\
 ffffffff81000070 T g\r\n\
 ffffffff81000080 d data\n\
+ffffffff810000b0 T long_name_with space_inside\n\
+ffffffff810000c0 T long_name_with_del\x7fx\n\
+ffffffff810000d0 T long_name_non_ascii_\xc3\xa9\n\
+ffffffff810000e0 T a_rather_long_function_name_of_40_bytes\n\
+ffffffff810000f0 T exactly8\tmod\n\
 ffffffff81000090 t __pfx_h\t[m]\n\
 ffffffffc0000000 t h\t[m]\n\
 ffffffffc0000010 t i\t[a b]\n\
@@ -503,6 +530,29 @@ ffffffffc0000050 T last\t[m]";
         got.sort();
         kept.sort();
         assert_eq!(got, kept);
+    }
+
+    /// The 8-byte scan finds what a byte loop finds, for every byte value
+    /// at every position of a word and next to others.
+    #[test]
+    fn first_unprintable_matches_a_byte_loop() {
+        let naive = |t: &[u8], from: usize| {
+            t[from..].iter().position(|&b| b <= b' ' || b >= 0x7f).map_or(t.len(), |i| from + i)
+        };
+        for b in 0..=255u8 {
+            for at in 0..20 {
+                for other in [None, Some(0xffu8), Some(b'\t'), Some(0x7f)] {
+                    let mut t = vec![b'a'; 20];
+                    t[at] = b;
+                    if let Some(o) = other {
+                        t[(at + 3) % 20] = o;
+                    }
+                    for from in [0, 1, 5] {
+                        assert_eq!(first_unprintable(&t, from), naive(&t, from), "{t:?} from {from}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

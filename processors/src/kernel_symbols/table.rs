@@ -407,7 +407,7 @@ impl<'a> TableBuilder<'a> {
             self.names.push(name.len() as u8);
             self.names.extend_from_slice(name);
         } else {
-            let shared = self.prev.iter().zip(name).take_while(|(a, b)| a == b).count();
+            let shared = shared_prefix(self.prev, name);
             self.names.push(shared as u8);
             self.names.push((name.len() - shared) as u8);
             self.names.extend_from_slice(&name[shared..]);
@@ -434,6 +434,25 @@ impl<'a> TableBuilder<'a> {
             padded: self.padded.into_boxed_slice(),
         }
     }
+}
+
+/// Length of the common prefix of `a` and `b`, compared 8 bytes at a time.
+#[inline]
+fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().expect("8 bytes"))
+            ^ u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if x != 0 {
+            return i + (x.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 /// The bucket index of sorted `offsets` (the first is 0): a power-of-two
@@ -492,6 +511,18 @@ mod tests {
 
     fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
         Entry { addr, rank: rank(kind, name), name, padded: false }
+    }
+
+    #[test]
+    fn shared_prefix_counts_equal_leading_bytes() {
+        let names: [&[u8]; 8] =
+            [b"", b"a", b"ab", b"tcp_v4_rcv", b"tcp_v4_rcv.cold", b"tcp_v4_", b"tcp_v6_rcv", b"abcdefghijklmnopq"];
+        for a in names {
+            for b in names {
+                let want = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+                assert_eq!(shared_prefix(a, b), want, "{a:?} {b:?}");
+            }
+        }
     }
 
     #[test]
