@@ -141,7 +141,16 @@ impl SymbolTable {
         let b = ((rel >> self.shift) as usize).min(self.first.len().checked_sub(2)?);
         let (lo, hi) = (self.first[b], self.first[b + 1]);
         let (lo, hi) = (lo as usize, hi as usize);
-        let i = lo + self.offsets[lo..=hi].partition_point(|&o| o <= rel);
+        let span = &self.offsets[lo..=hi];
+        // A bucket's few offsets are counted without branches (sorted, so
+        // the count of those <= rel is the partition point); a crowded
+        // bucket is searched.
+        let below = if span.len() <= 16 {
+            span.iter().map(|&o| usize::from(o <= rel)).sum()
+        } else {
+            span.partition_point(|&o| o <= rel)
+        };
+        let i = lo + below;
         // offsets[0] == 0 <= rel, so some symbol is at or below it.
         Some(i - 1)
     }
@@ -522,6 +531,33 @@ mod tests {
                 let want = a.iter().zip(b).take_while(|(x, y)| x == y).count();
                 assert_eq!(shared_prefix(a, b), want, "{a:?} {b:?}");
             }
+        }
+    }
+
+    /// Lookups agree with a search of the sorted addresses, for sparse
+    /// symbols and for buckets crowded past the branch-free count.
+    #[test]
+    fn lookups_agree_with_a_plain_search() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut addrs: Vec<u64> = (0..2000).map(|_| 0x1000 + next() % 0x10_0000).collect();
+        // A crowded run: 200 symbols 2 bytes apart.
+        addrs.extend((0..200).map(|k| 0x8_0000 + 2 * k));
+        addrs.sort_unstable();
+        addrs.dedup();
+        let names: Vec<String> = addrs.iter().map(|a| format!("f_{a:x}")).collect();
+        let entries = addrs.iter().zip(&names).map(|(&a, n)| e(a, b'T', n)).collect();
+        let t = build(entries, &mut BuildStats::default());
+        let mut probes: Vec<u64> = addrs.iter().flat_map(|&a| [a - 1, a, a + 1]).collect();
+        probes.extend((0..5000).map(|_| next() % 0x12_0000));
+        for p in probes {
+            let want = addrs.partition_point(|&a| a <= p).checked_sub(1).map(|i| (names[i].clone(), p - addrs[i]));
+            assert_eq!(t.lookup(p).map(|(n, o)| (n.to_string(), o)), want, "{p:#x}");
         }
     }
 
