@@ -141,7 +141,16 @@ impl SymbolTable {
         let b = ((rel >> self.shift) as usize).min(self.first.len().checked_sub(2)?);
         let (lo, hi) = (self.first[b], self.first[b + 1]);
         let (lo, hi) = (lo as usize, hi as usize);
-        let i = lo + self.offsets[lo..=hi].partition_point(|&o| o <= rel);
+        let span = &self.offsets[lo..=hi];
+        // A bucket's few offsets are counted without branches (sorted, so
+        // the count of those <= rel is the partition point); a crowded
+        // bucket is searched.
+        let below = if span.len() <= 16 {
+            span.iter().map(|&o| usize::from(o <= rel)).sum()
+        } else {
+            span.partition_point(|&o| o <= rel)
+        };
+        let i = lo + below;
         // offsets[0] == 0 <= rel, so some symbol is at or below it.
         Some(i - 1)
     }
@@ -407,7 +416,7 @@ impl<'a> TableBuilder<'a> {
             self.names.push(name.len() as u8);
             self.names.extend_from_slice(name);
         } else {
-            let shared = self.prev.iter().zip(name).take_while(|(a, b)| a == b).count();
+            let shared = shared_prefix(self.prev, name);
             self.names.push(shared as u8);
             self.names.push((name.len() - shared) as u8);
             self.names.extend_from_slice(&name[shared..]);
@@ -434,6 +443,25 @@ impl<'a> TableBuilder<'a> {
             padded: self.padded.into_boxed_slice(),
         }
     }
+}
+
+/// Length of the common prefix of `a` and `b`, compared 8 bytes at a time.
+#[inline]
+fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().expect("8 bytes"))
+            ^ u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if x != 0 {
+            return i + (x.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
 }
 
 /// The bucket index of sorted `offsets` (the first is 0): a power-of-two
@@ -492,6 +520,45 @@ mod tests {
 
     fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
         Entry { addr, rank: rank(kind, name), name, padded: false }
+    }
+
+    #[test]
+    fn shared_prefix_counts_equal_leading_bytes() {
+        let names: [&[u8]; 8] =
+            [b"", b"a", b"ab", b"tcp_v4_rcv", b"tcp_v4_rcv.cold", b"tcp_v4_", b"tcp_v6_rcv", b"abcdefghijklmnopq"];
+        for a in names {
+            for b in names {
+                let want = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+                assert_eq!(shared_prefix(a, b), want, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    /// Lookups agree with a search of the sorted addresses, for sparse
+    /// symbols and for buckets crowded past the branch-free count.
+    #[test]
+    fn lookups_agree_with_a_plain_search() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut addrs: Vec<u64> = (0..2000).map(|_| 0x1000 + next() % 0x10_0000).collect();
+        // A crowded run: 200 symbols 2 bytes apart.
+        addrs.extend((0..200).map(|k| 0x8_0000 + 2 * k));
+        addrs.sort_unstable();
+        addrs.dedup();
+        let names: Vec<String> = addrs.iter().map(|a| format!("f_{a:x}")).collect();
+        let entries = addrs.iter().zip(&names).map(|(&a, n)| e(a, b'T', n)).collect();
+        let t = build(entries, &mut BuildStats::default());
+        let mut probes: Vec<u64> = addrs.iter().flat_map(|&a| [a - 1, a, a + 1]).collect();
+        probes.extend((0..5000).map(|_| next() % 0x12_0000));
+        for p in probes {
+            let want = addrs.partition_point(|&a| a <= p).checked_sub(1).map(|i| (names[i].clone(), p - addrs[i]));
+            assert_eq!(t.lookup(p).map(|(n, o)| (n.to_string(), o)), want, "{p:#x}");
+        }
     }
 
     #[test]

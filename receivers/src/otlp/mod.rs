@@ -117,7 +117,11 @@ impl Ingest {
     /// allocated): a request over the budget is never decoded.
     pub(crate) fn decode_proto(&self, bytes: &[u8]) -> Result<Profiles, IngestError> {
         use prost::Message;
-        decode_budget::proto_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
+        // Most requests are small enough that their length alone proves they
+        // fit; only larger ones are walked.
+        if decode_budget::proto_size_bound(bytes.len()) > self.max_decoded {
+            decode_budget::proto_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
+        }
         ExportProfilesServiceRequest::decode(bytes)
             .map(Profiles::from_request)
             .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {e}")))

@@ -134,6 +134,16 @@ fn hash_location(l: &pb::Location) -> u64 {
     h.finish()
 }
 
+fn hash_stack(locations: &[i32]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    for &l in locations {
+        h.write_i32(l);
+    }
+    h.write_usize(locations.len());
+    h.finish()
+}
+
 /// Builds a [`Profiles`] batch, interning strings, attributes, mappings,
 /// functions, locations, stacks and links. Entry 0 of every table is the
 /// zero value; string 0 is "".
@@ -146,7 +156,8 @@ pub struct ProfilesBuilder {
     mappings: FxHashMap<MappingKey, i32>,
     functions: FxHashMap<(i32, i32, i32, i64), i32>,
     locations: HashIndex,
-    stacks: FxHashMap<Box<[i32]>, i32>,
+    /// Stacks by the hash of their location indices (the table holds the keys).
+    stacks: HashIndex,
     links: FxHashMap<(Vec<u8>, Vec<u8>), i32>,
 }
 
@@ -187,7 +198,7 @@ impl ProfilesBuilder {
             mappings: FxHashMap::default(),
             functions: FxHashMap::default(),
             locations: HashIndex::default(),
-            stacks: FxHashMap::default(),
+            stacks: HashIndex::default(),
             links: FxHashMap::default(),
         }
     }
@@ -253,7 +264,11 @@ impl ProfilesBuilder {
             }
         }
         for (i, s) in self.dict.stack_table.iter().enumerate() {
-            self.stacks.entry(s.location_indices.clone().into_boxed_slice()).or_insert(idx(i));
+            let h = hash_stack(&s.location_indices);
+            let table = &self.dict.stack_table;
+            if self.stacks.find(h, |j| table[j as usize].location_indices == s.location_indices).is_none() {
+                self.stacks.insert(h, idx(i));
+            }
         }
         for (i, l) in self.dict.link_table.iter().enumerate() {
             self.links.entry((l.trace_id.clone(), l.span_id.clone())).or_insert(idx(i));
@@ -370,12 +385,14 @@ impl ProfilesBuilder {
 
     /// Interns a stack (location indices, leaf first).
     pub fn stack(&mut self, locations: &[i32]) -> i32 {
-        if let Some(&i) = self.stacks.get(locations) {
+        let h = hash_stack(locations);
+        let table = &self.dict.stack_table;
+        if let Some(i) = self.stacks.find(h, |j| table[j as usize].location_indices == locations) {
             return i;
         }
-        let i = idx(self.dict.stack_table.len());
+        let i = idx(table.len());
         self.dict.stack_table.push(pb::Stack { location_indices: locations.to_vec() });
-        self.stacks.insert(locations.into(), i);
+        self.stacks.insert(h, i);
         i
     }
 

@@ -372,6 +372,58 @@ pub fn proto_decoded_size(buf: &[u8], limit: usize) -> Result<usize, BudgetError
     Ok(total.saturating_add(transient))
 }
 
+/// The largest element of any vector the protobuf decode fills (`Field::Many`).
+const LARGEST_PROTO_ELEMENT: usize = {
+    let sizes = [
+        size_of::<pb::ResourceProfiles>(),
+        size_of::<pb::ScopeProfiles>(),
+        size_of::<pb::Profile>(),
+        size_of::<pb::Sample>(),
+        size_of::<pb::Mapping>(),
+        size_of::<pb::Location>(),
+        size_of::<pb::Line>(),
+        size_of::<pb::Function>(),
+        size_of::<pb::Link>(),
+        size_of::<pb::KeyValueAndUnit>(),
+        size_of::<pb::Stack>(),
+        size_of::<common::KeyValue>(),
+        size_of::<common::AnyValue>(),
+        size_of::<common::EntityRef>(),
+        size_of::<String>(),
+    ];
+    let mut i = 0;
+    let mut max = 0;
+    while i < sizes.len() {
+        if sizes[i] > max {
+            max = sizes[i];
+        }
+        i += 1;
+    }
+    max
+};
+
+/// The most [`proto_decoded_size`] can return for `len` bytes of any
+/// input, from the length alone: a request whose bound is within the
+/// budget needs no walk (what a busy node sends is far below it).
+///
+/// Why it holds, with S the largest vector element: every vector element
+/// costs at least 2 bytes of its own on the wire (tag and length; a packed
+/// scalar at least 1 byte plus its field's 2), and a vector of k elements
+/// is counted at `block(max(4, 2k - 1) × S) ≤ max(4, 2k - 1) × S + 23`
+/// bytes, so at most 2S + 12 per wire byte (k = 1 is the worst case);
+/// strings cost at most `len + 31` for `len + 2` bytes, at most 60 per byte
+/// with their vector slot. The estimate adds half of one vector for a
+/// growth in progress: at most 2S + 12 for a small vector, and (S + 12) / 2
+/// per wire byte for a large one. Checked in the tests against hostile
+/// shapes, each at its worst.
+pub fn proto_size_bound(len: usize) -> usize {
+    let s = LARGEST_PROTO_ELEMENT;
+    let per_two_bytes = 5 * s + 36; // (2S + 12) + (S + 12) / 2, doubled
+    size_of::<ExportProfilesServiceRequest>()
+        .saturating_add(2 * s + 12)
+        .saturating_add(len.saturating_mul(per_two_bytes).div_ceil(2))
+}
+
 /// The largest struct an OTLP/JSON object can become in a vector.
 const LARGEST_ELEMENT: usize = {
     let sizes = [
@@ -525,6 +577,63 @@ mod tests {
             assert!(est >= held, "{n} samples: estimate {est} < held {held}");
             assert!(est <= held * 2 + 1024, "{n} samples: estimate {est} far above held {held}");
         }
+    }
+
+    /// `tag` as a length-delimited field around `inner`.
+    fn wrap(tag: u8, inner: &[u8]) -> Vec<u8> {
+        let mut v = vec![(tag << 3) | 2];
+        let mut n = inner.len();
+        while n >= 0x80 {
+            v.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        v.push(n as u8);
+        v.extend_from_slice(inner);
+        v
+    }
+
+    /// Shapes at the worst of [`proto_size_bound`]'s argument: one element
+    /// per vector (a vector's first push takes room for 4), many elements
+    /// in one vector (growth in progress), strings, packed scalars.
+    fn hostile_shapes(n: usize) -> Vec<(&'static str, Vec<u8>)> {
+        let one_profile_each = wrap(1, &wrap(2, &wrap(2, &[]))).repeat(n);
+        let one_scope_each = wrap(1, &wrap(2, &[])).repeat(n);
+        let one_resource_each = wrap(1, &[]).repeat(n);
+        let profiles = wrap(1, &wrap(2, &wrap(2, &[]).repeat(n)));
+        let one_sample_each = wrap(1, &wrap(2, &wrap(2, &wrap(2, &[])).repeat(n)));
+        // One value in a packed field of its own sample, and one-byte strings in the dictionary.
+        let one_value_each = wrap(1, &wrap(2, &wrap(2, &wrap(2, &wrap(4, &[1])).repeat(n))));
+        let strings = wrap(2, &wrap(5, b"a").repeat(n));
+        let locations_one_line = wrap(2, &wrap(2, &wrap(3, &[])).repeat(n));
+        let kv_one_each = wrap(1, &wrap(1, &wrap(1, &[])).repeat(n));
+        vec![
+            ("one profile per resource", one_profile_each),
+            ("one scope per resource", one_scope_each),
+            ("empty resources", one_resource_each),
+            ("empty profiles", profiles),
+            ("one sample per profile", one_sample_each),
+            ("one value per sample", one_value_each),
+            ("one-byte strings", strings),
+            ("one line per location", locations_one_line),
+            ("one attribute per resource", kv_one_each),
+            ("empty samples", request_of(n)),
+        ]
+    }
+
+    #[test]
+    fn the_bound_from_the_length_covers_every_estimate() {
+        for n in [1, 2, 3, 4, 5, 7, 8, 9, 100, 1023, 1024, 1025, 10_000] {
+            for (what, wire) in hostile_shapes(n) {
+                assert!(ExportProfilesServiceRequest::decode(&wire[..]).is_ok(), "{what}");
+                let est = proto_decoded_size(&wire, usize::MAX).unwrap();
+                let bound = proto_size_bound(wire.len());
+                assert!(est <= bound, "{what} × {n}: estimate {est} > bound {bound} for {} bytes", wire.len());
+            }
+        }
+        // What the bound lets through unwalked under the default 128 MiB: a
+        // busy node's report (~240 KB) but not a 1 MiB request.
+        assert!(proto_size_bound(256 << 10) <= 128 << 20);
+        assert!(proto_size_bound(1 << 20) > 128 << 20);
     }
 
     #[test]

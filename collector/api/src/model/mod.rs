@@ -13,6 +13,7 @@ mod builder;
 pub mod canonical;
 mod compact;
 pub mod decode_budget;
+mod encode;
 mod memsize;
 pub mod otlp_json;
 pub mod rpc;
@@ -136,9 +137,10 @@ impl Profiles {
         self.profiles().all(|p| p.samples.is_empty())
     }
 
-    /// Protobuf encoding of `ProfilesData`.
+    /// Protobuf encoding of `ProfilesData` (prost's bytes, each profile
+    /// measured once: see `model/encode.rs`).
     pub fn encode_to_vec(&self) -> Vec<u8> {
-        self.0.encode_to_vec()
+        encode::encode_to_vec(&self.0)
     }
 
     pub fn encoded_len(&self) -> usize {
