@@ -152,12 +152,21 @@ impl BinaryTable {
         })
     }
 
-    /// Bytes held: symbols, debug sections, memoized results.
+    /// Bytes held: symbols, debug sections, memoized results. Debug
+    /// sections read in place from the file's mapping count at their size
+    /// too: they are file pages, reclaimable, but resident once lookups
+    /// touch them, so counting them keeps `cache.max_bytes` a bound on the
+    /// worst case.
     pub fn heap_bytes(&self) -> usize {
         self.symbols.heap_bytes()
-            + self.dwarf.as_ref().map_or(0, DwarfLines::heap_bytes)
+            + self.dwarf.as_ref().map_or(0, |d| d.heap_bytes() + d.mapped_bytes())
             + self.memo_bytes.load(std::sync::atomic::Ordering::Relaxed)
             + self.segments.len() * 24
+    }
+
+    /// Of [`Self::heap_bytes`], debug sections read in place from a mapping.
+    pub fn mapped_bytes(&self) -> usize {
+        self.dwarf.as_ref().map_or(0, DwarfLines::mapped_bytes)
     }
 
     /// Frames at file offset `offset` (already −1 for return addresses).
@@ -195,6 +204,7 @@ impl BinaryTable {
     /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
     pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
         let symbol = self.symbols.lookup(vaddr).map(|(name, _)| name);
+        let symbol = symbol.as_deref();
         let mut out = Vec::new();
         if let Some(dwarf) = &self.dwarf {
             for f in dwarf.frames(vaddr) {
