@@ -78,7 +78,7 @@ impl SymbolTable {
             if names.len() + name.len() + 8 > u32::MAX as usize {
                 break; // 4 GiB of names: not a real file
             }
-            if i % BLOCK == 0 {
+            if i.is_multiple_of(BLOCK) {
                 block_at.push(names.len() as u32);
                 put_len(&mut names, name.len());
                 names.extend_from_slice(name);
@@ -160,7 +160,7 @@ impl SymbolTable {
     /// Decodes name `i` (stored at `pos`) over `name`, which holds name
     /// `i - 1` unless `i` starts a block; returns where the next one is.
     fn next_name(&self, i: usize, mut pos: usize, name: &mut Vec<u8>) -> Option<usize> {
-        if i % BLOCK == 0 {
+        if i.is_multiple_of(BLOCK) {
             name.clear();
         } else {
             let shared = get_len(&self.names, &mut pos)?;
@@ -221,7 +221,7 @@ impl SymbolTable {
         let mut name = Vec::new();
         let mut pos = 0;
         for i in 0..count {
-            if i % BLOCK == 0 && t.block_at[i / BLOCK] as usize != pos {
+            if i.is_multiple_of(BLOCK) && t.block_at[i / BLOCK] as usize != pos {
                 return Err(DecodeError("block index does not match the names"));
             }
             pos = t.next_name(i, pos, &mut name).ok_or(DecodeError("a name runs past the end"))?;
