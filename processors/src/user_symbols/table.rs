@@ -286,8 +286,6 @@ impl BinaryTable {
 
     /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
     pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
-        let symbol = self.symbols.lookup(vaddr).map(|(name, _)| name);
-        let symbol = symbol.as_deref();
         let mut out = Vec::new();
         if let Some(dwarf) = self.dwarf.get() {
             for f in dwarf.frames(vaddr) {
@@ -301,8 +299,11 @@ impl BinaryTable {
             }
         }
         // The outermost frame is the function holding the code: name it
-        // from the symbol table when DWARF does not.
-        match (out.last_mut(), symbol) {
+        // from the symbol table when DWARF does not (a lookup decodes names:
+        // only then).
+        let unnamed = out.last().is_none_or(|f| f.name.is_empty());
+        let symbol = if unnamed { self.symbols.lookup(vaddr).map(|(name, _)| name) } else { None };
+        match (out.last_mut(), symbol.as_deref()) {
             (Some(last), Some(sym)) if last.name.is_empty() => {
                 last.name = demangle(sym).into();
                 last.system_name = sym.into();
