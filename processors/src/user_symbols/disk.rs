@@ -8,7 +8,8 @@
 //! binary had it and is still reachable.
 //!
 //! A file is `KEY.syms`: a header (magic, format version, flags, payload
-//! length, CRC-32 of the payload, the key again) and the payload. A file
+//! length, CRC-32 of every other byte of the file, the key again) and the
+//! payload. A file
 //! that is truncated, corrupt, of another version or for another key is
 //! ignored with a warning, removed and rebuilt from the binary; it is
 //! never trusted. Files are written to a temporary name and renamed (a
@@ -255,18 +256,29 @@ pub fn encode(key: &str, segments: &[(u64, u64, u64)], symbols: &SymbolTable, ha
         }
     }
     symbols.encode(&mut payload);
-    let mut crc = flate2::Crc::new();
-    crc.update(&payload);
     let mut out = Vec::with_capacity(HEADER + key.len() + payload.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&(if had_dwarf { FLAG_DWARF } else { 0 }).to_le_bytes());
     out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc.sum().to_le_bytes());
+    out.extend_from_slice(&[0; 4]); // CRC, below
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(key.as_bytes());
     out.extend_from_slice(&payload);
+    let crc = checksum(&out);
+    out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     out
+}
+
+/// Where the CRC is in the header.
+const CRC_AT: usize = 24;
+
+/// CRC-32 of every byte of a file but the CRC's own four.
+fn checksum(file: &[u8]) -> u32 {
+    let mut crc = flate2::Crc::new();
+    crc.update(&file[..CRC_AT]);
+    crc.update(&file[CRC_AT + 4..]);
+    crc.sum()
 }
 
 /// Reads a file's bytes; the reason when they are not a sound table for `key`.
@@ -283,19 +295,20 @@ pub fn decode(bytes: &[u8], key: &str) -> Result<DiskTable, &'static str> {
     }
     let flags = u32_at(12)?;
     let payload_len = u64::from_le_bytes(field(16, 8)?.try_into().unwrap_or_default());
-    let crc = u32_at(24)?;
+    let crc = u32_at(CRC_AT)?;
     let key_len = u32_at(28)? as usize;
-    if field(HEADER, key_len)? != key.as_bytes() {
-        return Err("written for another build id");
-    }
-    let payload = &bytes[HEADER + key_len..];
+    let payload = bytes.get(HEADER.saturating_add(key_len)..).ok_or("truncated key")?;
     if payload.len() as u64 != payload_len {
         return Err("truncated (payload shorter or longer than its header says)");
     }
-    let mut sum = flate2::Crc::new();
-    sum.update(payload);
-    if sum.sum() != crc {
+    if checksum(bytes) != crc {
         return Err("checksum mismatch (corrupt)");
+    }
+    if &bytes[HEADER..HEADER + key_len] != key.as_bytes() {
+        return Err("written for another build id");
+    }
+    if flags & !FLAG_DWARF != 0 {
+        return Err("unknown flags");
     }
     let n = u32::from_le_bytes(payload.get(..4).ok_or("truncated segments")?.try_into().unwrap_or_default()) as usize;
     let seg_bytes = n.checked_mul(24).filter(|&b| b + 4 <= payload.len()).ok_or("truncated segments")?;
@@ -308,4 +321,47 @@ pub fn decode(bytes: &[u8], key: &str) -> Result<DiskTable, &'static str> {
         .collect();
     let symbols = SymbolTable::decode(&payload[4 + seg_bytes..]).map_err(|_| "symbol table malformed")?;
     Ok(DiskTable { segments, symbols, had_dwarf: flags & FLAG_DWARF != 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table of a few symbols, as `function_symbols` would give.
+    fn sample() -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("t.c");
+        std::fs::write(&src, "int f(void){return 1;} int g(void){return 2;} int main(void){return f()+g();}").unwrap();
+        let bin = dir.path().join("t");
+        let ok = std::process::Command::new("gcc").arg("-o").arg(&bin).arg(&src).status().is_ok_and(|s| s.success());
+        let symbols = if ok {
+            profcol_elf::ElfFile::open(&File::open(&bin).unwrap()).unwrap().function_symbols()
+        } else {
+            assert!(std::env::var_os("CI").is_none(), "gcc is needed (CI=true)");
+            SymbolTable::default()
+        };
+        encode("abcdef01", &[(0x1000, 0x200, 0x1000)], &symbols, true)
+    }
+
+    #[test]
+    fn every_truncation_and_every_changed_byte_is_refused() {
+        let good = sample();
+        let t = decode(&good, "abcdef01").expect("sound");
+        assert_eq!(t.segments, vec![(0x1000, 0x200, 0x1000)]);
+        assert!(t.had_dwarf);
+        assert_eq!(decode(&good, "abcdef02").err(), Some("written for another build id"));
+        for cut in 0..good.len() {
+            assert!(decode(&good[..cut], "abcdef01").is_err(), "cut at {cut}");
+        }
+        for at in 0..good.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut bad = good.clone();
+                bad[at] ^= flip;
+                assert!(decode(&bad, "abcdef01").is_err(), "byte {at} ^ {flip:#x} accepted");
+            }
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(decode(&longer, "abcdef01").is_err(), "a byte too many");
+    }
 }
