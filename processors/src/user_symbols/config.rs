@@ -166,3 +166,30 @@ impl profcol_api::config::Validate for Config {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profcol_api::config::{Problems, Validate};
+
+    fn problems(cfg: &Config) -> Vec<String> {
+        let mut p = Problems::new();
+        cfg.validate(&mut p);
+        p.into_errors().into_iter().map(|e| e.path).collect()
+    }
+
+    #[test]
+    fn cache_dir_keys_are_checked() {
+        assert!(problems(&Config::default()).is_empty());
+        let json = r#"{"cache": {"dir": "/var/cache/profcol/symbols", "dir_max_bytes": 2097152}}"#;
+        let cfg: Config = serde_json::from_str(json).unwrap();
+        assert_eq!(cfg.cache.dir.as_deref(), Some(std::path::Path::new("/var/cache/profcol/symbols")));
+        assert_eq!(cfg.cache.max_bytes, DEFAULT_MAX_BYTES, "unset keys keep their defaults");
+        assert!(problems(&cfg).is_empty());
+        let bad = Config {
+            cache: CacheConfig { dir: Some("relative/dir".into()), dir_max_bytes: 1000, ..Default::default() },
+            ..Default::default()
+        };
+        assert_eq!(problems(&bad), ["cache.dir", "cache.dir_max_bytes"]);
+    }
+}
