@@ -28,8 +28,12 @@
 //! Every length and offset in the file is bounds-checked by `object`; bad
 //! input is an [`Error`], never a panic.
 //!
-//! A mapped file that is truncated while it is being read raises SIGBUS; the
-//! readers here keep a mapping only for the duration of one parse.
+//! A mapped file that is truncated while it is being read raises SIGBUS.
+//! Most readers keep a mapping only for the duration of one parse;
+//! [`DwarfLines`] keeps it for as long as it lives (its uncompressed debug
+//! sections are read in place, as blazesym and addr2line's own tool do), so
+//! a debug file truncated in place under a loaded table is that risk.
+//! Installers replace files by rename, which leaves the mapping intact.
 
 pub mod dwarf;
 pub mod notes;
@@ -62,13 +66,13 @@ pub enum Error {
 }
 
 /// Bytes of a file: a read-only mapping, or owned bytes (tests, fixtures).
-enum Bytes {
+pub(crate) enum Bytes {
     Map(Mmap),
     Owned(Vec<u8>),
 }
 
 impl Bytes {
-    fn get(&self) -> &[u8] {
+    pub(crate) fn get(&self) -> &[u8] {
         match self {
             Bytes::Map(m) => m,
             Bytes::Owned(v) => v,
@@ -106,7 +110,8 @@ pub struct SymbolTables {
 
 /// One ELF file, mapped and with a checked header.
 pub struct ElfFile {
-    bytes: Bytes,
+    /// Shared with the [`DwarfLines`] that read sections in place.
+    bytes: std::sync::Arc<Bytes>,
     class: Class,
 }
 
@@ -131,7 +136,7 @@ impl ElfFile {
             Ok(FileKind::Elf64) => Class::Elf64,
             _ => return Err(Error::NotElf),
         };
-        let f = ElfFile { bytes, class };
+        let f = ElfFile { bytes: std::sync::Arc::new(bytes), class };
         // Validate the header and both tables once, so later calls only
         // meet errors in the parts they read.
         match f.class {
@@ -269,12 +274,23 @@ impl ElfFile {
     }
 
     /// DWARF lines and inlined frames, when the file has `.debug_info`.
-    /// Debug sections are copied out, each at most `max_section` bytes.
+    /// Uncompressed debug sections are read in place from the mapping
+    /// (which the result keeps alive); compressed ones are decompressed,
+    /// each at most `max_section` bytes.
     pub fn dwarf_lines(&self, max_section: usize) -> Option<DwarfLines> {
         if !self.has_debug_info() {
             return None;
         }
-        DwarfLines::load(self.big_endian(), |name| self.section_bytes(name, max_section))
+        DwarfLines::load(self.big_endian(), |name| {
+            let found = match self.class {
+                Class::Elf32 => section_ref::<FileHeader32<Endianness>>(self.bytes.get(), name, max_section),
+                Class::Elf64 => section_ref::<FileHeader64<Endianness>>(self.bytes.get(), name, max_section),
+            }?;
+            Some(match found {
+                SectionRef::InPlace(range) => dwarf::Section::in_place(self.bytes.clone(), range),
+                SectionRef::Decompressed(bytes) => dwarf::Section::owned(bytes),
+            })
+        })
     }
 
     fn big_endian(&self) -> bool {
@@ -536,6 +552,19 @@ fn section_size<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> 
 }
 
 fn section_bytes<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max: usize) -> Option<Vec<u8>> {
+    match section_ref::<H>(data, name, max)? {
+        SectionRef::InPlace(range) => Some(data[range].to_vec()),
+        SectionRef::Decompressed(bytes) => Some(bytes),
+    }
+}
+
+/// A section's contents: where they are in the file, or decompressed.
+enum SectionRef {
+    InPlace(std::ops::Range<usize>),
+    Decompressed(Vec<u8>),
+}
+
+fn section_ref<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max: usize) -> Option<SectionRef> {
     let h = H::parse(data).ok()?;
     let e = h.endian().ok()?;
     let sections = h.sections(e, data).ok()?;
@@ -544,8 +573,10 @@ fn section_bytes<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, ma
         return None;
     }
     if !sh.sh_flags(e).contains(SHF_COMPRESSED) {
-        let bytes = sh.data(e, data).ok()?;
-        return (bytes.len() <= max).then(|| bytes.to_vec());
+        let (offset, size) = sh.file_range(e)?;
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(usize::try_from(size).ok()?)?;
+        return (end <= data.len() && end - start <= max).then_some(SectionRef::InPlace(start..end));
     }
     let (header, offset, size) = sh.compression(e, data).ok()??;
     if header.ch_type(e) != object::elf::ELFCOMPRESS_ZLIB {
@@ -559,7 +590,7 @@ fn section_bytes<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, ma
     let mut out = Vec::with_capacity(want);
     let mut z = flate2::read::ZlibDecoder::new(compressed).take(want as u64);
     z.read_to_end(&mut out).ok()?;
-    (out.len() == want).then_some(out)
+    (out.len() == want).then_some(SectionRef::Decompressed(out))
 }
 
 #[cfg(test)]

@@ -2,22 +2,42 @@
 //!
 //! Built once from `.symtab` and `.dynsym`: only defined `STT_FUNC` /
 //! `STT_GNU_IFUNC` symbols with an address are kept, sorted by address,
-//! one per address (a global name wins over a weak or local alias). Each
-//! symbol costs 16 bytes (address, size, name offset) plus its name bytes
-//! as the file spells them (mangled); names are demangled on lookup, by the
-//! caller that memoizes results, not here.
+//! one per address (a global name wins over a weak or local alias).
+//!
+//! Compact, as the kallsyms store keeps the kernel's: addresses are 32-bit
+//! offsets from the lowest one, and names (as the file spells them,
+//! mangled) are front-coded in blocks of [`BLOCK`]: each name but a block's
+//! first is the length it shares with the name before plus the rest, with
+//! LEB128 lengths (Rust and C++ mangled names run past 255 bytes, which the
+//! kallsyms store's one-byte lengths cut). Neighbours by address share long
+//! prefixes (`_ZN4core3fmt`, a module's path), so names take about half
+//! their bytes: a table costs under 0.5× the file's `.symtab` + `.strtab`.
+//! A lookup decodes at most [`BLOCK`] names; names are demangled by the
+//! caller, which memoizes results.
+//!
+//! [`SymbolTable::encode`] / [`SymbolTable::decode`] write and read the
+//! table as one flat byte string (the on-disk table cache); `decode`
+//! checks every length and name, so a bad input is an error, never a
+//! panic or a wrong slice.
 
 /// Longest name kept; longer ones are cut (at a char boundary).
 pub const MAX_NAME: usize = 4096;
 
+/// Names per front-coding block: a lookup decodes at most this many.
+const BLOCK: usize = 16;
+
 /// Immutable function-symbol table in the file's own virtual addresses.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SymbolTable {
-    starts: Box<[u64]>,
+    /// Lowest symbol address; `offsets` are relative to it.
+    base: u64,
+    offsets: Box<[u32]>,
     /// `st_size`, saturated to u32; 0 = unknown (covers up to the next symbol).
     sizes: Box<[u32]>,
-    /// Name `i` is `names[name_at[i]..name_at[i + 1]]`.
-    name_at: Box<[u32]>,
+    /// Where in `names` block `b` (names `b * BLOCK ..`) starts.
+    block_at: Box<[u32]>,
+    /// A block's first name as `len, bytes`; every other as `shared, rest
+    /// len, rest bytes` (LEB128 lengths), `shared` bytes from the one before.
     names: Box<[u8]>,
 }
 
@@ -30,71 +50,238 @@ pub(crate) struct RawSymbol<'a> {
     pub rank: u8,
 }
 
+/// Why [`SymbolTable::decode`] refused its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("symbol table bytes: {0}")]
+pub struct DecodeError(&'static str);
+
 impl SymbolTable {
     pub(crate) fn build(mut raw: Vec<RawSymbol<'_>>) -> Self {
         raw.sort_unstable_by(|a, b| a.start.cmp(&b.start).then(a.rank.cmp(&b.rank)).then(b.size.cmp(&a.size)));
         raw.dedup_by_key(|s| s.start);
-        let bytes: usize = raw.iter().map(|s| s.name.len().min(MAX_NAME)).sum();
-        let mut names = Vec::with_capacity(bytes);
-        let mut name_at = Vec::with_capacity(raw.len() + 1);
-        let mut starts = Vec::with_capacity(raw.len());
-        let mut sizes = Vec::with_capacity(raw.len());
-        for s in &raw {
+        let Some(base) = raw.first().map(|s| s.start) else { return Self::default() };
+        // Offsets are 32-bit: a symbol 4 GiB above the lowest is not code
+        // of a real binary's text (absolute oddities); it is left out.
+        raw.retain(|s| s.start - base <= u64::from(u32::MAX));
+        let mut t = SymbolTable { base, ..Self::default() };
+        let (mut offsets, mut sizes, mut block_at) = (Vec::with_capacity(raw.len()), Vec::new(), Vec::new());
+        sizes.reserve(raw.len());
+        let mut names = Vec::new();
+        let mut prev: Vec<u8> = Vec::new();
+        for (i, s) in raw.iter().enumerate() {
             let name = String::from_utf8_lossy(s.name);
             let mut cut = name.len().min(MAX_NAME);
             while !name.is_char_boundary(cut) {
                 cut -= 1;
             }
-            if names.len() + cut > u32::MAX as usize {
+            let name = &name.as_bytes()[..cut];
+            if names.len() + name.len() + 8 > u32::MAX as usize {
                 break; // 4 GiB of names: not a real file
             }
-            name_at.push(names.len() as u32);
-            names.extend_from_slice(&name.as_bytes()[..cut]);
-            starts.push(s.start);
+            if i.is_multiple_of(BLOCK) {
+                block_at.push(names.len() as u32);
+                put_len(&mut names, name.len());
+                names.extend_from_slice(name);
+            } else {
+                let shared = prev.iter().zip(name).take_while(|(a, b)| a == b).count();
+                put_len(&mut names, shared);
+                put_len(&mut names, name.len() - shared);
+                names.extend_from_slice(&name[shared..]);
+            }
+            prev.clear();
+            prev.extend_from_slice(name);
+            offsets.push((s.start - base) as u32);
             sizes.push(u32::try_from(s.size).unwrap_or(u32::MAX));
         }
-        name_at.push(names.len() as u32);
-        SymbolTable { starts: starts.into(), sizes: sizes.into(), name_at: name_at.into(), names: names.into() }
+        t.offsets = offsets.into();
+        t.sizes = sizes.into();
+        t.block_at = block_at.into();
+        t.names = names.into();
+        t
     }
 
     pub fn len(&self) -> usize {
-        self.starts.len()
+        self.offsets.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.starts.is_empty()
+        self.offsets.is_empty()
     }
 
     /// Bytes this table holds on the heap.
     pub fn heap_bytes(&self) -> usize {
-        self.starts.len() * 8 + self.sizes.len() * 4 + self.name_at.len() * 4 + self.names.len()
+        self.offsets.len() * 4 + self.sizes.len() * 4 + self.block_at.len() * 4 + self.names.len()
     }
 
     /// The function covering `vaddr` (its name as the file spells it) and
     /// its start address. A symbol with a size covers `[start, start+size)`;
     /// one without covers up to the next symbol.
-    #[inline]
-    pub fn lookup(&self, vaddr: u64) -> Option<(&str, u64)> {
-        let i = self.starts.partition_point(|&s| s <= vaddr).checked_sub(1)?;
-        let start = self.starts[i];
+    pub fn lookup(&self, vaddr: u64) -> Option<(String, u64)> {
+        let i = self.index_of(vaddr)?;
+        Some((self.name(i)?, self.start(i)))
+    }
+
+    fn index_of(&self, vaddr: u64) -> Option<usize> {
+        let off = vaddr.checked_sub(self.base)?;
+        let off = u32::try_from(off).unwrap_or(u32::MAX);
+        let i = self.offsets.partition_point(|&s| s <= off).checked_sub(1)?;
         let size = self.sizes[i];
-        if size != 0 && vaddr - start >= u64::from(size) {
+        if size != 0 && vaddr - self.start(i) >= u64::from(size) {
             return None;
         }
-        Some((self.name(i), start))
+        Some(i)
+    }
+
+    fn start(&self, i: usize) -> u64 {
+        self.base + u64::from(self.offsets[i])
     }
 
     /// Every symbol as (start, size, name), in address order.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, u32, &str)> + '_ {
-        (0..self.len()).map(|i| (self.starts[i], self.sizes[i], self.name(i)))
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32, String)> + '_ {
+        let mut name = Vec::new();
+        let mut pos = 0usize;
+        (0..self.len()).map_while(move |i| {
+            pos = self.next_name(i, pos, &mut name)?;
+            Some((self.start(i), self.sizes[i], String::from_utf8_lossy(&name).into_owned()))
+        })
     }
 
-    fn name(&self, i: usize) -> &str {
-        let bytes = &self.names[self.name_at[i] as usize..self.name_at[i + 1] as usize];
-        debug_assert!(std::str::from_utf8(bytes).is_ok());
-        // SAFETY: `build` stores only valid UTF-8 (lossy-converted, cut at
-        // char boundaries) and the blob is immutable afterwards.
-        unsafe { std::str::from_utf8_unchecked(bytes) }
+    /// Name `i`, decoded from the start of its block.
+    fn name(&self, i: usize) -> Option<String> {
+        let b = i / BLOCK;
+        let mut pos = *self.block_at.get(b)? as usize;
+        let mut name = Vec::new();
+        for j in b * BLOCK..=i {
+            pos = self.next_name(j, pos, &mut name)?;
+        }
+        Some(String::from_utf8_lossy(&name).into_owned())
+    }
+
+    /// Decodes name `i` (stored at `pos`) over `name`, which holds name
+    /// `i - 1` unless `i` starts a block; returns where the next one is.
+    fn next_name(&self, i: usize, mut pos: usize, name: &mut Vec<u8>) -> Option<usize> {
+        if i.is_multiple_of(BLOCK) {
+            name.clear();
+        } else {
+            let shared = get_len(&self.names, &mut pos)?;
+            if shared > name.len() {
+                return None;
+            }
+            name.truncate(shared);
+        }
+        let rest = get_len(&self.names, &mut pos)?;
+        let end = pos.checked_add(rest)?;
+        name.extend_from_slice(self.names.get(pos..end)?);
+        Some(end)
+    }
+
+    /// Appends the table as one flat byte string (little-endian): base,
+    /// count, block count, names length, then the four arrays.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.base.to_le_bytes());
+        for n in [self.offsets.len(), self.block_at.len(), self.names.len()] {
+            out.extend_from_slice(&(n as u32).to_le_bytes());
+        }
+        for a in [&self.offsets, &self.sizes, &self.block_at] {
+            for v in a.iter() {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out.extend_from_slice(&self.names);
+    }
+
+    /// Reads what [`Self::encode`] wrote, all of `bytes`. Every length,
+    /// the address order and every name (lengths in bounds, UTF-8) are
+    /// checked.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Cursor { bytes, pos: 0 };
+        let base = r.u64()?;
+        let count = r.u32()? as usize;
+        let blocks = r.u32()? as usize;
+        let names_len = r.u32()? as usize;
+        if blocks != count.div_ceil(BLOCK) {
+            return Err(DecodeError("block count does not match the symbol count"));
+        }
+        let offsets = r.u32s(count)?;
+        let sizes = r.u32s(count)?;
+        let block_at = r.u32s(blocks)?;
+        let names = r.take(names_len)?.into();
+        if r.pos != bytes.len() {
+            return Err(DecodeError("bytes after the names"));
+        }
+        if offsets.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(DecodeError("addresses out of order"));
+        }
+        if base.checked_add(u64::from(offsets.last().copied().unwrap_or(0))).is_none() {
+            return Err(DecodeError("address overflows"));
+        }
+        let t = SymbolTable { base, offsets, sizes, block_at, names };
+        // Walk every name once: lengths in bounds, blocks where the index
+        // says, UTF-8 (as `build` stores only that).
+        let mut name = Vec::new();
+        let mut pos = 0;
+        for i in 0..count {
+            if i.is_multiple_of(BLOCK) && t.block_at[i / BLOCK] as usize != pos {
+                return Err(DecodeError("block index does not match the names"));
+            }
+            pos = t.next_name(i, pos, &mut name).ok_or(DecodeError("a name runs past the end"))?;
+            if std::str::from_utf8(&name).is_err() || name.len() > MAX_NAME {
+                return Err(DecodeError("a name is not UTF-8 or too long"));
+            }
+        }
+        if pos != t.names.len() {
+            return Err(DecodeError("bytes after the last name"));
+        }
+        Ok(t)
+    }
+}
+
+fn put_len(out: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// LEB128 length at `*pos` (at most 3 bytes: names are under 2 MiB).
+fn get_len(bytes: &[u8], pos: &mut usize) -> Option<usize> {
+    let mut n = 0usize;
+    for shift in [0, 7, 14] {
+        let b = *bytes.get(*pos)?;
+        *pos += 1;
+        n |= usize::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(n);
+        }
+    }
+    None
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or(DecodeError("truncated"))?;
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    fn u32s(&mut self, n: usize) -> Result<Box<[u32]>, DecodeError> {
+        let bytes = self.take(n.checked_mul(4).ok_or(DecodeError("count overflows"))?)?;
+        Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
     }
 }
 
@@ -106,6 +293,10 @@ mod tests {
         RawSymbol { start, size, name: name.as_bytes(), rank }
     }
 
+    fn name_at(t: &SymbolTable, vaddr: u64) -> Option<(String, u64)> {
+        t.lookup(vaddr)
+    }
+
     #[test]
     fn sized_unsized_and_aliases() {
         let t = SymbolTable::build(vec![
@@ -115,13 +306,60 @@ mod tests {
             raw(0x1100, 0x20, "other", 2),
         ]);
         assert_eq!(t.len(), 3);
-        assert_eq!(t.lookup(0x0fff), None);
-        assert_eq!(t.lookup(0x1000), Some(("strong", 0x1000)));
-        assert_eq!(t.lookup(0x100f), Some(("strong", 0x1000)));
-        assert_eq!(t.lookup(0x1010), None, "past the sized symbol's end");
-        assert_eq!(t.lookup(0x111f), Some(("other", 0x1100)));
-        assert_eq!(t.lookup(0x9999), Some(("open_ended", 0x2000)));
-        assert!(t.heap_bytes() >= 3 * 16);
+        assert_eq!(name_at(&t, 0x0fff), None);
+        assert_eq!(name_at(&t, 0x1000), Some(("strong".into(), 0x1000)));
+        assert_eq!(name_at(&t, 0x100f), Some(("strong".into(), 0x1000)));
+        assert_eq!(name_at(&t, 0x1010), None, "past the sized symbol's end");
+        assert_eq!(name_at(&t, 0x111f), Some(("other".into(), 0x1100)));
+        assert_eq!(name_at(&t, 0x9999), Some(("open_ended".into(), 0x2000)));
+        assert!(t.heap_bytes() >= 3 * 8);
         assert_eq!(SymbolTable::build(Vec::new()).lookup(0), None);
+    }
+
+    /// Many names over several blocks, long ones (multi-byte lengths) and
+    /// shared prefixes: every name reads back, by lookup and by iter, and
+    /// the flat encoding round-trips.
+    #[test]
+    fn front_coded_names_round_trip_and_encode() {
+        let long = "_ZN4core3fmt".repeat(30);
+        let names: Vec<String> = (0..100)
+            .map(|i| match i % 4 {
+                0 => format!("{long}{i}"),
+                1 => format!("_ZN4core3fmt5write{i}h"),
+                2 => format!("été_{i}"),
+                _ => format!("f{i}"),
+            })
+            .collect();
+        let t = SymbolTable::build(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| RawSymbol { start: 0x40_0000 + i as u64 * 16, size: 16, name: n.as_bytes(), rank: 0 })
+                .collect(),
+        );
+        assert_eq!(t.len(), 100);
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(t.lookup(0x40_0000 + i as u64 * 16 + 3), Some((n.clone(), 0x40_0000 + i as u64 * 16)));
+        }
+        let listed: Vec<String> = t.iter().map(|s| s.2).collect();
+        assert_eq!(listed, names);
+        let plain: usize = names.iter().map(|n| n.len()).sum();
+        assert!(t.names.len() < plain, "front coding saves bytes: {} of {plain}", t.names.len());
+        let mut bytes = Vec::new();
+        t.encode(&mut bytes);
+        assert_eq!(SymbolTable::decode(&bytes), Ok(t.clone()));
+        // Every truncation and every single-byte change is refused or
+        // reads as some table, never a panic.
+        for cut in 0..bytes.len() {
+            assert!(SymbolTable::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        for at in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[at] ^= 0xa5;
+            if let Ok(t) = SymbolTable::decode(&bad) {
+                let _ = t.iter().count();
+                let _ = t.lookup(0x40_0010);
+            }
+        }
     }
 }

@@ -208,7 +208,7 @@ fn dwarf_lines_and_inlined_frames_agree_with_binutils() {
         }
         assert!(inlined > 0, "{name}: some address of outer is inside the inlined `inner`");
         // Symbol table: every address of outer is named outer.
-        assert_eq!(syms.lookup(outer_start + size - 1).map(|s| s.0), Some("outer"));
+        assert_eq!(syms.lookup(outer_start + size - 1).map(|s| s.0).as_deref(), Some("outer"));
     }
 }
 

@@ -9,7 +9,11 @@
 //! - first use: load the tables and name one batch, ours vs a fresh
 //!   blazesym symbolizer (goal ≤ 1×);
 //! - memory: bytes of our function-symbol table against the file's
-//!   `.symtab` + `.strtab` (goal ≤ 0.5×), printed as a `BYTES` line.
+//!   `.symtab` + `.strtab` (goal ≤ 0.5×), printed as a `BYTES` line;
+//! - restart: time to the first named frame with the on-disk table cache
+//!   (read the table file, name the frame) against without it (parse the
+//!   binary: symbols, DWARF, name the frame), goal ≥ 10× faster; also
+//!   without it and without lines (symbols only).
 //!
 //! The binary is `PROFCOL_BENCH_BINARY`, or else this bench's own
 //! executable (built with `debug = 1`: symbols and line tables).
@@ -24,6 +28,7 @@ use std::time::{Duration, Instant};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use criterion::{criterion_group, criterion_main, Criterion};
+use profcol_processors::user_symbols::disk::DiskCache;
 use profcol_processors::user_symbols::table::{BinaryTable, SearchPaths, Want};
 
 const BATCH: usize = 10_000;
@@ -73,6 +78,21 @@ fn search() -> SearchPaths {
 
 fn ours_load(s: &Setup) -> BinaryTable {
     BinaryTable::load(&s.want, None, &search()).expect("table loads")
+}
+
+/// Restart without the on-disk cache: load the table from the binary and
+/// name the first frame.
+fn first_frame_parsed(s: &Setup, lines: bool) -> usize {
+    let t = BinaryTable::load(&s.want, None, &SearchPaths { debug_dirs: Vec::new(), lines }).expect("table loads");
+    t.resolve(s.offsets[0]).len()
+}
+
+/// Restart with it: read the table file and name the first frame (what
+/// the loader publishes before it re-attaches DWARF in the background).
+fn first_frame_from_disk(s: &Setup, disk: &DiskCache) -> usize {
+    let t = disk.read(&s.want.key).expect("the table file");
+    let file = disk.path_of(&s.want.key).expect("a hex key");
+    BinaryTable::from_disk(t, file).resolve(s.offsets[0]).len()
 }
 
 fn ours_name(t: &BinaryTable, offsets: &[u64]) -> usize {
@@ -132,6 +152,21 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
 
+    // Restart: the table file written once, as the loader does.
+    let cache_dir = tempfile::tempdir().expect("a temporary directory");
+    let disk = DiskCache::open(&cache_dir.path().join("symbols"), 1 << 30).expect("a cache directory");
+    let (segments, symbols, had_dwarf) = table.disk_parts();
+    disk.write(&s.want.key, segments, symbols, had_dwarf);
+    let file_bytes = std::fs::metadata(disk.path_of(&s.want.key).unwrap()).map(|m| m.len()).unwrap_or(0);
+    assert!(first_frame_from_disk(&s, &disk) > 0 && first_frame_parsed(&s, true) > 0, "the first frame is named");
+    eprintln!("DISK table file {file_bytes} bytes");
+    let mut g = c.benchmark_group("user_symbols/restart_first_frame");
+    g.sample_size(20).measurement_time(Duration::from_secs(5));
+    g.bench_function("on_disk_cache", |bn| bn.iter(|| black_box(first_frame_from_disk(&s, &disk))));
+    g.bench_function("parse_binary", |bn| bn.iter(|| black_box(first_frame_parsed(&s, true))));
+    g.bench_function("parse_binary_no_lines", |bn| bn.iter(|| black_box(first_frame_parsed(&s, false))));
+    g.finish();
+
     // Memory: the symbol table alone, and everything the table holds after a batch.
     let t0 = Instant::now();
     let fresh = ours_load(&s);
@@ -140,10 +175,11 @@ fn bench(c: &mut Criterion) {
         profcol_elf::ElfFile::open(&std::fs::File::open(&s.path).unwrap()).unwrap().function_symbols().heap_bytes();
     let _ = ours_name(&fresh, &s.offsets);
     eprintln!(
-        "BYTES function-symbol table {symbols_only} = {:.2}x .symtab+.strtab ({}); whole table after one batch {} (debug sections copied: see ARCHITECTURE); load {load:?}",
+        "BYTES function-symbol table {symbols_only} = {:.2}x .symtab+.strtab ({}); whole table after one batch {} of which {} debug sections read in place from the mapping; load {load:?}",
         symbols_only as f64 / s.symtab_bytes.max(1) as f64,
         s.symtab_bytes,
         fresh.heap_bytes(),
+        fresh.mapped_bytes(),
     );
 }
 

@@ -6,6 +6,11 @@
 //! `Missing` (no file or no symbols, until `negative_ttl` passes).
 //! [`Cache::request`] marks a key `Loading` and queues it once; the worker
 //! thread loads it and wakes every waiting batch through a [`Notify`].
+//!
+//! With an on-disk cache ([`DiskCache`]), the loader reads a key's table
+//! from its file when there is a sound one (no ELF parse), publishes it, and
+//! then re-opens the binary's DWARF for lines; a table loaded from the
+//! binary is published first and written to disk after.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,6 +21,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
 use super::debuginfod::{Debuginfod, DebuginfodCounters};
+use super::disk::DiskCache;
 use super::table::{BinaryTable, Missing, SearchPaths, Want};
 
 /// The state of one key.
@@ -63,22 +69,26 @@ pub struct Cache {
     pub loaded: Arc<Notify>,
     pub counters: Arc<LoadCounters>,
     pub debuginfod: Arc<DebuginfodCounters>,
+    /// The on-disk table cache, when `cache.dir` is set and usable.
+    pub disk: Option<Arc<DiskCache>>,
 }
 
 impl Cache {
     /// A cache and its loader thread (which ends when the cache is dropped).
     pub fn start(max_bytes: u64, negative_ttl: Duration, search: SearchPaths, pins: Arc<FilePins>) -> Arc<Self> {
-        Self::start_with(max_bytes, negative_ttl, search, pins, None)
+        Self::start_with(max_bytes, negative_ttl, search, pins, None, None)
     }
 
-    /// With a debuginfod client for the loader thread.
+    /// With a debuginfod client for the loader thread, and an on-disk cache.
     pub fn start_with(
         max_bytes: u64,
         negative_ttl: Duration,
         search: SearchPaths,
         pins: Arc<FilePins>,
         mut debuginfod: Option<Debuginfod>,
+        disk: Option<DiskCache>,
     ) -> Arc<Self> {
+        let disk = disk.map(Arc::new);
         let (tx, rx) = std::sync::mpsc::channel::<Want>();
         let cache = Arc::new(Cache {
             inner: Mutex::new(Inner { entries: FxHashMap::default(), clock: 0, bytes: 0 }),
@@ -88,6 +98,7 @@ impl Cache {
             loaded: Arc::new(Notify::new()),
             counters: Arc::new(LoadCounters::default()),
             debuginfod: Arc::new(DebuginfodCounters::default()),
+            disk: disk.clone(),
         });
         let dcounters = cache.debuginfod.clone();
         let weak = Arc::downgrade(&cache);
@@ -95,11 +106,28 @@ impl Cache {
             // Ends when every sender (the cache) is gone.
             while let Ok(want) = rx.recv() {
                 let t0 = Instant::now();
-                let pinned = pins.get(&want.key);
-                let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
-                let result = BinaryTable::load_with(&want, pinned, &search, client);
+                let stored = disk.as_ref().and_then(|d| Some((d.read(&want.key)?, d.path_of(&want.key)?)));
+                let from_disk = stored.is_some();
+                let result = match stored {
+                    Some((t, file)) => Ok(BinaryTable::from_disk(t, file)),
+                    None => {
+                        let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
+                        BinaryTable::load_with(&want, pins.get(&want.key), &search, client)
+                    }
+                };
                 let Some(cache) = weak.upgrade() else { return };
-                cache.finish(&want, result, t0.elapsed());
+                let Some(table) = cache.finish(&want, result, t0.elapsed()) else { continue };
+                drop(cache); // not held while files are read or written
+                if !from_disk {
+                    let (segments, symbols, had_dwarf) = table.disk_parts();
+                    if let (Some(d), false) = (&disk, symbols.is_empty()) {
+                        d.write(&want.key, segments, symbols, had_dwarf);
+                    }
+                } else if search.lines && table.wants_dwarf() {
+                    let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
+                    let attached = table.attach_dwarf(&want, pins.get(&want.key), &search, client);
+                    tracing::debug!(key = %want.key, attached, "user_symbols: DWARF of a table from disk");
+                }
             }
         });
         if let Err(e) = spawned {
@@ -149,7 +177,9 @@ impl Cache {
         })
     }
 
-    fn finish(&self, want: &Want, result: Result<BinaryTable, Missing>, took: Duration) {
+    /// Publishes a load's result; the table, when there is one.
+    fn finish(&self, want: &Want, result: Result<BinaryTable, Missing>, took: Duration) -> Option<Arc<BinaryTable>> {
+        let mut published = None;
         {
             let mut inner = self.lock();
             let used = inner.entries.get(&want.key).map_or(inner.clock, |e| e.used);
@@ -160,7 +190,9 @@ impl Cache {
                     let bytes = table.heap_bytes();
                     inner.bytes += bytes;
                     tracing::debug!(key = %want.key, path = %want.path, bytes, ?took, "user_symbols: table loaded");
-                    EntryState::Ready { table: Arc::new(table), bytes }
+                    let table = Arc::new(table);
+                    published = Some(table.clone());
+                    EntryState::Ready { table, bytes }
                 }
                 Err(why) => {
                     self.counters.tables_missing.fetch_add(1, Relaxed);
@@ -176,6 +208,7 @@ impl Cache {
             self.evict(&mut inner, Some(&want.key));
         }
         self.loaded.notify_waiters();
+        published
     }
 
     /// Re-measures tables (their memos grow) and evicts least recently used

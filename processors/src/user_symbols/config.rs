@@ -7,7 +7,10 @@
 //!     lines: true                # DWARF file:line and inlined frames
 //!     debug_dirs: [/usr/lib/debug]  # .build-id/xx/rest.debug and .gnu_debuglink trees
 //!     negative_ttl: 5m           # a binary without file or symbols is tried again after this
-//!     cache: { max_bytes: 268435456 }  # loaded tables, least recently used evicted
+//!     cache:
+//!       max_bytes: 268435456     # loaded tables, least recently used evicted
+//!       dir: /var/cache/profcol/symbols  # optional: tables kept on disk across restarts
+//!       dir_max_bytes: 1073741824        # files in dir, least recently used removed
 //!     debuginfod: { urls: [], timeout: 5s, negative_ttl: 10m, max_download_bytes: 536870912 }
 //! ```
 
@@ -67,21 +70,27 @@ impl Default for DebuginfodConfig {
     }
 }
 
-/// The in-memory cache of loaded symbol tables.
+/// The cache of loaded symbol tables, in memory and (optionally) on disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 #[schemars(rename = "UserSymbolsCacheConfig")]
 pub struct CacheConfig {
-    /// Bytes of loaded tables (symbols, debug sections, resolved addresses) kept; the least recently used table is evicted beyond it.
+    /// Bytes of loaded tables (symbols, debug sections whether read in place from the file's mapping or decompressed, resolved addresses) kept; the least recently used table is evicted beyond it.
     pub max_bytes: u64,
+    /// Directory where each binary's function table (segments and front-coded names, not DWARF) is written once loaded and read back after a restart, so frames are named without parsing the binary again; created mode 0700, refused (with a warning) when others can write it. Unset: no files.
+    pub dir: Option<PathBuf>,
+    /// Bytes of table files kept in `dir`; the least recently used files are removed beyond it.
+    pub dir_max_bytes: u64,
 }
 
 /// 256 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+/// 1 GiB.
+pub const DEFAULT_DIR_MAX_BYTES: u64 = 1 << 30;
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        CacheConfig { max_bytes: DEFAULT_MAX_BYTES }
+        CacheConfig { max_bytes: DEFAULT_MAX_BYTES, dir: None, dir_max_bytes: DEFAULT_DIR_MAX_BYTES }
     }
 }
 
@@ -115,6 +124,26 @@ impl profcol_api::config::Validate for Config {
                 ),
             );
         }
+        if let Some(dir) = &self.cache.dir {
+            if !dir.is_absolute() {
+                p.add(
+                    "cache.dir",
+                    format!(
+                        "{} is relative; give an absolute directory such as /var/cache/profcol/symbols",
+                        dir.display()
+                    ),
+                );
+            }
+        }
+        if self.cache.dir_max_bytes < 1 << 20 {
+            p.add(
+                "cache.dir_max_bytes",
+                format!(
+                    "{} bytes cannot hold a table file; use at least 1048576 (default {DEFAULT_DIR_MAX_BYTES})",
+                    self.cache.dir_max_bytes
+                ),
+            );
+        }
         for (i, u) in self.debuginfod.urls.iter().enumerate() {
             let ok = (u.starts_with("http://") || u.starts_with("https://")) && reqwest::Url::parse(u).is_ok();
             if !ok {
@@ -135,5 +164,32 @@ impl profcol_api::config::Validate for Config {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profcol_api::config::{Problems, Validate};
+
+    fn problems(cfg: &Config) -> Vec<String> {
+        let mut p = Problems::new();
+        cfg.validate(&mut p);
+        p.into_errors().into_iter().map(|e| e.path).collect()
+    }
+
+    #[test]
+    fn cache_dir_keys_are_checked() {
+        assert!(problems(&Config::default()).is_empty());
+        let json = r#"{"cache": {"dir": "/var/cache/profcol/symbols", "dir_max_bytes": 2097152}}"#;
+        let cfg: Config = serde_json::from_str(json).unwrap();
+        assert_eq!(cfg.cache.dir.as_deref(), Some(std::path::Path::new("/var/cache/profcol/symbols")));
+        assert_eq!(cfg.cache.max_bytes, DEFAULT_MAX_BYTES, "unset keys keep their defaults");
+        assert!(problems(&cfg).is_empty());
+        let bad = Config {
+            cache: CacheConfig { dir: Some("relative/dir".into()), dir_max_bytes: 1000, ..Default::default() },
+            ..Default::default()
+        };
+        assert_eq!(problems(&bad), ["cache.dir", "cache.dir_max_bytes"]);
     }
 }

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod config;
 pub mod debuginfod;
+pub mod disk;
 pub mod processor;
 pub mod symbolize;
 pub mod table;

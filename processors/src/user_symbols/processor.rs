@@ -14,6 +14,7 @@ use profcol_api::Profiles;
 use super::cache::{Cache, State};
 use super::config::Config;
 use super::debuginfod::Debuginfod;
+use super::disk::DiskCache;
 use super::symbolize::{self, Candidates, Outcome};
 use super::table::SearchPaths;
 
@@ -37,8 +38,13 @@ struct Metrics {
     evictions: Counter,
     parse_micros: Counter,
     debuginfod: [Counter; 4],
+    /// hit, miss, invalid.
+    dir_lookups: [Counter; 3],
+    /// ok, error.
+    dir_writes: [Counter; 2],
+    dir_evictions: Counter,
     /// Loader counters as last mirrored.
-    seen: [std::sync::atomic::AtomicU64; 8],
+    seen: [std::sync::atomic::AtomicU64; 14],
 }
 
 impl Metrics {
@@ -71,6 +77,20 @@ impl Metrics {
                     ("outcome", o),
                 )
             }),
+            dir_lookups: ["hit", "miss", "invalid"].map(|o| {
+                t.counter_labeled(
+                    "user_symbols_cache_dir_lookups_total",
+                    "Tables looked for in cache.dir by outcome (invalid: a truncated, corrupt or other-version file, ignored and rebuilt)",
+                    ("outcome", o),
+                )
+            }),
+            dir_writes: ["ok", "error"].map(|o| {
+                t.counter_labeled("user_symbols_cache_dir_writes_total", "Tables written to cache.dir by outcome", ("outcome", o))
+            }),
+            dir_evictions: t.counter(
+                "user_symbols_cache_dir_evictions_total",
+                "Table files removed from cache.dir to stay within cache.dir_max_bytes",
+            ),
             seen: Default::default(),
         }
     }
@@ -94,6 +114,17 @@ impl Metrics {
             (cache.debuginfod.negative_hits.load(Relaxed), &self.debuginfod[3]),
         ]
         .into_iter()
+        .chain(cache.disk.iter().flat_map(|d| {
+            let d = &d.counters;
+            [
+                (d.hits.load(Relaxed), &self.dir_lookups[0]),
+                (d.misses.load(Relaxed), &self.dir_lookups[1]),
+                (d.invalid.load(Relaxed), &self.dir_lookups[2]),
+                (d.writes.load(Relaxed), &self.dir_writes[0]),
+                (d.write_errors.load(Relaxed), &self.dir_writes[1]),
+                (d.evictions.load(Relaxed), &self.dir_evictions),
+            ]
+        }))
         .enumerate()
         {
             series.add(now.saturating_sub(self.seen[i].swap(now, Relaxed)));
@@ -120,6 +151,7 @@ impl UserSymbols {
                 search,
                 self.pins.clone(),
                 Debuginfod::new(&self.cfg.debuginfod),
+                self.cfg.cache.dir.as_deref().and_then(|d| DiskCache::open(d, self.cfg.cache.dir_max_bytes)),
             )
         })
     }

@@ -6,11 +6,12 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use profcol_api::services::PinnedFile;
 
 use super::debuginfod::{Debuginfod, DebuginfodCounters};
+use super::disk::DiskTable;
 use profcol_elf::{DwarfLines, ElfFile, SymbolTable};
 use rustc_hash::FxHashMap;
 
@@ -45,12 +46,18 @@ pub type Frames = Arc<[NamedFrame]>;
 pub struct Sources {
     pub binary: Option<PathBuf>,
     pub debug_file: Option<PathBuf>,
+    /// The on-disk cache file the symbols were read from.
+    pub disk_file: Option<PathBuf>,
 }
 
 pub struct BinaryTable {
     segments: Vec<(u64, u64, u64)>,
     symbols: SymbolTable,
-    dwarf: Option<DwarfLines>,
+    /// Set at load, or later by [`BinaryTable::attach_dwarf`] for a table
+    /// read from disk.
+    dwarf: OnceLock<DwarfLines>,
+    /// The file the table was made from had DWARF (and `lines` was on).
+    had_dwarf: bool,
     memo: Mutex<FxHashMap<u64, Frames>>,
     memo_bytes: std::sync::atomic::AtomicUsize,
     pub sources: Sources,
@@ -82,17 +89,19 @@ pub struct SearchPaths {
     pub lines: bool,
 }
 
-impl BinaryTable {
-    /// Loads the table for `want`: the binary from its pin (`pinned`) or
-    /// else its path on this host (checked to have the same id), then the
-    /// best debug file.
-    pub fn load(want: &Want, pinned: Option<PinnedFile>, search: &SearchPaths) -> Result<Self, Missing> {
-        Self::load_with(want, pinned, search, None)
-    }
+/// The files a table is read from: the binary, and its best debug file.
+struct Opened {
+    elf: ElfFile,
+    binary_path: PathBuf,
+    debug: Option<(ElfFile, PathBuf)>,
+}
 
-    /// [`Self::load`], asking debuginfod for the debug file when no local
-    /// one is found and the binary lacks DWARF (with `lines`) or symbols.
-    pub fn load_with(
+impl Opened {
+    /// The binary from its pin (`pinned`) or else its path on this host
+    /// (checked to have the same id), then the best debug file (asking
+    /// debuginfod when no local one is found and the binary lacks DWARF,
+    /// with `lines`, or symbols).
+    fn open(
         want: &Want,
         pinned: Option<PinnedFile>,
         search: &SearchPaths,
@@ -121,43 +130,126 @@ impl BinaryTable {
                 .filter(|d| d.gnu_build_id().map(profcol_elf::notes::hex).as_deref() == Some(&*want.key))
                 .map(|d| (d, PathBuf::from(format!("debuginfod:{}", want.key))));
         }
+        Ok(Opened { elf, binary_path, debug })
+    }
+
+    fn dwarf(&self) -> Option<DwarfLines> {
+        self.debug
+            .as_ref()
+            .and_then(|(d, _)| d.dwarf_lines(MAX_DEBUG_SECTION))
+            .or_else(|| self.elf.dwarf_lines(MAX_DEBUG_SECTION))
+    }
+}
+
+impl BinaryTable {
+    /// Loads the table for `want`: the binary from its pin (`pinned`) or
+    /// else its path on this host (checked to have the same id), then the
+    /// best debug file.
+    pub fn load(want: &Want, pinned: Option<PinnedFile>, search: &SearchPaths) -> Result<Self, Missing> {
+        Self::load_with(want, pinned, search, None)
+    }
+
+    /// [`Self::load`], asking debuginfod for the debug file when no local
+    /// one is found and the binary lacks DWARF (with `lines`) or symbols.
+    pub fn load_with(
+        want: &Want,
+        pinned: Option<PinnedFile>,
+        search: &SearchPaths,
+        debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
+    ) -> Result<Self, Missing> {
+        let opened = Opened::open(want, pinned, search, debuginfod)?;
+        let (elf, debug) = (&opened.elf, &opened.debug);
         let segments = elf.load_segments().iter().map(|s| (s.vaddr, s.filesz, s.offset)).collect();
-        let (sym_src, debug_path) = match &debug {
+        let (sym_src, debug_path) = match debug {
             Some((d, p)) if d.has_symtab() => (d, Some(p.clone())),
-            Some((_, p)) => (&elf, Some(p.clone())),
-            None => (&elf, None),
+            Some((_, p)) => (elf, Some(p.clone())),
+            None => (elf, None),
         };
         let mut symbols = sym_src.function_symbols();
         if symbols.is_empty() {
             symbols = elf.function_symbols();
         }
-        let dwarf = if search.lines {
-            debug
-                .as_ref()
-                .and_then(|(d, _)| d.dwarf_lines(MAX_DEBUG_SECTION))
-                .or_else(|| elf.dwarf_lines(MAX_DEBUG_SECTION))
-        } else {
-            None
-        };
+        let dwarf = if search.lines { opened.dwarf() } else { None };
         if symbols.is_empty() && dwarf.is_none() {
             return Err(Missing::NoSymbols);
         }
+        // Whether lines could be had from these files (recorded on disk
+        // even when this run does not read them).
+        let had_dwarf = elf.has_debug_info() || debug.as_ref().is_some_and(|(d, _)| d.has_debug_info());
         Ok(BinaryTable {
             segments,
             symbols,
-            dwarf,
+            dwarf: dwarf.map(OnceLock::from).unwrap_or_default(),
+            had_dwarf,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
-            sources: Sources { binary: Some(binary_path), debug_file: debug_path },
+            sources: Sources { binary: Some(opened.binary_path), debug_file: debug_path, disk_file: None },
         })
     }
 
-    /// Bytes held: symbols, debug sections, memoized results.
+    /// A table read back from the on-disk cache: functions only until
+    /// [`Self::attach_dwarf`] adds lines.
+    pub fn from_disk(t: DiskTable, file: PathBuf) -> Self {
+        BinaryTable {
+            segments: t.segments,
+            symbols: t.symbols,
+            dwarf: OnceLock::new(),
+            had_dwarf: t.had_dwarf,
+            memo: Mutex::new(FxHashMap::default()),
+            memo_bytes: Default::default(),
+            sources: Sources { binary: None, debug_file: None, disk_file: Some(file) },
+        }
+    }
+
+    /// Whether the file this table came from had DWARF that this table
+    /// has not (read from disk, lines wanted): the loader attaches it.
+    pub fn wants_dwarf(&self) -> bool {
+        self.had_dwarf && self.dwarf.get().is_none()
+    }
+
+    /// Opens `want`'s files again and adds their DWARF (lines, inlined
+    /// frames) to a table read from disk; resolved offsets are forgotten so
+    /// they are resolved again with lines. False when no file or no DWARF
+    /// is found (the table keeps naming functions).
+    pub fn attach_dwarf(
+        &self,
+        want: &Want,
+        pinned: Option<PinnedFile>,
+        search: &SearchPaths,
+        debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
+    ) -> bool {
+        let Some(dwarf) = Opened::open(want, pinned, search, debuginfod).ok().and_then(|o| o.dwarf()) else {
+            return false;
+        };
+        // Under the memo's lock: a resolve either ran before (its result is
+        // dropped here) or runs after and sees the DWARF.
+        let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        let attached = self.dwarf.set(dwarf).is_ok();
+        memo.clear();
+        self.memo_bytes.store(0, std::sync::atomic::Ordering::Relaxed);
+        attached
+    }
+
+    /// The segments and symbols, as the on-disk cache stores them.
+    pub fn disk_parts(&self) -> (&[(u64, u64, u64)], &SymbolTable, bool) {
+        (&self.segments, &self.symbols, self.had_dwarf)
+    }
+
+    /// Bytes held: symbols, debug sections, memoized results. Debug
+    /// sections read in place from the file's mapping count at their size
+    /// too: they are file pages, reclaimable, but resident once lookups
+    /// touch them, so counting them keeps `cache.max_bytes` a bound on the
+    /// worst case.
     pub fn heap_bytes(&self) -> usize {
         self.symbols.heap_bytes()
-            + self.dwarf.as_ref().map_or(0, DwarfLines::heap_bytes)
+            + self.dwarf.get().map_or(0, |d| d.heap_bytes() + d.mapped_bytes())
             + self.memo_bytes.load(std::sync::atomic::Ordering::Relaxed)
             + self.segments.len() * 24
+    }
+
+    /// Of [`Self::heap_bytes`], debug sections read in place from a mapping.
+    pub fn mapped_bytes(&self) -> usize {
+        self.dwarf.get().map_or(0, DwarfLines::mapped_bytes)
     }
 
     /// Frames at file offset `offset` (already −1 for return addresses).
@@ -194,9 +286,8 @@ impl BinaryTable {
 
     /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
     pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
-        let symbol = self.symbols.lookup(vaddr).map(|(name, _)| name);
         let mut out = Vec::new();
-        if let Some(dwarf) = &self.dwarf {
+        if let Some(dwarf) = self.dwarf.get() {
             for f in dwarf.frames(vaddr) {
                 let system = f.mangled.or_else(|| f.function.clone());
                 out.push(NamedFrame {
@@ -208,8 +299,11 @@ impl BinaryTable {
             }
         }
         // The outermost frame is the function holding the code: name it
-        // from the symbol table when DWARF does not.
-        match (out.last_mut(), symbol) {
+        // from the symbol table when DWARF does not (a lookup decodes names:
+        // only then).
+        let unnamed = out.last().is_none_or(|f| f.name.is_empty());
+        let symbol = if unnamed { self.symbols.lookup(vaddr).map(|(name, _)| name) } else { None };
+        match (out.last_mut(), symbol.as_deref()) {
             (Some(last), Some(sym)) if last.name.is_empty() => {
                 last.name = demangle(sym).into();
                 last.system_name = sym.into();
