@@ -32,11 +32,13 @@
 //! readers here keep a mapping only for the duration of one parse.
 
 pub mod dwarf;
+pub mod gopclntab;
 pub mod notes;
 pub mod symbols;
 pub mod unwind;
 
 pub use dwarf::{DwarfLines, SourceFrame};
+pub use gopclntab::{GoFrame, GoLineTable};
 pub use symbols::SymbolTable;
 
 use memmap2::Mmap;
@@ -275,6 +277,39 @@ impl ElfFile {
             return None;
         }
         DwarfLines::load(self.big_endian(), |name| self.section_bytes(name, max_section))
+    }
+
+    /// Go's function and line table (`.gopclntab`) of a Go binary: by
+    /// section name, or, without section headers, by its magic in a
+    /// read-only `PT_LOAD` segment (only in a file with a Go build ID).
+    /// At most `max` bytes are copied.
+    pub fn go_pclntab(&self, max: usize) -> Option<GoLineTable> {
+        let text = self.section_address(".text");
+        if let Some(bytes) = self.section_bytes(".gopclntab", max) {
+            return GoLineTable::parse(bytes, self.big_endian(), text).ok();
+        }
+        if self.go_build_id().is_none() || self.section_size(".text").is_some() {
+            return None; // not Go, or sections are there and none is the table
+        }
+        let data = self.bytes.get();
+        for seg in self.load_segments().iter().filter(|s| !s.executable) {
+            let start = usize::try_from(seg.offset).ok()?;
+            let end = start.checked_add(usize::try_from(seg.filesz).ok()?)?;
+            let Some(bytes) = data.get(start..end) else { continue };
+            if let Some(at) = gopclntab::find_header(bytes, self.big_endian(), text) {
+                let rest = &bytes[at..];
+                return GoLineTable::parse(rest[..rest.len().min(max)].to_vec(), self.big_endian(), text).ok();
+            }
+        }
+        None
+    }
+
+    /// `sh_addr` of section `name`.
+    pub fn section_address(&self, name: &str) -> Option<u64> {
+        match self.class {
+            Class::Elf32 => section_address::<FileHeader32<Endianness>>(self.bytes.get(), name),
+            Class::Elf64 => section_address::<FileHeader64<Endianness>>(self.bytes.get(), name),
+        }
     }
 
     fn big_endian(&self) -> bool {
@@ -533,6 +568,14 @@ fn section_size<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> 
         return Some(0);
     }
     Some(sh.sh_size(e).into())
+}
+
+fn section_address<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> Option<u64> {
+    let h = H::parse(data).ok()?;
+    let e = h.endian().ok()?;
+    let sections = h.sections(e, data).ok()?;
+    let (_, sh) = sections.section_by_name(e, name.as_bytes())?;
+    Some(sh.sh_addr(e).into())
 }
 
 fn section_bytes<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max: usize) -> Option<Vec<u8>> {
