@@ -301,7 +301,7 @@ mod tests {
         d.push(0);
         d.extend_from_slice(&[22, 4, 4, 4, 0]); // -1+11=10 @4, +2=12 @8, end
         d.extend_from_slice(&[2, 8, 0]); // -1+1=0 @8, end
-        while d.len() % 4 != 0 {
+        while !d.len().is_multiple_of(4) {
             d.push(0);
         }
         let functab = d.len();

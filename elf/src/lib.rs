@@ -33,12 +33,14 @@
 
 pub mod dwarf;
 pub mod gopclntab;
+pub mod minidebuginfo;
 pub mod notes;
 pub mod symbols;
 pub mod unwind;
 
 pub use dwarf::{DwarfLines, SourceFrame};
 pub use gopclntab::{GoFrame, GoLineTable};
+pub use minidebuginfo::MiniDebugInfoError;
 pub use symbols::SymbolTable;
 
 use memmap2::Mmap;
@@ -220,10 +222,21 @@ impl ElfFile {
 
     /// Every defined function symbol of `.symtab` and `.dynsym`, compact.
     pub fn function_symbols(&self) -> SymbolTable {
-        match self.class {
-            Class::Elf32 => function_symbols::<FileHeader32<Endianness>>(self.bytes.get()),
-            Class::Elf64 => function_symbols::<FileHeader64<Endianness>>(self.bytes.get()),
+        self.function_symbols_with(None)
+    }
+
+    /// [`Self::function_symbols`] together with those of `more` (the ELF
+    /// of a MiniDebugInfo section, whose `.symtab` adds what `.dynsym`
+    /// lacks), as one table.
+    pub fn function_symbols_with(&self, more: Option<&ElfFile>) -> SymbolTable {
+        let mut raw = Vec::new();
+        for f in std::iter::once(self).chain(more) {
+            match f.class {
+                Class::Elf32 => collect_function_symbols::<FileHeader32<Endianness>>(f.bytes.get(), &mut raw),
+                Class::Elf64 => collect_function_symbols::<FileHeader64<Endianness>>(f.bytes.get(), &mut raw),
+            }
         }
+        SymbolTable::build(raw)
     }
 
     /// Whether the file has a non-empty `.symtab` (not stripped).
@@ -523,11 +536,13 @@ fn load_segments<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Vec<
     )
 }
 
-fn function_symbols<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> SymbolTable {
-    let mut raw = Vec::new();
-    let Ok(h) = H::parse(data) else { return SymbolTable::default() };
-    let Ok(e) = h.endian() else { return SymbolTable::default() };
-    let Ok(sections) = h.sections(e, data) else { return SymbolTable::default() };
+fn collect_function_symbols<'a, H: FileHeader<Endian = Endianness>>(
+    data: &'a [u8],
+    raw: &mut Vec<symbols::RawSymbol<'a>>,
+) {
+    let Ok(h) = H::parse(data) else { return };
+    let Ok(e) = h.endian() else { return };
+    let Ok(sections) = h.sections(e, data) else { return };
     for table in [SHT_SYMTAB, SHT_DYNSYM] {
         let Ok(symbols) = sections.symbols(e, data, table) else {
             continue;
@@ -556,7 +571,6 @@ fn function_symbols<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> SymbolTa
             raw.push(symbols::RawSymbol { start, size: sym.st_size(e).into(), name: unversioned(name), rank });
         }
     }
-    SymbolTable::build(raw)
 }
 
 fn section_size<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> Option<u64> {

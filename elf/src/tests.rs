@@ -244,115 +244,47 @@ fn debuglink_and_file_offsets_of_a_stripped_copy() {
     assert_eq!(file_id(&File::open(&tiny).unwrap()).unwrap().len(), 32);
 }
 
-mod unwind;
-
-const GO_PROGRAM: &str = include_str!("../../examples/workloads/chain.go");
-
-/// `go build` of the chain workload with `ldflags`; `None` (skipped) when
-/// no Go toolchain is installed, a failure under CI=true (.ci/user_symbols.sh
-/// installs golang-go).
-fn go_build(dir: &Path, name: &str, ldflags: &str) -> Option<PathBuf> {
-    let have_go = Command::new("go").arg("version").output().is_ok_and(|o| o.status.success());
-    if !have_go {
-        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "`go` is required under CI=true (.ci/user_symbols.sh)");
-        eprintln!("SKIPPED: no `go` toolchain; CI=true turns this into a failure");
-        return None;
-    }
-    let src = dir.join(format!("{name}.go"));
-    std::fs::write(&src, GO_PROGRAM).unwrap();
-    let out = dir.join(name);
-    let o = Command::new("go")
-        .args(["build", "-trimpath=false", "-ldflags", ldflags, "-o"])
-        .arg(&out)
-        .arg(&src)
-        .env("GO111MODULE", "off")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOCACHE", std::env::temp_dir().join("profcol-go-cache"))
-        .output()
-        .expect("run go build");
-    assert!(o.status.success(), "go build {name}: {}", String::from_utf8_lossy(&o.stderr));
-    Some(out)
-}
-
-/// `go tool addr2line FILE` for each of `vaddrs`: (function, file:line).
-fn go_addr2line(file: &Path, vaddrs: &[u64]) -> Vec<(String, String)> {
-    use std::io::Write;
-    let mut child = Command::new("go")
-        .args(["tool", "addr2line"])
-        .arg(file)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run go tool addr2line");
-    let input: String = vaddrs.iter().map(|a| format!("{a:#x}\n")).collect();
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), vaddrs.len() * 2, "two lines per address");
-    lines.chunks(2).map(|c| (c[0].to_owned(), c[1].to_owned())).collect()
-}
-
 #[test]
-fn go_pclntab_of_a_stripped_binary_agrees_with_go_tool_addr2line() {
+fn mini_debug_info_adds_static_functions_and_refuses_bombs() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(bin) = go_build(dir.path(), "chain", "-s -w") else { return };
-    let elf = open(&bin);
-    assert!(!elf.has_symtab() && !elf.has_debug_info(), "-s -w leaves neither .symtab nor DWARF");
-    assert!(elf.gnu_build_id().is_none() && elf.go_build_id().is_some());
-    let table = elf.go_pclntab(64 << 20).expect(".gopclntab");
-    let funcs: Vec<(u64, String)> = table.functions().map(|(a, n)| (a, n.to_owned())).collect();
-    for f in ["main.main", "main.outerLoop", "main.middle", "main.(*acc).leafWork", "runtime.main"] {
-        assert!(funcs.iter().any(|(_, n)| n == f), "{f} in the function table");
-    }
-    // Every third byte of the text: the function name and file:line that
-    // `go tool addr2line` gives.
-    let (first, last) = (funcs[0].0, funcs.last().unwrap().0 + 64);
-    let vaddrs: Vec<u64> = (first..last).step_by(3).collect();
-    let want = go_addr2line(&bin, &vaddrs);
-    let mut diffs = Vec::new();
-    for (v, (func, loc)) in vaddrs.iter().zip(&want) {
-        let got = table.lookup(*v).map_or(("?".to_owned(), "?:0".to_owned()), |f| {
-            (f.function.to_owned(), format!("{}:{}", if f.file.is_empty() { "?" } else { f.file }, f.line))
-        });
-        // Padding after a function's end: the tables say -1, Go prints
-        // ":-1", the table gives no file and line 0.
-        let loc = if loc == ":-1" { "?:0" } else { loc };
-        if got != (func.clone(), loc.to_owned()) {
-            diffs.push(format!("{v:#x}: ours {got:?}, go tool addr2line {func} {loc}"));
-        }
-    }
-    assert!(
-        diffs.is_empty(),
-        "{} of {} differ:\n{}",
-        diffs.len(),
-        vaddrs.len(),
-        diffs[..diffs.len().min(10)].join("\n")
-    );
-    // The inlined mix: its lines inside (*acc).leafWork, under leafWork's name.
-    let leaf = funcs.iter().find(|(_, n)| n == "main.(*acc).leafWork").unwrap().0;
-    let mix_line = GO_PROGRAM.lines().position(|l| l.contains("x *= 0x9E3779B97F4A7C15")).unwrap() as u32 + 1;
-    assert!(
-        (leaf..leaf + 256)
-            .any(|v| table.lookup(v).is_some_and(|f| f.line == mix_line && f.function.ends_with("leafWork"))),
-        "mix's line {mix_line} appears inside leafWork"
-    );
-
-    // Without section headers the table is found by its magic.
-    let mut bytes = std::fs::read(&bin).unwrap();
-    bytes[0x28..0x30].fill(0); // e_shoff
-    bytes[0x3c..0x40].fill(0); // e_shnum, e_shstrndx
-    let headless = ElfFile::from_vec(bytes).unwrap();
-    assert_eq!(headless.section_size(".gopclntab"), None);
-    let found = headless.go_pclntab(64 << 20).expect("pclntab by its magic");
-    assert_eq!(found.len(), table.len());
-    for v in vaddrs.iter().step_by(101) {
-        assert_eq!(found.lookup(*v), table.lookup(*v), "at {v:#x}");
-    }
-    // A C binary has none, and is not scanned.
-    let c = gcc(dir.path(), "c", PROGRAM, &[]);
-    assert!(open(&c).go_pclntab(64 << 20).is_none());
+    let bin = gcc(dir.path(), "mini", LINES_PROGRAM, &["-g"]);
+    let stripped = strip(&bin);
+    assert!(open(&stripped).function_symbols().iter().all(|s| s.2 != "outer"), "outer is not in .dynsym");
+    // .gnu_debugdata = xz(the unstripped binary): its .symtab names outer.
+    let with = |name: &str, payload: &Path| {
+        let out = dir.path().join(name);
+        let add = format!(".gnu_debugdata={}", payload.display());
+        let ok = Command::new("objcopy").arg("--add-section").arg(add).arg(&stripped).arg(&out).status();
+        assert!(ok.expect("run objcopy (binutils)").success());
+        out
+    };
+    let xz = |input: &Path, args: &[&str]| {
+        let ok = Command::new("xz").args(args).arg("-kf").arg(input).status().expect("run xz (xz-utils)");
+        assert!(ok.success());
+        input.with_extension("xz")
+    };
+    let good = with("good", &xz(&bin, &[]));
+    let elf = open(&good);
+    let mini = elf.mini_debug_info(64 << 20).unwrap().expect(".gnu_debugdata");
+    let syms = elf.function_symbols_with(Some(&mini));
+    let full = open(&bin).function_symbols();
+    assert_eq!(syms.iter().collect::<Vec<_>>(), full.iter().collect::<Vec<_>>());
+    assert!(open(&stripped).mini_debug_info(1 << 20).unwrap().is_none());
+    // A bomb: 64 MiB of zeros against a 16 MiB limit; garbage; not ELF.
+    let zeros = dir.path().join("zeros");
+    std::fs::write(&zeros, vec![0u8; 64 << 20]).unwrap();
+    let bomb = with("bomb", &xz(&zeros, &["-0"]));
+    assert!(std::fs::metadata(&bomb).unwrap().len() < 1 << 20);
+    let err = open(&bomb).mini_debug_info(16 << 20).err().expect("a bomb is an error");
+    assert!(matches!(err, minidebuginfo::MiniDebugInfoError::TooLarge(_)), "{err}");
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, b"\xfd7zXZ\0 not really xz").unwrap();
+    let err = open(&with("junk", &junk)).mini_debug_info(16 << 20).err().expect("garbage is an error");
+    assert!(matches!(err, minidebuginfo::MiniDebugInfoError::Xz(_)), "{err}");
+    let text = dir.path().join("text");
+    std::fs::write(&text, b"not an ELF file").unwrap();
+    let err = open(&with("text", &xz(&text, &[]))).mini_debug_info(16 << 20).err().expect("not ELF");
+    assert!(matches!(err, minidebuginfo::MiniDebugInfoError::NotElf(_)), "{err}");
 }
+
+mod unwind;
