@@ -68,7 +68,7 @@ fn setup() -> Setup {
 }
 
 fn search() -> SearchPaths {
-    SearchPaths { debug_dirs: Vec::new(), lines: true }
+    SearchPaths::default()
 }
 
 fn ours_load(s: &Setup) -> BinaryTable {

@@ -11,11 +11,14 @@ use std::sync::{Arc, Mutex};
 use profcol_api::services::PinnedFile;
 
 use super::debuginfod::{Debuginfod, DebuginfodCounters};
-use profcol_elf::{DwarfLines, ElfFile, SymbolTable};
+use profcol_elf::{DwarfLines, ElfFile, GoLineTable, SymbolTable};
 use rustc_hash::FxHashMap;
 
 /// Largest debug section read (after decompression).
 const MAX_DEBUG_SECTION: usize = 1 << 30;
+/// Largest MiniDebugInfo ELF (after xz decompression): Fedora's are a few
+/// hundred KiB; more is refused as a bomb.
+const MAX_MINIDEBUGINFO: usize = 256 << 20;
 /// Resolved offsets memoized per table; the memo is cleared when full.
 const MEMO_ENTRIES: usize = 1 << 16;
 
@@ -51,6 +54,8 @@ pub struct BinaryTable {
     segments: Vec<(u64, u64, u64)>,
     symbols: SymbolTable,
     dwarf: Option<DwarfLines>,
+    /// Go's own table, for a Go binary without DWARF: names and lines.
+    go: Option<GoLineTable>,
     memo: Mutex<FxHashMap<u64, Frames>>,
     memo_bytes: std::sync::atomic::AtomicUsize,
     pub sources: Sources,
@@ -75,11 +80,21 @@ pub struct Want {
     pub path: Arc<str>,
 }
 
-/// Where separate debug files are searched.
+/// Where separate debug files are searched, and which sources are read.
 #[derive(Clone, Debug)]
 pub struct SearchPaths {
     pub debug_dirs: Vec<PathBuf>,
     pub lines: bool,
+    /// Read `.gnu_debugdata` (MiniDebugInfo) of a binary without `.symtab`.
+    pub minidebuginfo: bool,
+    /// Read Go's `.gopclntab` of a Go binary without DWARF.
+    pub go_pclntab: bool,
+}
+
+impl Default for SearchPaths {
+    fn default() -> Self {
+        SearchPaths { debug_dirs: Vec::new(), lines: true, minidebuginfo: true, go_pclntab: true }
+    }
 }
 
 impl BinaryTable {
@@ -131,6 +146,13 @@ impl BinaryTable {
         if symbols.is_empty() {
             symbols = elf.function_symbols();
         }
+        // MiniDebugInfo: the static functions .dynsym lacks, when no
+        // .symtab came from the binary or a debug file.
+        if search.minidebuginfo && !sym_src.has_symtab() {
+            if let Ok(Some(mini)) = elf.mini_debug_info(MAX_MINIDEBUGINFO) {
+                symbols = elf.function_symbols_with(Some(&mini));
+            }
+        }
         let dwarf = if search.lines {
             debug
                 .as_ref()
@@ -139,13 +161,18 @@ impl BinaryTable {
         } else {
             None
         };
-        if symbols.is_empty() && dwarf.is_none() {
+        let go = match (&dwarf, search.go_pclntab) {
+            (None, true) => elf.go_pclntab(MAX_DEBUG_SECTION),
+            _ => None,
+        };
+        if symbols.is_empty() && dwarf.is_none() && go.is_none() {
             return Err(Missing::NoSymbols);
         }
         Ok(BinaryTable {
             segments,
             symbols,
             dwarf,
+            go,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
             sources: Sources { binary: Some(binary_path), debug_file: debug_path },
@@ -156,6 +183,7 @@ impl BinaryTable {
     pub fn heap_bytes(&self) -> usize {
         self.symbols.heap_bytes()
             + self.dwarf.as_ref().map_or(0, DwarfLines::heap_bytes)
+            + self.go.as_ref().map_or(0, GoLineTable::heap_bytes)
             + self.memo_bytes.load(std::sync::atomic::Ordering::Relaxed)
             + self.segments.len() * 24
     }
@@ -194,6 +222,20 @@ impl BinaryTable {
 
     /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
     pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
+        if let Some(go) = &self.go {
+            // Go names need no demangling; the line is the innermost
+            // (inlined callee's) one, as `go tool addr2line` gives it.
+            return go
+                .lookup(vaddr)
+                .map(|f| NamedFrame {
+                    name: f.function.into(),
+                    system_name: f.function.into(),
+                    file: f.file.into(),
+                    line: f.line,
+                })
+                .into_iter()
+                .collect();
+        }
         let symbol = self.symbols.lookup(vaddr).map(|(name, _)| name);
         let mut out = Vec::new();
         if let Some(dwarf) = &self.dwarf {
