@@ -1,7 +1,7 @@
 // A CPU-bound call chain for the user_symbols tests (Go's pclntab):
 // main -> outerLoop -> middle -> (*acc).leafWork, with mix inlined into
-// leafWork by the compiler. Waits for a line on stdin, then runs for
-// argv[1] seconds (default 1.5) and exits.
+// leafWork by the compiler (leafWork calls tick now and then). Waits for
+// a line on stdin, then runs for argv[1] seconds (default 1.5) and exits.
 package main
 
 import (
@@ -21,11 +21,21 @@ func mix(x uint64) uint64 {
 	return x ^ (x >> 7)
 }
 
+// tick gives leafWork a call, so it keeps a frame pointer (Go leaves
+// small leaf functions frameless, and a frame-pointer walk then skips
+// their caller).
+//
+//go:noinline
+func tick() {}
+
 //go:noinline
 func (a *acc) leafWork(n uint64) uint64 {
 	var s uint64
 	for i := uint64(0); i < n; i++ {
 		s += mix(i + s)
+		if i&1023 == 0 {
+			tick()
+		}
 	}
 	a.total += s
 	return s

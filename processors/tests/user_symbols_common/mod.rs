@@ -441,3 +441,21 @@ pub fn fedora_minidebuginfo(bin: &Path, out: &Path) {
     let add = format!(".gnu_debugdata={}.xz", mini.display());
     run("objcopy", &["--add-section".as_ref(), add.as_ref(), work.join("stripped").as_os_str(), out.as_os_str()]);
 }
+
+/// The C++ workload (examples/workloads/chain.cpp).
+pub const CPP_PROGRAM: &str = include_str!("../../../examples/workloads/chain.cpp");
+
+/// Compiles the C++ workload with `g++ -g -O2` (frame pointers) into `dir/name`.
+pub fn compile_cpp(dir: &Path, name: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.cpp"));
+    std::fs::write(&src, CPP_PROGRAM).unwrap();
+    let out = dir.join(name);
+    let status = Command::new("g++")
+        .args(["-g", "-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-Wl,--build-id", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run g++");
+    assert!(status.success(), "g++ {name}");
+    out
+}
