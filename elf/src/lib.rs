@@ -293,13 +293,16 @@ impl ElfFile {
     }
 
     /// Go's function and line table (`.gopclntab`) of a Go binary: by
-    /// section name, or, without section headers, by its magic in a
+    /// section name (`.data.rel.ro.gopclntab` in a PIE), or, without section headers, by its magic in a
     /// read-only `PT_LOAD` segment (only in a file with a Go build ID).
     /// At most `max` bytes are copied.
     pub fn go_pclntab(&self, max: usize) -> Option<GoLineTable> {
         let text = self.section_address(".text");
-        if let Some(bytes) = self.section_bytes(".gopclntab", max) {
-            return GoLineTable::parse(bytes, self.big_endian(), text).ok();
+        // PIE builds put it in relocated read-only data.
+        for name in [".gopclntab", ".data.rel.ro.gopclntab"] {
+            if let Some(bytes) = self.section_bytes(name, max) {
+                return GoLineTable::parse(bytes, self.big_endian(), text).ok();
+            }
         }
         if self.go_build_id().is_none() || self.section_size(".text").is_some() {
             return None; // not Go, or sections are there and none is the table

@@ -274,6 +274,32 @@ fn a_stripped_go_binary_is_named_from_its_pclntab_as_go_tool_addr2line_names_it(
     for v in vaddrs.iter().step_by(101) {
         assert_eq!(found.lookup(*v), go.lookup(*v), "at {v:#x}");
     }
+    // A PIE build: the table sits in .data.rel.ro.gopclntab, its
+    // textStart relocated at load. `go tool addr2line` (1.19) names
+    // nothing in a PIE: every function `go tool nm` lists in the
+    // unstripped build must be found at its entry in the stripped one.
+    let pie = go_build_with(dir.path(), "chain_pie", &["-buildmode=pie", "-ldflags", "-s -w"]);
+    let pie_full = go_build_with(dir.path(), "chain_pie_full", &["-buildmode=pie"]);
+    let pie_go = profcol_elf::ElfFile::open(&std::fs::File::open(&pie).unwrap())
+        .unwrap()
+        .go_pclntab(64 << 20)
+        .expect("a PIE's pclntab");
+    let nm = std::process::Command::new("go").args(["tool", "nm"]).arg(&pie_full).output().expect("go tool nm");
+    let mut checked = 0;
+    for l in String::from_utf8(nm.stdout).unwrap().lines() {
+        let Some((addr, name)) = l.trim_start().split_once(" T ") else { continue };
+        let addr = u64::from_str_radix(addr, 16).unwrap();
+        let name = name.trim_end_matches(".abi0"); // the ABI wrapper suffix is .symtab's only
+        let got = pie_go.lookup(addr).map(|f| (f.function, f.entry)).unwrap_or_else(|| panic!("PIE: {name}"));
+        assert_eq!(got.1, addr, "PIE: {name}");
+        // pclntab shortens array types in generated names (`[...]`).
+        if !name.contains('[') {
+            assert_eq!(got.0, name, "PIE at {addr:#x}");
+        }
+        checked += 1;
+    }
+    assert!(checked > 1000, "{checked} functions of the PIE checked");
+
     // With go_pclntab off, a stripped Go binary has nothing to name it.
     let off = SearchPaths { go_pclntab: false, ..SearchPaths::default() };
     let file = std::fs::File::open(&bin).unwrap();

@@ -222,19 +222,16 @@ impl BinaryTable {
 
     /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
     pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
-        if let Some(go) = &self.go {
-            // Go names need no demangling; the line is the innermost
-            // (inlined callee's) one, as `go tool addr2line` gives it.
-            return go
-                .lookup(vaddr)
-                .map(|f| NamedFrame {
-                    name: f.function.into(),
-                    system_name: f.function.into(),
-                    file: f.file.into(),
-                    line: f.line,
-                })
-                .into_iter()
-                .collect();
+        // Go code: Go names need no demangling; the line is the innermost
+        // (inlined callee's) one, as `go tool addr2line` gives it. Code
+        // outside Go's table (cgo's C) goes on to the symbol table.
+        if let Some(f) = self.go.as_ref().and_then(|go| go.lookup(vaddr)) {
+            return vec![NamedFrame {
+                name: f.function.into(),
+                system_name: f.function.into(),
+                file: f.file.into(),
+                line: f.line,
+            }];
         }
         let symbol = self.symbols.lookup(vaddr).map(|(name, _)| name);
         let mut out = Vec::new();

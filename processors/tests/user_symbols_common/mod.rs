@@ -354,11 +354,18 @@ pub fn go_available() -> bool {
 
 /// `go build -ldflags LDFLAGS` of the Go workload into `dir/name`.
 pub fn go_build(dir: &Path, name: &str, ldflags: &str) -> PathBuf {
+    go_build_with(dir, name, &["-ldflags", ldflags])
+}
+
+/// `go build ARGS` of the Go workload into `dir/name`.
+pub fn go_build_with(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     let src = dir.join(format!("{name}.go"));
     std::fs::write(&src, GO_PROGRAM).unwrap();
     let out = dir.join(name);
     let o = Command::new("go")
-        .args(["build", "-ldflags", ldflags, "-o"])
+        .arg("build")
+        .args(args)
+        .arg("-o")
         .arg(&out)
         .arg(&src)
         .env("GO111MODULE", "off")
