@@ -246,6 +246,11 @@ impl GoLineTable {
     }
 }
 
+/// Candidates whose first 8 bytes look like a header but that are parsed
+/// in full before the scan gives up (each parse copies the rest of the
+/// segment: a file full of fake headers costs at most this many copies).
+const MAX_CANDIDATES: usize = 16;
+
 /// Where, in `segment` (bytes of a read-only `PT_LOAD` segment), a pcHeader
 /// starts: the magic at an 8-byte boundary whose header parses. The
 /// linker aligns `runtime.pclntab`, so unaligned hits are not looked at.
@@ -255,16 +260,21 @@ pub(crate) fn find_header(segment: &[u8], big_endian: bool, text_fallback: Optio
     } else {
         [MAGIC_118.to_le_bytes(), MAGIC_120.to_le_bytes()]
     };
-    (0..segment.len().saturating_sub(64)).step_by(8).find(|&at| {
-        let head = &segment[at..at + 8];
-        magics.iter().any(|m| head[..4] == m[..])
-            && head[4] == 0
-            && head[5] == 0
-            && matches!(head[6], 1 | 2 | 4)
-            && matches!(head[7], 4 | 8)
-            && GoLineTable::parse(segment[at..].to_vec(), big_endian, text_fallback)
+    (0..segment.len().saturating_sub(64))
+        .step_by(8)
+        .filter(|&at| {
+            let head = &segment[at..at + 8];
+            magics.iter().any(|m| head[..4] == m[..])
+                && head[4] == 0
+                && head[5] == 0
+                && matches!(head[6], 1 | 2 | 4)
+                && matches!(head[7], 4 | 8)
+        })
+        .take(MAX_CANDIDATES)
+        .find(|&at| {
+            GoLineTable::parse(segment[at..].to_vec(), big_endian, text_fallback)
                 .is_ok_and(|t| t.lookup_first().is_some())
-    })
+        })
 }
 
 impl GoLineTable {
