@@ -4,6 +4,9 @@
 #   - gcc: compiles the C workloads with -g (and zlib-compressed DWARF);
 #   - binutils: addr2line (the reference names), objcopy (separate debug
 #     files, .gnu_debuglink), strip;
+#   - golang-go: builds examples/workloads/chain.go stripped (`-s -w`) for
+#     the Go pclntab tests, and `go tool addr2line` as their reference;
+#   - xz-utils: MiniDebugInfo (.gnu_debugdata) made the way Fedora does;
 #   - debuginfod: the server processors/tests/user_symbols_debuginfod.rs
 #     starts on a directory of debug files.
 # With CI=true a test whose tool is missing fails instead of skipping.
@@ -12,6 +15,8 @@ set -euo pipefail
 need=()
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v debuginfod >/dev/null || need+=(debuginfod)
+command -v go >/dev/null || need+=(golang-go)
+command -v xz >/dev/null || need+=(xz-utils)
 for t in addr2line objcopy strip; do
 	command -v "$t" >/dev/null || { need+=(binutils); break; }
 done

@@ -47,7 +47,7 @@ pub enum SymbolsCmd {
 pub fn run(cmd: SymbolsCmd) -> anyhow::Result<()> {
     let SymbolsCmd::Lookup { build_id, file, debug_dirs, no_lines, mut vaddr, addrs } = cmd;
     let parsed: Vec<u64> = addrs.iter().map(|a| parse_addr(a)).collect::<anyhow::Result<_>>()?;
-    let search = SearchPaths { debug_dirs: debug_dirs.clone(), lines: !no_lines };
+    let search = SearchPaths { debug_dirs: debug_dirs.clone(), lines: !no_lines, ..SearchPaths::default() };
     let want = match (build_id, file) {
         (Some(id), _) => {
             let id = id.trim().to_ascii_lowercase();

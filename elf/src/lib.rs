@@ -36,11 +36,15 @@
 //! Installers replace files by rename, which leaves the mapping intact.
 
 pub mod dwarf;
+pub mod gopclntab;
+pub mod minidebuginfo;
 pub mod notes;
 pub mod symbols;
 pub mod unwind;
 
 pub use dwarf::{DwarfLines, SourceFrame};
+pub use gopclntab::{GoFrame, GoLineTable};
+pub use minidebuginfo::MiniDebugInfoError;
 pub use symbols::SymbolTable;
 
 use memmap2::Mmap;
@@ -223,10 +227,21 @@ impl ElfFile {
 
     /// Every defined function symbol of `.symtab` and `.dynsym`, compact.
     pub fn function_symbols(&self) -> SymbolTable {
-        match self.class {
-            Class::Elf32 => function_symbols::<FileHeader32<Endianness>>(self.bytes.get()),
-            Class::Elf64 => function_symbols::<FileHeader64<Endianness>>(self.bytes.get()),
+        self.function_symbols_with(None)
+    }
+
+    /// [`Self::function_symbols`] together with those of `more` (the ELF
+    /// of a MiniDebugInfo section, whose `.symtab` adds what `.dynsym`
+    /// lacks), as one table.
+    pub fn function_symbols_with(&self, more: Option<&ElfFile>) -> SymbolTable {
+        let mut raw = Vec::new();
+        for f in std::iter::once(self).chain(more) {
+            match f.class {
+                Class::Elf32 => collect_function_symbols::<FileHeader32<Endianness>>(f.bytes.get(), &mut raw),
+                Class::Elf64 => collect_function_symbols::<FileHeader64<Endianness>>(f.bytes.get(), &mut raw),
+            }
         }
+        SymbolTable::build(raw)
     }
 
     /// Whether the file has a non-empty `.symtab` (not stripped).
@@ -291,6 +306,42 @@ impl ElfFile {
                 SectionRef::Decompressed(bytes) => dwarf::Section::owned(bytes),
             })
         })
+    }
+
+    /// Go's function and line table (`.gopclntab`) of a Go binary: by
+    /// section name (`.data.rel.ro.gopclntab` in a PIE), or, without section headers, by its magic in a
+    /// read-only `PT_LOAD` segment (only in a file with a Go build ID).
+    /// At most `max` bytes are copied.
+    pub fn go_pclntab(&self, max: usize) -> Option<GoLineTable> {
+        let text = self.section_address(".text");
+        // PIE builds put it in relocated read-only data.
+        for name in [".gopclntab", ".data.rel.ro.gopclntab"] {
+            if let Some(bytes) = self.section_bytes(name, max) {
+                return GoLineTable::parse(bytes, self.big_endian(), text).ok();
+            }
+        }
+        if self.go_build_id().is_none() || self.section_size(".text").is_some() {
+            return None; // not Go, or sections are there and none is the table
+        }
+        let data = self.bytes.get();
+        for seg in self.load_segments().iter().filter(|s| !s.executable) {
+            let start = usize::try_from(seg.offset).ok()?;
+            let end = start.checked_add(usize::try_from(seg.filesz).ok()?)?;
+            let Some(bytes) = data.get(start..end) else { continue };
+            if let Some(at) = gopclntab::find_header(bytes, self.big_endian(), text) {
+                let rest = &bytes[at..];
+                return GoLineTable::parse(rest[..rest.len().min(max)].to_vec(), self.big_endian(), text).ok();
+            }
+        }
+        None
+    }
+
+    /// `sh_addr` of section `name`.
+    pub fn section_address(&self, name: &str) -> Option<u64> {
+        match self.class {
+            Class::Elf32 => section_address::<FileHeader32<Endianness>>(self.bytes.get(), name),
+            Class::Elf64 => section_address::<FileHeader64<Endianness>>(self.bytes.get(), name),
+        }
     }
 
     fn big_endian(&self) -> bool {
@@ -504,11 +555,13 @@ fn load_segments<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Vec<
     )
 }
 
-fn function_symbols<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> SymbolTable {
-    let mut raw = Vec::new();
-    let Ok(h) = H::parse(data) else { return SymbolTable::default() };
-    let Ok(e) = h.endian() else { return SymbolTable::default() };
-    let Ok(sections) = h.sections(e, data) else { return SymbolTable::default() };
+fn collect_function_symbols<'a, H: FileHeader<Endian = Endianness>>(
+    data: &'a [u8],
+    raw: &mut Vec<symbols::RawSymbol<'a>>,
+) {
+    let Ok(h) = H::parse(data) else { return };
+    let Ok(e) = h.endian() else { return };
+    let Ok(sections) = h.sections(e, data) else { return };
     for table in [SHT_SYMTAB, SHT_DYNSYM] {
         let Ok(symbols) = sections.symbols(e, data, table) else {
             continue;
@@ -537,7 +590,6 @@ fn function_symbols<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> SymbolTa
             raw.push(symbols::RawSymbol { start, size: sym.st_size(e).into(), name: unversioned(name), rank });
         }
     }
-    SymbolTable::build(raw)
 }
 
 fn section_size<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> Option<u64> {
@@ -549,6 +601,14 @@ fn section_size<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> 
         return Some(0);
     }
     Some(sh.sh_size(e).into())
+}
+
+fn section_address<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) -> Option<u64> {
+    let h = H::parse(data).ok()?;
+    let e = h.endian().ok()?;
+    let sections = h.sections(e, data).ok()?;
+    let (_, sh) = sections.section_by_name(e, name.as_bytes())?;
+    Some(sh.sh_addr(e).into())
 }
 
 fn section_bytes<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max: usize) -> Option<Vec<u8>> {

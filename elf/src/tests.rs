@@ -244,4 +244,47 @@ fn debuglink_and_file_offsets_of_a_stripped_copy() {
     assert_eq!(file_id(&File::open(&tiny).unwrap()).unwrap().len(), 32);
 }
 
+#[test]
+fn mini_debug_info_adds_static_functions_and_refuses_bombs() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(dir.path(), "mini", LINES_PROGRAM, &["-g"]);
+    let stripped = strip(&bin);
+    assert!(open(&stripped).function_symbols().iter().all(|s| s.2 != "outer"), "outer is not in .dynsym");
+    // .gnu_debugdata = xz(the unstripped binary): its .symtab names outer.
+    let with = |name: &str, payload: &Path| {
+        let out = dir.path().join(name);
+        let add = format!(".gnu_debugdata={}", payload.display());
+        let ok = Command::new("objcopy").arg("--add-section").arg(add).arg(&stripped).arg(&out).status();
+        assert!(ok.expect("run objcopy (binutils)").success());
+        out
+    };
+    let xz = |input: &Path, args: &[&str]| {
+        let ok = Command::new("xz").args(args).arg("-kf").arg(input).status().expect("run xz (xz-utils)");
+        assert!(ok.success());
+        input.with_extension("xz")
+    };
+    let good = with("good", &xz(&bin, &[]));
+    let elf = open(&good);
+    let mini = elf.mini_debug_info(64 << 20).unwrap().expect(".gnu_debugdata");
+    let syms = elf.function_symbols_with(Some(&mini));
+    let full = open(&bin).function_symbols();
+    assert_eq!(syms.iter().collect::<Vec<_>>(), full.iter().collect::<Vec<_>>());
+    assert!(open(&stripped).mini_debug_info(1 << 20).unwrap().is_none());
+    // A bomb: 64 MiB of zeros against a 16 MiB limit; garbage; not ELF.
+    let zeros = dir.path().join("zeros");
+    std::fs::write(&zeros, vec![0u8; 64 << 20]).unwrap();
+    let bomb = with("bomb", &xz(&zeros, &["-0"]));
+    assert!(std::fs::metadata(&bomb).unwrap().len() < 1 << 20);
+    let err = open(&bomb).mini_debug_info(16 << 20).err().expect("a bomb is an error");
+    assert!(matches!(err, minidebuginfo::MiniDebugInfoError::TooLarge(_)), "{err}");
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, b"\xfd7zXZ\0 not really xz").unwrap();
+    let err = open(&with("junk", &junk)).mini_debug_info(16 << 20).err().expect("garbage is an error");
+    assert!(matches!(err, minidebuginfo::MiniDebugInfoError::Xz(_)), "{err}");
+    let text = dir.path().join("text");
+    std::fs::write(&text, b"not an ELF file").unwrap();
+    let err = open(&with("text", &xz(&text, &[]))).mini_debug_info(16 << 20).err().expect("not ELF");
+    assert!(matches!(err, minidebuginfo::MiniDebugInfoError::NotElf(_)), "{err}");
+}
+
 mod unwind;

@@ -73,7 +73,7 @@ fn setup() -> Setup {
 }
 
 fn search() -> SearchPaths {
-    SearchPaths { debug_dirs: Vec::new(), lines: true }
+    SearchPaths::default()
 }
 
 fn ours_load(s: &Setup) -> BinaryTable {
@@ -83,7 +83,7 @@ fn ours_load(s: &Setup) -> BinaryTable {
 /// Restart without the on-disk cache: load the table from the binary and
 /// name the first frame.
 fn first_frame_parsed(s: &Setup, lines: bool) -> usize {
-    let t = BinaryTable::load(&s.want, None, &SearchPaths { debug_dirs: Vec::new(), lines }).expect("table loads");
+    let t = BinaryTable::load(&s.want, None, &SearchPaths { debug_dirs: Vec::new(), lines, ..SearchPaths::default() }).expect("table loads");
     t.resolve(s.offsets[0]).len()
 }
 
@@ -155,7 +155,7 @@ fn bench(c: &mut Criterion) {
     // Restart: the table file written once, as the loader does.
     let cache_dir = tempfile::tempdir().expect("a temporary directory");
     let disk = DiskCache::open(&cache_dir.path().join("symbols"), 1 << 30).expect("a cache directory");
-    let (segments, symbols, had_dwarf) = table.disk_parts();
+    let (segments, symbols, had_dwarf) = table.disk_parts().expect("not a Go table");
     disk.write(&s.want.key, segments, symbols, had_dwarf);
     let file_bytes = std::fs::metadata(disk.path_of(&s.want.key).unwrap()).map(|m| m.len()).unwrap_or(0);
     assert!(first_frame_from_disk(&s, &disk) > 0 && first_frame_parsed(&s, true) > 0, "the first frame is named");

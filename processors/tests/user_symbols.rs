@@ -122,7 +122,7 @@ async fn the_cache_stays_within_its_bytes_least_recently_used_first() {
         .iter()
         .map(|b| Want { key: Arc::from(build_id(b)), is_build_id: true, path: Arc::from(&*b.to_string_lossy()) })
         .collect();
-    let search = SearchPaths { debug_dirs: vec![], lines: true };
+    let search = SearchPaths::default();
     // Room for about two tables.
     let one = {
         let c = Cache::start(u64::MAX, Duration::from_secs(60), search.clone(), Arc::new(FilePins::default()));
@@ -184,12 +184,8 @@ fn a_rust_binary_with_inlined_functions_is_named_as_addr2line_names_it() {
     assert!(ok, "rustc");
     let elf = profcol_elf::ElfFile::open(&std::fs::File::open(&bin).unwrap()).unwrap();
     let want = Want { key: Arc::from(build_id(&bin)), is_build_id: true, path: Arc::from(&*bin.to_string_lossy()) };
-    let table = profcol_processors::user_symbols::table::BinaryTable::load(
-        &want,
-        None,
-        &SearchPaths { debug_dirs: vec![], lines: true },
-    )
-    .expect("table");
+    let table = profcol_processors::user_symbols::table::BinaryTable::load(&want, None, &SearchPaths::default())
+        .expect("table");
     let mut vaddrs = Vec::new();
     for (start, size, name) in elf.function_symbols().iter() {
         if name.contains("leaf_work") || name.contains("middle") {
@@ -213,4 +209,142 @@ fn a_rust_binary_with_inlined_functions_is_named_as_addr2line_names_it() {
         }
     }
     assert!(inlined_std, "the range iterator shows inlined into r::leaf_work");
+}
+
+fn table_for(bin: &std::path::Path, search: &SearchPaths) -> profcol_processors::user_symbols::table::BinaryTable {
+    let file = std::fs::File::open(bin).unwrap();
+    let elf = profcol_elf::ElfFile::open(&file).unwrap();
+    let (key, is_build_id) = match elf.gnu_build_id() {
+        Some(id) => (profcol_elf::notes::hex(id), true),
+        None => (profcol_elf::file_id(&file).unwrap(), false),
+    };
+    let want = Want { key: Arc::from(key), is_build_id, path: Arc::from(&*bin.to_string_lossy()) };
+    profcol_processors::user_symbols::table::BinaryTable::load(&want, None, search).expect("table")
+}
+
+#[test]
+fn a_stripped_go_binary_is_named_from_its_pclntab_as_go_tool_addr2line_names_it() {
+    if !go_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = go_build(dir.path(), "chain", "-s -w");
+    let elf = profcol_elf::ElfFile::open(&std::fs::File::open(&bin).unwrap()).unwrap();
+    assert!(!elf.has_symtab() && !elf.has_debug_info(), "-s -w leaves neither .symtab nor DWARF");
+    assert!(elf.gnu_build_id().is_none() && elf.go_build_id().is_some(), "keyed by file id");
+    let go = elf.go_pclntab(64 << 20).expect(".gopclntab");
+    let funcs: Vec<(u64, String)> = go.functions().map(|(a, n)| (a, n.to_owned())).collect();
+    for f in ["main.main", "main.outerLoop", "main.middle", "main.(*acc).leafWork", "runtime.main"] {
+        assert!(funcs.iter().any(|(_, n)| n == f), "{f} in the function table");
+    }
+    // Every third byte of the text, through the processor's table (by file
+    // offset, keyed by file id): what `go tool addr2line` says.
+    let table = table_for(&bin, &SearchPaths::default());
+    let (first, last) = (funcs[0].0, funcs.last().unwrap().0 + 64);
+    let vaddrs: Vec<u64> = (first..last).step_by(3).collect();
+    let want = go_addr2line(&bin, &vaddrs);
+    let mut diffs = Vec::new();
+    for (v, want) in vaddrs.iter().zip(&want) {
+        let got = table.resolve(elf.file_offset(*v).unwrap());
+        let got =
+            got.first().map_or((String::new(), String::new(), 0), |f| (f.name.to_string(), f.file.to_string(), f.line));
+        let want = if want.0.is_empty() { (String::new(), String::new(), 0) } else { want.clone() };
+        if got != want && diffs.len() < 10 {
+            diffs.push(format!("{v:#x}: ours {got:?}, go tool addr2line {want:?}"));
+        }
+    }
+    assert!(diffs.is_empty(), "of {} addresses, differences:\n{}", vaddrs.len(), diffs.join("\n"));
+    // mix is inlined: its line shows inside leafWork, under leafWork's name.
+    let leaf = funcs.iter().find(|(_, n)| n == "main.(*acc).leafWork").unwrap().0;
+    let mix_line = GO_PROGRAM.lines().position(|l| l.contains("x *= 0x9E3779B97F4A7C15")).unwrap() as u32 + 1;
+    assert!(
+        (leaf..leaf + 256)
+            .any(|v| go.lookup(v).is_some_and(|f| f.line == mix_line && f.function.ends_with("leafWork"))),
+        "mix's line {mix_line} appears inside leafWork"
+    );
+
+    // Without section headers the table is found by its magic.
+    let mut bytes = std::fs::read(&bin).unwrap();
+    bytes[0x28..0x30].fill(0); // e_shoff
+    bytes[0x3c..0x40].fill(0); // e_shnum, e_shstrndx
+    let headless = profcol_elf::ElfFile::from_vec(bytes).unwrap();
+    assert_eq!(headless.section_size(".gopclntab"), None);
+    let found = headless.go_pclntab(64 << 20).expect("pclntab found by its magic");
+    assert_eq!(found.len(), go.len());
+    for v in vaddrs.iter().step_by(101) {
+        assert_eq!(found.lookup(*v), go.lookup(*v), "at {v:#x}");
+    }
+    // A PIE build: the table sits in .data.rel.ro.gopclntab, its
+    // textStart relocated at load. `go tool addr2line` (1.19) names
+    // nothing in a PIE: every function `go tool nm` lists in the
+    // unstripped build must be found at its entry in the stripped one.
+    let pie = go_build_with(dir.path(), "chain_pie", &["-buildmode=pie", "-ldflags", "-s -w"]);
+    let pie_full = go_build_with(dir.path(), "chain_pie_full", &["-buildmode=pie"]);
+    let pie_go = profcol_elf::ElfFile::open(&std::fs::File::open(&pie).unwrap())
+        .unwrap()
+        .go_pclntab(64 << 20)
+        .expect("a PIE's pclntab");
+    let nm = std::process::Command::new("go").args(["tool", "nm"]).arg(&pie_full).output().expect("go tool nm");
+    let mut checked = 0;
+    for l in String::from_utf8(nm.stdout).unwrap().lines() {
+        let Some((addr, name)) = l.trim_start().split_once(" T ") else { continue };
+        let addr = u64::from_str_radix(addr, 16).unwrap();
+        let name = name.trim_end_matches(".abi0"); // the ABI wrapper suffix is .symtab's only
+        let got = pie_go.lookup(addr).map(|f| (f.function, f.entry)).unwrap_or_else(|| panic!("PIE: {name}"));
+        assert_eq!(got.1, addr, "PIE: {name}");
+        // pclntab shortens array types in generated names (`[...]`).
+        if !name.contains('[') {
+            assert_eq!(got.0, name, "PIE at {addr:#x}");
+        }
+        checked += 1;
+    }
+    assert!(checked > 1000, "{checked} functions of the PIE checked");
+
+    // With go_pclntab off, a stripped Go binary has nothing to name it.
+    let off = SearchPaths { go_pclntab: false, ..SearchPaths::default() };
+    let file = std::fs::File::open(&bin).unwrap();
+    let want = Want {
+        key: Arc::from(profcol_elf::file_id(&file).unwrap()),
+        is_build_id: false,
+        path: Arc::from(&*bin.to_string_lossy()),
+    };
+    assert_eq!(
+        profcol_processors::user_symbols::table::BinaryTable::load(&want, None, &off).err(),
+        Some(profcol_processors::user_symbols::table::Missing::NoSymbols)
+    );
+}
+
+#[test]
+fn minidebuginfo_names_the_static_functions_of_a_fedora_style_binary() {
+    if !tools_available() || !profcol_testkit::tools::tool_available("xz", &["--version"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile(dir.path(), "fedora", 5);
+    let shipped = dir.path().join("fedora.shipped");
+    fedora_minidebuginfo(&bin, &shipped);
+    let elf = profcol_elf::ElfFile::open(&std::fs::File::open(&shipped).unwrap()).unwrap();
+    assert!(!elf.has_symtab() && !elf.has_debug_info() && elf.section_size(".gnu_debugdata").is_some());
+    let full = profcol_elf::ElfFile::open(&std::fs::File::open(&bin).unwrap()).unwrap();
+    let search = SearchPaths { lines: false, ..SearchPaths::default() };
+    let with = table_for(&shipped, &search);
+    for f in ["outer_loop", "middle", "leaf_work", "tick", "main"] {
+        let (start, size) = symbol(&full, f);
+        for v in [start, start + size / 2, start + size - 1] {
+            let off = full.file_offset(v).unwrap();
+            let got: Vec<String> = with.resolve(off).iter().map(|x| x.name.to_string()).collect();
+            assert_eq!(got, vec![f.to_owned()], "{f} at {v:#x}");
+        }
+    }
+    // Without it, the executable's .dynsym names none of its functions.
+    let want = Want {
+        key: Arc::from(profcol_elf::notes::hex(elf.gnu_build_id().unwrap())),
+        is_build_id: true,
+        path: Arc::from(&*shipped.to_string_lossy()),
+    };
+    let off = SearchPaths { minidebuginfo: false, ..search };
+    assert_eq!(
+        profcol_processors::user_symbols::table::BinaryTable::load(&want, None, &off).err(),
+        Some(profcol_processors::user_symbols::table::Missing::NoSymbols)
+    );
 }

@@ -119,9 +119,10 @@ impl Cache {
                 let Some(table) = cache.finish(&want, result, t0.elapsed()) else { continue };
                 drop(cache); // not held while files are read or written
                 if !from_disk {
-                    let (segments, symbols, had_dwarf) = table.disk_parts();
-                    if let (Some(d), false) = (&disk, symbols.is_empty()) {
-                        d.write(&want.key, segments, symbols, had_dwarf);
+                    if let (Some(d), Some((segments, symbols, had_dwarf))) = (&disk, table.disk_parts()) {
+                        if !symbols.is_empty() {
+                            d.write(&want.key, segments, symbols, had_dwarf);
+                        }
                     }
                 } else if search.lines && table.wants_dwarf() {
                     let client = debuginfod.as_mut().map(|c| (c, &*dcounters));

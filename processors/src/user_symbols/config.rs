@@ -5,6 +5,8 @@
 //!   user_symbols:
 //!     max_wait: 200ms            # longest a batch waits for symbols still loading
 //!     lines: true                # DWARF file:line and inlined frames
+//!     minidebuginfo: true        # .gnu_debugdata's symbols of stripped binaries
+//!     go_pclntab: true           # Go's .gopclntab of stripped Go binaries
 //!     debug_dirs: [/usr/lib/debug]  # .build-id/xx/rest.debug and .gnu_debuglink trees
 //!     negative_ttl: 5m           # a binary without file or symbols is tried again after this
 //!     cache:
@@ -29,6 +31,10 @@ pub struct Config {
     pub max_wait: Duration,
     /// Read DWARF line tables: file and line for each frame, and inlined functions as extra lines of the location.
     pub lines: bool,
+    /// Read MiniDebugInfo (`.gnu_debugdata`, an xz-compressed `.symtab`; Fedora and its kin) of a binary without `.symtab`: names of its static functions.
+    pub minidebuginfo: bool,
+    /// Read Go's `.gopclntab` of a Go binary without DWARF (`go build -ldflags='-s -w'`): function, file and line (inlined calls show the callee's line under the caller's name, as `go tool addr2line` does).
+    pub go_pclntab: bool,
     /// Directories of separate debug files, searched by build id (`DIR/.build-id/xx/rest.debug`) and by `.gnu_debuglink` (`DIR/<binary's directory>/NAME`).
     pub debug_dirs: Vec<PathBuf>,
     /// How long a binary whose file or symbols could not be found stays unnamed before it is tried again.
@@ -99,6 +105,8 @@ impl Default for Config {
         Config {
             max_wait: Duration::from_millis(200),
             lines: true,
+            minidebuginfo: true,
+            go_pclntab: true,
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
             negative_ttl: Duration::from_secs(300),
             cache: CacheConfig::default(),

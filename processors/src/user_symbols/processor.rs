@@ -144,7 +144,12 @@ impl UserSymbols {
 
     fn cache(&self) -> &Arc<Cache> {
         self.cache.get_or_init(|| {
-            let search = SearchPaths { debug_dirs: self.cfg.debug_dirs.clone(), lines: self.cfg.lines };
+            let search = SearchPaths {
+                debug_dirs: self.cfg.debug_dirs.clone(),
+                lines: self.cfg.lines,
+                minidebuginfo: self.cfg.minidebuginfo,
+                go_pclntab: self.cfg.go_pclntab,
+            };
             Cache::start_with(
                 self.cfg.cache.max_bytes,
                 self.cfg.negative_ttl,

@@ -12,11 +12,14 @@ use profcol_api::services::PinnedFile;
 
 use super::debuginfod::{Debuginfod, DebuginfodCounters};
 use super::disk::DiskTable;
-use profcol_elf::{DwarfLines, ElfFile, SymbolTable};
+use profcol_elf::{DwarfLines, ElfFile, GoLineTable, SymbolTable};
 use rustc_hash::FxHashMap;
 
 /// Largest debug section read (after decompression).
 const MAX_DEBUG_SECTION: usize = 1 << 30;
+/// Largest MiniDebugInfo ELF (after xz decompression): Fedora's are a few
+/// hundred KiB; more is refused as a bomb.
+const MAX_MINIDEBUGINFO: usize = 256 << 20;
 /// Resolved offsets memoized per table; the memo is cleared when full.
 const MEMO_ENTRIES: usize = 1 << 16;
 
@@ -58,6 +61,10 @@ pub struct BinaryTable {
     dwarf: OnceLock<DwarfLines>,
     /// The file the table was made from had DWARF (and `lines` was on).
     had_dwarf: bool,
+    /// Go's own table, for a Go binary without DWARF: names and lines.
+    /// Such a table is not written to the on-disk cache (it holds
+    /// functions from the symbol tables only).
+    go: Option<GoLineTable>,
     memo: Mutex<FxHashMap<u64, Frames>>,
     memo_bytes: std::sync::atomic::AtomicUsize,
     pub sources: Sources,
@@ -82,12 +89,26 @@ pub struct Want {
     pub path: Arc<str>,
 }
 
-/// Where separate debug files are searched.
+/// Where separate debug files are searched, and which sources are read.
 #[derive(Clone, Debug)]
 pub struct SearchPaths {
     pub debug_dirs: Vec<PathBuf>,
     pub lines: bool,
+    /// Read `.gnu_debugdata` (MiniDebugInfo) of a binary without `.symtab`.
+    pub minidebuginfo: bool,
+    /// Read Go's `.gopclntab` of a Go binary without DWARF.
+    pub go_pclntab: bool,
 }
+
+impl Default for SearchPaths {
+    fn default() -> Self {
+        SearchPaths { debug_dirs: Vec::new(), lines: true, minidebuginfo: true, go_pclntab: true }
+    }
+}
+
+/// What the on-disk cache stores of a table: load segments (vaddr, file
+/// size, offset), the function symbols, and whether the files had DWARF.
+pub type DiskParts<'a> = (&'a [(u64, u64, u64)], &'a SymbolTable, bool);
 
 /// The files a table is read from: the binary, and its best debug file.
 struct Opened {
@@ -169,8 +190,19 @@ impl BinaryTable {
         if symbols.is_empty() {
             symbols = elf.function_symbols();
         }
+        // MiniDebugInfo: the static functions .dynsym lacks, when no
+        // .symtab came from the binary or a debug file.
+        if search.minidebuginfo && !sym_src.has_symtab() {
+            if let Ok(Some(mini)) = elf.mini_debug_info(MAX_MINIDEBUGINFO) {
+                symbols = elf.function_symbols_with(Some(&mini));
+            }
+        }
         let dwarf = if search.lines { opened.dwarf() } else { None };
-        if symbols.is_empty() && dwarf.is_none() {
+        let go = match (&dwarf, search.go_pclntab) {
+            (None, true) => elf.go_pclntab(MAX_DEBUG_SECTION),
+            _ => None,
+        };
+        if symbols.is_empty() && dwarf.is_none() && go.is_none() {
             return Err(Missing::NoSymbols);
         }
         // Whether lines could be had from these files (recorded on disk
@@ -181,6 +213,7 @@ impl BinaryTable {
             symbols,
             dwarf: dwarf.map(OnceLock::from).unwrap_or_default(),
             had_dwarf,
+            go,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
             sources: Sources { binary: Some(opened.binary_path), debug_file: debug_path, disk_file: None },
@@ -195,6 +228,7 @@ impl BinaryTable {
             symbols: t.symbols,
             dwarf: OnceLock::new(),
             had_dwarf: t.had_dwarf,
+            go: None,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
             sources: Sources { binary: None, debug_file: None, disk_file: Some(file) },
@@ -230,9 +264,14 @@ impl BinaryTable {
         attached
     }
 
-    /// The segments and symbols, as the on-disk cache stores them.
-    pub fn disk_parts(&self) -> (&[(u64, u64, u64)], &SymbolTable, bool) {
-        (&self.segments, &self.symbols, self.had_dwarf)
+    /// The segments and symbols, as the on-disk cache stores them; `None`
+    /// for a table named by Go's pclntab, which the file format does not
+    /// hold (a restart reads `.gopclntab` again).
+    pub fn disk_parts(&self) -> Option<DiskParts<'_>> {
+        if self.go.is_some() {
+            return None;
+        }
+        Some((&self.segments, &self.symbols, self.had_dwarf))
     }
 
     /// Bytes held: symbols, debug sections, memoized results. Debug
@@ -243,6 +282,7 @@ impl BinaryTable {
     pub fn heap_bytes(&self) -> usize {
         self.symbols.heap_bytes()
             + self.dwarf.get().map_or(0, |d| d.heap_bytes() + d.mapped_bytes())
+            + self.go.as_ref().map_or(0, GoLineTable::heap_bytes)
             + self.memo_bytes.load(std::sync::atomic::Ordering::Relaxed)
             + self.segments.len() * 24
     }
@@ -286,6 +326,17 @@ impl BinaryTable {
 
     /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
     pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
+        // Go code: Go names need no demangling; the line is the innermost
+        // (inlined callee's) one, as `go tool addr2line` gives it. Code
+        // outside Go's table (cgo's C) goes on to the symbol table.
+        if let Some(f) = self.go.as_ref().and_then(|go| go.lookup(vaddr)) {
+            return vec![NamedFrame {
+                name: f.function.into(),
+                system_name: f.function.into(),
+                file: f.file.into(),
+                line: f.line,
+            }];
+        }
         let mut out = Vec::new();
         if let Some(dwarf) = self.dwarf.get() {
             for f in dwarf.frames(vaddr) {

@@ -342,3 +342,127 @@ pub fn frames(p: &Profiles) -> Vec<Vec<(String, i64)>> {
 pub fn symbol(elf: &profcol_elf::ElfFile, name: &str) -> (u64, u64) {
     elf.function_symbols().iter().find(|s| s.2 == name).map(|s| (s.0, u64::from(s.1))).unwrap()
 }
+
+/// The Go workload (examples/workloads/chain.go).
+pub const GO_PROGRAM: &str = include_str!("../../../examples/workloads/chain.go");
+
+/// Whether a Go toolchain is here (fails under CI=true when not:
+/// .ci/user_symbols.sh installs golang-go).
+pub fn go_available() -> bool {
+    tool_available("go", &["version"])
+}
+
+/// `go build -ldflags LDFLAGS` of the Go workload into `dir/name`.
+pub fn go_build(dir: &Path, name: &str, ldflags: &str) -> PathBuf {
+    go_build_with(dir, name, &["-ldflags", ldflags])
+}
+
+/// `go build ARGS` of the Go workload into `dir/name`.
+pub fn go_build_with(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.go"));
+    std::fs::write(&src, GO_PROGRAM).unwrap();
+    let out = dir.join(name);
+    let o = Command::new("go")
+        .arg("build")
+        .args(args)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .env("GO111MODULE", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOCACHE", std::env::temp_dir().join("profcol-go-cache"))
+        .output()
+        .expect("run go build");
+    assert!(o.status.success(), "go build {name}: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// `go tool addr2line FILE` for each of `vaddrs`: (function, file, line)
+/// as it prints them, full file path; `?` and `-1` (nothing known, or
+/// padding after a function) become "" and 0.
+pub fn go_addr2line(file: &Path, vaddrs: &[u64]) -> Vec<(String, String, u32)> {
+    use std::io::Write;
+    let mut child = Command::new("go")
+        .args(["tool", "addr2line"])
+        .arg(file)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run go tool addr2line");
+    let input: String = vaddrs.iter().map(|a| format!("{a:#x}\n")).collect();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(out.status.success(), "go tool addr2line");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), vaddrs.len() * 2, "two lines per address");
+    let known = |s: &str| if s == "?" { String::new() } else { s.to_owned() };
+    lines
+        .chunks(2)
+        .map(|c| {
+            let (file, line) = c[1].rsplit_once(':').unwrap_or((c[1], "0"));
+            (known(c[0]), known(file), line.parse::<u32>().unwrap_or(0))
+        })
+        .collect()
+}
+
+/// `bin` made into what Fedora ships: stripped of everything, with a
+/// `.gnu_debugdata` section holding, xz-compressed, a debug-info-less ELF
+/// whose `.symtab` keeps the function symbols `.dynsym` lacks (as
+/// find-debuginfo does it: objcopy --only-keep-debug, objcopy -S
+/// --keep-symbols, xz, strip, objcopy --add-section).
+pub fn fedora_minidebuginfo(bin: &Path, out: &Path) {
+    let work = out.with_extension("mdi");
+    std::fs::create_dir_all(&work).unwrap();
+    let elf = profcol_elf::ElfFile::open(&std::fs::File::open(bin).unwrap()).unwrap();
+    let dynamic: std::collections::BTreeSet<String> = {
+        let dynonly = work.join("dynonly");
+        stripped(bin, &dynonly);
+        let e = profcol_elf::ElfFile::open(&std::fs::File::open(&dynonly).unwrap()).unwrap();
+        e.function_symbols().iter().map(|s| s.2).collect()
+    };
+    let keep: String =
+        elf.function_symbols().iter().filter(|s| !dynamic.contains(&s.2)).map(|s| format!("{}\n", s.2)).collect();
+    std::fs::write(work.join("keep_symbols"), keep).unwrap();
+    let debug = work.join("debug");
+    let mini = work.join("mini_debuginfo");
+    run("objcopy", &["--only-keep-debug".as_ref(), bin.as_os_str(), debug.as_os_str()]);
+    let keep_arg = format!("--keep-symbols={}", work.join("keep_symbols").display());
+    run(
+        "objcopy",
+        &[
+            "-S".as_ref(),
+            "--remove-section".as_ref(),
+            ".gdb_index".as_ref(),
+            "--remove-section".as_ref(),
+            ".comment".as_ref(),
+            keep_arg.as_ref(),
+            debug.as_os_str(),
+            mini.as_os_str(),
+        ],
+    );
+    run("xz", &["-f".as_ref(), mini.as_os_str()]);
+    stripped(bin, &work.join("stripped"));
+    let add = format!(".gnu_debugdata={}.xz", mini.display());
+    run("objcopy", &["--add-section".as_ref(), add.as_ref(), work.join("stripped").as_os_str(), out.as_os_str()]);
+}
+
+/// The C++ workload (examples/workloads/chain.cpp).
+pub const CPP_PROGRAM: &str = include_str!("../../../examples/workloads/chain.cpp");
+
+/// Compiles the C++ workload with `g++ -g -O2` (frame pointers) into `dir/name`.
+pub fn compile_cpp(dir: &Path, name: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.cpp"));
+    std::fs::write(&src, CPP_PROGRAM).unwrap();
+    let out = dir.join(name);
+    let status = Command::new("g++")
+        .args(["-g", "-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-Wl,--build-id", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("run g++");
+    assert!(status.success(), "g++ {name}");
+    out
+}
