@@ -11,7 +11,7 @@
 //    sched_process_exit (no tracefs, no BTF) writing process events into
 //    their own small ring buffer: process discovery for the receiver.
 //
-// Design rules (see docs/arch-ebpf.md):
+// Design rules (see docs/ARCHITECTURE.md, "eBPF receiver (as built)"):
 //  * No CO-RE relocations and no BTF-defined maps: the object carries no
 //    .BTF at all, so the loader never needs /sys/kernel/btf/vmlinux.
 //  * Stacks are copied into the record with bpf_get_stack, so no stack is
