@@ -486,4 +486,50 @@ mod tests {
         u.forget(me, &mut sink, now);
         assert!(sink.mappings.is_empty());
     }
+
+    /// Tables that do not fit `max_table_bytes` together are not rebuilt
+    /// by every new process that maps them: an evicted file waits out its
+    /// backoff (frame pointers there), then may be built again.
+    #[test]
+    fn an_evicted_table_is_not_rebuilt_at_once() {
+        let now = Instant::now();
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(4);
+        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+        let id: ComponentId = "ebpf".parse().unwrap();
+        let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
+        // Room for the largest table this process maps, not for all of them.
+        let largest = set
+            .mappings
+            .iter()
+            .filter(|m| m.path.starts_with('/'))
+            .filter_map(|m| File::open(&*m.path).ok().and_then(|f| build(&f).ok()))
+            .map(|(c, _)| c.rows.len().div_ceil(2) * 8 + c.pages.len() * profcol_elf::unwind::PAGE_ENTRY_BYTES)
+            .max()
+            .unwrap();
+        let store = TableStore::new(largest as u64 + 4096, (largest as u32 / 8) + 512, 1 << 20, 16384);
+        let mut u = Unwinder::new(store, counters).unwrap();
+        let mut sink = MemSink::default();
+        // "New processes" with the same mappings, one after the other.
+        let settle = |u: &mut Unwinder, sink: &mut MemSink, pid: u32, at: Instant| {
+            let deadline = Instant::now() + std::time::Duration::from_secs(60);
+            u.sync(pid, &set, sink, at);
+            while !u.pids.get(&pid).is_some_and(|p| p.complete) {
+                assert!(Instant::now() < deadline, "pid {pid} installed within 60 s");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                u.poll(sink, at);
+                u.sync(pid, &set, sink, at);
+            }
+        };
+        settle(&mut u, &mut sink, me, now);
+        let builds = u.counters().table_builds.get();
+        assert!(u.counters().table_evictions.get() >= 1, "the tables do not fit together");
+        for fake in 1..=5 {
+            settle(&mut u, &mut sink, me + fake, now);
+        }
+        assert_eq!(u.counters().table_builds.get(), builds, "no rebuild within the backoff");
+        // After it, a new process gets the evicted tables built again.
+        settle(&mut u, &mut sink, me + 10, now + REBUILD_BACKOFF);
+        assert!(u.counters().table_builds.get() > builds, "rebuilt after the backoff");
+    }
 }
