@@ -171,6 +171,8 @@ pub struct Unwinder {
     epoch: u64,
     /// Files evicted to make room, by key (at most MAX_FILES).
     backoff: FxHashMap<TableKey, Backoff>,
+    /// Processes sampled once so far (live pids only).
+    sampled_once: rustc_hash::FxHashSet<u32>,
 }
 
 impl Unwinder {
@@ -198,6 +200,7 @@ impl Unwinder {
             built,
             epoch: 0,
             backoff: FxHashMap::default(),
+            sampled_once: Default::default(),
         })
     }
 
@@ -251,6 +254,12 @@ impl Unwinder {
             if p.generation == mappings.generation && (p.complete || p.epoch == self.epoch) {
                 return;
             }
+        } else if self.sampled_once.insert(pid) {
+            // Tables from a process's second sample on: most short-lived
+            // processes (a build host's compilers, scripts, build scripts)
+            // are sampled once or never, and their tables would be built
+            // for nothing.
+            return;
         }
         self.forget(pid, sink, now);
         // Every table first; the process is installed only when all are in.
@@ -291,6 +300,7 @@ impl Unwinder {
 
     /// Removes `pid` from the kernel's maps and releases its tables.
     pub fn forget(&mut self, pid: u32, sink: &mut dyn MappingSink, now: Instant) {
+        self.sampled_once.remove(&pid);
         let Some(p) = self.pids.remove(&pid) else { return };
         for i in &p.installed {
             sink.remove_mapping(pid, i.addr, i.bits);
@@ -303,6 +313,7 @@ impl Unwinder {
     /// Once per interval: forget pids `alive` says are gone, drop tables
     /// nobody maps any more.
     pub fn sweep(&mut self, alive: impl Fn(u32) -> bool, sink: &mut dyn MappingSink, now: Instant) {
+        self.sampled_once.retain(|&p| alive(p));
         let gone: Vec<u32> = self.pids.keys().copied().filter(|&p| !alive(p)).collect();
         for pid in gone {
             self.forget(pid, sink, now);
