@@ -521,7 +521,6 @@ mod tests {
         let store = TableStore::new(largest as u64 + 4096, (largest as u32 / 8) + 512, 1 << 20, 16384);
         let mut u = Unwinder::new(store, counters).unwrap();
         let mut sink = MemSink::default();
-        // "New processes" with the same mappings, one after the other.
         let settle = |u: &mut Unwinder, sink: &mut MemSink, pid: u32, at: Instant| {
             let deadline = Instant::now() + std::time::Duration::from_secs(60);
             u.sync(pid, &set, sink, at);
@@ -535,12 +534,24 @@ mod tests {
         settle(&mut u, &mut sink, me, now);
         let builds = u.counters().table_builds.get();
         assert!(u.counters().table_evictions.get() >= 1, "the tables do not fit together");
-        for fake in 1..=5 {
-            settle(&mut u, &mut sink, me + fake, now);
+        // The process installed anew, again and again (as new processes
+        // of the same programs would be): its files are opened through
+        // /proc/PID, so it is this one each time.
+        for _ in 0..5 {
+            u.forget(me, &mut sink, now);
+            settle(&mut u, &mut sink, me, now);
         }
         assert_eq!(u.counters().table_builds.get(), builds, "no rebuild within the backoff");
-        // After it, a new process gets the evicted tables built again.
-        settle(&mut u, &mut sink, me + 10, now + REBUILD_BACKOFF);
-        assert!(u.counters().table_builds.get() > builds, "rebuilt after the backoff");
+        // After it, a process installed anew (this one: its files are
+        // opened through /proc/PID) gets the evicted table built again.
+        u.forget(me, &mut sink, now);
+        settle(&mut u, &mut sink, me, now + REBUILD_BACKOFF);
+        assert!(
+            u.counters().table_builds.get() > builds,
+            "rebuilt after the backoff: {builds} builds, {} evictions, {} failures, backoff {:?}",
+            u.counters().table_evictions.get(),
+            u.counters().table_build_failures.get(),
+            u.backoff.values().map(|b| (b.until.duration_since(now), b.evictions)).collect::<Vec<_>>()
+        );
     }
 }
