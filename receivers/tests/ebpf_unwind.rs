@@ -64,6 +64,18 @@ fn names(s: &Observed, syms: &mut Vec<(String, Symbolizer)>) -> Vec<String> {
         .collect()
 }
 
+/// The sample's `profcol.unwind.end`, if any.
+fn unwind_end(s: &Observed) -> Option<String> {
+    s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"))
+}
+
+/// Prints the stacks that were not whole, with their sample counts.
+fn print_counts(bad: &std::collections::BTreeMap<String, usize>) {
+    for (stack, n) in bad {
+        eprintln!("  {n:4} {stack}");
+    }
+}
+
 /// Whether `stack` is CHAIN from some frame on, then libc's start routine
 /// (in the binary when static, in libc.so.6 otherwise) and `_start` last.
 fn whole(stack: &[String], is_static: bool) -> bool {
@@ -97,7 +109,7 @@ async fn whole_share(bin: &Path, is_static: bool, mode: UnwindMode) -> f64 {
     for s in &samples {
         let stack = names(s, &mut syms);
         total += s.count;
-        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        let end = unwind_end(s);
         if whole(&stack, is_static) {
             assert_eq!(end, None, "a whole stack has no {UNWIND_END_ATTR}: {stack:?}");
             good += s.count;
@@ -107,9 +119,7 @@ async fn whole_share(bin: &Path, is_static: bool, mode: UnwindMode) -> f64 {
     }
     let name = bin.file_name().unwrap().to_string_lossy();
     eprintln!("{name} ({mode:?}): {good}/{total} samples whole");
-    for (stack, n) in &bad {
-        eprintln!("  {n:4} {stack}");
-    }
+    print_counts(&bad);
     assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "{name}: only {total} samples\n{metrics}");
     if mode != UnwindMode::FramePointers {
         assert!(metrics.contains("profcol_receiver_ebpf_unwind_table_builds_total{receiver=\"ebpf\"}"), "{metrics}");
@@ -204,9 +214,7 @@ async fn rust_release_stacks_are_whole() {
         }
     }
     eprintln!("deep_rust: {good}/{total} samples whole");
-    for (stack, n) in &bad {
-        eprintln!("  {n:4} {stack}");
-    }
+    print_counts(&bad);
     assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "only {total} samples\n{metrics}");
     let share = good as f64 / total as f64;
     assert!(share >= 0.95, "{:.1}% whole stacks", share * 100.0);
@@ -247,7 +255,7 @@ async fn distribution_stacks(cmd: &str, args: &[&str]) -> (usize, usize, usize) 
         if s.frames.iter().any(|f| f.frame_type == "kernel") {
             in_kernel += s.count;
         }
-        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        let end = unwind_end(s);
         let n = stack.len();
         let ok = n >= 4
             && end.is_none()
@@ -266,9 +274,7 @@ async fn distribution_stacks(cmd: &str, args: &[&str]) -> (usize, usize, usize) 
         .unwrap_or_default()
         .to_owned();
     eprintln!("{cmd}: {good}/{total} samples whole, {in_kernel} in the kernel; {build_us}");
-    for (stack, n) in &bad {
-        eprintln!("  {n:4} {stack}");
-    }
+    print_counts(&bad);
     assert!(total >= 100, "{total} samples\n{metrics}");
     (good, total, in_kernel)
 }
@@ -571,7 +577,7 @@ async fn pure_go_stacks_are_whole() {
     for s in &samples_of(&batches, pid) {
         let stack = names(s, &mut syms);
         total += s.count;
-        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        let end = unwind_end(s);
         if chain_prefix(&stack, &GO_CHAIN) == Some(stack.len()) && end.is_none() {
             good += s.count;
         } else {
@@ -579,9 +585,7 @@ async fn pure_go_stacks_are_whole() {
         }
     }
     eprintln!("go_deep: {good}/{total} samples whole");
-    for (stack, n) in &bad {
-        eprintln!("  {n:4} {stack}");
-    }
+    print_counts(&bad);
     assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "only {total} samples\n{metrics}");
     assert!(good as f64 >= total as f64 * 0.95, "{good}/{total} whole");
 }
@@ -614,7 +618,7 @@ async fn go_and_c_stacks_through_cgo_are_whole() {
     for s in &samples_of(&batches, pid) {
         let stack = names(s, &mut syms);
         total += s.count;
-        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        let end = unwind_end(s);
         let ok = if stack.first().is_some_and(|f| f.starts_with("main.go")) {
             go_total += s.count;
             let ok = chain_prefix(&stack, &GO_CHAIN) == Some(stack.len()) && end.is_none();
@@ -640,9 +644,7 @@ async fn go_and_c_stacks_through_cgo_are_whole() {
         "cgo_deep: Go side {go_whole}/{go_total} whole; C side {c_whole}/{c_total} whole, {crossed} across the \
          switch; {total} samples"
     );
-    for (stack, n) in &bad {
-        eprintln!("  {n:4} {stack}");
-    }
+    print_counts(&bad);
     assert!(total as f64 >= FREQ as f64 * SECONDS * 0.5, "only {total} samples\n{metrics}");
     assert!(go_total * 4 >= total && c_total * 4 >= total, "both sides sampled: Go {go_total}, C {c_total} of {total}");
     assert!(go_whole as f64 >= go_total as f64 * 0.95, "Go side: {go_whole}/{go_total} whole");
@@ -686,7 +688,7 @@ async fn signal_share(bin: &Path, is_static: bool) -> f64 {
         };
         handler += s.count;
         stack[t] = "__restore_rt".into();
-        let end = s.attrs.iter().find(|(k, _)| k == UNWIND_END_ATTR).map(|(_, v)| format!("{v:?}"));
+        let end = unwind_end(s);
         // The interrupted code: the work chain from the first of its
         // frames on (at most two callees before it: cpu_ns's clock_gettime
         // and the vdso).
@@ -703,9 +705,7 @@ async fn signal_share(bin: &Path, is_static: bool) -> f64 {
     }
     let name = bin.file_name().unwrap().to_string_lossy();
     eprintln!("{name}: {good}/{handler} handler samples whole ({total} samples)");
-    for (stack, n) in &bad {
-        eprintln!("  {n:4} {stack}");
-    }
+    print_counts(&bad);
     assert!(handler * 2 >= total && total as f64 >= FREQ as f64 * SECONDS * 0.5, "{handler}/{total}\n{metrics}");
     good as f64 / handler as f64
 }
