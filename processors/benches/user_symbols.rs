@@ -83,7 +83,8 @@ fn ours_load(s: &Setup) -> BinaryTable {
 /// Restart without the on-disk cache: load the table from the binary and
 /// name the first frame.
 fn first_frame_parsed(s: &Setup, lines: bool) -> usize {
-    let t = BinaryTable::load(&s.want, None, &SearchPaths { debug_dirs: Vec::new(), lines, ..SearchPaths::default() }).expect("table loads");
+    let t = BinaryTable::load(&s.want, None, &SearchPaths { debug_dirs: Vec::new(), lines, ..SearchPaths::default() })
+        .expect("table loads");
     t.resolve(s.offsets[0]).len()
 }
 
