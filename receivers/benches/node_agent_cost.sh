@@ -14,9 +14,12 @@
 #   - before: with BEFORE_BIN=path/to/an/older/profcol, that binary with the
 #            node config too (its metrics on a port of its own): a change's
 #            before and after over the same load.
-# It reads each process's CPU time, the sum of the first field of
-# /proc/PID/task/*/schedstat (ns on CPU per thread), at START_AT (10 s) and
-# END_AT (40 s) after the start, and RSS (VmRSS, VmHWM) at RSS_AT (60 s).
+# It reads each process's CPU time at START_AT (10 s) and END_AT (40 s)
+# after the start — from a cgroup of its own (cpuacct.usage on cgroup v1,
+# cpu.stat usage_usec on v2), which keeps the time of threads that have
+# exited; where no cgroup can be made, the sum of the first field of
+# /proc/PID/task/*/schedstat, which loses it (a tokio blocking thread ends
+# after 10 s idle and takes its CPU out of the sum) — and RSS (VmRSS, VmHWM) at RSS_AT (60 s).
 # Steady state is the slope between the two reads (ms of CPU per second);
 # start-up is the CPU at START_AT minus START_AT seconds of that slope.
 # Lines: RUN (one per tool per run), then MEDIAN and RATIO over the runs.
@@ -31,10 +34,14 @@ END_AT=${END_AT:-40}
 RSS_AT=${RSS_AT:-60}
 TMP=$(mktemp -d)
 PIDS=()
+CG=""
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	rm -rf "$TMP"
+	cg_clear
+	[ -n "$CG" ] && rmdir "$CG" 2>/dev/null
+	true
 }
 trap cleanup EXIT
 
@@ -73,7 +80,38 @@ EOF
 
 # ns on CPU of every live thread of PID (%.0f: awk's %d stops at 2^31 ns,
 # 2.1 s, which an agent building unwind tables passes within a minute)
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%.0f\n", s}'; }
+# One cgroup per tool and run (see the header), else per-thread schedstat.
+CG=""
+if [ -w /sys/fs/cgroup/cpuacct ] && [ -f /sys/fs/cgroup/cpuacct/cpuacct.usage ]; then
+	CG=/sys/fs/cgroup/cpuacct/profcol-bench-$$
+elif [ -f /sys/fs/cgroup/cgroup.controllers ] && [ -w /sys/fs/cgroup ]; then
+	CG=/sys/fs/cgroup/profcol-bench-$$
+elif [ -w /sys/fs/cgroup/unified ]; then
+	CG=/sys/fs/cgroup/unified/profcol-bench-$$
+fi
+[ -n "$CG" ] && mkdir -p "$CG" 2>/dev/null || CG=""
+echo "CPU read from: ${CG:-/proc/PID/task/*/schedstat (exited threads not counted)}"
+# start_in TOOL CMD...: runs CMD (same pid: exec) inside TOOL's cgroup.
+start_in() {
+	local t=$1
+	shift
+	if [ -n "$CG" ]; then
+		mkdir -p "$CG/$t"
+		exec sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG/$t" "$@"
+	fi
+	exec "$@"
+}
+cpu_ns() { # TOOL PID
+	if [ -f "$CG/$1/cpuacct.usage" ]; then
+		cat "$CG/$1/cpuacct.usage"
+	elif [ -f "$CG/$1/cpu.stat" ]; then
+		awk '$1 == "usage_usec" {printf "%.0f\n", $2 * 1000}' "$CG/$1/cpu.stat"
+	else
+		{ cat /proc/"$2"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%.0f\n", s}'
+	fi
+}
+# Empties the run's cgroups (their processes are gone by then).
+cg_clear() { [ -n "$CG" ] && for d in "$CG"/*/; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done; true; }
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 
 printf 'load average before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -87,15 +125,15 @@ for run in $(seq "$RUNS"); do
 	PIDS+=($!)
 	sleep 1
 	declare -A PID=()
-	"$BIN" --config "$TMP/node.yaml" >"$TMP/node.log" 2>&1 &
+	start_in node "$BIN" --config "$TMP/node.yaml" >"$TMP/node.log" 2>&1 &
 	PID[node]=$!
-	"$BIN" --config "$TMP/debug.yaml" >"$TMP/debug.log" 2>&1 &
+	start_in debug "$BIN" --config "$TMP/debug.yaml" >"$TMP/debug.log" 2>&1 &
 	PID[debug]=$!
 	if [ -n "$BEFORE_BIN" ]; then
-		"$BEFORE_BIN" --config "$TMP/before.yaml" >"$TMP/before.log" 2>&1 &
+		start_in before "$BEFORE_BIN" --config "$TMP/before.yaml" >"$TMP/before.log" 2>&1 &
 		PID[before]=$!
 	fi
-	perf record -F "$FREQ" -a -g -o "$TMP/perf.data" >"$TMP/perf.log" 2>&1 &
+	start_in perf perf record -F "$FREQ" -a -g -o "$TMP/perf.data" >"$TMP/perf.log" 2>&1 &
 	PID[perf]=$!
 	PIDS+=("${PID[@]}")
 	t0=$(date +%s.%N)
@@ -104,10 +142,10 @@ for run in $(seq "$RUNS"); do
 	until_at "$START_AT"
 	for t in $TOOLS; do
 		kill -0 "${PID[$t]}" 2>/dev/null || { echo "$t exited early:"; cat "$TMP/$t.log"; exit 1; }
-		C10[$t]=$(cpu_ns "${PID[$t]}")
+		C10[$t]=$(cpu_ns "$t" "${PID[$t]}")
 	done
 	until_at "$END_AT"
-	for t in $TOOLS; do C40[$t]=$(cpu_ns "${PID[$t]}"); done
+	for t in $TOOLS; do C40[$t]=$(cpu_ns "$t" "${PID[$t]}"); done
 	until_at "$RSS_AT"
 	for t in $TOOLS; do
 		rss=$(kib "${PID[$t]}" VmRSS)
@@ -128,6 +166,7 @@ for run in $(seq "$RUNS"); do
 		grep -q 'perf events attached' "$TMP/$t.log" || { echo "$t agent did not start:"; cat "$TMP/$t.log"; exit 1; }
 	done
 	rm -f "$TMP/perf.data"
+	cg_clear
 	printf 'load average after run %d: %s\n' "$run" "$(cut -d' ' -f1-3 /proc/loadavg)"
 done
 
