@@ -39,8 +39,7 @@ cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	rm -rf "$TMP"
-	cg_clear
-	[ -n "$CG" ] && rmdir "$CG" 2>/dev/null
+	[ -n "$CG" ] && cg_remove
 	true
 }
 trap cleanup EXIT
@@ -80,38 +79,8 @@ EOF
 
 # ns on CPU of every live thread of PID (%.0f: awk's %d stops at 2^31 ns,
 # 2.1 s, which an agent building unwind tables passes within a minute)
-# One cgroup per tool and run (see the header), else per-thread schedstat.
-CG=""
-if [ -w /sys/fs/cgroup/cpuacct ] && [ -f /sys/fs/cgroup/cpuacct/cpuacct.usage ]; then
-	CG=/sys/fs/cgroup/cpuacct/profcol-bench-$$
-elif [ -f /sys/fs/cgroup/cgroup.controllers ] && [ -w /sys/fs/cgroup ]; then
-	CG=/sys/fs/cgroup/profcol-bench-$$
-elif [ -w /sys/fs/cgroup/unified ]; then
-	CG=/sys/fs/cgroup/unified/profcol-bench-$$
-fi
-[ -n "$CG" ] && mkdir -p "$CG" 2>/dev/null || CG=""
-echo "CPU read from: ${CG:-/proc/PID/task/*/schedstat (exited threads not counted)}"
-# start_in TOOL CMD...: runs CMD (same pid: exec) inside TOOL's cgroup.
-start_in() {
-	local t=$1
-	shift
-	if [ -n "$CG" ]; then
-		mkdir -p "$CG/$t"
-		exec sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG/$t" "$@"
-	fi
-	exec "$@"
-}
-cpu_ns() { # TOOL PID
-	if [ -f "$CG/$1/cpuacct.usage" ]; then
-		cat "$CG/$1/cpuacct.usage"
-	elif [ -f "$CG/$1/cpu.stat" ]; then
-		awk '$1 == "usage_usec" {printf "%.0f\n", $2 * 1000}' "$CG/$1/cpu.stat"
-	else
-		{ cat /proc/"$2"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%.0f\n", s}'
-	fi
-}
-# Empties the run's cgroups (their processes are gone by then).
-cg_clear() { [ -n "$CG" ] && for d in "$CG"/*/; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done; true; }
+# shellcheck source=receivers/benches/cgroup_cpu.sh
+. receivers/benches/cgroup_cpu.sh
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 
 printf 'load average before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"

@@ -12,8 +12,8 @@
 # built -O2 -fomit-frame-pointer):
 #   - auto: the release `profcol` binary, ebpf (99 Hz, unwind.mode auto) -> debug;
 #   - fp:   the same with unwind.mode frame_pointers.
-# It reads each agent's CPU time, the sum of the first field of
-# /proc/PID/task/*/schedstat (ns on CPU per thread), at START_AT (10 s) and
+# It reads each agent's CPU time (from a cgroup per agent, so exited
+# threads count: receivers/benches/cgroup_cpu.sh) at START_AT (10 s) and
 # END_AT (40 s) after the start; steady state is the slope between them
 # (ms of CPU per second). The auto agent's /metrics at END_AT show that
 # tables were built and used (stack ends by reason).
@@ -28,10 +28,13 @@ START_AT=${START_AT:-10}
 END_AT=${END_AT:-40}
 TMP=$(mktemp -d)
 PIDS=()
+CG=""
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	rm -rf "$TMP"
+	[ -n "$CG" ] && cg_remove
+	true
 }
 trap cleanup EXIT
 
@@ -69,7 +72,8 @@ agent_config auto "$METRICS_PORT" >"$TMP/auto.yaml"
 agent_config frame_pointers "$((METRICS_PORT + 1))" >"$TMP/fp.yaml"
 
 # ns on CPU of every live thread of PID
-cpu_ns() { { cat /proc/"$1"/task/*/schedstat 2>/dev/null || true; } | awk '{s += $1} END {printf "%.0f\n", s}'; }
+# shellcheck source=receivers/benches/cgroup_cpu.sh
+. receivers/benches/cgroup_cpu.sh
 metric() { # name [label filter]
 	python3 -c 'import sys, urllib.request
 text = urllib.request.urlopen(sys.argv[1]).read().decode()
@@ -91,9 +95,9 @@ for run in $(seq "$RUNS"); do
 	PIDS+=($!)
 	sleep 1
 	declare -A PID=()
-	"$BIN" --config "$TMP/auto.yaml" >"$TMP/auto.log" 2>&1 &
+	start_in auto "$BIN" --config "$TMP/auto.yaml" >"$TMP/auto.log" 2>&1 &
 	PID[auto]=$!
-	"$BIN" --config "$TMP/fp.yaml" >"$TMP/fp.log" 2>&1 &
+	start_in fp "$BIN" --config "$TMP/fp.yaml" >"$TMP/fp.log" 2>&1 &
 	PID[fp]=$!
 	PIDS+=("${PID[@]}")
 	t0=$(date +%s.%N)
@@ -102,10 +106,10 @@ for run in $(seq "$RUNS"); do
 	until_at "$START_AT"
 	for t in auto fp; do
 		kill -0 "${PID[$t]}" 2>/dev/null || { echo "$t exited early:"; cat "$TMP/$t.log"; exit 1; }
-		C10[$t]=$(cpu_ns "${PID[$t]}")
+		C10[$t]=$(cpu_ns "$t" "${PID[$t]}")
 	done
 	until_at "$END_AT"
-	for t in auto fp; do C40[$t]=$(cpu_ns "${PID[$t]}"); done
+	for t in auto fp; do C40[$t]=$(cpu_ns "$t" "${PID[$t]}"); done
 	for t in auto fp; do
 		awk -v run="$run" -v t="$t" -v a="${C10[$t]}" -v b="${C40[$t]}" -v s="$START_AT" -v e="$END_AT" 'BEGIN{
 			slope = (b - a) / 1e6 / (e - s)
@@ -127,6 +131,7 @@ for run in $(seq "$RUNS"); do
 	for t in auto fp; do
 		grep -q 'perf events attached' "$TMP/$t.log" || { echo "$t agent did not start:"; cat "$TMP/$t.log"; exit 1; }
 	done
+	cg_clear
 	printf 'load average after run %d: %s\n' "$run" "$(cut -d' ' -f1-3 /proc/loadavg)"
 done
 
