@@ -372,9 +372,22 @@ pub fn proto_decoded_size(buf: &[u8], limit: usize) -> Result<usize, BudgetError
     Ok(total.saturating_add(transient))
 }
 
+/// The largest of `sizes` (a `const fn`: `Iterator::max` is not const).
+const fn largest(sizes: &[usize]) -> usize {
+    let mut i = 0;
+    let mut max = 0;
+    while i < sizes.len() {
+        if sizes[i] > max {
+            max = sizes[i];
+        }
+        i += 1;
+    }
+    max
+}
+
 /// The largest element of any vector the protobuf decode fills (`Field::Many`).
 const LARGEST_PROTO_ELEMENT: usize = {
-    let sizes = [
+    largest(&[
         size_of::<pb::ResourceProfiles>(),
         size_of::<pb::ScopeProfiles>(),
         size_of::<pb::Profile>(),
@@ -390,16 +403,7 @@ const LARGEST_PROTO_ELEMENT: usize = {
         size_of::<common::AnyValue>(),
         size_of::<common::EntityRef>(),
         size_of::<String>(),
-    ];
-    let mut i = 0;
-    let mut max = 0;
-    while i < sizes.len() {
-        if sizes[i] > max {
-            max = sizes[i];
-        }
-        i += 1;
-    }
-    max
+    ])
 };
 
 /// The most [`proto_decoded_size`] can return for `len` bytes of any
@@ -426,7 +430,7 @@ pub fn proto_size_bound(len: usize) -> usize {
 
 /// The largest struct an OTLP/JSON object can become in a vector.
 const LARGEST_ELEMENT: usize = {
-    let sizes = [
+    largest(&[
         size_of::<pb::Profile>(),
         size_of::<pb::Sample>(),
         size_of::<pb::ResourceProfiles>(),
@@ -438,16 +442,7 @@ const LARGEST_ELEMENT: usize = {
         size_of::<common::KeyValue>(),
         size_of::<common::AnyValue>(),
         size_of::<common::EntityRef>(),
-    ];
-    let mut i = 0;
-    let mut max = 0;
-    while i < sizes.len() {
-        if sizes[i] > max {
-            max = sizes[i];
-        }
-        i += 1;
-    }
-    max
+    ])
 };
 
 /// A vector's element at its worst: right after a growth the vector holds
