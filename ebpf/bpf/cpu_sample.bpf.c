@@ -41,7 +41,10 @@ enum stat {
 	STAT_FILTERED = 5,      /* samples of pids not in pid_filter */
 	STAT_NO_SCRATCH = 6,    /* scratch lookup failed (never expected) */
 	STAT_PROBE_HITS = 7,    /* uprobe hits (written or not) */
-	STAT_MAX = 8,
+	STAT_COUNTED = 8,       /* samples only counted in `counts` (no record) */
+	STAT_COUNTS_FULL = 9,   /* not counted: `counts` full (record instead) */
+	STAT_DYNAMIC_TEXT = 10, /* not counted: kernel frames outside kernel text */
+	STAT_MAX = 11,
 };
 
 /* Read-only configuration, set by the loader before load (.rodata). */
@@ -51,6 +54,35 @@ const volatile __u32 cfg_filter_pids = 0;
 /* profcol's own tgid: its calls of probed functions are not counted (and
  * cannot feed back into more events). */
 const volatile __u32 cfg_self_tgid = 0;
+/* Counting in the kernel (#18): nonzero to count on-CPU samples per stack
+ * in `counts` and write one record per stack and interval. */
+const volatile __u32 cfg_count_in_kernel = 0;
+/* The kernel's own text [start, end) (_stext.._etext): its names never
+ * change, so a stack whose kernel frames all lie in it is named alike at
+ * any time and may be counted. BPF programs, modules and trampolines lie
+ * outside: their samples stay records with their own time. */
+const volatile __u64 cfg_ktext_start = 0;
+const volatile __u64 cfg_ktext_end = 0;
+/* Which fields besides pid and stack split counts (COUNT_BY_*), as the
+ * receiver's sample_attributes: a field no sample carries would only split
+ * counts the reader merges again. */
+const volatile __u32 cfg_count_by = 0;
+/* Seed of the count key, random per load. */
+const volatile __u64 cfg_count_seed = 0;
+
+/* count_key frames are hashed in blocks of this many (zeros past the end). */
+#define KEY_BLOCK 16
+#define KEY_BLOCKS ((2 * MAX_STACK_DEPTH + 1 + KEY_BLOCK - 1) / KEY_BLOCK)
+/* `count_key` of a sample before it is counted: a kernel frame lies
+ * outside the kernel's own text (set by fill_sample). */
+#define KERNEL_TEXT_OUTSIDE 1
+
+#define COUNT_BY_TID 1
+#define COUNT_BY_COMM 2
+#define COUNT_BY_CPU 4
+#ifndef EEXIST
+#define EEXIST 17
+#endif
 
 /* Legacy map definitions: no BTF needed to create them. */
 struct bpf_map_def {
@@ -81,6 +113,16 @@ struct bpf_map_def SEC("maps") scratch = {
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(struct sample),
 	.max_entries = 1,
+};
+
+/* On-CPU samples per stack of the current interval: count key -> samples.
+ * Sized by the loader; the reader takes and deletes the counts at every
+ * report. Preallocated: no allocation on the sampling path. */
+struct bpf_map_def SEC("maps") counts = {
+	.type = BPF_MAP_TYPE_HASH,
+	.key_size = sizeof(__u64),
+	.value_size = sizeof(__u64),
+	.max_entries = 16384,
 };
 
 /* Exec and exit events; small, they are few and read promptly. */
@@ -125,6 +167,21 @@ static __always_inline __u32 stack_depth(void)
 	return depth;
 }
 
+/* KERNEL_TEXT_OUTSIDE when a kernel frame of `s` (the kernel stack alone
+ * in `ips`, zeros after it) lies outside the kernel's own text, else 0. A
+ * fixed trip count with no exit depending on the stack's length keeps the
+ * verifier's walk short (see count_key). */
+static __always_inline __u64 kernel_text_outside(const struct sample *s)
+{
+	__u64 outside = 0;
+	for (__u32 i = 0; i < MAX_STACK_DEPTH; i++) {
+		__u64 ip = s->ips[i];
+		if (ip && (ip < cfg_ktext_start || ip >= cfg_ktext_end))
+			outside = KERNEL_TEXT_OUTSIDE;
+	}
+	return outside;
+}
+
 /* The scratch record with identity and kernel stack filled in; NULL (and
  * counted) when the scratch map cannot be looked up. */
 static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe)
@@ -143,7 +200,18 @@ static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 t
 	s->kind = kind;
 	s->user_end = UNWIND_END_UNKNOWN;
 	s->probe = probe;
+	s->count_key = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
+	/* Counting hashes whole blocks of frames: the slots past the stacks
+	 * must be zero, not the last sample's. */
+	if (cfg_count_in_kernel) {
+		/* An opaque zero: clang would turn a loop of constant stores
+		 * into a memset call, which BPF has not. */
+		__u64 zero = 0;
+		asm volatile("" : "+r"(zero));
+		for (__u32 i = 0; i < 2 * MAX_STACK_DEPTH + 1; i++)
+			s->ips[i] = zero;
+	}
 
 	long kbytes = bpf_get_stack(ctx, s->ips, stack_depth() * sizeof(__u64), 0);
 	__u32 kn = 0;
@@ -155,12 +223,14 @@ static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 t
 		kn = MAX_STACK_DEPTH;
 	s->kstack_len = kn;
 	s->ustack_len = 0;
+	if (cfg_count_in_kernel)
+		s->count_key = kernel_text_outside(s);
 	return s;
 }
 
 /* Writes the used part of the record into the ring; `wake` nonzero wakes
- * the reader now. */
-static __always_inline void output_sample(struct sample *s, int wake)
+ * the reader now. Nonzero when the ring was full (counted). */
+static __always_inline long write_record(struct sample *s, int wake)
 {
 	__u64 size = SAMPLE_HEADER_SIZE + ((__u64)s->kstack_len + s->ustack_len) * sizeof(__u64);
 	if (size > sizeof(*s))
@@ -174,10 +244,106 @@ static __always_inline void output_sample(struct sample *s, int wake)
 	if (wake || avail + size > ring / 4)
 		flags = BPF_RB_FORCE_WAKEUP;
 
-	if (bpf_ringbuf_output(&events, s, size, flags))
+	long err = bpf_ringbuf_output(&events, s, size, flags);
+	if (err)
 		count(STAT_LOST_RINGBUF);
 	else
 		count(STAT_SAMPLES);
+	return err;
+}
+
+/* One 64-bit word into the count key (multiply-rotate, as in murmur). */
+static __always_inline __u64 key_mix(__u64 h, __u64 w)
+{
+	w *= 0x87c37b91114253d5ULL;
+	w = (w << 31) | (w >> 33);
+	w *= 0x4cf5ad432745937fULL;
+	h ^= w;
+	h = (h << 27) | (h >> 37);
+	return h * 5 + 0x52dce729;
+}
+
+/* The count key of a sample: its pid, the fields of cfg_count_by, how the
+ * user stack ended and both stacks, hashed with the per-load seed. Two
+ * stacks with one key (odds ~n^2/2^65 per interval) would share a count. */
+static __always_inline __u64 count_key(const struct sample *s)
+{
+	__u32 by = cfg_count_by;
+	__u64 h = key_mix(cfg_count_seed, ((__u64)s->pid << 32) | ((by & COUNT_BY_TID) ? s->tid : 0));
+	h = key_mix(h, ((by & COUNT_BY_CPU) ? (__u64)s->cpu : 0) | ((__u64)s->user_end << 32));
+	if (by & COUNT_BY_COMM) {
+		__u64 c[2];
+		__builtin_memcpy(c, s->comm, sizeof(c));
+		h = key_mix(h, c[0]);
+		h = key_mix(h, c[1]);
+	}
+	__u32 kn = s->kstack_len, un = s->ustack_len;
+	h = key_mix(h, (__u64)kn | ((__u64)un << 16));
+	__u32 n = kn + un;
+	/* Blocks of KEY_BLOCK frames, the slots past the stacks being zero
+	 * (fill_sample): the verifier walks the rest of the program once per
+	 * exit of this loop, so few exits (one per block, not per frame). */
+	for (__u32 b = 0; b < KEY_BLOCKS; b++) {
+		if (b * KEY_BLOCK >= n)
+			break;
+		for (__u32 j = 0; j < KEY_BLOCK; j++) {
+			__u32 i = b * KEY_BLOCK + j;
+			if (i < 2 * MAX_STACK_DEPTH + 1)
+				h = key_mix(h, s->ips[i]);
+		}
+	}
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	return h ^ (h >> 33);
+}
+
+/* Counts an on-CPU sample in `counts`: a stack already there this interval
+ * only adds one; a new one becomes a SAMPLE_CPU_COUNTED record carrying its
+ * key. 0 when the sample must be a record of its own (kernel frames whose
+ * names may change, or `counts` full). */
+static __always_inline int count_sample(struct sample *s, int wake)
+{
+	if (s->count_key == KERNEL_TEXT_OUTSIDE) {
+		count(STAT_DYNAMIC_TEXT);
+		return 0;
+	}
+	__u64 key = count_key(s);
+	__u64 *n = bpf_map_lookup_elem(&counts, &key);
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+		count(STAT_COUNTED);
+		return 1;
+	}
+	__u64 one = 1;
+	long err = bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);
+	if (err == -EEXIST) {
+		/* Another CPU put it in first. */
+		n = bpf_map_lookup_elem(&counts, &key);
+		if (!n)
+			return 0;
+		__sync_fetch_and_add(n, 1);
+		count(STAT_COUNTED);
+		return 1;
+	}
+	if (err) {
+		count(STAT_COUNTS_FULL);
+		return 0;
+	}
+	s->kind = SAMPLE_CPU_COUNTED;
+	s->count_key = key;
+	/* A count whose record is lost could never be named: drop it too. */
+	if (write_record(s, wake))
+		bpf_map_delete_elem(&counts, &key);
+	return 1;
+}
+
+/* The record out, or only a count (`countable`: an on-CPU sample of a
+ * process the reader has seen, with cfg_count_in_kernel). */
+static __always_inline void output_sample(struct sample *s, int wake, int countable)
+{
+	if (cfg_count_in_kernel && countable && s->kind == SAMPLE_CPU && count_sample(s, wake))
+		return;
+	write_record(s, wake);
 }
 
 /* The user stack of the kernel's frame-pointer walk, and the record out.
@@ -185,7 +351,7 @@ static __always_inline void output_sample(struct sample *s, int wake)
  * instruction (a uprobe), where the frame-pointer walk skips the caller
  * (its frame is not set up yet); the return address found at the stack
  * pointer is put back as the second user frame. */
-static __always_inline int write_fp_sample(void *ctx, struct sample *s, __u64 entry_ret, int wake)
+static __always_inline int write_fp_sample(void *ctx, struct sample *s, __u64 entry_ret, int wake, int countable)
 {
 	__u32 depth = stack_depth();
 	__u32 kn = s->kstack_len;
@@ -213,7 +379,7 @@ static __always_inline int write_fp_sample(void *ctx, struct sample *s, __u64 en
 			un = depth;
 	}
 	s->ustack_len = un;
-	output_sample(s, wake);
+	output_sample(s, wake, countable);
 	return 0;
 }
 
@@ -224,7 +390,7 @@ static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 
 	struct sample *s = fill_sample(ctx, tgid, tid, kind, probe);
 	if (!s)
 		return 0;
-	return write_fp_sample(ctx, s, entry_ret, 0);
+	return write_fp_sample(ctx, s, entry_ret, 0, 0);
 }
 
 #include "unwind.h"
@@ -253,8 +419,9 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
 		s->user_end = UNWIND_END_NO_TABLE;
 	/* A process without tables yet wakes the reader, which loads them:
-	 * only its first few samples take frame pointers. */
-	return write_fp_sample(ctx, s, 0, unknown && unwind_wake_due());
+	 * only its first few samples take frame pointers. Each of them is a
+	 * record: the reader builds tables from a process's second sample. */
+	return write_fp_sample(ctx, s, 0, unknown && unwind_wake_due(), !unknown);
 }
 
 SEC("uprobe")

@@ -14,6 +14,10 @@
 enum sample_kind {
 	SAMPLE_CPU = 0,   /* cpu-clock perf event: an on-CPU sample */
 	SAMPLE_PROBE = 1, /* uprobe hit: one call; `probe` = attach cookie */
+	/* The first on-CPU sample of a stack counted in the kernel (`counts`
+	 * map, key `count_key`): later samples of it only add to the count;
+	 * the reader takes the count at the end of the interval. */
+	SAMPLE_CPU_COUNTED = 2,
 };
 
 /* How a user stack ended (`user_end`). UNWIND_END_UNKNOWN: the kernel's
@@ -40,6 +44,7 @@ struct sample {
 	__u16 kind;              /* enum sample_kind */
 	__u16 user_end;          /* enum unwind_end: how the user stack ended */
 	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe */
+	__u64 count_key;         /* SAMPLE_CPU_COUNTED: its key in `counts` */
 	/* One spare slot: a probe hit inserts its return address. */
 	__u64 ips[2 * MAX_STACK_DEPTH + 1];
 };

@@ -387,7 +387,9 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 	}
 	s->ustack_len = st->frames;
 	s->user_end = end;
-	output_sample(s, st->wake);
+	/* Countable: auto walks only processes the reader loaded; in tables
+	 * mode a process it has not loaded yet is unknown to it. */
+	output_sample(s, st->wake, cfg_unwind_mode == UNWIND_MODE_AUTO || unwind_knows(s->pid));
 	return 0;
 }
 

@@ -65,6 +65,27 @@ pub mod globals {
     pub const SELF_TGID: &str = "cfg_self_tgid";
     /// `u32`: [`crate::unwind::Mode`] of user-stack unwinding.
     pub const UNWIND_MODE: &str = "cfg_unwind_mode";
+    /// `u32`: nonzero to count on-CPU samples per stack in [`super::COUNTS_MAP`].
+    pub const COUNT_IN_KERNEL: &str = "cfg_count_in_kernel";
+    /// `u64`s: the kernel's own text, `[_text, _etext)`; samples with kernel
+    /// frames outside it are never counted (their names may change).
+    pub const KTEXT_START: &str = "cfg_ktext_start";
+    pub const KTEXT_END: &str = "cfg_ktext_end";
+    /// `u32`: [`super::count_by`] bits: fields that split counts.
+    pub const COUNT_BY: &str = "cfg_count_by";
+    /// `u64`: seed of the count key.
+    pub const COUNT_SEED: &str = "cfg_count_seed";
+}
+
+/// `BPF_MAP_TYPE_HASH` `u64` count key → `u64` samples: on-CPU samples
+/// counted in the kernel this interval (see `SampleKind::CpuCounted`).
+pub const COUNTS_MAP: &str = "counts";
+
+/// Bits of [`globals::COUNT_BY`] (`COUNT_BY_*` in C).
+pub mod count_by {
+    pub const TID: u32 = 1;
+    pub const COMM: u32 = 2;
+    pub const CPU: u32 = 4;
 }
 
 pub use record::{MAX_STACK_DEPTH, TASK_COMM_LEN};
@@ -89,11 +110,18 @@ pub enum Stat {
     NoScratch = 6,
     /// Uprobe hits (written to the ring or not).
     ProbeHits = 7,
+    /// On-CPU samples only counted in [`COUNTS_MAP`] (no record).
+    Counted = 8,
+    /// On-CPU samples written as records because [`COUNTS_MAP`] was full.
+    CountsFull = 9,
+    /// On-CPU samples written as records because a kernel frame was
+    /// outside the kernel's own text (BPF programs, modules, trampolines).
+    DynamicText = 10,
 }
 
 impl Stat {
     /// All slots, in index order.
-    pub const ALL: [Stat; 8] = [
+    pub const ALL: [Stat; 11] = [
         Stat::Samples,
         Stat::LostRingbuf,
         Stat::KernelStackError,
@@ -102,9 +130,12 @@ impl Stat {
         Stat::Filtered,
         Stat::NoScratch,
         Stat::ProbeHits,
+        Stat::Counted,
+        Stat::CountsFull,
+        Stat::DynamicText,
     ];
     /// Number of slots in the map (`STAT_MAX` in C).
-    pub const SLOTS: u32 = 8;
+    pub const SLOTS: u32 = 11;
 }
 
 pub mod record;
@@ -147,6 +178,12 @@ mod tests {
             unwind::MAPPINGS_MAP,
             unwind::PROGS_MAP,
             globals::UNWIND_MODE,
+            globals::COUNT_IN_KERNEL,
+            globals::KTEXT_START,
+            globals::KTEXT_END,
+            globals::COUNT_BY,
+            globals::COUNT_SEED,
+            COUNTS_MAP,
         ] {
             assert!(has(name.as_bytes()), "{name} missing from object");
         }

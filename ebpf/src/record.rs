@@ -17,6 +17,10 @@ pub enum SampleKind {
     Cpu,
     /// One call of a probed function; the index of the configured probe.
     Probe(u32),
+    /// The first on-CPU sample of a stack this interval counted in the
+    /// kernel: later ones only add to the count under this key in
+    /// [`crate::COUNTS_MAP`], which includes this one.
+    CpuCounted(u64),
 }
 
 /// Fixed head of every sample record (`struct sample` up to `ips`).
@@ -90,10 +94,11 @@ impl UnwindEnd {
 }
 
 /// Size of the sample head in bytes (`offsetof(struct sample, ips)`).
-pub const SAMPLE_HEADER_SIZE: usize = 48;
+pub const SAMPLE_HEADER_SIZE: usize = 56;
 
 const KIND_CPU: u16 = 0;
 const KIND_PROBE: u16 = 1;
+const KIND_CPU_COUNTED: u16 = 2;
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
     b.get(o..o + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_ne_bytes)
@@ -137,6 +142,7 @@ impl<'a> Sample<'a> {
         let kind = match u16_at(head, 40) {
             KIND_CPU => SampleKind::Cpu,
             KIND_PROBE => SampleKind::Probe(u32_at(head, 44)),
+            KIND_CPU_COUNTED => SampleKind::CpuCounted(u64_at(head, 48)),
             _ => return None,
         };
         let header = SampleHeader {
@@ -226,6 +232,7 @@ mod tests {
         v.extend_from_slice(&kind.to_ne_bytes());
         v.extend_from_slice(&2u16.to_ne_bytes()); // user_end: no table
         v.extend_from_slice(&probe.to_ne_bytes());
+        v.extend_from_slice(&0xfeed_beefu64.to_ne_bytes()); // count key
         assert_eq!(v.len(), SAMPLE_HEADER_SIZE);
         for f in k.iter().chain(u) {
             v.extend_from_slice(&f.to_ne_bytes());
@@ -247,6 +254,9 @@ mod tests {
         let s = Sample::parse(&r).expect("parse");
         assert_eq!(s.header.kind, SampleKind::Probe(3));
         assert_eq!(s.user_stack().len(), 2);
+        let r = record(KIND_CPU_COUNTED, 0, &[], &[0x401000]);
+        let s = Sample::parse(&r).expect("parse");
+        assert_eq!(s.header.kind, SampleKind::CpuCounted(0xfeed_beef));
     }
 
     #[test]

@@ -195,6 +195,52 @@ pub fn map_delete_batch<K: Plain>(map: BorrowedFd<'_>, keys: &[K]) -> io::Result
     unsafe { bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr) }.map(drop)
 }
 
+/// `BPF_MAP_LOOKUP_AND_DELETE_BATCH` over a whole hash map: appends every
+/// key and value to `keys` and `values` and removes them from the map,
+/// `chunk` elements a syscall (Linux >= 5.6). `chunk` must hold the
+/// fullest bucket: the kernel answers `ENOSPC` otherwise, and this retries
+/// with a doubled chunk. Elements added while it runs may or may not be taken.
+pub fn map_take_all<K: Plain, V: Plain>(
+    map: BorrowedFd<'_>,
+    keys: &mut Vec<K>,
+    values: &mut Vec<V>,
+    mut chunk: u32,
+) -> io::Result<()> {
+    // The position token: a bucket index for hash maps (4 bytes; 8 kept).
+    let mut token = [0u64; 2];
+    let mut started = false;
+    loop {
+        let have = keys.len();
+        keys.reserve(chunk as usize);
+        values.reserve(chunk as usize);
+        let mut attr = zeroed::<bpf_attr>();
+        attr.batch.map_fd = map.as_raw_fd() as u32;
+        attr.batch.in_batch = if started { token.as_ptr() as u64 } else { 0 };
+        attr.batch.out_batch = token.as_mut_ptr() as u64;
+        // SAFETY: (pointer arithmetic only) the spare capacity reserved above.
+        attr.batch.keys = unsafe { keys.as_mut_ptr().add(have) } as u64;
+        attr.batch.values = unsafe { values.as_mut_ptr().add(have) } as u64;
+        attr.batch.count = chunk;
+        // SAFETY: keys and values have `chunk` spare elements of the map's
+        // key and value sizes (the caller's K and V); token is 16 writable
+        // bytes; the kernel writes at most attr.batch.count elements.
+        let r = unsafe { bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH, &mut attr) };
+        // SAFETY: reading a plain-integer union variant.
+        let got = unsafe { attr.batch.count }.min(chunk) as usize;
+        // SAFETY: the kernel initialised `got` elements past `have` (Plain).
+        unsafe {
+            keys.set_len(have + got);
+            values.set_len(have + got);
+        }
+        match r {
+            Ok(_) => started = true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && got == 0 && chunk < (1 << 20) => chunk *= 2,
+            Err(e) => return Err(io::Error::new(e.kind(), format!("BPF_MAP_LOOKUP_AND_DELETE_BATCH: {e}"))),
+        }
+    }
+}
+
 /// The info structs `BPF_OBJ_GET_INFO_BY_FD` fills.
 pub trait ObjInfo: Plain {}
 impl ObjInfo for bpf_prog_info {}

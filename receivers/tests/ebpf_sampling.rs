@@ -15,20 +15,39 @@ use std::time::Duration;
 const FREQ: u64 = 99;
 const BURN_SECONDS: f64 = 3.0;
 
+/// A time per sample (`count_in_kernel: false`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burn_workload_is_sampled_in_its_hot_function() {
     if !require_bpf("burn_workload_is_sampled_in_its_hot_function") {
         return;
     }
+    burn_workload(false).await;
+}
+
+/// Counted per stack in the kernel (the default): the same counts and
+/// stacks, each Sample with its count and no times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burn_workload_counted_in_the_kernel_is_sampled_in_its_hot_function() {
+    if !require_bpf("burn_workload_counted_in_the_kernel_is_sampled_in_its_hot_function") {
+        return;
+    }
+    burn_workload(true).await;
+}
+
+async fn burn_workload(count_in_kernel: bool) {
     let dir = tempfile::tempdir().unwrap();
     let bin = build_workload("burn", dir.path());
     let mut w = Workload::spawn(&bin, BURN_SECONDS);
     let pid = w.pid;
 
     // Whole host (no pid filter), as the node agent runs.
-    let running =
-        start(EbpfConfig { sample_frequency: FREQ, report_interval: Duration::from_secs(1), ..Default::default() })
-            .await;
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_secs(1),
+        count_in_kernel,
+        ..Default::default()
+    })
+    .await;
     let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     w.go();
     let cpu_ns = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
@@ -76,9 +95,25 @@ async fn burn_workload_is_sampled_in_its_hot_function() {
     assert!(!s.attrs.iter().any(|(k, _)| k == keys::CPU_LOGICAL_NUMBER), "{:?}", s.attrs);
     // service.name: the executable's name by default.
     assert!(s.resource.contains(&(keys::SERVICE_NAME.into(), Value::StringValue("burn".into()))), "{:?}", s.resource);
-    for s in &samples {
-        for &t in &s.timestamps {
-            assert!(t >= t0 - 1_000_000_000 && t <= t1, "timestamp {t} outside [{t0}, {t1}]");
+    let counted = metric(&metrics, "profcol_receiver_ebpf_samples_counted_in_kernel_total");
+    if count_in_kernel {
+        // The burn loop is one stack: nearly all its samples were only counted.
+        assert!(counted >= total as f64 * 0.5, "{counted} of {total} samples counted in the kernel\n{metrics}");
+        // The process's first samples, before the unwinder loaded it, came
+        // one by one (its tables are built from its second sample); the
+        // rest are counts without times.
+        let with_times: usize = samples.iter().filter(|s| !s.timestamps.is_empty()).map(|s| s.count).sum();
+        assert!(with_times <= total / 4, "{with_times} of {total} samples came one by one");
+        for s in &samples {
+            assert!(s.timestamps.is_empty() || s.timestamps.len() == s.count, "{s:?}");
+        }
+    } else {
+        assert_eq!(counted, 0.0, "{metrics}");
+        for s in &samples {
+            assert_eq!(s.timestamps.len(), s.count);
+            for &t in &s.timestamps {
+                assert!(t >= t0 - 1_000_000_000 && t <= t1, "timestamp {t} outside [{t0}, {t1}]");
+            }
         }
     }
     let exe_frame = s.frames.iter().find(|f| f.mapping_filename == exe).expect("a frame in the executable");
@@ -117,6 +152,8 @@ async fn burn_on_two_cpus(sample_attributes: Vec<SampleAttribute>) -> (Vec<Vec<O
         report_interval: Duration::from_secs(30),
         pids: vec![pid],
         sample_attributes,
+        // Which side of the move a sample is on: its time.
+        count_in_kernel: false,
         ..Default::default()
     };
     let running = start(cfg).await;

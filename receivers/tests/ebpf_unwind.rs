@@ -442,6 +442,8 @@ async fn agreement_with_perf(cmd: &str, args: &[&str]) -> (f64, f64) {
         sample_frequency: FREQ,
         report_interval: Duration::from_secs(1),
         pids: vec![pid],
+        // A time per sample: only those inside perf's run are compared.
+        count_in_kernel: false,
         ..Default::default()
     })
     .await;

@@ -3,7 +3,9 @@
 //! Samples with the same identity (process, thread, thread name, cpu, kernel
 //! stack, user stack, mapping generation, and which profile: CPU or one
 //! probe) become one `Sample` whose timestamps list every occurrence (values
-//! are all 1, same length). Each process gets its CPU profile
+//! are all 1, same length). Samples counted in the kernel (see
+//! `count_in_kernel`) come as a count without times: their `Sample` has one
+//! value, the count, and no timestamps. Each process gets its CPU profile
 //! (`samples/count`) and one profile per probe that fired in it
 //! (`calls/count`), named by profile attributes.
 //! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
@@ -41,8 +43,17 @@ struct Key {
 /// Process facts and the mappings its frames resolve in (`None`: /proc
 /// was unreadable).
 type ProcessEntry = (Arc<ProcessInfo>, Option<Arc<MappingSet>>);
-/// Samples of one (pid, mapping generation) with their timestamps.
-type Group = Vec<(Key, Vec<u64>)>;
+/// Samples of one (pid, mapping generation) with their occurrences.
+type Group = Vec<(Key, Occurrences)>;
+
+/// How often one identity occurred in the interval.
+#[derive(Default)]
+struct Occurrences {
+    /// Times of the samples that came one by one.
+    times: Vec<u64>,
+    /// Samples counted in the kernel (no times).
+    counted: u64,
+}
 
 /// `Key::profile` of CPU samples.
 const CPU_PROFILE: u32 = u32::MAX;
@@ -103,13 +114,16 @@ impl SampleAttrs {
 pub struct Interval {
     pub start_unix_ns: u64,
     attrs: SampleAttrs,
-    samples: FxHashMap<Key, Vec<u64>>,
+    samples: FxHashMap<Key, Occurrences>,
     /// (pid, generation) → process facts and the mappings frames resolve in.
     procs: FxHashMap<(u32, u32), ProcessEntry>,
     /// The first thread name of each process /proc could not tell about:
     /// what names it (whether or not samples keep `thread.name`).
     unreadable_comm: FxHashMap<u32, [u8; 16]>,
+    /// Samples with a time (what bounds the interval's memory).
     count: usize,
+    /// Samples counted in the kernel.
+    counted: u64,
 }
 
 impl Interval {
@@ -121,11 +135,13 @@ impl Interval {
             procs: FxHashMap::default(),
             unreadable_comm: FxHashMap::default(),
             count: 0,
+            counted: 0,
         }
     }
 
-    pub fn sample_count(&self) -> usize {
-        self.count
+    /// Samples in the interval, with a time or counted in the kernel.
+    pub fn sample_count(&self) -> u64 {
+        self.count as u64 + self.counted
     }
 
     pub fn is_full(&self) -> bool {
@@ -135,6 +151,24 @@ impl Interval {
     /// Adds a sample. `process` is `None` when /proc was unreadable: the
     /// sample keeps its pid and raw user addresses without mappings.
     pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
+        let key = self.key(s, process);
+        self.samples.entry(key).or_default().times.push(s.unix_ns);
+        self.count += 1;
+    }
+
+    /// Adds `n` samples of `s`'s identity counted in the kernel (`s.unix_ns`
+    /// is not used: they have no times of their own).
+    pub fn add_counted(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let key = self.key(s, process);
+        self.samples.entry(key).or_default().counted += n;
+        self.counted = self.counted.saturating_add(n);
+    }
+
+    /// The identity of `s`, its process remembered for the batch.
+    fn key(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) -> Key {
         let generation = process.map_or(0, |(_, m)| m.generation);
         if process.is_none() {
             self.unreadable_comm.entry(s.pid).or_insert(s.comm);
@@ -143,7 +177,7 @@ impl Interval {
             Some((info, maps)) => (info.clone(), Some(maps.clone())),
             None => (Arc::new(ProcessInfo { pid: s.pid, ..Default::default() }), None),
         });
-        let key = Key {
+        Key {
             pid: s.pid,
             generation,
             profile: s.probe.unwrap_or(CPU_PROFILE),
@@ -153,9 +187,7 @@ impl Interval {
             kstack: s.kstack.into(),
             ustack: s.ustack.into(),
             unwind_end: unwind_end_attr(s.unwind_end),
-        };
-        self.samples.entry(key).or_default().push(s.unix_ns);
-        self.count += 1;
+        }
     }
 
     /// Builds the batch: one resource per process (per mapping generation),
@@ -183,8 +215,8 @@ impl Interval {
 
         // Deterministic order: by pid, generation, then sample identity.
         let mut groups: FxHashMap<(u32, u32), Group> = FxHashMap::default();
-        for (k, ts) in self.samples {
-            groups.entry((k.pid, k.generation)).or_default().push((k, ts));
+        for (k, occ) in self.samples {
+            groups.entry((k.pid, k.generation)).or_default().push((k, occ));
         }
         let mut group_keys: Vec<(u32, u32)> = groups.keys().copied().collect();
         group_keys.sort_unstable();
@@ -220,7 +252,7 @@ impl Interval {
             let mut current: Option<(u32, ProfileRef)> = None;
             // Mapping index per process mapping, interned lazily.
             let mut mapping_idx: FxHashMap<usize, i32> = FxHashMap::default();
-            for (k, mut ts) in samples {
+            for (k, occ) in samples {
                 let prof = match current {
                     Some((p, r)) if p == k.profile => r,
                     _ => {
@@ -303,17 +335,26 @@ impl Interval {
                 if let Some(end) = k.unwind_end {
                     attribute_indices.push(b.attribute(UNWIND_END_ATTR, AttrValue::Str(end)));
                 }
-                ts.sort_unstable();
-                b.sample(
-                    prof,
-                    pb::Sample {
-                        stack_index,
-                        attribute_indices,
-                        link_index: 0,
-                        values: vec![1; ts.len()],
-                        timestamps_unix_nano: ts,
-                    },
-                );
+                let Occurrences { times: mut ts, counted } = occ;
+                if counted > 0 {
+                    let values = vec![i64::try_from(counted).unwrap_or(i64::MAX)];
+                    let attribute_indices = attribute_indices.clone();
+                    let s = pb::Sample { stack_index, attribute_indices, values, ..Default::default() };
+                    b.sample(prof, s);
+                }
+                if !ts.is_empty() {
+                    ts.sort_unstable();
+                    b.sample(
+                        prof,
+                        pb::Sample {
+                            stack_index,
+                            attribute_indices,
+                            link_index: 0,
+                            values: vec![1; ts.len()],
+                            timestamps_unix_nano: ts,
+                        },
+                    );
+                }
             }
         }
         b.build()

@@ -46,7 +46,23 @@ pub struct EbpfConfig {
     pub sample_attributes: Vec<SampleAttribute>,
     /// How user stacks are walked.
     pub unwind: UnwindConfig,
+    /// Count on-CPU samples per stack in the kernel and read the counts
+    /// once per report: one record per distinct stack and interval instead
+    /// of one per sample. Counted samples carry their count (`values`) but
+    /// no timestamps of their own; samples with kernel frames outside the
+    /// kernel's own text (BPF programs, modules), whose names may change
+    /// while they are taken, and probe hits keep a record and timestamp
+    /// each. `false`: a record and a timestamp per sample.
+    pub count_in_kernel: bool,
+    /// Distinct stacks counted in the kernel per report interval at most
+    /// (the kernel map's entries, allocated up front: ~100 bytes each);
+    /// samples of stacks beyond are records of their own.
+    pub max_counted_stacks: u32,
 }
+
+/// Bounds of `max_counted_stacks`.
+pub const MIN_COUNTED_STACKS: u32 = 64;
+pub const MAX_COUNTED_STACKS: u32 = 1 << 22;
 
 /// `unwind:` section: user stacks from `.eh_frame` unwind tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -146,6 +162,8 @@ impl Default for EbpfConfig {
             service_name: vec![ServiceNameSource::Executable],
             sample_attributes: vec![SampleAttribute::ThreadId, SampleAttribute::ThreadName],
             unwind: UnwindConfig::default(),
+            count_in_kernel: true,
+            max_counted_stacks: 16_384,
         }
     }
 }
@@ -173,6 +191,12 @@ impl Validate for EbpfConfig {
             p.add(
                 "ring_buffer_size",
                 format!("{} must be a power of two and at least the page size ({page})", self.ring_buffer_size),
+            );
+        }
+        if !(MIN_COUNTED_STACKS..=MAX_COUNTED_STACKS).contains(&self.max_counted_stacks) {
+            p.add(
+                "max_counted_stacks",
+                format!("{} is out of range; use {MIN_COUNTED_STACKS}..={MAX_COUNTED_STACKS}", self.max_counted_stacks),
             );
         }
         if self.pids.len() > profcol_ebpf::PID_FILTER_CAPACITY {
@@ -291,6 +315,8 @@ mod tests {
         assert!(bad(|c| c.sample_frequency = 0).starts_with("sample_frequency: 0 is out of range"));
         assert!(bad(|c| c.max_stack_depth = 500).starts_with("max_stack_depth: 500 is out of range"));
         assert!(bad(|c| c.ring_buffer_size = 5000).starts_with("ring_buffer_size"));
+        assert!(bad(|c| c.max_counted_stacks = 10).starts_with("max_counted_stacks"));
+        assert!(bad(|c| c.max_counted_stacks = u32::MAX).starts_with("max_counted_stacks"));
         assert!(bad(|c| c.report_interval = Duration::from_millis(1)).starts_with("report_interval"));
         assert!(bad(|c| c.pids = vec![0]).starts_with("pids"));
         fn probe(symbol: &str, binary: Option<&str>) -> UprobeSpec {

@@ -38,6 +38,8 @@ pub struct Loaded {
     pub uprobes_loaded: bool,
     /// The unwinder's maps (`None` with `unwind.mode: frame_pointers`).
     pub unwind_maps: Option<super::unwind::kernel::KernelMaps>,
+    /// Samples counted in the kernel (`None` unless `count_in_kernel`).
+    pub counts: Option<MapData>,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -101,6 +103,7 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
     let filter_pids = u32::from(!cfg.pids.is_empty());
     let self_tgid = std::process::id();
     let unwind = unwind_sizes(cfg);
+    let counting = CountingGlobals::new(cfg);
     let mut ebpf = EbpfLoader::new()
         .override_global(obj::globals::UNWIND_MODE, &(unwind.mode as u32), true)
         .map_max_entries(obj::unwind::ROWS_MAP, unwind.row_elems)
@@ -110,6 +113,12 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
         .override_global(obj::globals::SELF_TGID, &self_tgid, true)
         .map_max_entries(obj::EVENTS_MAP, cfg.ring_buffer_size)
+        .override_global(obj::globals::COUNT_IN_KERNEL, &counting.enabled, true)
+        .override_global(obj::globals::KTEXT_START, &counting.ktext.0, true)
+        .override_global(obj::globals::KTEXT_END, &counting.ktext.1, true)
+        .override_global(obj::globals::COUNT_BY, &counting.by, true)
+        .override_global(obj::globals::COUNT_SEED, &counting.seed, true)
+        .map_max_entries(obj::COUNTS_MAP, if cfg.count_in_kernel { cfg.max_counted_stacks } else { 1 })
         .load(obj::cpu_sample_object())
         .map_err(|e| other("loading the BPF object (maps)", &e))?;
 
@@ -145,6 +154,49 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         load_uprobe_program(&mut ebpf)?;
     }
     Ok(ebpf)
+}
+
+/// The `.rodata` of counting in the kernel (`count_in_kernel`).
+struct CountingGlobals {
+    enabled: u32,
+    /// The kernel's own text, `(0, 0)` when unknown: then only samples
+    /// without kernel frames are counted.
+    ktext: (u64, u64),
+    by: u32,
+    seed: u64,
+}
+
+impl CountingGlobals {
+    fn new(cfg: &EbpfConfig) -> Self {
+        use super::config::SampleAttribute;
+        if !cfg.count_in_kernel {
+            return CountingGlobals { enabled: 0, ktext: (0, 0), by: 0, seed: 0 };
+        }
+        let ktext = super::kernel_text::read().unwrap_or_else(|| {
+            tracing::info!(
+                "ebpf receiver: the kernel's text range is not visible (kallsyms/iomem show zeros); samples with \
+                 kernel frames are sent one by one, only user-only stacks are counted in the kernel"
+            );
+            (0, 0)
+        });
+        let mut by = 0;
+        for a in &cfg.sample_attributes {
+            by |= match a {
+                SampleAttribute::ThreadId => obj::count_by::TID,
+                SampleAttribute::ThreadName => obj::count_by::COMM,
+                SampleAttribute::CpuLogicalNumber => obj::count_by::CPU,
+            };
+        }
+        let mut seed = [0u8; 8];
+        // SAFETY: getrandom writes at most seed.len() bytes into seed.
+        let got = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+        if got != seed.len() as isize {
+            // Not secret, only unpredictable to a sampled program shaping
+            // its stacks: the time will do.
+            seed = super::clock::now_ns(libc::CLOCK_MONOTONIC).to_ne_bytes();
+        }
+        CountingGlobals { enabled: 1, ktext, by, seed: u64::from_ne_bytes(seed) }
+    }
 }
 
 /// Map sizes and mode of the unwinder, from `unwind:`.
@@ -348,8 +400,20 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError>
     // back to frame pointers without it).
     let unwind_loaded = ebpf.program(obj::unwind::PROGRAM).is_some_and(|p| p.fd().is_ok());
     let unwind_maps = if unwind_loaded { Some(take_unwind_maps(&mut ebpf)?) } else { None };
+    let counts = if cfg.count_in_kernel {
+        Some(ebpf.take_map(obj::COUNTS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the counts map".into()))?)
+    } else {
+        None
+    };
+    let counts = counts
+        .map(|m| match m {
+            aya::maps::Map::HashMap(d) => Ok(d),
+            _ => Err(LoadError::Other("the counts map is not a hash map".into())),
+        })
+        .transpose()?;
     let mut loaded = Loaded {
         unwind_maps,
+        counts,
         events: BTreeMap::new(),
         retry: BTreeMap::new(),
         sample_frequency: cfg.sample_frequency,

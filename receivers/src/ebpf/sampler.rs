@@ -20,6 +20,7 @@
 use super::aggregate::{Interval, SampleAttrs, SampleIn};
 use super::clock::{now_ns, KtimeToUnix};
 use super::config::EbpfConfig;
+use super::counted::CountedStacks;
 use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
 use super::mmap_events::{MappingBatch, MappingEventKind, MappingEvents};
 use super::process::ProcessTable;
@@ -99,6 +100,15 @@ pub struct Counters {
     pub cpu_attach_failures: Counter,
     /// The standard `dropped` counter: samples lost for any reason.
     pub dropped: Counter,
+    /// Samples counted in the kernel without a record of their own.
+    pub samples_counted: Counter,
+    /// Samples sent one by one because the counts map was full.
+    pub counts_full: Counter,
+    /// Samples sent one by one because a kernel frame was outside the
+    /// kernel's own text.
+    pub dynamic_text: Counter,
+    /// Counted samples dropped: their stack's record never came.
+    pub counted_unnamed: Counter,
     /// Process events from the sched tracepoints.
     pub process_execs: Counter,
     pub process_exits: Counter,
@@ -143,6 +153,24 @@ impl Counters {
                 "Failed attempts to attach a CPU's perf event (that CPU is not sampled; retried with backoff)",
             ),
             dropped: t.dropped.clone(),
+            samples_counted: t.counter(
+                "ebpf_samples_counted_in_kernel_total",
+                "On-CPU samples counted per stack in the kernel, without a record of their own (count_in_kernel)",
+            ),
+            counts_full: t.counter(
+                "ebpf_samples_counts_full_total",
+                "Samples sent one by one because the kernel's counts map was full (raise max_counted_stacks)",
+            ),
+            dynamic_text: t.counter(
+                "ebpf_samples_dynamic_kernel_text_total",
+                "Samples sent one by one because a kernel frame was outside the kernel's own text (BPF programs, \
+                 modules, trampolines: names that may change while samples are taken)",
+            ),
+            counted_unnamed: t.counter(
+                "ebpf_samples_counted_unnamed_total",
+                "Samples counted in the kernel and dropped because their stack's record never reached the reader \
+                 (ring buffer full)",
+            ),
             process_execs: t.counter("ebpf_process_execs_total", "exec events (sched_process_exec)"),
             process_exits: t.counter("ebpf_process_exits_total", "Process exits (sched_process_exit of the leader)"),
             process_events_lost: t.counter(
@@ -371,6 +399,7 @@ fn run(
         last_proc_lost: 0,
         unwinder,
         unwind_counters,
+        counted: CountedStacks::default(),
     };
     let mut next_report = Instant::now() + config.report_interval;
     let mut fds = Vec::new();
@@ -591,6 +620,8 @@ struct Sampler {
     /// Present unless `unwind.mode: frame_pointers`.
     unwinder: Option<Unwinder>,
     unwind_counters: UnwindCounters,
+    /// Records and counts of stacks counted in the kernel.
+    counted: CountedStacks,
 }
 
 impl Sampler {
@@ -709,8 +740,15 @@ impl Sampler {
             self.ubuf.extend(rec.user_stack());
             let h = rec.header;
             drop(item);
+            let mut count_key = None;
             let probe = match h.kind {
                 SampleKind::Cpu => None,
+                SampleKind::CpuCounted(key) => {
+                    // Its 1 is in the count.
+                    n -= 1;
+                    count_key = Some(key);
+                    None
+                }
                 SampleKind::Probe(i) => {
                     if let Some(u) = &self.uprobes {
                         if !u.follows(h.pid) && !self.unfollowed_hits.contains(&h.pid) {
@@ -740,20 +778,21 @@ impl Sampler {
                 self.kbuf.truncate(kn);
                 self.ubuf.truncate(un);
             }
-            self.interval.add(
-                &SampleIn {
-                    probe,
-                    pid: h.pid,
-                    tid: h.tid,
-                    cpu: h.cpu,
-                    comm: h.comm,
-                    unix_ns: self.clock.to_unix_ns(h.ktime_ns),
-                    kstack: &self.kbuf,
-                    ustack: &self.ubuf,
-                    unwind_end: h.user_end,
-                },
-                process.as_ref().map(|(i, m)| (i, m)),
-            );
+            let sample = SampleIn {
+                probe,
+                pid: h.pid,
+                tid: h.tid,
+                cpu: h.cpu,
+                comm: h.comm,
+                unix_ns: self.clock.to_unix_ns(h.ktime_ns),
+                kstack: &self.kbuf,
+                ustack: &self.ubuf,
+                unwind_end: h.user_end,
+            };
+            match count_key {
+                Some(key) => self.counted.record(key, &sample, process),
+                None => self.interval.add(&sample, process.as_ref().map(|(i, m)| (i, m))),
+            }
             if self.interval.is_full() {
                 break;
             }
@@ -764,6 +803,17 @@ impl Sampler {
     /// Ends the interval: updates telemetry, sweeps the process table and
     /// builds the batch (`None` when nothing was sampled).
     fn cut(&mut self, loaded: &mut Loaded, now: Instant) -> Option<Profiles> {
+        // Counts first, then the records written before them, then pair.
+        if let Some(map) = &loaded.counts {
+            if let Err(e) = self.counted.take(map) {
+                tracing::warn!(error = %e, "ebpf receiver: cannot read the kernel's sample counts; they stay for the next report");
+            }
+            self.drain(loaded);
+            let settled = self.counted.settle(&mut self.interval);
+            self.counters.samples.add(settled.samples);
+            self.counters.counted_unnamed.add(settled.unnamed);
+            self.counters.dropped.add(settled.unnamed);
+        }
         let stats = loaded.read_stats();
         let delta = |s: Stat| stats[s as usize].wrapping_sub(self.last_stats[s as usize]);
         let lost = delta(Stat::LostRingbuf);
@@ -771,6 +821,9 @@ impl Sampler {
         self.counters.dropped.add(lost);
         self.counters.kernel_stack_errors.add(delta(Stat::KernelStackError));
         self.counters.user_stack_errors.add(delta(Stat::UserStackError));
+        self.counters.samples_counted.add(delta(Stat::Counted));
+        self.counters.counts_full.add(delta(Stat::CountsFull));
+        self.counters.dynamic_text.add(delta(Stat::DynamicText));
         if let Some(u) = &self.uprobes {
             u.counters().probe_hits.add(delta(Stat::ProbeHits));
         }

@@ -229,7 +229,12 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
                             })
                             .collect();
                         out.push(Observed {
-                            count: s.timestamps_unix_nano.len(),
+                            // One by one: a time each; counted in the kernel: the count.
+                            count: if s.timestamps_unix_nano.is_empty() {
+                                s.values.iter().map(|&v| v.max(0) as usize).sum()
+                            } else {
+                                s.timestamps_unix_nano.len()
+                            },
                             timestamps: s.timestamps_unix_nano.clone(),
                             frames,
                             attrs: s.attribute_indices.iter().map(|&i| attr(d, i)).collect(),
@@ -315,4 +320,13 @@ pub fn kernel_text() -> (u64, u64) {
             .unwrap_or_else(|| panic!("{name} not in /proc/kallsyms"))
     };
     (find("_stext"), find("_etext"))
+}
+
+/// The value of a series in Prometheus text, summed over its labels (0
+/// when absent).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
