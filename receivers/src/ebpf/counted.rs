@@ -97,20 +97,26 @@ impl CountedStacks {
     }
 
     /// Pairs the counts taken with their records into `interval`; ages
-    /// what stays unpaired and drops what waited too long.
-    pub fn settle(&mut self, interval: &mut Interval) -> Settled {
+    /// what stays unpaired and drops what waited too long. `added` hears
+    /// of every count handed on, with its stack's end.
+    pub fn settle(&mut self, interval: &mut Interval, mut added: impl FnMut(UnwindEnd, u64)) -> Settled {
         let mut out = Settled::default();
         let (keys, values) = (std::mem::take(&mut self.keys), std::mem::take(&mut self.values));
+        let mut add = |interval: &mut Interval, r: &Record, n: u64| {
+            add(interval, r, n);
+            added(r.unwind_end, n);
+            out.samples += n;
+        };
         for (&key, &n) in keys.iter().zip(&values) {
             match self.records.remove(&key) {
-                Some(r) => out.samples += add(interval, &r, n + r.waiting),
+                Some(r) => add(interval, &r, n + r.waiting),
                 None => self.orphans.entry(key).or_insert((0, 0)).0 += n,
             }
         }
         (self.keys, self.values) = (keys, values);
         self.records.retain(|_, r| {
             if r.waiting > 0 {
-                out.samples += add(interval, r, r.waiting);
+                add(interval, r, r.waiting);
                 r.waiting = 0;
             }
             r.age += 1;
@@ -133,7 +139,7 @@ impl CountedStacks {
     }
 }
 
-fn add(interval: &mut Interval, r: &Record, n: u64) -> u64 {
+fn add(interval: &mut Interval, r: &Record, n: u64) {
     let s = SampleIn {
         probe: None,
         pid: r.pid,
@@ -146,7 +152,6 @@ fn add(interval: &mut Interval, r: &Record, n: u64) -> u64 {
         unwind_end: r.unwind_end,
     };
     interval.add_counted(&s, r.process.as_ref().map(|(i, m)| (i, m)), n);
-    n
 }
 
 #[cfg(test)]
@@ -171,7 +176,7 @@ mod tests {
     fn settle(c: &mut CountedStacks, counts: &[(u64, u64)], iv: &mut Interval) -> Settled {
         c.keys = counts.iter().map(|p| p.0).collect();
         c.values = counts.iter().map(|p| p.1).collect();
-        c.settle(iv)
+        c.settle(iv, |_, _| {})
     }
 
     #[test]

@@ -766,7 +766,10 @@ impl Sampler {
             let st =
                 if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
             let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
-            self.unwind_counters.count_end(h.user_end);
+            if count_key.is_none() {
+                // A counted stack's end is counted with its count.
+                self.unwind_counters.count_end(h.user_end);
+            }
             if let (Some(uw), Some(maps), Some((_, m))) =
                 (self.unwinder.as_mut(), loaded.unwind_maps.as_mut(), process.as_ref())
             {
@@ -809,7 +812,8 @@ impl Sampler {
                 tracing::warn!(error = %e, "ebpf receiver: cannot read the kernel's sample counts; they stay for the next report");
             }
             self.drain(loaded);
-            let settled = self.counted.settle(&mut self.interval);
+            let ends = &self.unwind_counters;
+            let settled = self.counted.settle(&mut self.interval, |end, n| ends.count_ends(end, n));
             self.counters.samples.add(settled.samples);
             self.counters.counted_unnamed.add(settled.unnamed);
             self.counters.dropped.add(settled.unnamed);

@@ -90,9 +90,14 @@ impl UnwindCounters {
 
     /// Counts one sample's stack end.
     pub fn count_end(&self, end: UnwindEnd) {
+        self.count_ends(end, 1);
+    }
+
+    /// Counts `n` samples' stack end (samples counted in the kernel).
+    pub fn count_ends(&self, end: UnwindEnd, n: u64) {
         if end != UnwindEnd::Unknown {
             if let Some(c) = self.stack_end.get(end as usize) {
-                c.inc();
+                c.add(n);
             }
         }
     }
