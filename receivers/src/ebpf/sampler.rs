@@ -46,6 +46,21 @@ use std::time::{Duration, Instant};
 /// waits, and a process the unwinder does not know yet wakes the reader
 /// itself (every 20 ms at most), so its tables do not wait for this.
 pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
+
+/// How often the ring is drained when nothing forces a wakeup. Counting in
+/// the kernel with the unwinder on, the ring holds only the first sample
+/// of each stack and the samples that cannot be counted, and a process the
+/// reader does not know wakes it within 20 ms: nothing waits for a timer
+/// but the report, so there is no other wake-up. Otherwise
+/// [`DRAIN_PERIOD`] (a new process's first records must be read while it
+/// lives: its /proc entry is what names them).
+fn drain_period(config: &EbpfConfig) -> Duration {
+    if config.count_in_kernel && config.unwind.mode == super::config::UnwindMode::Auto && config.uprobes.is_empty() {
+        config.report_interval
+    } else {
+        DRAIN_PERIOD
+    }
+}
 /// The longest period of exec/exit event reads while events keep coming
 /// (probes configured).
 pub const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
@@ -402,6 +417,7 @@ fn run(
         counted: CountedStacks::default(),
     };
     let mut next_report = Instant::now() + config.report_interval;
+    let drain_every = drain_period(&config);
     let mut fds = Vec::new();
     let mut next_cpu_check = Instant::now() + CPU_CHECK_PERIOD;
     // Exec/exit events: read on PROC_EVENT_PERIOD while they keep coming;
@@ -413,7 +429,7 @@ fn run(
         let stopping = stop.load(Ordering::SeqCst);
         if !stopping {
             let now = Instant::now();
-            let mut timeout = next_report.saturating_duration_since(now).min(DRAIN_PERIOD);
+            let mut timeout = next_report.saturating_duration_since(now).min(drain_every);
             let mut watch_proc = None;
             if let Some(u) = &s.uprobes {
                 let next_read = last_proc_read + proc_period;
