@@ -12,13 +12,17 @@
 //!    its tail calls into `profcol_unwind`), on `examples/workloads/deep.c`
 //!    spinning 6 frames deep: `unwind.mode: frame_pointers` on a build with
 //!    frame pointers (the baseline) against `auto` (tables) on the same
-//!    build and on an `-fomit-frame-pointer` build; the three settings
-//!    interleaved over 3 rounds, medians reported.
+//!    build and on an `-fomit-frame-pointer` build, each sample a record
+//!    of its own (`count_in_kernel: false`, the program before #18); then
+//!    the same three counting samples per stack in the kernel (the
+//!    default, #18); the settings interleaved over 3 rounds, medians
+//!    reported. Every sample of a run is in its figure (the workload
+//!    spins only once the receiver is started).
 
 #[path = "../tests/ebpf_common/mod.rs"]
 mod ebpf_common;
 
-use ebpf_common::{compile_workload, start, Workload};
+use ebpf_common::{compile_workload, metric, start, Workload};
 use profcol_ebpf::sys;
 use profcol_elf::ElfFile;
 use profcol_receivers::ebpf::config::{UnwindConfig, UnwindMode};
@@ -98,8 +102,8 @@ fn sampler_stats() -> (u64, u64) {
     panic!("no profcol_cpu_sample program among this process's fds");
 }
 
-/// ns per sample written, and samples, for one run of `bin` under `mode`.
-async fn kernel_ns_per_sample(bin: &Path, mode: UnwindMode) -> (f64, u64) {
+/// ns per sample, and samples, for one run of `bin` under `mode`.
+async fn kernel_ns_per_sample(bin: &Path, mode: UnwindMode, count_in_kernel: bool) -> (f64, u64) {
     let mut w = Workload::spawn(bin, SECONDS);
     let pid = w.pid;
     let running = start(EbpfConfig {
@@ -107,28 +111,20 @@ async fn kernel_ns_per_sample(bin: &Path, mode: UnwindMode) -> (f64, u64) {
         report_interval: Duration::from_secs(1),
         pids: vec![pid],
         unwind: UnwindConfig { mode, ..Default::default() },
+        count_in_kernel,
         ..Default::default()
     })
     .await;
-    // Let the receiver load the process's tables before measuring.
+    // The workload waits for go(): every sample of it falls between the
+    // two reads (its first ones before its tables are loaded too).
+    let (t0, _) = sampler_stats();
     w.go();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (t0, n0) = sampler_stats();
-    let samples0 = metric(&running.registry.render(), "profcol_receiver_ebpf_samples_total");
     tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
-    let (t1, n1) = sampler_stats();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (t1, _) = sampler_stats();
     let (_, metrics) = running.stop().await;
-    let samples = metric(&metrics, "profcol_receiver_ebpf_samples_total") - samples0;
-    let _ = n1 - n0;
+    // Counted samples are in the total once the last report took them.
+    let samples = metric(&metrics, "profcol_receiver_ebpf_samples_total") as u64;
     ((t1 - t0) as f64 / samples.max(1) as f64, samples)
-}
-
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l.contains('{'))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -144,15 +140,18 @@ async fn main() {
     let fp = compile_workload("deep.c", "deep_fp", dir.path(), &["-O2", "-fno-omit-frame-pointer"]);
     let omit = compile_workload("deep.c", "deep_omit", dir.path(), &["-O2", "-fomit-frame-pointer"]);
     let settings = [
-        ("frame_pointers, frame-pointer build (baseline)", UnwindMode::FramePointers, &fp),
-        ("auto (tables), frame-pointer build", UnwindMode::Auto, &fp),
-        ("auto (tables), -fomit-frame-pointer build", UnwindMode::Auto, &omit),
+        ("frame_pointers, frame-pointer build (baseline)", UnwindMode::FramePointers, &fp, false),
+        ("auto (tables), frame-pointer build", UnwindMode::Auto, &fp, false),
+        ("auto (tables), -fomit-frame-pointer build", UnwindMode::Auto, &omit, false),
+        ("counted in the kernel: frame_pointers, frame-pointer build", UnwindMode::FramePointers, &fp, true),
+        ("counted in the kernel: auto (tables), frame-pointer build", UnwindMode::Auto, &fp, true),
+        ("counted in the kernel: auto (tables), -fomit-frame-pointer build", UnwindMode::Auto, &omit, true),
     ];
     let mut ns: Vec<Vec<f64>> = vec![Vec::new(); settings.len()];
     let mut counts = vec![0u64; settings.len()];
     for _ in 0..ROUNDS {
-        for (i, (_, mode, bin)) in settings.iter().enumerate() {
-            let (v, n) = kernel_ns_per_sample(bin, *mode).await;
+        for (i, (_, mode, bin, counted)) in settings.iter().enumerate() {
+            let (v, n) = kernel_ns_per_sample(bin, *mode, *counted).await;
             ns[i].push(v);
             counts[i] += n;
         }
@@ -162,7 +161,7 @@ async fn main() {
     println!("\n## in-kernel time per sample ({FREQ} Hz, {SECONDS} s CPU per run, {ROUNDS} rounds interleaved)");
     println!("| setting | ns per sample (median) | runs | samples | × baseline |");
     println!("|---|---|---|---|---|");
-    for (i, (label, _, _)) in settings.iter().enumerate() {
+    for (i, (label, _, _, _)) in settings.iter().enumerate() {
         let m = median(ns[i].clone());
         let runs: Vec<String> = ns[i].iter().map(|v| format!("{v:.0}")).collect();
         println!("| {label} | {m:.0} | {} | {} | {:.2} |", runs.join(", "), counts[i], m / base);
