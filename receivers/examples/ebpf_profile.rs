@@ -24,14 +24,15 @@ struct Summary {
 #[async_trait]
 impl Consumer for Summary {
     async fn consume(&self, batch: Profiles) -> Result<(), ConsumeError> {
-        let obs: usize = batch.profiles().flat_map(|p| p.samples.iter()).map(|s| s.timestamps_unix_nano.len()).sum();
+        // Observations: a time each, or a count (samples counted in the kernel).
+        let obs = batch.sample_count();
         self.observations.fetch_add(obs as u64, Ordering::Relaxed);
         if !self.quiet {
             let procs = batch.0.resource_profiles.len();
             let d = batch.dictionary();
             println!(
                 "batch: {obs} samples, {} sample rows, {procs} processes, {} locations, {} bytes encoded",
-                batch.sample_count(),
+                batch.sample_messages(),
                 d.map_or(0, |d| d.location_table.len()),
                 batch.encoded_len()
             );

@@ -52,7 +52,9 @@ pub struct EbpfConfig {
     /// no timestamps of their own; samples with kernel frames outside the
     /// kernel's own text (BPF programs, modules), whose names may change
     /// while they are taken, and probe hits keep a record and timestamp
-    /// each. `false`: a record and a timestamp per sample.
+    /// each. Off by default (a record and a timestamp per sample); the
+    /// node agent's default config turns it on (its pprof files keep no
+    /// per-sample times anyway).
     pub count_in_kernel: bool,
     /// Distinct stacks counted in the kernel per report interval at most
     /// (the kernel map's entries, allocated up front: ~100 bytes each);
@@ -162,7 +164,7 @@ impl Default for EbpfConfig {
             service_name: vec![ServiceNameSource::Executable],
             sample_attributes: vec![SampleAttribute::ThreadId, SampleAttribute::ThreadName],
             unwind: UnwindConfig::default(),
-            count_in_kernel: true,
+            count_in_kernel: false,
             max_counted_stacks: 16_384,
         }
     }
