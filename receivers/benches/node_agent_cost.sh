@@ -9,7 +9,8 @@
 # and `dd if=/dev/zero of=/dev/null`):
 #   - node:  the release `profcol` binary with examples/default.yaml (ebpf ->
 #            kernel_symbols -> pprof + debug), sample_frequency raised to 99;
-#   - debug: the same binary with ebpf -> debug only, 99 Hz;
+#   - debug: the same binary with ebpf -> debug only, 99 Hz, the receiver
+#            set as the node agent's (count_in_kernel: true);
 #   - perf:  perf record -F 99 -a -g (Debian linux-perf);
 #   - before: with BEFORE_BIN=path/to/an/older/profcol, that binary with the
 #            node config too (its metrics on a port of its own): a change's
@@ -64,6 +65,7 @@ receivers:
   ebpf:
     sample_frequency: $FREQ
     report_interval: 5s
+    count_in_kernel: true   # as the node agent's receiver
 exporters:
   debug:
     verbosity: basic
