@@ -6,14 +6,16 @@
  * The receiver loads, per ELF file (shared by build id), a compact table
  * (profcol_elf::unwind::CompactTable): 64 KiB pages of rows
  * `(address & 0xffff) << 16 | rule id` into `unwind_rows`, the page index
- * into `unwind_pages`, rules into `unwind_rules`; and, per process, its
- * executable mappings into the LPM trie `unwind_mappings`
- * (pid, address) -> (table, bias). The sampling program starts a walk for
- * processes the trie knows and tail-calls `profcol_unwind`, which unwinds
+ * into `unwind_pages`, rules into `unwind_rules`; and, per process, one
+ * entry of `unwind_procs`: pid -> its mappings that have a table, sorted
+ * by address ((start, end) -> (table, bias), at most UNWIND_PROC_RANGES),
+ * written once when the process is loaded and deleted when it exits. The
+ * sampling program starts a walk for processes the map knows and
+ * tail-calls `profcol_unwind`, which unwinds
  * UNWIND_FRAMES_PER_CALL frames per call (the verifier checks a bounded
  * loop per program; no bpf_loop, which needs BTF func_info, and the object
  * carries no BTF) and tail-calls itself until the stack ends; then it
- * writes the record. Mappings the trie knows without a table, and code a
+ * writes the record. Code of a known process outside its ranges, and code a
  * table marks RULE_FRAME_POINTER (Go code in a Go binary), are walked by
  * frame pointers (mode auto). A signal trampoline (RULE_SIGNAL) continues
  * in the interrupted code with the registers the kernel saved.
@@ -47,6 +49,8 @@
 /* 127 frames / 8 per call: 16 calls, under the kernel's limit of 33. */
 #define UNWIND_MAX_CALLS 17
 #define UNWIND_SEARCH_STEPS 17 /* log2(65536 rows per page) + 1 */
+#define UNWIND_PROC_RANGES 64  /* a power of two: indexes are masked with it - 1 */
+#define UNWIND_RANGE_UNUSED 0x7fffffffffffffffULL /* start of an unused range slot */
 #define USER_ADDR_END 0x0000800000000000ULL
 
 const volatile __u32 cfg_unwind_mode = UNWIND_MODE_FRAME_POINTERS;
@@ -68,18 +72,23 @@ struct unwind_page {
 	__u32 count;
 };
 
-/* LPM key: prefixlen covers the pid (32 bits) then the address's high bits;
- * both big endian, as the trie compares bytes. */
-struct unwind_mapping_key {
-	__u32 prefixlen;
-	__u32 pid_be;
-	__u64 addr_be;
+/* A mapping of a process with an unwind table. */
+struct unwind_range {
+	__u64 start;
+	__u64 end;  /* exclusive */
+	__u64 bias; /* process address - file virtual address */
+	__u32 table;
+	__u32 pad;
 };
 
-struct unwind_mapping {
-	__u32 table; /* 0: no table for this mapping (walk it by frame pointers) */
-	__u32 flags;
-	__u64 bias;  /* process address - file virtual address */
+/* A process the receiver has loaded: its ranges with a table, sorted by
+ * start, not overlapping, then unused slots (start UNWIND_RANGE_UNUSED,
+ * end 0). Code outside them has no table (walked by frame pointers in
+ * mode auto). */
+struct unwind_proc {
+	__u32 count; /* ranges in use (for bpftool readers; the search scans all slots) */
+	__u32 pad;
+	struct unwind_range ranges[UNWIND_PROC_RANGES];
 };
 
 /* The walk between tail calls (per CPU). */
@@ -131,11 +140,12 @@ struct bpf_map_def SEC("maps") unwind_rules = {
 	.max_entries = 16384,
 };
 
-struct bpf_map_def SEC("maps") unwind_mappings = {
-	.type = BPF_MAP_TYPE_LPM_TRIE,
-	.key_size = sizeof(struct unwind_mapping_key),
-	.value_size = sizeof(struct unwind_mapping),
-	.max_entries = 65536,
+/* pid -> struct unwind_proc; entries allocated on update (2 KiB each). */
+struct bpf_map_def SEC("maps") unwind_procs = {
+	.type = BPF_MAP_TYPE_HASH,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(struct unwind_proc),
+	.max_entries = 32768,
 	.map_flags = BPF_F_NO_PREALLOC,
 };
 
@@ -153,27 +163,28 @@ struct bpf_map_def SEC("maps") unwind_progs = {
 	.max_entries = 1,
 };
 
-/* The most specific entry of `pid` holding `addr`; with `bits` 0, only the
- * pid-wide entry (the receiver writes it after all the others, so it
- * means the process is loaded). */
-static __always_inline struct unwind_mapping *unwind_lookup(__u32 pid, __u64 addr, __u32 bits)
+/* The range of `p` holding `pc`, or NULL. A branchless binary search over
+ * all UNWIND_PROC_RANGES slots (unused ones start at UNWIND_RANGE_UNUSED,
+ * above every user address): a branch per step made the verifier explore
+ * each outcome of each step, for each frame, past its instruction limit. */
+static __always_inline struct unwind_range *unwind_range_of(struct unwind_proc *p, __u64 pc)
 {
-	struct unwind_mapping_key key = {
-		.prefixlen = 32 + bits,
-		.pid_be = __builtin_bswap32(pid),
-		.addr_be = __builtin_bswap64(addr),
-	};
-	return bpf_map_lookup_elem(&unwind_mappings, &key);
-}
-
-static __always_inline struct unwind_mapping *unwind_mapping_of(__u32 pid, __u64 addr)
-{
-	return unwind_lookup(pid, addr, 64);
+	__u32 base = 0;
+#pragma unroll
+	for (__u32 half = UNWIND_PROC_RANGES / 2; half > 0; half /= 2) {
+		__u64 start = p->ranges[(base + half) & (UNWIND_PROC_RANGES - 1)].start;
+		/* 1 when start <= pc: both are below 2^63, so the difference's
+		 * sign bit says which is larger. */
+		__u32 le = 1 - (__u32)((pc - start) >> 63);
+		base += half * le;
+	}
+	struct unwind_range *m = &p->ranges[base & (UNWIND_PROC_RANGES - 1)];
+	return (m->start <= pc && pc < m->end) ? m : NULL;
 }
 
 static __always_inline int unwind_knows(__u32 pid)
 {
-	return unwind_lookup(pid, 0, 0) != NULL;
+	return bpf_map_lookup_elem(&unwind_procs, &pid) != NULL;
 }
 
 /* The user registers at the sample: the interrupted ones when the sample
@@ -281,20 +292,20 @@ static __always_inline __u32 unwind_go_cgo_step(struct unwind_state *st, struct 
 	return 0;
 }
 
-/* Moves `st` from the frame at st->pc to its caller; 0 to go on, else how
- * the stack ended. */
-static __always_inline __u32 unwind_step(struct unwind_state *st)
+/* Moves `st` from the frame at st->pc (in process `proc`) to its caller;
+ * 0 to go on, else how the stack ended. */
+static __always_inline __u32 unwind_step(struct unwind_state *st, struct unwind_proc *proc)
 {
 	/* A return address may be just past its function (a noreturn call
 	 * last): look up the call instruction. The leaf's pc and one a
 	 * signal interrupted are instructions of their own. */
 	__u64 pc = (st->frames > 1 && !st->pc_exact) ? st->pc - 1 : st->pc;
 	st->pc_exact = 0;
-	struct unwind_mapping *m = unwind_mapping_of(st->pid, pc);
-	/* No entry at all: the process is not (or no longer) loaded. */
-	if (!m)
+	/* The process is not (or no longer) loaded. */
+	if (!proc)
 		return UNWIND_END_NO_TABLE;
-	if (m->table == 0) {
+	struct unwind_range *m = unwind_range_of(proc, pc);
+	if (!m) {
 		if (cfg_unwind_mode == UNWIND_MODE_AUTO)
 			return unwind_fp_step(st);
 		return UNWIND_END_NO_TABLE;
@@ -357,6 +368,9 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 	if (!st || !s)
 		return 0;
+	__u32 pid = st->pid;
+	/* Looked up once per call (unwind_step: NULL, no longer loaded). */
+	struct unwind_proc *proc = bpf_map_lookup_elem(&unwind_procs, &pid);
 	__u32 end = 0;
 	for (int i = 0; i < UNWIND_FRAMES_PER_CALL; i++) {
 		if (st->frames >= st->depth) {
@@ -375,7 +389,7 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 		}
 		s->ips[at] = st->pc;
 		st->frames++;
-		end = unwind_step(st);
+		end = unwind_step(st, proc);
 		if (end)
 			break;
 	}

@@ -175,7 +175,7 @@ mod tests {
             unwind::ROWS_MAP,
             unwind::PAGES_MAP,
             unwind::RULES_MAP,
-            unwind::MAPPINGS_MAP,
+            unwind::PROCS_MAP,
             unwind::PROGS_MAP,
             globals::UNWIND_MODE,
             globals::COUNT_IN_KERNEL,

@@ -11,13 +11,17 @@ pub const ROWS_MAP: &str = "unwind_rows";
 pub const PAGES_MAP: &str = "unwind_pages";
 /// `BPF_MAP_TYPE_ARRAY` of `struct unwind_rule` (8 bytes).
 pub const RULES_MAP: &str = "unwind_rules";
-/// `BPF_MAP_TYPE_LPM_TRIE`: [`mapping_key`] → [`mapping_value`].
-pub const MAPPINGS_MAP: &str = "unwind_mappings";
+/// `BPF_MAP_TYPE_HASH`: pid → [`proc_value`] (one entry per loaded process).
+pub const PROCS_MAP: &str = "unwind_procs";
 
 /// Entries of [`RULES_MAP`] (distinct rules over every loaded table).
 pub const RULES_CAPACITY: u32 = 16384;
-/// Entries of [`MAPPINGS_MAP`] (address prefixes over every process).
-pub const MAPPINGS_CAPACITY: u32 = 65536;
+/// Ranges with a table one process may have in [`PROCS_MAP`]
+/// (`UNWIND_PROC_RANGES`); code in the ones past it is walked by frame
+/// pointers.
+pub const PROC_RANGES: usize = 64;
+/// Bytes of `struct unwind_proc`.
+pub const PROC_VALUE_BYTES: usize = 8 + PROC_RANGES * 32;
 
 /// `cfg_unwind_mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,46 +45,39 @@ pub fn page_value(first: u32, count: u32) -> [u8; 8] {
     page_key(first, count)
 }
 
-/// The data of `struct unwind_mapping_key` after `prefixlen`: the pid then
-/// the address, both big endian (the trie compares bytes); the prefix
-/// length is 32 + the address bits that matter.
-pub fn mapping_key_data(pid: u32, addr: u64) -> [u8; 12] {
-    let mut k = [0u8; 12];
-    k[..4].copy_from_slice(&pid.to_be_bytes());
-    k[4..].copy_from_slice(&addr.to_be_bytes());
-    k
+/// A mapping of a process with an unwind table (`struct unwind_range`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappedRange {
+    pub start: u64,
+    /// Exclusive.
+    pub end: u64,
+    /// Process address minus file virtual address.
+    pub bias: u64,
+    pub table: u32,
 }
 
-/// `struct unwind_mapping`.
-pub fn mapping_value(table: u32, bias: u64) -> [u8; 16] {
-    let mut v = [0u8; 16];
-    v[..4].copy_from_slice(&table.to_ne_bytes());
-    v[8..].copy_from_slice(&bias.to_ne_bytes());
-    v
-}
+/// The start of an unused slot of `struct unwind_proc`
+/// (`UNWIND_RANGE_UNUSED`): above every user address, so the BPF
+/// program's search over all slots never stops in one.
+pub const RANGE_UNUSED: u64 = i64::MAX as u64;
 
-/// The aligned prefixes `(address, prefix bits)` that cover `[start, end)`
-/// exactly: at most 2 × 64 of them.
-pub fn prefixes(start: u64, end: u64) -> Vec<(u64, u32)> {
-    let mut out = Vec::new();
-    let mut a = start;
-    while a < end {
-        // The largest aligned block at `a` that fits.
-        let align = if a == 0 { 64 } else { a.trailing_zeros() };
-        let mut bits = align.min(63);
-        while bits > 0 && (a.checked_add(1u64 << bits).is_none_or(|e| e > end)) {
-            bits -= 1;
-        }
-        if bits == 0 && a.checked_add(1).is_none_or(|e| e > end) {
-            break;
-        }
-        out.push((a, 64 - bits));
-        match a.checked_add(1u64 << bits) {
-            Some(n) => a = n,
-            None => break,
-        }
+/// `struct unwind_proc` holding `ranges` (sorted by start, not
+/// overlapping), the slots after them unused: at most [`PROC_RANGES`] are
+/// written; the result says how many.
+pub fn proc_value(ranges: &[MappedRange], out: &mut [u8; PROC_VALUE_BYTES]) -> usize {
+    let n = ranges.len().min(PROC_RANGES);
+    let unused = MappedRange { start: RANGE_UNUSED, end: 0, bias: 0, table: 0 };
+    out[..8].fill(0);
+    out[..4].copy_from_slice(&(n as u32).to_ne_bytes());
+    let slots = ranges[..n].iter().chain(std::iter::repeat(&unused));
+    for (r, chunk) in slots.zip(out[8..].chunks_exact_mut(32)) {
+        chunk[..8].copy_from_slice(&r.start.to_ne_bytes());
+        chunk[8..16].copy_from_slice(&r.end.to_ne_bytes());
+        chunk[16..24].copy_from_slice(&r.bias.to_ne_bytes());
+        chunk[24..28].copy_from_slice(&r.table.to_ne_bytes());
+        chunk[28..].fill(0);
     }
-    out
+    n
 }
 
 #[cfg(test)]
@@ -88,27 +85,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prefixes_cover_the_range_exactly() {
-        for &(s, e) in &[(0x1000u64, 0x2000u64), (0x55d0_0000_1000, 0x55d0_0004_3000), (0x401000, 0x401001), (7, 9)] {
-            let p = prefixes(s, e);
-            assert!(p.len() <= 128);
-            let mut at = s;
-            for &(a, len) in &p {
-                assert_eq!(a, at, "contiguous");
-                let size = 1u64 << (64 - len);
-                assert_eq!(a % size, 0, "aligned");
-                at = a + size;
-            }
-            assert_eq!(at, e, "{s:#x}..{e:#x}: {p:?}");
+    fn proc_value_layout() {
+        let r = |i: u64| MappedRange { start: i << 20, end: (i << 20) + 0x1000, bias: i, table: i as u32 + 1 };
+        let ranges: Vec<MappedRange> = (0..PROC_RANGES as u64 + 3).map(r).collect();
+        let mut v = [0xffu8; PROC_VALUE_BYTES];
+        assert_eq!(proc_value(&ranges[..2], &mut v), 2);
+        assert_eq!(&v[..8], &[2, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(u64::from_ne_bytes(v[40..48].try_into().unwrap()), 1 << 20, "second start");
+        assert_eq!(u64::from_ne_bytes(v[56..64].try_into().unwrap()), 1, "second bias");
+        assert_eq!(u32::from_ne_bytes(v[64..68].try_into().unwrap()), 2, "second table");
+        for slot in v[72..].chunks_exact(32) {
+            assert_eq!(u64::from_ne_bytes(slot[..8].try_into().unwrap()), RANGE_UNUSED, "the rest unused");
+            assert!(slot[8..].iter().all(|&b| b == 0));
         }
-        assert!(prefixes(5, 5).is_empty());
-    }
-
-    #[test]
-    fn key_layout() {
-        let k = mapping_key_data(0x01020304, 0x1122334455667788);
-        assert_eq!(&k[..4], &[1, 2, 3, 4]);
-        assert_eq!(k[4], 0x11);
-        assert_eq!(k[11], 0x88);
+        assert_eq!(proc_value(&ranges, &mut v), PROC_RANGES, "capped");
+        let last = 8 + (PROC_RANGES - 1) * 32;
+        assert_eq!(u32::from_ne_bytes(v[last + 24..last + 28].try_into().unwrap()), PROC_RANGES as u32);
     }
 }

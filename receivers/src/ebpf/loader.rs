@@ -273,9 +273,8 @@ fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps
     };
     let pages = BpfHashMap::try_from(take(obj::unwind::PAGES_MAP)?).map_err(|e| other("unwind_pages", &e))?;
     let rules = aya::maps::Array::try_from(take(obj::unwind::RULES_MAP)?).map_err(|e| other("unwind_rules", &e))?;
-    let mappings = aya::maps::lpm_trie::LpmTrie::try_from(take(obj::unwind::MAPPINGS_MAP)?)
-        .map_err(|e| other("unwind_mappings", &e))?;
-    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, mappings })
+    let procs = BpfHashMap::try_from(take(obj::unwind::PROCS_MAP)?).map_err(|e| other("unwind_procs", &e))?;
+    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, procs })
 }
 
 /// Loads the uprobe program; the error names what the kernel lacks.

@@ -725,12 +725,11 @@ impl Sampler {
                 }
             }
         }
-        // An exited process's ranges leave the kernel's trie at once (its
-        // pid may be reused).
+        // Exited processes leave the unwinder's map at once (a pid may be
+        // reused), in one map operation.
         if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
-            for e in events.iter().filter(|e| e.kind == ProcEventKind::Exit) {
-                uw.forget(e.pid, maps, now);
-            }
+            let exits = events.iter().filter(|e| e.kind == ProcEventKind::Exit).map(|e| e.pid);
+            uw.forget_all(exits, maps, now);
         }
         self.proc_batch = events;
         self.mapping_batch = side;

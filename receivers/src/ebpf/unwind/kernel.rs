@@ -2,9 +2,8 @@
 
 use super::store::Sink;
 use super::MappingSink;
-use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData};
-use profcol_ebpf::unwind::{mapping_key_data, mapping_value, page_key, page_value};
+use profcol_ebpf::unwind::{page_key, page_value, proc_value, MappedRange, PROC_VALUE_BYTES};
 use profcol_elf::unwind::Rule;
 use std::os::fd::AsFd;
 
@@ -58,11 +57,7 @@ pub struct KernelMaps {
     pub rows: RowArray,
     pub pages: BpfHashMap<MapData, [u8; 8], [u8; 8]>,
     pub rules: Array<MapData, [u8; 8]>,
-    pub mappings: LpmTrie<MapData, [u8; 12], [u8; 16]>,
-}
-
-fn trie_key(pid: u32, addr: u64, bits: u32) -> Key<[u8; 12]> {
-    Key::new(32 + bits, mapping_key_data(pid, addr))
+    pub procs: BpfHashMap<MapData, u32, [u8; PROC_VALUE_BYTES]>,
 }
 
 impl Sink for KernelMaps {
@@ -111,13 +106,19 @@ impl Sink for KernelMaps {
 }
 
 impl MappingSink for KernelMaps {
-    fn set_mapping(&mut self, pid: u32, addr: u64, bits: u32, table: u32, bias: u64) -> Result<(), String> {
-        self.mappings
-            .insert(&trie_key(pid, addr, bits), &mapping_value(table, bias), 0)
-            .map_err(|e| format!("unwind_mappings: {e}"))
+    fn set_process(&mut self, pid: u32, ranges: &[MappedRange]) -> Result<(), String> {
+        let mut value = [0u8; PROC_VALUE_BYTES];
+        proc_value(ranges, &mut value);
+        self.procs.insert(&pid, &value, 0).map_err(|e| format!("unwind_procs: {e}"))
     }
 
-    fn remove_mapping(&mut self, pid: u32, addr: u64, bits: u32) {
-        let _ = self.mappings.remove(&trie_key(pid, addr, bits));
+    fn remove_processes(&mut self, pids: &[u32]) {
+        // One syscall for a drain's exits; a pid already gone stops the
+        // batch: the rest one by one.
+        if profcol_ebpf::sys::map_delete_batch(self.procs.map().fd().as_fd(), pids).is_err() {
+            for pid in pids {
+                let _ = self.procs.remove(pid);
+            }
+        }
     }
 }

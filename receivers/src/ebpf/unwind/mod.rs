@@ -5,10 +5,12 @@
 //! every file-backed executable mapping gets its file's unwind table
 //! (built once per build id by `profcol_elf::unwind`, shared by every
 //! process, kept by [`store::TableStore`] within `max_table_bytes`), and
-//! the process's address ranges go into the LPM trie `unwind_mappings`:
-//! (pid, address prefix) → (table, bias), plus one pid-wide entry without a
-//! table, so the BPF program knows the process and walks mappings without
-//! a table (vdso, JIT code, files without `.eh_frame`) by frame pointers.
+//! the process gets one entry of `unwind_procs`: pid → its mappings with a
+//! table, sorted ((start, end) → (table, bias)); the BPF program walks the
+//! code of a known process outside them (vdso, JIT code, files without
+//! `.eh_frame`) by frame pointers. One map update per process, one delete
+//! per drain for the processes that exited in it (an LPM trie of address
+//! prefixes, as before, took tens of updates per short-lived process).
 //! A process's samples before that (its first ones) take the kernel's
 //! frame-pointer walk, reported as `no_table`.
 
@@ -17,7 +19,7 @@ pub mod store;
 
 use super::process::MappingSet;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
-use profcol_ebpf::unwind::prefixes;
+use profcol_ebpf::unwind::{MappedRange, PROC_RANGES};
 use profcol_ebpf::UnwindEnd;
 use profcol_elf::unwind::CompactTable;
 use profcol_elf::{ElfFile, LoadSegment};
@@ -34,10 +36,11 @@ const MAX_FILES: usize = 4096;
 
 /// What the BPF maps are asked to hold, besides tables.
 pub trait MappingSink: Sink {
-    /// (pid, the `bits` high bits of `addr`) → (table, bias); `bits` 0 is
-    /// the whole process.
-    fn set_mapping(&mut self, pid: u32, addr: u64, bits: u32, table: u32, bias: u64) -> Result<(), String>;
-    fn remove_mapping(&mut self, pid: u32, addr: u64, bits: u32);
+    /// `pid`'s mappings with a table (sorted by start; the first
+    /// [`PROC_RANGES`] are kept), replacing what it had.
+    fn set_process(&mut self, pid: u32, ranges: &[MappedRange]) -> Result<(), String>;
+    /// Removes the entries of `pids` (each written before).
+    fn remove_processes(&mut self, pids: &[u32]);
 }
 
 /// Self-telemetry of unwinding (`profcol_receiver_ebpf_unwind_*`).
@@ -49,6 +52,7 @@ pub struct UnwindCounters {
     pub table_build_failures: Counter,
     pub table_build_micros: Counter,
     pub table_evictions: Counter,
+    pub ranges_over_capacity: Counter,
     pub tables_loaded: Gauge,
     pub table_bytes: Gauge,
 }
@@ -79,6 +83,11 @@ impl UnwindCounters {
             table_evictions: t.counter(
                 "ebpf_unwind_table_evictions_total",
                 "Unwind tables evicted to stay within unwind.max_table_bytes (least recently used first)",
+            ),
+            ranges_over_capacity: t.counter(
+                "ebpf_unwind_ranges_over_capacity_total",
+                "Processes loaded with more mappings that have a table than the kernel keeps per process (64); \
+                 code in the ones past it is walked by frame pointers",
             ),
             tables_loaded: t.gauge("ebpf_unwind_tables_loaded", "Unwind tables loaded into the kernel"),
             table_bytes: t.gauge(
@@ -114,19 +123,12 @@ enum FileState {
     NoTable,
 }
 
-/// One address-range entry of a process in the LPM trie.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Installed {
-    addr: u64,
-    bits: u32,
-    table: u32,
-}
-
 struct PidEntry {
     generation: u32,
-    installed: Vec<Installed>,
-    /// Installed (pid-wide entry written); false while tables it needs
-    /// are being built.
+    /// What its `unwind_procs` entry holds (each range holds its table).
+    ranges: Vec<MappedRange>,
+    /// Installed (its entry written); false while tables it needs are
+    /// being built.
     complete: bool,
     /// [`Unwinder::epoch`] at the last attempt: an incomplete process is
     /// tried again only once a build has finished since.
@@ -272,50 +274,66 @@ impl Unwinder {
         }
         self.forget(pid, sink, now);
         // Every table first; the process is installed only when all are in.
-        let mut plan = Vec::new();
+        let mut ranges = Vec::new();
         let mut ready = true;
         for m in &mappings.mappings {
             if !m.path.starts_with('/') {
                 continue;
             }
             match self.table_for(pid, m, now) {
-                Lookup::Ready(id, bias) => plan.push((m, id, bias)),
+                Lookup::Ready(table, bias) => ranges.push(MappedRange { start: m.start, end: m.end, bias, table }),
                 Lookup::None => {}
                 Lookup::Waiting => ready = false,
             }
         }
         let mut entry =
-            PidEntry { generation: mappings.generation, installed: Vec::new(), complete: false, epoch: self.epoch };
+            PidEntry { generation: mappings.generation, ranges: Vec::new(), complete: false, epoch: self.epoch };
         if ready {
-            for (m, id, bias) in plan {
-                for (addr, bits) in prefixes(m.start, m.end) {
-                    if sink.set_mapping(pid, addr, bits, id, bias).is_ok() {
-                        entry.installed.push(Installed { addr, bits, table: id });
+            // Sorted already (a MappingSet is); the BPF program's binary
+            // search relies on it.
+            ranges.sort_unstable_by_key(|r| r.start);
+            if ranges.len() > PROC_RANGES {
+                self.counters.ranges_over_capacity.inc();
+                ranges.truncate(PROC_RANGES);
+            }
+            // Until its entry is in, the BPF program does not know the
+            // process (the kernel's frame-pointer walk for all of it); with
+            // it, what has no table is walked by frame pointers.
+            match sink.set_process(pid, &ranges) {
+                Ok(()) => {
+                    for r in &ranges {
+                        self.store.hold(r.table, pid, now);
                     }
+                    entry.ranges = ranges;
+                    entry.complete = true;
                 }
-                self.store.hold(id, pid, now);
+                Err(e) => tracing::debug!(pid, error = %e, "ebpf receiver: process not loaded for unwinding"),
             }
-            // The pid-wide entry last: until it is in, the BPF program does
-            // not know the process (the kernel's frame-pointer walk for all
-            // of it) rather than half-walk it. With it, what has no table is
-            // walked by frame pointers.
-            if sink.set_mapping(pid, 0, 0, 0, 0).is_ok() {
-                entry.installed.push(Installed { addr: 0, bits: 0, table: 0 });
-            }
-            entry.complete = true;
         }
         self.pids.insert(pid, entry);
     }
 
     /// Removes `pid` from the kernel's maps and releases its tables.
     pub fn forget(&mut self, pid: u32, sink: &mut dyn MappingSink, now: Instant) {
-        self.sampled_once.remove(&pid);
-        let Some(p) = self.pids.remove(&pid) else { return };
-        for i in &p.installed {
-            sink.remove_mapping(pid, i.addr, i.bits);
-            if i.table != 0 {
-                self.store.release(i.table, pid, now);
+        self.forget_all(std::iter::once(pid), sink, now);
+    }
+
+    /// [`Unwinder::forget`] for many processes (the exits of a drain): one
+    /// map operation for all of them.
+    pub fn forget_all(&mut self, pids: impl IntoIterator<Item = u32>, sink: &mut dyn MappingSink, now: Instant) {
+        let mut installed = Vec::new();
+        for pid in pids {
+            self.sampled_once.remove(&pid);
+            let Some(p) = self.pids.remove(&pid) else { continue };
+            if p.complete {
+                installed.push(pid);
             }
+            for r in &p.ranges {
+                self.store.release(r.table, pid, now);
+            }
+        }
+        if !installed.is_empty() {
+            sink.remove_processes(&installed);
         }
     }
 
@@ -324,9 +342,7 @@ impl Unwinder {
     pub fn sweep(&mut self, alive: impl Fn(u32) -> bool, sink: &mut dyn MappingSink, now: Instant) {
         self.sampled_once.retain(|&p| alive(p));
         let gone: Vec<u32> = self.pids.keys().copied().filter(|&p| !alive(p)).collect();
-        for pid in gone {
-            self.forget(pid, sink, now);
-        }
+        self.forget_all(gone, sink, now);
         self.store.drop_unused(now, sink);
         self.publish();
     }
@@ -406,18 +422,18 @@ impl Unwinder {
     }
 
     /// Table `id` was evicted: the ranges of `pids` that used it now have
-    /// no table.
+    /// no table (their entries written again without them).
     fn unpoint(&mut self, id: u32, pids: &[u32], sink: &mut dyn MappingSink) {
         for pid in pids {
             let Some(p) = self.pids.get_mut(pid) else { continue };
-            p.installed.retain(|i| {
-                if i.table == id {
-                    sink.remove_mapping(*pid, i.addr, i.bits);
-                    false
-                } else {
-                    true
-                }
-            });
+            p.ranges.retain(|r| r.table != id);
+            if p.complete && sink.set_process(*pid, &p.ranges).is_err() {
+                // Not rewritten: no entry rather than one naming a table
+                // that is gone; installed again at its next sample.
+                sink.remove_processes(&[*pid]);
+                p.complete = false;
+                p.generation = 0;
+            }
         }
     }
 }
@@ -475,9 +491,8 @@ mod tests {
     }
 
     /// This test process, unwound the way the BPF program would: its
-    /// tables come from the worker, the process is installed once all are
-    /// in with the pid-wide entry written last, and forgetting it removes
-    /// every entry.
+    /// tables come from the worker, the process is installed with one map
+    /// update once all are in, and forgetting it removes its entry.
     #[test]
     fn a_process_is_installed_once_its_tables_are_in() {
         let now = Instant::now();
@@ -490,7 +505,7 @@ mod tests {
         let mut u = Unwinder::new(store, counters).unwrap();
         let mut sink = MemSink::default();
         u.sync(me, &set, &mut sink, now);
-        assert!(sink.mappings.is_empty(), "nothing is written before the tables are built");
+        assert!(sink.procs.is_empty(), "nothing is written before the tables are built");
         let deadline = Instant::now() + std::time::Duration::from_secs(60);
         while !u.pids.get(&me).is_some_and(|p| p.complete) {
             assert!(Instant::now() < deadline, "tables built within 60 s");
@@ -499,25 +514,64 @@ mod tests {
             u.sync(me, &set, &mut sink, now);
         }
         assert!(u.counters().table_builds.get() >= 2, "the test binary and libc");
-        assert_eq!(sink.mapping_writes.last(), Some(&(me, 0, 0)), "the pid-wide entry is written last");
-        // The entry holding `marker` names a table whose rule at the
+        assert_eq!(sink.proc_writes, 1, "one map update installs the process");
+        let ranges = &sink.procs[&me];
+        assert!(ranges.windows(2).all(|w| w[0].end <= w[1].start), "sorted, not overlapping: {ranges:?}");
+        // The range holding `marker` names a table whose rule at the
         // function's first instruction is CFA = rsp + 8.
         let addr = marker as *const () as usize as u64;
-        let (&(_, _, bits), &(table, bias)) = sink
-            .mappings
-            .iter()
-            .filter(|(&(pid, a, bits), _)| pid == me && bits > 0 && (addr ^ a) >> (64 - bits) == 0)
-            .max_by_key(|(k, _)| k.2)
-            .expect("an entry holds the test's code");
-        assert!(bits > 0 && table != 0);
-        let rule = sink.rule_at(table, addr - bias).expect("a rule");
+        let r = ranges.iter().find(|r| r.start <= addr && addr < r.end).expect("a range holds the test's code");
+        assert!(r.table != 0);
+        let rule = sink.rule_at(r.table, addr - r.bias).expect("a rule");
         assert_eq!((rule.kind, rule.cfa_offset), (kind::CFA_RSP, 8), "{rule:?}");
         // Installed: the same generation costs nothing more.
-        let writes = sink.mapping_writes.len();
         u.sync(me, &set, &mut sink, now);
-        assert_eq!(sink.mapping_writes.len(), writes);
+        assert_eq!(sink.proc_writes, 1);
         u.forget(me, &mut sink, now);
-        assert!(sink.mappings.is_empty());
+        assert!(sink.procs.is_empty());
+        assert_eq!(sink.proc_delete_calls, 1);
+    }
+
+    /// Processes of files whose tables are loaded already are installed
+    /// from their second sample on, with one update each, and the exits of
+    /// a drain leave the map in one delete; their tables are then unused.
+    #[test]
+    fn short_lived_processes_cost_one_update_and_share_one_delete() {
+        let now = Instant::now();
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(4);
+        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+        let id: ComponentId = "ebpf".parse().unwrap();
+        let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
+        let store = TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384);
+        let mut u = Unwinder::new(store, counters).unwrap();
+        let mut sink = MemSink::default();
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        u.sync(me, &set, &mut sink, now);
+        while !u.pids.get(&me).is_some_and(|p| p.complete) {
+            assert!(Instant::now() < deadline, "tables built within 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            u.poll(&mut sink, now);
+            u.sync(me, &set, &mut sink, now);
+        }
+        let builds = u.counters().table_builds.get();
+        // Pids no process has (over pid_max): the same files, by build id.
+        let others: Vec<u32> = (0..3).map(|i| 0x7fff_0000 + i).collect();
+        for &pid in &others {
+            u.sync(pid, &set, &mut sink, now);
+            assert!(!sink.procs.contains_key(&pid), "not installed at its first sample");
+            u.sync(pid, &set, &mut sink, now);
+            assert_eq!(sink.procs.get(&pid), sink.procs.get(&me), "installed at its second, like this one");
+        }
+        assert_eq!(sink.proc_writes, 1 + others.len());
+        assert_eq!(u.counters().table_builds.get(), builds, "no table built again");
+        let deletes = sink.proc_delete_calls;
+        u.forget_all(others.iter().copied().chain([me]), &mut sink, now);
+        assert!(sink.procs.is_empty());
+        assert_eq!(sink.proc_delete_calls, deletes + 1, "one delete for the drain's exits");
+        let loaded = u.store.len();
+        u.store.drop_unused(now + Duration::from_secs(3600), &mut sink);
+        assert!(u.store.len() < loaded, "their tables are no longer held");
     }
 
     /// Tables that do not fit `max_table_bytes` together are not rebuilt

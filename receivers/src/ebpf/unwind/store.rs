@@ -322,19 +322,26 @@ pub(crate) mod tests {
         pub rows: FxHashMap<u32, u64>,
         pub pages: FxHashMap<(u32, u32), (u32, u32)>,
         pub rules: FxHashMap<u32, Rule>,
-        /// (pid, addr, bits) → (table, bias), and the order of the writes.
-        pub mappings: FxHashMap<(u32, u64, u32), (u32, u64)>,
-        pub mapping_writes: Vec<(u32, u64, u32)>,
+        /// pid → its ranges, as `unwind_procs` would hold them.
+        pub procs: FxHashMap<u32, Vec<profcol_ebpf::unwind::MappedRange>>,
+        /// Map operations on `procs`: updates, and delete calls (one per
+        /// batch).
+        pub proc_writes: usize,
+        pub proc_delete_calls: usize,
     }
 
     impl crate::ebpf::unwind::MappingSink for MemSink {
-        fn set_mapping(&mut self, pid: u32, addr: u64, bits: u32, table: u32, bias: u64) -> Result<(), String> {
-            self.mappings.insert((pid, addr, bits), (table, bias));
-            self.mapping_writes.push((pid, addr, bits));
+        fn set_process(&mut self, pid: u32, ranges: &[profcol_ebpf::unwind::MappedRange]) -> Result<(), String> {
+            let n = ranges.len().min(profcol_ebpf::unwind::PROC_RANGES);
+            self.procs.insert(pid, ranges[..n].to_vec());
+            self.proc_writes += 1;
             Ok(())
         }
-        fn remove_mapping(&mut self, pid: u32, addr: u64, bits: u32) {
-            self.mappings.remove(&(pid, addr, bits));
+        fn remove_processes(&mut self, pids: &[u32]) {
+            self.proc_delete_calls += 1;
+            for pid in pids {
+                assert!(self.procs.remove(pid).is_some(), "pid {pid} removed but never written");
+            }
         }
     }
 
