@@ -14,8 +14,12 @@ fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o777
 }
 
+/// The finished files in `dir`: an exporter writes `NAME.tmp` and renames
+/// it, so a `.tmp` seen in a listing may be gone by the time it is stat'ed.
 fn files_in(dir: &Path) -> Vec<std::path::PathBuf> {
-    std::fs::read_dir(dir).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+    std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).filter(|p| p.extension().is_none_or(|e| e != "tmp")).collect())
+        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
