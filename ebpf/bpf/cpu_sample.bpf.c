@@ -418,10 +418,10 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 	int unknown = unwind_start(ctx, s, stack_depth()) == UNWIND_START_UNKNOWN;
 	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
 		s->user_end = UNWIND_END_NO_TABLE;
-	/* A process without tables yet wakes the reader, which loads them:
-	 * only its first few samples take frame pointers. Each of them is a
-	 * record: the reader builds tables from a process's second sample. */
-	return write_fp_sample(ctx, s, 0, unknown && unwind_wake_due(), !unknown);
+	/* A process without tables yet wakes the reader (from its second
+	 * sample), which loads them: only its first few samples take frame
+	 * pointers. Each of them is a record. */
+	return write_fp_sample(ctx, s, 0, unknown && unwind_wake_due(s->pid), !unknown);
 }
 
 SEC("uprobe")

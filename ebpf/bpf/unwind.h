@@ -105,6 +105,8 @@ struct unwind_state {
 	__u32 wake;         /* wake the reader with this record */
 	__u32 pc_exact;     /* pc is an interrupted instruction, not a return address */
 	__u64 last_wake_ns; /* last wake-up for a process without tables */
+	__u32 last_unknown; /* pid of this CPU's last sample of a process without tables */
+	__u32 _pad;
 };
 
 /* unwind_start's answer when the walk did not start. */
@@ -407,13 +409,21 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 	return 0;
 }
 
-/* Whether this CPU may wake the reader for a process without tables (at
- * most once per UNWIND_WAKE_PERIOD_NS). */
-static __always_inline int unwind_wake_due(void)
+/* Whether this CPU wakes the reader for `pid`, a process without tables:
+ * from its second sample on this CPU with no other such process sampled
+ * there between, at most once per UNWIND_WAKE_PERIOD_NS. The reader builds
+ * tables from a process's second sample, and most short-lived processes
+ * are sampled once: waking for them bought a /proc read of a process whose
+ * samples get no tables anyway. */
+static __always_inline int unwind_wake_due(__u32 pid)
 {
 	__u32 zero = 0;
 	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
 	if (!st)
+		return 0;
+	int again = st->last_unknown == pid;
+	st->last_unknown = pid;
+	if (!again)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	if (now - st->last_wake_ns < UNWIND_WAKE_PERIOD_NS)
@@ -440,7 +450,7 @@ static __always_inline int unwind_start(struct bpf_perf_event_data *ctx, struct 
 	int unknown = !unwind_knows(s->pid);
 	if (cfg_unwind_mode == UNWIND_MODE_AUTO && unknown)
 		return UNWIND_START_UNKNOWN;
-	int wake = unknown && unwind_wake_due();
+	int wake = unknown && unwind_wake_due(s->pid);
 	__u32 zero = 0;
 	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
 	if (!st)

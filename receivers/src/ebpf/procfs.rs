@@ -3,7 +3,7 @@
 //! Every parser takes untrusted text and returns `None`/skips a line instead
 //! of panicking: /proc content is input, not an invariant.
 
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 /// One line of /proc/PID/maps that can hold code (`x` permission).
@@ -115,6 +115,12 @@ pub fn stat_start_time(stat: &str) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The comm field of a /proc/PID/stat line: between the first `(` and the
+/// last `)` (a comm may hold parentheses and spaces).
+pub fn stat_comm(stat: &str) -> Option<&str> {
+    stat.get(stat.find('(')? + 1..stat.rfind(')')?)
+}
+
 /// Base name of a path.
 pub fn base_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -206,21 +212,25 @@ impl ProcPath {
 /// Reads a /proc file as text; bytes that are not UTF-8 (paths and comms
 /// may hold any byte) are replaced, never an error.
 fn read_small(path: &Path) -> io::Result<String> {
-    let bytes = std::fs::read(path)?;
+    // Not std::fs::read: its size hint is a statx, and /proc files say 0.
+    let mut bytes = Vec::with_capacity(4096);
+    std::fs::File::open(path)?.read_to_end(&mut bytes)?;
     Ok(match String::from_utf8(bytes) {
         Ok(s) => s,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     })
 }
 
-/// Reads stat, comm, exe and cgroup. Fails only if the process is gone or
+/// Reads stat (the comm with it), exe and cgroup. Fails only if the process is gone or
 /// its stat is unreadable; missing exe (kernel threads) or cgroup is `None`.
 pub fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
     let dir = proc_dir(pid);
     let stat = read_small(&dir.join("stat"))?;
     let start_time = stat_start_time(&stat)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/stat"))?;
-    let comm = read_small(&dir.join("comm")).map(|c| c.trim_end_matches('\n').to_owned()).unwrap_or_default();
+    // The comm is stat's second field (`pid (comm) state ...`): the task
+    // name /proc/PID/comm shows, without a file of its own to open.
+    let comm = stat_comm(&stat).unwrap_or_default().to_owned();
     let exe_path =
         std::fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_owned());
     let container_id = read_small(&dir.join("cgroup")).ok().and_then(|c| container_id(&c));
@@ -311,6 +321,9 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
     fn stat_start_time_with_odd_comm() {
         let stat = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 987654 1000 100";
         assert_eq!(stat_start_time(stat), Some(987654));
+        assert_eq!(stat_comm(stat), Some("a) b (c)"));
+        assert_eq!(stat_comm("1 (x) S"), Some("x"));
+        assert_eq!(stat_comm("1 )x( S"), None);
         assert_eq!(stat_start_time("1 (x) S"), None);
         assert_eq!(stat_start_time("no paren"), None);
     }
@@ -332,6 +345,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         let f = read_facts(me).unwrap();
         assert!(f.start_time > 0);
         assert!(!f.comm.is_empty());
+        assert_eq!(f.comm, std::fs::read_to_string("/proc/self/comm").unwrap().trim_end_matches('\n'));
         assert!(f.exe_path.is_some());
         let maps = read_maps(me).unwrap();
         let exe = f.exe_path.unwrap();
