@@ -79,6 +79,14 @@ impl BuildIdCache {
 
     /// Build ID (hex) of an opened file, from the cache when (dev, inode,
     /// mtime, size) match.
+    /// The ids of the file `md` describes if it was read before and has
+    /// not changed since (same size and mtime): a caller that can stat a
+    /// file by path needs no open for a file seen before.
+    pub fn cached(&self, md: &std::fs::Metadata) -> Option<FileIds> {
+        let e = self.entries.get(&FileKey { dev: md.dev(), inode: md.ino() })?;
+        (e.mtime == (md.mtime(), md.mtime_nsec()) && e.size == md.size()).then(|| e.ids.clone())
+    }
+
     pub fn get(&mut self, file: &File) -> io::Result<Option<Arc<str>>> {
         Ok(self.ids(file)?.build_id)
     }
@@ -87,13 +95,11 @@ impl BuildIdCache {
     /// when (dev, inode, mtime, size) match.
     pub fn ids(&mut self, file: &File) -> io::Result<FileIds> {
         let md = file.metadata()?;
+        if let Some(ids) = self.cached(&md) {
+            return Ok(ids);
+        }
         let key = FileKey { dev: md.dev(), inode: md.ino() };
         let mtime = (md.mtime(), md.mtime_nsec());
-        if let Some(e) = self.entries.get(&key) {
-            if e.mtime == mtime && e.size == md.size() {
-                return Ok(e.ids.clone());
-            }
-        }
         self.reads += 1;
         let ids = match ElfFile::open(file) {
             Ok(elf) => match elf.gnu_build_id() {
@@ -114,6 +120,7 @@ impl BuildIdCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn reads_real_binaries_and_caches() {
@@ -132,6 +139,22 @@ mod tests {
             let id = read_build_id(&libc).unwrap().expect("libc has a build id");
             assert_eq!(id.len(), 20);
         }
+    }
+
+    #[test]
+    fn a_file_seen_before_is_answered_from_its_stat_until_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("exe");
+        std::fs::copy(std::env::current_exe().unwrap(), &p).unwrap();
+        let mut cache = BuildIdCache::new(8);
+        assert_eq!(cache.cached(&std::fs::metadata(&p).unwrap()), None, "never read");
+        let ids = cache.ids(&File::open(&p).unwrap()).unwrap();
+        assert!(ids.key().is_some());
+        assert_eq!(cache.cached(&std::fs::metadata(&p).unwrap()), Some(ids));
+        // Rewritten in place (same inode): a new size, so read again.
+        std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"x").unwrap();
+        assert_eq!(cache.cached(&std::fs::metadata(&p).unwrap()), None);
+        assert_eq!(cache.reads, 1);
     }
 
     #[test]

@@ -361,8 +361,20 @@ impl ProcessTable {
     /// file id) unless already pinned, so `user_symbols` can read it after
     /// the process is gone, whatever mount namespace it lived in.
     fn ids_of(&mut self, pid: u32, e: &MapsEntry) -> FileIds {
-        let via_map_files = format!("/proc/{pid}/map_files/{:x}-{:x}", e.start, e.end);
-        let Ok(file) = File::open(via_map_files).or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path))) else {
+        let via_map_files = procfs::ProcPath::map_file(pid, e.start, e.end);
+        // A file read before and pinned already: one stat, no open.
+        if let Some(ids) = std::fs::metadata(via_map_files.as_path()).ok().and_then(|md| self.build_ids.cached(&md)) {
+            let pinned = match (&self.pins, ids.key()) {
+                (Some(pins), Some(key)) => pins.touch(key),
+                _ => true,
+            };
+            if pinned {
+                return ids;
+            }
+        }
+        let Ok(file) =
+            File::open(via_map_files.as_path()).or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path)))
+        else {
             return FileIds::default();
         };
         let ids = self.build_ids.ids(&file).unwrap_or_default();
