@@ -212,9 +212,23 @@ impl ProcPath {
 /// Reads a /proc file as text; bytes that are not UTF-8 (paths and comms
 /// may hold any byte) are replaced, never an error.
 fn read_small(path: &Path) -> io::Result<String> {
-    // Not std::fs::read: its size hint is a statx, and /proc files say 0.
-    let mut bytes = Vec::with_capacity(4096);
-    std::fs::File::open(path)?.read_to_end(&mut bytes)?;
+    // Not read_to_end: File's asks the size first (statx and lseek), and
+    // /proc files say 0.
+    let mut f = std::fs::File::open(path)?;
+    let mut bytes = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            bytes.resize(len * 2, 0);
+        }
+        match f.read(&mut bytes[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(len);
     Ok(match String::from_utf8(bytes) {
         Ok(s) => s,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
@@ -337,6 +351,18 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         let m = parse_maps(&text);
         assert_eq!(m.len(), 1);
         assert!(m[0].path.starts_with("/tmp/"));
+    }
+
+    #[test]
+    fn a_file_larger_than_the_first_buffer_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("maps");
+        let text: String = (0..300).map(|i| format!("{i:x}000-{i:x}fff r-xp 0 08:01 {i} /usr/lib/lib{i}.so\n")).collect();
+        assert!(text.len() > 3 * 4096);
+        std::fs::write(&p, &text).unwrap();
+        assert_eq!(read_small(&p).unwrap(), text);
+        // And a real /proc file, whose size says 0.
+        assert!(read_small(Path::new("/proc/self/maps")).unwrap().ends_with('\n'));
     }
 
     #[test]
