@@ -357,7 +357,8 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
     fn a_file_larger_than_the_first_buffer_is_read_whole() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("maps");
-        let text: String = (0..300).map(|i| format!("{i:x}000-{i:x}fff r-xp 0 08:01 {i} /usr/lib/lib{i}.so\n")).collect();
+        let text: String =
+            (0..300).map(|i| format!("{i:x}000-{i:x}fff r-xp 0 08:01 {i} /usr/lib/lib{i}.so\n")).collect();
         assert!(text.len() > 3 * 4096);
         std::fs::write(&p, &text).unwrap();
         assert_eq!(read_small(&p).unwrap(), text);
