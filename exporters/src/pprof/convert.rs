@@ -11,7 +11,7 @@
 use super::proto as pp;
 use crate::group::{attr, attr_int, bounded_group, group_of, GroupBy};
 use profcol_api::model::keys;
-use profcol_api::model::view::SampleView;
+use profcol_api::model::view::{FrameView, SampleView};
 use profcol_api::Profiles;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -53,6 +53,10 @@ struct Builder {
     merged: FxHashMap<SampleKey, usize>,
     /// Location ids of each stack converted so far.
     stacks: FxHashMap<i32, Vec<u64>>,
+    /// pprof location id of each dictionary location converted so far:
+    /// stacks share most of their frames, and a location's mapping, build
+    /// id and lines are looked up once per batch, not once per stack.
+    location_ids: FxHashMap<i32, u64>,
     /// Samples left out: they would pass [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
     skipped: u64,
 }
@@ -120,67 +124,83 @@ impl Builder {
 
     /// pprof location ids of the sample's stack, leaf first.
     fn stack(&mut self, s: &SampleView<'_>) -> Vec<u64> {
-        let mut locs = Vec::new();
-        for f in s.frames() {
-            let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel");
-            let mapping_id = match f.mapping() {
-                Some(m) => {
-                    let name = f.mapping_filename();
-                    let name = if name.is_empty() && kernel { keys::KERNEL_MAPPING } else { name };
-                    let build_id = m
-                        .attribute_indices
-                        .iter()
-                        .filter_map(|&i| s.dict.attribute_table.get(i as usize))
-                        .find(|kv| s.str(kv.key_strindex) == keys::BUILD_ID_GNU)
-                        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-                            profcol_api::model::any_value::Value::StringValue(x) => Some(x.clone()),
-                            profcol_api::model::any_value::Value::BytesValue(x) => {
-                                Some(x.iter().map(|b| format!("{b:02x}")).collect())
-                            }
-                            _ => None,
-                        })
-                        .unwrap_or_default();
-                    self.mapping(m.memory_start, m.memory_limit, m.file_offset, name, &build_id)
-                }
-                None if kernel => {
-                    if self.kernel_mapping == 0 {
-                        self.kernel_mapping = self.mapping(0, 0, 0, keys::KERNEL_MAPPING, "");
-                    }
-                    self.kernel_mapping
-                }
-                None => 0,
-            };
-            let mut lines = Vec::new();
-            for ln in &f.location.lines {
-                let Some(func) = s.dict.function_table.get(ln.function_index.max(0) as usize) else { continue };
-                let (n, sn, file) =
-                    (s.str(func.name_strindex), s.str(func.system_name_strindex), s.str(func.filename_strindex));
-                if n.is_empty() && sn.is_empty() {
-                    continue;
-                }
-                let fid = self.function(n, sn, file, func.start_line);
-                lines.push((fid, ln.line));
+        let at = |i: i32| usize::try_from(i).ok();
+        let indices = at(s.sample.stack_index)
+            .and_then(|i| s.dict.stack_table.get(i))
+            .map_or(&[][..], |st| st.location_indices.as_slice());
+        let mut locs = Vec::with_capacity(indices.len());
+        for &i in indices {
+            if let Some(&id) = self.location_ids.get(&i) {
+                locs.push(id);
+                continue;
             }
-            if !lines.is_empty() && mapping_id != 0 {
-                if let Some(m) = self.p.mapping.get_mut(mapping_id as usize - 1) {
-                    m.has_functions = true;
-                }
-            }
-            let key = (mapping_id, f.location.address, lines);
-            let next = self.p.location.len() as u64 + 1;
-            let id = *self.locations.entry(key.clone()).or_insert(next);
-            if id == next {
-                self.p.location.push(pp::Location {
-                    id,
-                    mapping_id,
-                    address: f.location.address,
-                    line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
-                    is_folded: false,
-                });
-            }
+            let Some(location) = at(i).and_then(|i| s.dict.location_table.get(i)) else { continue };
+            let id = self.location(s, FrameView { location, dict: s.dict });
+            self.location_ids.insert(i, id);
             locs.push(id);
         }
         locs
+    }
+
+    /// The pprof location of dictionary location `f`.
+    fn location(&mut self, s: &SampleView<'_>, f: FrameView<'_>) -> u64 {
+        let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel");
+        let mapping_id = match f.mapping() {
+            Some(m) => {
+                let name = f.mapping_filename();
+                let name = if name.is_empty() && kernel { keys::KERNEL_MAPPING } else { name };
+                let build_id = m
+                    .attribute_indices
+                    .iter()
+                    .filter_map(|&i| s.dict.attribute_table.get(i as usize))
+                    .find(|kv| s.str(kv.key_strindex) == keys::BUILD_ID_GNU)
+                    .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                        profcol_api::model::any_value::Value::StringValue(x) => Some(x.clone()),
+                        profcol_api::model::any_value::Value::BytesValue(x) => {
+                            Some(x.iter().map(|b| format!("{b:02x}")).collect())
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                self.mapping(m.memory_start, m.memory_limit, m.file_offset, name, &build_id)
+            }
+            None if kernel => {
+                if self.kernel_mapping == 0 {
+                    self.kernel_mapping = self.mapping(0, 0, 0, keys::KERNEL_MAPPING, "");
+                }
+                self.kernel_mapping
+            }
+            None => 0,
+        };
+        let mut lines = Vec::new();
+        for ln in &f.location.lines {
+            let Some(func) = s.dict.function_table.get(ln.function_index.max(0) as usize) else { continue };
+            let (n, sn, file) =
+                (s.str(func.name_strindex), s.str(func.system_name_strindex), s.str(func.filename_strindex));
+            if n.is_empty() && sn.is_empty() {
+                continue;
+            }
+            let fid = self.function(n, sn, file, func.start_line);
+            lines.push((fid, ln.line));
+        }
+        if !lines.is_empty() && mapping_id != 0 {
+            if let Some(m) = self.p.mapping.get_mut(mapping_id as usize - 1) {
+                m.has_functions = true;
+            }
+        }
+        let key = (mapping_id, f.location.address, lines);
+        let next = self.p.location.len() as u64 + 1;
+        let id = *self.locations.entry(key.clone()).or_insert(next);
+        if id == next {
+            self.p.location.push(pp::Location {
+                id,
+                mapping_id,
+                address: f.location.address,
+                line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
+                is_folded: false,
+            });
+        }
+        id
     }
 
     fn finish(mut self) -> pp::Profile {
