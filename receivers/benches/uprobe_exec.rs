@@ -125,7 +125,7 @@ fn bench(c: &mut Criterion) {
         let md = std::fs::metadata(&exe.path).unwrap();
         let mut batch = MappingBatch::default();
         let dev = (libc::major(md.dev()), libc::minor(md.dev()));
-        batch.push_map(0, pid, exe.start..exe.end, dev, md.ino(), exe.path.as_bytes());
+        batch.push_map(0, pid, exe.start..exe.end, 0, (dev, md.ino()), exe.path.as_bytes());
         let MappingEventKind::Map(record) = batch.events[0].kind else { unreachable!() };
         for (case, ttl) in [("cached", Duration::from_secs(600)), ("no_cache", Duration::ZERO)] {
             let mut u = uprobes(&name, ttl);

@@ -74,3 +74,62 @@ async fn samples_after_exec_carry_the_new_executable() {
     assert!(before_bash as f64 >= 0.95 * before as f64, "before the exec only {before_bash} of {before} say bash");
     assert!(metrics.contains("profcol_receiver_ebpf_process_exec_reloads_total{receiver=\"ebpf\"} 1"), "{metrics}");
 }
+
+/// Short-lived processes (a shell copy under a name of its own, started 30
+/// times, each burning ~30 ms) exit long before the receiver reads their
+/// samples (every 500 ms here, frame-pointer mode: nothing wakes it
+/// earlier). /proc has nothing left of them then; the kernel's exec and
+/// mapping records name them: executable, mapping and build ID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_gone_before_their_samples_are_read_are_named() {
+    if !require_bpf("processes_gone_before_their_samples_are_read_are_named") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sh = std::fs::canonicalize("/bin/sh").expect("/bin/sh");
+    let burner = dir.path().join("shortlived-burn");
+    std::fs::copy(&sh, &burner).expect("copy the shell");
+    let running = start(EbpfConfig {
+        sample_frequency: 999,
+        report_interval: Duration::from_millis(500),
+        unwind: profcol_receivers::ebpf::config::UnwindConfig {
+            mode: profcol_receivers::ebpf::config::UnwindMode::FramePointers,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let mut pids = Vec::new();
+    for _ in 0..30 {
+        let mut child = Command::new(&burner)
+            .args(["-c", "i=0; while [ $i -lt 40000 ]; do i=$((i+1)); done"])
+            .spawn()
+            .expect("spawn the burner");
+        pids.push(child.id());
+        child.wait().unwrap();
+    }
+    let (batches, metrics) = running.stop().await;
+
+    let (mut samples, mut named, mut mapped) = (0, 0, 0);
+    for &pid in &pids {
+        for s in samples_of(&batches, pid) {
+            samples += s.count;
+            if string_attr(&s.resource, keys::PROCESS_EXECUTABLE_NAME) == "shortlived-burn" {
+                named += s.count;
+            }
+            // The user leaf (in the shell or the C library): in a mapping
+            // of a file, with its build id.
+            let leaf = s.frames.iter().find(|f| f.frame_type != "kernel");
+            if leaf
+                .is_some_and(|f| !f.mapping_filename.is_empty() && f.build_id.as_deref().is_some_and(|b| !b.is_empty()))
+            {
+                mapped += s.count;
+            }
+        }
+    }
+    eprintln!("short-lived: {named}/{samples} named, {mapped}/{samples} leaves mapped with a build id");
+    assert!(samples >= 100, "too few samples of the burners: {samples}\n{metrics}");
+    assert!(named as f64 >= 0.95 * samples as f64, "only {named} of {samples} samples named\n{metrics}");
+    assert!(mapped as f64 >= 0.9 * samples as f64, "only {mapped} of {samples} leaves mapped\n{metrics}");
+    assert!(metric(&metrics, "profcol_receiver_ebpf_processes_from_records_total") >= 25.0, "{metrics}");
+}

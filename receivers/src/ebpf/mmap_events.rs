@@ -90,6 +90,8 @@ pub enum MappingEventKind {
 pub struct FileMap {
     pub start: u64,
     pub end: u64,
+    /// Offset in the file of `start`.
+    pub offset: u64,
     /// Device (major, minor) and inode of the mapped file, as the kernel has them.
     pub major: u32,
     pub minor: u32,
@@ -154,8 +156,8 @@ impl MappingBatch {
         time_ns: u64,
         pid: u32,
         range: std::ops::Range<u64>,
-        (major, minor): (u32, u32),
-        ino: u64,
+        offset: u64,
+        ((major, minor), ino): ((u32, u32), u64),
         path: &[u8],
     ) {
         let path_at = self.paths.len() as u32;
@@ -167,6 +169,7 @@ impl MappingBatch {
             kind: MappingEventKind::Map(FileMap {
                 start: range.start,
                 end: range.end,
+                offset,
                 major,
                 minor,
                 ino,
@@ -198,8 +201,17 @@ impl MappingBatch {
                 // pid, tid, addr, len, pgoff, maj, min, ino, ino_generation,
                 // prot, flags, filename[], sample_id (16 bytes).
                 const FILENAME: usize = 8 + 8 + 24 + 8 + 8 + 8 + 8;
-                let fields = (u32_at(8), u64_at(16), u64_at(24), u32_at(40), u32_at(44), u64_at(48), time);
-                let (Some(pid), Some(addr), Some(len), Some(major), Some(minor), Some(ino), Some(time_ns)) = fields
+                let fields = (u32_at(8), u64_at(16), u64_at(24), u64_at(32), u32_at(40), u32_at(44), u64_at(48), time);
+                let (
+                    Some(pid),
+                    Some(addr),
+                    Some(len),
+                    Some(offset),
+                    Some(major),
+                    Some(minor),
+                    Some(ino),
+                    Some(time_ns),
+                ) = fields
                 else {
                     self.malformed += 1;
                     return;
@@ -215,7 +227,14 @@ impl MappingBatch {
                 if name.first() != Some(&b'/') || ino == 0 {
                     return; // anonymous executable memory, [vdso], ...
                 }
-                self.push_map(time_ns, pid, addr..addr.saturating_add(len), (major, minor), ino, &name[..nul]);
+                self.push_map(
+                    time_ns,
+                    pid,
+                    addr..addr.saturating_add(len),
+                    offset,
+                    ((major, minor), ino),
+                    &name[..nul],
+                );
             }
             _ => {} // a COMM that is not an exec (a thread renamed)
         }
@@ -415,7 +434,7 @@ mod tests {
         let mut b = Vec::new();
         b.extend_from_slice(&pid.to_ne_bytes());
         b.extend_from_slice(&pid.to_ne_bytes());
-        for v in [0x1000u64, 0x2000, 0] {
+        for v in [0x1000u64, 0x2000, 0x3000] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
         b.extend_from_slice(&8u32.to_ne_bytes());
@@ -448,7 +467,7 @@ mod tests {
         assert_eq!(batch.events.len(), 2, "{:?}", batch.events);
         assert_eq!(batch.events[0], MappingEvent { time_ns: 10, pid: 7, kind: MappingEventKind::Exec });
         let MappingEventKind::Map(m) = batch.events[1].kind else { panic!("a mapping") };
-        assert_eq!((batch.events[1].time_ns, m.start, m.end, m.ino), (12, 0x1000, 0x3000, 42));
+        assert_eq!((batch.events[1].time_ns, m.start, m.end, m.offset, m.ino), (12, 0x1000, 0x3000, 0x3000, 42));
         assert_eq!(m.dev(), libc::makedev(8, 1));
         assert_eq!(batch.path(&m), b"/usr/bin/big");
         assert_eq!(batch.c_path(&m).to_bytes(), b"/usr/bin/big");

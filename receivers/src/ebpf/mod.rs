@@ -20,6 +20,7 @@ pub mod clock;
 pub mod config;
 pub mod counted;
 pub mod exec_maps;
+pub mod image_records;
 pub mod kernel_text;
 pub mod loader;
 pub mod mmap_events;

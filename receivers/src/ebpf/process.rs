@@ -1,6 +1,11 @@
 //! What the receiver knows about sampled processes: identity, executable,
 //! container, and executable mappings with build IDs.
 //!
+//! A process that exec'd since the receiver started is known from the
+//! kernel's exec and mapping records ([`super::image_records`]): no /proc
+//! read but its cgroup, and its samples are named even when it exited
+//! before they were read. Others are read from /proc.
+//!
 //! Bounded: at most `capacity` processes; the least recently sampled one is
 //! evicted first, processes not sampled for [`IDLE_TTL`] are forgotten, and
 //! exited processes are dropped on the next sweep. A process whose /proc
@@ -8,11 +13,14 @@
 //! its later samples cost nothing and log nothing.
 
 use super::buildid::{BuildIdCache, FileIds};
-use super::procfs::{self, MapsEntry};
+use super::image_records::{ImageRecords, RecordedMap};
+use super::mmap_events::FileMap;
+use super::procfs;
 use super::service_name::ServiceNamer;
 use profcol_api::services::{FilePins, PinnedFile};
 use rustc_hash::FxHashMap;
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +32,13 @@ pub const REFRESH_MIN_INTERVAL: Duration = Duration::from_secs(1);
 pub const UNREADABLE_TTL: Duration = Duration::from_secs(30);
 /// At most this many maps refreshes per second across all processes.
 pub const REFRESH_BUDGET_PER_SEC: u32 = 100;
+/// A file's ids, checked against the file through a live process's
+/// `map_files` this recently, are taken for a new mapping of the same
+/// (device, inode) without a stat: a process that starts again and again
+/// costs no system call per mapped file.
+pub const RECORD_IDS_TTL: Duration = Duration::from_secs(1);
+/// Files remembered by (device, inode) for [`RECORD_IDS_TTL`].
+const MAX_RECORD_IDS: usize = 4096;
 
 /// An executable mapping of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +86,7 @@ impl MappingSet {
 
 /// One known process.
 pub struct ProcessState {
+    /// `start_time` is 0 for a process known from the kernel's records.
     pub info: Arc<ProcessInfo>,
     pub mappings: Arc<MappingSet>,
     last_refresh: Instant,
@@ -100,6 +116,8 @@ pub struct TableStats {
     pub evicted: u64,
     /// Processes read again because they exec'd after they were read.
     pub exec_reloads: u64,
+    /// Processes known from the kernel's records rather than /proc.
+    pub from_records: u64,
 }
 
 /// Known processes, bounded.
@@ -117,6 +135,14 @@ pub struct ProcessTable {
     /// Where mapped files are pinned for `user_symbols` (by build id or
     /// file id) while their processes live.
     pins: Option<Arc<FilePins>>,
+    /// Images of processes exec'd since the receiver started.
+    images: ImageRecords,
+    /// The time of the sample being read ([`Self::sample_at`]): which
+    /// image of the records it belongs to.
+    sample_ktime: u64,
+    /// File ids by the (device, inode) the records name, and when they
+    /// were last checked against the file.
+    record_ids: FxHashMap<(u32, u32, u64), (FileIds, Instant)>,
     pub stats: TableStats,
 }
 
@@ -132,6 +158,9 @@ impl ProcessTable {
             budget_used: 0,
             execs: FxHashMap::default(),
             pins: None,
+            images: ImageRecords::new(capacity.max(1)),
+            sample_ktime: u64::MAX,
+            record_ids: FxHashMap::default(),
             stats: TableStats::default(),
         }
     }
@@ -169,6 +198,27 @@ impl ProcessTable {
         self.build_ids.reads
     }
 
+    /// A kernel exec record (`PERF_RECORD_COMM` with the exec flag).
+    pub fn on_exec_record(&mut self, pid: u32, time_ns: u64) {
+        self.images.on_exec(pid, time_ns);
+    }
+
+    /// A kernel mapping record (`PERF_RECORD_MMAP2` of an executable file).
+    pub fn on_map_record(&mut self, pid: u32, m: &FileMap, path: &[u8], time_ns: u64) {
+        self.images.on_map(pid, m, path, time_ns);
+    }
+
+    /// `pid` exited at `ktime_ns` (a `sched_process_exit` event).
+    pub fn on_exit(&mut self, pid: u32, ktime_ns: u64) {
+        self.images.on_exit(pid, ktime_ns);
+    }
+
+    /// Kernel records were lost: processes are read from /proc until their
+    /// next exec is recorded.
+    pub fn on_records_lost(&mut self) {
+        self.images.on_lost();
+    }
+
     /// `pid` exec'd at `ktime_ns` (a `sched_process_exec` event). If it was
     /// read before that, its first sample taken after the exec reads it
     /// again; samples taken before keep the old image.
@@ -185,6 +235,7 @@ impl ProcessTable {
     /// forgets `pid`'s old image when the sample was taken after an exec
     /// the table has not read yet.
     pub fn sample_at(&mut self, pid: u32, ktime_ns: u64) {
+        self.sample_ktime = ktime_ns;
         let Some(&exec) = self.execs.get(&pid) else { return };
         if ktime_ns < exec {
             return;
@@ -201,7 +252,11 @@ impl ProcessTable {
     pub fn get(&mut self, pid: u32, now: Instant) -> Option<&mut ProcessState> {
         let reload = match self.procs.get(&pid) {
             None => true,
-            Some(Slot::Unreadable { since }) => now.duration_since(*since) >= UNREADABLE_TTL,
+            // Unreadable from /proc (a sample of it taken before its exec,
+            // by then gone): the records may hold the image of this one.
+            Some(Slot::Unreadable { since }) => {
+                now.duration_since(*since) >= UNREADABLE_TTL || self.images.at(pid, self.sample_ktime).is_some()
+            }
             Some(Slot::Live(_)) => false,
         };
         if reload {
@@ -259,6 +314,9 @@ impl ProcessTable {
     fn refresh(&mut self, pid: u32, now: Instant) {
         self.stats.refreshes += 1;
         let same_process = match (self.procs.get_mut(&pid), procfs::read_start_time(pid)) {
+            // Known from the records: a new image would have come as an
+            // exec; its maps are read from /proc (a library mapped since).
+            (Some(Slot::Live(st)), Ok(_)) if st.info.start_time == 0 => true,
             (Some(Slot::Live(st)), Ok(t)) => t == st.info.start_time,
             // Gone (its last samples, taken while it exited, are drained
             // after it): they keep the image it had; the sweep drops it.
@@ -290,6 +348,10 @@ impl ProcessTable {
     }
 
     fn load(&mut self, pid: u32, now: Instant) -> Option<ProcessState> {
+        if let Some(st) = self.load_from_records(pid, now) {
+            self.stats.from_records += 1;
+            return Some(st);
+        }
         // Before the reads: an exec while reading counts as after them.
         let loaded_ktime = super::clock::now_ns(libc::CLOCK_MONOTONIC);
         let facts = procfs::read_facts(pid).ok()?;
@@ -318,6 +380,96 @@ impl ProcessTable {
         })
     }
 
+    /// The process as the kernel's records tell it, if they hold the image
+    /// the current sample ran: its mappings in address order, each file's
+    /// ids checked through the live process (or, once it is gone, opened
+    /// by path and matched by inode), its cgroup from /proc if still there.
+    fn load_from_records(&mut self, pid: u32, now: Instant) -> Option<ProcessState> {
+        let img = self.images.at(pid, self.sample_ktime)?;
+        let exe = img.executable()?;
+        let exe_path = exe.path.to_string();
+        let loaded_ktime = img.exec_ns;
+        // In the order they were made: a mapping over an earlier one's
+        // addresses replaces it (an unmapping has no record).
+        let mut maps: Vec<RecordedMap> = Vec::new();
+        for m in img.maps() {
+            maps.retain(|e| e.end <= m.start || m.end <= e.start);
+            maps.push(m.clone());
+        }
+        maps.sort_unstable_by_key(|m| m.start);
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        let mut mappings = Vec::with_capacity(maps.len());
+        for m in &maps {
+            let ids = self.ids_of_record(pid, m, now);
+            mappings.push(Mapping {
+                start: m.start,
+                end: m.end,
+                file_offset: m.offset,
+                path: m.path.clone(),
+                build_id: ids.build_id,
+                file_id: ids.file_id,
+            });
+        }
+        let container_id = procfs::read_container_id(pid);
+        let exe_name = procfs::base_name(&exe_path).to_owned();
+        let service_name = self.namer.name(pid, &exe_name, container_id.as_deref());
+        Some(ProcessState {
+            info: Arc::new(ProcessInfo {
+                pid,
+                start_time: 0,
+                exe_name,
+                exe_path: Some(exe_path),
+                container_id,
+                service_name,
+            }),
+            mappings: Arc::new(MappingSet { generation, mappings }),
+            last_refresh: now,
+            last_seen: now,
+            loaded_ktime,
+        })
+    }
+
+    /// The ids of a recorded mapping's file.
+    fn ids_of_record(&mut self, pid: u32, m: &RecordedMap, now: Instant) -> FileIds {
+        let key = (m.dev.0, m.dev.1, m.ino);
+        if let Some((ids, checked)) = self.record_ids.get(&key) {
+            if now.duration_since(*checked) < RECORD_IDS_TTL {
+                let ids = ids.clone();
+                if let (Some(pins), Some(k)) = (&self.pins, ids.key()) {
+                    pins.touch(k);
+                }
+                return ids;
+            }
+        }
+        // The path as the host sees it names the same file (the device and
+        // inode the kernel reported; the common case outside containers):
+        // one stat, no /proc lookup.
+        let same_file = |md: &std::fs::Metadata| md.ino() == m.ino && md.dev() == libc::makedev(m.dev.0, m.dev.1);
+        let by_path = std::fs::metadata(&*m.path).ok().filter(same_file);
+        let cached = by_path.and_then(|md| self.build_ids.cached(&md)).filter(|ids| match (&self.pins, ids.key()) {
+            (Some(pins), Some(k)) => pins.touch(k),
+            _ => true,
+        });
+        let ids = match cached.or_else(|| self.ids_of(pid, m.start, m.end, &m.path)) {
+            Some(ids) => ids,
+            // Gone: the last ids seen for the file, else the file by its
+            // path if it is still the same inode.
+            None => match self.record_ids.get(&key) {
+                Some((ids, _)) => return ids.clone(),
+                None => match File::open(&*m.path) {
+                    Ok(f) if f.metadata().is_ok_and(|md| same_file(&md)) => self.build_ids.ids(&f).unwrap_or_default(),
+                    _ => return FileIds::default(),
+                },
+            },
+        };
+        if self.record_ids.len() >= MAX_RECORD_IDS {
+            self.record_ids.clear();
+        }
+        self.record_ids.insert(key, (ids.clone(), now));
+        ids
+    }
+
     fn read_mappings(&mut self, pid: u32) -> Option<MappingSet> {
         let entries = procfs::read_maps(pid).ok()?;
         let generation = self.next_generation;
@@ -331,7 +483,7 @@ impl ProcessTable {
                 match by_file.get(&key) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = self.ids_of(pid, &e);
+                        let b = self.ids_of(pid, e.start, e.end, &e.path).unwrap_or_default();
                         by_file.insert(key, b.clone());
                         b
                     }
@@ -360,8 +512,10 @@ impl ProcessTable {
     /// With pins set, the opened file is pinned under its build id (or
     /// file id) unless already pinned, so `user_symbols` can read it after
     /// the process is gone, whatever mount namespace it lived in.
-    fn ids_of(&mut self, pid: u32, e: &MapsEntry) -> FileIds {
-        let via_map_files = procfs::ProcPath::map_file(pid, e.start, e.end);
+    ///
+    /// `None` when the file cannot be opened (the process is gone).
+    fn ids_of(&mut self, pid: u32, start: u64, end: u64, path: &str) -> Option<FileIds> {
+        let via_map_files = procfs::ProcPath::map_file(pid, start, end);
         // A file read before and pinned already: one stat, no open.
         if let Some(ids) = std::fs::metadata(via_map_files.as_path()).ok().and_then(|md| self.build_ids.cached(&md)) {
             let pinned = match (&self.pins, ids.key()) {
@@ -369,22 +523,19 @@ impl ProcessTable {
                 _ => true,
             };
             if pinned {
-                return ids;
+                return Some(ids);
             }
         }
-        let Ok(file) =
-            File::open(via_map_files.as_path()).or_else(|_| File::open(format!("/proc/{pid}/root{}", e.path)))
-        else {
-            return FileIds::default();
-        };
+        let file =
+            File::open(via_map_files.as_path()).or_else(|_| File::open(format!("/proc/{pid}/root{path}"))).ok()?;
         let ids = self.build_ids.ids(&file).unwrap_or_default();
         if let (Some(pins), Some(key)) = (&self.pins, ids.key()) {
             if !pins.touch(key) {
                 let root = Some(Arc::from(format!("/proc/{pid}/root")));
-                pins.pin(key.clone(), PinnedFile { file: Arc::new(file), path: Arc::from(e.path.as_str()), root });
+                pins.pin(key.clone(), PinnedFile { file: Arc::new(file), path: Arc::from(path), root });
             }
         }
-        ids
+        Some(ids)
     }
 
     fn evict_one(&mut self) {
@@ -429,12 +580,18 @@ impl ProcessTable {
                     }
                     if now.duration_since(st.last_seen) >= IDLE_TTL {
                         gone.push((pid, false));
+                    } else if st.info.start_time == 0 {
+                        // Known from the records, which saw its exit.
+                        if self.images.exited(pid) {
+                            gone.push((pid, true));
+                        }
                     } else if procfs::read_start_time(pid).ok() != Some(st.info.start_time) {
                         gone.push((pid, true));
                     }
                 }
             }
         }
+        self.images.sweep(super::clock::now_ns(libc::CLOCK_MONOTONIC));
         for (pid, exited) in gone {
             self.procs.remove(&pid);
             self.execs.remove(&pid);
@@ -544,6 +701,66 @@ mod tests {
         t.sweep(later, later);
         assert_eq!(t.len(), 0);
         assert_eq!(t.stats.exited, 1);
+    }
+
+    /// The kernel's records of an exec of the running test binary by `pid`.
+    fn record_exec_of_self(t: &mut ProcessTable, pid: u32, exec_ns: u64) -> String {
+        let exe = std::env::current_exe().unwrap();
+        let md = std::fs::metadata(&exe).unwrap();
+        let mut b = crate::ebpf::mmap_events::MappingBatch::default();
+        let path = exe.to_string_lossy().into_owned();
+        b.push_map(
+            exec_ns + 1,
+            pid,
+            0x5000..0x9000,
+            0x1000,
+            ((libc::major(md.dev()), libc::minor(md.dev())), md.ino()),
+            path.as_bytes(),
+        );
+        t.on_exec_record(pid, exec_ns);
+        let e = b.events[0];
+        let crate::ebpf::mmap_events::MappingEventKind::Map(m) = e.kind else { unreachable!() };
+        t.on_map_record(pid, &m, b.path(&m), e.time_ns);
+        path
+    }
+
+    #[test]
+    fn a_process_gone_before_its_samples_are_read_is_named_from_the_records() {
+        let now = Instant::now();
+        let mut t = ProcessTable::new(4);
+        let ghost = u32::MAX - 9; // no such process: /proc cannot tell
+        let path = record_exec_of_self(&mut t, ghost, 100);
+        t.on_exit(ghost, 500);
+        // A sample taken before the exit: the image the records hold.
+        t.sample_at(ghost, 300);
+        let st = t.get(ghost, now).expect("named from the records");
+        assert_eq!(st.info.exe_path.as_deref(), Some(path.as_str()));
+        assert_eq!(st.info.exe_name, procfs::base_name(&path));
+        let m = st.mappings.find(0x6000).expect("the recorded mapping");
+        assert_eq!((m.start, m.end, m.file_offset, &*m.path), (0x5000, 0x9000, 0x1000, path.as_str()));
+        assert!(m.build_id.is_some(), "the file opened by its path, same inode: its build id");
+        assert_eq!((t.stats.from_records, t.stats.unreadable), (1, 0));
+        // Gone per the records: dropped on the next sweep it was not sampled in.
+        let later = now + Duration::from_millis(1);
+        t.sweep(later, later);
+        assert_eq!((t.len(), t.stats.exited), (0, 1));
+        // A sample after the exit (a reused pid): not the recorded image.
+        t.sample_at(ghost, 600);
+        assert!(t.get(ghost, now).is_none());
+        assert_eq!(t.stats.unreadable, 1);
+    }
+
+    #[test]
+    fn without_a_recorded_exec_or_after_lost_records_the_process_is_read_from_proc() {
+        let now = Instant::now();
+        let me = std::process::id();
+        let mut t = ProcessTable::new(4);
+        record_exec_of_self(&mut t, me, 100);
+        t.on_records_lost();
+        t.sample_at(me, 300);
+        let st = t.get(me, now).expect("self from /proc");
+        assert_ne!(st.info.start_time, 0, "read from /proc");
+        assert_eq!(t.stats.from_records, 0);
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub struct Counters {
     pub proc_unreadable: Counter,
     pub maps_refreshes: Counter,
     pub exec_reloads: Counter,
+    /// Processes known from the kernel's exec and mapping records, not /proc.
+    pub from_records: Counter,
     pub build_id_reads: Counter,
     pub batches: Counter,
     /// Known processes.
@@ -154,6 +156,10 @@ impl Counters {
             exec_reloads: t.counter(
                 "ebpf_process_exec_reloads_total",
                 "Processes read again (executable, build ID, mappings) because they exec'd after they were read",
+            ),
+            from_records: t.counter(
+                "ebpf_processes_from_records_total",
+                "Processes known from the kernel's exec and mapping records (no /proc read but the cgroup)",
             ),
             build_id_reads: t.counter("ebpf_build_id_reads_total", "ELF files read for a build ID (cache misses)"),
             batches: t.counter("ebpf_batches_total", "Batches pushed downstream"),
@@ -341,16 +347,18 @@ fn run(
         "ebpf receiver: perf events attached"
     );
     // Opened before the scan of running processes, so a process started
-    // during the scan is in one or the other.
-    let mappings = uprobe_counters.as_ref().and_then(|_| match MappingEvents::open(&loaded.cpus()) {
+    // during the scan is in one or the other. Always: the process table
+    // knows new processes from them too.
+    let mappings = match MappingEvents::open(&loaded.cpus()) {
         Ok(m) => Some(m),
         Err(e) => {
             tracing::warn!(
-                "ebpf receiver: uprobes: no kernel mapping records ({e}); new processes are looked at through /proc"
+                "ebpf receiver: no kernel mapping records ({e}); new processes are looked at through /proc, \
+                 and those that exit before their samples are read stay unnamed"
             );
             None
         }
-    });
+    };
     let uprobes = uprobe_counters.map(|c| {
         let mut u = Uprobes::new(&config.uprobes, config.negative_cache, c);
         let t = Instant::now();
@@ -613,9 +621,9 @@ struct Sampler {
     ubuf: Vec<u64>,
     /// Present when probes are configured.
     uprobes: Option<Uprobes<UProbeLink>>,
-    /// The kernel's exec and mapping records (probes configured and the
-    /// side-band events could be opened); else new processes are looked at
-    /// through /proc.
+    /// The kernel's exec and mapping records (when the side-band events
+    /// could be opened), for the process table and the uprobe side; else
+    /// new processes are looked at through /proc.
     mappings: Option<MappingEvents>,
     mapping_batch: MappingBatch,
     /// A mapping ring was (re)opened since the last read: records may be
@@ -661,8 +669,21 @@ impl Sampler {
             m.read(&mut side);
         }
         // Records missed (full ring, a ring reopened): this read's execs are
-        // looked at through /proc as well.
-        let via_proc = self.mappings.is_none() || side.lost > 0 || std::mem::take(&mut self.mapping_gap);
+        // looked at through /proc as well, and no image is trusted whole.
+        let gap = side.lost > 0 || std::mem::take(&mut self.mapping_gap);
+        let via_proc = self.mappings.is_none() || gap;
+        if gap {
+            self.table.on_records_lost();
+        }
+        for e in &side.events {
+            match &e.kind {
+                MappingEventKind::Exec => self.table.on_exec_record(e.pid, e.time_ns),
+                MappingEventKind::Map(m) => self.table.on_map_record(e.pid, m, side.path(m), e.time_ns),
+            }
+        }
+        for e in events.iter().filter(|e| e.kind == ProcEventKind::Exit) {
+            self.table.on_exit(e.pid, e.ktime_ns);
+        }
         if let Some(u) = &self.uprobes {
             u.counters().mapping_records_lost.add(side.lost);
         }
@@ -869,6 +890,7 @@ impl Sampler {
         self.counters.proc_unreadable.add(ts.unreadable - self.last_table.unreadable);
         self.counters.maps_refreshes.add(ts.refreshes - self.last_table.refreshes);
         self.counters.exec_reloads.add(ts.exec_reloads - self.last_table.exec_reloads);
+        self.counters.from_records.add(ts.from_records - self.last_table.from_records);
         self.last_table = ts;
         let reads = self.table.build_id_reads();
         self.counters.build_id_reads.add(reads - self.last_build_id_reads);

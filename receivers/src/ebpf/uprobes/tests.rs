@@ -254,7 +254,7 @@ fn record(
     ino: u64,
     path: &[u8],
 ) -> FileMap {
-    batch.push_map(0, pid, range, dev, ino, path);
+    batch.push_map(0, pid, range, 0, (dev, ino), path);
     match batch.events.last().unwrap().kind {
         super::super::mmap_events::MappingEventKind::Map(m) => m,
         _ => unreachable!(),
