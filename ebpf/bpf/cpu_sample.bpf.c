@@ -455,6 +455,7 @@ static __always_inline int proc_event(__u32 kind)
 	if (kind == PROC_EXIT && (__u32)id != e.pid)
 		return 0;
 	bpf_get_current_comm(e.comm, sizeof(e.comm));
+	e.cgroup_id = bpf_get_current_cgroup_id();
 	/* Wake the reader only for an event into an empty ring: while events
 	 * keep coming it reads them on its own short period, and an idle host
 	 * costs it no wake-up at all. */

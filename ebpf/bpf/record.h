@@ -63,6 +63,7 @@ struct proc_event {
 	__u32 pid;               /* tgid */
 	__u32 kind;              /* enum proc_event_kind */
 	char comm[TASK_COMM_LEN];
+	__u64 cgroup_id;         /* the task's cgroup v2 id: its container, once per cgroup */
 };
 
 #endif

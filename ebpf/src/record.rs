@@ -198,10 +198,13 @@ pub struct ProcEvent {
     pub pid: u32,
     pub kind: ProcEventKind,
     pub comm: [u8; TASK_COMM_LEN],
+    /// The task's cgroup v2 id (`bpf_get_current_cgroup_id`): processes of
+    /// one container share it, so its container id is read once.
+    pub cgroup_id: u64,
 }
 
 /// Size of `struct proc_event`.
-pub const PROC_EVENT_SIZE: usize = 32;
+pub const PROC_EVENT_SIZE: usize = 40;
 
 impl ProcEvent {
     /// Decodes a record; `None` when short or of an unknown kind.
@@ -212,7 +215,13 @@ impl ProcEvent {
             2 => ProcEventKind::Exit,
             _ => return None,
         };
-        Some(ProcEvent { ktime_ns: u64_at(b, 0), pid: u32_at(b, 8), kind, comm: comm_at(b, 16) })
+        Some(ProcEvent {
+            ktime_ns: u64_at(b, 0),
+            pid: u32_at(b, 8),
+            kind,
+            comm: comm_at(b, 16),
+            cgroup_id: u64_at(b, 32),
+        })
     }
 }
 
@@ -280,10 +289,11 @@ mod tests {
         v.extend_from_slice(&42u32.to_ne_bytes());
         v.extend_from_slice(&2u32.to_ne_bytes());
         v.extend_from_slice(b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
+        v.extend_from_slice(&77u64.to_ne_bytes());
         let e = ProcEvent::parse(&v).expect("parse");
-        assert_eq!((e.pid, e.kind, e.ktime_ns), (42, ProcEventKind::Exit, 5));
+        assert_eq!((e.pid, e.kind, e.ktime_ns, e.cgroup_id), (42, ProcEventKind::Exit, 5, 77));
         assert_eq!(comm_str(&e.comm), "sh");
-        assert!(ProcEvent::parse(&v[..31]).is_none());
+        assert!(ProcEvent::parse(&v[..39]).is_none());
         v[12] = 9;
         assert!(ProcEvent::parse(&v).is_none());
     }

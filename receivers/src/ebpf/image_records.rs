@@ -52,6 +52,10 @@ pub struct Image {
     maps: Vec<RecordedMap>,
     /// More than [`MAX_MAPS`] mappings: the image is not whole.
     overflow: bool,
+    /// The cgroup id of the exec event (BPF, `sched_process_exec`) and its
+    /// time: the event comes after the exec's records, so it is this
+    /// image's when not older than `exec_ns`.
+    exec_cgroup: Option<(u64, u64)>,
 }
 
 impl Image {
@@ -64,6 +68,11 @@ impl Image {
     /// Mappings since the exec, in the order they were made.
     pub fn maps(&self) -> impl Iterator<Item = &RecordedMap> {
         self.maps.iter().filter(move |m| m.time_ns >= self.exec_ns)
+    }
+
+    /// The cgroup v2 id the process exec'd in, when its exec event was read.
+    pub fn cgroup_id(&self) -> Option<u64> {
+        self.exec_cgroup.filter(|&(t, _)| t >= self.exec_ns).map(|(_, id)| id)
     }
 
     /// The executable: the first file an exec maps is the one it runs.
@@ -114,6 +123,14 @@ impl ImageRecords {
         img.exit_ns = None;
         img.overflow = false;
         img.maps.retain(|m| m.time_ns >= time_ns);
+    }
+
+    /// The exec event (BPF) of `pid` at `ktime_ns`, in cgroup `cgroup_id`.
+    pub fn on_exec_event(&mut self, pid: u32, ktime_ns: u64, cgroup_id: u64) {
+        let img = self.entry(pid);
+        if img.exec_cgroup.is_none_or(|(t, _)| t < ktime_ns) {
+            img.exec_cgroup = Some((ktime_ns, cgroup_id));
+        }
     }
 
     /// A mapping record of `pid`; `path` without its NUL.
@@ -175,6 +192,11 @@ impl ImageRecords {
         self.procs.get(&pid).is_none_or(|i| i.exit_ns.is_some())
     }
 
+    /// Whether `pid`'s exit was recorded (and its image is still kept).
+    pub fn exit_seen(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|i| i.exit_ns.is_some())
+    }
+
     /// Forgets processes that exited more than [`EXITED_TTL_NS`] before `now_ns`.
     pub fn sweep(&mut self, now_ns: u64) {
         self.procs.retain(|_, i| i.exit_ns.is_none_or(|e| now_ns.saturating_sub(e) < EXITED_TTL_NS));
@@ -212,8 +234,10 @@ mod tests {
         record(&mut r, 7, 0x5000, "/usr/bin/sha256sum", 12);
         r.on_exec(7, 10);
         record(&mut r, 7, 0x9000, "/usr/lib/ld.so", 13);
+        r.on_exec_event(7, 11, 99); // the BPF exec event, after the exec's first records
         let img = r.at(7, 20).expect("complete after the exec");
         assert_eq!(paths(img), ["/usr/bin/sha256sum", "/usr/lib/ld.so"]);
+        assert_eq!(img.cgroup_id(), Some(99));
         assert_eq!(img.executable().map(|m| (m.start, m.end, m.offset, m.dev)), Some((0x5000, 0x6000, 0x2000, (8, 1))));
         // A sample taken before the exec is not this image's.
         assert!(r.at(7, 9).is_none());
@@ -226,7 +250,8 @@ mod tests {
         r.on_exit(7, 30);
         assert!(r.at(7, 30).is_some());
         assert!(r.at(7, 31).is_none());
-        assert!(r.exited(7));
+        assert!(r.exited(7) && r.exit_seen(7));
+        assert!(r.exited(8) && !r.exit_seen(8), "unknown: gone for the sweep, no exit seen");
         r.sweep(30 + EXITED_TTL_NS - 1);
         assert_eq!(r.len(), 1);
         r.sweep(30 + EXITED_TTL_NS);
@@ -241,10 +266,11 @@ mod tests {
             record(&mut r, 3, 0x1000 * (i + 1), "/lib/x.so", 2);
         }
         assert!(r.at(3, 5).is_none(), "over MAX_MAPS: not whole");
-        // A new exec starts a new image.
+        // A new exec starts a new image; the old exec's cgroup is not its.
+        r.on_exec_event(3, 2, 5);
         r.on_exec(3, 10);
         record(&mut r, 3, 0x1000, "/bin/true", 11);
-        assert!(r.at(3, 12).is_some());
+        assert_eq!(r.at(3, 12).map(|i| i.cgroup_id()), Some(None));
         r.on_lost();
         assert!(r.at(3, 12).is_none());
     }

@@ -143,6 +143,8 @@ pub struct ProcessTable {
     /// File ids by the (device, inode) the records name, and when they
     /// were last checked against the file.
     record_ids: FxHashMap<(u32, u32, u64), (FileIds, Instant)>,
+    /// Container ids by cgroup v2 id, read from a process of the cgroup.
+    containers: FxHashMap<u64, Option<String>>,
     pub stats: TableStats,
 }
 
@@ -161,6 +163,7 @@ impl ProcessTable {
             images: ImageRecords::new(capacity.max(1)),
             sample_ktime: u64::MAX,
             record_ids: FxHashMap::default(),
+            containers: FxHashMap::default(),
             stats: TableStats::default(),
         }
     }
@@ -203,6 +206,12 @@ impl ProcessTable {
         self.images.on_exec(pid, time_ns);
     }
 
+    /// An exec event (BPF) of `pid` in cgroup `cgroup_id`: the container
+    /// id of a process known from the records is read once per cgroup.
+    pub fn on_exec_event(&mut self, pid: u32, ktime_ns: u64, cgroup_id: u64) {
+        self.images.on_exec_event(pid, ktime_ns, cgroup_id);
+    }
+
     /// A kernel mapping record (`PERF_RECORD_MMAP2` of an executable file).
     pub fn on_map_record(&mut self, pid: u32, m: &FileMap, path: &[u8], time_ns: u64) {
         self.images.on_map(pid, m, path, time_ns);
@@ -211,6 +220,12 @@ impl ProcessTable {
     /// `pid` exited at `ktime_ns` (a `sched_process_exit` event).
     pub fn on_exit(&mut self, pid: u32, ktime_ns: u64) {
         self.images.on_exit(pid, ktime_ns);
+    }
+
+    /// Whether the records say `pid` exited: its samples are still named,
+    /// but nothing is installed for it any more.
+    pub fn exit_seen(&self, pid: u32) -> bool {
+        self.images.exit_seen(pid)
     }
 
     /// Kernel records were lost: processes are read from /proc until their
@@ -389,6 +404,7 @@ impl ProcessTable {
         let exe = img.executable()?;
         let exe_path = exe.path.to_string();
         let loaded_ktime = img.exec_ns;
+        let cgroup_id = img.cgroup_id();
         // In the order they were made: a mapping over an earlier one's
         // addresses replaces it (an unmapping has no record).
         let mut maps: Vec<RecordedMap> = Vec::new();
@@ -411,7 +427,20 @@ impl ProcessTable {
                 file_id: ids.file_id,
             });
         }
-        let container_id = procfs::read_container_id(pid);
+        let container_id = match cgroup_id.and_then(|id| self.containers.get(&id)) {
+            Some(c) => c.clone(),
+            None => {
+                let c = procfs::read_cgroup(pid).map(|cg| procfs::container_id(&cg));
+                // Kept only when read (a process gone says nothing of its cgroup).
+                if let (Some(id), Some(c)) = (cgroup_id, &c) {
+                    if self.containers.len() >= MAX_RECORD_IDS {
+                        self.containers.clear();
+                    }
+                    self.containers.insert(id, c.clone());
+                }
+                c.flatten()
+            }
+        };
         let exe_name = procfs::base_name(&exe_path).to_owned();
         let service_name = self.namer.name(pid, &exe_name, container_id.as_deref());
         Some(ProcessState {
@@ -748,6 +777,32 @@ mod tests {
         t.sample_at(ghost, 600);
         assert!(t.get(ghost, now).is_none());
         assert_eq!(t.stats.unreadable, 1);
+    }
+
+    #[test]
+    fn the_container_id_is_read_once_per_cgroup() {
+        let now = Instant::now();
+        let mut t = ProcessTable::new(8);
+        // Read from a live process of cgroup 42 earlier.
+        t.containers.insert(42, Some("c0ffee".into()));
+        let (a, b) = (u32::MAX - 11, u32::MAX - 12); // gone: /proc cannot tell
+        for (pid, cgroup) in [(a, 42), (b, 43)] {
+            record_exec_of_self(&mut t, pid, 100);
+            t.on_exec_event(pid, 150, cgroup);
+        }
+        t.sample_at(a, 300);
+        assert_eq!(t.get(a, now).unwrap().info.container_id.as_deref(), Some("c0ffee"));
+        t.sample_at(b, 300);
+        assert_eq!(t.get(b, now).unwrap().info.container_id, None);
+        assert!(!t.containers.contains_key(&43), "nothing read: nothing kept");
+        // The live test process: its cgroup read and kept.
+        let me = std::process::id();
+        record_exec_of_self(&mut t, me, 100);
+        t.on_exec_event(me, 150, 44);
+        t.sample_at(me, 300);
+        let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert_eq!(t.get(me, now).unwrap().info.container_id, procfs::container_id(&cg));
+        assert_eq!(t.containers.get(&44), Some(&procfs::container_id(&cg)));
     }
 
     #[test]

@@ -252,10 +252,9 @@ pub fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
 }
 
 /// Reads and parses /proc/PID/maps.
-/// The container id from /proc/PID/cgroup; `None` when there is none or
-/// the process is gone.
-pub fn read_container_id(pid: u32) -> Option<String> {
-    read_small(ProcPath::new(pid, "cgroup").as_path()).ok().and_then(|c| container_id(&c))
+/// /proc/PID/cgroup; `None` when the process is gone.
+pub fn read_cgroup(pid: u32) -> Option<String> {
+    read_small(ProcPath::new(pid, "cgroup").as_path()).ok()
 }
 
 pub fn read_maps(pid: u32) -> io::Result<Vec<MapsEntry>> {

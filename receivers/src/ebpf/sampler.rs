@@ -681,8 +681,11 @@ impl Sampler {
                 MappingEventKind::Map(m) => self.table.on_map_record(e.pid, m, side.path(m), e.time_ns),
             }
         }
-        for e in events.iter().filter(|e| e.kind == ProcEventKind::Exit) {
-            self.table.on_exit(e.pid, e.ktime_ns);
+        for e in &events {
+            match e.kind {
+                ProcEventKind::Exec => self.table.on_exec_event(e.pid, e.ktime_ns, e.cgroup_id),
+                ProcEventKind::Exit => self.table.on_exit(e.pid, e.ktime_ns),
+            }
         }
         if let Some(u) = &self.uprobes {
             u.counters().mapping_records_lost.add(side.lost);
@@ -806,8 +809,11 @@ impl Sampler {
                 // A counted stack's end is counted with its count.
                 self.unwind_counters.count_end(h.user_end);
             }
-            if let (Some(uw), Some(maps), Some((_, m))) =
-                (self.unwinder.as_mut(), loaded.unwind_maps.as_mut(), process.as_ref())
+            // Not for a process that has exited (known from the records):
+            // its entry would only wait for the sweep, its tables be built
+            // for nothing.
+            if let (Some(uw), Some(maps), Some((_, m)), false) =
+                (self.unwinder.as_mut(), loaded.unwind_maps.as_mut(), process.as_ref(), self.table.exit_seen(h.pid))
             {
                 uw.sync(h.pid, m, maps, now);
             }
