@@ -163,14 +163,22 @@ fn plt_threshold(expr: &[u8]) -> Option<i32> {
     (same && (0x30..=0x4f).contains(&lit)).then(|| i32::from(lit - 0x30))
 }
 
-/// One FDE's rows, before the FDEs are merged.
-struct FdeRows {
+/// One FDE found by the first pass: what it covers and where it is. Its
+/// rows are evaluated in the second, in address order, straight into the
+/// table: no FDE's rows are held apart (they were ~10× the table's bytes
+/// at the peak of a build).
+struct FdeAt {
     start: u64,
     end: u64,
     /// 0 for `.eh_frame`, 1 for `.debug_frame` (the first wins an overlap).
     priority: u8,
-    rows: Vec<Row>,
+    /// Offset of the FDE in its section.
+    offset: usize,
 }
+
+/// Rows of a table per byte of CFI, at most, in the files measured
+/// (0.19–0.26): the output is sized once from the CFI's size.
+const ROWS_PER_CFI_BYTE_DIV: usize = 4;
 
 impl ElfFile {
     /// Builds the unwind table of an x86-64 ELF64 file from `.eh_frame`
@@ -201,25 +209,38 @@ impl ElfFile {
             || sections.section_by_name(e, b".go.buildinfo").is_some();
         let mut stats = TableStats { go, ..TableStats::default() };
         let mut fdes = Vec::new();
-        let mut any = false;
-        if let Some((addr, bytes)) = section(b".eh_frame") {
-            any = true;
+        let eh = section(b".eh_frame").map(|(addr, bytes)| {
             stats.cfi_bytes += bytes.len() as u64;
-            let bases = BaseAddresses::default().set_eh_frame(addr).set_text(text);
-            let eh = EhFrame::new(bytes, LittleEndian);
-            collect(&eh, &bases, 0, &mut fdes, &mut stats);
-        }
-        if let Some((_, bytes)) = section(b".debug_frame").filter(|_| !go) {
-            any = true;
+            (BaseAddresses::default().set_eh_frame(addr).set_text(text), EhFrame::new(bytes, LittleEndian))
+        });
+        let df = section(b".debug_frame").filter(|_| !go).map(|(_, bytes)| {
             stats.cfi_bytes += bytes.len() as u64;
             let mut df = DebugFrame::new(bytes, LittleEndian);
             df.set_address_size(8);
-            collect(&df, &BaseAddresses::default(), 1, &mut fdes, &mut stats);
-        }
-        if !any {
+            (BaseAddresses::default(), df)
+        });
+        if eh.is_none() && df.is_none() {
             return Err(UnwindError::NoCfi);
         }
-        let mut table = merge(fdes);
+        if let Some((bases, eh)) = &eh {
+            scan(eh, bases, 0, &mut fdes, &mut stats);
+        }
+        if let Some((bases, df)) = &df {
+            scan(df, bases, 1, &mut fdes, &mut stats);
+        }
+        let mut ctx = UnwindContext::new();
+        let mut bad = 0u64;
+        let capacity = usize::try_from(stats.cfi_bytes).unwrap_or(0) / ROWS_PER_CFI_BYTE_DIV + 2;
+        let mut table = merge(fdes, capacity, |f, out| {
+            let ok = match (f.priority, &eh, &df) {
+                (0, Some((bases, eh)), _) => rows_of(eh, bases, &mut ctx, f.offset, out),
+                (1, _, Some((bases, df))) => rows_of(df, bases, &mut ctx, f.offset, out),
+                _ => false,
+            };
+            bad += u64::from(!ok);
+            ok
+        });
+        stats.bad_fdes += bad;
         if go {
             let code: Vec<(u64, u64)> = self
                 .load_segments()
@@ -298,14 +319,14 @@ impl ElfFile {
     }
 }
 
-fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
+/// The first pass: every FDE of `section` with the range it covers.
+fn scan<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>, Offset = O>, O: gimli::UnwindOffset>(
     section: &S,
     bases: &BaseAddresses,
     priority: u8,
-    out: &mut Vec<FdeRows>,
+    out: &mut Vec<FdeAt>,
     stats: &mut TableStats,
 ) {
-    let mut ctx = UnwindContext::new();
     let mut entries = section.entries(bases);
     loop {
         let entry = match entries.next() {
@@ -324,25 +345,33 @@ fn collect<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
             continue;
         };
         let (start, end) = (fde.initial_address(), fde.end_address());
-        if start >= end {
-            continue;
+        if start < end {
+            out.push(FdeAt { start, end, priority, offset: fde.offset() });
         }
-        let signal = fde.cie().is_signal_trampoline();
-        let mut rows = Vec::new();
-        let ok = (|| -> gimli::Result<()> {
-            let mut table = fde.rows(section, bases, &mut ctx)?;
-            while let Some(row) = table.next_row()? {
-                let rule = if signal { signal_rule_of(row, section) } else { rule_of(row, section) };
-                rows.push(Row { address: row.start_address(), rule });
-            }
-            Ok(())
-        })();
-        if ok.is_err() || rows.is_empty() {
-            stats.bad_fdes += 1;
-            continue;
-        }
-        out.push(FdeRows { start, end, priority, rows });
     }
+}
+
+/// The second pass, for one FDE: its rows into `out` (cleared first);
+/// false when it cannot be evaluated or has none.
+fn rows_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>, Offset = O>, O: gimli::UnwindOffset>(
+    section: &S,
+    bases: &BaseAddresses,
+    ctx: &mut UnwindContext<usize>,
+    offset: usize,
+    out: &mut Vec<Row>,
+) -> bool {
+    out.clear();
+    let ok = (|| -> gimli::Result<()> {
+        let fde = section.fde_from_offset(bases, O::from(offset), S::cie_from_offset)?;
+        let signal = fde.cie().is_signal_trampoline();
+        let mut table = fde.rows(section, bases, ctx)?;
+        while let Some(row) = table.next_row()? {
+            let rule = if signal { signal_rule_of(row, section) } else { rule_of(row, section) };
+            out.push(Row { address: row.start_address(), rule });
+        }
+        Ok(())
+    })();
+    ok.is_ok() && !out.is_empty()
 }
 
 fn rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
@@ -438,11 +467,14 @@ fn signal_rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
 /// `call *%rax`.
 const CALL_RAX: [u8; 2] = [0xff, 0xd0];
 
-/// Sorts FDEs, drops those overlapping an earlier (or higher-priority) one,
-/// fills gaps with NO_INFO and merges equal neighbours.
-fn merge(mut fdes: Vec<FdeRows>) -> UnwindTable {
-    fdes.sort_by_key(|f| (f.start, f.priority));
-    let mut rows: Vec<Row> = Vec::new();
+/// Sorts FDEs, evaluates each one not overlapping an earlier (or
+/// higher-priority) one with `rows_of` (false: no rows, it covers
+/// nothing), fills gaps with NO_INFO and merges equal neighbours.
+/// `capacity`: the rows expected at most (reserved once).
+fn merge(mut fdes: Vec<FdeAt>, capacity: usize, mut rows_of: impl FnMut(&FdeAt, &mut Vec<Row>) -> bool) -> UnwindTable {
+    fdes.sort_unstable_by_key(|f| (f.start, f.priority));
+    let mut rows: Vec<Row> = Vec::with_capacity(capacity);
+    let mut fde_rows: Vec<Row> = Vec::new();
     let mut covered_end = 0u64;
     let push = |rows: &mut Vec<Row>, r: Row| {
         if let Some(last) = rows.last_mut() {
@@ -460,14 +492,14 @@ fn merge(mut fdes: Vec<FdeRows>) -> UnwindTable {
         }
         rows.push(r);
     };
-    for f in fdes {
-        if f.start < covered_end {
+    for f in &fdes {
+        if f.start < covered_end || !rows_of(f, &mut fde_rows) {
             continue;
         }
         if f.start > covered_end && covered_end != 0 {
             push(&mut rows, Row { address: covered_end, rule: Rule::NO_INFO });
         }
-        for r in &f.rows {
+        for r in &fde_rows {
             if r.address >= f.start && r.address < f.end {
                 push(&mut rows, *r);
             }
@@ -477,6 +509,8 @@ fn merge(mut fdes: Vec<FdeRows>) -> UnwindTable {
     if covered_end != 0 {
         push(&mut rows, Row { address: covered_end, rule: Rule::NO_INFO });
     }
+    // Not shrunk: a table lives only until it is compacted, and a shrink
+    // would be one more allocation of its size.
     UnwindTable { rows }
 }
 
@@ -538,7 +572,8 @@ impl UnwindTable {
             Ok(id)
         };
         let mut pages: Vec<Page> = Vec::new();
-        let mut words: Vec<u32> = Vec::new();
+        // A word per row, and one per page a row is carried into (few).
+        let mut words: Vec<u32> = Vec::with_capacity(self.rows.len() + self.rows.len() / 64);
         for (i, row) in self.rows.iter().enumerate() {
             let first_page = row.address >> PAGE_SHIFT;
             // The rule holds up to the next row: it starts its own page and

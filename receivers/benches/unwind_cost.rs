@@ -6,7 +6,10 @@
 //! 1. Table building: for the system's libc, python3 and sha256sum and this
 //!    benchmark's own (Rust, large) executable: time to build the compact
 //!    table (open, parse `.eh_frame`/`.debug_frame`, evaluate, compact;
-//!    median of 5), bytes of CFI, bytes of table, table bytes per MiB of CFI.
+//!    median of 5), bytes of CFI, bytes of table, table bytes per MiB of CFI,
+//!    and the most heap the build held at once (a counting allocator)
+//!    against the table's bytes. `EXTRA_FILES=a:b` adds files (a large
+//!    binary: `target/release/profcol`); `-- tables` runs only this part.
 //! 2. In-kernel time per sample of the sampling program (the kernel's
 //!    `bpf_stats_enabled` run time of `profcol_cpu_sample`, which includes
 //!    its tail calls into `profcol_unwind`), on `examples/workloads/deep.c`
@@ -32,6 +35,9 @@ use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+#[global_allocator]
+static HEAP: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Counting;
+
 const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 const FREQ: u64 = 499;
 const SECONDS: f64 = 2.0;
@@ -48,37 +54,44 @@ fn table_builds() {
         .iter()
         .map(PathBuf::from)
         .chain([own])
+        .chain(std::env::var("EXTRA_FILES").unwrap_or_default().split(':').filter(|p| !p.is_empty()).map(PathBuf::from))
         .filter(|p| p.exists())
         .map(|p| std::fs::canonicalize(p).unwrap())
         .collect();
     println!("## table build");
     println!(
-        "| file | file size | CFI bytes | table bytes | table bytes per MiB of CFI | rows | build ms (median of 5) |"
+        "| file | file size | CFI bytes | table bytes | table bytes per MiB of CFI | rows | build ms (median of 5) | peak heap of a build | peak / table |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for f in files {
         let file = File::open(&f).unwrap();
         let mut times = Vec::new();
         let mut result = None;
+        let mut peak = 0isize;
         for _ in 0..5 {
+            profcol_testkit::alloc::reset_peak();
+            let before = profcol_testkit::alloc::live();
             let t = Instant::now();
             let elf = ElfFile::open(&file).unwrap();
             let (table, stats) = elf.unwind_table().unwrap();
             let compact = table.compact().unwrap();
             times.push(t.elapsed().as_secs_f64() * 1e3);
+            peak = peak.max(profcol_testkit::alloc::peak() - before);
             result = Some((stats, compact));
         }
         let (stats, compact) = result.unwrap();
         let size = file.metadata().unwrap().len();
         println!(
-            "| {} | {} | {} | {} | {:.0} | {} | {:.1} |",
+            "| {} | {} | {} | {} | {:.0} | {} | {:.1} | {} | {:.1} |",
             f.file_name().unwrap().to_string_lossy(),
             size,
             stats.cfi_bytes,
             compact.bytes(),
             compact.bytes() as f64 / (stats.cfi_bytes as f64 / (1 << 20) as f64),
             compact.rows.len(),
-            median(times)
+            median(times),
+            peak,
+            peak as f64 / compact.bytes() as f64
         );
     }
 }
@@ -130,6 +143,9 @@ async fn kernel_ns_per_sample(bin: &Path, mode: UnwindMode, count_in_kernel: boo
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     table_builds();
+    if std::env::args().any(|a| a == "tables") {
+        return;
+    }
     if profcol_receivers::ebpf::privileges::Privileges::current().check().is_err() {
         println!("in-kernel cost: skipped (needs root or CAP_BPF+CAP_PERFMON)");
         return;
