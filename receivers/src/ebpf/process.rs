@@ -32,10 +32,10 @@ pub const REFRESH_MIN_INTERVAL: Duration = Duration::from_secs(1);
 pub const UNREADABLE_TTL: Duration = Duration::from_secs(30);
 /// At most this many maps refreshes per second across all processes.
 pub const REFRESH_BUDGET_PER_SEC: u32 = 100;
-/// A file's ids, checked against the file through a live process's
-/// `map_files` this recently, are taken for a new mapping of the same
-/// (device, inode) without a stat: a process that starts again and again
-/// costs no system call per mapped file.
+/// A file's ids, checked against the file (a `stat` of its path, or
+/// through a live process's `map_files`) this recently, are taken for a new
+/// mapping of the same (device, inode) without a system call: a program
+/// started again and again costs none per mapped file.
 pub const RECORD_IDS_TTL: Duration = Duration::from_secs(1);
 /// Files remembered by (device, inode) for [`RECORD_IDS_TTL`].
 const MAX_RECORD_IDS: usize = 4096;
@@ -463,12 +463,13 @@ impl ProcessTable {
     fn ids_of_record(&mut self, pid: u32, m: &RecordedMap, now: Instant) -> FileIds {
         let key = (m.dev.0, m.dev.1, m.ino);
         if let Some((ids, checked)) = self.record_ids.get(&key) {
-            if now.duration_since(*checked) < RECORD_IDS_TTL {
-                let ids = ids.clone();
-                if let (Some(pins), Some(k)) = (&self.pins, ids.key()) {
-                    pins.touch(k);
-                }
-                return ids;
+            // Still pinned for user_symbols, or it is opened again below.
+            let pinned = match (&self.pins, ids.key()) {
+                (Some(pins), Some(k)) => pins.touch(k),
+                _ => true,
+            };
+            if pinned && now.duration_since(*checked) < RECORD_IDS_TTL {
+                return ids.clone();
             }
         }
         // The path as the host sees it names the same file (the device and
@@ -483,11 +484,20 @@ impl ProcessTable {
         let ids = match cached.or_else(|| self.ids_of(pid, m.start, m.end, &m.path)) {
             Some(ids) => ids,
             // Gone: the last ids seen for the file, else the file by its
-            // path if it is still the same inode.
+            // path if it is still the same one (pinned from there).
             None => match self.record_ids.get(&key) {
                 Some((ids, _)) => return ids.clone(),
                 None => match File::open(&*m.path) {
-                    Ok(f) if f.metadata().is_ok_and(|md| same_file(&md)) => self.build_ids.ids(&f).unwrap_or_default(),
+                    Ok(f) if f.metadata().is_ok_and(|md| same_file(&md)) => {
+                        let ids = self.build_ids.ids(&f).unwrap_or_default();
+                        if let (Some(pins), Some(k)) = (&self.pins, ids.key()) {
+                            if !pins.touch(k) {
+                                let file = PinnedFile { file: Arc::new(f), path: m.path.clone(), root: None };
+                                pins.pin(k.clone(), file);
+                            }
+                        }
+                        ids
+                    }
                     _ => return FileIds::default(),
                 },
             },
