@@ -103,14 +103,25 @@ impl ImageRecords {
 
     fn entry(&mut self, pid: u32) -> &mut Image {
         if !self.procs.contains_key(&pid) && self.procs.len() >= self.capacity {
-            // The oldest image goes (exited ones first): the process table
-            // has read it already, or reads it from /proc.
-            let victim = self.procs.iter().min_by_key(|(_, i)| (i.exit_ns.is_none(), i.exec_ns)).map(|(&pid, _)| pid);
-            if let Some(v) = victim {
-                self.procs.remove(&v);
-            }
+            self.evict();
         }
         self.procs.entry(pid).or_default()
+    }
+
+    /// Makes room: the oldest eighth of the images go (exited ones first;
+    /// the process table has read them already, or reads them from /proc),
+    /// so a host starting processes faster than they are swept pays one
+    /// pass per `capacity / 8` new ones, not one per process.
+    fn evict(&mut self) {
+        let mut order: Vec<((bool, u64), u32)> =
+            self.procs.iter().map(|(&pid, i)| ((i.exit_ns.is_none(), i.exec_ns), pid)).collect();
+        let n = (order.len() / 8).max(1);
+        if n < order.len() {
+            order.select_nth_unstable(n - 1);
+        }
+        for (_, pid) in order.into_iter().take(n) {
+            self.procs.remove(&pid);
+        }
     }
 
     /// An exec record of `pid` at `time_ns`.
@@ -285,6 +296,16 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert!(r.at(2, 2).is_none(), "the exited one was evicted");
         assert!(r.procs.contains_key(&1) && r.procs.contains_key(&3));
+        // At a larger capacity an eighth goes at once: exited, then oldest.
+        let mut big = ImageRecords::new(16);
+        for pid in 1..=16 {
+            big.on_exec(pid, u64::from(pid));
+        }
+        big.on_exit(9, 100);
+        big.on_exec(17, 200);
+        assert_eq!(big.len(), 15);
+        assert!(!big.procs.contains_key(&9) && !big.procs.contains_key(&1), "exited first, then the oldest");
+        assert!(big.procs.contains_key(&2) && big.procs.contains_key(&17));
         // Paths are shared between processes.
         record(&mut r, 1, 0x1000, "/bin/a", 5);
         record(&mut r, 3, 0x1000, "/bin/a", 5);
