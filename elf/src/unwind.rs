@@ -179,6 +179,9 @@ struct FdeAt {
 /// Rows of a table per byte of CFI, at most, in the files measured
 /// (0.19–0.26): the output is sized once from the CFI's size.
 const ROWS_PER_CFI_BYTE_DIV: usize = 4;
+/// Rows reserved at most up front (64 MiB); a larger table grows as usual,
+/// so a file claiming a huge CFI section reserves no more than this.
+const MAX_RESERVED_ROWS: usize = 1 << 22;
 
 impl ElfFile {
     /// Builds the unwind table of an x86-64 ELF64 file from `.eh_frame`
@@ -230,7 +233,8 @@ impl ElfFile {
         }
         let mut ctx = UnwindContext::new();
         let mut bad = 0u64;
-        let capacity = usize::try_from(stats.cfi_bytes).unwrap_or(0) / ROWS_PER_CFI_BYTE_DIV + 2;
+        let capacity =
+            (usize::try_from(stats.cfi_bytes).unwrap_or(0) / ROWS_PER_CFI_BYTE_DIV + 2).min(MAX_RESERVED_ROWS);
         let mut table = merge(fdes, capacity, |f, out| {
             let ok = match (f.priority, &eh, &df) {
                 (0, Some((bases, eh)), _) => rows_of(eh, bases, &mut ctx, f.offset, out),
