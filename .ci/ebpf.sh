@@ -7,7 +7,9 @@
 #   - binutils (strip), util-linux (unshare) and mount: the uprobe tests
 #     (receivers/tests/ebpf_uprobes.rs, elf/src/tests.rs) strip binaries and
 #     run a workload in its own mount namespace;
-#   - strace: optional manual check that loading opens no kernel BTF.
+#   - strace: optional manual check that loading opens no kernel BTF;
+#   - bpftool: the BTF offset test (ebpf/src/btf.rs) compares the struct
+#     member offsets it reads from /sys/kernel/btf/vmlinux with bpftool's.
 # The tests themselves (receivers/tests/ebpf_*.rs) need root, which CI has;
 # with CI=true they fail instead of skipping when privileges are missing.
 set -euo pipefail
@@ -21,6 +23,7 @@ command -v cc >/dev/null || need+=(gcc libc6-dev)
 command -v strip >/dev/null || need+=(binutils)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v mount >/dev/null || need+=(mount)
+command -v bpftool >/dev/null || need+=(bpftool)
 if [ ${#need[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq

@@ -6,9 +6,10 @@
 #                           objects differ (CI: catches a stale object)
 #
 # Needs: clang-16, llvm-16 (llvm-strip-16), libbpf-dev (bpf/bpf_helpers.h),
-# linux-libc-dev. The output is reproducible: fixed flags, no -g (so no .BTF,
-# no debug info, no paths), sources compiled by relative path from ebpf/, and
-# llvm-strip -g plus removal of the .llvm_addrsig section.
+# linux-libc-dev. The output is reproducible: fixed flags, -g for .BTF and
+# .BTF.ext (bpf_find_vma's callback needs func_info; no CO-RE relocations),
+# sources compiled by relative path from ebpf/, and llvm-strip -g (no DWARF,
+# no paths) plus removal of the .llvm_addrsig section.
 set -euo pipefail
 
 cd "$(dirname "$0")"
@@ -25,7 +26,7 @@ mkdir -p "$out"
 
 for src in bpf/*.bpf.c; do
 	name=$(basename "$src" .c)
-	"$CLANG" -target bpf -O2 -Wall -Werror \
+	"$CLANG" -target bpf -O2 -g -Wall -Werror \
 		-mcpu=v3 \
 		-D__TARGET_ARCH_x86 \
 		-I"$ARCH_INC" \

@@ -413,15 +413,12 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 	struct sample *s = fill_sample(ctx, tgid, tid, SAMPLE_CPU, 0);
 	if (!s)
 		return 0;
-	/* With unwind tables loaded for the process: the table walk (a tail
-	 * call that writes the record). Otherwise frame pointers. */
-	int unknown = unwind_start(ctx, s, stack_depth()) == UNWIND_START_UNKNOWN;
+	/* The table walk (a tail call that writes the record), unless the
+	 * sample has no user stack or tables are off. */
+	unwind_start(ctx, s, stack_depth());
 	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
 		s->user_end = UNWIND_END_NO_TABLE;
-	/* A process without tables yet wakes the reader (from its second
-	 * sample), which loads them: only its first few samples take frame
-	 * pointers. Each of them is a record. */
-	return write_fp_sample(ctx, s, 0, unknown && unwind_wake_due(s->pid), !unknown);
+	return write_fp_sample(ctx, s, 0, 0, 1);
 }
 
 SEC("uprobe")
@@ -470,15 +467,27 @@ static __always_inline int proc_event(__u32 kind)
 	return 0;
 }
 
+/* A new image or a process gone: the mappings the unwinder found for the
+ * pid are no longer its own. */
+static __always_inline void forget_mappings(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS && (__u32)id == pid)
+		bpf_map_delete_elem(&unwind_procs, &pid);
+}
+
 SEC("raw_tracepoint/sched_process_exec")
 int profcol_exec(struct bpf_raw_tracepoint_args *ctx)
 {
+	forget_mappings();
 	return proc_event(PROC_EXEC);
 }
 
 SEC("raw_tracepoint/sched_process_exit")
 int profcol_exit(struct bpf_raw_tracepoint_args *ctx)
 {
+	forget_mappings();
 	return proc_event(PROC_EXIT);
 }
 

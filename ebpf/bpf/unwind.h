@@ -6,19 +6,32 @@
  * The receiver loads, per ELF file (shared by build id), a compact table
  * (profcol_elf::unwind::CompactTable): 64 KiB pages of rows
  * `(address & 0xffff) << 16 | rule id` into `unwind_rows`, the page index
- * into `unwind_pages`, rules into `unwind_rules`; and, per process, one
- * entry of `unwind_procs`: pid -> its mappings that have a table, sorted
- * by address ((start, end) -> (table, bias), at most UNWIND_PROC_RANGES),
- * written once when the process is loaded and deleted when it exits. The
- * sampling program starts a walk for processes the map knows and
- * tail-calls `profcol_unwind`, which unwinds
- * UNWIND_FRAMES_PER_CALL frames per call (the verifier checks a bounded
- * loop per program; no bpf_loop, which needs BTF func_info, and the object
- * carries no BTF) and tail-calls itself until the stack ends; then it
- * writes the record. Code of a known process outside its ranges, and code a
- * table marks RULE_FRAME_POINTER (Go code in a Go binary), are walked by
- * frame pointers (mode auto). A signal trampoline (RULE_SIGNAL) continues
- * in the interrupted code with the registers the kernel saved.
+ * into `unwind_pages`, rules into `unwind_rules`; and, per mapped file
+ * (device and inode, as the kernel sees them), an entry of `unwind_files`
+ * saying which table holds its code and how file offsets become table
+ * addresses. Nothing per process: the BPF program finds the mapping of a
+ * pc itself (bpf_find_vma, in `profcol_unwind_fill`) and keeps what it
+ * found in `unwind_procs` (pid -> up to UNWIND_PROC_RANGES ranges, each
+ * re-checked after UNWIND_RANGE_TTL_S), deleted at exec and exit. A file
+ * with no entry yet goes into `unwind_wanted`, which the receiver reads to
+ * build its table; its code is walked by frame pointers meanwhile (mode
+ * auto). bpf_find_vma takes the mmap lock with a trylock whose unlock is
+ * deferred to irq_work in this context, so one call per sample: a new
+ * process's ranges fill in over its first samples.
+ *
+ * The sampling program tail-calls `profcol_unwind`, which unwinds
+ * UNWIND_FRAMES_PER_CALL frames per call (a bounded loop per program) and
+ * tail-calls itself until the stack ends; then it writes the record. Code
+ * a table marks RULE_FRAME_POINTER (Go code in a Go binary) and code with
+ * no table are walked by frame pointers (mode auto). A signal trampoline
+ * (RULE_SIGNAL) continues in the interrupted code with the registers the
+ * kernel saved.
+ *
+ * The kernel structs are read at member offsets the receiver finds in the
+ * kernel's BTF (profcol_ebpf::btf) and sets before load (cfg_off_*): no
+ * CO-RE, so loading never parses all of the kernel's BTF. The object
+ * carries BTF of its own only because bpf_find_vma's callback needs
+ * func_info.
  *
  * Layouts are mirrored by profcol_ebpf::unwind; change both together.
  */
@@ -49,11 +62,24 @@
 /* 127 frames / 8 per call: 16 calls, under the kernel's limit of 33. */
 #define UNWIND_MAX_CALLS 17
 #define UNWIND_SEARCH_STEPS 17 /* log2(65536 rows per page) + 1 */
-#define UNWIND_PROC_RANGES 64  /* a power of two: indexes are masked with it - 1 */
+#define UNWIND_PROC_RANGES 16  /* a power of two: indexes are masked with it - 1 */
+#define UNWIND_RANGE_TTL_S 4   /* a cached range is looked up again after this (units of 2^30 ns) */
+#define UNWIND_FILE_SEGS 2     /* executable segments per file entry */
+#define UNWIND_NEED_FILL 100   /* unwind_step: the pc's mapping is not cached */
+#define UNWIND_NO_TABLE_ID 0   /* a range or file without a table (frame pointers) */
 #define UNWIND_RANGE_UNUSED 0x7fffffffffffffffULL /* start of an unused range slot */
 #define USER_ADDR_END 0x0000800000000000ULL
 
 const volatile __u32 cfg_unwind_mode = UNWIND_MODE_FRAME_POINTERS;
+/* Byte offsets of the kernel members bpf_find_vma's callback reads. */
+const volatile __u32 cfg_off_vm_start = 0;
+const volatile __u32 cfg_off_vm_end = 8;
+const volatile __u32 cfg_off_vm_pgoff = 0;
+const volatile __u32 cfg_off_vm_file = 0;
+const volatile __u32 cfg_off_f_inode = 0;
+const volatile __u32 cfg_off_i_ino = 0;
+const volatile __u32 cfg_off_i_sb = 0;
+const volatile __u32 cfg_off_s_dev = 0;
 
 struct unwind_rule {
 	__u8 kind;
@@ -72,23 +98,66 @@ struct unwind_page {
 	__u32 count;
 };
 
-/* A mapping of a process with an unwind table. */
+/* A mapping of a process, as the BPF program found it. */
 struct unwind_range {
 	__u64 start;
 	__u64 end;  /* exclusive */
-	__u64 bias; /* process address - file virtual address */
-	__u32 table;
-	__u32 pad;
+	__u64 bias; /* process address - table (file virtual) address */
+	__u32 table; /* UNWIND_NO_TABLE_ID: frame pointers */
+	__u32 born;  /* bpf_ktime_get_ns() >> 30 when found */
 };
 
-/* A process the receiver has loaded: its ranges with a table, sorted by
- * start, not overlapping, then unused slots (start UNWIND_RANGE_UNUSED,
- * end 0). Code outside them has no table (walked by frame pointers in
- * mode auto). */
+/* The mappings of a process found so far: sorted by start, not
+ * overlapping, then unused slots (start UNWIND_RANGE_UNUSED, end 0). */
 struct unwind_proc {
 	__u32 count; /* ranges in use (for bpftool readers; the search scans all slots) */
 	__u32 pad;
 	struct unwind_range ranges[UNWIND_PROC_RANGES];
+};
+
+/* A file as the kernel names it: inode->i_sb->s_dev (MKDEV: major << 20 |
+ * minor) and inode->i_ino. */
+struct unwind_file_key {
+	__u32 dev;
+	__u32 pad;
+	__u64 ino;
+};
+
+/* File offsets [off_lo, off_hi) of an executable segment; table address =
+ * file offset + delta. */
+struct unwind_file_seg {
+	__u64 off_lo;
+	__u64 off_hi;
+	__u64 delta;
+};
+
+/* Written by the receiver once the file's table is loaded (or known not
+ * to exist: table UNWIND_NO_TABLE_ID). */
+struct unwind_file {
+	__u32 table;
+	__u32 nsegs;
+	struct unwind_file_seg segs[UNWIND_FILE_SEGS];
+};
+
+/* A file sampled with no entry in unwind_files: where, for the receiver to
+ * open it (/proc/pid/map_files/start-end), and how often. */
+struct unwind_want {
+	__u32 pid;
+	__u32 count;
+	__u64 start;
+	__u64 end;
+	__u64 pgoff;
+	__u64 first_ns;
+};
+
+/* What bpf_find_vma's callback found. */
+struct unwind_vma {
+	__u64 start;
+	__u64 end;
+	__u64 pgoff;
+	__u64 ino;
+	__u32 dev;
+	__u32 has_file;
 };
 
 /* The walk between tail calls (per CPU). */
@@ -104,15 +173,13 @@ struct unwind_state {
 	__u32 bp_known;
 	__u32 wake;         /* wake the reader with this record */
 	__u32 pc_exact;     /* pc is an interrupted instruction, not a return address */
-	__u64 last_wake_ns; /* last wake-up for a process without tables */
-	__u32 last_unknown; /* pid of this CPU's last sample of a process without tables */
-	__u32 _pad;
+	__u64 last_wake_ns; /* last wake-up for a wanted file */
+	__u64 miss_pc;      /* the pc whose mapping profcol_unwind_fill looks up */
+	__u32 redo;         /* the frame at pc is recorded: step it again after the fill */
+	__u32 filled;       /* bpf_find_vma was called for this sample */
 };
 
-/* unwind_start's answer when the walk did not start. */
-#define UNWIND_START_NO -1
-#define UNWIND_START_UNKNOWN 1 /* the receiver has not loaded the process */
-/* Wake-ups for processes without tables, per CPU, at most this often. */
+/* Wake-ups for wanted files, per CPU, at most this often. */
 #define UNWIND_WAKE_PERIOD_NS 20000000ULL
 
 /* Two rows per element (elements are 8 bytes in an array map anyway);
@@ -142,13 +209,40 @@ struct bpf_map_def SEC("maps") unwind_rules = {
 	.max_entries = 16384,
 };
 
-/* pid -> struct unwind_proc; entries allocated on update (2 KiB each). */
+/* pid -> struct unwind_proc, written by profcol_unwind_fill (520 bytes,
+ * allocated on update), deleted at exec and exit. */
 struct bpf_map_def SEC("maps") unwind_procs = {
 	.type = BPF_MAP_TYPE_HASH,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(struct unwind_proc),
-	.max_entries = 32768,
+	.max_entries = 16384,
 	.map_flags = BPF_F_NO_PREALLOC,
+};
+
+/* struct unwind_file_key -> struct unwind_file, written by the receiver. */
+struct bpf_map_def SEC("maps") unwind_files = {
+	.type = BPF_MAP_TYPE_HASH,
+	.key_size = sizeof(struct unwind_file_key),
+	.value_size = sizeof(struct unwind_file),
+	.max_entries = 8192,
+	.map_flags = BPF_F_NO_PREALLOC,
+};
+
+/* struct unwind_file_key -> struct unwind_want; read and emptied by the
+ * receiver. Preallocated: inserted on the sampling path. */
+struct bpf_map_def SEC("maps") unwind_wanted = {
+	.type = BPF_MAP_TYPE_HASH,
+	.key_size = sizeof(struct unwind_file_key),
+	.value_size = sizeof(struct unwind_want),
+	.max_entries = 1024,
+};
+
+/* The new ranges of a process while profcol_unwind_fill builds them. */
+struct bpf_map_def SEC("maps") unwind_fill_scratch = {
+	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(struct unwind_proc),
+	.max_entries = 1,
 };
 
 struct bpf_map_def SEC("maps") unwind_states = {
@@ -158,11 +252,14 @@ struct bpf_map_def SEC("maps") unwind_states = {
 	.max_entries = 1,
 };
 
+/* 0: profcol_unwind, 1: profcol_unwind_fill. */
+#define UNWIND_PROG_WALK 0
+#define UNWIND_PROG_FILL 1
 struct bpf_map_def SEC("maps") unwind_progs = {
 	.type = BPF_MAP_TYPE_PROG_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(__u32),
-	.max_entries = 1,
+	.max_entries = 2,
 };
 
 /* The range of `p` holding `pc`, or NULL. A branchless binary search over
@@ -182,11 +279,6 @@ static __always_inline struct unwind_range *unwind_range_of(struct unwind_proc *
 	}
 	struct unwind_range *m = &p->ranges[base & (UNWIND_PROC_RANGES - 1)];
 	return (m->start <= pc && pc < m->end) ? m : NULL;
-}
-
-static __always_inline int unwind_knows(__u32 pid)
-{
-	return bpf_map_lookup_elem(&unwind_procs, &pid) != NULL;
 }
 
 /* The user registers at the sample: the interrupted ones when the sample
@@ -294,29 +386,45 @@ static __always_inline __u32 unwind_go_cgo_step(struct unwind_state *st, struct 
 	return 0;
 }
 
-/* Moves `st` from the frame at st->pc (in process `proc`) to its caller;
- * 0 to go on, else how the stack ended. */
-static __always_inline __u32 unwind_step(struct unwind_state *st, struct unwind_proc *proc)
+/* No table for the code at st->pc: frame pointers in mode auto. */
+static __always_inline __u32 unwind_no_table(struct unwind_state *st)
+{
+	if (cfg_unwind_mode == UNWIND_MODE_AUTO)
+		return unwind_fp_step(st);
+	return UNWIND_END_NO_TABLE;
+}
+
+/* Moves `st` from the frame at st->pc (in process `proc`, NULL when none
+ * of its ranges are cached) to its caller; 0 to go on, UNWIND_NEED_FILL
+ * when the pc's mapping is to be looked up first (st unchanged), else how
+ * the stack ended. */
+static __always_inline __u32 unwind_step(struct unwind_state *st, struct unwind_proc *proc, __u32 now_s)
 {
 	/* A return address may be just past its function (a noreturn call
 	 * last): look up the call instruction. The leaf's pc and one a
 	 * signal interrupted are instructions of their own. */
 	__u64 pc = (st->frames > 1 && !st->pc_exact) ? st->pc - 1 : st->pc;
-	st->pc_exact = 0;
-	/* The process is not (or no longer) loaded. */
-	if (!proc)
-		return UNWIND_END_NO_TABLE;
-	struct unwind_range *m = unwind_range_of(proc, pc);
-	if (!m) {
-		if (cfg_unwind_mode == UNWIND_MODE_AUTO)
-			return unwind_fp_step(st);
-		return UNWIND_END_NO_TABLE;
+	struct unwind_range *m = proc ? unwind_range_of(proc, pc) : NULL;
+	if (!m || now_s - m->born > UNWIND_RANGE_TTL_S) {
+		if (!st->filled) {
+			st->miss_pc = pc;
+			return UNWIND_NEED_FILL;
+		}
+		if (!m) {
+			st->pc_exact = 0;
+			return unwind_no_table(st);
+		}
 	}
+	st->pc_exact = 0;
+	if (m->table == UNWIND_NO_TABLE_ID)
+		return unwind_no_table(st);
 	__u64 vaddr = pc - m->bias;
 	struct unwind_page_key pk = { .table = m->table, .page = (__u32)(vaddr >> 16) };
 	struct unwind_page *pg = bpf_map_lookup_elem(&unwind_pages, &pk);
+	/* No page: code the table does not cover, or a table evicted since
+	 * the range was cached. */
 	if (!pg)
-		return UNWIND_END_NO_TABLE;
+		return unwind_no_table(st);
 	struct unwind_rule *rule = unwind_find_rule(pg, (__u32)(vaddr & 0xffff));
 	if (!rule)
 		return UNWIND_END_NO_TABLE;
@@ -338,9 +446,7 @@ static __always_inline __u32 unwind_step(struct unwind_state *st, struct unwind_
 	case RULE_NO_INFO:
 		return UNWIND_END_NO_TABLE;
 	case RULE_FRAME_POINTER:
-		if (cfg_unwind_mode == UNWIND_MODE_AUTO)
-			return unwind_fp_step(st);
-		return UNWIND_END_NO_TABLE;
+		return unwind_no_table(st);
 	case RULE_SIGNAL:
 		return unwind_signal_step(st, rule);
 	case RULE_GO_CGO_CALL:
@@ -362,6 +468,15 @@ static __always_inline __u32 unwind_step(struct unwind_state *st, struct unwind_
 	return 0;
 }
 
+/* Ends the walk: the record out. */
+static __always_inline int unwind_finish(struct unwind_state *st, struct sample *s, __u32 end)
+{
+	s->ustack_len = st->frames;
+	s->user_end = end;
+	output_sample(s, st->wake, 1);
+	return 0;
+}
+
 SEC("perf_event")
 int profcol_unwind(struct bpf_perf_event_data *ctx)
 {
@@ -371,91 +486,245 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 	if (!st || !s)
 		return 0;
 	__u32 pid = st->pid;
-	/* Looked up once per call (unwind_step: NULL, no longer loaded). */
+	/* Looked up once per call (the fill replaces it, then calls again). */
 	struct unwind_proc *proc = bpf_map_lookup_elem(&unwind_procs, &pid);
+	__u32 now_s = (__u32)(bpf_ktime_get_ns() >> 30);
 	__u32 end = 0;
 	for (int i = 0; i < UNWIND_FRAMES_PER_CALL; i++) {
-		if (st->frames >= st->depth) {
-			end = UNWIND_END_DEPTH;
-			break;
+		if (!st->redo) {
+			if (st->frames >= st->depth) {
+				end = UNWIND_END_DEPTH;
+				break;
+			}
+			/* A return address of 0, or outside user space: the end. */
+			if (st->pc == 0 || st->pc >= USER_ADDR_END) {
+				end = st->frames ? UNWIND_END_OUTERMOST : UNWIND_END_READ_ERROR;
+				break;
+			}
+			__u32 at = st->kframes + st->frames;
+			if (at >= 2 * MAX_STACK_DEPTH + 1) {
+				end = UNWIND_END_DEPTH;
+				break;
+			}
+			s->ips[at] = st->pc;
+			st->frames++;
 		}
-		/* A return address of 0, or outside user space: the end. */
-		if (st->pc == 0 || st->pc >= USER_ADDR_END) {
-			end = st->frames ? UNWIND_END_OUTERMOST : UNWIND_END_READ_ERROR;
-			break;
+		st->redo = 0;
+		end = unwind_step(st, proc, now_s);
+		if (end == UNWIND_NEED_FILL) {
+			st->redo = 1;
+			st->filled = 1;
+			bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_FILL);
+			/* Not loaded: on without it. */
+			st->redo = 0;
+			end = unwind_step(st, proc, now_s);
 		}
-		__u32 at = st->kframes + st->frames;
-		if (at >= 2 * MAX_STACK_DEPTH + 1) {
-			end = UNWIND_END_DEPTH;
-			break;
-		}
-		s->ips[at] = st->pc;
-		st->frames++;
-		end = unwind_step(st, proc);
 		if (end)
 			break;
 	}
 	if (!end) {
 		st->calls++;
 		if (st->calls < UNWIND_MAX_CALLS)
-			bpf_tail_call(ctx, &unwind_progs, 0);
+			bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
 		end = UNWIND_END_DEPTH;
 	}
-	s->ustack_len = st->frames;
-	s->user_end = end;
-	/* Countable: auto walks only processes the reader loaded; in tables
-	 * mode a process it has not loaded yet is unknown to it. */
-	output_sample(s, st->wake, cfg_unwind_mode == UNWIND_MODE_AUTO || unwind_knows(s->pid));
+	return unwind_finish(st, s, end);
+}
+
+struct vm_area_struct;
+
+/* bpf_find_vma's callback: the mapping's range, offset and file. */
+static long unwind_vma_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct unwind_vma *v = data;
+	void *base = (void *)vma;
+	void *file = NULL, *inode = NULL, *sb = NULL;
+	bpf_probe_read_kernel(&v->start, sizeof(v->start), base + cfg_off_vm_start);
+	bpf_probe_read_kernel(&v->end, sizeof(v->end), base + cfg_off_vm_end);
+	bpf_probe_read_kernel(&v->pgoff, sizeof(v->pgoff), base + cfg_off_vm_pgoff);
+	bpf_probe_read_kernel(&file, sizeof(file), base + cfg_off_vm_file);
+	if (!file)
+		return 0;
+	bpf_probe_read_kernel(&inode, sizeof(inode), file + cfg_off_f_inode);
+	if (!inode)
+		return 0;
+	bpf_probe_read_kernel(&v->ino, sizeof(v->ino), inode + cfg_off_i_ino);
+	bpf_probe_read_kernel(&sb, sizeof(sb), inode + cfg_off_i_sb);
+	if (!sb)
+		return 0;
+	bpf_probe_read_kernel(&v->dev, sizeof(v->dev), sb + cfg_off_s_dev);
+	v->has_file = 1;
 	return 0;
 }
 
-/* Whether this CPU wakes the reader for `pid`, a process without tables:
- * from its second sample on this CPU with no other such process sampled
- * there between, at most once per UNWIND_WAKE_PERIOD_NS. The reader builds
- * tables from a process's second sample, and most short-lived processes
- * are sampled once: waking for them bought a /proc read of a process whose
- * samples get no tables anyway. */
-static __always_inline int unwind_wake_due(__u32 pid)
+/* Asks the receiver for the table of file `key` (mapped by `pid` as `v`);
+ * 1 when this CPU should wake it (the file's second sample). */
+static __always_inline int unwind_want_file(struct unwind_state *st, struct unwind_file_key *key,
+					    struct unwind_vma *v)
+{
+	struct unwind_want *w = bpf_map_lookup_elem(&unwind_wanted, key);
+	if (w) {
+		if (__sync_fetch_and_add(&w->count, 1) != 1)
+			return 0;
+		__u64 now = bpf_ktime_get_ns();
+		if (now - st->last_wake_ns < UNWIND_WAKE_PERIOD_NS)
+			return 0;
+		st->last_wake_ns = now;
+		return 1;
+	}
+	struct unwind_want nw = {
+		.pid = st->pid,
+		.count = 1,
+		.start = v->start,
+		.end = v->end,
+		.pgoff = v->pgoff,
+		.first_ns = bpf_ktime_get_ns(),
+	};
+	bpf_map_update_elem(&unwind_wanted, key, &nw, BPF_NOEXIST);
+	return 0;
+}
+
+/* The range of mapping `v` for `pc`, from its file's entry `f`: the part
+ * of the mapping in the executable segment holding pc, with its bias; the
+ * whole mapping without a table when no segment holds it. */
+static __always_inline void unwind_range_from(struct unwind_range *r, struct unwind_vma *v,
+					      struct unwind_file *f, __u64 pc)
+{
+	r->start = v->start;
+	r->end = v->end;
+	r->bias = 0;
+	r->table = UNWIND_NO_TABLE_ID;
+	if (!f || f->table == UNWIND_NO_TABLE_ID)
+		return;
+	__u64 map_off = v->pgoff << 12; /* file offset at v->start */
+	__u64 off = pc - v->start + map_off;
+#pragma unroll
+	for (int i = 0; i < UNWIND_FILE_SEGS; i++) {
+		struct unwind_file_seg *g = &f->segs[i];
+		if (i >= f->nsegs || off < g->off_lo || off >= g->off_hi)
+			continue;
+		if (g->off_lo > map_off && v->start + (g->off_lo - map_off) > r->start)
+			r->start = v->start + (g->off_lo - map_off);
+		if (v->start + (g->off_hi - map_off) < r->end)
+			r->end = v->start + (g->off_hi - map_off);
+		r->bias = v->start - map_off - g->delta;
+		r->table = f->table;
+		return;
+	}
+}
+
+/* Puts the range with the lower start first. */
+static __always_inline void unwind_order(struct unwind_range *a, struct unwind_range *b)
+{
+	if (b->start < a->start) {
+		struct unwind_range t = *a;
+		*a = *b;
+		*b = t;
+	}
+}
+
+/* `nw` = the ranges of `old` (NULL: none) that are fresh and do not
+ * overlap `r`, and `r`, sorted (the highest dropped when all slots are
+ * taken). Every access is at a constant index and the only branches are
+ * compare-and-swaps, so the verifier's walk stays short: indexes computed
+ * from the data (an insertion point) made it explore each combination. */
+static __always_inline void unwind_ranges_with(struct unwind_proc *nw, struct unwind_proc *old,
+					       struct unwind_range *r, __u32 now_s)
+{
+#pragma unroll
+	for (int i = 0; i < UNWIND_PROC_RANGES; i++) {
+		struct unwind_range *o = &nw->ranges[i];
+		if (old) {
+			*o = old->ranges[i];
+			if ((o->start < r->end && r->start < o->end) || now_s - o->born > UNWIND_RANGE_TTL_S) {
+				o->start = UNWIND_RANGE_UNUSED;
+				o->end = 0;
+			}
+		} else {
+			o->start = UNWIND_RANGE_UNUSED;
+			o->end = 0;
+		}
+	}
+	/* Unused slots (the highest start) to the end. */
+#pragma unroll
+	for (int p = 0; p < UNWIND_PROC_RANGES - 1; p++) {
+#pragma unroll
+		for (int i = 0; i < UNWIND_PROC_RANGES - 1 - p; i++)
+			unwind_order(&nw->ranges[i], &nw->ranges[i + 1]);
+	}
+	/* The new range in the last slot, then down to its place. */
+	nw->ranges[UNWIND_PROC_RANGES - 1] = *r;
+#pragma unroll
+	for (int i = UNWIND_PROC_RANGES - 2; i >= 0; i--)
+		unwind_order(&nw->ranges[i], &nw->ranges[i + 1]);
+	__u32 n = 0;
+#pragma unroll
+	for (int i = 0; i < UNWIND_PROC_RANGES; i++)
+		n += nw->ranges[i].start != UNWIND_RANGE_UNUSED;
+	nw->count = n;
+}
+
+/* Looks up the mapping of st->miss_pc and caches it in unwind_procs;
+ * then back to the walk. */
+SEC("perf_event")
+int profcol_unwind_fill(struct bpf_perf_event_data *ctx)
 {
 	__u32 zero = 0;
 	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
-	if (!st)
+	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
+	struct unwind_proc *nw = bpf_map_lookup_elem(&unwind_fill_scratch, &zero);
+	if (!st || !s || !nw)
 		return 0;
-	int again = st->last_unknown == pid;
-	st->last_unknown = pid;
-	if (!again)
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	if (now - st->last_wake_ns < UNWIND_WAKE_PERIOD_NS)
-		return 0;
-	st->last_wake_ns = now;
-	return 1;
+	__u32 pid = st->pid;
+	__u64 pc = st->miss_pc;
+	struct unwind_vma v = {};
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (bpf_find_vma(task, pc, unwind_vma_cb, &v, 0) == 0 && v.start <= pc && pc < v.end) {
+		struct unwind_file *f = NULL;
+		struct unwind_file_key key = { .dev = v.dev, .ino = v.ino };
+		int cache = 1;
+		if (v.has_file) {
+			f = bpf_map_lookup_elem(&unwind_files, &key);
+			/* Not known yet: asked for, and not cached, so the
+			 * table is used as soon as it is in. */
+			if (!f) {
+				if (unwind_want_file(st, &key, &v))
+					st->wake = 1;
+				cache = 0;
+			}
+		}
+		if (cache) {
+			struct unwind_range r;
+			unwind_range_from(&r, &v, f, pc);
+			r.born = (__u32)(bpf_ktime_get_ns() >> 30);
+			__u32 now_s = r.born;
+			struct unwind_proc *old = bpf_map_lookup_elem(&unwind_procs, &pid);
+			unwind_ranges_with(nw, old, &r, now_s);
+			bpf_map_update_elem(&unwind_procs, &pid, nw, BPF_ANY);
+		}
+	}
+	bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
+	/* Over the tail-call limit (not expected): the stack so far. */
+	return unwind_finish(st, s, UNWIND_END_DEPTH);
 }
 
 /* Starts a table walk for a CPU sample whose header and kernel stack are in
- * `s`; when the walk is not started (the caller then takes the
- * frame-pointer path) returns UNWIND_START_UNKNOWN for a process the
- * receiver has not loaded, else UNWIND_START_NO. On success it does not
- * return (tail call). */
-static __always_inline int unwind_start(struct bpf_perf_event_data *ctx, struct sample *s, __u32 depth)
+ * `s`; returns (and the caller takes the frame-pointer path) only when the
+ * walk did not start. */
+static __always_inline void unwind_start(struct bpf_perf_event_data *ctx, struct sample *s, __u32 depth)
 {
 	if (cfg_unwind_mode == UNWIND_MODE_FRAME_POINTERS)
-		return UNWIND_START_NO;
+		return;
 	struct pt_regs regs = {};
 	if (user_regs(ctx, &regs))
-		return UNWIND_START_NO;
+		return;
 	if (regs.rip == 0 || regs.rip >= USER_ADDR_END)
-		return UNWIND_START_NO; /* a kernel thread: no user stack */
-	/* Processes the receiver has not loaded yet: frame pointers (auto). */
-	int unknown = !unwind_knows(s->pid);
-	if (cfg_unwind_mode == UNWIND_MODE_AUTO && unknown)
-		return UNWIND_START_UNKNOWN;
-	int wake = unknown && unwind_wake_due(s->pid);
+		return; /* a kernel thread: no user stack */
 	__u32 zero = 0;
 	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
 	if (!st)
-		return UNWIND_START_NO;
-	st->wake = wake;
+		return;
+	st->wake = 0;
 	st->pc = regs.rip;
 	st->sp = regs.rsp;
 	st->bp = regs.rbp;
@@ -466,8 +735,9 @@ static __always_inline int unwind_start(struct bpf_perf_event_data *ctx, struct 
 	st->pid = s->pid;
 	st->bp_known = 1;
 	st->pc_exact = 0;
-	bpf_tail_call(ctx, &unwind_progs, 0);
-	return UNWIND_START_NO;
+	st->redo = 0;
+	st->filled = 0;
+	bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
 }
 
 #endif

@@ -1,10 +1,12 @@
 //! profcol's eBPF programs: the built object bytes and the records shared
 //! with the C code in `ebpf/bpf/`.
 //!
-//! The object is built by `ebpf/build.sh` (clang-16, `-target bpf -O2`, no
-//! `-g`) and committed as `ebpf/obj/cpu_sample.bpf.o`, so building profcol
-//! needs no clang. It has no `.BTF`/`.BTF.ext` sections and therefore no CO-RE
-//! relocations: loading it never needs the kernel's BTF.
+//! The object is built by `ebpf/build.sh` (clang-16, `-target bpf -O2 -g`,
+//! DWARF stripped) and committed as `ebpf/obj/cpu_sample.bpf.o`, so building
+//! profcol needs no clang. Its `.BTF`/`.BTF.ext` give the kernel the
+//! func_info that `bpf_find_vma`'s callback needs; it has no CO-RE
+//! relocations, so loading it never parses the kernel's whole BTF (the few
+//! kernel struct offsets the unwinder reads come from [`btf`]).
 //!
 //! Everything here mirrors `ebpf/bpf/cpu_sample.bpf.c` and
 //! `ebpf/bpf/record.h` (the records, in [`record`]); change both together.
@@ -65,6 +67,18 @@ pub mod globals {
     pub const SELF_TGID: &str = "cfg_self_tgid";
     /// `u32`: [`crate::unwind::Mode`] of user-stack unwinding.
     pub const UNWIND_MODE: &str = "cfg_unwind_mode";
+    /// `u32`s: byte offsets of the kernel members the unwinder reads (in
+    /// the order of [`crate::btf::VmaOffsets`]'s fields).
+    pub const VMA_OFFSETS: [&str; 8] = [
+        "cfg_off_vm_start",
+        "cfg_off_vm_end",
+        "cfg_off_vm_pgoff",
+        "cfg_off_vm_file",
+        "cfg_off_f_inode",
+        "cfg_off_i_ino",
+        "cfg_off_i_sb",
+        "cfg_off_s_dev",
+    ];
     /// `u32`: nonzero to count on-CPU samples per stack in [`super::COUNTS_MAP`].
     pub const COUNT_IN_KERNEL: &str = "cfg_count_in_kernel";
     /// `u64`s: the kernel's own text, `[_text, _etext)`; samples with kernel
@@ -145,18 +159,43 @@ pub use record::{
 
 pub mod unwind;
 
+pub mod btf;
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The bytes of ELF64 section `name` of `obj`.
+    fn section<'a>(obj: &'a [u8], name: &str) -> Option<&'a [u8]> {
+        let u16_at = |at: usize| u16::from_le_bytes(obj[at..at + 2].try_into().unwrap()) as usize;
+        let u64_at = |at: usize| u64::from_le_bytes(obj[at..at + 8].try_into().unwrap()) as usize;
+        let (shoff, shentsize, shnum, shstrndx) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+        let header = |i: usize| shoff + i * shentsize;
+        let strtab = u64_at(header(shstrndx) + 0x18);
+        (0..shnum).find_map(|i| {
+            let h = header(i);
+            let name_at = strtab + u32::from_le_bytes(obj[h..h + 4].try_into().unwrap()) as usize;
+            let end = obj[name_at..].iter().position(|&b| b == 0)?;
+            (&obj[name_at..name_at + end] == name.as_bytes()).then(|| &obj[u64_at(h + 0x18)..][..u64_at(h + 0x20)])
+        })
+    }
+
     #[test]
-    fn object_has_no_btf_and_expected_symbols() {
+    fn object_has_btf_without_core_relocations_and_expected_symbols() {
         let obj = cpu_sample_object();
         assert_eq!(&obj[..4], b"\x7fELF");
         assert_eq!(obj.as_ptr() as usize % 8, 0);
         let has = |needle: &[u8]| obj.windows(needle.len()).any(|w| w == needle);
-        // No BTF: no CO-RE relocations are possible, so no vmlinux BTF is needed.
-        assert!(!has(b".BTF"), "object must not carry .BTF/.BTF.ext");
+        // BTF for func_info, but no CO-RE relocations: the loader never
+        // parses the kernel's BTF.
+        let ext = section(obj, ".BTF.ext").expect("the object carries .BTF.ext (bpf_find_vma's callback)");
+        assert!(section(obj, ".BTF").is_some());
+        let word = |at: usize| u32::from_le_bytes(ext[at..at + 4].try_into().unwrap());
+        assert_eq!(&ext[..2], &0xeb9fu16.to_le_bytes(), ".BTF.ext magic");
+        assert!(word(16) > 0, "func_info present");
+        if word(4) >= 32 {
+            assert_eq!(word(28), 0, "no CO-RE relocations");
+        }
         for name in [
             PROGRAM_NAME,
             EVENTS_MAP,
@@ -177,6 +216,9 @@ mod tests {
             unwind::RULES_MAP,
             unwind::PROCS_MAP,
             unwind::PROGS_MAP,
+            unwind::FILES_MAP,
+            unwind::WANTED_MAP,
+            unwind::FILL_PROGRAM,
             globals::UNWIND_MODE,
             globals::COUNT_IN_KERNEL,
             globals::KTEXT_START,

@@ -11,17 +11,121 @@ pub const ROWS_MAP: &str = "unwind_rows";
 pub const PAGES_MAP: &str = "unwind_pages";
 /// `BPF_MAP_TYPE_ARRAY` of `struct unwind_rule` (8 bytes).
 pub const RULES_MAP: &str = "unwind_rules";
-/// `BPF_MAP_TYPE_HASH`: pid → [`proc_value`] (one entry per loaded process).
+/// `BPF_MAP_TYPE_HASH`: pid → the mappings the BPF program found (its own;
+/// the receiver does not write it).
 pub const PROCS_MAP: &str = "unwind_procs";
+/// `BPF_MAP_TYPE_HASH`: [`file_key`] → [`file_value`], written by the
+/// receiver once a file's table is loaded (or known not to exist).
+pub const FILES_MAP: &str = "unwind_files";
+/// `BPF_MAP_TYPE_HASH`: [`file_key`] → [`Want`], files the BPF program
+/// met without an entry in [`FILES_MAP`].
+pub const WANTED_MAP: &str = "unwind_wanted";
+/// The tail-called program that looks up a pc's mapping (`bpf_find_vma`),
+/// at index [`FILL_INDEX`] of [`PROGS_MAP`].
+pub const FILL_PROGRAM: &str = "profcol_unwind_fill";
+pub const FILL_INDEX: u32 = 1;
 
 /// Entries of [`RULES_MAP`] (distinct rules over every loaded table).
 pub const RULES_CAPACITY: u32 = 16384;
-/// Ranges with a table one process may have in [`PROCS_MAP`]
-/// (`UNWIND_PROC_RANGES`); code in the ones past it is walked by frame
-/// pointers.
-pub const PROC_RANGES: usize = 64;
-/// Bytes of `struct unwind_proc`.
-pub const PROC_VALUE_BYTES: usize = 8 + PROC_RANGES * 32;
+/// Entries of [`FILES_MAP`] (`max_entries` in C).
+pub const FILES_CAPACITY: usize = 8192;
+/// Executable segments one [`FILES_MAP`] entry holds (`UNWIND_FILE_SEGS`).
+pub const FILE_SEGS: usize = 2;
+/// Bytes of `struct unwind_file_key` and `struct unwind_file`.
+pub const FILE_KEY_BYTES: usize = 16;
+pub const FILE_VALUE_BYTES: usize = 8 + FILE_SEGS * 24;
+/// Bytes of `struct unwind_want`.
+pub const WANT_BYTES: usize = 40;
+/// The table id of "no table" (`UNWIND_NO_TABLE_ID`): frame pointers.
+pub const NO_TABLE: u32 = 0;
+
+/// A file as the kernel names it: `inode->i_sb->s_dev` (`MKDEV`: major
+/// << 20 | minor) and `inode->i_ino`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelFile {
+    pub dev: u32,
+    pub ino: u64,
+}
+
+impl KernelFile {
+    /// From a device's major and minor numbers.
+    pub fn new(major: u32, minor: u32, ino: u64) -> Self {
+        KernelFile { dev: (major << 20) | (minor & 0xf_ffff), ino }
+    }
+    pub fn major(&self) -> u32 {
+        self.dev >> 20
+    }
+    pub fn minor(&self) -> u32 {
+        self.dev & 0xf_ffff
+    }
+}
+
+/// `struct unwind_file_key`.
+pub fn file_key(f: KernelFile) -> [u8; FILE_KEY_BYTES] {
+    let mut k = [0u8; FILE_KEY_BYTES];
+    k[..4].copy_from_slice(&f.dev.to_ne_bytes());
+    k[8..].copy_from_slice(&f.ino.to_ne_bytes());
+    k
+}
+
+/// The file of a [`file_key`].
+pub fn parse_file_key(k: &[u8; FILE_KEY_BYTES]) -> KernelFile {
+    let word = |r: std::ops::Range<usize>| k[r].iter().rev().fold(0u64, |a, &b| (a << 8) | u64::from(b));
+    KernelFile { dev: word(0..4) as u32, ino: word(8..16) }
+}
+
+/// An executable segment: file offsets `[off_lo, off_hi)`, table address =
+/// file offset + `delta` (wrapping).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileSegment {
+    pub off_lo: u64,
+    pub off_hi: u64,
+    pub delta: u64,
+}
+
+/// `struct unwind_file`: `table` ([`NO_TABLE`] for none) and the first
+/// [`FILE_SEGS`] segments.
+pub fn file_value(table: u32, segs: &[FileSegment]) -> [u8; FILE_VALUE_BYTES] {
+    let mut v = [0u8; FILE_VALUE_BYTES];
+    let n = segs.len().min(FILE_SEGS);
+    v[..4].copy_from_slice(&table.to_ne_bytes());
+    v[4..8].copy_from_slice(&(n as u32).to_ne_bytes());
+    for (s, out) in segs[..n].iter().zip(v[8..].chunks_exact_mut(24)) {
+        out[..8].copy_from_slice(&s.off_lo.to_ne_bytes());
+        out[8..16].copy_from_slice(&s.off_hi.to_ne_bytes());
+        out[16..].copy_from_slice(&s.delta.to_ne_bytes());
+    }
+    v
+}
+
+/// `struct unwind_want`: where the BPF program met a file without a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Want {
+    pub pid: u32,
+    /// Samples that met it.
+    pub count: u32,
+    /// The mapping: `[start, end)`, file offset `pgoff * 4096`.
+    pub start: u64,
+    pub end: u64,
+    pub pgoff: u64,
+    /// `CLOCK_MONOTONIC` ns of the first.
+    pub first_ns: u64,
+}
+
+impl Want {
+    pub fn parse(v: &[u8; WANT_BYTES]) -> Self {
+        let u64_at = |o: usize| u64::from_ne_bytes(v[o..o + 8].try_into().unwrap_or_default());
+        let u32_at = |o: usize| u32::from_ne_bytes(v[o..o + 4].try_into().unwrap_or_default());
+        Want {
+            pid: u32_at(0),
+            count: u32_at(4),
+            start: u64_at(8),
+            end: u64_at(16),
+            pgoff: u64_at(24),
+            first_ns: u64_at(32),
+        }
+    }
+}
 
 /// `cfg_unwind_mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,61 +149,29 @@ pub fn page_value(first: u32, count: u32) -> [u8; 8] {
     page_key(first, count)
 }
 
-/// A mapping of a process with an unwind table (`struct unwind_range`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MappedRange {
-    pub start: u64,
-    /// Exclusive.
-    pub end: u64,
-    /// Process address minus file virtual address.
-    pub bias: u64,
-    pub table: u32,
-}
-
-/// The start of an unused slot of `struct unwind_proc`
-/// (`UNWIND_RANGE_UNUSED`): above every user address, so the BPF
-/// program's search over all slots never stops in one.
-pub const RANGE_UNUSED: u64 = i64::MAX as u64;
-
-/// `struct unwind_proc` holding `ranges` (sorted by start, not
-/// overlapping), the slots after them unused: at most [`PROC_RANGES`] are
-/// written; the result says how many.
-pub fn proc_value(ranges: &[MappedRange], out: &mut [u8; PROC_VALUE_BYTES]) -> usize {
-    let n = ranges.len().min(PROC_RANGES);
-    let unused = MappedRange { start: RANGE_UNUSED, end: 0, bias: 0, table: 0 };
-    out[..8].fill(0);
-    out[..4].copy_from_slice(&(n as u32).to_ne_bytes());
-    let slots = ranges[..n].iter().chain(std::iter::repeat(&unused));
-    for (r, chunk) in slots.zip(out[8..].chunks_exact_mut(32)) {
-        chunk[..8].copy_from_slice(&r.start.to_ne_bytes());
-        chunk[8..16].copy_from_slice(&r.end.to_ne_bytes());
-        chunk[16..24].copy_from_slice(&r.bias.to_ne_bytes());
-        chunk[24..28].copy_from_slice(&r.table.to_ne_bytes());
-        chunk[28..].fill(0);
-    }
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn proc_value_layout() {
-        let r = |i: u64| MappedRange { start: i << 20, end: (i << 20) + 0x1000, bias: i, table: i as u32 + 1 };
-        let ranges: Vec<MappedRange> = (0..PROC_RANGES as u64 + 3).map(r).collect();
-        let mut v = [0xffu8; PROC_VALUE_BYTES];
-        assert_eq!(proc_value(&ranges[..2], &mut v), 2);
-        assert_eq!(&v[..8], &[2, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(u64::from_ne_bytes(v[40..48].try_into().unwrap()), 1 << 20, "second start");
-        assert_eq!(u64::from_ne_bytes(v[56..64].try_into().unwrap()), 1, "second bias");
-        assert_eq!(u32::from_ne_bytes(v[64..68].try_into().unwrap()), 2, "second table");
-        for slot in v[72..].chunks_exact(32) {
-            assert_eq!(u64::from_ne_bytes(slot[..8].try_into().unwrap()), RANGE_UNUSED, "the rest unused");
-            assert!(slot[8..].iter().all(|&b| b == 0));
-        }
-        assert_eq!(proc_value(&ranges, &mut v), PROC_RANGES, "capped");
-        let last = 8 + (PROC_RANGES - 1) * 32;
-        assert_eq!(u32::from_ne_bytes(v[last + 24..last + 28].try_into().unwrap()), PROC_RANGES as u32);
+    fn file_layouts() {
+        let f = KernelFile::new(259, 3, 0x1122_3344_5566_7788);
+        assert_eq!((f.major(), f.minor()), (259, 3));
+        let k = file_key(f);
+        assert_eq!(&k[..4], &((259u32 << 20) | 3).to_ne_bytes());
+        assert_eq!(&k[4..8], &[0; 4], "padding");
+        assert_eq!(parse_file_key(&k), f);
+        let seg = |i: u64| FileSegment { off_lo: i, off_hi: i + 0x1000, delta: i.wrapping_neg() };
+        let v = file_value(7, &[seg(1), seg(2), seg(3)]);
+        assert_eq!(&v[..8], &[7, 0, 0, 0, 2, 0, 0, 0], "table, two segments kept");
+        assert_eq!(u64::from_ne_bytes(v[32..40].try_into().unwrap()), 2, "second off_lo");
+        assert_eq!(u64::from_ne_bytes(v[48..56].try_into().unwrap()), 2u64.wrapping_neg(), "second delta");
+        let mut w = [0u8; WANT_BYTES];
+        w[..4].copy_from_slice(&42u32.to_ne_bytes());
+        w[4..8].copy_from_slice(&2u32.to_ne_bytes());
+        w[8..16].copy_from_slice(&0x7f00_0000_0000u64.to_ne_bytes());
+        w[24..32].copy_from_slice(&3u64.to_ne_bytes());
+        let want = Want::parse(&w);
+        assert_eq!((want.pid, want.count, want.start, want.pgoff), (42, 2, 0x7f00_0000_0000, 3));
     }
 }

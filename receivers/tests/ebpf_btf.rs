@@ -1,6 +1,9 @@
-//! Loading the ebpf receiver's program must not open /sys/kernel/btf/vmlinux
-//! (parsing it costs tens of ms and tens of MiB; our object needs no kernel
-//! BTF because it has no CO-RE relocations).
+//! Loading the ebpf receiver's program must not have aya parse
+//! /sys/kernel/btf/vmlinux (tens of ms and tens of MiB; our object has no
+//! CO-RE relocations): with `unwind.mode: frame_pointers` the file is not
+//! opened at all, and with the unwinder (`auto`) it is opened once, by
+//! profcol_ebpf::btf, which reads the eight member offsets the unwinder
+//! needs in a few ms.
 //!
 //! The check is an fanotify FAN_OPEN mark on the file, filtered to this
 //! process's pid, with a positive control: the test first opens the file
@@ -11,6 +14,7 @@
 mod ebpf_common;
 
 use ebpf_common::*;
+use profcol_receivers::ebpf::config::UnwindMode;
 use profcol_receivers::ebpf::EbpfConfig;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -98,11 +102,17 @@ async fn loading_does_not_open_kernel_btf() {
         "fanotify does not report opens of {VMLINUX}; the check below would be void"
     );
 
-    // Load, attach on every CPU, sample a little, shut down.
-    let running = start(EbpfConfig { report_interval: Duration::from_millis(200), ..Default::default() }).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let _ = running.stop().await;
-    std::thread::sleep(Duration::from_millis(50));
-    let openers = watch.openers();
-    assert!(!openers.contains(&me), "loading the ebpf receiver opened {VMLINUX}");
+    // Load, attach on every CPU, sample a little, shut down: opens of the
+    // file by this process, with frame pointers only and with the unwinder.
+    let mut opens = Vec::new();
+    for mode in [UnwindMode::FramePointers, UnwindMode::Auto] {
+        let mut cfg = EbpfConfig { report_interval: Duration::from_millis(200), ..Default::default() };
+        cfg.unwind.mode = mode;
+        let running = start(cfg).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = running.stop().await;
+        std::thread::sleep(Duration::from_millis(50));
+        opens.push(watch.openers().iter().filter(|&&p| p == me).count());
+    }
+    assert_eq!(opens, [0, 1], "opens of {VMLINUX} with frame_pointers, then auto (only profcol_ebpf::btf's)");
 }

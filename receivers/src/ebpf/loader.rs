@@ -104,7 +104,33 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
     let self_tgid = std::process::id();
     let unwind = unwind_sizes(cfg);
     let counting = CountingGlobals::new(cfg);
-    let mut ebpf = EbpfLoader::new()
+    // The kernel members the unwinder reads, from the kernel's BTF.
+    let offsets = if unwind.mode == obj::unwind::Mode::FramePointers {
+        [0u32; 8]
+    } else {
+        match obj::btf::VmaOffsets::from_kernel() {
+            Ok(o) => [o.vm_start, o.vm_end, o.vm_pgoff, o.vm_file, o.f_inode, o.i_ino, o.i_sb, o.s_dev],
+            Err(e) if cfg.unwind.mode == super::config::UnwindMode::Auto => {
+                tracing::warn!(
+                    "ebpf receiver: unwind tables need the kernel's BTF ({e}); user stacks by frame pointers only"
+                );
+                let mut fp = cfg.clone();
+                fp.unwind.mode = super::config::UnwindMode::FramePointers;
+                return load_program(&fp);
+            }
+            Err(e) => {
+                return Err(LoadError::Other(format!(
+                    "unwind: mode tables needs the kernel's BTF: {e}; set `unwind: {{ mode: auto }}` or \
+                     `frame_pointers`"
+                )))
+            }
+        }
+    };
+    let mut loader = EbpfLoader::new();
+    for (name, value) in obj::globals::VMA_OFFSETS.iter().zip(&offsets) {
+        loader.override_global(name, value, true);
+    }
+    let mut ebpf = loader
         .override_global(obj::globals::UNWIND_MODE, &(unwind.mode as u32), true)
         .map_max_entries(obj::unwind::ROWS_MAP, unwind.row_elems)
         .map_max_entries(obj::unwind::PAGES_MAP, unwind.pages)
@@ -231,32 +257,42 @@ pub fn unwind_sizes(cfg: &EbpfConfig) -> UnwindSizes {
     }
 }
 
-/// Loads the table-walking program and puts it in the tail-call array.
+/// Loads the table-walking programs and puts them in the tail-call array.
 fn load_unwind_program(ebpf: &mut Ebpf) -> Result<(), LoadError> {
     use aya::maps::ProgramArray;
-    let prog: &mut PerfEvent = ebpf
-        .program_mut(obj::unwind::PROGRAM)
-        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::unwind::PROGRAM)))?
-        .try_into()
-        .map_err(|e: ProgramError| other("BPF program type", &e))?;
-    prog.load().map_err(|e| {
-        other(
-            "unwind: the kernel refused the table-walking BPF program (it needs bpf_task_pt_regs, Linux >= 5.15, and \
-             kernel BTF); set `unwind: { mode: frame_pointers }` to profile without it",
-            &e,
-        )
-    })?;
-    let fd = prog
-        .fd()
-        .map_err(|e| other("unwind program fd", &e))?
-        .try_clone()
-        .map_err(|e| LoadError::Other(format!("unwind program fd: {e}")))?;
+    let mut fds = Vec::with_capacity(2);
+    for (name, index) in [(obj::unwind::PROGRAM, 0), (obj::unwind::FILL_PROGRAM, obj::unwind::FILL_INDEX)] {
+        let prog: &mut PerfEvent = ebpf
+            .program_mut(name)
+            .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {name}")))?
+            .try_into()
+            .map_err(|e: ProgramError| other("BPF program type", &e))?;
+        prog.load().map_err(|e| {
+            other(
+                &format!(
+                    "unwind: the kernel refused the table-walking BPF program {name} (it needs bpf_task_pt_regs and \
+                     bpf_find_vma, Linux >= 5.17, and kernel BTF); set `unwind: {{ mode: frame_pointers }}` to \
+                     profile without it"
+                ),
+                &e,
+            )
+        })?;
+        let fd = prog
+            .fd()
+            .map_err(|e| other("unwind program fd", &e))?
+            .try_clone()
+            .map_err(|e| LoadError::Other(format!("unwind program fd: {e}")))?;
+        fds.push((index, fd));
+    }
     let mut progs = ProgramArray::try_from(
         ebpf.map_mut(obj::unwind::PROGS_MAP)
             .ok_or_else(|| LoadError::Other("BPF object lacks the unwind_progs map".into()))?,
     )
     .map_err(|e| other("unwind_progs map", &e))?;
-    progs.set(0, &fd, 0).map_err(|e| other("unwind_progs: setting the tail call", &e))
+    for (index, fd) in &fds {
+        progs.set(*index, fd, 0).map_err(|e| other("unwind_progs: setting the tail call", &e))?;
+    }
+    Ok(())
 }
 
 /// Takes the unwinder's maps from the loaded object.
@@ -273,8 +309,9 @@ fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps
     };
     let pages = BpfHashMap::try_from(take(obj::unwind::PAGES_MAP)?).map_err(|e| other("unwind_pages", &e))?;
     let rules = aya::maps::Array::try_from(take(obj::unwind::RULES_MAP)?).map_err(|e| other("unwind_rules", &e))?;
-    let procs = BpfHashMap::try_from(take(obj::unwind::PROCS_MAP)?).map_err(|e| other("unwind_procs", &e))?;
-    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, procs })
+    let files = BpfHashMap::try_from(take(obj::unwind::FILES_MAP)?).map_err(|e| other("unwind_files", &e))?;
+    let wanted = BpfHashMap::try_from(take(obj::unwind::WANTED_MAP)?).map_err(|e| other("unwind_wanted", &e))?;
+    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, files, wanted })
 }
 
 /// Loads the uprobe program; the error names what the kernel lacks.

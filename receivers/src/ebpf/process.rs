@@ -593,6 +593,17 @@ impl ProcessTable {
         }
     }
 
+    /// Calls `f` with each mapping of the processes sampled since `since`.
+    pub fn for_each_sampled_mapping(&self, since: Instant, f: &mut dyn FnMut(&Mapping)) {
+        for slot in self.procs.values() {
+            if let Slot::Live(st) = slot {
+                if st.last_seen >= since {
+                    st.mappings.mappings.iter().for_each(&mut *f);
+                }
+            }
+        }
+    }
+
     /// Drops exited processes, idle ones and stale unreadable markers. Call
     /// once per report interval; `seen_since` is the interval start, so only
     /// processes not sampled during it are checked against /proc.

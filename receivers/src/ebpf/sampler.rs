@@ -43,17 +43,18 @@ use std::time::{Duration, Instant};
 
 /// How often the ring buffer is drained when nothing forces a wakeup: a
 /// node agent's steady wake-up. The ring's quarter-full wakeup bounds what
-/// waits, and a process the unwinder does not know yet wakes the reader
-/// itself (every 20 ms at most), so its tables do not wait for this.
+/// waits, and a file the unwinder has no table for wakes the reader at its
+/// second sample (every 20 ms per CPU at most), so its table does not wait
+/// for this.
 pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often the ring is drained when nothing forces a wakeup. Counting in
 /// the kernel with the unwinder on, the ring holds only the first sample
-/// of each stack and the samples that cannot be counted, and a process the
-/// reader does not know wakes it within 20 ms: nothing waits for a timer
-/// but the report, so there is no other wake-up. Otherwise
-/// [`DRAIN_PERIOD`] (a new process's first records must be read while it
-/// lives: its /proc entry is what names them).
+/// of each stack and the samples that cannot be counted, a file without a
+/// table wakes the reader within 20 ms, and processes that exit before the
+/// report are named from the kernel's exec and mapping records (kept a
+/// while after the exit): nothing waits for a timer but the report, so
+/// there is no other wake-up. Otherwise [`DRAIN_PERIOD`].
 fn drain_period(config: &EbpfConfig) -> Duration {
     if config.count_in_kernel && config.unwind.mode == super::config::UnwindMode::Auto && config.uprobes.is_empty() {
         config.report_interval
@@ -749,12 +750,6 @@ impl Sampler {
                 }
             }
         }
-        // Exited processes leave the unwinder's map at once (a pid may be
-        // reused), in one map operation.
-        if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
-            let exits = events.iter().filter(|e| e.kind == ProcEventKind::Exit).map(|e| e.pid);
-            uw.forget_all(exits, maps, now);
-        }
         self.proc_batch = events;
         self.mapping_batch = side;
         n
@@ -809,14 +804,6 @@ impl Sampler {
                 // A counted stack's end is counted with its count.
                 self.unwind_counters.count_end(h.user_end);
             }
-            // Not for a process that has exited (known from the records):
-            // its entry would only wait for the sweep, its tables be built
-            // for nothing.
-            if let (Some(uw), Some(maps), Some((_, m)), false) =
-                (self.unwinder.as_mut(), loaded.unwind_maps.as_mut(), process.as_ref(), self.table.exit_seen(h.pid))
-            {
-                uw.sync(h.pid, m, maps, now);
-            }
             let un = stack_end::user_frames(&self.ubuf[..un], process.as_ref().map(|(_, m)| &**m));
             if kn < self.kbuf.len() || un < self.ubuf.len() {
                 self.counters.stacks_cut.inc();
@@ -843,6 +830,12 @@ impl Sampler {
             }
         }
         self.counters.samples.add(n);
+        // Files the BPF program met without a table, now that the samples
+        // and records of the processes that met them are read.
+        if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
+            let table = &mut self.table;
+            uw.read_wanted(maps, |pid| table.get(pid, now).map(|st| st.mappings.clone()), now);
+        }
     }
 
     /// Ends the interval: updates telemetry, sweeps the process table and
@@ -888,8 +881,8 @@ impl Sampler {
 
         self.table.sweep(now, self.interval_started);
         if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
-            let table = &self.table;
-            uw.sweep(|pid| table.is_known(pid), maps, now);
+            let (table, since) = (&self.table, self.interval_started);
+            uw.sweep(maps, |f| table.for_each_sampled_mapping(since, f), now);
         }
         self.interval_started = now;
         let ts = self.table.stats;

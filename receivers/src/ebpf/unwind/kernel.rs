@@ -1,9 +1,12 @@
-//! The BPF maps of `ebpf/bpf/unwind.h` as a [`Sink`] / [`MappingSink`].
+//! The BPF maps of `ebpf/bpf/unwind.h` as a [`Sink`] / [`FileSink`].
 
 use super::store::Sink;
-use super::MappingSink;
+use super::FileSink;
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData};
-use profcol_ebpf::unwind::{page_key, page_value, proc_value, MappedRange, PROC_VALUE_BYTES};
+use profcol_ebpf::unwind::{
+    file_key, file_value, page_key, page_value, parse_file_key, FileSegment, KernelFile, Want, FILE_KEY_BYTES,
+    FILE_VALUE_BYTES, WANT_BYTES,
+};
 use profcol_elf::unwind::Rule;
 use std::os::fd::AsFd;
 
@@ -57,7 +60,8 @@ pub struct KernelMaps {
     pub rows: RowArray,
     pub pages: BpfHashMap<MapData, [u8; 8], [u8; 8]>,
     pub rules: Array<MapData, [u8; 8]>,
-    pub procs: BpfHashMap<MapData, u32, [u8; PROC_VALUE_BYTES]>,
+    pub files: BpfHashMap<MapData, [u8; FILE_KEY_BYTES], [u8; FILE_VALUE_BYTES]>,
+    pub wanted: BpfHashMap<MapData, [u8; FILE_KEY_BYTES], [u8; WANT_BYTES]>,
 }
 
 impl Sink for KernelMaps {
@@ -105,20 +109,32 @@ impl Sink for KernelMaps {
     }
 }
 
-impl MappingSink for KernelMaps {
-    fn set_process(&mut self, pid: u32, ranges: &[MappedRange]) -> Result<(), String> {
-        let mut value = [0u8; PROC_VALUE_BYTES];
-        proc_value(ranges, &mut value);
-        self.procs.insert(&pid, &value, 0).map_err(|e| format!("unwind_procs: {e}"))
+impl FileSink for KernelMaps {
+    fn set_file(&mut self, file: KernelFile, table: u32, segs: &[FileSegment]) -> Result<(), String> {
+        self.files.insert(&file_key(file), &file_value(table, segs), 0).map_err(|e| format!("unwind_files: {e}"))
     }
 
-    fn remove_processes(&mut self, pids: &[u32]) {
-        // One syscall for a drain's exits; a pid already gone stops the
-        // batch: the rest one by one.
-        if profcol_ebpf::sys::map_delete_batch(self.procs.map().fd().as_fd(), pids).is_err() {
-            for pid in pids {
-                let _ = self.procs.remove(pid);
+    fn remove_files(&mut self, files: &[KernelFile]) {
+        let keys: Vec<[u8; FILE_KEY_BYTES]> = files.iter().map(|&f| file_key(f)).collect();
+        // A key already gone stops the batch: the rest one by one.
+        if profcol_ebpf::sys::map_delete_batch(self.files.map().fd().as_fd(), &keys).is_err() {
+            for k in &keys {
+                let _ = self.files.remove(k);
             }
+        }
+    }
+
+    fn wanted(&mut self, out: &mut Vec<(KernelFile, Want)>) {
+        // Few entries (files met without a table); an entry deleted while
+        // iterating only ends the walk early.
+        for (k, v) in self.wanted.iter().flatten() {
+            out.push((parse_file_key(&k), Want::parse(&v)));
+        }
+    }
+
+    fn remove_wanted(&mut self, files: &[KernelFile]) {
+        for &f in files {
+            let _ = self.wanted.remove(&file_key(f));
         }
     }
 }

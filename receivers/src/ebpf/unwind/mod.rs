@@ -1,25 +1,24 @@
 //! User-stack unwinding with `.eh_frame` tables (`unwind:` config): the
 //! receiver's half of `ebpf/bpf/unwind.h`.
 //!
-//! When a process is first sampled (and again when its mappings change),
-//! every file-backed executable mapping gets its file's unwind table
-//! (built once per build id by `profcol_elf::unwind`, shared by every
-//! process, kept by [`store::TableStore`] within `max_table_bytes`), and
-//! the process gets one entry of `unwind_procs`: pid → its mappings with a
-//! table, sorted ((start, end) → (table, bias)); the BPF program walks the
-//! code of a known process outside them (vdso, JIT code, files without
-//! `.eh_frame`) by frame pointers. One map update per process, one delete
-//! per drain for the processes that exited in it (an LPM trie of address
-//! prefixes, as before, took tens of updates per short-lived process).
-//! A process's samples before that (its first ones) take the kernel's
-//! frame-pointer walk, reported as `no_table`.
+//! The receiver keeps nothing per process in the kernel. The BPF program
+//! finds the mapping of each pc itself (`bpf_find_vma`) and looks its file
+//! up in `unwind_files` by the kernel's device and inode; a file it does
+//! not find goes into `unwind_wanted`. [`Unwinder::read_wanted`] reads
+//! those at each drain: a file met by two samples gets its table built
+//! once per build id (by `profcol_elf::unwind`, on a worker thread, kept
+//! by [`store::TableStore`] within `max_table_bytes`) and its
+//! `unwind_files` entry written, or an entry saying it has none (frame
+//! pointers there). New processes of known programs cost the receiver
+//! nothing; a new program's first samples take frame pointers until its
+//! tables are in, reported as `no_table`.
 
 pub mod kernel;
 pub mod store;
 
-use super::process::MappingSet;
+use super::process::{Mapping, MappingSet};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
-use profcol_ebpf::unwind::{MappedRange, PROC_RANGES};
+use profcol_ebpf::unwind::{FileSegment, KernelFile, Want, FILES_CAPACITY, NO_TABLE};
 use profcol_ebpf::UnwindEnd;
 use profcol_elf::unwind::CompactTable;
 use profcol_elf::{ElfFile, LoadSegment};
@@ -34,13 +33,20 @@ use store::{LoadRefused, Sink, TableKey, TableStore};
 /// Files remembered (segments, or "no table"); cleared when full.
 const MAX_FILES: usize = 4096;
 
-/// What the BPF maps are asked to hold, besides tables.
-pub trait MappingSink: Sink {
-    /// `pid`'s mappings with a table (sorted by start; the first
-    /// [`PROC_RANGES`] are kept), replacing what it had.
-    fn set_process(&mut self, pid: u32, ranges: &[MappedRange]) -> Result<(), String>;
-    /// Removes the entries of `pids` (each written before).
-    fn remove_processes(&mut self, pids: &[u32]);
+/// A wanted file met by one sample only is forgotten after this (asked
+/// for again if met again): most short-lived programs are sampled once or
+/// never, and their tables would be built for nothing.
+const WANT_TTL_NS: u64 = 10_000_000_000;
+
+/// The kernel's per-file maps, besides the tables.
+pub trait FileSink: Sink {
+    /// `file`'s entry of `unwind_files`: its table ([`NO_TABLE`]: none)
+    /// and executable segments.
+    fn set_file(&mut self, file: KernelFile, table: u32, segs: &[FileSegment]) -> Result<(), String>;
+    fn remove_files(&mut self, files: &[KernelFile]);
+    /// The entries of `unwind_wanted`, appended to `out`.
+    fn wanted(&mut self, out: &mut Vec<(KernelFile, Want)>);
+    fn remove_wanted(&mut self, files: &[KernelFile]);
 }
 
 /// Self-telemetry of unwinding (`profcol_receiver_ebpf_unwind_*`).
@@ -52,7 +58,6 @@ pub struct UnwindCounters {
     pub table_build_failures: Counter,
     pub table_build_micros: Counter,
     pub table_evictions: Counter,
-    pub ranges_over_capacity: Counter,
     pub tables_loaded: Gauge,
     pub table_bytes: Gauge,
 }
@@ -83,11 +88,6 @@ impl UnwindCounters {
             table_evictions: t.counter(
                 "ebpf_unwind_table_evictions_total",
                 "Unwind tables evicted to stay within unwind.max_table_bytes (least recently used first)",
-            ),
-            ranges_over_capacity: t.counter(
-                "ebpf_unwind_ranges_over_capacity_total",
-                "Processes loaded with more mappings that have a table than the kernel keeps per process (64); \
-                 code in the ones past it is walked by frame pointers",
             ),
             tables_loaded: t.gauge("ebpf_unwind_tables_loaded", "Unwind tables loaded into the kernel"),
             table_bytes: t.gauge(
@@ -123,16 +123,13 @@ enum FileState {
     NoTable,
 }
 
-struct PidEntry {
-    generation: u32,
-    /// What its `unwind_procs` entry holds (each range holds its table).
-    ranges: Vec<MappedRange>,
-    /// Installed (its entry written); false while tables it needs are
-    /// being built.
-    complete: bool,
-    /// [`Unwinder::epoch`] at the last attempt: an incomplete process is
-    /// tried again only once a build has finished since.
-    epoch: u64,
+/// What `unwind_files` holds for a file.
+enum Written {
+    /// The table of this key.
+    Table(TableKey),
+    /// No table (frame pointers); until the instant, when it was evicted
+    /// recently, else for good.
+    NoTable(Option<Instant>),
 }
 
 /// What the worker built for a file.
@@ -162,24 +159,26 @@ struct Backoff {
     evictions: u32,
 }
 
-/// Per-process tables in the kernel. Tables are built on a worker thread
+/// Per-file tables in the kernel. Tables are built on a worker thread
 /// (`profcol-unwind`), so a large binary never holds up the sampling loop;
-/// the loop loads finished tables ([`Unwinder::poll`]) and installs a
-/// process once every table it needs is in.
+/// the loop loads finished tables ([`Unwinder::poll`]) and writes the
+/// entries of the files that wait for them.
 pub struct Unwinder {
     store: TableStore,
     files: FxHashMap<TableKey, FileState>,
-    pids: FxHashMap<u32, PidEntry>,
     counters: UnwindCounters,
     last_evictions: u64,
     jobs: SyncSender<(TableKey, File)>,
     built: Receiver<Built>,
-    /// Finished builds so far.
-    epoch: u64,
     /// Files evicted to make room, by key (at most MAX_FILES).
     backoff: FxHashMap<TableKey, Backoff>,
-    /// Processes sampled once so far (live pids only).
-    sampled_once: rustc_hash::FxHashSet<u32>,
+    /// The entries of `unwind_files`.
+    written: FxHashMap<KernelFile, Written>,
+    /// Files whose table is being built.
+    waiting: FxHashMap<TableKey, Vec<KernelFile>>,
+    /// Reused by [`Unwinder::read_wanted`].
+    wants: Vec<(KernelFile, Want)>,
+    done: Vec<KernelFile>,
 }
 
 impl Unwinder {
@@ -200,14 +199,15 @@ impl Unwinder {
         Ok(Unwinder {
             store,
             files: FxHashMap::default(),
-            pids: FxHashMap::default(),
             counters,
             last_evictions: 0,
             jobs,
             built,
-            epoch: 0,
             backoff: FxHashMap::default(),
-            sampled_once: Default::default(),
+            written: FxHashMap::default(),
+            waiting: FxHashMap::default(),
+            wants: Vec::new(),
+            done: Vec::new(),
         })
     }
 
@@ -215,136 +215,192 @@ impl Unwinder {
         &self.counters
     }
 
-    /// Loads the tables the worker finished into the kernel.
-    pub fn poll(&mut self, sink: &mut dyn MappingSink, now: Instant) {
-        let epoch = self.epoch;
+    /// Loads the tables the worker finished into the kernel and writes the
+    /// entries of the files waiting for them.
+    pub fn poll(&mut self, sink: &mut dyn FileSink, now: Instant) {
+        let mut any = false;
         while let Ok(b) = self.built.try_recv() {
-            self.epoch += 1;
+            any = true;
             self.counters.table_build_micros.add(b.micros);
             let loaded = b.result.and_then(|(compact, segments)| {
-                let (_, evicted) = self.store.load(b.key.clone(), &compact, sink, now).map_err(|e| match e {
+                let (id, _) = self.store.load(b.key.clone(), &compact, sink, now).map_err(|e| match e {
                     LoadRefused::TooLarge => {
                         format!("{} bytes of table do not fit unwind.max_table_bytes", compact.bytes())
                     }
                     LoadRefused::RulesFull => "the rule dictionary is full".to_owned(),
                     LoadRefused::Map(m) => m,
                 })?;
-                for (id, pids) in evicted {
-                    self.unpoint(id, &pids, sink);
-                }
-                Ok(segments)
+                Ok((id, segments))
             });
             for key in self.store.take_evicted() {
+                self.unwrite(&key, sink);
                 self.back_off(key, now);
             }
+            let waiting = self.waiting.remove(&b.key).unwrap_or_default();
             let state = match loaded {
-                Ok(segments) => {
+                Ok((id, segments)) => {
                     self.counters.table_builds.inc();
                     tracing::debug!(key = ?b.key, micros = b.micros, bytes = self.store.bytes(), "ebpf receiver: unwind table built");
+                    for f in waiting {
+                        self.write_table(f, &b.key, id, &segments, sink);
+                    }
                     FileState::Table(segments)
                 }
                 Err(e) => {
                     self.counters.table_build_failures.inc();
                     tracing::debug!(key = ?b.key, error = %e, "ebpf receiver: no unwind table (frame pointers there)");
+                    for f in waiting {
+                        self.write_none(f, None, sink);
+                    }
                     FileState::NoTable
                 }
             };
             self.remember(b.key, state);
         }
-        if self.epoch != epoch {
+        if any {
             release_freed_memory();
         }
         self.publish();
     }
 
-    /// Makes the kernel's view of `pid` match `mappings`: nothing to do
-    /// when this generation is installed already, or still waits for a
-    /// build that has not finished.
-    pub fn sync(&mut self, pid: u32, mappings: &MappingSet, sink: &mut dyn MappingSink, now: Instant) {
-        if let Some(p) = self.pids.get(&pid) {
-            if p.generation == mappings.generation && (p.complete || p.epoch == self.epoch) {
-                return;
-            }
-        } else if self.sampled_once.insert(pid) {
-            // Tables from a process's second sample on: most short-lived
-            // processes (a build host's compilers, scripts, build scripts)
-            // are sampled once or never, and their tables would be built
-            // for nothing.
+    /// Reads the files the BPF program asked for: each met by two samples
+    /// gets its entry, or its table built first. `mappings_of` gives a
+    /// process's mappings (the process table, which the kernel's records
+    /// keep for processes that exited a moment ago).
+    pub fn read_wanted(
+        &mut self,
+        sink: &mut dyn FileSink,
+        mut mappings_of: impl FnMut(u32) -> Option<Arc<MappingSet>>,
+        now: Instant,
+    ) {
+        let mut wants = std::mem::take(&mut self.wants);
+        wants.clear();
+        sink.wanted(&mut wants);
+        if wants.is_empty() {
+            self.wants = wants;
             return;
         }
-        self.forget(pid, sink, now);
-        // Every table first; the process is installed only when all are in.
-        let mut ranges = Vec::new();
-        let mut ready = true;
-        for m in &mappings.mappings {
-            if !m.path.starts_with('/') {
+        let now_ns = super::clock::now_ns(libc::CLOCK_MONOTONIC);
+        let mut done = std::mem::take(&mut self.done);
+        done.clear();
+        for &(file, w) in &wants {
+            if self.written.contains_key(&file) {
+                done.push(file);
                 continue;
             }
-            match self.table_for(pid, m, now) {
-                Lookup::Ready(table, bias) => ranges.push(MappedRange { start: m.start, end: m.end, bias, table }),
-                Lookup::None => {}
-                Lookup::Waiting => ready = false,
-            }
-        }
-        let mut entry =
-            PidEntry { generation: mappings.generation, ranges: Vec::new(), complete: false, epoch: self.epoch };
-        if ready {
-            // Sorted already (a MappingSet is); the BPF program's binary
-            // search relies on it.
-            ranges.sort_unstable_by_key(|r| r.start);
-            if ranges.len() > PROC_RANGES {
-                self.counters.ranges_over_capacity.inc();
-                ranges.truncate(PROC_RANGES);
-            }
-            // Until its entry is in, the BPF program does not know the
-            // process (the kernel's frame-pointer walk for all of it); with
-            // it, what has no table is walked by frame pointers.
-            match sink.set_process(pid, &ranges) {
-                Ok(()) => {
-                    for r in &ranges {
-                        self.store.hold(r.table, pid, now);
-                    }
-                    entry.ranges = ranges;
-                    entry.complete = true;
+            if w.count < 2 {
+                if now_ns.saturating_sub(w.first_ns) > WANT_TTL_NS {
+                    done.push(file);
                 }
-                Err(e) => tracing::debug!(pid, error = %e, "ebpf receiver: process not loaded for unwinding"),
+                continue;
+            }
+            // Asked for again by a later sample if nothing comes of it.
+            done.push(file);
+            let Some(set) = mappings_of(w.pid) else { continue };
+            let Some(m) = set.find(w.start) else { continue };
+            if !m.path.starts_with('/') {
+                self.write_none(file, None, sink);
+                continue;
+            }
+            match self.table_for(w.pid, m, now) {
+                Lookup::Ready(key, id, segments) => self.write_table(file, &key, id, &segments, sink),
+                Lookup::None(until) => self.write_none(file, until, sink),
+                Lookup::Waiting(key) => {
+                    let files = self.waiting.entry(key).or_default();
+                    if !files.contains(&file) {
+                        files.push(file);
+                    }
+                }
+                Lookup::Retry => {}
             }
         }
-        self.pids.insert(pid, entry);
+        sink.remove_wanted(&done);
+        self.wants = wants;
+        self.done = done;
     }
 
-    /// Removes `pid` from the kernel's maps and releases its tables.
-    pub fn forget(&mut self, pid: u32, sink: &mut dyn MappingSink, now: Instant) {
-        self.forget_all(std::iter::once(pid), sink, now);
-    }
-
-    /// [`Unwinder::forget`] for many processes (the exits of a drain): one
-    /// map operation for all of them.
-    pub fn forget_all(&mut self, pids: impl IntoIterator<Item = u32>, sink: &mut dyn MappingSink, now: Instant) {
-        let mut installed = Vec::new();
-        for pid in pids {
-            self.sampled_once.remove(&pid);
-            let Some(p) = self.pids.remove(&pid) else { continue };
-            if p.complete {
-                installed.push(pid);
+    /// Once per interval: tables of files mapped by the processes sampled
+    /// in it stay; tables no such process mapped for `store::UNUSED_GRACE`
+    /// are dropped with their files' entries; "no table for now" entries
+    /// whose backoff is over are removed (the file may be asked for again).
+    pub fn sweep(&mut self, sink: &mut dyn FileSink, sampled: impl FnOnce(&mut dyn FnMut(&Mapping)), now: Instant) {
+        let store = &mut self.store;
+        sampled(&mut |m: &Mapping| {
+            if let Some(k) = m.build_id.as_ref().or(m.file_id.as_ref()) {
+                if let Some(id) = store.id(&TableKey::BuildId(k.clone())) {
+                    store.touch(id, now);
+                }
             }
-            for r in &p.ranges {
-                self.store.release(r.table, pid, now);
+        });
+        for key in self.store.drop_unused(now, sink) {
+            self.unwrite(&key, sink);
+            self.files.remove(&key);
+        }
+        let expired: Vec<KernelFile> = self
+            .written
+            .iter()
+            .filter(|(_, w)| matches!(w, Written::NoTable(Some(until)) if *until <= now))
+            .map(|(f, _)| *f)
+            .collect();
+        if !expired.is_empty() {
+            sink.remove_files(&expired);
+            for f in &expired {
+                self.written.remove(f);
             }
         }
-        if !installed.is_empty() {
-            sink.remove_processes(&installed);
-        }
-    }
-
-    /// Once per interval: forget pids `alive` says are gone, drop tables
-    /// nobody maps any more.
-    pub fn sweep(&mut self, alive: impl Fn(u32) -> bool, sink: &mut dyn MappingSink, now: Instant) {
-        self.sampled_once.retain(|&p| alive(p));
-        let gone: Vec<u32> = self.pids.keys().copied().filter(|&p| !alive(p)).collect();
-        self.forget_all(gone, sink, now);
-        self.store.drop_unused(now, sink);
         self.publish();
+    }
+
+    /// Removes the entries of the files that use `key`'s table.
+    fn unwrite(&mut self, key: &TableKey, sink: &mut dyn FileSink) {
+        let gone: Vec<KernelFile> =
+            self.written.iter().filter(|(_, w)| matches!(w, Written::Table(k) if k == key)).map(|(f, _)| *f).collect();
+        if !gone.is_empty() {
+            sink.remove_files(&gone);
+            for f in &gone {
+                self.written.remove(f);
+            }
+        }
+    }
+
+    fn write_table(
+        &mut self,
+        file: KernelFile,
+        key: &TableKey,
+        id: u32,
+        segments: &[LoadSegment],
+        sink: &mut dyn FileSink,
+    ) {
+        if self.written.len() >= FILES_CAPACITY {
+            return;
+        }
+        let segs: Vec<FileSegment> = segments
+            .iter()
+            .filter(|s| s.executable)
+            .map(|s| FileSegment {
+                off_lo: s.offset,
+                off_hi: s.offset + s.filesz,
+                delta: s.vaddr.wrapping_sub(s.offset),
+            })
+            .collect();
+        match sink.set_file(file, id, &segs) {
+            Ok(()) => {
+                self.written.insert(file, Written::Table(key.clone()));
+            }
+            Err(e) => tracing::debug!(?file, error = %e, "ebpf receiver: unwind file entry not written"),
+        }
+    }
+
+    fn write_none(&mut self, file: KernelFile, until: Option<Instant>, sink: &mut dyn FileSink) {
+        if self.written.len() >= FILES_CAPACITY {
+            return;
+        }
+        match sink.set_file(file, NO_TABLE, &[]) {
+            Ok(()) => {
+                self.written.insert(file, Written::NoTable(until));
+            }
+            Err(e) => tracing::debug!(?file, error = %e, "ebpf receiver: unwind file entry not written"),
+        }
     }
 
     /// `key`'s table was evicted to make room: no rebuild for a while.
@@ -364,52 +420,48 @@ impl Unwinder {
         self.last_evictions = self.store.evictions;
     }
 
-    /// The loaded table and bias of mapping `m` of `pid`; a file seen for
-    /// the first time (or evicted since) goes to the worker.
-    fn table_for(&mut self, pid: u32, m: &super::process::Mapping, now: Instant) -> Lookup {
+    /// The loaded table of mapping `m` of `pid`; a file seen for the first
+    /// time (or evicted since) goes to the worker.
+    fn table_for(&mut self, pid: u32, m: &Mapping, now: Instant) -> Lookup {
         let open = || {
             File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
                 .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
                 .ok()
         };
         let mut file = None;
-        let key = match &m.build_id {
+        // The build id, or profcol's file id for a file without one.
+        let key = match m.build_id.as_ref().or(m.file_id.as_ref()) {
             Some(b) => TableKey::BuildId(b.clone()),
             None => {
-                let Some(f) = open() else { return Lookup::None };
-                let Ok(md) = f.metadata() else { return Lookup::None };
+                let Some(f) = open() else { return Lookup::Retry };
+                let Ok(md) = f.metadata() else { return Lookup::Retry };
                 file = Some(f);
                 TableKey::File { dev: md.dev(), inode: md.ino(), size: md.size(), mtime: (md.mtime(), md.mtime_nsec()) }
             }
         };
         match (self.files.get(&key), self.store.id(&key)) {
-            (Some(FileState::NoTable), _) => return Lookup::None,
-            (Some(FileState::Pending), _) => return Lookup::Waiting,
+            (Some(FileState::NoTable), _) => return Lookup::None(None),
+            (Some(FileState::Pending), _) => return Lookup::Waiting(key),
             (Some(FileState::Table(segs)), Some(id)) => {
-                return match bias(segs, m.file_offset, m.start) {
-                    Some(b) => Lookup::Ready(id, b),
-                    None => Lookup::None,
-                };
+                let segs = segs.clone();
+                return Lookup::Ready(key, id, segs);
             }
             // Never seen, or evicted since: build it (unless evicted
             // recently: then frame pointers for now).
             _ => {}
         }
-        if self.backoff.get(&key).is_some_and(|b| now < b.until) {
-            return Lookup::None;
+        if let Some(b) = self.backoff.get(&key).filter(|b| now < b.until) {
+            return Lookup::None(Some(b.until));
         }
-        let Some(file) = file.or_else(open) else { return Lookup::None };
+        let Some(file) = file.or_else(open) else { return Lookup::Retry };
         match self.jobs.try_send((key.clone(), file)) {
             Ok(()) => {
-                self.remember(key, FileState::Pending);
-                Lookup::Waiting
+                self.remember(key.clone(), FileState::Pending);
+                Lookup::Waiting(key)
             }
             // The queue is full: asked again at a later sample.
-            Err(TrySendError::Full(_)) => {
-                self.epoch = self.epoch.wrapping_add(1);
-                Lookup::Waiting
-            }
-            Err(TrySendError::Disconnected(_)) => Lookup::None,
+            Err(TrySendError::Full(_)) => Lookup::Retry,
+            Err(TrySendError::Disconnected(_)) => Lookup::None(None),
         }
     }
 
@@ -420,32 +472,19 @@ impl Unwinder {
         }
         self.files.insert(key, state);
     }
-
-    /// Table `id` was evicted: the ranges of `pids` that used it now have
-    /// no table (their entries written again without them).
-    fn unpoint(&mut self, id: u32, pids: &[u32], sink: &mut dyn MappingSink) {
-        for pid in pids {
-            let Some(p) = self.pids.get_mut(pid) else { continue };
-            p.ranges.retain(|r| r.table != id);
-            if p.complete && sink.set_process(*pid, &p.ranges).is_err() {
-                // Not rewritten: no entry rather than one naming a table
-                // that is gone; installed again at its next sample.
-                sink.remove_processes(&[*pid]);
-                p.complete = false;
-                p.generation = 0;
-            }
-        }
-    }
 }
 
 /// What [`Unwinder::table_for`] found for a mapping.
 enum Lookup {
-    /// Table id and bias.
-    Ready(u32, u64),
-    /// No table for this mapping (walked by frame pointers in `auto`).
-    None,
+    /// Its key, table id and segments.
+    Ready(TableKey, u32, Arc<[LoadSegment]>),
+    /// No table (frame pointers), until the instant or for good.
+    None(Option<Instant>),
     /// Its table is being built.
-    Waiting,
+    Waiting(TableKey),
+    /// Not now (the file could not be opened, the build queue is full):
+    /// asked for again by a later sample.
+    Retry,
 }
 
 /// The compact table and segments of `file` (on the worker thread).
@@ -469,14 +508,6 @@ fn release_freed_memory() {
     }
 }
 
-/// Process address minus file virtual address for a mapping of file
-/// offset `offset` at `start`.
-fn bias(segments: &[LoadSegment], offset: u64, start: u64) -> Option<u64> {
-    let page = super::config::page_size();
-    let seg = segments.iter().filter(|s| s.vaddr_of(offset, page).is_some()).max_by_key(|s| s.executable)?;
-    Some(start.wrapping_sub(seg.vaddr_of(offset, page)?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::store::tests::MemSink;
@@ -490,144 +521,140 @@ mod tests {
         std::hint::black_box(7)
     }
 
-    /// This test process, unwound the way the BPF program would: its
-    /// tables come from the worker, the process is installed with one map
-    /// update once all are in, and forgetting it removes its entry.
-    #[test]
-    fn a_process_is_installed_once_its_tables_are_in() {
-        let now = Instant::now();
-        let me = std::process::id();
-        let mut procs = ProcessTable::new(4);
-        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+    fn unwinder(store: TableStore) -> Unwinder {
         let id: ComponentId = "ebpf".parse().unwrap();
         let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
-        let store = TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384);
-        let mut u = Unwinder::new(store, counters).unwrap();
-        let mut sink = MemSink::default();
-        u.sync(me, &set, &mut sink, now);
-        assert!(sink.procs.is_empty(), "nothing is written before the tables are built");
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        while !u.pids.get(&me).is_some_and(|p| p.complete) {
-            assert!(Instant::now() < deadline, "tables built within 60 s");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            u.poll(&mut sink, now);
-            u.sync(me, &set, &mut sink, now);
-        }
-        assert!(u.counters().table_builds.get() >= 2, "the test binary and libc");
-        assert_eq!(sink.proc_writes, 1, "one map update installs the process");
-        let ranges = &sink.procs[&me];
-        assert!(ranges.windows(2).all(|w| w[0].end <= w[1].start), "sorted, not overlapping: {ranges:?}");
-        // The range holding `marker` names a table whose rule at the
-        // function's first instruction is CFA = rsp + 8.
-        let addr = marker as *const () as usize as u64;
-        let r = ranges.iter().find(|r| r.start <= addr && addr < r.end).expect("a range holds the test's code");
-        assert!(r.table != 0);
-        let rule = sink.rule_at(r.table, addr - r.bias).expect("a rule");
-        assert_eq!((rule.kind, rule.cfa_offset), (kind::CFA_RSP, 8), "{rule:?}");
-        // Installed: the same generation costs nothing more.
-        u.sync(me, &set, &mut sink, now);
-        assert_eq!(sink.proc_writes, 1);
-        u.forget(me, &mut sink, now);
-        assert!(sink.procs.is_empty());
-        assert_eq!(sink.proc_delete_calls, 1);
+        Unwinder::new(store, counters).unwrap()
     }
 
-    /// Processes of files whose tables are loaded already are installed
-    /// from their second sample on, with one update each, and the exits of
-    /// a drain leave the map in one delete; their tables are then unused.
+    /// The kernel's name of mapping `m`'s file (`n` tells copies apart).
+    fn kernel_file(m: &Mapping, n: u64) -> KernelFile {
+        let md = std::fs::metadata(&*m.path).unwrap();
+        KernelFile::new(libc::major(md.dev()), libc::minor(md.dev()), md.ino() + (n << 40))
+    }
+
+    /// What the BPF program would put in `unwind_wanted` for `m` of `pid`.
+    fn want(pid: u32, m: &Mapping, count: u32) -> Want {
+        let first_ns = super::super::clock::now_ns(libc::CLOCK_MONOTONIC);
+        Want { pid, count, start: m.start, end: m.end, pgoff: m.file_offset / 4096, first_ns }
+    }
+
+    /// Polls until `files` all have an entry.
+    fn settle(u: &mut Unwinder, sink: &mut MemSink, files: &[KernelFile], at: Instant) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !files.iter().all(|f| sink.files.contains_key(f)) {
+            assert!(Instant::now() < deadline, "entries written within 60 s");
+            std::thread::sleep(Duration::from_millis(20));
+            u.poll(sink, at);
+        }
+    }
+
+    /// This test binary's file, asked for the way the BPF program asks:
+    /// nothing at its first sample, its table built at its second and its
+    /// entry written; the entry takes the BPF program from a pc to the
+    /// rule of its function. A second file with the same build id shares
+    /// the table at once; when no sampled process maps it any more, the
+    /// table and both entries go.
     #[test]
-    fn short_lived_processes_cost_one_update_and_share_one_delete() {
+    fn a_file_met_twice_gets_its_table_and_entry() {
         let now = Instant::now();
         let me = std::process::id();
         let mut procs = ProcessTable::new(4);
         let set = procs.get(me, now).expect("self is readable").mappings.clone();
-        let id: ComponentId = "ebpf".parse().unwrap();
-        let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
-        let store = TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384);
-        let mut u = Unwinder::new(store, counters).unwrap();
+        let addr = marker as *const () as usize as u64;
+        let m = set.find(addr).expect("a mapping holds the test's code").clone();
+        let mut u = unwinder(TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384));
         let mut sink = MemSink::default();
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        u.sync(me, &set, &mut sink, now);
-        while !u.pids.get(&me).is_some_and(|p| p.complete) {
-            assert!(Instant::now() < deadline, "tables built within 60 s");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            u.poll(&mut sink, now);
-            u.sync(me, &set, &mut sink, now);
-        }
-        let builds = u.counters().table_builds.get();
-        // Pids no process has (over pid_max): the same files, by build id.
-        let others: Vec<u32> = (0..3).map(|i| 0x7fff_0000 + i).collect();
-        for &pid in &others {
-            u.sync(pid, &set, &mut sink, now);
-            assert!(!sink.procs.contains_key(&pid), "not installed at its first sample");
-            u.sync(pid, &set, &mut sink, now);
-            assert_eq!(sink.procs.get(&pid), sink.procs.get(&me), "installed at its second, like this one");
-        }
-        assert_eq!(sink.proc_writes, 1 + others.len());
-        assert_eq!(u.counters().table_builds.get(), builds, "no table built again");
-        let deletes = sink.proc_delete_calls;
-        u.forget_all(others.iter().copied().chain([me]), &mut sink, now);
-        assert!(sink.procs.is_empty());
-        assert_eq!(sink.proc_delete_calls, deletes + 1, "one delete for the drain's exits");
-        let loaded = u.store.len();
-        u.store.drop_unused(now + Duration::from_secs(3600), &mut sink);
-        assert!(u.store.len() < loaded, "their tables are no longer held");
+        let file = kernel_file(&m, 0);
+        sink.wanted.insert(file, want(me, &m, 1));
+        u.read_wanted(&mut sink, |_| Some(set.clone()), now);
+        assert!(sink.files.is_empty() && sink.wanted.contains_key(&file), "one sample: nothing built, still asked");
+        sink.wanted.insert(file, want(me, &m, 2));
+        u.read_wanted(&mut sink, |_| Some(set.clone()), now);
+        assert!(sink.wanted.is_empty(), "taken");
+        settle(&mut u, &mut sink, &[file], now);
+        assert_eq!(u.counters().table_builds.get(), 1);
+        let (table, segs) = sink.files[&file].clone();
+        assert_ne!(table, NO_TABLE);
+        // As unwind_range_from does: file offset, segment, table address.
+        let off = addr - m.start + m.file_offset;
+        let seg = segs.iter().find(|g| g.off_lo <= off && off < g.off_hi).expect("an executable segment holds it");
+        let rule = sink.rule_at(table, off.wrapping_add(seg.delta)).expect("a rule");
+        assert_eq!((rule.kind, rule.cfa_offset), (kind::CFA_RSP, 8), "{rule:?}");
+        // A copy of the file (same build id, another inode): no build.
+        let copy = kernel_file(&m, 1);
+        sink.wanted.insert(copy, want(me, &m, 2));
+        u.read_wanted(&mut sink, |_| Some(set.clone()), now);
+        assert_eq!(sink.files.get(&copy), Some(&(table, segs)), "written at once");
+        assert_eq!(u.counters().table_builds.get(), 1);
+        // Sampled: kept; then unmapped for longer than the grace: gone.
+        u.sweep(&mut sink, |f| set.mappings.iter().for_each(f), now + store::UNUSED_GRACE);
+        assert_eq!(u.store.len(), 1);
+        u.sweep(&mut sink, |_| {}, now + store::UNUSED_GRACE * 3);
+        assert_eq!(u.store.len(), 0);
+        assert!(sink.files.is_empty(), "{:?}", sink.files);
     }
 
     /// Tables that do not fit `max_table_bytes` together are not rebuilt
-    /// by every new process that maps them: an evicted file waits out its
-    /// backoff (frame pointers there), then may be built again.
+    /// each time their files are met again: an evicted file gets a "no
+    /// table" entry (frame pointers) until its backoff is over, then may
+    /// be built again.
     #[test]
     fn an_evicted_table_is_not_rebuilt_at_once() {
         let now = Instant::now();
         let me = std::process::id();
         let mut procs = ProcessTable::new(4);
         let set = procs.get(me, now).expect("self is readable").mappings.clone();
-        let id: ComponentId = "ebpf".parse().unwrap();
-        let counters = UnwindCounters::new(&ComponentTelemetry::detached(Kind::Receiver, &id));
+        let mut seen = std::collections::HashSet::new();
+        let maps: Vec<Mapping> =
+            set.mappings.iter().filter(|m| m.path.starts_with('/') && seen.insert(m.path.clone())).cloned().collect();
         // Room for the largest table this process maps, not for all of them.
-        let largest = set
-            .mappings
+        let largest = maps
             .iter()
-            .filter(|m| m.path.starts_with('/'))
             .filter_map(|m| File::open(&*m.path).ok().and_then(|f| build(&f).ok()))
             .map(|(c, _)| c.rows.len().div_ceil(2) * 8 + c.pages.len() * profcol_elf::unwind::PAGE_ENTRY_BYTES)
             .max()
             .unwrap();
-        let store = TableStore::new(largest as u64 + 4096, (largest as u32 / 8) + 512, 1 << 20, 16384);
-        let mut u = Unwinder::new(store, counters).unwrap();
+        let mut u = unwinder(TableStore::new(largest as u64 + 4096, (largest as u32 / 8) + 512, 1 << 20, 16384));
         let mut sink = MemSink::default();
-        let settle = |u: &mut Unwinder, sink: &mut MemSink, pid: u32, at: Instant| {
-            let deadline = Instant::now() + std::time::Duration::from_secs(60);
-            u.sync(pid, &set, sink, at);
-            while !u.pids.get(&pid).is_some_and(|p| p.complete) {
-                assert!(Instant::now() < deadline, "pid {pid} installed within 60 s");
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                u.poll(sink, at);
-                u.sync(pid, &set, sink, at);
+        let files: Vec<KernelFile> = maps.iter().map(|m| kernel_file(m, 0)).collect();
+        let ask = |u: &mut Unwinder, sink: &mut MemSink, at: Instant| {
+            for (f, m) in files.iter().zip(&maps) {
+                if !sink.files.contains_key(f) {
+                    sink.wanted.insert(*f, want(me, m, 2));
+                }
             }
+            u.read_wanted(sink, |_| Some(set.clone()), at);
         };
-        settle(&mut u, &mut sink, me, now);
-        let builds = u.counters().table_builds.get();
+        // Until every file has an entry (evicted ones are asked again).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            ask(&mut u, &mut sink, now);
+            settle(&mut u, &mut sink, &[], now);
+            std::thread::sleep(Duration::from_millis(20));
+            u.poll(&mut sink, now);
+            if files.iter().all(|f| sink.files.contains_key(f)) && u.waiting.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "every file has an entry within 60 s");
+        }
         assert!(u.counters().table_evictions.get() >= 1, "the tables do not fit together");
-        // The process installed anew, again and again (as new processes
-        // of the same programs would be): its files are opened through
-        // /proc/PID, so it is this one each time.
+        let builds = u.counters().table_builds.get();
+        let none = sink.files.values().filter(|(t, _)| *t == NO_TABLE).count();
+        assert!(none >= 1, "an evicted file walks by frame pointers for now");
         for _ in 0..5 {
-            u.forget(me, &mut sink, now);
-            settle(&mut u, &mut sink, me, now);
+            ask(&mut u, &mut sink, now);
+            u.poll(&mut sink, now);
         }
         assert_eq!(u.counters().table_builds.get(), builds, "no rebuild within the backoff");
-        // After it, a process installed anew (this one: its files are
-        // opened through /proc/PID) gets the evicted table built again.
-        u.forget(me, &mut sink, now);
-        settle(&mut u, &mut sink, me, now + REBUILD_BACKOFF);
-        assert!(
-            u.counters().table_builds.get() > builds,
-            "rebuilt after the backoff: {builds} builds, {} evictions, {} failures, backoff {:?}",
-            u.counters().table_evictions.get(),
-            u.counters().table_build_failures.get(),
-            u.backoff.values().map(|b| (b.until.duration_since(now), b.evictions)).collect::<Vec<_>>()
-        );
+        // After it, the "no table" entries go, and the next ask builds.
+        u.sweep(&mut sink, |f| set.mappings.iter().for_each(f), now + REBUILD_BACKOFF);
+        ask(&mut u, &mut sink, now + REBUILD_BACKOFF);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while u.counters().table_builds.get() == builds {
+            assert!(Instant::now() < deadline, "rebuilt after the backoff");
+            std::thread::sleep(Duration::from_millis(20));
+            u.poll(&mut sink, now + REBUILD_BACKOFF);
+        }
     }
 }

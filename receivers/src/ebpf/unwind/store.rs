@@ -271,8 +271,9 @@ impl TableStore {
         (e.id, e.users.into_iter().collect())
     }
 
-    /// Drops tables nobody has mapped for [`UNUSED_GRACE`]; returns how many.
-    pub fn drop_unused(&mut self, now: Instant, sink: &mut dyn Sink) -> usize {
+    /// Drops tables nobody has mapped for [`UNUSED_GRACE`]; returns their
+    /// keys.
+    pub fn drop_unused(&mut self, now: Instant, sink: &mut dyn Sink) -> Vec<TableKey> {
         let old: Vec<TableKey> = self
             .entries
             .iter()
@@ -282,7 +283,7 @@ impl TableStore {
         for k in &old {
             self.evict(k, sink);
         }
-        old.len()
+        old
     }
 
     fn allocate(&mut self, elems: u32) -> Option<u32> {
@@ -322,25 +323,35 @@ pub(crate) mod tests {
         pub rows: FxHashMap<u32, u64>,
         pub pages: FxHashMap<(u32, u32), (u32, u32)>,
         pub rules: FxHashMap<u32, Rule>,
-        /// pid → its ranges, as `unwind_procs` would hold them.
-        pub procs: FxHashMap<u32, Vec<profcol_ebpf::unwind::MappedRange>>,
-        /// Map operations on `procs`: updates, and delete calls (one per
-        /// batch).
-        pub proc_writes: usize,
-        pub proc_delete_calls: usize,
+        /// `unwind_files` and `unwind_wanted` as maps.
+        pub files: FxHashMap<profcol_ebpf::unwind::KernelFile, (u32, Vec<profcol_ebpf::unwind::FileSegment>)>,
+        pub wanted: FxHashMap<profcol_ebpf::unwind::KernelFile, profcol_ebpf::unwind::Want>,
+        /// Writes of `files`.
+        pub file_writes: usize,
     }
 
-    impl crate::ebpf::unwind::MappingSink for MemSink {
-        fn set_process(&mut self, pid: u32, ranges: &[profcol_ebpf::unwind::MappedRange]) -> Result<(), String> {
-            let n = ranges.len().min(profcol_ebpf::unwind::PROC_RANGES);
-            self.procs.insert(pid, ranges[..n].to_vec());
-            self.proc_writes += 1;
+    impl crate::ebpf::unwind::FileSink for MemSink {
+        fn set_file(
+            &mut self,
+            file: profcol_ebpf::unwind::KernelFile,
+            table: u32,
+            segs: &[profcol_ebpf::unwind::FileSegment],
+        ) -> Result<(), String> {
+            self.files.insert(file, (table, segs.to_vec()));
+            self.file_writes += 1;
             Ok(())
         }
-        fn remove_processes(&mut self, pids: &[u32]) {
-            self.proc_delete_calls += 1;
-            for pid in pids {
-                assert!(self.procs.remove(pid).is_some(), "pid {pid} removed but never written");
+        fn remove_files(&mut self, files: &[profcol_ebpf::unwind::KernelFile]) {
+            for f in files {
+                assert!(self.files.remove(f).is_some(), "{f:?} removed but never written");
+            }
+        }
+        fn wanted(&mut self, out: &mut Vec<(profcol_ebpf::unwind::KernelFile, profcol_ebpf::unwind::Want)>) {
+            out.extend(self.wanted.iter().map(|(f, w)| (*f, *w)));
+        }
+        fn remove_wanted(&mut self, files: &[profcol_ebpf::unwind::KernelFile]) {
+            for f in files {
+                self.wanted.remove(f);
             }
         }
     }
@@ -457,8 +468,8 @@ pub(crate) mod tests {
         s.hold(c, 3, t0);
         s.release(a, 1, t0);
         s.release(b, 2, t0);
-        assert_eq!(s.drop_unused(t0 + UNUSED_GRACE / 2, &mut sink), 0);
-        assert_eq!(s.drop_unused(t0 + UNUSED_GRACE, &mut sink), 2);
+        assert_eq!(s.drop_unused(t0 + UNUSED_GRACE / 2, &mut sink).len(), 0);
+        assert_eq!(s.drop_unused(t0 + UNUSED_GRACE, &mut sink).len(), 2);
         assert_eq!(s.len(), 1);
         // a and b were adjacent: 200 elements in one run fit again.
         s.load(key(4), &table(400, 0), &mut sink, t0).unwrap();
