@@ -386,12 +386,15 @@ static __always_inline __u32 unwind_go_cgo_step(struct unwind_state *st, struct 
 	return 0;
 }
 
-/* No table for the code at st->pc: frame pointers in mode auto. */
+/* No table for the code at st->pc: frame pointers in mode auto. Where
+ * that step fails (the code keeps no frame pointer: rbp is garbage), the
+ * stack ended for want of a table, and says so. */
 static __always_inline __u32 unwind_no_table(struct unwind_state *st)
 {
-	if (cfg_unwind_mode == UNWIND_MODE_AUTO)
-		return unwind_fp_step(st);
-	return UNWIND_END_NO_TABLE;
+	if (cfg_unwind_mode != UNWIND_MODE_AUTO)
+		return UNWIND_END_NO_TABLE;
+	__u32 end = unwind_fp_step(st);
+	return end == UNWIND_END_READ_ERROR ? UNWIND_END_NO_TABLE : end;
 }
 
 /* Moves `st` from the frame at st->pc (in process `proc`, NULL when none
@@ -446,7 +449,9 @@ static __always_inline __u32 unwind_step(struct unwind_state *st, struct unwind_
 	case RULE_NO_INFO:
 		return UNWIND_END_NO_TABLE;
 	case RULE_FRAME_POINTER:
-		return unwind_no_table(st);
+		if (cfg_unwind_mode == UNWIND_MODE_AUTO)
+			return unwind_fp_step(st);
+		return UNWIND_END_NO_TABLE;
 	case RULE_SIGNAL:
 		return unwind_signal_step(st, rule);
 	case RULE_GO_CGO_CALL:
