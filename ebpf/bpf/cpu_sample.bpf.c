@@ -337,11 +337,13 @@ static __always_inline int count_sample(struct sample *s, int wake)
 	return 1;
 }
 
-/* The record out, or only a count (`countable`: an on-CPU sample of a
- * process the reader has seen, with cfg_count_in_kernel). */
+/* The record out, or only a count (`countable`, with cfg_count_in_kernel).
+ * A sample that is to wake the reader (a file the unwinder asks for) is
+ * always a record: a count of a stack seen before writes nothing, and the
+ * wake-up would be lost until the report. */
 static __always_inline void output_sample(struct sample *s, int wake, int countable)
 {
-	if (cfg_count_in_kernel && countable && s->kind == SAMPLE_CPU && count_sample(s, wake))
+	if (cfg_count_in_kernel && countable && !wake && s->kind == SAMPLE_CPU && count_sample(s, wake))
 		return;
 	write_record(s, wake);
 }

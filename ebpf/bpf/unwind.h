@@ -67,6 +67,7 @@
 #define UNWIND_FILE_SEGS 2     /* executable segments per file entry */
 #define UNWIND_NEED_FILL 100   /* unwind_step: the pc's mapping is not cached */
 #define UNWIND_NO_TABLE_ID 0   /* a range or file without a table (frame pointers) */
+#define UNWIND_PENDING_ID 0xffffffffU /* a file whose table is being built: not cached, not asked again */
 #define UNWIND_RANGE_UNUSED 0x7fffffffffffffffULL /* start of an unused range slot */
 #define USER_ADDR_END 0x0000800000000000ULL
 
@@ -563,13 +564,16 @@ static long unwind_vma_cb(struct task_struct *task, struct vm_area_struct *vma, 
 }
 
 /* Asks the receiver for the table of file `key` (mapped by `pid` as `v`);
- * 1 when this CPU should wake it (the file's second sample). */
+ * 1 when this CPU should wake it: from the file's second sample on until
+ * the receiver takes the entry, at most every UNWIND_WAKE_PERIOD_NS per
+ * CPU (a wake-up only at the second sample was lost when another file had
+ * just woken it from this CPU). */
 static __always_inline int unwind_want_file(struct unwind_state *st, struct unwind_file_key *key,
 					    struct unwind_vma *v)
 {
 	struct unwind_want *w = bpf_map_lookup_elem(&unwind_wanted, key);
 	if (w) {
-		if (__sync_fetch_and_add(&w->count, 1) != 1)
+		if (__sync_fetch_and_add(&w->count, 1) < 1)
 			return 0;
 		__u64 now = bpf_ktime_get_ns();
 		if (now - st->last_wake_ns < UNWIND_WAKE_PERIOD_NS)
@@ -695,6 +699,8 @@ int profcol_unwind_fill(struct bpf_perf_event_data *ctx)
 			if (!f) {
 				if (unwind_want_file(st, &key, &v))
 					st->wake = 1;
+				cache = 0;
+			} else if (f->table == UNWIND_PENDING_ID) {
 				cache = 0;
 			}
 		}

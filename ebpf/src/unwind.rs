@@ -38,6 +38,9 @@ pub const FILE_VALUE_BYTES: usize = 8 + FILE_SEGS * 24;
 pub const WANT_BYTES: usize = 40;
 /// The table id of "no table" (`UNWIND_NO_TABLE_ID`): frame pointers.
 pub const NO_TABLE: u32 = 0;
+/// The table id of "being built" (`UNWIND_PENDING_ID`): frame pointers for
+/// now, nothing cached, the file not asked for again.
+pub const PENDING: u32 = u32::MAX;
 
 /// A file as the kernel names it: `inode->i_sb->s_dev` (`MKDEV`: major
 /// << 20 | minor) and `inode->i_ino`.

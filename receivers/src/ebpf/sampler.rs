@@ -211,7 +211,7 @@ pub struct SamplerHandle {
     sender: tokio::task::JoinHandle<()>,
 }
 
-fn eventfd() -> std::io::Result<OwnedFd> {
+pub(super) fn eventfd() -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall; the returned fd is owned below.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
@@ -221,7 +221,7 @@ fn eventfd() -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn signal(fd: RawFd) {
+pub(super) fn signal(fd: RawFd) {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a valid u64 to an eventfd.
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
@@ -452,10 +452,19 @@ fn run(
                     timeout = timeout.min(due.max(next_read).saturating_duration_since(now));
                 }
             }
-            wait(&mut fds, [loaded.ring.as_raw_fd(), wake.as_raw_fd()], watch_proc, s.mappings.as_ref(), timeout);
+            // A finished table build wakes the thread: its table goes in
+            // now, not at the next drain.
+            let built = s.unwinder.as_ref().map_or(-1, |u| u.built_fd());
+            wait(
+                &mut fds,
+                [loaded.ring.as_raw_fd(), wake.as_raw_fd(), built],
+                watch_proc,
+                s.mappings.as_ref(),
+                timeout,
+            );
         }
         let now = Instant::now();
-        let mapping_ring_full = fds.iter().skip(3).any(|p| p.revents & libc::POLLIN != 0);
+        let mapping_ring_full = fds.iter().skip(4).any(|p| p.revents & libc::POLLIN != 0);
         if s.uprobes.is_none()
             || stopping
             || !proc_events_flowing
@@ -585,11 +594,11 @@ pub fn cpu_list(cpus: &[u32]) -> String {
 }
 
 /// Waits until the sample ring (or `proc_ring`, when given) has data, the
-/// wake eventfd is signalled, a mapping ring is half full, or timeout.
-/// `fds` is reused; entries from index 3 on are the mapping rings.
+/// wake or `built` eventfd is signalled, a mapping ring is half full, or
+/// timeout. `fds` is reused; entries from index 4 on are the mapping rings.
 fn wait(
     fds: &mut Vec<libc::pollfd>,
-    [ring, wake]: [RawFd; 2],
+    [ring, wake, built]: [RawFd; 3],
     proc_ring: Option<RawFd>,
     mappings: Option<&MappingEvents>,
     timeout: Duration,
@@ -597,7 +606,7 @@ fn wait(
     let pollfd = |fd: RawFd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     fds.clear();
     // A negative fd is ignored by poll.
-    fds.extend([pollfd(ring), pollfd(wake), pollfd(proc_ring.unwrap_or(-1))]);
+    fds.extend([pollfd(ring), pollfd(wake), pollfd(proc_ring.unwrap_or(-1)), pollfd(built)]);
     fds.extend(mappings.into_iter().flat_map(|m| m.fds()).map(pollfd));
     // Rounded up: a deadline less than 1 ms away must not become a busy loop.
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;

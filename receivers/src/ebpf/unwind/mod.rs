@@ -18,7 +18,7 @@ pub mod store;
 
 use super::process::{Mapping, MappingSet};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
-use profcol_ebpf::unwind::{FileSegment, KernelFile, Want, FILES_CAPACITY, NO_TABLE};
+use profcol_ebpf::unwind::{FileSegment, KernelFile, Want, FILES_CAPACITY, NO_TABLE, PENDING};
 use profcol_ebpf::UnwindEnd;
 use profcol_elf::unwind::CompactTable;
 use profcol_elf::{ElfFile, LoadSegment};
@@ -130,6 +130,9 @@ enum Written {
     /// No table (frame pointers); until the instant, when it was evicted
     /// recently, else for good.
     NoTable(Option<Instant>),
+    /// Its table is being built: the BPF program walks it by frame
+    /// pointers and does not ask for it again meanwhile.
+    Pending,
 }
 
 /// What the worker built for a file.
@@ -170,6 +173,11 @@ pub struct Unwinder {
     last_evictions: u64,
     jobs: SyncSender<(TableKey, File)>,
     built: Receiver<Built>,
+    /// Signalled by the worker after each build (an eventfd), so the
+    /// sampling thread loads the table at once rather than at its next
+    /// drain: until then the BPF program looks the file up at every
+    /// sample that meets it.
+    built_fd: Arc<std::os::fd::OwnedFd>,
     /// Files evicted to make room, by key (at most MAX_FILES).
     backoff: FxHashMap<TableKey, Backoff>,
     /// The entries of `unwind_files`.
@@ -185,8 +193,11 @@ impl Unwinder {
     pub fn new(store: TableStore, counters: UnwindCounters) -> std::io::Result<Self> {
         let (jobs, job_rx) = sync_channel::<(TableKey, File)>(MAX_QUEUED_BUILDS);
         let (built_tx, built) = channel();
+        let built_fd = Arc::new(super::sampler::eventfd()?);
+        let signal_fd = built_fd.clone();
         // Not joined: dropping the sender ends it after the build at hand.
         std::thread::Builder::new().name("profcol-unwind".into()).spawn(move || {
+            use std::os::fd::AsRawFd;
             while let Ok((key, file)) = job_rx.recv() {
                 let started = Instant::now();
                 let result = build(&file);
@@ -194,6 +205,7 @@ impl Unwinder {
                 if built_tx.send(Built { key, result, micros }).is_err() {
                     break;
                 }
+                super::sampler::signal(signal_fd.as_raw_fd());
             }
         })?;
         Ok(Unwinder {
@@ -203,6 +215,7 @@ impl Unwinder {
             last_evictions: 0,
             jobs,
             built,
+            built_fd,
             backoff: FxHashMap::default(),
             written: FxHashMap::default(),
             waiting: FxHashMap::default(),
@@ -215,9 +228,19 @@ impl Unwinder {
         &self.counters
     }
 
+    /// The eventfd the worker signals after each build (for poll(2)).
+    pub fn built_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.built_fd.as_raw_fd()
+    }
+
     /// Loads the tables the worker finished into the kernel and writes the
     /// entries of the files waiting for them.
     pub fn poll(&mut self, sink: &mut dyn FileSink, now: Instant) {
+        // Reset the eventfd first: a build finished after this read
+        // signals it again.
+        let mut count = [0u8; 8];
+        let _ = read_counter(self.built_fd(), &mut count);
         let mut any = false;
         while let Ok(b) = self.built.try_recv() {
             any = true;
@@ -306,6 +329,9 @@ impl Unwinder {
                 Lookup::Ready(key, id, segments) => self.write_table(file, &key, id, &segments, sink),
                 Lookup::None(until) => self.write_none(file, until, sink),
                 Lookup::Waiting(key) => {
+                    if self.written.len() < FILES_CAPACITY && sink.set_file(file, PENDING, &[]).is_ok() {
+                        self.written.insert(file, Written::Pending);
+                    }
                     let files = self.waiting.entry(key).or_default();
                     if !files.contains(&file) {
                         files.push(file);
@@ -371,7 +397,7 @@ impl Unwinder {
         segments: &[LoadSegment],
         sink: &mut dyn FileSink,
     ) {
-        if self.written.len() >= FILES_CAPACITY {
+        if self.written.len() >= FILES_CAPACITY && !self.written.contains_key(&file) {
             return;
         }
         let segs: Vec<FileSegment> = segments
@@ -387,19 +413,28 @@ impl Unwinder {
             Ok(()) => {
                 self.written.insert(file, Written::Table(key.clone()));
             }
-            Err(e) => tracing::debug!(?file, error = %e, "ebpf receiver: unwind file entry not written"),
+            Err(e) => self.unwrite_file(file, &e, sink),
+        }
+    }
+
+    /// An entry could not be written: any pending one goes too, so the BPF
+    /// program asks for the file again.
+    fn unwrite_file(&mut self, file: KernelFile, e: &str, sink: &mut dyn FileSink) {
+        tracing::debug!(?file, error = %e, "ebpf receiver: unwind file entry not written");
+        if self.written.remove(&file).is_some() {
+            sink.remove_files(&[file]);
         }
     }
 
     fn write_none(&mut self, file: KernelFile, until: Option<Instant>, sink: &mut dyn FileSink) {
-        if self.written.len() >= FILES_CAPACITY {
+        if self.written.len() >= FILES_CAPACITY && !self.written.contains_key(&file) {
             return;
         }
         match sink.set_file(file, NO_TABLE, &[]) {
             Ok(()) => {
                 self.written.insert(file, Written::NoTable(until));
             }
-            Err(e) => tracing::debug!(?file, error = %e, "ebpf receiver: unwind file entry not written"),
+            Err(e) => self.unwrite_file(file, &e, sink),
         }
     }
 
@@ -495,6 +530,12 @@ fn build(file: &File) -> Result<(CompactTable, Arc<[LoadSegment]>), String> {
     Ok((compact, elf.load_segments().into()))
 }
 
+/// A nonblocking read of `fd` (the eventfd's counter).
+fn read_counter(fd: std::os::fd::RawFd, buf: &mut [u8; 8]) -> isize {
+    // SAFETY: reads at most 8 bytes into a valid 8-byte buffer.
+    unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) }
+}
+
 /// Hands the heap the allocator keeps free back to the kernel. A table
 /// build of a large binary allocates tens of MiB for a moment (the parsed
 /// `.eh_frame`, the full table before compaction, the compact table until
@@ -539,10 +580,10 @@ mod tests {
         Want { pid, count, start: m.start, end: m.end, pgoff: m.file_offset / 4096, first_ns }
     }
 
-    /// Polls until `files` all have an entry.
+    /// Polls until `files` all have an entry that is not "being built".
     fn settle(u: &mut Unwinder, sink: &mut MemSink, files: &[KernelFile], at: Instant) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !files.iter().all(|f| sink.files.contains_key(f)) {
+        while !files.iter().all(|f| sink.files.get(f).is_some_and(|(t, _)| *t != PENDING)) {
             assert!(Instant::now() < deadline, "entries written within 60 s");
             std::thread::sleep(Duration::from_millis(20));
             u.poll(sink, at);
@@ -572,6 +613,7 @@ mod tests {
         sink.wanted.insert(file, want(me, &m, 2));
         u.read_wanted(&mut sink, |_| Some(set.clone()), now);
         assert!(sink.wanted.is_empty(), "taken");
+        assert_eq!(sink.files.get(&file), Some(&(PENDING, Vec::new())), "being built: not asked for again");
         settle(&mut u, &mut sink, &[file], now);
         assert_eq!(u.counters().table_builds.get(), 1);
         let (table, segs) = sink.files[&file].clone();
