@@ -132,8 +132,8 @@ struct unwind_file_seg {
 	__u64 delta;
 };
 
-/* Written by the receiver once the file's table is loaded (or known not
- * to exist: table UNWIND_NO_TABLE_ID). */
+/* Written by the receiver: the file's table, UNWIND_NO_TABLE_ID (none) or
+ * UNWIND_PENDING_ID (being built). */
 struct unwind_file {
 	__u32 table;
 	__u32 nsegs;
