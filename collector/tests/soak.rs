@@ -225,8 +225,15 @@ async fn soak() {
     let warm = rss.len() / 5;
     let after = &rss[warm..];
     let half = after.len() / 2;
-    let mean = |v: &[(Duration, u64)]| v.iter().map(|x| x.1).sum::<u64>() / v.len().max(1) as u64;
-    let (early, late) = (mean(&after[..half]), mean(&after[half..]));
+    // Medians, not means: a bomb being decoded lifts RSS by ~30 MiB for the
+    // one second it takes; one such sample moved a half's mean by 2-3 MiB.
+    // Transients are the peak's business (VmHWM, below); drift is the level.
+    let median = |v: &[(Duration, u64)]| {
+        let mut kb: Vec<u64> = v.iter().map(|x| x.1).collect();
+        kb.sort_unstable();
+        kb.get(kb.len() / 2).copied().unwrap_or(0)
+    };
+    let (early, late) = (median(&after[..half]), median(&after[half..]));
     let peak = p.status_kb("VmHWM");
     eprintln!("soak: {secs} s, {outages} backend outages of {OUTAGE:?}");
     eprintln!(
@@ -234,7 +241,7 @@ async fn soak() {
         rss.iter().step_by(10).map(|(t, r)| (t.as_secs(), r >> 20)).collect::<Vec<_>>()
     );
     eprintln!(
-        "RSS after warm-up: first half {} MiB, second half {} MiB ({:+.1}%); peak {} MiB",
+        "RSS after warm-up (median): first half {} MiB, second half {} MiB ({:+.1}%); peak {} MiB",
         early >> 20,
         late >> 20,
         (late as f64 - early as f64) * 100.0 / early as f64,
