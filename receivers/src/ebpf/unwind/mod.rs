@@ -246,7 +246,7 @@ impl Unwinder {
             any = true;
             self.counters.table_build_micros.add(b.micros);
             let loaded = b.result.and_then(|(compact, segments)| {
-                let (id, _) = self.store.load(b.key.clone(), &compact, sink, now).map_err(|e| match e {
+                let id = self.store.load(b.key.clone(), &compact, sink, now).map_err(|e| match e {
                     LoadRefused::TooLarge => {
                         format!("{} bytes of table do not fit unwind.max_table_bytes", compact.bytes())
                     }

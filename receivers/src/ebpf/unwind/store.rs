@@ -4,10 +4,11 @@
 //! A table takes a contiguous run of the row array (two rows per 8-byte
 //! element, first-fit from a free list), one hash entry per page, and ids in
 //! the global rule dictionary (append-only, bounded by the rule map). When a
-//! new table does not fit, tables no process maps go first, least recently
-//! used first; then tables in use, least recently used first (their
-//! processes fall back to frame pointers for that file). Tables no process
-//! has mapped for [`UNUSED_GRACE`] are dropped.
+//! new table does not fit, the least recently used tables go first (a table
+//! is used when a process sampled in the interval maps its file: the
+//! caller's [`TableStore::touch`]; processes of an evicted table's file
+//! fall back to frame pointers). Tables unused for [`UNUSED_GRACE`] are
+//! dropped.
 //!
 //! The kernel side is behind [`Sink`], so the bookkeeping is tested without
 //! BPF maps.
@@ -58,9 +59,6 @@ pub enum LoadRefused {
     Map(String),
 }
 
-/// A table evicted while in use: its id and the pids that mapped it.
-pub type Evicted = (u32, Vec<u32>);
-
 struct Entry {
     id: u32,
     /// First row-array element and element count.
@@ -68,7 +66,6 @@ struct Entry {
     elems: u32,
     pages: Vec<u32>,
     bytes: u64,
-    users: FxHashSet<u32>,
     last_used: Instant,
 }
 
@@ -129,45 +126,28 @@ impl TableStore {
         self.entries.get(key).map(|e| e.id)
     }
 
-    /// `pid` maps the table `id` now.
-    pub fn hold(&mut self, id: u32, pid: u32, now: Instant) {
-        if let Some(e) = self.ids.get(&id).and_then(|k| self.entries.get_mut(k)) {
-            e.users.insert(pid);
-            e.last_used = now;
-        }
-    }
-
-    /// `pid` no longer maps table `id`.
-    pub fn release(&mut self, id: u32, pid: u32, now: Instant) {
-        if let Some(e) = self.ids.get(&id).and_then(|k| self.entries.get_mut(k)) {
-            if e.users.remove(&pid) && e.users.is_empty() {
-                e.last_used = now;
-            }
-        }
-    }
-
     /// The keys of the tables evicted to make room since the last call.
     pub fn take_evicted(&mut self) -> Vec<TableKey> {
         std::mem::take(&mut self.evicted)
     }
 
-    /// Marks the tables `ids` as used at `now` (for LRU).
+    /// Marks the table `id` as used at `now` (for LRU and the grace).
     pub fn touch(&mut self, id: u32, now: Instant) {
         if let Some(e) = self.ids.get(&id).and_then(|k| self.entries.get_mut(k)) {
             e.last_used = now;
         }
     }
 
-    /// Loads `table` under `key`, evicting as needed. Returns the new id and
-    /// the tables evicted while in use, with the pids that mapped them (the
-    /// caller points those mappings at no table).
+    /// Loads `table` under `key`, evicting as needed, and returns its id.
+    /// The keys of evicted tables wait in [`TableStore::take_evicted`] (the
+    /// caller forgets the files it pointed at them).
     pub fn load(
         &mut self,
         key: TableKey,
         table: &CompactTable,
         sink: &mut dyn Sink,
         now: Instant,
-    ) -> Result<(u32, Vec<Evicted>), LoadRefused> {
+    ) -> Result<u32, LoadRefused> {
         let rows = table.rows.len() as u64;
         let elems = rows.div_ceil(2).max(1);
         let bytes = elems * 8 + (table.pages.len() * PAGE_ENTRY_BYTES) as u64;
@@ -180,7 +160,6 @@ impl TableStore {
         if self.rules.len() + new_rules.len() > self.rule_capacity as usize {
             return Err(LoadRefused::RulesFull);
         }
-        let mut evicted_in_use = Vec::new();
         let at = loop {
             let fits_bytes = self.bytes + bytes <= self.max_bytes;
             let fits_pages = self.pages_used + table.pages.len() <= self.page_capacity;
@@ -191,12 +170,9 @@ impl TableStore {
             }
             match self.victim() {
                 Some(victim) => {
-                    let (id, users) = self.evict(&victim, sink);
+                    self.evict(&victim, sink);
                     self.evictions += 1;
                     self.evicted.push(victim);
-                    if !users.is_empty() {
-                        evicted_in_use.push((id, users));
-                    }
                 }
                 None => return Err(LoadRefused::TooLarge),
             }
@@ -217,17 +193,9 @@ impl TableStore {
         self.ids.insert(id, key.clone());
         self.entries.insert(
             key,
-            Entry {
-                id,
-                at,
-                elems,
-                pages: table.pages.iter().map(|p| p.page).collect(),
-                bytes,
-                users: FxHashSet::default(),
-                last_used: now,
-            },
+            Entry { id, at, elems, pages: table.pages.iter().map(|p| p.page).collect(), bytes, last_used: now },
         );
-        Ok((id, evicted_in_use))
+        Ok(id)
     }
 
     fn write(&mut self, id: u32, at: u32, table: &CompactTable, sink: &mut dyn Sink) -> Result<(), String> {
@@ -256,28 +224,26 @@ impl TableStore {
         sink.set_pages(id, &pages)
     }
 
-    /// Least recently used table without users, else least recently used.
+    /// The least recently used table.
     fn victim(&self) -> Option<TableKey> {
-        self.entries.iter().min_by_key(|(_, e)| (!e.users.is_empty(), e.last_used)).map(|(k, _)| k.clone())
+        self.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone())
     }
 
-    fn evict(&mut self, key: &TableKey, sink: &mut dyn Sink) -> (u32, Vec<u32>) {
-        let Some(e) = self.entries.remove(key) else { return (0, Vec::new()) };
+    fn evict(&mut self, key: &TableKey, sink: &mut dyn Sink) {
+        let Some(e) = self.entries.remove(key) else { return };
         sink.remove_pages(e.id, &e.pages);
         self.ids.remove(&e.id);
         self.free_run(e.at, e.elems);
         self.bytes -= e.bytes;
         self.pages_used -= e.pages.len();
-        (e.id, e.users.into_iter().collect())
     }
 
-    /// Drops tables nobody has mapped for [`UNUSED_GRACE`]; returns their
-    /// keys.
+    /// Drops tables unused for [`UNUSED_GRACE`]; returns their keys.
     pub fn drop_unused(&mut self, now: Instant, sink: &mut dyn Sink) -> Vec<TableKey> {
         let old: Vec<TableKey> = self
             .entries
             .iter()
-            .filter(|(_, e)| e.users.is_empty() && now.duration_since(e.last_used) >= UNUSED_GRACE)
+            .filter(|(_, e)| now.duration_since(e.last_used) >= UNUSED_GRACE)
             .map(|(k, _)| k.clone())
             .collect();
         for k in &old {
@@ -416,8 +382,8 @@ pub(crate) mod tests {
         let now = Instant::now();
         let mut sink = MemSink::default();
         let mut s = TableStore::new(1 << 20, 1 << 17, 1024, 64);
-        let (a, _) = s.load(key(1), &table(5, 8), &mut sink, now).unwrap();
-        let (b, _) = s.load(key(2), &table(3, 10), &mut sink, now).unwrap();
+        let a = s.load(key(1), &table(5, 8), &mut sink, now).unwrap();
+        let b = s.load(key(2), &table(3, 10), &mut sink, now).unwrap();
         assert_ne!(a, b);
         // Table b shares rules 10 and 11 with a (ids 2, 3) and adds none.
         assert_eq!(sink.rules.len(), 5);
@@ -431,24 +397,26 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn evicts_unused_first_then_least_recently_used() {
+    fn evicts_the_least_recently_used() {
         let t0 = Instant::now();
         let mut sink = MemSink::default();
         // Room for two tables of 100 rows (50 elements + one page each).
         let mut s = TableStore::new(2 * (50 * 8 + 16), 1000, 1024, 1000);
-        let (a, _) = s.load(key(1), &table(100, 0), &mut sink, t0).unwrap();
-        let (b, _) = s.load(key(2), &table(100, 0), &mut sink, t0 + Duration::from_secs(1)).unwrap();
-        s.hold(a, 10, t0 + Duration::from_secs(2));
-        // b is unused: it goes although a is older.
-        let (c, evicted) = s.load(key(3), &table(100, 0), &mut sink, t0 + Duration::from_secs(3)).unwrap();
-        assert!(evicted.is_empty());
+        let a = s.load(key(1), &table(100, 0), &mut sink, t0).unwrap();
+        let b = s.load(key(2), &table(100, 0), &mut sink, t0 + Duration::from_secs(1)).unwrap();
+        s.touch(a, t0 + Duration::from_secs(2));
+        // a was used after b was loaded: b goes although a is older.
+        let c = s.load(key(3), &table(100, 0), &mut sink, t0 + Duration::from_secs(3)).unwrap();
         assert_eq!(s.id(&key(2)), None);
         assert!(!sink.pages.contains_key(&(b, 1)));
-        s.hold(c, 11, t0 + Duration::from_secs(4));
-        // Both in use: a (least recently used) goes, and its pid is told.
-        let (_, evicted) = s.load(key(4), &table(100, 0), &mut sink, t0 + Duration::from_secs(5)).unwrap();
-        assert_eq!(evicted, vec![(a, vec![10])]);
+        assert_eq!(s.take_evicted(), vec![key(2)]);
+        s.touch(c, t0 + Duration::from_secs(4));
+        // Now a is the least recently used.
+        s.load(key(4), &table(100, 0), &mut sink, t0 + Duration::from_secs(5)).unwrap();
         assert_eq!(s.id(&key(1)), None);
+        assert!(!sink.pages.contains_key(&(a, 1)));
+        assert_eq!(s.take_evicted(), vec![key(1)]);
+        assert_eq!(s.id(&key(3)), Some(c));
         assert_eq!(s.evictions, 2);
         // Too large on its own.
         assert_eq!(s.load(key(5), &table(300, 0), &mut sink, t0).unwrap_err(), LoadRefused::TooLarge);
@@ -460,17 +428,15 @@ pub(crate) mod tests {
         let t0 = Instant::now();
         let mut sink = MemSink::default();
         let mut s = TableStore::new(1 << 20, 300, 1024, 1000);
-        let (a, _) = s.load(key(1), &table(200, 0), &mut sink, t0).unwrap();
-        let (b, _) = s.load(key(2), &table(200, 0), &mut sink, t0).unwrap();
-        let (c, _) = s.load(key(3), &table(200, 0), &mut sink, t0).unwrap();
-        s.hold(a, 1, t0);
-        s.hold(b, 2, t0);
-        s.hold(c, 3, t0);
-        s.release(a, 1, t0);
-        s.release(b, 2, t0);
+        s.load(key(1), &table(200, 0), &mut sink, t0).unwrap();
+        s.load(key(2), &table(200, 0), &mut sink, t0).unwrap();
+        let c = s.load(key(3), &table(200, 0), &mut sink, t0).unwrap();
+        s.touch(c, t0 + UNUSED_GRACE / 2);
         assert_eq!(s.drop_unused(t0 + UNUSED_GRACE / 2, &mut sink).len(), 0);
-        assert_eq!(s.drop_unused(t0 + UNUSED_GRACE, &mut sink).len(), 2);
-        assert_eq!(s.len(), 1);
+        let mut dropped = s.drop_unused(t0 + UNUSED_GRACE, &mut sink);
+        dropped.sort_by_key(|k| format!("{k:?}"));
+        assert_eq!(dropped, vec![key(1), key(2)]);
+        assert_eq!(s.id(&key(3)), Some(c));
         // a and b were adjacent: 200 elements in one run fit again.
         s.load(key(4), &table(400, 0), &mut sink, t0).unwrap();
         assert!(s.rules.len() <= 1000);
