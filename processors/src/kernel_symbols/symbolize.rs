@@ -231,12 +231,22 @@ struct Ctx<'b> {
     b: &'b mut ProfilesBuilder,
     locs: FxHashMap<LocKey, (i32, Kind, Class)>,
     frame_attr: i32,
+    /// Mappings made in this batch by (start, limit): the kernel's is met
+    /// at almost every kernel frame, and making one formats its build id.
+    mappings: FxHashMap<(u64, u64), MadeMapping>,
+}
+
+/// A mapping [`Ctx::mapping`] made, with what it was made from.
+struct MadeMapping {
+    file: Box<str>,
+    build_id: Option<Box<[u8]>>,
+    index: i32,
 }
 
 impl<'b> Ctx<'b> {
     fn new(b: &'b mut ProfilesBuilder) -> Self {
         let frame_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str(KERNEL_FRAME));
-        Ctx { b, locs: FxHashMap::default(), frame_attr }
+        Ctx { b, locs: FxHashMap::default(), frame_attr, mappings: FxHashMap::default() }
     }
 
     fn stack(&mut self, stack: i32, g: &Generation, ts: u64, epoch: u32, kernel: &FxHashSet<i32>) -> (i32, Outcome) {
@@ -344,6 +354,18 @@ impl<'b> Ctx<'b> {
     }
 
     fn mapping(&mut self, file: &str, start: u64, limit: u64, build_id: Option<&[u8]>) -> i32 {
+        if let Some(m) = self.mappings.get(&(start, limit)) {
+            if *m.file == *file && m.build_id.as_deref() == build_id {
+                return m.index;
+            }
+        }
+        let index = self.make_mapping(file, start, limit, build_id);
+        let made = MadeMapping { file: file.into(), build_id: build_id.map(Into::into), index };
+        self.mappings.insert((start, limit), made);
+        index
+    }
+
+    fn make_mapping(&mut self, file: &str, start: u64, limit: u64, build_id: Option<&[u8]>) -> i32 {
         let filename_strindex = self.b.string(file);
         let attribute_indices = match build_id {
             Some(id) => vec![self.b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(&hex(id)))],

@@ -113,5 +113,20 @@ fn parse_hex(s: &str) -> Option<u64> {
 
 /// Lower-case hex of a build ID.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_is_two_lowercase_digits_per_byte() {
+        assert_eq!(super::hex(&[]), "");
+        assert_eq!(super::hex(&[0x00, 0x0f, 0xa0, 0xff, 0x42]), "000fa0ff42");
+    }
 }
