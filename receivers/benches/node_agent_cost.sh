@@ -14,7 +14,8 @@
 #   - perf:  perf record -F 99 -a -g (Debian linux-perf);
 #   - before: with BEFORE_BIN=path/to/an/older/profcol, that binary with the
 #            node config too (its metrics on a port of its own): a change's
-#            before and after over the same load.
+#            before and after over the same load (BEFORE_NO_RUNTIME=1 for
+#            binaries older than service.runtime).
 # It reads each process's CPU time at START_AT (10 s) and END_AT (40 s)
 # after the start — from a cgroup of its own (cpuacct.usage on cgroup v1,
 # cpu.stat usage_usec on v2), which keeps the time of threads that have
@@ -58,7 +59,13 @@ sed -e "s/sample_frequency: [0-9]*/sample_frequency: $FREQ/" \
 	-e "s|directory: ./profiles|directory: $TMP/profiles|" \
 	-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: 127.0.0.1:$METRICS_PORT|" examples/default.yaml >"$TMP/node.yaml"
 grep -q "sample_frequency: $FREQ" "$TMP/node.yaml"
-sed -e "/^  runtime:/,/malloc_arenas/d" -e "s|$TMP/profiles|$TMP/profiles-before|" -e "s|address: 127.0.0.1:$METRICS_PORT|address: 127.0.0.1:$((METRICS_PORT + 2))|" \
+# The older binary gets the node agent's config as it is, runtime section
+# included; BEFORE_NO_RUNTIME=1 drops that section for binaries older than
+# service.runtime (32650a8), which would refuse it — and then the two
+# agents differ in threads and malloc arenas, not only in code.
+STRIP_RUNTIME=()
+[ "${BEFORE_NO_RUNTIME:-0}" = 1 ] && STRIP_RUNTIME=(-e "/^  runtime:/,/malloc_arenas/d")
+sed "${STRIP_RUNTIME[@]}" -e "s|$TMP/profiles|$TMP/profiles-before|" -e "s|address: 127.0.0.1:$METRICS_PORT|address: 127.0.0.1:$((METRICS_PORT + 2))|" \
 	"$TMP/node.yaml" >"$TMP/before.yaml"
 cat >"$TMP/debug.yaml" <<EOF
 receivers:
