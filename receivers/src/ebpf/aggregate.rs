@@ -34,10 +34,32 @@ struct Key {
     tid: u32,
     cpu: u32,
     comm: [u8; 16],
-    kstack: Box<[u64]>,
-    ustack: Box<[u64]>,
+    frames: Frames,
     /// The `profcol.unwind.end` attribute, when the walk stopped early.
     unwind_end: Option<&'static str>,
+}
+
+/// A sample's kernel frames then its user frames, in one allocation (a
+/// report makes one per distinct stack; two boxes doubled that).
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Frames {
+    all: Box<[u64]>,
+    kernel: usize,
+}
+
+impl Frames {
+    pub fn new(kstack: &[u64], ustack: &[u64]) -> Self {
+        let mut all = Vec::with_capacity(kstack.len() + ustack.len());
+        all.extend_from_slice(kstack);
+        all.extend_from_slice(ustack);
+        Frames { all: all.into_boxed_slice(), kernel: kstack.len() }
+    }
+    pub fn kstack(&self) -> &[u64] {
+        &self.all[..self.kernel]
+    }
+    pub fn ustack(&self) -> &[u64] {
+        &self.all[self.kernel..]
+    }
 }
 
 /// Process facts and the mappings its frames resolve in (`None`: /proc
@@ -151,7 +173,7 @@ impl Interval {
     /// Adds a sample. `process` is `None` when /proc was unreadable: the
     /// sample keeps its pid and raw user addresses without mappings.
     pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
-        let key = self.key(s, process);
+        let key = self.key(s, Frames::new(s.kstack, s.ustack), process);
         self.samples.entry(key).or_default().times.push(s.unix_ns);
         self.count += 1;
     }
@@ -159,16 +181,28 @@ impl Interval {
     /// Adds `n` samples of `s`'s identity counted in the kernel (`s.unix_ns`
     /// is not used: they have no times of their own).
     pub fn add_counted(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>, n: u64) {
+        self.add_counted_frames(s, Frames::new(s.kstack, s.ustack), process, n);
+    }
+
+    /// [`Self::add_counted`] with the stacks already made (`s`'s are not
+    /// read): a counted stack's record hands its frames over, not a copy.
+    pub fn add_counted_frames(
+        &mut self,
+        s: &SampleIn<'_>,
+        frames: Frames,
+        process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>,
+        n: u64,
+    ) {
         if n == 0 {
             return;
         }
-        let key = self.key(s, process);
+        let key = self.key(s, frames, process);
         self.samples.entry(key).or_default().counted += n;
         self.counted = self.counted.saturating_add(n);
     }
 
     /// The identity of `s`, its process remembered for the batch.
-    fn key(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) -> Key {
+    fn key(&mut self, s: &SampleIn<'_>, frames: Frames, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) -> Key {
         let generation = process.map_or(0, |(_, m)| m.generation);
         if process.is_none() {
             self.unreadable_comm.entry(s.pid).or_insert(s.comm);
@@ -184,8 +218,7 @@ impl Interval {
             tid: if self.attrs.thread_id { s.tid } else { 0 },
             cpu: if self.attrs.cpu { s.cpu } else { 0 },
             comm: if self.attrs.thread_name { s.comm } else { [0; 16] },
-            kstack: s.kstack.into(),
-            ustack: s.ustack.into(),
+            frames,
             unwind_end: unwind_end_attr(s.unwind_end),
         }
     }
@@ -222,17 +255,24 @@ impl Interval {
         group_keys.sort_unstable();
 
         let mut locs = Vec::new();
+        // Location of each kernel address (one mapping for all processes)
+        // and, per process, of each user address: most frames of a report
+        // are callers many stacks share, found here without building and
+        // hashing a Location.
+        let mut kernel_locs: FxHashMap<u64, i32> = FxHashMap::default();
+        let mut user_locs: FxHashMap<u64, i32> = FxHashMap::default();
         for gk in group_keys {
             let Some(mut samples) = groups.remove(&gk) else {
                 continue;
             };
             samples.sort_unstable_by(|a, b| {
-                (a.0.profile, a.0.tid, a.0.cpu, &a.0.kstack, &a.0.ustack).cmp(&(
-                    b.0.profile,
-                    b.0.tid,
-                    b.0.cpu,
-                    &b.0.kstack,
-                    &b.0.ustack,
+                let (a, b) = (&a.0, &b.0);
+                (a.profile, a.tid, a.cpu, a.frames.kstack(), a.frames.ustack()).cmp(&(
+                    b.profile,
+                    b.tid,
+                    b.cpu,
+                    b.frames.kstack(),
+                    b.frames.ustack(),
                 ))
             });
             let (info, maps) = match self.procs.get(&gk) {
@@ -252,6 +292,10 @@ impl Interval {
             let mut current: Option<(u32, ProfileRef)> = None;
             // Mapping index per process mapping, interned lazily.
             let mut mapping_idx: FxHashMap<usize, i32> = FxHashMap::default();
+            // Location of each user address of this process (its mappings
+            // say where an address lies): a frame met again, in this
+            // stack or the next, is one lookup of a u64.
+            user_locs.clear();
             for (k, occ) in samples {
                 let prof = match current {
                     Some((p, r)) if p == k.profile => r,
@@ -277,15 +321,21 @@ impl Interval {
                     }
                 };
                 locs.clear();
-                for &addr in k.kstack.iter() {
-                    locs.push(b.location(pb::Location {
-                        mapping_index: kernel_mapping,
-                        address: addr,
-                        lines: Vec::new(),
-                        attribute_indices: vec![kernel_attr],
+                for &addr in k.frames.kstack() {
+                    locs.push(*kernel_locs.entry(addr).or_insert_with(|| {
+                        b.location(pb::Location {
+                            mapping_index: kernel_mapping,
+                            address: addr,
+                            lines: Vec::new(),
+                            attribute_indices: vec![kernel_attr],
+                        })
                     }));
                 }
-                for &addr in k.ustack.iter() {
+                for &addr in k.frames.ustack() {
+                    if let Some(&l) = user_locs.get(&addr) {
+                        locs.push(l);
+                        continue;
+                    }
                     let mapping_index = maps
                         .as_ref()
                         .and_then(|set| {
@@ -314,12 +364,14 @@ impl Interval {
                                 })
                             })
                         });
-                    locs.push(b.location(pb::Location {
+                    let l = b.location(pb::Location {
                         mapping_index,
                         address: addr,
                         lines: Vec::new(),
                         attribute_indices: vec![native_attr],
-                    }));
+                    });
+                    user_locs.insert(addr, l);
+                    locs.push(l);
                 }
                 let stack_index = b.stack(&locs);
                 let mut attribute_indices = Vec::with_capacity(3);
@@ -400,6 +452,71 @@ mod tests {
         let mut c = [0u8; 16];
         c[..s.len()].copy_from_slice(s.as_bytes());
         c
+    }
+
+    /// Frames met again are found in the batch's address caches: a kernel
+    /// address is one location for every process, a user address one per
+    /// process (its mapping differs), and every frame keeps its own.
+    #[test]
+    fn shared_frames_share_locations_and_processes_keep_their_mappings() {
+        let maps_of = |path: &str, generation| {
+            Arc::new(MappingSet {
+                generation,
+                mappings: vec![Mapping {
+                    start: 0x1000,
+                    end: 0x2000,
+                    file_offset: 0,
+                    path: path.into(),
+                    build_id: None,
+                    file_id: None,
+                }],
+            })
+        };
+        let (a, b) = (maps_of("/bin/a", 1), maps_of("/bin/b", 1));
+        let info = |pid| Arc::new(ProcessInfo { pid, ..Default::default() });
+        let (ia, ib) = (info(1), info(2));
+        let mut iv = Interval::new(0, SampleAttrs { thread_id: false, thread_name: false, cpu: false });
+        let sample = |pid, kstack: &'static [u64], ustack: &'static [u64]| SampleIn {
+            probe: None,
+            pid,
+            tid: pid,
+            cpu: 0,
+            comm: comm("x"),
+            unix_ns: 1,
+            kstack,
+            ustack,
+            unwind_end: UnwindEnd::Unknown,
+        };
+        const K: u64 = 0xffff_ffff_8100_0000;
+        iv.add(&sample(1, &[K + 1, K], &[0x1100, 0x1800]), Some((&ia, &a)));
+        iv.add(&sample(1, &[K + 2, K], &[0x1200, 0x1800]), Some((&ia, &a)));
+        iv.add(&sample(2, &[K + 3, K], &[0x1300, 0x1800]), Some((&ib, &b)));
+        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(Vec::new()));
+        p.validate().expect("valid batch");
+        let d = p.dictionary().unwrap();
+        let stacks: Vec<&Vec<i32>> = p
+            .profiles()
+            .flat_map(|pr| pr.samples.iter())
+            .map(|s| &d.stack_table[s.stack_index as usize].location_indices)
+            .collect();
+        assert_eq!(stacks.len(), 3);
+        let loc = |i: i32| &d.location_table[i as usize];
+        let file =
+            |i: i32| d.string_table[d.mapping_table[loc(i).mapping_index as usize].filename_strindex as usize].as_str();
+        // Every frame is its own address, in its order.
+        for s in &stacks {
+            assert_eq!(s.len(), 4);
+            assert_eq!(loc(s[1]).address, K);
+            assert_eq!(loc(s[3]).address, 0x1800);
+        }
+        // The kernel's K: one location in all three stacks.
+        assert!(stacks.iter().all(|s| s[1] == stacks[0][1]));
+        // 0x1800: one location within process 1, another in process 2.
+        assert_eq!(stacks[0][3], stacks[1][3]);
+        assert_ne!(stacks[0][3], stacks[2][3]);
+        assert_eq!((file(stacks[0][3]), file(stacks[2][3])), ("/bin/a", "/bin/b"));
+        let leaves: Vec<u64> = stacks.iter().map(|s| loc(s[2]).address).collect();
+        assert_eq!(leaves, vec![0x1100, 0x1200, 0x1300]);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! the count waits for the record). Whatever stays unpaired for
 //! [`MAX_AGE`] reports is dropped and counted.
 
-use super::aggregate::{Interval, SampleIn};
+use super::aggregate::{Frames, Interval, SampleIn};
 use super::process::{MappingSet, ProcessInfo};
 use profcol_ebpf::UnwindEnd;
 use rustc_hash::FxHashMap;
@@ -31,8 +31,7 @@ struct Record {
     tid: u32,
     cpu: u32,
     comm: [u8; 16],
-    kstack: Box<[u64]>,
-    ustack: Box<[u64]>,
+    frames: Frames,
     unwind_end: UnwindEnd,
     process: Process,
     /// Samples of it already taken (a count that came before the record).
@@ -76,8 +75,7 @@ impl CountedStacks {
                 tid: s.tid,
                 cpu: s.cpu,
                 comm: s.comm,
-                kstack: s.kstack.into(),
-                ustack: s.ustack.into(),
+                frames: Frames::new(s.kstack, s.ustack),
                 unwind_end: s.unwind_end,
                 process,
                 waiting,
@@ -96,27 +94,39 @@ impl CountedStacks {
         profcol_ebpf::sys::map_take_all(fd, &mut self.keys, &mut self.values, TAKE_CHUNK)
     }
 
+    /// Counts as [`Self::take`] would have taken them from the kernel's
+    /// map: for tests and benchmarks, which have no kernel map.
+    pub fn set_taken(&mut self, counts: &[(u64, u64)]) {
+        self.keys.clear();
+        self.values.clear();
+        self.keys.extend(counts.iter().map(|p| p.0));
+        self.values.extend(counts.iter().map(|p| p.1));
+    }
+
     /// Pairs the counts taken with their records into `interval`; ages
     /// what stays unpaired and drops what waited too long. `added` hears
     /// of every count handed on, with its stack's end.
     pub fn settle(&mut self, interval: &mut Interval, mut added: impl FnMut(UnwindEnd, u64)) -> Settled {
         let mut out = Settled::default();
         let (keys, values) = (std::mem::take(&mut self.keys), std::mem::take(&mut self.values));
-        let mut add = |interval: &mut Interval, r: &Record, n: u64| {
-            add(interval, r, n);
+        let mut add = |interval: &mut Interval, r: &Record, frames: Frames, n: u64| {
+            add(interval, r, frames, n);
             added(r.unwind_end, n);
             out.samples += n;
         };
         for (&key, &n) in keys.iter().zip(&values) {
             match self.records.remove(&key) {
-                Some(r) => add(interval, &r, n + r.waiting),
+                Some(mut r) => {
+                    let frames = std::mem::take(&mut r.frames);
+                    add(interval, &r, frames, n + r.waiting)
+                }
                 None => self.orphans.entry(key).or_insert((0, 0)).0 += n,
             }
         }
         (self.keys, self.values) = (keys, values);
         self.records.retain(|_, r| {
             if r.waiting > 0 {
-                add(interval, r, r.waiting);
+                add(interval, r, r.frames.clone(), r.waiting);
                 r.waiting = 0;
             }
             r.age += 1;
@@ -139,7 +149,9 @@ impl CountedStacks {
     }
 }
 
-fn add(interval: &mut Interval, r: &Record, n: u64) {
+/// Hands `r`'s count to the interval with its frames (moved out of a
+/// record that is done, copied from one that waits on).
+fn add(interval: &mut Interval, r: &Record, frames: Frames, n: u64) {
     let s = SampleIn {
         probe: None,
         pid: r.pid,
@@ -147,11 +159,11 @@ fn add(interval: &mut Interval, r: &Record, n: u64) {
         cpu: r.cpu,
         comm: r.comm,
         unix_ns: 0,
-        kstack: &r.kstack,
-        ustack: &r.ustack,
+        kstack: &[],
+        ustack: &[],
         unwind_end: r.unwind_end,
     };
-    interval.add_counted(&s, r.process.as_ref().map(|(i, m)| (i, m)), n);
+    interval.add_counted_frames(&s, frames, r.process.as_ref().map(|(i, m)| (i, m)), n);
 }
 
 #[cfg(test)]
@@ -174,8 +186,7 @@ mod tests {
     }
 
     fn settle(c: &mut CountedStacks, counts: &[(u64, u64)], iv: &mut Interval) -> Settled {
-        c.keys = counts.iter().map(|p| p.0).collect();
-        c.values = counts.iter().map(|p| p.1).collect();
+        c.set_taken(counts);
         c.settle(iv, |_, _| {})
     }
 

@@ -1,0 +1,109 @@
+//! The receiver's per-report work on the sampler thread: pairing counted
+//! stacks with their records, aggregating them into an interval and
+//! building the batch. One report of a node agent's shape: `STACKS`
+//! distinct stacks (each a record and a count, as with `count_in_kernel`)
+//! of 20 kernel and 15 user frames, leaf addresses all different and the
+//! callers drawn from small pools, so locations repeat across stacks as
+//! they do in a real report.
+//!
+//!     cargo bench -p profcol-receivers --bench aggregate
+//!
+//! Prints `REPORT us/report` and `PER-STACK ns`, the median of `ROUNDS`.
+
+use profcol_ebpf::UnwindEnd;
+use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs, SampleIn};
+use profcol_receivers::ebpf::counted::CountedStacks;
+use profcol_receivers::ebpf::process::{Mapping, MappingSet, ProcessInfo};
+use profcol_receivers::ebpf::service_name::ServiceNamer;
+use std::sync::Arc;
+use std::time::Instant;
+
+const STACKS: u64 = 1000;
+const ROUNDS: usize = 200;
+
+/// A small deterministic generator (xorshift), so every run sees the same stacks.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn main() {
+    let maps = Arc::new(MappingSet {
+        generation: 1,
+        mappings: vec![
+            Mapping {
+                start: 0x5555_0000_0000,
+                end: 0x5555_0010_0000,
+                file_offset: 0,
+                path: "/usr/bin/dash".into(),
+                build_id: Some("0123456789abcdef0123456789abcdef01234567".into()),
+                file_id: None,
+            },
+            Mapping {
+                start: 0x7f00_0000_0000,
+                end: 0x7f00_0020_0000,
+                file_offset: 0x28000,
+                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+                build_id: Some("fedcba9876543210fedcba9876543210fedcba98".into()),
+                file_id: None,
+            },
+        ],
+    });
+    let info = Arc::new(ProcessInfo { pid: 42, ..Default::default() });
+    let process = Some((info, maps));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let stacks: Vec<(Vec<u64>, Vec<u64>)> = (0..STACKS)
+        .map(|i| {
+            let k = (0..20)
+                .map(|d| 0xffff_ffff_8100_0000 + if d == 0 { i * 4 } else { (rng.next() % 64) * 64 + d * 0x1000 })
+                .collect();
+            let u = (0..15)
+                .map(|d| {
+                    let base = if d % 2 == 0 { 0x5555_0000_1000 } else { 0x7f00_0000_1000 };
+                    base + if d == 0 { i * 2 } else { (rng.next() % 32) * 16 + d * 0x800 }
+                })
+                .collect();
+            (k, u)
+        })
+        .collect();
+    let attrs = SampleAttrs { thread_id: true, thread_name: true, cpu: false };
+    let namer = ServiceNamer::new(Vec::new());
+    let mut counted = CountedStacks::default();
+    let mut times = Vec::with_capacity(ROUNDS);
+    let mut check = 0u64;
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        let mut iv = Interval::new(0, attrs);
+        for (key, (k, u)) in stacks.iter().enumerate() {
+            let s = SampleIn {
+                probe: None,
+                pid: 42,
+                tid: 42,
+                cpu: 0,
+                comm: *b"dash\0\0\0\0\0\0\0\0\0\0\0\0",
+                unix_ns: 1,
+                kstack: k,
+                ustack: u,
+                unwind_end: UnwindEnd::Outermost,
+            };
+            counted.record(key as u64 + 1, &s, process.clone());
+        }
+        let counts: Vec<(u64, u64)> = (1..=STACKS).map(|k| (k, 1 + k % 3)).collect();
+        counted.set_taken(&counts);
+        let settled = counted.settle(&mut iv, |_, _| {});
+        let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer);
+        check += settled.samples + batch.profiles().count() as u64;
+        drop(batch);
+        times.push(t.elapsed());
+    }
+    times.sort();
+    let median = times[ROUNDS / 2];
+    assert!(check > 0);
+    println!("REPORT {:.1} us/report ({STACKS} stacks, median of {ROUNDS})", median.as_secs_f64() * 1e6);
+    println!("PER-STACK {:.0} ns", median.as_secs_f64() * 1e9 / STACKS as f64);
+}
