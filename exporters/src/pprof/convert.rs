@@ -51,12 +51,18 @@ struct Builder {
     t1: u64,
     /// Index in `samples` of the sample with this stack and these labels.
     merged: FxHashMap<SampleKey, usize>,
-    /// Location ids of each stack converted so far.
-    stacks: FxHashMap<i32, Vec<u64>>,
+    /// The sample in `samples` holding each stack's location ids, for
+    /// samples of the same stack with other labels (no second copy kept).
+    stacks: FxHashMap<i32, usize>,
     /// pprof location id of each dictionary location converted so far:
     /// stacks share most of their frames, and a location's mapping, build
     /// id and lines are looked up once per batch, not once per stack.
     location_ids: FxHashMap<i32, u64>,
+    /// pprof mapping id of each dictionary mapping converted so far, and
+    /// whether its frames are the kernel's (an unnamed mapping is named
+    /// for them): its file name and build id are read once, not at each
+    /// location.
+    mapping_ids: FxHashMap<(i32, bool), u64>,
     /// Samples left out: they would pass [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
     skipped: u64,
 }
@@ -146,6 +152,9 @@ impl Builder {
     fn location(&mut self, s: &SampleView<'_>, f: FrameView<'_>) -> u64 {
         let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel");
         let mapping_id = match f.mapping() {
+            Some(_) if self.mapping_ids.contains_key(&(f.location.mapping_index, kernel)) => {
+                self.mapping_ids[&(f.location.mapping_index, kernel)]
+            }
             Some(m) => {
                 let name = f.mapping_filename();
                 let name = if name.is_empty() && kernel { keys::KERNEL_MAPPING } else { name };
@@ -162,7 +171,9 @@ impl Builder {
                         _ => None,
                     })
                     .unwrap_or_default();
-                self.mapping(m.memory_start, m.memory_limit, m.file_offset, name, &build_id)
+                let id = self.mapping(m.memory_start, m.memory_limit, m.file_offset, name, &build_id);
+                self.mapping_ids.insert((f.location.mapping_index, kernel), id);
+                id
             }
             None if kernel => {
                 if self.kernel_mapping == 0 {
@@ -189,17 +200,18 @@ impl Builder {
             }
         }
         let key = (mapping_id, f.location.address, lines);
-        let next = self.p.location.len() as u64 + 1;
-        let id = *self.locations.entry(key.clone()).or_insert(next);
-        if id == next {
-            self.p.location.push(pp::Location {
-                id,
-                mapping_id,
-                address: f.location.address,
-                line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
-                is_folded: false,
-            });
+        if let Some(&id) = self.locations.get(&key) {
+            return id;
         }
+        let id = self.p.location.len() as u64 + 1;
+        self.p.location.push(pp::Location {
+            id,
+            mapping_id,
+            address: f.location.address,
+            line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
+            is_folded: false,
+        });
+        self.locations.insert(key, id);
         id
     }
 
@@ -325,11 +337,11 @@ pub fn to_pprof_with(
         }
         // Stack, leaf first.
         let locs = match b.stacks.get(&s.sample.stack_index) {
-            Some(l) => l.clone(),
+            Some(&i) => b.samples[i].0.clone(),
             None => {
-                let l = b.stack(&s);
-                b.stacks.insert(s.sample.stack_index, l.clone());
-                l
+                // Pushed into `samples` at that index below.
+                b.stacks.insert(s.sample.stack_index, b.samples.len());
+                b.stack(&s)
             }
         };
         // Labels.
