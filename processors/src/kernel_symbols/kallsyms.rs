@@ -420,6 +420,14 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
         return a == b;
     }
     let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+    if n <= 32 {
+        // Four words, the last ones moved back to end at `n`: no loop.
+        let diff = |k: usize| {
+            let i = (8 * k).min(n - 8);
+            word(a, i) ^ word(b, i)
+        };
+        return diff(0) | diff(1) | diff(2) | diff(3) == 0;
+    }
     let mut i = 0;
     while i + 8 < n {
         if word(a, i) != word(b, i) {
@@ -434,6 +442,33 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// (`<= b' '` or `>= 0x7f`), or `text.len()`.
 #[inline]
 fn first_unprintable(text: &[u8], from: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // High bit set in a byte that is < 0x21 (borrow trick; exact for the
+    // lowest such byte) or >= 0x7f (0x7f + 1 carries into the high bit).
+    let hits = |w: u64| ((w.wrapping_sub(ONES * 0x21) & !w) | (w.wrapping_add(ONES) | w)) & HIGH;
+    // Most names end within 32 bytes: four words looked at together, so
+    // where the name ends costs no branch (a loop over words mispredicts
+    // its exit on nearly every line).
+    if let Some(w) = text.get(from..from + 32) {
+        let word = |k: usize| u64::from_le_bytes(w[k..k + 8].try_into().expect("8 bytes"));
+        // Each word's high bits gathered into one byte, bit i for byte i.
+        let gather = |h: u64| ((h >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32;
+        let mask = gather(hits(word(0)))
+            | (gather(hits(word(8))) << 8)
+            | (gather(hits(word(16))) << 16)
+            | (gather(hits(word(24))) << 24);
+        if mask != 0 {
+            return from + mask.trailing_zeros() as usize;
+        }
+        return first_unprintable_loop(text, from + 32);
+    }
+    first_unprintable_loop(text, from)
+}
+
+/// [`first_unprintable`] a word at a time.
+#[inline]
+fn first_unprintable_loop(text: &[u8], from: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let mut i = from;
@@ -881,8 +916,8 @@ ffffffffc0000110 T a_global\t[m]\n";
 
     #[test]
     fn same_bytes_is_slice_equality() {
-        let a: Vec<u8> = (0..40u8).collect();
-        for n in 0..=40usize {
+        let a: Vec<u8> = (0..70u8).collect();
+        for n in 0..=70usize {
             for m in [n, n.saturating_sub(1)] {
                 assert_eq!(same_bytes(&a[..n], &a[..m]), n == m);
             }
@@ -935,13 +970,17 @@ ffffffffc0000110 T a_global\t[m]\n";
         for b in 0..=255u8 {
             for at in 0..20 {
                 for other in [None, Some(0xffu8), Some(b'\t'), Some(0x7f)] {
-                    let mut t = vec![b'a'; 20];
-                    t[at] = b;
-                    if let Some(o) = other {
-                        t[(at + 3) % 20] = o;
-                    }
-                    for from in [0, 1, 5] {
-                        assert_eq!(first_unprintable(&t, from), naive(&t, from), "{t:?} from {from}");
+                    for len in [20, 45, 80] {
+                        for at in [at, at + 17, at + 25].into_iter().filter(|&a| a < len) {
+                            let mut t = vec![b'a'; len];
+                            t[at] = b;
+                            if let Some(o) = other {
+                                t[(at + 3) % len] = o;
+                            }
+                            for from in [0, 1, 5, 9] {
+                                assert_eq!(first_unprintable(&t, from), naive(&t, from), "{t:?} from {from}");
+                            }
+                        }
                     }
                 }
             }

@@ -568,6 +568,22 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
 #[inline]
 fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
+    if (8..=32).contains(&n) {
+        // Four words, the last ones moved back to end at `n` (overlapping
+        // bytes already found equal), the first difference of each taken
+        // without a branch: no loop exit to mispredict.
+        let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+        let first_diff = |k: usize| {
+            let i = (8 * k).min(n - 8);
+            let x = word(a, i) ^ word(b, i);
+            if x == 0 {
+                n
+            } else {
+                i + (x.trailing_zeros() / 8) as usize
+            }
+        };
+        return first_diff(0).min(first_diff(1)).min(first_diff(2)).min(first_diff(3));
+    }
     let mut i = 0;
     while i + 8 <= n {
         let x = u64::from_le_bytes(a[i..i + 8].try_into().expect("8 bytes"))
@@ -639,6 +655,26 @@ mod tests {
 
     fn e(addr: u64, kind: u8, name: &str) -> Entry<'_> {
         Entry { addr, rank: rank(kind, name), name, padded: false }
+    }
+
+    /// Every length up to 40 on either side and every place of the first
+    /// difference.
+    #[test]
+    fn shared_prefix_at_every_length() {
+        let base: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for la in 0..=40 {
+            for lb in 0..=40 {
+                for diff in 0..=la.min(lb) {
+                    let a = &base[..la];
+                    let mut b = base[..lb].to_vec();
+                    if diff < lb {
+                        b[diff] = b'_';
+                    }
+                    let want = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+                    assert_eq!(shared_prefix(a, &b), want, "{la} {lb} {diff}");
+                }
+            }
+        }
     }
 
     #[test]
