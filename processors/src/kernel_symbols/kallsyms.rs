@@ -419,45 +419,39 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     if n < 8 {
         return a == b;
     }
-    let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
     if n <= 32 {
         // Four words, the last ones moved back to end at `n`: no loop.
-        let diff = |k: usize| {
-            let i = (8 * k).min(n - 8);
-            word(a, i) ^ word(b, i)
-        };
-        return diff(0) | diff(1) | diff(2) | diff(3) == 0;
+        let (i1, i2, i3) = (8.min(n - 8), 16.min(n - 8), n - 8);
+        let diff = (word_at(a, 0) ^ word_at(b, 0))
+            | (word_at(a, i1) ^ word_at(b, i1))
+            | (word_at(a, i2) ^ word_at(b, i2))
+            | (word_at(a, i3) ^ word_at(b, i3));
+        return diff == 0;
     }
     let mut i = 0;
     while i + 8 < n {
-        if word(a, i) != word(b, i) {
+        if word_at(a, i) != word_at(b, i) {
             return false;
         }
         i += 8;
     }
-    word(a, n - 8) == word(b, n - 8)
+    word_at(a, n - 8) == word_at(b, n - 8)
 }
 
 /// Index of the first byte at or after `from` that is not printable ASCII
 /// (`<= b' '` or `>= 0x7f`), or `text.len()`.
-#[inline]
+#[inline(always)]
 fn first_unprintable(text: &[u8], from: usize) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // High bit set in a byte that is < 0x21 (borrow trick; exact for the
-    // lowest such byte) or >= 0x7f (0x7f + 1 carries into the high bit).
-    let hits = |w: u64| ((w.wrapping_sub(ONES * 0x21) & !w) | (w.wrapping_add(ONES) | w)) & HIGH;
     // Most names end within 32 bytes: four words looked at together, so
     // where the name ends costs no branch (a loop over words mispredicts
     // its exit on nearly every line).
     if let Some(w) = text.get(from..from + 32) {
-        let word = |k: usize| u64::from_le_bytes(w[k..k + 8].try_into().expect("8 bytes"));
-        // Each word's high bits gathered into one byte, bit i for byte i.
-        let gather = |h: u64| ((h >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32;
-        let mask = gather(hits(word(0)))
-            | (gather(hits(word(8))) << 8)
-            | (gather(hits(word(16))) << 16)
-            | (gather(hits(word(24))) << 24);
+        // Each word's hit bits gathered into one byte, bit i for byte i.
+        let mask = |k: usize| {
+            let h = unprintable_bits(word_at(w, k));
+            ((h >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
+        };
+        let mask = mask(0) | (mask(8) << 8) | (mask(16) << 16) | (mask(24) << 24);
         if mask != 0 {
             return from + mask.trailing_zeros() as usize;
         }
@@ -466,19 +460,29 @@ fn first_unprintable(text: &[u8], from: usize) -> usize {
     first_unprintable_loop(text, from)
 }
 
+/// The 8 bytes at `s[i..]`, little-endian.
+#[inline(always)]
+fn word_at(s: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"))
+}
+
+/// The high bit of each byte of `w` that is not printable ASCII (`<= b' '`
+/// or `>= 0x7f`): exact for the lowest such byte (a borrow or carry from
+/// it may mark bytes above it).
+#[inline(always)]
+fn unprintable_bits(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // < 0x21: the borrow trick; >= 0x7f: 0x7f + 1 carries into the high bit.
+    ((w.wrapping_sub(ONES * 0x21) & !w) | (w.wrapping_add(ONES) | w)) & HIGH
+}
+
 /// [`first_unprintable`] a word at a time.
 #[inline]
 fn first_unprintable_loop(text: &[u8], from: usize) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
     let mut i = from;
     while i + 8 <= text.len() {
-        let w = u64::from_le_bytes(text[i..i + 8].try_into().expect("8 bytes"));
-        // High bit set in a byte that is < 0x21 (borrow trick; exact for the
-        // lowest such byte) or >= 0x7f (0x7f + 1 carries into the high bit).
-        let low = w.wrapping_sub(ONES * 0x21) & !w;
-        let high = w.wrapping_add(ONES) | w;
-        let hit = (low | high) & HIGH;
+        let hit = unprintable_bits(word_at(text, i));
         if hit != 0 {
             return i + (hit.trailing_zeros() / 8) as usize;
         }

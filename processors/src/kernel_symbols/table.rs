@@ -564,6 +564,12 @@ fn copy_short(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// The 8 bytes at `s[i..]`, little-endian.
+#[inline(always)]
+fn word_at(s: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"))
+}
+
 /// Length of the common prefix of `a` and `b`, compared 8 bytes at a time.
 #[inline]
 fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
@@ -572,10 +578,9 @@ fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
         // Four words, the last ones moved back to end at `n` (overlapping
         // bytes already found equal), the first difference of each taken
         // without a branch: no loop exit to mispredict.
-        let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
         let first_diff = |k: usize| {
             let i = (8 * k).min(n - 8);
-            let x = word(a, i) ^ word(b, i);
+            let x = word_at(a, i) ^ word_at(b, i);
             if x == 0 {
                 n
             } else {
