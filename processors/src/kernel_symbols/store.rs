@@ -356,7 +356,7 @@ fn read_kallsyms(cfg: &StoreConfig, st: &mut State, counters: &Counters) -> Resu
             _ => true,
         }
     };
-    // Read in chunks, each parsed as it comes (no copy of the whole file).
+    // Read in chunks, each parsed as it comes: the whole text is never held.
     let parsed =
         kallsyms::read_and_parse(&cfg.kallsyms, &ParseOptions { vmlinux: st.vmlinux.is_empty(), module: &want })
             .map_err(|source| {
