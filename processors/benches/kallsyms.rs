@@ -53,9 +53,10 @@ fn blaze_src(path: &Path) -> Source<'static> {
     })
 }
 
+/// What the store does on a full read: the file read in chunks, each
+/// parsed as it comes.
 fn ours_parse(path: &Path) -> kallsyms::Parsed {
-    let text = std::fs::read(path).unwrap();
-    kallsyms::parse(&text, &ParseOptions::default())
+    kallsyms::read_and_parse(path, &ParseOptions::default()).unwrap()
 }
 
 /// A store over the kallsyms copy alone (no module tree, no BPF programs), so

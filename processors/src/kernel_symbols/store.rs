@@ -345,11 +345,6 @@ impl Store {
 fn read_kallsyms(cfg: &StoreConfig, st: &mut State, counters: &Counters) -> Result<Vec<kallsyms::BpfLine>> {
     counters.full_reads.fetch_add(1, Relaxed);
     let t0 = Instant::now();
-    let text = std::fs::read(&cfg.kallsyms).map_err(|source| {
-        counters.read_failures.fetch_add(1, Relaxed);
-        Error::ReadKallsyms { path: cfg.kallsyms.clone(), source }
-    })?;
-    let t1 = Instant::now();
     let current: FxHashMap<&str, &Arc<ModuleMeta>> = st.sysfs.iter().flatten().map(|m| (&*m.name, m)).collect();
     let seen: RefCell<FxHashSet<Box<str>>> = RefCell::default();
     let tables = &st.tables;
@@ -361,7 +356,14 @@ fn read_kallsyms(cfg: &StoreConfig, st: &mut State, counters: &Counters) -> Resu
             _ => true,
         }
     };
-    let parsed = kallsyms::parse(&text, &ParseOptions { vmlinux: st.vmlinux.is_empty(), module: &want });
+    // Read in chunks, each parsed as it comes: the whole text is never held.
+    let parsed =
+        kallsyms::read_and_parse(&cfg.kallsyms, &ParseOptions { vmlinux: st.vmlinux.is_empty(), module: &want })
+            .map_err(|source| {
+                counters.read_failures.fetch_add(1, Relaxed);
+                Error::ReadKallsyms { path: cfg.kallsyms.clone(), source }
+            })?;
+    let total_ns = t0.elapsed().as_nanos() as u64;
     let p = parsed.stats;
     if p.symbols == 0 && st.vmlinux.is_empty() || p.zero_addr > 0 && p.zero_addr == p.symbols {
         counters.read_failures.fetch_add(1, Relaxed);
@@ -379,8 +381,8 @@ fn read_kallsyms(cfg: &StoreConfig, st: &mut State, counters: &Counters) -> Resu
     }
     st.tables = tables;
     st.last_parse = p;
-    counters.last_read_ns.store((t1 - t0).as_nanos() as u64, Relaxed);
-    counters.last_parse_ns.store(t1.elapsed().as_nanos() as u64, Relaxed);
+    counters.last_read_ns.store(parsed.read_ns, Relaxed);
+    counters.last_parse_ns.store(total_ns.saturating_sub(parsed.read_ns), Relaxed);
     Ok(parsed.bpf)
 }
 

@@ -266,13 +266,18 @@ const PI_ALIAS: &str = "__pi_";
 ///    `__static_call_text_start`);
 /// 8. the longer name.
 pub fn rank(kind: u8, name: &str) -> u32 {
-    let real = !matches!(name, "init_module" | "cleanup_module");
+    rank_bytes(kind, name.as_bytes())
+}
+
+/// [`rank`] of a name's bytes.
+fn rank_bytes(kind: u8, name: &[u8]) -> u32 {
+    let real = !matches!(name, b"init_module" | b"cleanup_module");
     let non_weak = matches!(kind, b'T' | b't');
     let global = kind.is_ascii_uppercase();
-    let not_pi = !name.starts_with(PI_ALIAS);
-    let arch_syscall = name.starts_with(ARCH_SYSCALL);
-    let underscores = name.bytes().take_while(|&b| b == b'_').count().min(15) as u32;
-    let not_marker = !(name.ends_with("_start") || name.ends_with("_end") || name.ends_with("_array"));
+    let not_pi = !name.starts_with(PI_ALIAS.as_bytes());
+    let arch_syscall = name.starts_with(ARCH_SYSCALL.as_bytes());
+    let underscores = name.iter().take_while(|&&b| b == b'_').count().min(15) as u32;
+    let not_marker = !(name.ends_with(b"_start") || name.ends_with(b"_end") || name.ends_with(b"_array"));
     let len = name.len().min(255) as u32;
     (u32::from(real) << 31)
         | (u32::from(non_weak) << 30)
@@ -319,44 +324,51 @@ pub enum Rank {
 }
 
 impl Rank {
-    fn value(self, name: &str) -> u32 {
+    fn value(self, name: &[u8]) -> u32 {
         match self {
             Rank::Of(r) => r,
-            Rank::Kind(k) => rank(k, name),
+            Rank::Kind(k) => rank_bytes(k, name),
         }
     }
 }
 
-/// The symbol seen last, kept until a different address shows it won its
-/// address.
+/// The symbol stored last: another at its address may still replace it.
 #[derive(Clone, Copy)]
-struct Pending<'a> {
+struct Last {
     addr: u64,
     rank: Rank,
-    name: &'a str,
-    padded: bool,
+    /// Stored (not dropped as out of range).
+    kept: bool,
+    /// Its name was cut to [`MAX_NAME`].
+    cut: bool,
+    /// Where its record starts in `names`.
+    at: usize,
 }
 
 /// Builds a table from symbols pushed in address order, straight into its
-/// final layout: no list of entries, no sort.
-pub struct TableBuilder<'a> {
+/// final layout: no list of entries, no sort. Each symbol is stored as it
+/// comes; one with the address of the symbol before it replaces that
+/// symbol's name if it ranks higher (its record is the last one written).
+/// Names are copied in, so the text they come from may change between
+/// pushes (the file is read in chunks).
+pub struct TableBuilder {
     base: u64,
     offsets: Vec<u32>,
     block_at: Vec<u32>,
     names: Vec<u8>,
     padded: Vec<u64>,
     /// The name stored last, which the next one is front-coded against.
-    prev: &'a [u8],
-    pending: Option<Pending<'a>>,
+    prev: Vec<u8>,
+    last: Option<Last>,
     stats: BuildStats,
 }
 
-impl<'a> TableBuilder<'a> {
-    /// `symbols`: how many are expected (a capacity hint).
+impl TableBuilder {
     pub fn is_empty(&self) -> bool {
-        self.pending.is_none()
+        self.last.is_none()
     }
 
+    /// `symbols`: how many are expected (a capacity hint).
     pub fn with_capacity(symbols: usize) -> Self {
         TableBuilder {
             base: 0,
@@ -364,8 +376,8 @@ impl<'a> TableBuilder<'a> {
             block_at: Vec::with_capacity(symbols / BLOCK + 1),
             names: Vec::with_capacity(symbols * 18 + SLACK),
             padded: Vec::with_capacity(symbols / 64 + 1),
-            prev: b"",
-            pending: None,
+            prev: Vec::with_capacity(MAX_NAME),
+            last: None,
             stats: BuildStats::default(),
         }
     }
@@ -373,61 +385,121 @@ impl<'a> TableBuilder<'a> {
     /// Adds one symbol; of several at one address the best ranked stays
     /// (the first among equals).
     #[inline]
-    pub fn push(&mut self, addr: u64, rank: Rank, name: &'a str, padded: bool) -> Result<(), Unsorted> {
-        match &mut self.pending {
+    pub fn push(&mut self, addr: u64, rank: Rank, name: &str, padded: bool) -> Result<(), Unsorted> {
+        match self.last {
             None => {
                 self.base = addr;
-                self.pending = Some(Pending { addr, rank, name, padded });
+                self.store(addr, rank, name, padded);
             }
-            Some(p) if p.addr == addr => {
-                self.stats.aliases += 1;
-                let (old, new) = (p.rank.value(p.name), rank.value(name));
-                p.padded |= padded;
-                p.rank = Rank::Of(old.max(new));
-                if new > old {
-                    p.name = name;
-                }
-            }
-            Some(p) if p.addr < addr => {
-                let done = std::mem::replace(p, Pending { addr, rank, name, padded });
-                self.store(done);
-            }
+            Some(l) if l.addr == addr => self.alias(l, rank, name, padded),
+            Some(l) if l.addr < addr => self.store(addr, rank, name, padded),
             Some(_) => return Err(Unsorted),
         }
         Ok(())
     }
 
-    fn store(&mut self, p: Pending<'a>) {
-        let Ok(off) = u32::try_from(p.addr - self.base) else {
+    #[inline]
+    fn store(&mut self, addr: u64, rank: Rank, name: &str, padded: bool) {
+        let Ok(off) = u32::try_from(addr - self.base) else {
             self.stats.out_of_range += 1;
+            self.last = Some(Last { addr, rank, kept: false, cut: false, at: 0 });
             return;
         };
         let i = self.offsets.len();
         if i.is_multiple_of(64) {
             self.padded.push(0);
         }
-        if p.padded {
+        if padded {
             self.padded[i / 64] |= 1 << (i % 64);
         }
         self.offsets.push(off);
-        let name = truncate(p.name, &mut self.stats.truncated).as_bytes();
+        let at = self.names.len();
         if i.is_multiple_of(BLOCK) {
-            self.block_at.push(self.names.len() as u32);
-            self.names.push(name.len() as u8);
-            self.names.extend_from_slice(name);
-        } else {
-            let shared = shared_prefix(self.prev, name);
-            self.names.push(shared as u8);
-            self.names.push((name.len() - shared) as u8);
-            self.names.extend_from_slice(&name[shared..]);
+            self.block_at.push(at as u32);
         }
-        self.prev = name;
+        let (stored, rank, cut) = self.cut(rank, name);
+        self.write_name(i, stored);
+        self.last = Some(Last { addr, rank, kept: true, cut, at });
+    }
+
+    /// `name` cut to [`MAX_NAME`]; a cut name's rank is taken from the
+    /// whole name now, since only the cut one is kept.
+    #[inline]
+    fn cut<'n>(&mut self, rank: Rank, name: &'n str) -> (&'n [u8], Rank, bool) {
+        if name.len() <= MAX_NAME {
+            return (name.as_bytes(), rank, false);
+        }
+        let rank = Rank::Of(rank.value(name.as_bytes()));
+        (truncate(name, &mut self.stats.truncated).as_bytes(), rank, true)
+    }
+
+    /// Appends name `i`'s record, front-coded against `prev` (name `i - 1`)
+    /// unless it starts a block, and makes it `prev`.
+    #[inline]
+    fn write_name(&mut self, i: usize, name: &[u8]) {
+        let (shared, header) = if i.is_multiple_of(BLOCK) {
+            (0, 1)
+        } else {
+            let shared = shared_prefix(&self.prev, name);
+            (shared, 2)
+        };
+        let rest = &name[shared..];
+        // A block's first name: `len`; any other: `shared, rest len`.
+        let (h0, h1) = if header == 1 { (name.len() as u8, 0) } else { (shared as u8, rest.len() as u8) };
+        append_record(&mut self.names, header, [h0, h1], rest);
+        self.prev.truncate(shared);
+        append_short(&mut self.prev, rest);
+    }
+
+    /// Another symbol at the address of the one stored last.
+    #[cold]
+    fn alias(&mut self, mut l: Last, rank: Rank, name: &str, padded: bool) {
+        self.stats.aliases += 1;
+        if !l.kept {
+            // Dropped as out of range, and so is any other at its address.
+            return;
+        }
+        let i = self.offsets.len() - 1;
+        if padded {
+            self.padded[i / 64] |= 1 << (i % 64);
+        }
+        let (old, new) = (l.rank.value(&self.prev), rank.value(name.as_bytes()));
+        l.rank = Rank::Of(old.max(new));
+        if new > old {
+            // Rewrite the last record: back to the name before it, which
+            // the new one is front-coded against.
+            self.names.truncate(l.at);
+            if l.cut {
+                self.stats.truncated -= 1;
+            }
+            if !i.is_multiple_of(BLOCK) {
+                self.decode_prev(i - 1);
+            }
+            let (stored, _, cut) = self.cut(rank, name);
+            self.write_name(i, stored);
+            l.cut = cut;
+        }
+        self.last = Some(l);
+    }
+
+    /// Decodes stored name `i` into `prev` (rare: only when an alias
+    /// replaces the name after it).
+    fn decode_prev(&mut self, i: usize) {
+        let names = &self.names;
+        let mut at = self.block_at[i / BLOCK] as usize;
+        let len = usize::from(names[at]);
+        self.prev.clear();
+        self.prev.extend_from_slice(&names[at + 1..at + 1 + len]);
+        at += 1 + len;
+        for _ in 0..i % BLOCK {
+            let (shared, n) = (usize::from(names[at]), usize::from(names[at + 1]));
+            self.prev.truncate(shared);
+            self.prev.extend_from_slice(&names[at + 2..at + 2 + n]);
+            at += 2 + n;
+        }
     }
 
     pub fn finish(mut self, stats: &mut BuildStats) -> SymbolTable {
-        if let Some(p) = self.pending.take() {
-            self.store(p);
-        }
         stats.aliases += self.stats.aliases;
         stats.truncated += self.stats.truncated;
         stats.out_of_range += self.stats.out_of_range;
@@ -445,10 +517,78 @@ impl<'a> TableBuilder<'a> {
     }
 }
 
+/// `dst.extend_from_slice(src)` without a call to `memcpy` for the short
+/// slices names are made of ([`copy_short`]).
+#[inline(always)]
+fn append_short(dst: &mut Vec<u8>, src: &[u8]) {
+    append_record(dst, 0, [0, 0], src);
+}
+
+/// Appends the first `h` bytes of `header` (0 to 2) and then `src`, with
+/// one check of the room left and no call to `memcpy` when `src` is short.
+#[inline(always)]
+fn append_record(dst: &mut Vec<u8>, h: usize, header: [u8; 2], src: &[u8]) {
+    let n = src.len();
+    if n > 32 {
+        dst.extend_from_slice(&header[..h]);
+        dst.extend_from_slice(src);
+        return;
+    }
+    let at = dst.len();
+    dst.extend_from_slice(&[0; 34]);
+    dst[at..at + 2].copy_from_slice(&header);
+    copy_short(&mut dst[at + h..at + h + n], src);
+    dst.truncate(at + h + n);
+}
+
+/// `dst.copy_from_slice(src)` for up to 32 bytes: two 16-, 8- or 4-byte
+/// copies that overlap in the middle (no byte past either slice is read),
+/// fewer byte by byte.
+#[inline(always)]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    let n = src.len();
+    debug_assert!(n == dst.len() && n <= 32);
+    if n >= 16 {
+        dst[..16].copy_from_slice(&src[..16]);
+        dst[n - 16..].copy_from_slice(&src[n - 16..]);
+    } else if n >= 8 {
+        dst[..8].copy_from_slice(&src[..8]);
+        dst[n - 8..].copy_from_slice(&src[n - 8..]);
+    } else if n >= 4 {
+        dst[..4].copy_from_slice(&src[..4]);
+        dst[n - 4..].copy_from_slice(&src[n - 4..]);
+    } else {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = *s;
+        }
+    }
+}
+
+/// The 8 bytes at `s[i..]`, little-endian.
+#[inline(always)]
+fn word_at(s: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"))
+}
+
 /// Length of the common prefix of `a` and `b`, compared 8 bytes at a time.
 #[inline]
 fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
+    if (8..=32).contains(&n) {
+        // Four words, the last ones moved back to end at `n` (overlapping
+        // bytes already found equal), the first difference of each taken
+        // without a branch: no loop exit to mispredict.
+        let first_diff = |k: usize| {
+            let i = (8 * k).min(n - 8);
+            let x = word_at(a, i) ^ word_at(b, i);
+            if x == 0 {
+                n
+            } else {
+                i + (x.trailing_zeros() / 8) as usize
+            }
+        };
+        return first_diff(0).min(first_diff(1)).min(first_diff(2)).min(first_diff(3));
+    }
     let mut i = 0;
     while i + 8 <= n {
         let x = u64::from_le_bytes(a[i..i + 8].try_into().expect("8 bytes"))
@@ -522,6 +662,26 @@ mod tests {
         Entry { addr, rank: rank(kind, name), name, padded: false }
     }
 
+    /// Every length up to 40 on either side and every place of the first
+    /// difference.
+    #[test]
+    fn shared_prefix_at_every_length() {
+        let base: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for la in 0..=40 {
+            for lb in 0..=40 {
+                for diff in 0..=la.min(lb) {
+                    let a = &base[..la];
+                    let mut b = base[..lb].to_vec();
+                    if diff < lb {
+                        b[diff] = b'_';
+                    }
+                    let want = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+                    assert_eq!(shared_prefix(a, &b), want, "{la} {lb} {diff}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn shared_prefix_counts_equal_leading_bytes() {
         let names: [&[u8]; 8] =
@@ -530,6 +690,28 @@ mod tests {
             for b in names {
                 let want = a.iter().zip(b).take_while(|(x, y)| x == y).count();
                 assert_eq!(shared_prefix(a, b), want, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn append_short_and_record_append_every_length() {
+        let src: Vec<u8> = (0..80u8).collect();
+        for n in 0..=80 {
+            for pre in [0, 3, 17] {
+                let mut d: Vec<u8> = vec![0xee; pre];
+                append_short(&mut d, &src[..n]);
+                let mut want = vec![0xee; pre];
+                want.extend_from_slice(&src[..n]);
+                assert_eq!(d, want, "{n} after {pre}");
+                for h in 0..=2 {
+                    let mut d: Vec<u8> = vec![0xee; pre];
+                    append_record(&mut d, h, [0xa1, 0xa2], &src[..n]);
+                    let mut want = vec![0xee; pre];
+                    want.extend_from_slice(&[0xa1, 0xa2][..h]);
+                    want.extend_from_slice(&src[..n]);
+                    assert_eq!(d, want, "{n} after {pre}, header {h}");
+                }
             }
         }
     }
@@ -693,6 +875,60 @@ mod tests {
             assert!(!t.padded_start(a + 1));
         }
         assert!(!t.padded_start(0x10));
+    }
+
+    /// An alias that outranks the symbol stored last rewrites its name, at
+    /// every position in a block (a block's first name, front-coded ones
+    /// sharing prefixes with the names around them), and the names after
+    /// it are front-coded against the new one; one that loses changes
+    /// nothing but the counts; padding marks carry over.
+    #[test]
+    fn builder_aliases_rewrite_the_last_name() {
+        for pos in 0..9usize {
+            let names: Vec<String> = (0..9).map(|k| format!("ext4_fn_{}{k}", "a".repeat(k))).collect();
+            let mut b = TableBuilder::with_capacity(0);
+            let mut want = Vec::new();
+            for (k, n) in names.iter().enumerate() {
+                let addr = 0x100 + 0x10 * k as u64;
+                b.push(addr, Rank::Kind(b't'), n, false).unwrap();
+                if k == pos {
+                    // Loses (weak), wins (global, padded), loses (local).
+                    b.push(addr, Rank::Kind(b'w'), "ext4_fn_weak_one", false).unwrap();
+                    b.push(addr, Rank::Kind(b'T'), "ext4_fn_global", true).unwrap();
+                    b.push(addr, Rank::Kind(b't'), "ext4_fn_local_again", false).unwrap();
+                    want.push((addr, "ext4_fn_global".to_string()));
+                } else {
+                    want.push((addr, n.clone()));
+                }
+            }
+            let mut st = BuildStats::default();
+            let t = b.finish(&mut st);
+            assert_eq!(t.iter().collect::<Vec<_>>(), want, "alias at {pos}");
+            assert_eq!(st.aliases, 3);
+            for k in 0..9u64 {
+                assert_eq!(t.padded_start(0x100 + 0x10 * k), k as usize == pos, "{pos} {k}");
+            }
+        }
+    }
+
+    /// A cut name replaced by an alias is no longer counted as cut; one
+    /// that replaces a name is; symbols out of range are dropped with
+    /// their aliases.
+    #[test]
+    fn builder_counts_cut_and_out_of_range_aliases() {
+        let (long_w, long_t) = (format!("w{}", "x".repeat(300)), format!("t{}", "y".repeat(300)));
+        let mut b = TableBuilder::with_capacity(0);
+        b.push(0x10, Rank::Kind(b'W'), &long_w, false).unwrap();
+        b.push(0x10, Rank::Kind(b'T'), "strong", false).unwrap();
+        b.push(0x20, Rank::Kind(b'T'), "short", false).unwrap();
+        b.push(0x20, Rank::Kind(b'T'), &long_t, false).unwrap();
+        b.push(0x10 + (1 << 32), Rank::Kind(b'T'), "far", false).unwrap();
+        b.push(0x10 + (1 << 32), Rank::Kind(b'T'), "far_alias", false).unwrap();
+        let mut st = BuildStats::default();
+        let t = b.finish(&mut st);
+        let names: Vec<String> = t.iter().map(|(_, n)| n).collect();
+        assert_eq!(names, vec!["strong".to_string(), long_t[..MAX_NAME].to_string()]);
+        assert_eq!((st.aliases, st.truncated, st.out_of_range), (3, 1, 1));
     }
 
     #[test]
