@@ -380,7 +380,11 @@ fn run(
             sizes.pages as usize,
             profcol_ebpf::unwind::RULES_CAPACITY,
         );
-        Unwinder::new(store, unwind_counters.clone())
+        let mut u = Unwinder::new(store, unwind_counters.clone())?;
+        if let Some(own) = super::unwind::OwnExe::current() {
+            u.no_table_for(own);
+        }
+        Ok::<_, std::io::Error>(u)
     });
     let unwinder = match unwinder.transpose() {
         Ok(u) => u,

@@ -187,6 +187,33 @@ pub struct Unwinder {
     /// Reused by [`Unwinder::read_wanted`].
     wants: Vec<(KernelFile, Want)>,
     done: Vec<KernelFile>,
+    /// The agent's own executable, which gets no table (see
+    /// [`Unwinder::no_table_for`]).
+    own_exe: Option<OwnExe>,
+}
+
+/// An executable the unwinder builds no table for: its file, and its GNU
+/// build id (lower-case hex), which also finds it where a container's
+/// overlay shows another device and inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnExe {
+    pub file: KernelFile,
+    pub build_id: Option<Arc<str>>,
+}
+
+impl OwnExe {
+    /// This process's executable (`/proc/self/exe`), if it can be read.
+    pub fn current() -> Option<Self> {
+        let f = File::open("/proc/self/exe").ok()?;
+        let md = f.metadata().ok()?;
+        let file = KernelFile::new(libc::major(md.dev()), libc::minor(md.dev()), md.ino());
+        let build_id = super::buildid::read_build_id(&f).ok().flatten().map(|b| Arc::from(profcol_elf::notes::hex(&b)));
+        Some(OwnExe { file, build_id })
+    }
+
+    fn is(&self, file: KernelFile, m: &Mapping) -> bool {
+        file == self.file || (self.build_id.is_some() && m.build_id == self.build_id)
+    }
 }
 
 impl Unwinder {
@@ -221,7 +248,17 @@ impl Unwinder {
             waiting: FxHashMap::default(),
             wants: Vec::new(),
             done: Vec::new(),
+            own_exe: None,
         })
+    }
+
+    /// Builds no table for `exe` (the agent's own executable): its frames
+    /// are walked by frame pointers. A node agent samples itself from its
+    /// first second; the table of its own ~30 MB of code took ~150 ms of
+    /// CPU and ~16 MiB of transient heap at every start, and 3 MB of the
+    /// table budget for as long as it runs (docs/PERFORMANCE.md, #18).
+    pub fn no_table_for(&mut self, exe: OwnExe) {
+        self.own_exe = Some(exe);
     }
 
     pub fn counters(&self) -> &UnwindCounters {
@@ -321,7 +358,7 @@ impl Unwinder {
             done.push(file);
             let Some(set) = mappings_of(w.pid) else { continue };
             let Some(m) = set.find(w.start) else { continue };
-            if !m.path.starts_with('/') {
+            if !m.path.starts_with('/') || self.own_exe.as_ref().is_some_and(|own| own.is(file, m)) {
                 self.write_none(file, None, sink);
                 continue;
             }
@@ -635,6 +672,47 @@ mod tests {
         u.sweep(&mut sink, |_| {}, now + store::UNUSED_GRACE * 3);
         assert_eq!(u.store.len(), 0);
         assert!(sink.files.is_empty(), "{:?}", sink.files);
+    }
+
+    /// The agent's own executable gets a "no table" entry at its second
+    /// sample, without a build, whether it is known by its file or, as in
+    /// a container's overlay, only by its build id; another file is built.
+    #[test]
+    fn the_agents_own_executable_gets_no_table() {
+        let now = Instant::now();
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(4);
+        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+        let addr = marker as *const () as usize as u64;
+        let m = set.find(addr).expect("a mapping holds the test's code").clone();
+        let own = OwnExe::current().expect("/proc/self/exe is readable");
+        assert_eq!(own.file, kernel_file(&m, 0), "the mapping of this code is this executable");
+        assert!(own.build_id.is_some() && own.build_id == m.build_id, "{:?} vs {:?}", own.build_id, m.build_id);
+        for (n, by) in [(0, "file"), (1, "build id")] {
+            let mut u = unwinder(TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384));
+            u.no_table_for(own.clone());
+            let mut sink = MemSink::default();
+            // n = 1: another device and inode (an overlay), the same build id.
+            let file = kernel_file(&m, n);
+            sink.wanted.insert(file, want(me, &m, 2));
+            u.read_wanted(&mut sink, |_| Some(set.clone()), now);
+            assert_eq!(sink.files.get(&file), Some(&(NO_TABLE, Vec::new())), "known by its {by}: no table");
+            assert!(sink.wanted.is_empty(), "taken");
+            std::thread::sleep(Duration::from_millis(50));
+            u.poll(&mut sink, now);
+            assert_eq!(u.counters().table_builds.get(), 0, "nothing built");
+        }
+        // Another executable (libc here) is built as before.
+        let libc = set.mappings.iter().find(|m| m.path.contains("libc.so")).expect("libc is mapped").clone();
+        let mut u = unwinder(TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384));
+        u.no_table_for(own);
+        let mut sink = MemSink::default();
+        let file = kernel_file(&libc, 0);
+        sink.wanted.insert(file, want(me, &libc, 2));
+        u.read_wanted(&mut sink, |_| Some(set.clone()), now);
+        settle(&mut u, &mut sink, &[file], now);
+        assert_ne!(sink.files[&file].0, NO_TABLE);
+        assert_eq!(u.counters().table_builds.get(), 1);
     }
 
     /// Tables that do not fit `max_table_bytes` together are not rebuilt
