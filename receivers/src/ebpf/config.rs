@@ -71,8 +71,9 @@ pub const MAX_COUNTED_STACKS: u32 = 1 << 22;
 #[serde(deny_unknown_fields, default)]
 pub struct UnwindConfig {
     /// `auto`: unwind tables where loaded, frame pointers elsewhere (a
-    /// program's first samples, before its tables are built, and mappings
-    /// without `.eh_frame`); `frame_pointers`: only the kernel's
+    /// program's first samples, before its tables are built, mappings
+    /// without `.eh_frame`, and profcol's own executable);
+    /// `frame_pointers`: only the kernel's
     /// frame-pointer walk; `tables`: only tables (no table: the stack ends).
     pub mode: UnwindMode,
     /// Bytes of unwind tables loaded into the kernel at most (least
