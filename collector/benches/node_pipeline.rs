@@ -15,27 +15,20 @@ use profcol_exporters::pprof::convert::to_pprof;
 use profcol_processors::kernel_symbols::symbolize::symbolize;
 use profcol_processors::kernel_symbols::{Store, StoreConfig};
 use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs, SampleIn};
-use profcol_receivers::ebpf::process::{Mapping, MappingSet, ProcessInfo};
+use profcol_receivers::ebpf::process::ProcessInfo;
 use profcol_receivers::ebpf::service_name::ServiceNamer;
 use prost::Message;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "../../receivers/benches/common/report.rs"]
+mod report;
+use report::{dash_and_libc, user_stack, Rng};
+
 const STACKS: usize = 1000;
 const ROUNDS: usize = 100;
 /// Processes the stacks are spread over.
 const PROCESSES: usize = 10;
-
-/// A small deterministic generator (xorshift), so every run sees the same stacks.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// Text symbols' addresses from /proc/kallsyms (zeros without root).
 fn kernel_functions() -> Vec<u64> {
@@ -65,27 +58,7 @@ fn main() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     // Callers from a pool of 300 kernel functions, leaves all different.
     let pool: Vec<u64> = (0..300).map(|_| funcs[rng.next() as usize % funcs.len()] + 8).collect();
-    let maps = Arc::new(MappingSet {
-        generation: 1,
-        mappings: vec![
-            Mapping {
-                start: 0x5555_0000_0000,
-                end: 0x5555_0010_0000,
-                file_offset: 0,
-                path: "/usr/bin/dash".into(),
-                build_id: Some("0123456789abcdef0123456789abcdef01234567".into()),
-                file_id: None,
-            },
-            Mapping {
-                start: 0x7f00_0000_0000,
-                end: 0x7f00_0020_0000,
-                file_offset: 0x28000,
-                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
-                build_id: Some("fedcba9876543210fedcba9876543210fedcba98".into()),
-                file_id: None,
-            },
-        ],
-    });
+    let maps = dash_and_libc();
     let infos: Vec<Arc<ProcessInfo>> = (0..PROCESSES)
         .map(|p| Arc::new(ProcessInfo { pid: 100 + p as u32, exe_name: "dash".into(), ..Default::default() }))
         .collect();
@@ -93,13 +66,7 @@ fn main() {
         .map(|i| {
             let leaf = funcs[rng.next() as usize % funcs.len()] + 4 + (i as u64 % 16);
             let k = std::iter::once(leaf).chain((1..20).map(|_| pool[rng.next() as usize % pool.len()])).collect();
-            let u = (0..15u64)
-                .map(|d| {
-                    let base = if d % 2 == 0 { 0x5555_0000_1000 } else { 0x7f00_0000_1000 };
-                    base + if d == 0 { i as u64 * 2 } else { (rng.next() % 32) * 16 + d * 0x800 }
-                })
-                .collect();
-            (k, u)
+            (k, user_stack(&mut rng, i as u64))
         })
         .collect();
     let store = Store::open(StoreConfig {

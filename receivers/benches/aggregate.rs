@@ -13,47 +13,20 @@
 use profcol_ebpf::UnwindEnd;
 use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs, SampleIn};
 use profcol_receivers::ebpf::counted::CountedStacks;
-use profcol_receivers::ebpf::process::{Mapping, MappingSet, ProcessInfo};
+use profcol_receivers::ebpf::process::ProcessInfo;
 use profcol_receivers::ebpf::service_name::ServiceNamer;
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "common/report.rs"]
+mod report;
+use report::{dash_and_libc, user_stack, Rng};
+
 const STACKS: u64 = 1000;
 const ROUNDS: usize = 200;
 
-/// A small deterministic generator (xorshift), so every run sees the same stacks.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 fn main() {
-    let maps = Arc::new(MappingSet {
-        generation: 1,
-        mappings: vec![
-            Mapping {
-                start: 0x5555_0000_0000,
-                end: 0x5555_0010_0000,
-                file_offset: 0,
-                path: "/usr/bin/dash".into(),
-                build_id: Some("0123456789abcdef0123456789abcdef01234567".into()),
-                file_id: None,
-            },
-            Mapping {
-                start: 0x7f00_0000_0000,
-                end: 0x7f00_0020_0000,
-                file_offset: 0x28000,
-                path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
-                build_id: Some("fedcba9876543210fedcba9876543210fedcba98".into()),
-                file_id: None,
-            },
-        ],
-    });
+    let maps = dash_and_libc();
     let info = Arc::new(ProcessInfo { pid: 42, ..Default::default() });
     let process = Some((info, maps));
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -62,13 +35,7 @@ fn main() {
             let k = (0..20)
                 .map(|d| 0xffff_ffff_8100_0000 + if d == 0 { i * 4 } else { (rng.next() % 64) * 64 + d * 0x1000 })
                 .collect();
-            let u = (0..15)
-                .map(|d| {
-                    let base = if d % 2 == 0 { 0x5555_0000_1000 } else { 0x7f00_0000_1000 };
-                    base + if d == 0 { i * 2 } else { (rng.next() % 32) * 16 + d * 0x800 }
-                })
-                .collect();
-            (k, u)
+            (k, user_stack(&mut rng, i))
         })
         .collect();
     let attrs = SampleAttrs { thread_id: true, thread_name: true, cpu: false };

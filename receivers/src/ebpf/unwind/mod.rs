@@ -611,6 +611,17 @@ mod tests {
         KernelFile::new(libc::major(md.dev()), libc::minor(md.dev()), md.ino() + (n << 40))
     }
 
+    /// This process: its pid, its mappings, the address of [`marker`] and
+    /// the mapping holding it (this test binary's code).
+    fn own_code(now: Instant) -> (u32, Arc<MappingSet>, u64, Mapping) {
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(4);
+        let set = procs.get(me, now).expect("self is readable").mappings.clone();
+        let addr = marker as *const () as usize as u64;
+        let m = set.find(addr).expect("a mapping holds the test's code").clone();
+        (me, set, addr, m)
+    }
+
     /// What the BPF program would put in `unwind_wanted` for `m` of `pid`.
     fn want(pid: u32, m: &Mapping, count: u32) -> Want {
         let first_ns = super::super::clock::now_ns(libc::CLOCK_MONOTONIC);
@@ -636,11 +647,7 @@ mod tests {
     #[test]
     fn a_file_met_twice_gets_its_table_and_entry() {
         let now = Instant::now();
-        let me = std::process::id();
-        let mut procs = ProcessTable::new(4);
-        let set = procs.get(me, now).expect("self is readable").mappings.clone();
-        let addr = marker as *const () as usize as u64;
-        let m = set.find(addr).expect("a mapping holds the test's code").clone();
+        let (me, set, addr, m) = own_code(now);
         let mut u = unwinder(TableStore::new(256 << 20, 32 << 20, 1 << 20, 16384));
         let mut sink = MemSink::default();
         let file = kernel_file(&m, 0);
@@ -680,11 +687,7 @@ mod tests {
     #[test]
     fn the_agents_own_executable_gets_no_table() {
         let now = Instant::now();
-        let me = std::process::id();
-        let mut procs = ProcessTable::new(4);
-        let set = procs.get(me, now).expect("self is readable").mappings.clone();
-        let addr = marker as *const () as usize as u64;
-        let m = set.find(addr).expect("a mapping holds the test's code").clone();
+        let (me, set, _, m) = own_code(now);
         let own = OwnExe::current().expect("/proc/self/exe is readable");
         assert_eq!(own.file, kernel_file(&m, 0), "the mapping of this code is this executable");
         assert!(own.build_id.is_some() && own.build_id == m.build_id, "{:?} vs {:?}", own.build_id, m.build_id);
