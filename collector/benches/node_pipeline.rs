@@ -9,12 +9,11 @@
 //! Prints one `STAGE name us/report` line per stage: the median and the
 //! fastest of `ROUNDS` (the fastest is the steadier on a shared machine).
 
-use profcol_ebpf::UnwindEnd;
 use profcol_exporters::group::GroupBy;
 use profcol_exporters::pprof::convert::to_pprof;
 use profcol_processors::kernel_symbols::symbolize::symbolize;
 use profcol_processors::kernel_symbols::{Store, StoreConfig};
-use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs, SampleIn};
+use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs};
 use profcol_receivers::ebpf::process::ProcessInfo;
 use profcol_receivers::ebpf::service_name::ServiceNamer;
 use prost::Message;
@@ -23,7 +22,7 @@ use std::time::{Duration, Instant};
 
 #[path = "../../receivers/benches/common/report.rs"]
 mod report;
-use report::{dash_and_libc, user_stack, Rng};
+use report::{dash_and_libc, dash_sample, user_stack, Rng};
 
 const STACKS: usize = 1000;
 const ROUNDS: usize = 100;
@@ -86,18 +85,7 @@ fn main() {
         let mut iv = Interval::new(1, attrs);
         for (i, (k, u)) in stacks.iter().enumerate() {
             let info = &infos[i % PROCESSES];
-            let s = SampleIn {
-                probe: None,
-                pid: info.pid,
-                tid: info.pid,
-                cpu: 0,
-                comm: *b"dash\0\0\0\0\0\0\0\0\0\0\0\0",
-                unix_ns: 1,
-                kstack: k,
-                ustack: u,
-                unwind_end: UnwindEnd::Outermost,
-            };
-            iv.add_counted(&s, Some((info, &maps)), 1 + i as u64 % 3);
+            iv.add_counted(&dash_sample(info.pid, k, u), Some((info, &maps)), 1 + i as u64 % 3);
         }
         let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer);
         receiver.push(t.elapsed());

@@ -10,8 +10,7 @@
 //!
 //! Prints `REPORT us/report` and `PER-STACK ns`, the median of `ROUNDS`.
 
-use profcol_ebpf::UnwindEnd;
-use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs, SampleIn};
+use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs};
 use profcol_receivers::ebpf::counted::CountedStacks;
 use profcol_receivers::ebpf::process::ProcessInfo;
 use profcol_receivers::ebpf::service_name::ServiceNamer;
@@ -20,7 +19,7 @@ use std::time::Instant;
 
 #[path = "common/report.rs"]
 mod report;
-use report::{dash_and_libc, user_stack, Rng};
+use report::{dash_and_libc, dash_sample, user_stack, Rng};
 
 const STACKS: u64 = 1000;
 const ROUNDS: usize = 200;
@@ -47,18 +46,7 @@ fn main() {
         let t = Instant::now();
         let mut iv = Interval::new(0, attrs);
         for (key, (k, u)) in stacks.iter().enumerate() {
-            let s = SampleIn {
-                probe: None,
-                pid: 42,
-                tid: 42,
-                cpu: 0,
-                comm: *b"dash\0\0\0\0\0\0\0\0\0\0\0\0",
-                unix_ns: 1,
-                kstack: k,
-                ustack: u,
-                unwind_end: UnwindEnd::Outermost,
-            };
-            counted.record(key as u64 + 1, &s, process.clone());
+            counted.record(key as u64 + 1, &dash_sample(42, k, u), process.clone());
         }
         let counts: Vec<(u64, u64)> = (1..=STACKS).map(|k| (k, 1 + k % 3)).collect();
         counted.set_taken(&counts);

@@ -3,6 +3,8 @@
 //! collector/benches/node_pipeline.rs): a process mapping dash and libc,
 //! and a deterministic generator for its stacks.
 
+use profcol_ebpf::UnwindEnd;
+use profcol_receivers::ebpf::aggregate::SampleIn;
 use profcol_receivers::ebpf::process::{Mapping, MappingSet};
 use std::sync::Arc;
 
@@ -52,4 +54,19 @@ pub fn user_stack(rng: &mut Rng, i: u64) -> Vec<u64> {
             base + if d == 0 { i * 2 } else { (rng.next() % 32) * 16 + d * 0x800 }
         })
         .collect()
+}
+
+/// An on-CPU sample of `dash` (pid = tid = `pid`) with these stacks.
+pub fn dash_sample<'a>(pid: u32, kstack: &'a [u64], ustack: &'a [u64]) -> SampleIn<'a> {
+    SampleIn {
+        probe: None,
+        pid,
+        tid: pid,
+        cpu: 0,
+        comm: *b"dash\0\0\0\0\0\0\0\0\0\0\0\0",
+        unix_ns: 1,
+        kstack,
+        ustack,
+        unwind_end: UnwindEnd::Outermost,
+    }
 }
