@@ -513,6 +513,35 @@ fn batch_frames_get_function_mapping_build_id() {
     out.validate().expect("output is a valid batch");
 }
 
+/// Addresses in one vmlinux function share its name and function entry
+/// (named once per batch), and each keeps its own address; the function
+/// after them is still named on its own.
+#[test]
+fn frames_in_one_function_share_it_and_keep_their_addresses() {
+    let s = open();
+    let batch =
+        kernel_batch(&[0xffffffff81000115, 0xffffffff81000140, 0xffffffff81000181, 0xffffffff81000215], now_ns());
+    let (out, outcome) = symbolize(batch, &s.generations().load());
+    let f = frames(&out);
+    let names: Vec<(&str, u64)> = f.iter().map(|(n, _, a, _)| (n.as_str(), *a)).collect();
+    assert_eq!(
+        names,
+        vec![
+            ("vfs_read", 0xffffffff81000115),
+            ("vfs_read", 0xffffffff81000140),
+            ("vfs_read", 0xffffffff81000181),
+            ("ksys_read", 0xffffffff81000215)
+        ]
+    );
+    let d = out.dictionary().unwrap();
+    let functions: Vec<i32> =
+        d.location_table.iter().filter_map(|l| l.lines.first()).map(|l| l.function_index).collect();
+    let vfs_read: std::collections::BTreeSet<i32> = functions.iter().copied().take(3).collect();
+    assert_eq!(vfs_read.len(), 1, "one function entry for vfs_read: {functions:?}");
+    assert_eq!(outcome.resolved, 4);
+    out.validate().expect("output is a valid batch");
+}
+
 /// Locations still as the receiver wrote them: kernel mapping, no lines.
 fn raw_kernel_locations(p: &Profiles) -> Vec<u64> {
     let d = p.dictionary().unwrap();

@@ -234,6 +234,11 @@ struct Ctx<'b> {
     /// Mappings made in this batch by (start, limit): the kernel's is met
     /// at almost every kernel frame, and making one formats its build id.
     mappings: FxHashMap<(u64, u64), MadeMapping>,
+    /// The function and class of each vmlinux symbol named in this batch,
+    /// by (generation, symbol index): a report's kernel frames lie in far
+    /// fewer functions than addresses, and each name was decoded, hashed
+    /// and classified again at every address.
+    functions: FxHashMap<(u64, u32), (i32, Class)>,
 }
 
 /// A mapping [`Ctx::mapping`] made, with what it was made from.
@@ -246,7 +251,13 @@ struct MadeMapping {
 impl<'b> Ctx<'b> {
     fn new(b: &'b mut ProfilesBuilder) -> Self {
         let frame_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str(KERNEL_FRAME));
-        Ctx { b, locs: FxHashMap::default(), frame_attr, mappings: FxHashMap::default() }
+        Ctx {
+            b,
+            locs: FxHashMap::default(),
+            frame_attr,
+            mappings: FxHashMap::default(),
+            functions: FxHashMap::default(),
+        }
     }
 
     fn stack(&mut self, stack: i32, g: &Generation, ts: u64, epoch: u32, kernel: &FxHashSet<i32>) -> (i32, Outcome) {
@@ -318,9 +329,20 @@ impl<'b> Ctx<'b> {
                     v.last_addr() + TAIL_SLACK,
                     snap.vmlinux_build_id.as_deref(),
                 );
-                let name = name.decode(&mut buf);
-                classify(name);
-                (m, addr, Some(self.func_line(name, name, "", 0)))
+                let line = match self.functions.get(&(g.id, name.index())) {
+                    Some(&(function_index, c)) => {
+                        class = c;
+                        pb::Line { function_index, line: 0, column: 0 }
+                    }
+                    None => {
+                        let text = name.decode(&mut buf);
+                        classify(text);
+                        let line = self.func_line(text, text, "", 0);
+                        self.functions.insert((g.id, name.index()), (line.function_index, class));
+                        line
+                    }
+                };
+                (m, addr, Some(line))
             }
             Some(Symbol::Module { module, sym }) => {
                 let m = self.mapping(&module.name, module.text, module.text + module.size, module.build_id.as_deref());

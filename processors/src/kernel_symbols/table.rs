@@ -50,6 +50,12 @@ pub struct SymName<'a> {
 }
 
 impl<'a> SymName<'a> {
+    /// The symbol's index in its table: the same index in the same table
+    /// is the same name.
+    pub fn index(&self) -> u32 {
+        self.i
+    }
+
     /// Decodes the name into `buf`.
     #[inline]
     pub fn decode<'b>(&self, buf: &'b mut NameBuf) -> &'b str {
