@@ -5,7 +5,8 @@
 //!
 //! Work is per distinct (stack, generation, BPF epoch) and (location,
 //! generation, BPF epoch, exact?), never per sample: samples only get a new
-//! stack index. Entries the rewrite orphaned are then dropped from the
+//! stack index; a vmlinux function is named once per batch, however many
+//! of its addresses the batch holds. Entries the rewrite orphaned are then dropped from the
 //! dictionary. A sample whose timestamps see different symbols is split
 //! first (see [`split_by_symbol_epoch`]). Counts are of frames: each sample's kernel frames times its
 //! observations.
