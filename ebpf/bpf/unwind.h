@@ -183,17 +183,32 @@ struct unwind_state {
 /* Wake-ups for wanted files, per CPU, at most this often. */
 #define UNWIND_WAKE_PERIOD_NS 20000000ULL
 
-/* Two rows per element (elements are 8 bytes in an array map anyway);
- * sized by the loader from unwind.max_table_bytes. Mapped into the
- * receiver (BPF_F_MMAPABLE, Linux >= 5.5; the ring buffer needs 5.8), which
- * writes rows with plain stores rather than a syscall per element. */
-struct bpf_map_def SEC("maps") unwind_rows = {
-	.type = BPF_MAP_TYPE_ARRAY,
-	.key_size = sizeof(__u32),
-	.value_size = sizeof(__u64),
-	.max_entries = 1,
-	.map_flags = BPF_F_MMAPABLE,
+/* Two rows per element (elements are 8 bytes in an array map anyway), in
+ * chunks of UNWIND_CHUNK_ELEMS elements: the receiver creates a chunk when
+ * a table first needs it and drops it when no table uses it, so the kernel
+ * holds what the loaded tables take, not unwind.max_table_bytes (the outer
+ * array's length, set by the loader). A page's rows never straddle two
+ * chunks (one page holds at most 65536 rows: exactly a chunk). Each chunk
+ * is mapped into the receiver (BPF_F_MMAPABLE, Linux >= 5.5; the ring
+ * buffer needs 5.8), which writes rows with plain stores rather than a
+ * syscall per element. The inner arrays keep one size (no
+ * BPF_F_INNER_MAP), so the verifier inlines their lookups. */
+#define UNWIND_CHUNK_SHIFT 15 /* elements per chunk: 32768 (256 KiB) */
+#define UNWIND_CHUNK_ELEMS (1U << UNWIND_CHUNK_SHIFT)
+struct unwind_rows_chunk {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, UNWIND_CHUNK_ELEMS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(map_flags, BPF_F_MMAPABLE);
 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct unwind_rows_chunk);
+} unwind_rows SEC(".maps");
 
 struct bpf_map_def SEC("maps") unwind_pages = {
 	.type = BPF_MAP_TYPE_HASH,
@@ -305,13 +320,20 @@ static __always_inline int user_regs(struct bpf_perf_event_data *ctx, struct pt_
  * its rule, or NULL (an address before the page's first row: no info). */
 static __always_inline struct unwind_rule *unwind_find_rule(struct unwind_page *pg, __u32 lo)
 {
+	/* Global row r is element (r >> 1) of the whole array: chunk
+	 * r >> (UNWIND_CHUNK_SHIFT + 1), element (r >> 1) & (UNWIND_CHUNK_ELEMS - 1)
+	 * in it; all of a page's rows lie in one chunk. */
+	__u32 chunk = pg->first >> (UNWIND_CHUNK_SHIFT + 1);
+	void *rows = bpf_map_lookup_elem(&unwind_rows, &chunk);
+	if (!rows)
+		return NULL;
 	__u32 l = pg->first, r = pg->first + pg->count;
 	for (int i = 0; i < UNWIND_SEARCH_STEPS; i++) {
 		if (l >= r)
 			break;
 		__u32 mid = l + (r - l) / 2;
-		__u32 key = mid >> 1;
-		__u64 *pair = bpf_map_lookup_elem(&unwind_rows, &key);
+		__u32 key = (mid >> 1) & (UNWIND_CHUNK_ELEMS - 1);
+		__u64 *pair = bpf_map_lookup_elem(rows, &key);
 		if (!pair)
 			return NULL;
 		__u32 row = (mid & 1) ? (__u32)(*pair >> 32) : (__u32)*pair;
@@ -323,8 +345,8 @@ static __always_inline struct unwind_rule *unwind_find_rule(struct unwind_page *
 	if (l == pg->first)
 		return NULL;
 	__u32 idx = l - 1;
-	__u32 key = idx >> 1;
-	__u64 *pair = bpf_map_lookup_elem(&unwind_rows, &key);
+	__u32 key = (idx >> 1) & (UNWIND_CHUNK_ELEMS - 1);
+	__u64 *pair = bpf_map_lookup_elem(rows, &key);
 	if (!pair)
 		return NULL;
 	__u32 row = (idx & 1) ? (__u32)(*pair >> 32) : (__u32)*pair;

@@ -151,6 +151,50 @@ pub fn btf_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     unsafe { bpf(bpf_cmd::BPF_BTF_GET_FD_BY_ID, &mut attr) }.map(owned_fd)
 }
 
+/// `BPF_MAP_CREATE` of a `BPF_MAP_TYPE_ARRAY` of `elems` 8-byte values
+/// that can be mapped into memory (`BPF_F_MMAPABLE`, Linux >= 5.5), named
+/// `name` (at most 15 bytes are kept).
+pub fn array_create_mmapable(name: &str, elems: u32) -> io::Result<OwnedFd> {
+    let mut attr = zeroed::<bpf_attr>();
+    // SAFETY: writing plain integers into the map-create variant.
+    let u = unsafe { &mut attr.__bindgen_anon_1 };
+    u.map_type = aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32;
+    u.key_size = 4;
+    u.value_size = 8;
+    u.max_entries = elems;
+    u.map_flags = aya_obj::generated::BPF_F_MMAPABLE;
+    for (d, &b) in u.map_name.iter_mut().zip(name.as_bytes().iter().take(15)) {
+        *d = b as _;
+    }
+    // SAFETY: this command's attr holds no pointers.
+    unsafe { bpf(bpf_cmd::BPF_MAP_CREATE, &mut attr) }.map(owned_fd)
+}
+
+/// `BPF_MAP_UPDATE_ELEM`: `map[key] = value` (`BPF_ANY`). For a map of
+/// maps the value is the inner map's fd as a `u32`.
+pub fn map_update<K: Plain, V: Plain>(map: BorrowedFd<'_>, key: &K, value: &V) -> io::Result<()> {
+    let mut attr = zeroed::<bpf_attr>();
+    // SAFETY: writing plain integers into the element variant.
+    let u = unsafe { &mut attr.__bindgen_anon_2 };
+    u.map_fd = map.as_raw_fd() as u32;
+    u.key = key as *const K as u64;
+    u.__bindgen_anon_1.value = value as *const V as u64;
+    // SAFETY: key and value are live for the call; the kernel only reads them.
+    unsafe { bpf(bpf_cmd::BPF_MAP_UPDATE_ELEM, &mut attr) }.map(drop)
+}
+
+/// `BPF_MAP_DELETE_ELEM`: removes `key` (for an array of maps, empties
+/// the slot and drops the map's reference to the inner map).
+pub fn map_delete<K: Plain>(map: BorrowedFd<'_>, key: &K) -> io::Result<()> {
+    let mut attr = zeroed::<bpf_attr>();
+    // SAFETY: writing plain integers into the element variant.
+    let u = unsafe { &mut attr.__bindgen_anon_2 };
+    u.map_fd = map.as_raw_fd() as u32;
+    u.key = key as *const K as u64;
+    // SAFETY: key is live for the call; the kernel only reads it.
+    unsafe { bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr) }.map(drop)
+}
+
 /// `BPF_MAP_UPDATE_BATCH`: `map[keys[i]] = values[i]` for every `i` in one
 /// syscall (array and hash maps, Linux >= 5.6), instead of one
 /// `BPF_MAP_UPDATE_ELEM` each. `keys` and `values` are of the map's key and

@@ -5,8 +5,15 @@
 pub const PROGRAM: &str = "profcol_unwind";
 /// `BPF_MAP_TYPE_PROG_ARRAY` with [`PROGRAM`] at index 0.
 pub const PROGS_MAP: &str = "unwind_progs";
-/// `BPF_MAP_TYPE_ARRAY` of `u64`: two rows (`u32` each, low half first).
+/// `BPF_MAP_TYPE_ARRAY_OF_MAPS` of row chunks: each a `BPF_MAP_TYPE_ARRAY`
+/// of [`CHUNK_ELEMS`] `u64`s (`BPF_F_MMAPABLE`), two rows per element
+/// (`u32` each, low half first). Global element `e` is element
+/// `e % CHUNK_ELEMS` of chunk `e / CHUNK_ELEMS`; a page's rows never
+/// straddle two chunks.
 pub const ROWS_MAP: &str = "unwind_rows";
+/// Elements per row chunk (`UNWIND_CHUNK_ELEMS`): 256 KiB, the rows of one
+/// full 64 KiB page of code (65536 rows).
+pub const CHUNK_ELEMS: u32 = 1 << 15;
 /// `BPF_MAP_TYPE_HASH`: [`page_key`] → [`page_value`].
 pub const PAGES_MAP: &str = "unwind_pages";
 /// `BPF_MAP_TYPE_ARRAY` of `struct unwind_rule` (8 bytes).
@@ -154,6 +161,20 @@ pub fn page_value(first: u32, count: u32) -> [u8; 8] {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_chunk_size_is_the_bpf_programs() {
+        let header = include_str!("../bpf/unwind.h");
+        let shift: u32 = header
+            .lines()
+            .find_map(|l| l.strip_prefix("#define UNWIND_CHUNK_SHIFT "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("unwind.h defines UNWIND_CHUNK_SHIFT");
+        assert_eq!(CHUNK_ELEMS, 1 << shift);
+        // A full page of code (65536 rows, two per element) fits one chunk.
+        const { assert!(CHUNK_ELEMS * 2 >= 1 << 16) };
+    }
+
     use super::*;
 
     #[test]

@@ -77,8 +77,8 @@ pub struct UnwindConfig {
     /// frame-pointer walk; `tables`: only tables (no table: the stack ends).
     pub mode: UnwindMode,
     /// Bytes of unwind tables loaded into the kernel at most (least
-    /// recently used evicted beyond); allocated in the kernel up front
-    /// unless `mode: frame_pointers`.
+    /// recently used evicted beyond); the kernel holds what the loaded
+    /// tables take, in 256 KiB chunks.
     pub max_table_bytes: u64,
 }
 

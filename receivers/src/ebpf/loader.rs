@@ -132,7 +132,7 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
     }
     let mut ebpf = loader
         .override_global(obj::globals::UNWIND_MODE, &(unwind.mode as u32), true)
-        .map_max_entries(obj::unwind::ROWS_MAP, unwind.row_elems)
+        .map_max_entries(obj::unwind::ROWS_MAP, unwind.row_elems.div_ceil(obj::unwind::CHUNK_ELEMS))
         .map_max_entries(obj::unwind::PAGES_MAP, unwind.pages)
         .override_global(obj::globals::MAX_STACK_DEPTH, &depth, true)
         .override_global(obj::globals::EXCLUDE_IDLE, &exclude_idle, true)
@@ -300,12 +300,11 @@ fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps
     let mut take =
         |name: &str| ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")));
     let rows = match take(obj::unwind::ROWS_MAP)? {
-        aya::maps::Map::Array(data) => {
-            let elems = data.info().map_err(|e| other("unwind_rows", &e))?.max_entries();
-            super::unwind::kernel::RowArray::new(data, elems)
-                .map_err(|e| LoadError::Other(format!("unwind_rows: mapping it into memory: {e}")))?
+        aya::maps::Map::ArrayOfMaps(data) => {
+            let slots = data.info().map_err(|e| other("unwind_rows", &e))?.max_entries();
+            super::unwind::kernel::RowChunks::new(data, slots)
         }
-        _ => return Err(LoadError::Other("unwind_rows is not an array map".into())),
+        _ => return Err(LoadError::Other("unwind_rows is not an array of maps".into())),
     };
     let pages = BpfHashMap::try_from(take(obj::unwind::PAGES_MAP)?).map_err(|e| other("unwind_pages", &e))?;
     let rules = aya::maps::Array::try_from(take(obj::unwind::RULES_MAP)?).map_err(|e| other("unwind_rules", &e))?;

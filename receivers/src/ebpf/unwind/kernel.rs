@@ -3,40 +3,45 @@
 use super::store::Sink;
 use super::FileSink;
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData};
+use profcol_ebpf::unwind::CHUNK_ELEMS;
 use profcol_ebpf::unwind::{
     file_key, file_value, page_key, page_value, parse_file_key, FileSegment, KernelFile, Want, FILE_KEY_BYTES,
     FILE_VALUE_BYTES, WANT_BYTES,
 };
 use profcol_elf::unwind::Rule;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-/// `unwind_rows` (`BPF_F_MMAPABLE`), mapped into this process: a table's
-/// rows are copied in with plain stores. A table's page entries are
-/// written (by syscall) only after its rows, so the BPF program never
+/// `unwind_rows`: an array of maps whose chunks ([`CHUNK_ELEMS`] elements,
+/// `BPF_F_MMAPABLE`) are created when a table first needs them and dropped
+/// when the store frees their last table, each mapped into this process: a
+/// table's rows are copied in with plain stores. A table's page entries
+/// are written (by syscall) only after its rows, so the BPF program never
 /// finds a page whose rows are not there yet.
-pub struct RowArray {
-    ptr: std::ptr::NonNull<u64>,
-    elems: u32,
-    /// Keeps the map (and so the mapping's object) alive.
-    _map: MapData,
+pub struct RowChunks {
+    outer: MapData,
+    chunks: Vec<Option<Chunk>>,
 }
 
-// The mapping is owned by this value alone; the kernel side only reads it.
-unsafe impl Send for RowArray {}
+/// One inner array, mapped read-write.
+struct Chunk {
+    ptr: std::ptr::NonNull<u64>,
+    /// Keeps the inner map (and so the mapping's object) alive.
+    _fd: OwnedFd,
+}
 
-impl RowArray {
-    /// Maps `elems` elements of the array map `map` read-write.
-    pub fn new(map: MapData, elems: u32) -> std::io::Result<Self> {
-        use std::os::fd::{AsFd, AsRawFd};
-        let len = (elems as usize * 8).max(1);
-        // SAFETY: a fresh shared mapping of the map's fd; checked below.
+const CHUNK_BYTES: usize = CHUNK_ELEMS as usize * 8;
+
+impl Chunk {
+    fn new(index: usize) -> std::io::Result<Self> {
+        let fd = profcol_ebpf::sys::array_create_mmapable(&format!("unwind_rows{index}"), CHUNK_ELEMS)?;
+        // SAFETY: a fresh shared mapping of the new map's fd; checked below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                CHUNK_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
+                fd.as_raw_fd(),
                 0,
             )
         };
@@ -44,20 +49,49 @@ impl RowArray {
             return Err(std::io::Error::last_os_error());
         }
         let ptr = std::ptr::NonNull::new(ptr.cast::<u64>()).ok_or_else(|| std::io::Error::other("mmap gave NULL"))?;
-        Ok(RowArray { ptr, elems, _map: map })
+        Ok(Chunk { ptr, _fd: fd })
     }
 }
 
-impl Drop for RowArray {
+impl Drop for Chunk {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), (self.elems as usize * 8).max(1)) };
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), CHUNK_BYTES) };
+    }
+}
+
+// The mappings are owned by this value alone; the kernel side only reads them.
+unsafe impl Send for RowChunks {}
+
+impl RowChunks {
+    /// The outer array `map` of `slots` chunks, all empty.
+    pub fn new(outer: MapData, slots: u32) -> Self {
+        RowChunks { outer, chunks: (0..slots).map(|_| None).collect() }
+    }
+
+    /// Chunks the kernel holds now.
+    pub fn live(&self) -> usize {
+        self.chunks.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// Chunk `index`, created and put in the outer array if it is not yet.
+    fn chunk(&mut self, index: usize) -> Result<&Chunk, String> {
+        let slots = self.chunks.len();
+        let slot = self.chunks.get_mut(index).ok_or_else(|| format!("unwind_rows: chunk {index} of {slots}"))?;
+        if slot.is_none() {
+            let chunk = Chunk::new(index).map_err(|e| format!("unwind_rows: creating chunk {index}: {e}"))?;
+            let fd = chunk._fd.as_raw_fd() as u32;
+            profcol_ebpf::sys::map_update(self.outer.fd().as_fd(), &(index as u32), &fd)
+                .map_err(|e| format!("unwind_rows: inserting chunk {index}: {e}"))?;
+            *slot = Some(chunk);
+        }
+        Ok(slot.as_ref().expect("just filled"))
     }
 }
 
 /// The unwinder's maps, taken from the loaded object.
 pub struct KernelMaps {
-    pub rows: RowArray,
+    pub rows: RowChunks,
     pub pages: BpfHashMap<MapData, [u8; 8], [u8; 8]>,
     pub rules: Array<MapData, [u8; 8]>,
     pub files: BpfHashMap<MapData, [u8; FILE_KEY_BYTES], [u8; FILE_VALUE_BYTES]>,
@@ -66,14 +100,25 @@ pub struct KernelMaps {
 
 impl Sink for KernelMaps {
     fn write_rows(&mut self, at: u32, elems: &[u64]) -> Result<(), String> {
-        let end = (at as usize).checked_add(elems.len()).filter(|&e| e <= self.rows.elems as usize);
-        if end.is_none() {
-            return Err(format!("unwind_rows: {} elements at {at} exceed its {}", elems.len(), self.rows.elems));
+        let (index, offset) = ((at / CHUNK_ELEMS) as usize, (at % CHUNK_ELEMS) as usize);
+        if offset + elems.len() > CHUNK_ELEMS as usize {
+            return Err(format!("unwind_rows: {} elements at {at} straddle a chunk", elems.len()));
         }
+        let chunk = self.rows.chunk(index)?;
         // SAFETY: in bounds (checked above) of the live mapping, which
         // nothing in this process aliases.
-        unsafe { std::ptr::copy_nonoverlapping(elems.as_ptr(), self.rows.ptr.as_ptr().add(at as usize), elems.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(elems.as_ptr(), chunk.ptr.as_ptr().add(offset), elems.len()) };
         Ok(())
+    }
+
+    fn release_chunk(&mut self, index: u32) {
+        // The outer slot first: a program that looked the chunk up before
+        // keeps it alive until it returns (the kernel frees inner maps
+        // after an RCU grace period); its pages are gone already.
+        let _ = profcol_ebpf::sys::map_delete(self.rows.outer.fd().as_fd(), &index);
+        if let Some(slot) = self.rows.chunks.get_mut(index as usize) {
+            *slot = None;
+        }
     }
 
     fn set_page(&mut self, table: u32, page: u32, first: u32, count: u32) -> Result<(), String> {
