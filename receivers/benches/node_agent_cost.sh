@@ -135,6 +135,13 @@ for run in $(seq "$RUNS"); do
 				run, t, s, a / 1e6, e, b / 1e6, slope, start, rss, hwm
 			printf "%d %s %f %f %d %d\n", run, t, slope, start, rss, hwm >> "'"$RESULTS"'"
 		}'
+		# What of that RSS is BPF maps mapped into the process: writable
+		# (the unwinder's row chunks) and read-only (the ring buffers).
+		[ "$t" = perf ] || awk -v run="$run" -v t="$t" '
+			/^[0-9a-f]+-[0-9a-f]+ / { m = ($6 == "anon_inode:bpf-map") ? $2 : "" }
+			/^Rss:/ && m != "" { kb[m] += $2; if ($2 > 0) n[m]++ }
+			END { printf "MAPS %d %-6s bpf maps rw %6d KiB (%d mappings)  ro %6d KiB\n", run, t, kb["rw-s"], n["rw-s"], kb["r--s"] }' \
+			"/proc/${PID[$t]}/smaps"
 	done
 	kill -INT "${PID[perf]}"
 	kill -TERM "${PID[node]}" "${PID[debug]}" ${PID[before]:-}
