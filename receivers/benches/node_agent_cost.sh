@@ -4,6 +4,7 @@
 #
 #   sudo receivers/benches/node_agent_cost.sh              # 3 runs of 60 s
 #   RUNS=1 sudo receivers/benches/node_agent_cost.sh       # one run
+#   PROFCOL_BIN=path/to/profcol sudo -E receivers/benches/node_agent_cost.sh   # a given build
 #
 # Each run starts, at once and over one load (two busy CPUs: a shell loop
 # and `dd if=/dev/zero of=/dev/null`):
@@ -46,8 +47,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --release -q -p profcol --bin profcol
-BIN=${CARGO_TARGET_DIR:-target}/release/profcol
+# PROFCOL_BIN=path: that binary instead of this checkout's release build.
+if [ -z "${PROFCOL_BIN:-}" ]; then
+	cargo build --release -q -p profcol --bin profcol
+fi
+BIN=${PROFCOL_BIN:-${CARGO_TARGET_DIR:-target}/release/profcol}
 BEFORE_BIN=${BEFORE_BIN:-}
 TOOLS="node debug perf"
 [ -n "$BEFORE_BIN" ] && TOOLS="node before debug perf"
