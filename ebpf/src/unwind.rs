@@ -161,6 +161,8 @@ pub fn page_value(first: u32, count: u32) -> [u8; 8] {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn the_chunk_size_is_the_bpf_programs() {
         let header = include_str!("../bpf/unwind.h");
@@ -174,8 +176,6 @@ mod tests {
         // A full page of code (65536 rows, two per element) fits one chunk.
         const { assert!(CHUNK_ELEMS * 2 >= 1 << 16) };
     }
-
-    use super::*;
 
     #[test]
     fn file_layouts() {

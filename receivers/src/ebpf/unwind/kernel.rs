@@ -3,10 +3,9 @@
 use super::store::Sink;
 use super::FileSink;
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData};
-use profcol_ebpf::unwind::CHUNK_ELEMS;
 use profcol_ebpf::unwind::{
-    file_key, file_value, page_key, page_value, parse_file_key, FileSegment, KernelFile, Want, FILE_KEY_BYTES,
-    FILE_VALUE_BYTES, WANT_BYTES,
+    file_key, file_value, page_key, page_value, parse_file_key, FileSegment, KernelFile, Want, CHUNK_ELEMS,
+    FILE_KEY_BYTES, FILE_VALUE_BYTES, WANT_BYTES,
 };
 use profcol_elf::unwind::Rule;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -67,11 +66,6 @@ impl RowChunks {
     /// The outer array `map` of `slots` chunks, all empty.
     pub fn new(outer: MapData, slots: u32) -> Self {
         RowChunks { outer, chunks: (0..slots).map(|_| None).collect() }
-    }
-
-    /// Chunks the kernel holds now.
-    pub fn live(&self) -> usize {
-        self.chunks.iter().filter(|c| c.is_some()).count()
     }
 
     /// Chunk `index`, created and put in the outer array if it is not yet.
