@@ -5,6 +5,7 @@
 
 mod user_symbols_common;
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,14 @@ async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {
         &registry.component(Kind::Processor, &cid),
     );
     p.start().await.unwrap();
+    // Holds the one loader thread: opening a FIFO for reading blocks until
+    // a writer opens it, so the table below stays queued behind it however
+    // fast this machine loads it (max_wait 0 must not name it).
+    let fifo = dir.path().join("held");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let held = batch(&fifo, "00aa00aa", &[leaf], &elf);
+    let _ = p.symbolize(held).await;
     // max_wait 0: the first batch does not wait for the load.
     let t = Instant::now();
     let first = p.process(input.clone()).await.unwrap().forwarded().unwrap();
@@ -58,7 +67,14 @@ async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {
         "2 frames × 2 observations pending:\n{metrics}"
     );
 
+    // Let the loader go: the FIFO gives it end of file, not an ELF. (A
+    // writer's non-blocking open fails until the loader holds the reading
+    // end, so a loader that never opened it fails here instead of hanging.)
     let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo) {
+        assert!(Instant::now() < deadline, "the loader never opened the FIFO: {e}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     while !matches!(p.table_cache().peek(&id), Some(State::Ready(_))) {
         assert!(Instant::now() < deadline, "table never loaded");
         tokio::time::sleep(Duration::from_millis(10)).await;
