@@ -598,6 +598,39 @@ fn the_leaf_is_looked_up_exactly() {
     assert_eq!(frames(&out)[0].0, "lm_export");
 }
 
+/// One raw location met as a leaf in one stack (its exact address: the
+/// function that starts there) and as a return address in another (address
+/// − 1: the function before it) gets both names, each in its own stack. (A
+/// batch whose locations each have one name is named where they stand;
+/// this one cannot be.)
+#[test]
+fn a_location_that_is_a_leaf_here_and_a_return_address_there_gets_both_names() {
+    let s = open();
+    let t = now_ns();
+    let mut batch = kernel_batch(&[0xffffffffc0a00100], t);
+    batch.merge(kernel_batch(&[0xffffffff81000115, 0xffffffffc0a00100], t));
+    assert_eq!(raw_kernel_locations(&batch).len(), 2, "the two stacks share the raw location");
+    let (out, outcome) = symbolize(batch, &s.generations().load());
+    out.validate().expect("valid");
+    let d = out.dictionary().unwrap();
+    let names: Vec<Vec<String>> = out
+        .profiles()
+        .map(|p| {
+            d.stack_table[p.samples[0].stack_index as usize]
+                .location_indices
+                .iter()
+                .map(|&l| {
+                    let ln = &d.location_table[l as usize].lines[0];
+                    str_at(&d.string_table, d.function_table[ln.function_index as usize].name_strindex).to_owned()
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(names, [vec!["lm_export"], vec!["vfs_read", "lm_helper"]]);
+    assert_eq!((outcome.kernel_frames, outcome.resolved), (3, 3));
+    assert!(raw_kernel_locations(&out).is_empty());
+}
+
 #[test]
 fn samples_use_the_generation_of_their_timestamp() {
     let s = open();

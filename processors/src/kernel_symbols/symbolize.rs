@@ -83,7 +83,7 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
         return (batch, out);
     }
     let strings = &dict.string_table;
-    let shape: Vec<(usize, usize, usize, u64, bool)> = batch
+    let shape: Vec<Shape> = batch
         .0
         .resource_profiles
         .iter()
@@ -97,8 +97,17 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
             })
         })
         .collect();
+    let single = one_symbol_epoch(&batch, &shape, gens);
     let mut b = ProfilesBuilder::from_profiles(batch);
     let mut ctx = Ctx::new(&mut b);
+    if let Some(g) = single {
+        if let Some(out) = ctx.in_place(&shape, g, &kernel_locs) {
+            let mut batch = b.build();
+            // The receiver's bare kernel mapping is an orphan now.
+            batch.compact();
+            return (batch, out);
+        }
+    }
     // (stack, generation, BPF epoch) -> new stack and its frames' outcome.
     let mut stacks: FxHashMap<(i32, u64, u32), (i32, Outcome)> = FxHashMap::default();
     let mut rewritten = false;
@@ -134,6 +143,34 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
         batch.compact();
     }
     (batch, out)
+}
+
+/// A profile of the batch: where it is, its start, whether it counts events.
+type Shape = (usize, usize, usize, u64, bool);
+
+fn samples<'a>(profiles: &'a [pb::ResourceProfiles], &(r, s, p, ..): &Shape) -> &'a [pb::Sample] {
+    &profiles[r].scope_profiles[s].profiles[p].samples
+}
+
+/// The generation whose symbols every sample of the batch sees, if they all
+/// see the same generation and BPF epoch (a report seldom spans a change).
+fn one_symbol_epoch<'g>(batch: &Profiles, shape: &[Shape], gens: &'g [Arc<Generation>]) -> Option<&'g Generation> {
+    let mut seen: Option<(&Generation, u32)> = None;
+    for sh in shape {
+        for s in samples(&batch.0.resource_profiles, sh) {
+            let first = s.timestamps_unix_nano.first().copied().unwrap_or(sh.3);
+            for &ts in s.timestamps_unix_nano.iter().chain(s.timestamps_unix_nano.is_empty().then_some(&first)) {
+                let g = Generations::at(gens, ts);
+                let key = (&**g, g.snapshot.bpf.epoch(ts));
+                match seen {
+                    None => seen = Some(key),
+                    Some((sg, se)) if sg.id == g.id && se == key.1 => {}
+                    Some(_) => return None,
+                }
+            }
+        }
+    }
+    seen.map(|(g, _)| g)
 }
 
 /// Which symbols a sample taken at `ts` sees: its generation and BPF epoch.
@@ -261,6 +298,83 @@ impl<'b> Ctx<'b> {
         }
     }
 
+    /// Names the batch's kernel locations where they stand, when all its
+    /// samples see one generation and BPF epoch (`g`'s): no stack is
+    /// rewritten or re-interned, and no location or stack is hashed. `None`
+    /// (nothing changed but names added) when a location would be named
+    /// two ways (as a leaf and as a return address that land in different
+    /// functions); the caller then rewrites stacks.
+    fn in_place(&mut self, shape: &[Shape], g: &Generation, kernel: &FxHashSet<i32>) -> Option<Outcome> {
+        let d = self.b.dictionary();
+        let (n_locs, n_stacks) = (d.location_table.len(), d.stack_table.len());
+        // Per location, per [inexact, exact] lookup: 1 + its index in `named`.
+        let mut slot: Vec<[u32; 2]> = vec![[0; 2]; n_locs];
+        let mut named: Vec<(Option<pb::Location>, Kind, Class)> = Vec::new();
+        let mut stack_out: Vec<Option<Outcome>> = vec![None; n_stacks];
+        let mut frames: Vec<i32> = Vec::new();
+        let mut out = Outcome::default();
+        for sh in shape {
+            let n = samples(self.b.resources(), sh).len();
+            for i in 0..n {
+                let s = &samples(self.b.resources(), sh)[i];
+                let Some(k) = usize::try_from(s.stack_index).ok().filter(|&k| k < n_stacks) else { continue };
+                if stack_out[k].is_some() {
+                    continue;
+                }
+                let ts = s.timestamps_unix_nano.first().copied().unwrap_or(sh.3);
+                frames.clear();
+                frames.extend_from_slice(&self.b.dictionary().stack_table[k].location_indices);
+                let mut o = Outcome::default();
+                let mut exact = true;
+                for (pos, &l) in frames.iter().enumerate() {
+                    if !kernel.contains(&l) {
+                        exact = false;
+                        continue;
+                    }
+                    o.kernel_frames += 1;
+                    let cell = &mut slot[l as usize][usize::from(exact)];
+                    if *cell == 0 {
+                        let hit = self
+                            .name(l, g, ts, exact)
+                            .map_or((None, Kind::Unresolved, Class::Plain), |(n, k, c)| (Some(n), k, c));
+                        named.push(hit);
+                        *cell = named.len() as u32;
+                    }
+                    let (_, kind, class) = &named[*cell as usize - 1];
+                    exact = *class == Class::Entry || (pos == 0 && *class == Class::Thunk);
+                    match kind {
+                        Kind::Resolved => o.resolved += 1,
+                        Kind::ModuleOnly => o.module_only += 1,
+                        Kind::Unresolved => o.unresolved += 1,
+                    }
+                }
+                stack_out[k] = Some(o);
+            }
+        }
+        // One name per location, or the stacks must be rewritten.
+        if slot.iter().any(|&[a, b]| a != 0 && b != 0 && named[a as usize - 1].0 != named[b as usize - 1].0) {
+            return None;
+        }
+        for (l, &[a, b]) in slot.iter().enumerate() {
+            let at = a.max(b);
+            if at == 0 {
+                continue;
+            }
+            if let Some(loc) = named[at as usize - 1].0.take() {
+                self.b.set_location(l as i32, loc);
+            }
+        }
+        for sh in shape {
+            for s in samples(self.b.resources(), sh) {
+                let k = usize::try_from(s.stack_index).ok();
+                if let Some(o) = k.and_then(|k| stack_out.get(k)).copied().flatten() {
+                    out.add(&o, observations(s, sh.4));
+                }
+            }
+        }
+        Some(out)
+    }
+
     fn stack(&mut self, stack: i32, g: &Generation, ts: u64, epoch: u32, kernel: &FxHashSet<i32>) -> (i32, Outcome) {
         let mut out = Outcome::default();
         let Some(st) = usize::try_from(stack).ok().and_then(|i| self.b.dictionary().stack_table.get(i)) else {
@@ -305,9 +419,16 @@ impl<'b> Ctx<'b> {
     }
 
     fn location(&mut self, loc: i32, g: &Generation, ts: u64, exact: bool) -> (i32, Kind, Class) {
-        let Some(addr) = self.b.dictionary().location_table.get(loc as usize).map(|l| l.address) else {
-            return (loc, Kind::Unresolved, Class::Plain);
-        };
+        match self.name(loc, g, ts, exact) {
+            Some((named, kind, class)) => (self.b.location(named), kind, class),
+            None => (loc, Kind::Unresolved, Class::Plain),
+        }
+    }
+
+    /// Location `loc` named with `g`'s symbols at `ts` (not interned);
+    /// `None` when its address names nothing.
+    fn name(&mut self, loc: i32, g: &Generation, ts: u64, exact: bool) -> Option<(pb::Location, Kind, Class)> {
+        let addr = self.b.dictionary().location_table.get(usize::try_from(loc).ok()?)?.address;
         let snap = &g.snapshot;
         let lookup = if exact || snap.padded_start(addr) { addr } else { addr.saturating_sub(1) };
         let mut class = Class::Plain;
@@ -364,16 +485,16 @@ impl<'b> Ctx<'b> {
                 let (file, no) = line.map_or(("", 0), |l| (&*l.file, i64::from(l.line)));
                 (m, addr, Some(self.func_line(name, &func.name, file, no)))
             }
-            None => return (loc, Kind::Unresolved, Class::Plain),
+            None => return None,
         };
         let kind = if line.is_some() { Kind::Resolved } else { Kind::ModuleOnly };
-        let n = self.b.location(pb::Location {
+        let named = pb::Location {
             mapping_index: mapping,
             address,
             lines: line.into_iter().collect(),
             attribute_indices: vec![self.frame_attr],
-        });
-        (n, kind, class)
+        };
+        Some((named, kind, class))
     }
 
     fn mapping(&mut self, file: &str, start: u64, limit: u64, build_id: Option<&[u8]>) -> i32 {

@@ -158,6 +158,11 @@ pub struct ProfilesBuilder {
     locations: HashIndex,
     /// Stacks by the hash of their location indices (the table holds the keys).
     stacks: HashIndex,
+    /// Locations and stacks are indexed on first use: a processor that only
+    /// adds names and rewrites locations in place (kernel_symbols) never
+    /// pays for hashing the batch's thousands of them.
+    locations_indexed: bool,
+    stacks_indexed: bool,
     links: FxHashMap<(Vec<u8>, Vec<u8>), i32>,
 }
 
@@ -199,6 +204,8 @@ impl ProfilesBuilder {
             functions: FxHashMap::default(),
             locations: HashIndex::default(),
             stacks: HashIndex::default(),
+            locations_indexed: false,
+            stacks_indexed: false,
             links: FxHashMap::default(),
         }
     }
@@ -257,11 +264,28 @@ impl ProfilesBuilder {
         for (i, f) in self.dict.function_table.iter().enumerate() {
             self.functions.entry(function_key(f)).or_insert(idx(i));
         }
+        for (i, l) in self.dict.link_table.iter().enumerate() {
+            self.links.entry((l.trace_id.clone(), l.span_id.clone())).or_insert(idx(i));
+        }
+    }
+
+    fn index_locations(&mut self) {
+        if self.locations_indexed {
+            return;
+        }
+        self.locations = HashIndex::default();
         for (i, l) in self.dict.location_table.iter().enumerate() {
             let h = hash_location(l);
             if self.locations.find(h, |j| self.dict.location_table[j as usize] == *l).is_none() {
                 self.locations.insert(h, idx(i));
             }
+        }
+        self.locations_indexed = true;
+    }
+
+    fn index_stacks(&mut self) {
+        if self.stacks_indexed {
+            return;
         }
         for (i, s) in self.dict.stack_table.iter().enumerate() {
             let h = hash_stack(&s.location_indices);
@@ -270,9 +294,7 @@ impl ProfilesBuilder {
                 self.stacks.insert(h, idx(i));
             }
         }
-        for (i, l) in self.dict.link_table.iter().enumerate() {
-            self.links.entry((l.trace_id.clone(), l.span_id.clone())).or_insert(idx(i));
-        }
+        self.stacks_indexed = true;
     }
 
     /// The dictionary built so far (read-only: use the interning methods to add).
@@ -363,6 +385,7 @@ impl ProfilesBuilder {
 
     /// Interns a location whose indices refer to this builder's tables.
     pub fn location(&mut self, l: pb::Location) -> i32 {
+        self.index_locations();
         let h = hash_location(&l);
         let table = &self.dict.location_table;
         if let Some(i) = self.locations.find(h, |j| table[j as usize] == l) {
@@ -372,6 +395,16 @@ impl ProfilesBuilder {
         self.dict.location_table.push(l);
         self.locations.insert(h, i);
         i
+    }
+
+    /// Replaces location `i` in place (its indices refer to this builder's
+    /// tables): every stack holding it now holds the new one. Two locations
+    /// may end up equal; both stay (valid, if not minimal).
+    pub fn set_location(&mut self, i: i32, l: pb::Location) {
+        if let Some(slot) = usize::try_from(i).ok().and_then(|i| self.dict.location_table.get_mut(i)) {
+            *slot = l;
+            self.locations_indexed = false;
+        }
     }
 
     /// Interns a location with one line in `function` and nothing else (no
@@ -385,6 +418,7 @@ impl ProfilesBuilder {
 
     /// Interns a stack (location indices, leaf first).
     pub fn stack(&mut self, locations: &[i32]) -> i32 {
+        self.index_stacks();
         let h = hash_stack(locations);
         let table = &self.dict.stack_table;
         if let Some(i) = self.stacks.find(h, |j| table[j as usize].location_indices == locations) {
@@ -447,6 +481,11 @@ impl ProfilesBuilder {
             ..Default::default()
         });
         ProfileRef { resource, scope: 0, profile: scope.profiles.len() - 1 }
+    }
+
+    /// The resources added so far (or taken over by [`Self::from_profiles`]).
+    pub fn resources(&self) -> &[pb::ResourceProfiles] {
+        &self.resources
     }
 
     /// Mutable access to a profile added with [`Self::profile`].
