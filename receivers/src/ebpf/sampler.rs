@@ -433,6 +433,7 @@ fn run(
     let drain_every = drain_period(&config);
     let mut fds = Vec::new();
     let mut next_cpu_check = Instant::now() + CPU_CHECK_PERIOD;
+    let mut online = OnlineCpus::default();
     // Exec/exit events: read on PROC_EVENT_PERIOD while they keep coming;
     // after a read that found none, the next event wakes the thread.
     let mut last_proc_read = Instant::now();
@@ -494,7 +495,7 @@ fn run(
             u.poll(now, &mut att);
         }
         if !stopping && now >= next_cpu_check {
-            let revived = check_cpus(&mut loaded, &s.counters, now);
+            let revived = check_cpus(&mut loaded, &mut online, &s.counters, now);
             if let Some(m) = s.mappings.as_mut() {
                 s.mapping_gap |= m.sync(&loaded.cpus(), &revived);
             }
@@ -524,11 +525,11 @@ fn run(
 
 /// Follows CPU hotplug: re-reads the online CPUs and re-syncs perf events.
 /// Returns the CPUs whose events died unseen (offline and back).
-fn check_cpus(loaded: &mut Loaded, counters: &Counters, now: Instant) -> Vec<u32> {
-    let online = match aya::util::online_cpus() {
+fn check_cpus(loaded: &mut Loaded, cpus: &mut OnlineCpus, counters: &Counters, now: Instant) -> Vec<u32> {
+    let online = match cpus.read() {
         Ok(o) => o,
-        Err((path, e)) => {
-            tracing::debug!(error = %e, "ebpf receiver: cannot read {path}; CPU set not re-checked");
+        Err(e) => {
+            tracing::debug!(error = %e, "ebpf receiver: cannot read {ONLINE_CPUS}; CPU set not re-checked");
             return Vec::new();
         }
     };
@@ -570,6 +571,54 @@ fn record_cpu_sync(counters: &Counters, loaded: &Loaded, sync: &CpuSync) {
             tracing::debug!(cpu = f.cpu, "ebpf receiver: CPU still not sampled: {}", f.message);
         }
     }
+}
+
+const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
+
+/// The online CPU list, its file kept open: a re-read every
+/// [`CPU_CHECK_PERIOD`] is one `pread` at offset 0 (sysfs makes the text
+/// anew), not a path walk, an open and a close (a few percent of an idle
+/// node agent's CPU when it was done by path).
+#[derive(Default)]
+struct OnlineCpus {
+    file: Option<std::fs::File>,
+}
+
+impl OnlineCpus {
+    fn read(&mut self) -> std::io::Result<Vec<u32>> {
+        use std::os::unix::fs::FileExt;
+        let file = match &mut self.file {
+            Some(f) => f,
+            None => self.file.insert(std::fs::File::open(ONLINE_CPUS)?),
+        };
+        let mut buf = [0u8; 4096];
+        let n = file.read_at(&mut buf, 0).inspect_err(|_| self.file = None)?;
+        std::str::from_utf8(&buf[..n]).ok().and_then(parse_cpu_list).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not a CPU list: {:?}", String::from_utf8_lossy(&buf[..n])),
+            )
+        })
+    }
+}
+
+/// The CPUs of a `0-3,6` style list (sysfs' format, a newline after it).
+pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b): (u32, u32) = match part.split_once('-') {
+            Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+            None => {
+                let a = part.parse().ok()?;
+                (a, a)
+            }
+        };
+        if b < a || b - a > 1 << 16 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    Some(out)
 }
 
 /// `0-3,6` style list of ascending CPU numbers (`-` when empty).
@@ -922,12 +971,32 @@ impl Sampler {
 
 #[cfg(test)]
 mod tests {
-    use super::cpu_list;
+    use super::{cpu_list, parse_cpu_list, OnlineCpus};
 
     #[test]
     fn cpu_lists_are_ranges() {
         assert_eq!(cpu_list(&[]), "-");
         assert_eq!(cpu_list(&[1]), "1");
         assert_eq!(cpu_list(&[0, 1, 2, 3, 5, 7, 8]), "0-3,5,7-8");
+    }
+
+    #[test]
+    fn cpu_lists_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cpu_list("0-3,5,7-8\n"), Some(vec![0, 1, 2, 3, 5, 7, 8]));
+        assert_eq!(parse_cpu_list("0\n"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("\n"), Some(vec![]));
+        for bad in ["3-1", "x", "0-", "1,,a", "0-4294967295"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad}");
+        }
+    }
+
+    /// The file kept open reads the same list as aya's fresh open, and a
+    /// second read (at offset 0 again) as well.
+    #[test]
+    fn online_cpus_read_twice_from_one_open_file() {
+        let fresh = aya::util::online_cpus().expect("online CPUs");
+        let mut kept = OnlineCpus::default();
+        assert_eq!(kept.read().unwrap(), fresh);
+        assert_eq!(kept.read().unwrap(), fresh);
     }
 }
