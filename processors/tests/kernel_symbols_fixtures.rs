@@ -838,12 +838,17 @@ async fn processor_counts_frames_and_store_work_in_metrics() {
     assert_eq!(series("kallsyms_reads_total"), Some(1), "{m}");
     assert_eq!(series("generations"), Some(1), "{m}");
     assert_eq!(series("bpf_rescans_total"), Some(0), "{m}");
-    // Store work shows up with no batch passing.
-    p.store().unwrap().rescan_bpf();
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    // Store work shows up with no batch passing, at the next collection
+    // (no timer of the processor's own copies it).
+    let store = p.store().unwrap().clone();
+    store.rescan_bpf();
     let m = registry.render();
     assert_eq!(series_in(&m, "bpf_rescans_total"), Some(1), "{m}");
+    // Shut down, the processor stops copying (and lets the store go).
     p.shutdown().await.unwrap();
+    store.rescan_bpf();
+    let m = registry.render();
+    assert_eq!(series_in(&m, "bpf_rescans_total"), Some(1), "{m}");
 }
 
 #[tokio::test]

@@ -12,6 +12,11 @@
 //! registry. Durations are synchronous OTel histograms (recorded per export,
 //! not per sample).
 //!
+//! A component whose numbers live elsewhere (a store's own atomics) copies
+//! them into its series in a hook run when a reader collects
+//! ([`Telemetry::on_collect`]), not on a timer of its own: an idle agent
+//! wakes for nothing.
+//!
 //! Series are registered by (name, labels); registering the same pair again
 //! (a component rebuilt by a reload) returns the same cell, so counts survive
 //! reloads. The cells exist at every [`Level`]; a series whose level is above
@@ -155,6 +160,34 @@ struct Inner {
     /// `None` at [`Level::None`]: no provider, no reader, nothing registered.
     sdk: Option<Sdk>,
     families: Mutex<BTreeMap<String, Family>>,
+    hooks: Arc<Hooks>,
+}
+
+/// What runs before a family's callback reads its cells: (id, hook).
+type Hooks = Mutex<Vec<(u64, Arc<dyn Fn() + Send + Sync>)>>;
+
+/// Runs every hook (outside the lock: a hook may take a while, or collect).
+fn run_hooks(hooks: &Hooks) {
+    let now: Vec<Arc<dyn Fn() + Send + Sync>> =
+        hooks.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|h| h.1.clone()).collect();
+    for h in now {
+        h();
+    }
+}
+
+/// A hook registered by [`Telemetry::on_collect`]; dropping it removes it.
+#[must_use = "the hook is removed when this is dropped"]
+pub struct CollectHook {
+    hooks: std::sync::Weak<Hooks>,
+    id: u64,
+}
+
+impl Drop for CollectHook {
+    fn drop(&mut self) {
+        if let Some(h) = self.hooks.upgrade() {
+            h.lock().unwrap_or_else(|p| p.into_inner()).retain(|e| e.0 != self.id);
+        }
+    }
 }
 
 struct Sdk {
@@ -219,7 +252,14 @@ impl TelemetryBuilder {
             let meter = provider.meter("profcol");
             Sdk { provider, meter, prometheus }
         });
-        Telemetry { inner: Arc::new(Inner { level: self.level, sdk, families: Mutex::new(BTreeMap::new()) }) }
+        Telemetry {
+            inner: Arc::new(Inner {
+                level: self.level,
+                sdk,
+                families: Mutex::new(BTreeMap::new()),
+                hooks: Arc::default(),
+            }),
+        }
     }
 }
 
@@ -257,6 +297,18 @@ impl Telemetry {
                 tracing::debug!(error = %e, "metrics flush failed");
             }
         }
+    }
+
+    /// Runs `hook` whenever a reader collects, before any series is read
+    /// (so series it sets are current in that collection), until the
+    /// returned guard is dropped. It runs once per family read, so it must
+    /// be cheap and idempotent (copy a few atomics), and must not register
+    /// series or hooks.
+    pub fn on_collect(&self, hook: impl Fn() + Send + Sync + 'static) -> CollectHook {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.inner.hooks.lock().unwrap_or_else(|p| p.into_inner()).push((id, Arc::new(hook)));
+        CollectHook { hooks: Arc::downgrade(&self.inner.hooks), id }
     }
 
     /// Flushes and stops the readers (at process exit).
@@ -314,11 +366,12 @@ impl Telemetry {
                 if let Some(meter) = meter {
                     // OTel counters carry no `_total`; the Prometheus exit adds it back.
                     let otel_name = name.strip_suffix("_total").unwrap_or(name).to_owned();
-                    let s = series.clone();
+                    let (s, hooks) = (series.clone(), self.inner.hooks.clone());
                     meter
                         .u64_observable_counter(otel_name)
                         .with_description(help)
                         .with_callback(move |obs| {
+                            run_hooks(&hooks);
                             for (attrs, c) in s.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                                 obs.observe(c.get(), attrs);
                             }
@@ -330,11 +383,12 @@ impl Telemetry {
             CellKind::Gauge => {
                 let series: Series<Gauge> = Arc::default();
                 if let Some(meter) = meter {
-                    let s = series.clone();
+                    let (s, hooks) = (series.clone(), self.inner.hooks.clone());
                     meter
                         .i64_observable_gauge(name.to_owned())
                         .with_description(help)
                         .with_callback(move |obs| {
+                            run_hooks(&hooks);
                             for (attrs, g) in s.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                                 obs.observe(g.get(), attrs);
                             }
@@ -567,6 +621,27 @@ impl ComponentTelemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hook sets its series as each collection reads them, and stops
+    /// when its guard is dropped.
+    #[test]
+    fn collect_hooks_run_when_a_reader_collects_until_dropped() {
+        let t = Telemetry::new();
+        let id: ComponentId = "kernel_symbols".parse().unwrap();
+        let g = t.component(Kind::Processor, &id).gauge("hooked", "set at collection");
+        let source = Arc::new(AtomicI64::new(5));
+        let hook = t.on_collect({
+            let (g, source) = (g.clone(), source.clone());
+            move || g.set(source.load(Ordering::Relaxed))
+        });
+        assert_eq!(g.get(), 0, "nothing ran before a collection");
+        assert!(t.render().contains("profcol_processor_hooked{processor=\"kernel_symbols\"} 5"), "{}", t.render());
+        source.store(9, Ordering::Relaxed);
+        assert!(t.render().contains("profcol_processor_hooked{processor=\"kernel_symbols\"} 9"));
+        drop(hook);
+        source.store(11, Ordering::Relaxed);
+        assert!(t.render().contains("profcol_processor_hooked{processor=\"kernel_symbols\"} 9"), "dropped: not run");
+    }
 
     #[test]
     fn same_component_shares_cells_and_renders() {

@@ -3,11 +3,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use profcol_api::component::{ComponentError, ProcessError, ProcessOutcome, Processor};
-use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use profcol_api::telemetry::{CollectHook, ComponentTelemetry, Counter, Gauge, Telemetry};
 use profcol_api::Profiles;
 use tokio::task::JoinHandle;
 
@@ -21,17 +20,17 @@ pub struct KernelSymbols {
     store: OnceLock<Arc<Store>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     metrics: Option<Arc<Metrics>>,
+    /// Mirrors the store into `metrics` when a reader collects.
+    mirror: Mutex<Option<CollectHook>>,
 }
 
-/// How often the store's counters and sizes are copied into /metrics.
-const MIRROR_PERIOD: Duration = Duration::from_secs(1);
-
 /// The processor's series in /metrics: frames by outcome (added per batch),
-/// and the store's own counters and sizes, mirrored every [`MIRROR_PERIOD`]
-/// by a task of their own, so they move with no batch passing (the store
-/// counts with plain atomics, read by tests and `profcol kernel-symbols
-/// stats` too).
+/// and the store's own counters and sizes, copied in whenever a reader
+/// collects, so they move with no batch passing and no timer wakes the
+/// agent for them (the store counts with plain atomics, read by tests and
+/// `profcol kernel-symbols stats` too).
 struct Metrics {
+    registry: Telemetry,
     resolved: Counter,
     module_only: Counter,
     unresolved: Counter,
@@ -48,6 +47,7 @@ impl Metrics {
     fn new(t: &ComponentTelemetry) -> Self {
         let c = |name: &str, help: &str| t.counter(&format!("kernel_symbols_{name}"), help);
         Metrics {
+            registry: t.registry().clone(),
             resolved: c("frames_resolved_total", "Kernel frames named"),
             module_only: c("frames_module_only_total", "Kernel frames placed in a module whose names are not read yet"),
             unresolved: c("frames_unresolved_total", "Kernel frames no live symbol covered"),
@@ -120,7 +120,13 @@ impl Metrics {
 impl KernelSymbols {
     /// Without series in /metrics (tests, tools).
     pub fn new(cfg: Config) -> Self {
-        KernelSymbols { cfg, store: OnceLock::new(), tasks: Mutex::new(Vec::new()), metrics: None }
+        KernelSymbols {
+            cfg,
+            store: OnceLock::new(),
+            tasks: Mutex::new(Vec::new()),
+            metrics: None,
+            mirror: Mutex::new(None),
+        }
     }
 
     /// With its series in the host's /metrics.
@@ -160,15 +166,9 @@ impl Processor for KernelSymbols {
         drop(tx);
         tasks.push(reload::spawn(store.clone(), self.cfg.reload.clone(), rx));
         if let Some(m) = &self.metrics {
-            m.mirror(&store);
-            let (m, store) = (m.clone(), store.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(MIRROR_PERIOD);
-                loop {
-                    tick.tick().await;
-                    m.mirror(&store);
-                }
-            }));
+            let (hooked, store) = (m.clone(), store.clone());
+            let hook = m.registry.on_collect(move || hooked.mirror(&store));
+            *self.mirror.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
         }
         let _ = self.store.set(store);
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).extend(tasks);
@@ -199,6 +199,8 @@ impl Processor for KernelSymbols {
         for t in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             t.abort();
         }
+        // The hook holds the store: it goes with the processor.
+        self.mirror.lock().unwrap_or_else(|p| p.into_inner()).take();
         Ok(())
     }
 }
