@@ -74,6 +74,26 @@ impl Builder {
         b
     }
 
+    /// Room for a whole batch's entries at once: the maps of a report
+    /// otherwise grow (and rehash) a dozen times on the way.
+    fn sized_for(batch: &Profiles) -> Self {
+        let mut b = Self::new();
+        if let Some(d) = batch.dictionary() {
+            let samples = batch.sample_messages();
+            b.strings.reserve(d.string_table.len());
+            b.p.string_table.reserve(d.string_table.len());
+            b.functions.reserve(d.function_table.len());
+            b.p.function.reserve(d.function_table.len());
+            b.locations.reserve(d.location_table.len());
+            b.location_ids.reserve(d.location_table.len());
+            b.p.location.reserve(d.location_table.len());
+            b.stacks.reserve(d.stack_table.len());
+            b.merged.reserve(samples);
+            b.samples.reserve(samples);
+        }
+        b
+    }
+
     fn s(&mut self, v: &str) -> i64 {
         if let Some(&i) = self.strings.get(v) {
             return i;
@@ -270,9 +290,10 @@ pub fn to_pprof_with(
     let mut frames = 0usize;
     for s in batch.samples() {
         let g = bounded_group(&groups, group(&s));
-        // Not `or_default`: `new` puts string 0 in place and the time range at its start.
-        #[allow(clippy::unwrap_or_default)]
-        let b = groups.entry(g).or_insert_with(Builder::new);
+        // The first group gets room for the whole batch (with one group, the
+        // usual case, it needs that); others grow as they fill.
+        let first = groups.is_empty();
+        let b = groups.entry(g).or_insert_with(|| if first { Builder::sized_for(batch) } else { Builder::new() });
         let prof = s.profile;
         // Value columns first: a sample whose columns do not fit is left out (and counted).
         let (t, u) = s.sample_type();
