@@ -600,16 +600,17 @@ fn the_leaf_is_looked_up_exactly() {
 
 /// One raw location met as a leaf in one stack (its exact address: the
 /// function that starts there) and as a return address in another (address
-/// − 1: the function before it) gets both names, each in its own stack. (A
-/// batch whose locations each have one name is named where they stand;
-/// this one cannot be.)
+/// − 1: the function before it) gets both names, each in its own stack
+/// (named where it stands, the exact uses get a location of their own).
 #[test]
 fn a_location_that_is_a_leaf_here_and_a_return_address_there_gets_both_names() {
     let s = open();
     let t = now_ns();
     let mut batch = kernel_batch(&[0xffffffffc0a00100], t);
     batch.merge(kernel_batch(&[0xffffffff81000115, 0xffffffffc0a00100], t));
-    assert_eq!(raw_kernel_locations(&batch).len(), 2, "the two stacks share the raw location");
+    // And both ways in one stack.
+    batch.merge(kernel_batch(&[0xffffffffc0a00100, 0xffffffff81000115, 0xffffffffc0a00100], t));
+    assert_eq!(raw_kernel_locations(&batch).len(), 2, "the stacks share the raw location");
     let (out, outcome) = symbolize(batch, &s.generations().load());
     out.validate().expect("valid");
     let d = out.dictionary().unwrap();
@@ -626,8 +627,8 @@ fn a_location_that_is_a_leaf_here_and_a_return_address_there_gets_both_names() {
                 .collect()
         })
         .collect();
-    assert_eq!(names, [vec!["lm_export"], vec!["vfs_read", "lm_helper"]]);
-    assert_eq!((outcome.kernel_frames, outcome.resolved), (3, 3));
+    assert_eq!(names, [vec!["lm_export"], vec!["vfs_read", "lm_helper"], vec!["lm_export", "vfs_read", "lm_helper"]]);
+    assert_eq!((outcome.kernel_frames, outcome.resolved), (6, 6));
     assert!(raw_kernel_locations(&out).is_empty());
 }
 

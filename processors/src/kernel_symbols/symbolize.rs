@@ -101,12 +101,11 @@ pub fn symbolize(batch: Profiles, gens: &[Arc<Generation>]) -> (Profiles, Outcom
     let mut b = ProfilesBuilder::from_profiles(batch);
     let mut ctx = Ctx::new(&mut b);
     if let Some(g) = single {
-        if let Some(out) = ctx.in_place(&shape, g, &kernel_locs) {
-            let mut batch = b.build();
-            // The receiver's bare kernel mapping is an orphan now.
-            batch.compact();
-            return (batch, out);
-        }
+        let out = ctx.in_place(&shape, g, &kernel_locs);
+        let mut batch = b.build();
+        // The receiver's bare kernel mapping is an orphan now.
+        batch.compact();
+        return (batch, out);
     }
     // (stack, generation, BPF epoch) -> new stack and its frames' outcome.
     let mut stacks: FxHashMap<(i32, u64, u32), (i32, Outcome)> = FxHashMap::default();
@@ -299,12 +298,13 @@ impl<'b> Ctx<'b> {
     }
 
     /// Names the batch's kernel locations where they stand, when all its
-    /// samples see one generation and BPF epoch (`g`'s): no stack is
-    /// rewritten or re-interned, and no location or stack is hashed. `None`
-    /// (nothing changed but names added) when a location would be named
-    /// two ways (as a leaf and as a return address that land in different
-    /// functions); the caller then rewrites stacks.
-    fn in_place(&mut self, shape: &[Shape], g: &Generation, kernel: &FxHashSet<i32>) -> Option<Outcome> {
+    /// samples see one generation and BPF epoch (`g`'s): no location or
+    /// stack is hashed, and stacks are left as they are, but for a location
+    /// named two ways (looked up exactly, say as a leaf at a function's
+    /// first byte, and as a return address landing in the function before):
+    /// it keeps its return-address name and the stacks that hold it
+    /// exactly get a new location.
+    fn in_place(&mut self, shape: &[Shape], g: &Generation, kernel: &FxHashSet<i32>) -> Outcome {
         let d = self.b.dictionary();
         let (n_locs, n_stacks) = (d.location_table.len(), d.stack_table.len());
         // Per location, per [inexact, exact] lookup: 1 + its index in `named`.
@@ -351,18 +351,31 @@ impl<'b> Ctx<'b> {
                 stack_out[k] = Some(o);
             }
         }
-        // One name per location, or the stacks must be rewritten.
-        if slot.iter().any(|&[a, b]| a != 0 && b != 0 && named[a as usize - 1].0 != named[b as usize - 1].0) {
-            return None;
+        // A location named two ways: its exact name goes to a new location.
+        let mut exact_alias: FxHashMap<i32, i32> = FxHashMap::default();
+        for (l, &[a, b]) in slot.iter().enumerate() {
+            if a != 0 && b != 0 && named[a as usize - 1].0 != named[b as usize - 1].0 {
+                let alias = match named[b as usize - 1].0.take() {
+                    Some(loc) => self.b.push_location(loc),
+                    // Looked up exactly it names nothing: the exact uses
+                    // get a copy of the raw location.
+                    None => self.b.push_location(self.b.dictionary().location_table[l].clone()),
+                };
+                exact_alias.insert(l as i32, alias);
+            }
         }
         for (l, &[a, b]) in slot.iter().enumerate() {
-            let at = a.max(b);
+            // The return-address name where there are both.
+            let at = if a != 0 { a } else { b };
             if at == 0 {
                 continue;
             }
             if let Some(loc) = named[at as usize - 1].0.take() {
                 self.b.set_location(l as i32, loc);
             }
+        }
+        if !exact_alias.is_empty() {
+            self.alias_exact_frames(&stack_out, kernel, &exact_alias, &named, &slot);
         }
         for sh in shape {
             for s in samples(self.b.resources(), sh) {
@@ -372,7 +385,45 @@ impl<'b> Ctx<'b> {
                 }
             }
         }
-        Some(out)
+        out
+    }
+
+    /// Points the exact uses of the locations in `alias` (location → its
+    /// exact-name copy) at the copy, in the stacks walked (`walked`), with
+    /// the same exact/−1 rule as the walk (the classes in `named`).
+    fn alias_exact_frames(
+        &mut self,
+        walked: &[Option<Outcome>],
+        kernel: &FxHashSet<i32>,
+        alias: &FxHashMap<i32, i32>,
+        named: &[(Option<pb::Location>, Kind, Class)],
+        slot: &[[u32; 2]],
+    ) {
+        for (k, o) in walked.iter().enumerate() {
+            if o.is_none() {
+                continue;
+            }
+            let frames = &self.b.dictionary().stack_table[k].location_indices;
+            if !frames.iter().any(|l| alias.contains_key(l)) {
+                continue;
+            }
+            let mut new = frames.clone();
+            let mut exact = true;
+            for (pos, l) in new.iter_mut().enumerate() {
+                if !kernel.contains(l) {
+                    exact = false;
+                    continue;
+                }
+                let class = named[slot[*l as usize][usize::from(exact)] as usize - 1].2;
+                if exact {
+                    if let Some(&a) = alias.get(l) {
+                        *l = a;
+                    }
+                }
+                exact = class == Class::Entry || (pos == 0 && class == Class::Thunk);
+            }
+            self.b.set_stack(k as i32, new);
+        }
     }
 
     fn stack(&mut self, stack: i32, g: &Generation, ts: u64, epoch: u32, kernel: &FxHashSet<i32>) -> (i32, Outcome) {

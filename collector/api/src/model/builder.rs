@@ -287,6 +287,7 @@ impl ProfilesBuilder {
         if self.stacks_indexed {
             return;
         }
+        self.stacks = HashIndex::default();
         for (i, s) in self.dict.stack_table.iter().enumerate() {
             let h = hash_stack(&s.location_indices);
             let table = &self.dict.stack_table;
@@ -404,6 +405,23 @@ impl ProfilesBuilder {
         if let Some(slot) = usize::try_from(i).ok().and_then(|i| self.dict.location_table.get_mut(i)) {
             *slot = l;
             self.locations_indexed = false;
+        }
+    }
+
+    /// Appends location `l` without interning it (the caller knows it is
+    /// new) and returns its index.
+    pub fn push_location(&mut self, l: pb::Location) -> i32 {
+        self.dict.location_table.push(l);
+        self.locations_indexed = false;
+        idx(self.dict.location_table.len() - 1)
+    }
+
+    /// Replaces stack `i`'s locations in place: every sample of it now has
+    /// these frames. The caller keeps stacks distinct.
+    pub fn set_stack(&mut self, i: i32, locations: Vec<i32>) {
+        if let Some(slot) = usize::try_from(i).ok().and_then(|i| self.dict.stack_table.get_mut(i)) {
+            slot.location_indices = locations;
+            self.stacks_indexed = false;
         }
     }
 
