@@ -591,18 +591,37 @@ impl OnlineCpus {
             Some(f) => f,
             None => self.file.insert(std::fs::File::open(ONLINE_CPUS)?),
         };
-        let mut buf = [0u8; 4096];
-        let n = file.read_at(&mut buf, 0).inspect_err(|_| self.file = None)?;
-        std::str::from_utf8(&buf[..n]).ok().and_then(parse_cpu_list).ok_or_else(|| {
+        // One read as a rule; a longer list (thousands of sparse CPUs) in
+        // more, never cut short.
+        let (mut text, mut buf) = (Vec::new(), [0u8; 4096]);
+        let whole = loop {
+            match file.read_at(&mut buf, text.len() as u64) {
+                Ok(n) => {
+                    text.extend_from_slice(&buf[..n]);
+                    if n < buf.len() || text.len() > 1 << 20 {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if let Err(e) = whole {
+            self.file = None; // opened again next time
+            return Err(e);
+        }
+        std::str::from_utf8(&text).ok().and_then(parse_cpu_list).ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("not a CPU list: {:?}", String::from_utf8_lossy(&buf[..n])),
+                format!("not a list of online CPUs: {:?}", String::from_utf8_lossy(&text)),
             )
         })
     }
 }
 
 /// The CPUs of a `0-3,6` style list (sysfs' format, a newline after it).
+/// `None` for anything else, an empty list included: no CPU online is not
+/// a state this process can read in, and taken as true it would detach
+/// every CPU's event.
 pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
     let mut out = Vec::new();
     for part in text.trim().split(',').filter(|p| !p.is_empty()) {
@@ -618,7 +637,7 @@ pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
         }
         out.extend(a..=b);
     }
-    Some(out)
+    (!out.is_empty()).then_some(out)
 }
 
 /// `0-3,6` style list of ascending CPU numbers (`-` when empty).
@@ -984,8 +1003,7 @@ mod tests {
     fn cpu_lists_parse_as_sysfs_writes_them() {
         assert_eq!(parse_cpu_list("0-3,5,7-8\n"), Some(vec![0, 1, 2, 3, 5, 7, 8]));
         assert_eq!(parse_cpu_list("0\n"), Some(vec![0]));
-        assert_eq!(parse_cpu_list("\n"), Some(vec![]));
-        for bad in ["3-1", "x", "0-", "1,,a", "0-4294967295"] {
+        for bad in ["", "\n", "3-1", "x", "0-", "1,,a", "0-4294967295"] {
             assert_eq!(parse_cpu_list(bad), None, "{bad}");
         }
     }
