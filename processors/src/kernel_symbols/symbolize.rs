@@ -36,6 +36,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    fn count(&mut self, kind: Kind) {
+        match kind {
+            Kind::Resolved => self.resolved += 1,
+            Kind::ModuleOnly => self.module_only += 1,
+            Kind::Unresolved => self.unresolved += 1,
+        }
+    }
+
     fn add(&mut self, o: &Outcome, times: u64) {
         self.kernel_frames += o.kernel_frames * times;
         self.resolved += o.resolved * times;
@@ -62,6 +70,15 @@ enum Class {
     Plain,
     Entry,
     Thunk,
+}
+
+impl Class {
+    /// Whether the frame after one of this class (at `pos`, leaf 0) is
+    /// looked up at its exact address: after an interrupt/exception entry,
+    /// or after a thunk leaf.
+    fn next_exact(self, pos: usize) -> bool {
+        self == Class::Entry || (pos == 0 && self == Class::Thunk)
+    }
 }
 
 /// How one location came out.
@@ -156,9 +173,11 @@ fn samples<'a>(profiles: &'a [pb::ResourceProfiles], &(r, s, p, ..): &Shape) -> 
 fn one_symbol_epoch<'g>(batch: &Profiles, shape: &[Shape], gens: &'g [Arc<Generation>]) -> Option<&'g Generation> {
     let mut seen: Option<(&Generation, u32)> = None;
     for sh in shape {
+        let start = [sh.3];
         for s in samples(&batch.0.resource_profiles, sh) {
-            let first = s.timestamps_unix_nano.first().copied().unwrap_or(sh.3);
-            for &ts in s.timestamps_unix_nano.iter().chain(s.timestamps_unix_nano.is_empty().then_some(&first)) {
+            // A sample without times is of its profile's start.
+            let times = if s.timestamps_unix_nano.is_empty() { &start[..] } else { &s.timestamps_unix_nano };
+            for &ts in times {
                 let g = Generations::at(gens, ts);
                 let key = (&**g, g.snapshot.bpf.epoch(ts));
                 match seen {
@@ -340,13 +359,9 @@ impl<'b> Ctx<'b> {
                         named.push(hit);
                         *cell = named.len() as u32;
                     }
-                    let (_, kind, class) = &named[*cell as usize - 1];
-                    exact = *class == Class::Entry || (pos == 0 && *class == Class::Thunk);
-                    match kind {
-                        Kind::Resolved => o.resolved += 1,
-                        Kind::ModuleOnly => o.module_only += 1,
-                        Kind::Unresolved => o.unresolved += 1,
-                    }
+                    let &(_, kind, class) = &named[*cell as usize - 1];
+                    exact = class.next_exact(pos);
+                    o.count(kind);
                 }
                 stack_out[k] = Some(o);
             }
@@ -420,7 +435,7 @@ impl<'b> Ctx<'b> {
                         *l = a;
                     }
                 }
-                exact = class == Class::Entry || (pos == 0 && class == Class::Thunk);
+                exact = class.next_exact(pos);
             }
             self.b.set_stack(k as i32, new);
         }
@@ -457,12 +472,8 @@ impl<'b> Ctx<'b> {
                         hit
                     }
                 };
-                exact = class == Class::Entry || (pos == 0 && class == Class::Thunk);
-                match kind {
-                    Kind::Resolved => out.resolved += 1,
-                    Kind::ModuleOnly => out.module_only += 1,
-                    Kind::Unresolved => out.unresolved += 1,
-                }
+                exact = class.next_exact(pos);
+                out.count(kind);
                 n
             })
             .collect();
