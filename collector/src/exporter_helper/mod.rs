@@ -47,9 +47,12 @@ impl Queued {
     }
 }
 
-/// A queue entry: the batch, and (batch tracing on) its trace and when it was queued.
+/// A queue entry: the batch, its samples (counted once, when it was queued;
+/// unknown for a batch found on disk at start until it is read back), and
+/// (batch tracing on) its trace and when it was queued.
 struct Entry {
     item: Queued,
+    samples: Option<u64>,
     trace: Option<(BatchTrace, SystemTime)>,
 }
 
@@ -240,7 +243,7 @@ impl ExporterHandle {
     }
 
     /// Sends one queued batch (with retries) and settles its file, if any.
-    async fn export_one(&self, Entry { item, trace }: Entry) {
+    async fn export_one(&self, Entry { item, samples, trace }: Entry) {
         if let Some((t, queued)) = &trace {
             t.child(format!("queue_wait/{}", self.id), *queued, SystemTime::now(), vec![]);
         }
@@ -253,12 +256,12 @@ impl ExporterHandle {
             },
         };
         let in_memory = ticket.is_none();
-        let n = batch.sample_count() as u64;
+        let n = samples.unwrap_or_else(|| batch.sample_count() as u64);
         if in_memory {
             let mut e = self.exporting.lock().unwrap_or_else(|p| p.into_inner());
             *e = (e.0 + 1, e.1 + n);
         }
-        let outcome = self.send_with_retry(&batch, trace.as_ref().map(|(t, _)| t)).await;
+        let outcome = self.send_with_retry(&batch, n, trace.as_ref().map(|(t, _)| t)).await;
         if in_memory {
             let mut e = self.exporting.lock().unwrap_or_else(|p| p.into_inner());
             *e = (e.0.saturating_sub(1), e.1.saturating_sub(n));
@@ -277,13 +280,13 @@ impl ExporterHandle {
         self.telemetry.queue_size.set(i64::try_from(self.queue.used()).unwrap_or(i64::MAX));
     }
 
-    /// What a batch weighs in the queue, in the unit of `sending_queue.sizer`.
-    fn weight(&self, batch: &Profiles) -> u64 {
+    /// What a batch of `samples` weighs in the queue, in the unit of `sending_queue.sizer`.
+    fn weight(&self, batch: &Profiles, samples: u64) -> u64 {
         let q = &self.config.sending_queue;
         match q.sizer {
             _ if !q.enabled => 1,
             Sizer::Requests => 1,
-            Sizer::Items => batch.sample_count() as u64,
+            Sizer::Items => samples,
             Sizer::Bytes => batch.memory_size() as u64,
         }
     }
@@ -299,14 +302,17 @@ impl ExporterHandle {
     /// before this returns `Ok`; when it cannot be kept (disk queue full,
     /// write error) it is refused with the reason, never silently lost.
     pub async fn enqueue(&self, batch: Arc<Profiles>) -> Result<(), String> {
-        self.enqueue_traced(batch, None).await
+        let n = batch.sample_count() as u64;
+        self.enqueue_traced(batch, n, None).await
     }
 
-    /// [`Self::enqueue`] for a traced batch: its queue wait and export
-    /// attempts become spans of `trace`.
-    pub async fn enqueue_traced(&self, batch: Arc<Profiles>, trace: Option<BatchTrace>) -> Result<(), String> {
+    /// [`Self::enqueue`] for a batch whose samples (`n`, its
+    /// [`Profiles::sample_count`]) the pipeline has counted already: a
+    /// count walks every sample, and the queue, the export and its retries
+    /// all need it. With a trace, its queue wait and export attempts become
+    /// spans of `trace`.
+    pub async fn enqueue_traced(&self, batch: Arc<Profiles>, n: u64, trace: Option<BatchTrace>) -> Result<(), String> {
         let q = &self.config.sending_queue;
-        let n = batch.sample_count() as u64;
         let blocking = !q.enabled || q.block_on_overflow;
         let item = match &self.store {
             Some(store) => {
@@ -320,11 +326,11 @@ impl ExporterHandle {
             None => Queued::Memory(batch),
         };
         let weight = match &item {
-            Queued::Memory(b) => self.weight(b),
+            Queued::Memory(b) => self.weight(b, n),
             // A persistent queue counts requests (the config check allows no other sizer).
             Queued::Disk(..) => 1,
         };
-        let entry = Entry { item, trace: trace.map(|t| (t, SystemTime::now())) };
+        let entry = Entry { item, samples: Some(n), trace: trace.map(|t| (t, SystemTime::now())) };
         let pushed = if blocking { self.queue.push(entry, weight).await } else { self.queue.try_push(entry, weight) };
         self.telemetry.queue_size.set(i64::try_from(self.queue.used()).unwrap_or(i64::MAX));
         let (item, full) = match pushed {
@@ -435,7 +441,7 @@ impl ExporterHandle {
             let n = tickets.len();
             let mut rest = tickets.into_iter();
             while let Some(ticket) = rest.next() {
-                let item = Entry { item: Queued::Disk(ticket.clone(), None), trace: None };
+                let item = Entry { item: Queued::Disk(ticket.clone(), None), samples: None, trace: None };
                 // A push dropped unfinished leaves nothing in the queue.
                 let sent = tokio::select! {
                     r = self.queue.push(item, 1) => r.is_ok(),
@@ -456,8 +462,7 @@ impl ExporterHandle {
         }
     }
 
-    async fn send_with_retry(&self, batch: &Profiles, trace: Option<&BatchTrace>) -> Outcome {
-        let n = batch.sample_count() as u64;
+    async fn send_with_retry(&self, batch: &Profiles, n: u64, trace: Option<&BatchTrace>) -> Outcome {
         let mut backoff = retry::Backoff::new(&self.config.retry_on_failure);
         let mut attempt = 0i64;
         loop {
@@ -596,7 +601,7 @@ impl ExporterHandle {
                 Queued::Disk(ticket, _) => left.push(ticket),
                 Queued::Memory(b) => {
                     self.dropped_batches.inc();
-                    self.telemetry.dropped.add(b.sample_count() as u64);
+                    self.telemetry.dropped.add(entry.samples.unwrap_or_else(|| b.sample_count() as u64));
                 }
             }
         }

@@ -87,8 +87,9 @@ pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
         tokio::select! {
             batch = rx.recv() => match batch {
                 Some((b, ack, since)) => {
-                    let trace = since.and_then(|t| BatchTrace::start(&parts.name, t, b.sample_count() as u64, false));
-                    process_from(&parts, &mut held, 0, b, vec![ack], trace).await
+                    let n = b.sample_count() as u64;
+                    let trace = since.and_then(|t| BatchTrace::start(&parts.name, t, n, false));
+                    process_from(&parts, &mut held, 0, b, n, vec![ack], trace).await
                 }
                 None => break,
             },
@@ -107,7 +108,7 @@ async fn flush(parts: &PipelineParts, held: &mut Held) {
                 let n = b.sample_count() as u64;
                 p.telemetry.outgoing.add(n);
                 let trace = BatchTrace::start(&parts.name, SystemTime::now(), n, true);
-                process_from(parts, held, i + 1, b, acks, trace).await
+                process_from(parts, held, i + 1, b, n, acks, trace).await
             }
             Ok(None) => answer(acks, Ok(())),
             Err(e) => {
@@ -128,8 +129,9 @@ fn answer(acks: Vec<Ack>, result: Result<(), ConsumeError>) {
     }
 }
 
-/// Runs `batch` through the processors from `start` on and into every
-/// exporter's queue, then answers `acks`. Each processor says what it did:
+/// Runs `batch` (of `n` samples, its [`Profiles::sample_count`]) through
+/// the processors from `start` on and into every exporter's queue, then
+/// answers `acks`. Each processor says what it did:
 /// forwarded (on to the next), held (its flush carries the batch later: in a
 /// durable pipeline the acks wait for that flush, else they are answered
 /// now), dropped (the sender is told OK: the drop was deliberate) or refused
@@ -140,10 +142,11 @@ async fn process_from(
     held: &mut Held,
     start: usize,
     batch: Profiles,
+    n: u64,
     acks: Vec<Ack>,
     trace: Option<BatchTrace>,
 ) {
-    let outcome = process_traced(parts, held, start, batch, acks, trace.as_ref()).await;
+    let outcome = process_traced(parts, held, start, batch, n, acks, trace.as_ref()).await;
     if let Some(t) = trace {
         t.end(outcome);
     }
@@ -155,11 +158,15 @@ async fn process_traced(
     held: &mut Held,
     start: usize,
     mut batch: Profiles,
+    mut n: u64,
     mut acks: Vec<Ack>,
     trace: Option<&BatchTrace>,
 ) -> &'static str {
+    // `n` is counted once by the caller and again only after each
+    // processor that forwards: a count walks every sample, each
+    // processor's incoming is the outgoing before it, and the exporters'
+    // queues take it from here.
     for (i, p) in parts.processors.iter().enumerate().skip(start) {
-        let n = batch.sample_count() as u64;
         p.telemetry.incoming.add(n);
         let t0 = trace.map(|_| SystemTime::now());
         let result = p.instance.process(batch).await;
@@ -175,7 +182,8 @@ async fn process_traced(
         }
         match result {
             Ok(ProcessOutcome::Forward(b)) => {
-                p.telemetry.outgoing.add(b.sample_count() as u64);
+                n = b.sample_count() as u64;
+                p.telemetry.outgoing.add(n);
                 batch = b;
                 // What the processor held went out with this batch.
                 acks.append(&mut held.acks[i]);
@@ -222,7 +230,7 @@ async fn process_traced(
     let batch = Arc::new(batch);
     let mut refused = Vec::new();
     for e in &parts.exporters {
-        if let Err(why) = e.enqueue_traced(Arc::clone(&batch), trace.cloned()).await {
+        if let Err(why) = e.enqueue_traced(Arc::clone(&batch), n, trace.cloned()).await {
             refused.push(why);
         }
     }
