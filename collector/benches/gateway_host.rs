@@ -11,6 +11,10 @@
 //! queue (`sending_queue.storage`: one fsynced file per outgoing batch).
 //!
 //! cargo bench -p profcol --bench gateway_host
+//! cargo bench -p profcol --bench gateway_host -- nomatch   # the RATIO lines only
+//!
+//! Each RATIO line is the median of `GATEWAY_RATIO_ROUNDS` (default 5)
+//! rounds that measure the floor and the gateway one after the other.
 //!
 //! With the argument `telemetry` it measures the self-telemetry's cost
 //! instead (issue 13): `metrics.level: none` (telemetry off), `detailed`, and
@@ -163,24 +167,41 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(n));
     g.sample_size(10).measurement_time(Duration::from_secs(10));
     g.bench_function("floor_prost_decode_encode", |b| b.iter(|| decode_encode(&bytes)));
-    let floor = samples_per_second(&bytes, n, Duration::from_secs(3));
     let queue_dir = tempfile::tempdir().unwrap();
     let cases = [
         (Compression::None, None, "plain"),
         (Compression::Gzip, None, "gzip"),
         (Compression::None, Some(queue_dir.path()), "plain_persistent_queue"),
     ];
+    let rounds: usize = std::env::var("GATEWAY_RATIO_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5).max(1);
     for (compression, storage, label) in cases {
         let mut s = rt.block_on(setup(compression, storage, METRICS_DEFAULT));
         let name = format!("otlp_batch_otlp_{label}");
         g.bench_function(&name, |b| b.iter_custom(|iters| rt.block_on(run(&s, &batch, iters))));
-        // The ratio, measured plainly in the same run: 400 requests, 1.6 M samples.
-        let took = rt.block_on(run(&s, &batch, 400));
-        let gw = (400 * n) as f64 / took.as_secs_f64();
+        // The ratio, measured plainly in the same run, the floor (1 s) and
+        // the gateway (400 requests, 1.6 M samples) in alternating rounds:
+        // a VM's speed drifts by a third within a minute, so a ratio of
+        // two figures taken apart says more about the drift than the code.
+        let (mut ratios, mut floors, mut gws) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let floor = samples_per_second(&bytes, n, Duration::from_secs(1));
+            let took = rt.block_on(run(&s, &batch, 400));
+            let gw = (400 * n) as f64 / took.as_secs_f64();
+            ratios.push(gw / floor);
+            floors.push(floor);
+            gws.push(gw);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let per_round = ratios.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
         eprintln!(
-            "RATIO host gateway({label}) {gw:.0} samples/s vs floor (prost decode+encode) {floor:.0} samples/s: \
-             gateway = {:.3} × floor",
-            gw / floor
+            "RATIO host gateway({label}) {:.0} samples/s vs floor (prost decode+encode) {:.0} samples/s (medians): \
+             gateway = {:.3} × floor (median of {rounds} alternating rounds: {per_round})",
+            median(&mut gws),
+            median(&mut floors),
+            median(&mut ratios),
         );
         rt.block_on(stop(&mut s));
     }
