@@ -25,8 +25,9 @@
 # timer expiry on its CPU is one sample. Each profiler runs WARMUP seconds
 # and the workload once before the measured run (a run of profcol's
 # unwinder builds the workload's table then, as on a host that has seen
-# the binary before). With kernel.bpf_stats_enabled on during the node
-# runs, the BPF program's own run time per call is printed beside it.
+# the binary before). kernel.bpf_stats_enabled is on for the run (its
+# setting is restored at exit), and the node runs print the BPF program's
+# own run time per call beside their gaps.
 # Lines: ROUND (one per case per round), then MEDIAN and RATIO.
 # Needs root, cc, perf, bpftool.
 set -euo pipefail
