@@ -59,10 +59,9 @@ TOOLS="node debug perf"
 # The default node agent at FREQ, writing into TMP; each agent serves its
 # metrics (on by default) on a port of its own, so both can start.
 METRICS_PORT=${METRICS_PORT:-18887}
-sed -e "s/sample_frequency: [0-9]*/sample_frequency: $FREQ/" \
-	-e "s|directory: ./profiles|directory: $TMP/profiles|" \
-	-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: 127.0.0.1:$METRICS_PORT|" examples/default.yaml >"$TMP/node.yaml"
-grep -q "sample_frequency: $FREQ" "$TMP/node.yaml"
+# shellcheck source=receivers/benches/node_config.sh
+. receivers/benches/node_config.sh
+node_config "$FREQ" "$TMP" "127.0.0.1:$METRICS_PORT" >"$TMP/node.yaml"
 # The older binary gets the node agent's config as it is, runtime section
 # included; BEFORE_NO_RUNTIME=1 drops that section for binaries older than
 # service.runtime (32650a8), which would refuse it — and then the two

@@ -37,9 +37,9 @@ if [ -z "${PROFCOL_BIN:-}" ]; then
 fi
 BIN=${PROFCOL_BIN:-${CARGO_TARGET_DIR:-target}/release/profcol}
 BIN=$(realpath "$BIN")
-sed -e "s/sample_frequency: [0-9]*/sample_frequency: 99/" \
-	-e "s|directory: ./profiles|directory: $TMP/profiles|" \
-	-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: \"\"|" examples/default.yaml >"$TMP/node.yaml"
+# shellcheck source=receivers/benches/node_config.sh
+. receivers/benches/node_config.sh
+node_config 99 "$TMP" '""' >"$TMP/node.yaml"
 
 # Resident KiB of the mappings of file $2 in process $1, by permissions.
 resident() {

@@ -56,10 +56,9 @@ if [ -z "${PROFCOL_BIN:-}" ]; then
 fi
 BIN=${PROFCOL_BIN:-${CARGO_TARGET_DIR:-target}/release/profcol}
 cc -O2 -fno-omit-frame-pointer -fno-inline -o "$TMP/gaps" examples/workloads/gaps.c
-sed -e "s/sample_frequency: [0-9]*/sample_frequency: $FREQ/" \
-	-e "s|directory: ./profiles|directory: $TMP/profiles|" \
-	-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: \"\"|" examples/default.yaml >"$TMP/node.yaml"
-grep -q "sample_frequency: $FREQ" "$TMP/node.yaml"
+# shellcheck source=receivers/benches/node_config.sh
+. receivers/benches/node_config.sh
+node_config "$FREQ" "$TMP" '""' >"$TMP/node.yaml"
 
 # The BPF program's run time and runs so far (bpf_stats), summed over
 # profcol's sampling programs.

@@ -1,0 +1,16 @@
+# Sourced by the benchmark scripts beside it (run from the repository root):
+#
+#   node_config FREQ DIR METRICS_ADDRESS >file
+#
+# prints examples/default.yaml, the embedded node agent, with its sample
+# frequency set to FREQ, its pprof files written under DIR/profiles and
+# its /metrics served on METRICS_ADDRESS ("" turns it off; agents running
+# side by side need one each). Fails if the frequency line was not found.
+node_config() {
+	local out
+	out=$(sed -e "s/sample_frequency: [0-9]*/sample_frequency: $1/" \
+		-e "s|directory: ./profiles|directory: $2/profiles|" \
+		-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: $3|" examples/default.yaml)
+	grep -q "sample_frequency: $1\$" <<<"$out" || { echo "node_config: no sample_frequency line in examples/default.yaml" >&2; return 1; }
+	printf '%s\n' "$out"
+}
