@@ -2,7 +2,7 @@
 # Steady-state cost of the whole node agent vs `perf record -F 99 -a -g`,
 # all running at the same time over the same load.
 #
-#   sudo receivers/benches/node_agent_cost.sh              # 3 runs of 60 s
+#   sudo receivers/benches/node_agent_cost.sh              # 3 runs of 140 s
 #   RUNS=1 sudo receivers/benches/node_agent_cost.sh       # one run
 #   PROFCOL_BIN=path/to/profcol sudo -E receivers/benches/node_agent_cost.sh   # a given build
 #
@@ -11,18 +11,19 @@
 #   - node:  the release `profcol` binary with examples/default.yaml (ebpf ->
 #            kernel_symbols -> pprof + debug), sample_frequency raised to 99;
 #   - debug: the same binary with ebpf -> debug only, 99 Hz, the receiver
-#            set as the node agent's (count_in_kernel: true);
+#            set as the node agent's (count_in_kernel, report_interval);
 #   - perf:  perf record -F 99 -a -g (Debian linux-perf);
 #   - before: with BEFORE_BIN=path/to/an/older/profcol, that binary with the
 #            node config too (its metrics on a port of its own): a change's
 #            before and after over the same load (BEFORE_NO_RUNTIME=1 for
 #            binaries older than service.runtime).
-# It reads each process's CPU time at START_AT (10 s) and END_AT (40 s)
-# after the start — from a cgroup of its own (cpuacct.usage on cgroup v1,
+# It reads each process's CPU time at START_AT (10 s) and END_AT (START_AT
+# plus two of the node agent's report intervals, 130 s with its 60 s: the
+# window holds exactly two reports whatever their phase) after the start — from a cgroup of its own (cpuacct.usage on cgroup v1,
 # cpu.stat usage_usec on v2), which keeps the time of threads that have
 # exited; where no cgroup can be made, the sum of the first field of
 # /proc/PID/task/*/schedstat, which loses it (a tokio blocking thread ends
-# after 10 s idle and takes its CPU out of the sum) — and RSS (VmRSS, VmHWM) at RSS_AT (60 s).
+# after 10 s idle and takes its CPU out of the sum) — and RSS (VmRSS, VmHWM) at RSS_AT (END_AT + 10 s).
 # Steady state is the slope between the two reads (ms of CPU per second);
 # start-up is the CPU at START_AT minus START_AT seconds of that slope.
 # Lines: RUN (one per tool per run), then MEDIAN and RATIO over the runs.
@@ -32,9 +33,12 @@ cd "$(dirname "$0")/../.."
 
 RUNS=${RUNS:-3}
 FREQ=${FREQ:-99}
+# The node agent's report interval, in seconds (examples/default.yaml).
+REPORT_S=$(sed -n 's/^ *report_interval: *\([0-9]*\)s *$/\1/p' examples/default.yaml)
+[ -n "$REPORT_S" ] || { echo "no report_interval in seconds in examples/default.yaml" >&2; exit 1; }
 START_AT=${START_AT:-10}
-END_AT=${END_AT:-40}
-RSS_AT=${RSS_AT:-60}
+END_AT=${END_AT:-$((START_AT + 2 * REPORT_S))}
+RSS_AT=${RSS_AT:-$((END_AT + 10))}
 TMP=$(mktemp -d)
 PIDS=()
 CG=""
@@ -74,8 +78,8 @@ cat >"$TMP/debug.yaml" <<EOF
 receivers:
   ebpf:
     sample_frequency: $FREQ
-    report_interval: 5s
-    count_in_kernel: true   # as the node agent's receiver
+    report_interval: ${REPORT_S}s   # as the node agent's receiver
+    count_in_kernel: true
 exporters:
   debug:
     verbosity: basic
