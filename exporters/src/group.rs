@@ -54,6 +54,9 @@ pub fn attr_int(s: &SampleView<'_>, key: &str) -> Option<i64> {
 /// make a report (and its memory) per sample.
 pub const MAX_GROUPS: usize = 1024;
 
+/// The group of every sample with `group_by: none`.
+pub const ALL_GROUP: &str = "all";
+
 /// The group of the samples past [`MAX_GROUPS`].
 pub const OVERFLOW_GROUP: &str = "other";
 
@@ -78,7 +81,7 @@ fn clipped(s: &str, n: usize) -> String {
 /// The group a sample belongs to, as it appears in file names.
 pub fn group_of(s: &SampleView<'_>, by: GroupBy) -> String {
     match by {
-        GroupBy::None => "all".into(),
+        GroupBy::None => ALL_GROUP.into(),
         GroupBy::Process => match attr(s, keys::PROCESS_PID) {
             Some(pid) => format!("pid-{}", clipped(&pid, MAX_PID_CHARS)),
             None => "pid-unknown".into(),

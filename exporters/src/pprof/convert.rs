@@ -9,17 +9,20 @@
 //! mapping; stacks are leaf first. Ids are 1-based and unique, string 0 is "".
 
 use super::proto as pp;
-use crate::group::{attr, attr_int, bounded_group, group_of, GroupBy};
+use crate::group::{attr, attr_int, bounded_group, group_of, GroupBy, ALL_GROUP};
 use profcol_api::model::keys;
 use profcol_api::model::view::{FrameView, SampleView};
 use profcol_api::Profiles;
 use rustc_hash::FxHashMap;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// (mapping id, address, [(function id, line)]) of a pprof location.
 type LocationKey = (u64, u64, Vec<(u64, i64)>);
-/// A sample before its value columns are known: locations, (column, value), labels.
-type PendingSample = (Vec<u64>, Vec<(usize, i64)>, Vec<pp::Label>);
+/// A sample before every value column is known: locations, values by
+/// column (as long as the columns known when it last changed; padded with
+/// zeros at the end), labels. Each becomes the `pp::Sample`'s own vector.
+type PendingSample = (Vec<u64>, Vec<i64>, Vec<pp::Label>);
 
 /// Most sample types (value columns) of one pprof profile. Every pprof
 /// sample carries a value per column, so without a bound a batch of many
@@ -51,13 +54,24 @@ struct Builder {
     t1: u64,
     /// Index in `samples` of the sample with this stack and these labels.
     merged: FxHashMap<SampleKey, usize>,
-    /// The sample in `samples` holding each stack's location ids, for
-    /// samples of the same stack with other labels (no second copy kept).
-    stacks: FxHashMap<i32, usize>,
-    /// pprof location id of each dictionary location converted so far:
-    /// stacks share most of their frames, and a location's mapping, build
-    /// id and lines are looked up once per batch, not once per stack.
-    location_ids: FxHashMap<i32, u64>,
+    /// The sample in `samples` holding each stack's location ids (by
+    /// dictionary stack index; `usize::MAX` none yet), for samples of the
+    /// same stack with other labels (no second copy kept).
+    stacks: Vec<usize>,
+    /// pprof location id of each dictionary location converted so far (by
+    /// dictionary index; 0 not yet): stacks share most of their frames,
+    /// and a location's mapping, build id and lines are looked up once per
+    /// batch, not once per stack. Indexed, not hashed: a stack's every
+    /// frame is looked up here.
+    location_ids: Vec<u64>,
+    /// The value columns of the profile whose samples came last, by its
+    /// address in the batch: consecutive samples share their profile, and
+    /// its sample and period types are compared as strings once, not per
+    /// sample. `None` in the columns: they do not fit.
+    last_profile: Option<(*const profcol_api::model::pb::Profile, Option<ProfileColumns>)>,
+    /// String indices of the label keys "pid", "tid" and "comm" (0: not
+    /// interned yet; interned when a sample first needs one).
+    label_keys: [i64; 3],
     /// pprof mapping id of each dictionary mapping converted so far, and
     /// whether its frames are the kernel's (an unnamed mapping is named
     /// for them): its file name and build id are read once, not at each
@@ -65,6 +79,18 @@ struct Builder {
     mapping_ids: FxHashMap<(i32, bool), u64>,
     /// Samples left out: they would pass [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
     skipped: u64,
+}
+
+/// Where a profile's samples put their values.
+#[derive(Clone, Copy)]
+struct ProfileColumns {
+    /// The column of its sample type.
+    count: usize,
+    /// The `cpu/nanoseconds` column and the period to multiply by, for a
+    /// `samples/count` profile with a `cpu/nanoseconds` period.
+    cpu_ns: Option<(usize, i64)>,
+    /// Its sample type's unit is `count` (its values are observations).
+    counts_events: bool,
 }
 
 impl Builder {
@@ -85,9 +111,7 @@ impl Builder {
             b.functions.reserve(d.function_table.len());
             b.p.function.reserve(d.function_table.len());
             b.locations.reserve(d.location_table.len());
-            b.location_ids.reserve(d.location_table.len());
             b.p.location.reserve(d.location_table.len());
-            b.stacks.reserve(d.stack_table.len());
             b.merged.reserve(samples);
             b.samples.reserve(samples);
         }
@@ -154,18 +178,65 @@ impl Builder {
         let indices = at(s.sample.stack_index)
             .and_then(|i| s.dict.stack_table.get(i))
             .map_or(&[][..], |st| st.location_indices.as_slice());
+        if self.location_ids.len() < s.dict.location_table.len() {
+            self.location_ids.resize(s.dict.location_table.len(), 0);
+        }
         let mut locs = Vec::with_capacity(indices.len());
         for &i in indices {
-            if let Some(&id) = self.location_ids.get(&i) {
-                locs.push(id);
-                continue;
-            }
-            let Some(location) = at(i).and_then(|i| s.dict.location_table.get(i)) else { continue };
-            let id = self.location(s, FrameView { location, dict: s.dict });
-            self.location_ids.insert(i, id);
+            // An index outside the table has no location (and no slot).
+            let Some(i) = at(i).filter(|&i| i < s.dict.location_table.len()) else { continue };
+            let id = match self.location_ids[i] {
+                0 => {
+                    let location = &s.dict.location_table[i];
+                    let id = self.location(s, FrameView { location, dict: s.dict });
+                    self.location_ids[i] = id;
+                    id
+                }
+                id => id,
+            };
             locs.push(id);
         }
         locs
+    }
+
+    /// The columns of `s`'s profile (made on its first sample), `None` when
+    /// they would pass [`MAX_SAMPLE_TYPES`].
+    fn columns_of(&mut self, s: &SampleView<'_>) -> Option<ProfileColumns> {
+        let prof = s.profile;
+        if let Some((p, cols)) = self.last_profile {
+            if std::ptr::eq(p, prof) {
+                return cols;
+            }
+        }
+        let (t, u) = s.sample_type();
+        let counts_events = u == "count";
+        let (t, u) = if t.is_empty() { ("samples", "count") } else { (t, u) };
+        let (pt, pu) =
+            prof.period_type.as_ref().map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex))).unwrap_or(("", ""));
+        let has_period = prof.period > 0 && !pt.is_empty();
+        let cpu_ns = has_period && (t, u) == ("samples", "count") && (pt, pu) == ("cpu", "nanoseconds");
+        let fits =
+            if cpu_ns { self.columns_fit(&[(t, u), ("cpu", "nanoseconds")]) } else { self.columns_fit(&[(t, u)]) };
+        let cols = fits.then(|| {
+            if has_period && self.period.is_none() {
+                self.period = Some((prof.period, pt.to_owned(), pu.to_owned()));
+            }
+            ProfileColumns {
+                count: self.column(t, u),
+                cpu_ns: cpu_ns.then(|| (self.column("cpu", "nanoseconds"), prof.period)),
+                counts_events,
+            }
+        });
+        self.last_profile = Some((prof, cols));
+        cols
+    }
+
+    /// The string index of label key `k` (0 "pid", 1 "tid", 2 "comm").
+    fn label_key(&mut self, k: usize) -> i64 {
+        if self.label_keys[k] == 0 {
+            self.label_keys[k] = self.s(["pid", "tid", "comm"][k]);
+        }
+        self.label_keys[k]
     }
 
     /// The pprof location of dictionary location `f`.
@@ -241,11 +312,8 @@ impl Builder {
             let vt = pp::ValueType { r#type: self.s(&t), unit: self.s(&u) };
             self.p.sample_type.push(vt);
         }
-        for (locs, vals, labels) in std::mem::take(&mut self.samples) {
-            let mut value = vec![0i64; ncols];
-            for (c, v) in vals {
-                value[c] = value[c].saturating_add(v);
-            }
+        for (locs, mut value, labels) in std::mem::take(&mut self.samples) {
+            value.resize(ncols, 0);
             self.p.sample.push(pp::Sample { location_id: locs, value, label: labels });
         }
         if let Some((period, t, u)) = self.period.take() {
@@ -275,7 +343,11 @@ pub struct GroupProfile {
 /// Converts a batch into one pprof profile per group (`group_by`), its
 /// samples labelled `pid`, `tid` and `comm`.
 pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
-    to_pprof_with(batch, &|s| group_of(s, by), true)
+    match by {
+        // One group: no name made per sample.
+        GroupBy::None => to_pprof_with(batch, &|_| Cow::Borrowed(ALL_GROUP), true),
+        by => to_pprof_with(batch, &|s| Cow::Owned(group_of(s, by)), true),
+    }
 }
 
 /// Converts a batch into one pprof profile per group that `group` names;
@@ -283,32 +355,33 @@ pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
 /// labels, so those of one stack in a group merge whatever their process.
 pub fn to_pprof_with(
     batch: &Profiles,
-    group: &dyn Fn(&SampleView<'_>) -> String,
+    group: &dyn Fn(&SampleView<'_>) -> Cow<'static, str>,
     sample_labels: bool,
 ) -> Vec<GroupProfile> {
     let mut groups: BTreeMap<String, Builder> = BTreeMap::new();
     let mut frames = 0usize;
     for s in batch.samples() {
-        let g = bounded_group(&groups, group(&s));
-        // The first group gets room for the whole batch (with one group, the
-        // usual case, it needs that); others grow as they fill.
-        let first = groups.is_empty();
-        let b = groups.entry(g).or_insert_with(|| if first { Builder::sized_for(batch) } else { Builder::new() });
+        let g = group(&s);
+        // A group's name is made (owned) only for its first sample.
+        let b = if groups.contains_key(g.as_ref()) {
+            groups.get_mut(g.as_ref())
+        } else {
+            // Past MAX_GROUPS, the overflow group.
+            let g = bounded_group(&groups, g.into_owned());
+            // The first group gets room for the whole batch (with one group,
+            // the usual case, it needs that); others grow as they fill.
+            let first = groups.is_empty();
+            Some(groups.entry(g).or_insert_with(|| if first { Builder::sized_for(batch) } else { Builder::new() }))
+        };
+        let Some(b) = b else { continue };
         let prof = s.profile;
-        // Value columns first: a sample whose columns do not fit is left out (and counted).
-        let (t, u) = s.sample_type();
-        // Left-out samples are counted in observations, as every count of samples.
-        let seen = profcol_api::model::observations(s.sample, u == "count");
-        let (t, u) = if t.is_empty() { ("samples", "count") } else { (t, u) };
-        let (pt, pu) =
-            prof.period_type.as_ref().map(|vt| (s.str(vt.type_strindex), s.str(vt.unit_strindex))).unwrap_or(("", ""));
-        let has_period = prof.period > 0 && !pt.is_empty();
-        let cpu_ns = has_period && (t, u) == ("samples", "count") && (pt, pu) == ("cpu", "nanoseconds");
-        let fits = if cpu_ns { b.columns_fit(&[(t, u), ("cpu", "nanoseconds")]) } else { b.columns_fit(&[(t, u)]) };
-        if !fits {
-            b.skipped = b.skipped.saturating_add(seen);
+        // Value columns first: a sample whose columns do not fit is left out
+        // (and counted, in observations, as every count of samples).
+        let Some(cols) = b.columns_of(&s) else {
+            let counts_events = s.sample_type().1 == "count";
+            b.skipped = b.skipped.saturating_add(profcol_api::model::observations(s.sample, counts_events));
             continue;
-        }
+        };
         let key: SampleKey = if sample_labels {
             let pid = attr_int(&s, keys::PROCESS_PID);
             let tid = attr_int(&s, keys::THREAD_ID);
@@ -324,7 +397,7 @@ pub fn to_pprof_with(
                 .and_then(|i| s.dict.stack_table.get(i))
                 .map_or(0, |st| st.location_indices.len());
             if frames.saturating_add(depth) > MAX_FRAMES {
-                b.skipped = b.skipped.saturating_add(seen);
+                b.skipped = b.skipped.saturating_add(profcol_api::model::observations(s.sample, cols.counts_events));
                 continue;
             }
             frames += depth;
@@ -339,45 +412,49 @@ pub fn to_pprof_with(
         } else {
             i64::try_from(s.sample.timestamps_unix_nano.len().max(1)).unwrap_or(i64::MAX)
         };
-        let mut vals = vec![(b.column(t, u), count)];
-        if has_period && b.period.is_none() {
-            b.period = Some((prof.period, pt.to_owned(), pu.to_owned()));
-        }
-        if cpu_ns {
-            vals.push((b.column("cpu", "nanoseconds"), count.saturating_mul(prof.period)));
-        }
-        if let Some(k) = same {
-            let have = &mut b.samples[k].1;
-            for (c, v) in vals {
-                match have.iter_mut().find(|(hc, _)| *hc == c) {
-                    Some((_, hv)) => *hv = hv.saturating_add(v),
-                    None => have.push((c, v)),
+        let cpu = cols.cpu_ns.map(|(c, period)| (c, count.saturating_mul(period)));
+        let add = |value: &mut Vec<i64>| {
+            for (c, v) in std::iter::once((cols.count, count)).chain(cpu) {
+                if value.len() <= c {
+                    value.resize(c + 1, 0);
                 }
-            }
-            continue;
-        }
-        // Stack, leaf first.
-        let locs = match b.stacks.get(&s.sample.stack_index) {
-            Some(&i) => b.samples[i].0.clone(),
-            None => {
-                // Pushed into `samples` at that index below.
-                b.stacks.insert(s.sample.stack_index, b.samples.len());
-                b.stack(&s)
+                value[c] = value[c].saturating_add(v);
             }
         };
+        if let Some(k) = same {
+            add(&mut b.samples[k].1);
+            continue;
+        }
+        let mut value = Vec::with_capacity(b.columns.len());
+        add(&mut value);
+        // Stack, leaf first.
+        let stack = usize::try_from(s.sample.stack_index).ok().filter(|&i| i < s.dict.stack_table.len());
+        if let Some(i) = stack {
+            if b.stacks.len() < s.dict.stack_table.len() {
+                b.stacks.resize(s.dict.stack_table.len(), usize::MAX);
+            }
+            if b.stacks[i] == usize::MAX {
+                // Pushed into `samples` at that index below.
+                b.stacks[i] = b.samples.len();
+            }
+        }
+        let locs = match stack.map(|i| b.stacks[i]) {
+            Some(k) if k != b.samples.len() => b.samples[k].0.clone(),
+            _ => b.stack(&s),
+        };
         // Labels.
-        let mut labels = Vec::new();
+        let mut labels = Vec::with_capacity(3);
         if let Some(pid) = key.1 {
-            labels.push(pp::Label { key: b.s("pid"), num: pid, ..Default::default() });
+            labels.push(pp::Label { key: b.label_key(0), num: pid, ..Default::default() });
         }
         if let Some(tid) = key.2 {
-            labels.push(pp::Label { key: b.s("tid"), num: tid, ..Default::default() });
+            labels.push(pp::Label { key: b.label_key(1), num: tid, ..Default::default() });
         }
         if let Some(comm) = key.3 {
-            labels.push(pp::Label { key: b.s("comm"), str: comm, ..Default::default() });
+            labels.push(pp::Label { key: b.label_key(2), str: comm, ..Default::default() });
         }
         b.merged.insert(key, b.samples.len());
-        b.samples.push((locs, vals, labels));
+        b.samples.push((locs, value, labels));
     }
     groups
         .into_iter()

@@ -276,7 +276,9 @@ impl PprofExporter {
                 let names: std::cell::RefCell<rustc_hash::FxHashMap<*const Resource, String>> = Default::default();
                 let series = |s: &SampleView<'_>| {
                     let key = s.resource.map_or(std::ptr::null(), |r| r as *const Resource);
-                    names.borrow_mut().entry(key).or_insert_with(|| self.series(s.resource)).clone()
+                    std::borrow::Cow::Owned(
+                        names.borrow_mut().entry(key).or_insert_with(|| self.series(s.resource)).clone(),
+                    )
                 };
                 convert::to_pprof_with(batch, &series, false)
             }
