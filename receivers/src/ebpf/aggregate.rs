@@ -296,6 +296,8 @@ impl Interval {
             // say where an address lies): a frame met again, in this
             // stack or the next, is one lookup of a u64.
             user_locs.clear();
+            // The thread of the last sample, with its attributes' indices.
+            let mut thread_attrs: Option<(u32, [u8; 16], [Option<i32>; 2])> = None;
             for (k, occ) in samples {
                 let prof = match current {
                     Some((p, r)) if p == k.profile => r,
@@ -374,13 +376,23 @@ impl Interval {
                     locs.push(l);
                 }
                 let stack_index = b.stack(&locs);
-                let mut attribute_indices = Vec::with_capacity(3);
-                if self.attrs.thread_id {
-                    attribute_indices.push(b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64)));
-                }
-                if self.attrs.thread_name {
-                    attribute_indices.push(b.attribute(keys::THREAD_NAME, AttrValue::Str(&comm_str(&k.comm))));
-                }
+                let mut attribute_indices = Vec::with_capacity(4);
+                // Samples come sorted by thread: its attributes are interned
+                // once per thread, not once per stack.
+                let thread = match thread_attrs {
+                    Some((tid, comm, attrs)) if tid == k.tid && comm == k.comm => attrs,
+                    _ => {
+                        let attrs = [
+                            self.attrs.thread_id.then(|| b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64))),
+                            self.attrs
+                                .thread_name
+                                .then(|| b.attribute(keys::THREAD_NAME, AttrValue::Str(&comm_str(&k.comm)))),
+                        ];
+                        thread_attrs = Some((k.tid, k.comm, attrs));
+                        attrs
+                    }
+                };
+                attribute_indices.extend(thread.into_iter().flatten());
                 if self.attrs.cpu {
                     attribute_indices.push(b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)));
                 }
@@ -390,7 +402,9 @@ impl Interval {
                 let Occurrences { times: mut ts, counted } = occ;
                 if counted > 0 {
                     let values = vec![i64::try_from(counted).unwrap_or(i64::MAX)];
-                    let attribute_indices = attribute_indices.clone();
+                    // A copy only when a sample with times follows.
+                    let attribute_indices =
+                        if ts.is_empty() { std::mem::take(&mut attribute_indices) } else { attribute_indices.clone() };
                     let s = pb::Sample { stack_index, attribute_indices, values, ..Default::default() };
                     b.sample(prof, s);
                 }
