@@ -239,12 +239,32 @@ pub fn map_delete_batch<K: Plain>(map: BorrowedFd<'_>, keys: &[K]) -> io::Result
     unsafe { bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr) }.map(drop)
 }
 
-/// `BPF_MAP_LOOKUP_AND_DELETE_BATCH` over a whole hash map: appends every
-/// key and value to `keys` and `values` and removes them from the map,
-/// `chunk` elements a syscall (Linux >= 5.6). `chunk` must hold the
-/// fullest bucket: the kernel answers `ENOSPC` otherwise, and this retries
-/// with a doubled chunk. Elements added while it runs may or may not be taken.
-pub fn map_take_all<K: Plain, V: Plain>(
+/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM`: removes `key` and returns the value
+/// it held at that moment (hash maps, Linux >= 5.14), `None` when it was
+/// not there. Nothing added to the value before the removal is lost.
+pub fn map_take<K: Plain, V: Plain>(map: BorrowedFd<'_>, key: &K) -> io::Result<Option<V>> {
+    let mut value = zeroed::<V>();
+    let mut attr = zeroed::<bpf_attr>();
+    // SAFETY: writing plain integers into the element variant.
+    let u = unsafe { &mut attr.__bindgen_anon_2 };
+    u.map_fd = map.as_raw_fd() as u32;
+    u.key = key as *const K as u64;
+    u.__bindgen_anon_1.value = &mut value as *mut V as u64;
+    // SAFETY: key and value are live for the call, of the map's key and
+    // value sizes (the caller's K and V); the kernel writes only value.
+    match unsafe { bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr) } {
+        Ok(_) => Ok(Some(value)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(io::Error::new(e.kind(), format!("BPF_MAP_LOOKUP_AND_DELETE_ELEM: {e}"))),
+    }
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` over a whole hash map: appends every key and
+/// value to `keys` and `values`, leaving them in the map, `chunk` elements
+/// a syscall (Linux >= 5.6). `chunk` must hold the fullest bucket: the
+/// kernel answers `ENOSPC` otherwise, and this retries with a doubled
+/// chunk. Elements added while it runs may or may not be read.
+pub fn map_read_all<K: Plain, V: Plain>(
     map: BorrowedFd<'_>,
     keys: &mut Vec<K>,
     values: &mut Vec<V>,
@@ -268,7 +288,7 @@ pub fn map_take_all<K: Plain, V: Plain>(
         // SAFETY: keys and values have `chunk` spare elements of the map's
         // key and value sizes (the caller's K and V); token is 16 writable
         // bytes; the kernel writes at most attr.batch.count elements.
-        let r = unsafe { bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH, &mut attr) };
+        let r = unsafe { bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr) };
         // SAFETY: reading a plain-integer union variant.
         let got = unsafe { attr.batch.count }.min(chunk) as usize;
         // SAFETY: the kernel initialised `got` elements past `have` (Plain).
@@ -280,7 +300,7 @@ pub fn map_take_all<K: Plain, V: Plain>(
             Ok(_) => started = true,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && got == 0 && chunk < (1 << 20) => chunk *= 2,
-            Err(e) => return Err(io::Error::new(e.kind(), format!("BPF_MAP_LOOKUP_AND_DELETE_BATCH: {e}"))),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("BPF_MAP_LOOKUP_BATCH: {e}"))),
         }
     }
 }

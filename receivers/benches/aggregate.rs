@@ -4,7 +4,9 @@
 //! distinct stacks (each a record and a count, as with `count_in_kernel`)
 //! of 20 kernel and 15 user frames, leaf addresses all different and the
 //! callers drawn from small pools, so locations repeat across stacks as
-//! they do in a real report.
+//! they do in a real report. Every report's stacks are new ones (new count
+//! keys: the most a report can cost), and those of earlier reports leave
+//! the kernel's map when idle, as they would.
 //!
 //!     cargo bench -p profcol-receivers --bench aggregate
 //!
@@ -39,18 +41,20 @@ fn main() {
         .collect();
     let attrs = SampleAttrs { thread_id: true, thread_name: true, cpu: false };
     let namer = ServiceNamer::new(Vec::new());
-    let mut counted = CountedStacks::default();
+    let mut counted = CountedStacks::new(1 << 20);
     let mut times = Vec::with_capacity(ROUNDS);
     let mut check = 0u64;
-    for _ in 0..ROUNDS {
+    for round in 0..ROUNDS as u64 {
+        let keys = round * STACKS + 1..=(round + 1) * STACKS;
         let t = Instant::now();
         let mut iv = Interval::new(0, attrs);
-        for (key, (k, u)) in stacks.iter().enumerate() {
-            counted.record(key as u64 + 1, &dash_sample(42, k, u), process.clone());
+        for (key, (k, u)) in keys.clone().zip(&stacks) {
+            counted.record(key, &dash_sample(42, k, u), process.clone());
         }
-        let counts: Vec<(u64, u64)> = (1..=STACKS).map(|k| (k, 1 + k % 3)).collect();
-        counted.set_taken(&counts);
-        let settled = counted.settle(&mut iv, |_, _| {});
+        let counts: Vec<(u64, u64)> = keys.map(|k| (k, 1 + k % 3)).collect();
+        counted.set_read(&counts);
+        // The idle keys of earlier reports are no longer in the map.
+        let settled = counted.settle(&mut iv, |_, _| {}, |_| Ok(None));
         let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer);
         check += settled.samples + batch.profiles().count() as u64;
         drop(batch);

@@ -125,6 +125,60 @@ async fn burn_workload(count_in_kernel: bool) {
     assert!(metrics.contains("profcol_receiver_ebpf_samples_lost_ringbuf_total{receiver=\"ebpf\"} 0"), "{metrics}");
 }
 
+/// A counted stack is a record once while it recurs, not once per report:
+/// its count stays in the kernel's map across reports and only its growth
+/// is handed on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recurring_counted_stack_is_recorded_once_not_per_report() {
+    if !require_bpf("a_recurring_counted_stack_is_recorded_once_not_per_report") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = build_workload("burn", dir.path());
+    let mut w = Workload::spawn(&bin, BURN_SECONDS);
+    let pid = w.pid;
+    // Only the burn process: the kernel's counters below are all its own.
+    let running = start(EbpfConfig {
+        sample_frequency: FREQ,
+        report_interval: Duration::from_millis(300),
+        count_in_kernel: true,
+        pids: vec![pid],
+        ..Default::default()
+    })
+    .await;
+    w.go();
+    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (batches, metrics) = running.stop().await;
+    let samples = samples_of(&batches, pid);
+    let total: usize = samples.iter().map(|s| s.count).sum();
+    let one_by_one: usize = samples.iter().filter(|s| !s.timestamps.is_empty()).map(|s| s.count).sum();
+    // A Sample per stack and report it had samples in.
+    let appearances = samples.iter().filter(|s| s.timestamps.is_empty()).count();
+    let counted = metric(&metrics, "profcol_receiver_ebpf_samples_counted_in_kernel_total") as usize;
+    // Every counted stack's first sample is its record; the rest only counts.
+    let records = total - one_by_one - counted;
+    eprintln!("burn: {total} samples in {} batches, {appearances} counted Samples, {records} records", batches.len());
+    assert!(
+        batches.len() >= 5,
+        "{} reports
+{metrics}",
+        batches.len()
+    );
+    assert!(
+        appearances >= 10,
+        "the burn loop's stacks recur in every report: {appearances}
+{metrics}"
+    );
+    // A record per stack and report would make records == appearances.
+    assert!(
+        records * 2 <= appearances,
+        "{records} records for {appearances} stack-reports
+{metrics}"
+    );
+    assert!(metrics.contains("profcol_receiver_ebpf_samples_counted_unnamed_total{receiver=\"ebpf\"} 0"), "{metrics}");
+}
+
 /// Pins process `pid` to one CPU.
 fn pin(pid: u32, cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays in bounds.

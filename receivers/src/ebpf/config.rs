@@ -47,8 +47,8 @@ pub struct EbpfConfig {
     /// How user stacks are walked.
     pub unwind: UnwindConfig,
     /// Count on-CPU samples per stack in the kernel and read the counts
-    /// once per report: one record per distinct stack and interval instead
-    /// of one per sample. Counted samples carry their count (`values`) but
+    /// once per report: one record per distinct stack (while it recurs)
+    /// instead of one per sample. Counted samples carry their count (`values`) but
     /// no timestamps of their own; samples with kernel frames outside the
     /// kernel's own text (BPF programs, modules), whose names may change
     /// while they are taken, and probe hits keep a record and timestamp
@@ -56,9 +56,10 @@ pub struct EbpfConfig {
     /// node agent's default config turns it on (its pprof files keep no
     /// per-sample times anyway).
     pub count_in_kernel: bool,
-    /// Distinct stacks counted in the kernel per report interval at most
-    /// (the kernel map's entries, allocated up front: ~100 bytes each);
-    /// samples of stacks beyond are records of their own.
+    /// Distinct stacks counted in the kernel at once at most (the kernel
+    /// map's entries, allocated up front: ~100 bytes each; past three
+    /// quarters full the longest idle leave); samples of stacks beyond are
+    /// records of their own.
     pub max_counted_stacks: u32,
 }
 

@@ -427,7 +427,7 @@ fn run(
         last_proc_lost: 0,
         unwinder,
         unwind_counters,
-        counted: CountedStacks::default(),
+        counted: CountedStacks::new(config.max_counted_stacks),
     };
     let mut next_report = Instant::now() + config.report_interval;
     let drain_every = drain_period(&config);
@@ -768,6 +768,8 @@ impl Sampler {
                 ProcEventKind::Exec => self.table.on_exec_event(e.pid, e.ktime_ns, e.cgroup_id),
                 ProcEventKind::Exit => self.table.on_exit(e.pid, e.ktime_ns),
             }
+            // Exec'd or gone: its counted stacks' records name the image it had.
+            self.counted.process_gone(e.pid);
         }
         if let Some(u) = &self.uprobes {
             u.counters().mapping_records_lost.add(side.lost);
@@ -924,12 +926,21 @@ impl Sampler {
     fn cut(&mut self, loaded: &mut Loaded, now: Instant) -> Option<Profiles> {
         // Counts first, then the records written before them, then pair.
         if let Some(map) = &loaded.counts {
-            if let Err(e) = self.counted.take(map) {
+            if let Err(e) = self.counted.read(map) {
                 tracing::warn!(error = %e, "ebpf receiver: cannot read the kernel's sample counts; they stay for the next report");
             }
+        }
+        if loaded.counts.is_some() {
             self.drain(loaded);
+        }
+        if let Some(map) = &loaded.counts {
+            let fd = std::os::fd::AsFd::as_fd(map.fd());
             let ends = &self.unwind_counters;
-            let settled = self.counted.settle(&mut self.interval, |end, n| ends.count_ends(end, n));
+            let settled = self.counted.settle(
+                &mut self.interval,
+                |end, n| ends.count_ends(end, n),
+                |key| profcol_ebpf::sys::map_take(fd, &key),
+            );
             self.counters.samples.add(settled.samples);
             self.counters.counted_unnamed.add(settled.unnamed);
             self.counters.dropped.add(settled.unnamed);
