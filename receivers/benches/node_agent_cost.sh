@@ -33,9 +33,10 @@ cd "$(dirname "$0")/../.."
 
 RUNS=${RUNS:-3}
 FREQ=${FREQ:-99}
+# shellcheck source=receivers/benches/node_config.sh
+. receivers/benches/node_config.sh
 # The node agent's report interval, in seconds (examples/default.yaml).
-REPORT_S=$(sed -n 's/^ *report_interval: *\([0-9]*\)s *$/\1/p' examples/default.yaml)
-[ -n "$REPORT_S" ] || { echo "no report_interval in seconds in examples/default.yaml" >&2; exit 1; }
+REPORT_S=$(node_report_seconds)
 START_AT=${START_AT:-10}
 END_AT=${END_AT:-$((START_AT + 2 * REPORT_S))}
 RSS_AT=${RSS_AT:-$((END_AT + 10))}
@@ -63,8 +64,6 @@ TOOLS="node debug perf"
 # The default node agent at FREQ, writing into TMP; each agent serves its
 # metrics (on by default) on a port of its own, so both can start.
 METRICS_PORT=${METRICS_PORT:-18887}
-# shellcheck source=receivers/benches/node_config.sh
-. receivers/benches/node_config.sh
 node_config "$FREQ" "$TMP" "127.0.0.1:$METRICS_PORT" >"$TMP/node.yaml"
 # The older binary gets the node agent's config as it is, runtime section
 # included; BEFORE_NO_RUNTIME=1 drops that section for binaries older than

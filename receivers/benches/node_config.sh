@@ -6,6 +6,11 @@
 # frequency set to FREQ, its pprof files written under DIR/profiles and
 # its /metrics served on METRICS_ADDRESS ("" turns it off; agents running
 # side by side need one each). Fails if the frequency line was not found.
+#
+#   node_report_seconds
+#
+# prints the node agent's report_interval in seconds; fails unless it is
+# written in whole seconds.
 node_config() {
 	local out
 	out=$(sed -e "s/sample_frequency: [0-9]*/sample_frequency: $1/" \
@@ -13,4 +18,10 @@ node_config() {
 		-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: $3|" examples/default.yaml)
 	grep -q "sample_frequency: $1\$" <<<"$out" || { echo "node_config: no sample_frequency line in examples/default.yaml" >&2; return 1; }
 	printf '%s\n' "$out"
+}
+node_report_seconds() {
+	local s
+	s=$(sed -n 's/^ *report_interval: *\([0-9]*\)s *$/\1/p' examples/default.yaml)
+	[ -n "$s" ] || { echo "node_report_seconds: no report_interval in seconds in examples/default.yaml" >&2; return 1; }
+	printf '%s\n' "$s"
 }

@@ -15,13 +15,18 @@
 #   - at SETTLE seconds (20): start-up and steady state together;
 #   - then it pages the binary's mappings out of the process
 #     (process_madvise MADV_PAGEOUT) and reads again after STEADY seconds
-#     (30): only what the steady state touches in that time is back.
+#     (the node agent's report interval + 10 s: a report falls in it): only
+#     what the steady state touches in that time is back.
 # Needs root, python3, perf-capable kernel (the agent loads BPF).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 SETTLE=${SETTLE:-20}
-STEADY=${STEADY:-30}
+# shellcheck source=receivers/benches/node_config.sh
+. receivers/benches/node_config.sh
+# The node agent's report interval, in seconds (examples/default.yaml).
+REPORT_S=$(node_report_seconds)
+STEADY=${STEADY:-$((REPORT_S + 10))}
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -37,8 +42,6 @@ if [ -z "${PROFCOL_BIN:-}" ]; then
 fi
 BIN=${PROFCOL_BIN:-${CARGO_TARGET_DIR:-target}/release/profcol}
 BIN=$(realpath "$BIN")
-# shellcheck source=receivers/benches/node_config.sh
-. receivers/benches/node_config.sh
 node_config 99 "$TMP" '""' >"$TMP/node.yaml"
 
 # Resident KiB of the mappings of file $2 in process $1, by permissions.
