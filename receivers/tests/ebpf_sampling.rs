@@ -34,26 +34,45 @@ async fn burn_workload_counted_in_the_kernel_is_sampled_in_its_hot_function() {
     burn_workload(true).await;
 }
 
-async fn burn_workload(count_in_kernel: bool) {
+/// The burn workload run for BURN_SECONDS under a receiver made from
+/// `config(its pid)`, stopped `settle` after it ended.
+struct Burned {
+    bin: std::path::PathBuf,
+    pid: u32,
+    cpu_ns: u64,
+    batches: Vec<profcol_api::Profiles>,
+    metrics: String,
+    /// Unix ns just before the burn began and just after the receiver stopped.
+    t0: u64,
+    t1: u64,
+    _dir: tempfile::TempDir,
+}
+
+async fn burn_under(config: impl FnOnce(u32) -> EbpfConfig, settle: Duration) -> Burned {
     let dir = tempfile::tempdir().unwrap();
     let bin = build_workload("burn", dir.path());
     let mut w = Workload::spawn(&bin, BURN_SECONDS);
     let pid = w.pid;
+    let running = start(config(pid)).await;
+    let t0 = unix_ns();
+    w.go();
+    let cpu_ns = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
+    tokio::time::sleep(settle).await;
+    let (batches, metrics) = running.stop().await;
+    Burned { bin, pid, cpu_ns, batches, metrics, t0, t1: unix_ns(), _dir: dir }
+}
 
+async fn burn_workload(count_in_kernel: bool) {
     // Whole host (no pid filter), as the node agent runs.
-    let running = start(EbpfConfig {
+    let config = |_| EbpfConfig {
         sample_frequency: FREQ,
         report_interval: Duration::from_secs(1),
         count_in_kernel,
         ..Default::default()
-    })
-    .await;
-    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    w.go();
-    let cpu_ns = tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (batches, metrics) = running.stop().await;
-    let t1 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    };
+    // `_dir` keeps the binary for the symbolizer below.
+    let Burned { bin, pid, cpu_ns, batches, metrics, t0, t1, _dir } =
+        burn_under(config, Duration::from_millis(300)).await;
 
     let samples = samples_of(&batches, pid);
     assert!(!samples.is_empty(), "no batch contains pid {pid}; {} batches\n{metrics}", batches.len());
@@ -133,23 +152,15 @@ async fn a_recurring_counted_stack_is_recorded_once_not_per_report() {
     if !require_bpf("a_recurring_counted_stack_is_recorded_once_not_per_report") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let bin = build_workload("burn", dir.path());
-    let mut w = Workload::spawn(&bin, BURN_SECONDS);
-    let pid = w.pid;
     // Only the burn process: the kernel's counters below are all its own.
-    let running = start(EbpfConfig {
+    let config = |pid| EbpfConfig {
         sample_frequency: FREQ,
         report_interval: Duration::from_millis(300),
         count_in_kernel: true,
         pids: vec![pid],
         ..Default::default()
-    })
-    .await;
-    w.go();
-    tokio::task::spawn_blocking(move || w.wait_cpu_ns()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let (batches, metrics) = running.stop().await;
+    };
+    let Burned { pid, batches, metrics, .. } = burn_under(config, Duration::from_millis(400)).await;
     let samples = samples_of(&batches, pid);
     let total: usize = samples.iter().map(|s| s.count).sum();
     let one_by_one: usize = samples.iter().filter(|s| !s.timestamps.is_empty()).map(|s| s.count).sum();

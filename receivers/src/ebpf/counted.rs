@@ -60,7 +60,10 @@ pub struct CountedStacks {
     records: FxHashMap<u64, Record>,
     /// Counts read whose record has not come: reports waited.
     orphans: FxHashMap<u64, u8>,
-    /// Processes that exec'd or exited since the last report.
+    /// Records per pid: an exec or exit of a process without any is not
+    /// remembered (a build host execs thousands a second).
+    pids: FxHashMap<u32, u32>,
+    /// Processes with records that exec'd or exited since the last report.
     gone: FxHashSet<u32>,
     /// The kernel map's entries.
     capacity: usize,
@@ -87,6 +90,7 @@ impl CountedStacks {
         CountedStacks {
             records: FxHashMap::default(),
             orphans: FxHashMap::default(),
+            pids: FxHashMap::default(),
             gone: FxHashSet::default(),
             capacity: capacity as usize,
             keys: Vec::new(),
@@ -100,23 +104,29 @@ impl CountedStacks {
     /// map) adds nothing: the first one names them all.
     pub fn record(&mut self, key: u64, s: &SampleIn<'_>, process: Process) {
         self.orphans.remove(&key);
-        self.records.entry(key).or_insert_with(|| Record {
-            pid: s.pid,
-            tid: s.tid,
-            cpu: s.cpu,
-            comm: s.comm,
-            frames: Frames::new(s.kstack, s.ustack),
-            unwind_end: s.unwind_end,
-            process,
-            handed: 0,
-            idle: 0,
+        let pids = &mut self.pids;
+        self.records.entry(key).or_insert_with(|| {
+            *pids.entry(s.pid).or_insert(0) += 1;
+            Record {
+                pid: s.pid,
+                tid: s.tid,
+                cpu: s.cpu,
+                comm: s.comm,
+                frames: Frames::new(s.kstack, s.ustack),
+                unwind_end: s.unwind_end,
+                process,
+                handed: 0,
+                idle: 0,
+            }
         });
     }
 
     /// `pid` exec'd or exited: its stacks' keys leave the map at the next
     /// report (their records name the process it was).
     pub fn process_gone(&mut self, pid: u32) {
-        self.gone.insert(pid);
+        if self.pids.contains_key(&pid) {
+            self.gone.insert(pid);
+        }
     }
 
     /// Reads every count in the kernel's map, leaving them there. Read the
@@ -223,6 +233,12 @@ impl CountedStacks {
             if let Some(mut r) = self.records.remove(&key) {
                 if let Some(count) = last {
                     hand(interval, &mut r, count, &mut out);
+                }
+                if let Some(n) = self.pids.get_mut(&r.pid) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.pids.remove(&r.pid);
+                    }
                 }
             }
         }
@@ -369,6 +385,11 @@ mod tests {
         assert_eq!((s.samples, s.released), (1, 1));
         assert_eq!(map.0.keys().copied().collect::<Vec<_>>(), vec![2]);
         assert_eq!(c.len(), 1);
+        // Processes without records (every exec on a build host) are not
+        // remembered; pid 7 has none left.
+        c.process_gone(7);
+        c.process_gone(12345);
+        assert!(c.gone.is_empty() && c.pids.len() == 1);
     }
 
     #[test]
