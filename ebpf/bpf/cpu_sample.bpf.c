@@ -55,7 +55,7 @@ const volatile __u32 cfg_filter_pids = 0;
  * cannot feed back into more events). */
 const volatile __u32 cfg_self_tgid = 0;
 /* Counting in the kernel (#18): nonzero to count on-CPU samples per stack
- * in `counts` and write one record per stack and interval. */
+ * in `counts` and write one record per stack while its key stays. */
 const volatile __u32 cfg_count_in_kernel = 0;
 /* The kernel's own text [start, end) (_stext.._etext): its names never
  * change, so a stack whose kernel frames all lie in it is named alike at
@@ -115,9 +115,9 @@ struct bpf_map_def SEC("maps") scratch = {
 	.max_entries = 1,
 };
 
-/* On-CPU samples per stack of the current interval: count key -> samples.
- * Sized by the loader; the reader takes and deletes the counts at every
- * report. Preallocated: no allocation on the sampling path. */
+/* On-CPU samples per stack: count key -> samples. Sized by the loader; the
+ * reader reads the counts at every report and deletes a key when its stack
+ * goes idle. Preallocated: no allocation on the sampling path. */
 struct bpf_map_def SEC("maps") counts = {
 	.type = BPF_MAP_TYPE_HASH,
 	.key_size = sizeof(__u64),
@@ -297,10 +297,10 @@ static __always_inline __u64 count_key(const struct sample *s)
 	return h ^ (h >> 33);
 }
 
-/* Counts an on-CPU sample in `counts`: a stack already there this interval
- * only adds one; a new one becomes a SAMPLE_CPU_COUNTED record carrying its
- * key. 0 when the sample must be a record of its own (kernel frames whose
- * names may change, or `counts` full). */
+/* Counts an on-CPU sample in `counts`: a stack whose key is there only adds
+ * one; a new one becomes a SAMPLE_CPU_COUNTED record carrying its key. 0
+ * when the sample must be a record of its own (kernel frames whose names
+ * may change, or `counts` full). */
 static __always_inline int count_sample(struct sample *s, int wake)
 {
 	if (s->count_key == KERNEL_TEXT_OUTSIDE) {

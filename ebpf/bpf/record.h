@@ -16,7 +16,7 @@ enum sample_kind {
 	SAMPLE_PROBE = 1, /* uprobe hit: one call; `probe` = attach cookie */
 	/* The first on-CPU sample of a stack counted in the kernel (`counts`
 	 * map, key `count_key`): later samples of it only add to the count;
-	 * the reader takes the count at the end of the interval. */
+	 * the reader reads the count at every report. */
 	SAMPLE_CPU_COUNTED = 2,
 };
 
