@@ -69,6 +69,9 @@ const volatile __u64 cfg_ktext_end = 0;
 const volatile __u32 cfg_count_by = 0;
 /* Seed of the count key, random per load. */
 const volatile __u64 cfg_count_seed = 0;
+/* Slots of `count_slots` for counts (its last element is the next slot
+ * never handed out). */
+const volatile __u32 cfg_count_slots = 16384;
 
 /* count_key frames are hashed in blocks of this many (zeros past the end). */
 #define KEY_BLOCK 16
@@ -115,13 +118,34 @@ struct bpf_map_def SEC("maps") scratch = {
 	.max_entries = 1,
 };
 
-/* On-CPU samples per stack: count key -> samples. Sized by the loader; the
- * reader reads the counts at every report and deletes a key when its stack
- * goes idle. Preallocated: no allocation on the sampling path. */
+/* Stacks counted in the kernel: count key -> its slot in `count_slots`.
+ * Sized by the loader; the reader deletes a key when its stack goes idle.
+ * Preallocated: no allocation on the sampling path. */
 struct bpf_map_def SEC("maps") counts = {
 	.type = BPF_MAP_TYPE_HASH,
 	.key_size = sizeof(__u64),
+	.value_size = sizeof(__u32),
+	.max_entries = 16384,
+};
+
+/* The counts, by slot, memory-mapped by the reader: it reads them at a
+ * report without a syscall. Element cfg_count_slots is the next slot never
+ * handed out. A slot is the reader's again when it has deleted the slot's
+ * key, read its last count a report later, zeroed it and pushed it into
+ * `free_slots`. Sized by the loader (cfg_count_slots + 1). */
+struct bpf_map_def SEC("maps") count_slots = {
+	.type = BPF_MAP_TYPE_ARRAY,
+	.key_size = sizeof(__u32),
 	.value_size = sizeof(__u64),
+	.max_entries = 16384 + 1,
+	.map_flags = BPF_F_MMAPABLE,
+};
+
+/* Slots freed by the reader (zeroed), taken before new ones. */
+struct bpf_map_def SEC("maps") free_slots = {
+	.type = BPF_MAP_TYPE_QUEUE,
+	.key_size = 0,
+	.value_size = sizeof(__u32),
 	.max_entries = 16384,
 };
 
@@ -297,10 +321,25 @@ static __always_inline __u64 count_key(const struct sample *s)
 	return h ^ (h >> 33);
 }
 
-/* Counts an on-CPU sample in `counts`: a stack whose key is there only adds
- * one; a new one becomes a SAMPLE_CPU_COUNTED record carrying its key. 0
- * when the sample must be a record of its own (kernel frames whose names
- * may change, or `counts` full). */
+/* A zeroed slot for a new count: a freed one, else one never handed out;
+ * cfg_count_slots when none is left. */
+static __always_inline __u32 take_slot(void)
+{
+	__u32 slot;
+	if (bpf_map_pop_elem(&free_slots, &slot) == 0)
+		return slot;
+	__u32 last = cfg_count_slots;
+	__u64 *next = bpf_map_lookup_elem(&count_slots, &last);
+	if (!next)
+		return last;
+	__u64 n = __sync_fetch_and_add(next, 1);
+	return n < last ? (__u32)n : last;
+}
+
+/* Counts an on-CPU sample: a stack whose key is in `counts` only adds one
+ * to its slot; a new one takes a slot and becomes a SAMPLE_CPU_COUNTED
+ * record carrying its key and slot. 0 when the sample must be a record of
+ * its own (kernel frames whose names may change, or no slot left). */
 static __always_inline int count_sample(struct sample *s, int wake)
 {
 	if (s->count_key == KERNEL_TEXT_OUTSIDE) {
@@ -308,30 +347,43 @@ static __always_inline int count_sample(struct sample *s, int wake)
 		return 0;
 	}
 	__u64 key = count_key(s);
-	__u64 *n = bpf_map_lookup_elem(&counts, &key);
-	if (n) {
-		__sync_fetch_and_add(n, 1);
-		count(STAT_COUNTED);
-		return 1;
-	}
-	__u64 one = 1;
-	long err = bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);
-	if (err == -EEXIST) {
-		/* Another CPU put it in first. */
-		n = bpf_map_lookup_elem(&counts, &key);
+	__u32 *slot = bpf_map_lookup_elem(&counts, &key);
+	__u64 *n;
+	if (slot) {
+		n = bpf_map_lookup_elem(&count_slots, slot);
 		if (!n)
 			return 0;
 		__sync_fetch_and_add(n, 1);
 		count(STAT_COUNTED);
 		return 1;
 	}
-	if (err) {
+	__u32 fresh = take_slot();
+	n = bpf_map_lookup_elem(&count_slots, &fresh);
+	if (fresh >= cfg_count_slots || !n) {
 		count(STAT_COUNTS_FULL);
 		return 0;
 	}
+	long err = bpf_map_update_elem(&counts, &key, &fresh, BPF_NOEXIST);
+	if (err) {
+		/* The slot goes back unused (still zero). -EEXIST: another CPU
+		 * put the key in first; count there. */
+		bpf_map_push_elem(&free_slots, &fresh, 0);
+		slot = err == -EEXIST ? bpf_map_lookup_elem(&counts, &key) : 0;
+		n = slot ? bpf_map_lookup_elem(&count_slots, slot) : 0;
+		if (!n) {
+			count(STAT_COUNTS_FULL);
+			return 0;
+		}
+		__sync_fetch_and_add(n, 1);
+		count(STAT_COUNTED);
+		return 1;
+	}
+	__sync_fetch_and_add(n, 1);
 	s->kind = SAMPLE_CPU_COUNTED;
 	s->count_key = key;
-	/* A count whose record is lost could never be named: drop it too. */
+	s->probe = fresh;
+	/* A count whose record is lost could never be named: its key goes;
+	 * the reader finds the slot unnamed and frees it. */
 	if (write_record(s, wake))
 		bpf_map_delete_elem(&counts, &key);
 	return 1;

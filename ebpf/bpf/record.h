@@ -15,8 +15,8 @@ enum sample_kind {
 	SAMPLE_CPU = 0,   /* cpu-clock perf event: an on-CPU sample */
 	SAMPLE_PROBE = 1, /* uprobe hit: one call; `probe` = attach cookie */
 	/* The first on-CPU sample of a stack counted in the kernel (`counts`
-	 * map, key `count_key`): later samples of it only add to the count;
-	 * the reader reads the count at every report. */
+	 * map, key `count_key`, its count in `count_slots[probe]`): later
+	 * samples only add to the count, which the reader reads at reports. */
 	SAMPLE_CPU_COUNTED = 2,
 };
 
@@ -43,7 +43,8 @@ struct sample {
 	char comm[TASK_COMM_LEN];
 	__u16 kind;              /* enum sample_kind */
 	__u16 user_end;          /* enum unwind_end: how the user stack ended */
-	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe */
+	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe;
+	                          * SAMPLE_CPU_COUNTED: the count's slot */
 	__u64 count_key;         /* SAMPLE_CPU_COUNTED: its key in `counts` */
 	/* One spare slot: a probe hit inserts its return address. */
 	__u64 ips[2 * MAX_STACK_DEPTH + 1];

@@ -89,11 +89,18 @@ pub mod globals {
     pub const COUNT_BY: &str = "cfg_count_by";
     /// `u64`: seed of the count key.
     pub const COUNT_SEED: &str = "cfg_count_seed";
+    /// `u32`: slots for counts in [`super::COUNT_SLOTS_MAP`].
+    pub const COUNT_SLOTS: &str = "cfg_count_slots";
 }
 
-/// `BPF_MAP_TYPE_HASH` `u64` count key → `u64` samples: on-CPU samples
-/// counted in the kernel this interval (see `SampleKind::CpuCounted`).
+/// `BPF_MAP_TYPE_HASH` `u64` count key → `u32` slot: the stacks counted in
+/// the kernel (see `SampleKind::CpuCounted`).
 pub const COUNTS_MAP: &str = "counts";
+/// `BPF_MAP_TYPE_ARRAY` (`BPF_F_MMAPABLE`) of `u64`: the count in each
+/// slot, then (last element) the next slot never handed out.
+pub const COUNT_SLOTS_MAP: &str = "count_slots";
+/// `BPF_MAP_TYPE_QUEUE` of `u32`: slots freed by the reader, zeroed.
+pub const FREE_SLOTS_MAP: &str = "free_slots";
 
 /// Bits of [`globals::COUNT_BY`] (`COUNT_BY_*` in C).
 pub mod count_by {
@@ -124,9 +131,9 @@ pub enum Stat {
     NoScratch = 6,
     /// Uprobe hits (written to the ring or not).
     ProbeHits = 7,
-    /// On-CPU samples only counted in [`COUNTS_MAP`] (no record).
+    /// On-CPU samples only counted in [`COUNT_SLOTS_MAP`] (no record).
     Counted = 8,
-    /// On-CPU samples written as records because [`COUNTS_MAP`] was full.
+    /// On-CPU samples written as records because no count slot was left.
     CountsFull = 9,
     /// On-CPU samples written as records because a kernel frame was
     /// outside the kernel's own text (BPF programs, modules, trampolines).
@@ -225,7 +232,10 @@ mod tests {
             globals::KTEXT_END,
             globals::COUNT_BY,
             globals::COUNT_SEED,
+            globals::COUNT_SLOTS,
             COUNTS_MAP,
+            COUNT_SLOTS_MAP,
+            FREE_SLOTS_MAP,
         ] {
             assert!(has(name.as_bytes()), "{name} missing from object");
         }

@@ -17,10 +17,10 @@ pub enum SampleKind {
     Cpu,
     /// One call of a probed function; the index of the configured probe.
     Probe(u32),
-    /// The first on-CPU sample of a stack this interval counted in the
-    /// kernel: later ones only add to the count under this key in
-    /// [`crate::COUNTS_MAP`], which includes this one.
-    CpuCounted(u64),
+    /// The first on-CPU sample of a stack counted in the kernel while its
+    /// `key` stays in [`crate::COUNTS_MAP`]: later ones only add to the
+    /// count in `slot` of [`crate::COUNT_SLOTS_MAP`], which includes this one.
+    CpuCounted { key: u64, slot: u32 },
 }
 
 /// Fixed head of every sample record (`struct sample` up to `ips`).
@@ -142,7 +142,7 @@ impl<'a> Sample<'a> {
         let kind = match u16_at(head, 40) {
             KIND_CPU => SampleKind::Cpu,
             KIND_PROBE => SampleKind::Probe(u32_at(head, 44)),
-            KIND_CPU_COUNTED => SampleKind::CpuCounted(u64_at(head, 48)),
+            KIND_CPU_COUNTED => SampleKind::CpuCounted { key: u64_at(head, 48), slot: u32_at(head, 44) },
             _ => return None,
         };
         let header = SampleHeader {
@@ -240,7 +240,7 @@ mod tests {
         v.extend_from_slice(b"worker\0\0\0\0\0\0\0\0\0\0");
         v.extend_from_slice(&kind.to_ne_bytes());
         v.extend_from_slice(&2u16.to_ne_bytes()); // user_end: no table
-        v.extend_from_slice(&probe.to_ne_bytes());
+        v.extend_from_slice(&probe.to_ne_bytes()); // or a counted stack's slot
         v.extend_from_slice(&0xfeed_beefu64.to_ne_bytes()); // count key
         assert_eq!(v.len(), SAMPLE_HEADER_SIZE);
         for f in k.iter().chain(u) {
@@ -263,9 +263,9 @@ mod tests {
         let s = Sample::parse(&r).expect("parse");
         assert_eq!(s.header.kind, SampleKind::Probe(3));
         assert_eq!(s.user_stack().len(), 2);
-        let r = record(KIND_CPU_COUNTED, 0, &[], &[0x401000]);
+        let r = record(KIND_CPU_COUNTED, 42, &[], &[0x401000]);
         let s = Sample::parse(&r).expect("parse");
-        assert_eq!(s.header.kind, SampleKind::CpuCounted(0xfeed_beef));
+        assert_eq!(s.header.kind, SampleKind::CpuCounted { key: 0xfeed_beef, slot: 42 });
     }
 
     #[test]

@@ -170,6 +170,70 @@ pub fn array_create_mmapable(name: &str, elems: u32) -> io::Result<OwnedFd> {
     unsafe { bpf(bpf_cmd::BPF_MAP_CREATE, &mut attr) }.map(owned_fd)
 }
 
+/// `BPF_MAP_UPDATE_ELEM` with no key: pushes `value` into a queue or
+/// stack map (`ENOSPC` when full).
+pub fn map_push<V: Plain>(map: BorrowedFd<'_>, value: &V) -> io::Result<()> {
+    let mut attr = zeroed::<bpf_attr>();
+    // SAFETY: writing plain integers into the element variant.
+    let u = unsafe { &mut attr.__bindgen_anon_2 };
+    u.map_fd = map.as_raw_fd() as u32;
+    u.__bindgen_anon_1.value = value as *const V as u64;
+    // SAFETY: value is live for the call; the kernel only reads it.
+    unsafe { bpf(bpf_cmd::BPF_MAP_UPDATE_ELEM, &mut attr) }.map(drop)
+}
+
+/// The `u64` elements of a `BPF_F_MMAPABLE` array map, mapped read-write
+/// into this process: read and written with plain atomic loads and stores
+/// while BPF programs update them, no syscall.
+pub struct MappedU64s {
+    ptr: std::ptr::NonNull<std::sync::atomic::AtomicU64>,
+    len: usize,
+}
+
+// The mapping is shared memory accessed only through atomics.
+unsafe impl Send for MappedU64s {}
+unsafe impl Sync for MappedU64s {}
+
+impl MappedU64s {
+    /// Maps the first `len` elements of the array `map` (whose values are
+    /// 8 bytes and which has at least `len` elements).
+    pub fn new(map: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
+        let bytes = (len * 8).max(1);
+        // SAFETY: a fresh shared mapping of the map's fd; checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("mmap of a BPF array ({len} elements): {e}")));
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
+        Ok(MappedU64s { ptr, len })
+    }
+
+    /// The elements (the kernel keeps the mapping's pages for as long as
+    /// it is mapped, whatever happens to the map's fd).
+    pub fn elems(&self) -> &[std::sync::atomic::AtomicU64] {
+        // SAFETY: `len` 8-byte aligned elements (page-aligned mapping),
+        // live until drop, only ever accessed atomically.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MappedU64s {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), (self.len * 8).max(1)) };
+    }
+}
+
 /// `BPF_MAP_UPDATE_ELEM`: `map[key] = value` (`BPF_ANY`). For a map of
 /// maps the value is the inner map's fd as a `u32`.
 pub fn map_update<K: Plain, V: Plain>(map: BorrowedFd<'_>, key: &K, value: &V) -> io::Result<()> {
@@ -237,26 +301,6 @@ pub fn map_delete_batch<K: Plain>(map: BorrowedFd<'_>, keys: &[K]) -> io::Result
     attr.batch.count = count;
     // SAFETY: keys is live for `count` elements; the kernel only reads it.
     unsafe { bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr) }.map(drop)
-}
-
-/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM`: removes `key` and returns the value
-/// it held at that moment (hash maps, Linux >= 5.14), `None` when it was
-/// not there. Nothing added to the value before the removal is lost.
-pub fn map_take<K: Plain, V: Plain>(map: BorrowedFd<'_>, key: &K) -> io::Result<Option<V>> {
-    let mut value = zeroed::<V>();
-    let mut attr = zeroed::<bpf_attr>();
-    // SAFETY: writing plain integers into the element variant.
-    let u = unsafe { &mut attr.__bindgen_anon_2 };
-    u.map_fd = map.as_raw_fd() as u32;
-    u.key = key as *const K as u64;
-    u.__bindgen_anon_1.value = &mut value as *mut V as u64;
-    // SAFETY: key and value are live for the call, of the map's key and
-    // value sizes (the caller's K and V); the kernel writes only value.
-    match unsafe { bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr) } {
-        Ok(_) => Ok(Some(value)),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(e) => Err(io::Error::new(e.kind(), format!("BPF_MAP_LOOKUP_AND_DELETE_ELEM: {e}"))),
-    }
 }
 
 /// `BPF_MAP_LOOKUP_BATCH` over a whole hash map: appends every key and

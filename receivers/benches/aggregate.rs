@@ -5,15 +5,16 @@
 //! of 20 kernel and 15 user frames, leaf addresses all different and the
 //! callers drawn from small pools, so locations repeat across stacks as
 //! they do in a real report. Every report's stacks are new ones (new count
-//! keys: the most a report can cost), and those of earlier reports leave
-//! the kernel's map when idle, as they would.
+//! keys and slots: the most a report can cost), and those of earlier
+//! reports leave the kernel's map when idle and free their slots, as they
+//! would.
 //!
 //!     cargo bench -p profcol-receivers --bench aggregate
 //!
 //! Prints `REPORT us/report` and `PER-STACK ns`, the median of `ROUNDS`.
 
 use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs};
-use profcol_receivers::ebpf::counted::CountedStacks;
+use profcol_receivers::ebpf::counted::{CountStore, CountedStacks};
 use profcol_receivers::ebpf::process::ProcessInfo;
 use profcol_receivers::ebpf::service_name::ServiceNamer;
 use std::sync::Arc;
@@ -42,19 +43,19 @@ fn main() {
     let attrs = SampleAttrs { thread_id: true, thread_name: true, cpu: false };
     let namer = ServiceNamer::new(Vec::new());
     let mut counted = CountedStacks::new(1 << 20);
+    let mut store = Slots::default();
     let mut times = Vec::with_capacity(ROUNDS);
     let mut check = 0u64;
     for round in 0..ROUNDS as u64 {
         let keys = round * STACKS + 1..=(round + 1) * STACKS;
+        // The kernel's side of the report: each new stack takes a slot.
+        let slots: Vec<u32> = keys.clone().map(|k| store.take(1 + k % 3)).collect();
         let t = Instant::now();
         let mut iv = Interval::new(0, attrs);
-        for (key, (k, u)) in keys.clone().zip(&stacks) {
-            counted.record(key, &dash_sample(42, k, u), process.clone());
+        for ((key, slot), (k, u)) in keys.zip(slots).zip(&stacks) {
+            counted.record(key, slot, &dash_sample(42, k, u), process.clone());
         }
-        let counts: Vec<(u64, u64)> = keys.map(|k| (k, 1 + k % 3)).collect();
-        counted.set_read(&counts);
-        // The idle keys of earlier reports are no longer in the map.
-        let settled = counted.settle(&mut iv, |_, _| {}, |_| Ok(None));
+        let settled = counted.settle(&mut iv, &mut store, |_, _| {});
         let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer);
         check += settled.samples + batch.profiles().count() as u64;
         drop(batch);
@@ -65,4 +66,42 @@ fn main() {
     assert!(check > 0);
     println!("REPORT {:.1} us/report ({STACKS} stacks, median of {ROUNDS})", median.as_secs_f64() * 1e6);
     println!("PER-STACK {:.0} ns", median.as_secs_f64() * 1e9 / STACKS as f64);
+}
+
+/// The count slots in memory, as the BPF program hands them out.
+#[derive(Default)]
+struct Slots {
+    counts: Vec<u64>,
+    free: Vec<u32>,
+}
+
+impl Slots {
+    fn take(&mut self, count: u64) -> u32 {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.counts.push(0);
+            self.counts.len() as u32 - 1
+        });
+        self.counts[slot as usize] = count;
+        slot
+    }
+}
+
+impl CountStore for Slots {
+    fn count(&self, slot: u32) -> u64 {
+        self.counts.get(slot as usize).copied().unwrap_or(0)
+    }
+    fn handed_out(&self) -> u32 {
+        self.counts.len() as u32
+    }
+    fn remove_key(&mut self, _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn free_slot(&mut self, slot: u32) -> std::io::Result<()> {
+        self.counts[slot as usize] = 0;
+        self.free.push(slot);
+        Ok(())
+    }
+    fn keys(&mut self, _: &mut Vec<(u64, u32)>) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -40,19 +40,17 @@ struct Key {
 }
 
 /// A sample's kernel frames then its user frames, in one allocation (a
-/// report makes one per distinct stack; two boxes doubled that).
+/// report makes one per distinct stack; two boxes doubled that), shared:
+/// a counted stack hands its record's frames to every report it recurs in.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Frames {
-    all: Box<[u64]>,
+    all: Arc<[u64]>,
     kernel: usize,
 }
 
 impl Frames {
     pub fn new(kstack: &[u64], ustack: &[u64]) -> Self {
-        let mut all = Vec::with_capacity(kstack.len() + ustack.len());
-        all.extend_from_slice(kstack);
-        all.extend_from_slice(ustack);
-        Frames { all: all.into_boxed_slice(), kernel: kstack.len() }
+        Frames { all: kstack.iter().chain(ustack).copied().collect(), kernel: kstack.len() }
     }
     pub fn kstack(&self) -> &[u64] {
         &self.all[..self.kernel]
@@ -65,8 +63,10 @@ impl Frames {
 /// Process facts and the mappings its frames resolve in (`None`: /proc
 /// was unreadable).
 type ProcessEntry = (Arc<ProcessInfo>, Option<Arc<MappingSet>>);
-/// Samples of one (pid, mapping generation) with their occurrences.
-type Group = Vec<(Key, Occurrences)>;
+
+/// The process (pid, mapping generation) a batch's samples are at: its
+/// resource index and the mappings its frames resolve in.
+type Group = ((u32, u32), usize, Option<Arc<MappingSet>>);
 
 /// How often one identity occurred in the interval.
 #[derive(Default)]
@@ -161,6 +161,16 @@ impl Interval {
         }
     }
 
+    /// An interval sized for `like`'s samples and processes: a report's
+    /// distinct stacks are much like the last one's, and a table grown
+    /// step by step rehashes every entry at each step.
+    pub fn sized_like(start_unix_ns: u64, attrs: SampleAttrs, like: &Interval) -> Self {
+        let mut iv = Interval::new(start_unix_ns, attrs);
+        iv.samples.reserve(like.samples.len());
+        iv.procs.reserve(like.procs.len());
+        iv
+    }
+
     /// Samples in the interval, with a time or counted in the kernel.
     pub fn sample_count(&self) -> u64 {
         self.count as u64 + self.counted
@@ -246,13 +256,23 @@ impl Interval {
         let probe_meta =
             ProfileMeta { sample_type: ("calls", "count"), period_type: ("calls", "count"), period: 1, ..meta };
 
-        // Deterministic order: by pid, generation, then sample identity.
-        let mut groups: FxHashMap<(u32, u32), Group> = FxHashMap::default();
-        for (k, occ) in self.samples {
-            groups.entry((k.pid, k.generation)).or_default().push((k, occ));
-        }
-        let mut group_keys: Vec<(u32, u32)> = groups.keys().copied().collect();
-        group_keys.sort_unstable();
+        // Deterministic order: by pid, generation, then sample identity;
+        // sorted by index (a sample with its key is ~100 bytes to move at
+        // every swap, an index 4), one vector for all processes.
+        let mut samples: Vec<(Key, Occurrences)> = self.samples.into_iter().collect();
+        let mut order: Vec<u32> = (0..samples.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (a, b) = (&samples[a as usize].0, &samples[b as usize].0);
+            (a.pid, a.generation, a.profile, a.tid, a.cpu, a.frames.kstack(), a.frames.ustack()).cmp(&(
+                b.pid,
+                b.generation,
+                b.profile,
+                b.tid,
+                b.cpu,
+                b.frames.kstack(),
+                b.frames.ustack(),
+            ))
+        });
 
         let mut locs = Vec::new();
         // Location of each kernel address (one mapping for all processes)
@@ -261,172 +281,162 @@ impl Interval {
         // hashing a Location.
         let mut kernel_locs: FxHashMap<u64, i32> = FxHashMap::default();
         let mut user_locs: FxHashMap<u64, i32> = FxHashMap::default();
-        let mut order: Vec<u32> = Vec::new();
-        for gk in group_keys {
-            let Some(mut samples) = groups.remove(&gk) else {
-                continue;
-            };
-            // Sorted by index: a sample with its key is ~100 bytes to move
-            // at every swap, an index 4.
-            order.clear();
-            order.extend(0..samples.len() as u32);
-            order.sort_unstable_by(|&a, &b| {
-                let (a, b) = (&samples[a as usize].0, &samples[b as usize].0);
-                (a.profile, a.tid, a.cpu, a.frames.kstack(), a.frames.ustack()).cmp(&(
-                    b.profile,
-                    b.tid,
-                    b.cpu,
-                    b.frames.kstack(),
-                    b.frames.ustack(),
-                ))
-            });
-            let (info, maps) = match self.procs.get(&gk) {
-                Some((i, m)) => (i.clone(), m.clone()),
-                None => (Arc::new(ProcessInfo::default()), None),
-            };
-            let service = match info.service_name.as_str() {
-                "" => {
-                    let comm = self.unreadable_comm.get(&gk.0).map(comm_str).unwrap_or_default();
-                    namer.name_without_process(&comm)
+        // Mapping index per process mapping, interned lazily.
+        let mut mapping_idx: FxHashMap<usize, i32> = FxHashMap::default();
+        // The process of the samples now: its resource and mappings.
+        let mut group: Option<Group> = None;
+        // Its profiles, made when their first sample comes.
+        let mut current: Option<(u32, ProfileRef)> = None;
+        // The thread of the last sample, with its attributes' indices.
+        let mut thread_attrs: Option<(u32, [u8; 16], [Option<i32>; 2])> = None;
+        for &i in &order {
+            let (k, occ) = &mut samples[i as usize];
+            let gk = (k.pid, k.generation);
+            let (r, maps) = match &group {
+                Some((g, r, maps)) if *g == gk => (*r, maps.as_ref()),
+                _ => {
+                    let (info, maps) = match self.procs.get(&gk) {
+                        Some((i, m)) => (i.clone(), m.clone()),
+                        None => (Arc::new(ProcessInfo::default()), None),
+                    };
+                    let service = match info.service_name.as_str() {
+                        "" => {
+                            let comm = self.unreadable_comm.get(&gk.0).map(comm_str).unwrap_or_default();
+                            namer.name_without_process(&comm)
+                        }
+                        name => name.to_owned(),
+                    };
+                    let r = b.resource(resource(host_name, &info, &service));
+                    b.set_scope(r, profcol_api::model::profcol_scope());
+                    current = None;
+                    thread_attrs = None;
+                    mapping_idx.clear();
+                    // Location of each user address of this process (its
+                    // mappings say where an address lies): a frame met
+                    // again, in this stack or the next, is one lookup of a u64.
+                    user_locs.clear();
+                    let g = group.insert((gk, r, maps));
+                    (g.1, g.2.as_ref())
                 }
-                name => name.to_owned(),
             };
-            let r = b.resource(resource(host_name, &info, &service));
-            b.set_scope(r, profcol_api::model::profcol_scope());
-            // Profiles of this process, made when their first sample comes.
-            let mut current: Option<(u32, ProfileRef)> = None;
-            // Mapping index per process mapping, interned lazily.
-            let mut mapping_idx: FxHashMap<usize, i32> = FxHashMap::default();
-            // Location of each user address of this process (its mappings
-            // say where an address lies): a frame met again, in this
-            // stack or the next, is one lookup of a u64.
-            user_locs.clear();
-            // The thread of the last sample, with its attributes' indices.
-            let mut thread_attrs: Option<(u32, [u8; 16], [Option<i32>; 2])> = None;
-            for &i in &order {
-                let (k, occ) = &mut samples[i as usize];
-                let prof = match current {
-                    Some((p, r)) if p == k.profile => r,
-                    _ => {
-                        let r = if k.profile == CPU_PROFILE {
-                            b.profile(r, &meta)
-                        } else {
-                            let pr = b.profile(r, &probe_meta);
-                            let spec = probes.get(k.profile as usize);
-                            let mut attrs =
-                                vec![b.attribute(
-                                    UPROBE_SYMBOL_ATTR,
-                                    AttrValue::Str(spec.map_or("", |s| s.symbol.as_str())),
-                                )];
-                            if let Some(bin) = spec.and_then(|s| s.binary.as_deref()) {
-                                attrs.push(b.attribute(UPROBE_BINARY_ATTR, AttrValue::Str(bin)));
-                            }
-                            b.profile_mut(pr).attribute_indices = attrs;
-                            pr
-                        };
-                        current = Some((k.profile, r));
-                        r
-                    }
-                };
-                locs.clear();
-                for &addr in k.frames.kstack() {
-                    locs.push(*kernel_locs.entry(addr).or_insert_with(|| {
-                        b.location(pb::Location {
-                            mapping_index: kernel_mapping,
-                            address: addr,
-                            lines: Vec::new(),
-                            attribute_indices: vec![kernel_attr],
-                        })
-                    }));
+            let prof = match current {
+                Some((p, r)) if p == k.profile => r,
+                _ => {
+                    let r = if k.profile == CPU_PROFILE {
+                        b.profile(r, &meta)
+                    } else {
+                        let pr = b.profile(r, &probe_meta);
+                        let spec = probes.get(k.profile as usize);
+                        let mut attrs = vec![
+                            b.attribute(UPROBE_SYMBOL_ATTR, AttrValue::Str(spec.map_or("", |s| s.symbol.as_str())))
+                        ];
+                        if let Some(bin) = spec.and_then(|s| s.binary.as_deref()) {
+                            attrs.push(b.attribute(UPROBE_BINARY_ATTR, AttrValue::Str(bin)));
+                        }
+                        b.profile_mut(pr).attribute_indices = attrs;
+                        pr
+                    };
+                    current = Some((k.profile, r));
+                    r
                 }
-                for &addr in k.frames.ustack() {
-                    if let Some(&l) = user_locs.get(&addr) {
-                        locs.push(l);
-                        continue;
-                    }
-                    let mapping_index = maps
-                        .as_ref()
-                        .and_then(|set| {
-                            let i = set.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
-                            let m = &set.mappings[i];
-                            (addr < m.end).then_some((i, m))
-                        })
-                        .map_or(0, |(i, m)| {
-                            *mapping_idx.entry(i).or_insert_with(|| {
-                                let filename_strindex = b.string(&m.path);
-                                let attribute_indices = match (&m.build_id, &m.file_id) {
-                                    (Some(id), _) => {
-                                        vec![b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(id))]
-                                    }
-                                    (None, Some(id)) => {
-                                        vec![b.attribute(keys::BUILD_ID_HTLHASH, AttrValue::Str(id))]
-                                    }
-                                    (None, None) => Vec::new(),
-                                };
-                                b.mapping(pb::Mapping {
-                                    memory_start: m.start,
-                                    memory_limit: m.end,
-                                    file_offset: m.file_offset,
-                                    filename_strindex,
-                                    attribute_indices,
-                                })
-                            })
-                        });
-                    let l = b.location(pb::Location {
-                        mapping_index,
+            };
+            locs.clear();
+            for &addr in k.frames.kstack() {
+                locs.push(*kernel_locs.entry(addr).or_insert_with(|| {
+                    b.location(pb::Location {
+                        mapping_index: kernel_mapping,
                         address: addr,
                         lines: Vec::new(),
-                        attribute_indices: vec![native_attr],
-                    });
-                    user_locs.insert(addr, l);
+                        attribute_indices: vec![kernel_attr],
+                    })
+                }));
+            }
+            for &addr in k.frames.ustack() {
+                if let Some(&l) = user_locs.get(&addr) {
                     locs.push(l);
+                    continue;
                 }
-                let stack_index = b.stack(&locs);
-                let mut attribute_indices = Vec::with_capacity(4);
-                // Samples come sorted by thread: its attributes are interned
-                // once per thread, not once per stack.
-                let thread = match thread_attrs {
-                    Some((tid, comm, attrs)) if tid == k.tid && comm == k.comm => attrs,
-                    _ => {
-                        let attrs = [
-                            self.attrs.thread_id.then(|| b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64))),
-                            self.attrs
-                                .thread_name
-                                .then(|| b.attribute(keys::THREAD_NAME, AttrValue::Str(&comm_str(&k.comm)))),
-                        ];
-                        thread_attrs = Some((k.tid, k.comm, attrs));
-                        attrs
-                    }
-                };
-                attribute_indices.extend(thread.into_iter().flatten());
-                if self.attrs.cpu {
-                    attribute_indices.push(b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)));
+                let mapping_index = maps
+                    .and_then(|set| {
+                        let i = set.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
+                        let m = &set.mappings[i];
+                        (addr < m.end).then_some((i, m))
+                    })
+                    .map_or(0, |(i, m)| {
+                        *mapping_idx.entry(i).or_insert_with(|| {
+                            let filename_strindex = b.string(&m.path);
+                            let attribute_indices = match (&m.build_id, &m.file_id) {
+                                (Some(id), _) => {
+                                    vec![b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(id))]
+                                }
+                                (None, Some(id)) => {
+                                    vec![b.attribute(keys::BUILD_ID_HTLHASH, AttrValue::Str(id))]
+                                }
+                                (None, None) => Vec::new(),
+                            };
+                            b.mapping(pb::Mapping {
+                                memory_start: m.start,
+                                memory_limit: m.end,
+                                file_offset: m.file_offset,
+                                filename_strindex,
+                                attribute_indices,
+                            })
+                        })
+                    });
+                let l = b.location(pb::Location {
+                    mapping_index,
+                    address: addr,
+                    lines: Vec::new(),
+                    attribute_indices: vec![native_attr],
+                });
+                user_locs.insert(addr, l);
+                locs.push(l);
+            }
+            let stack_index = b.stack(&locs);
+            let mut attribute_indices = Vec::with_capacity(4);
+            // Samples come sorted by thread: its attributes are interned
+            // once per thread, not once per stack.
+            let thread = match thread_attrs {
+                Some((tid, comm, attrs)) if tid == k.tid && comm == k.comm => attrs,
+                _ => {
+                    let attrs = [
+                        self.attrs.thread_id.then(|| b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64))),
+                        self.attrs
+                            .thread_name
+                            .then(|| b.attribute(keys::THREAD_NAME, AttrValue::Str(&comm_str(&k.comm)))),
+                    ];
+                    thread_attrs = Some((k.tid, k.comm, attrs));
+                    attrs
                 }
-                if let Some(end) = k.unwind_end {
-                    attribute_indices.push(b.attribute(UNWIND_END_ATTR, AttrValue::Str(end)));
-                }
-                let (mut ts, counted) = (std::mem::take(&mut occ.times), occ.counted);
-                if counted > 0 {
-                    let values = vec![i64::try_from(counted).unwrap_or(i64::MAX)];
-                    // A copy only when a sample with times follows.
-                    let attribute_indices =
-                        if ts.is_empty() { std::mem::take(&mut attribute_indices) } else { attribute_indices.clone() };
-                    let s = pb::Sample { stack_index, attribute_indices, values, ..Default::default() };
-                    b.sample(prof, s);
-                }
-                if !ts.is_empty() {
-                    ts.sort_unstable();
-                    b.sample(
-                        prof,
-                        pb::Sample {
-                            stack_index,
-                            attribute_indices,
-                            link_index: 0,
-                            values: vec![1; ts.len()],
-                            timestamps_unix_nano: ts,
-                        },
-                    );
-                }
+            };
+            attribute_indices.extend(thread.into_iter().flatten());
+            if self.attrs.cpu {
+                attribute_indices.push(b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)));
+            }
+            if let Some(end) = k.unwind_end {
+                attribute_indices.push(b.attribute(UNWIND_END_ATTR, AttrValue::Str(end)));
+            }
+            let (mut ts, counted) = (std::mem::take(&mut occ.times), occ.counted);
+            if counted > 0 {
+                let values = vec![i64::try_from(counted).unwrap_or(i64::MAX)];
+                // A copy only when a sample with times follows.
+                let attribute_indices =
+                    if ts.is_empty() { std::mem::take(&mut attribute_indices) } else { attribute_indices.clone() };
+                let s = pb::Sample { stack_index, attribute_indices, values, ..Default::default() };
+                b.sample(prof, s);
+            }
+            if !ts.is_empty() {
+                ts.sort_unstable();
+                b.sample(
+                    prof,
+                    pb::Sample {
+                        stack_index,
+                        attribute_indices,
+                        link_index: 0,
+                        values: vec![1; ts.len()],
+                        timestamps_unix_nano: ts,
+                    },
+                );
             }
         }
         b.build()

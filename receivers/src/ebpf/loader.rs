@@ -39,7 +39,7 @@ pub struct Loaded {
     /// The unwinder's maps (`None` with `unwind.mode: frame_pointers`).
     pub unwind_maps: Option<super::unwind::kernel::KernelMaps>,
     /// Samples counted in the kernel (`None` unless `count_in_kernel`).
-    pub counts: Option<MapData>,
+    pub counts: Option<super::counted::KernelCounts>,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -144,7 +144,10 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         .override_global(obj::globals::KTEXT_END, &counting.ktext.1, true)
         .override_global(obj::globals::COUNT_BY, &counting.by, true)
         .override_global(obj::globals::COUNT_SEED, &counting.seed, true)
-        .map_max_entries(obj::COUNTS_MAP, if cfg.count_in_kernel { cfg.max_counted_stacks } else { 1 })
+        .override_global(obj::globals::COUNT_SLOTS, &counting.slots, true)
+        .map_max_entries(obj::COUNTS_MAP, counting.slots)
+        .map_max_entries(obj::COUNT_SLOTS_MAP, counting.slots + 1)
+        .map_max_entries(obj::FREE_SLOTS_MAP, counting.slots)
         .load(obj::cpu_sample_object())
         .map_err(|e| other("loading the BPF object (maps)", &e))?;
 
@@ -190,13 +193,15 @@ struct CountingGlobals {
     ktext: (u64, u64),
     by: u32,
     seed: u64,
+    /// Count slots (`max_counted_stacks`; 1 when off: maps need one).
+    slots: u32,
 }
 
 impl CountingGlobals {
     fn new(cfg: &EbpfConfig) -> Self {
         use super::config::SampleAttribute;
         if !cfg.count_in_kernel {
-            return CountingGlobals { enabled: 0, ktext: (0, 0), by: 0, seed: 0 };
+            return CountingGlobals { enabled: 0, ktext: (0, 0), by: 0, seed: 0, slots: 1 };
         }
         let ktext = super::kernel_text::read().unwrap_or_else(|| {
             tracing::info!(
@@ -221,7 +226,7 @@ impl CountingGlobals {
             // its stacks: the time will do.
             seed = super::clock::now_ns(libc::CLOCK_MONOTONIC).to_ne_bytes();
         }
-        CountingGlobals { enabled: 1, ktext, by, seed: u64::from_ne_bytes(seed) }
+        CountingGlobals { enabled: 1, ktext, by, seed: u64::from_ne_bytes(seed), slots: cfg.max_counted_stacks }
     }
 }
 
@@ -311,6 +316,26 @@ fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps
     let files = BpfHashMap::try_from(take(obj::unwind::FILES_MAP)?).map_err(|e| other("unwind_files", &e))?;
     let wanted = BpfHashMap::try_from(take(obj::unwind::WANTED_MAP)?).map_err(|e| other("unwind_wanted", &e))?;
     Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, files, wanted })
+}
+
+/// The maps of counting in the kernel, the slots' counts mapped into memory.
+fn take_count_maps(ebpf: &mut Ebpf, slots: u32) -> Result<super::counted::KernelCounts, LoadError> {
+    let mut take =
+        |name: &str| ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")));
+    let keys = match take(obj::COUNTS_MAP)? {
+        aya::maps::Map::HashMap(d) => d,
+        _ => return Err(LoadError::Other("the counts map is not a hash map".into())),
+    };
+    let counts = match take(obj::COUNT_SLOTS_MAP)? {
+        aya::maps::Map::Array(d) => d,
+        _ => return Err(LoadError::Other("the count_slots map is not an array".into())),
+    };
+    let free = match take(obj::FREE_SLOTS_MAP)? {
+        aya::maps::Map::Queue(d) => d,
+        _ => return Err(LoadError::Other("the free_slots map is not a queue".into())),
+    };
+    super::counted::KernelCounts::new(keys, counts, free, slots)
+        .map_err(|e| LoadError::Other(format!("mapping the count slots into memory: {e}")))
 }
 
 /// Loads the uprobe program; the error names what the kernel lacks.
@@ -435,17 +460,7 @@ pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError>
     // back to frame pointers without it).
     let unwind_loaded = ebpf.program(obj::unwind::PROGRAM).is_some_and(|p| p.fd().is_ok());
     let unwind_maps = if unwind_loaded { Some(take_unwind_maps(&mut ebpf)?) } else { None };
-    let counts = if cfg.count_in_kernel {
-        Some(ebpf.take_map(obj::COUNTS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the counts map".into()))?)
-    } else {
-        None
-    };
-    let counts = counts
-        .map(|m| match m {
-            aya::maps::Map::HashMap(d) => Ok(d),
-            _ => Err(LoadError::Other("the counts map is not a hash map".into())),
-        })
-        .transpose()?;
+    let counts = if cfg.count_in_kernel { Some(take_count_maps(&mut ebpf, cfg.max_counted_stacks)?) } else { None };
     let mut loaded = Loaded {
         unwind_maps,
         counts,

@@ -860,10 +860,10 @@ impl Sampler {
             let mut count_key = None;
             let probe = match h.kind {
                 SampleKind::Cpu => None,
-                SampleKind::CpuCounted(key) => {
+                SampleKind::CpuCounted { key, slot } => {
                     // Its 1 is in the count.
                     n -= 1;
-                    count_key = Some(key);
+                    count_key = Some((key, slot));
                     None
                 }
                 SampleKind::Probe(i) => {
@@ -905,7 +905,7 @@ impl Sampler {
                 unwind_end: h.user_end,
             };
             match count_key {
-                Some(key) => self.counted.record(key, &sample, process),
+                Some((key, slot)) => self.counted.record(key, slot, &sample, process),
                 None => self.interval.add(&sample, process.as_ref().map(|(i, m)| (i, m))),
             }
             if self.interval.is_full() {
@@ -924,23 +924,13 @@ impl Sampler {
     /// Ends the interval: updates telemetry, sweeps the process table and
     /// builds the batch (`None` when nothing was sampled).
     fn cut(&mut self, loaded: &mut Loaded, now: Instant) -> Option<Profiles> {
-        // Counts first, then the records written before them, then pair.
-        if let Some(map) = &loaded.counts {
-            if let Err(e) = self.counted.read(map) {
-                tracing::warn!(error = %e, "ebpf receiver: cannot read the kernel's sample counts; they stay for the next report");
-            }
-        }
+        // The records written so far, then the counts (read in place).
         if loaded.counts.is_some() {
             self.drain(loaded);
         }
-        if let Some(map) = &loaded.counts {
-            let fd = std::os::fd::AsFd::as_fd(map.fd());
+        if let Some(store) = loaded.counts.as_mut() {
             let ends = &self.unwind_counters;
-            let settled = self.counted.settle(
-                &mut self.interval,
-                |end, n| ends.count_ends(end, n),
-                |key| profcol_ebpf::sys::map_take(fd, &key),
-            );
+            let settled = self.counted.settle(&mut self.interval, store, |end, n| ends.count_ends(end, n));
             self.counters.samples.add(settled.samples);
             self.counters.counted_unnamed.add(settled.unnamed);
             self.counters.dropped.add(settled.unnamed);
@@ -989,7 +979,8 @@ impl Sampler {
         self.counters.processes.set(self.table.len() as i64);
 
         let end = self.clock.now_unix_ns();
-        let interval = std::mem::replace(&mut self.interval, Interval::new(end, self.attrs));
+        let next = Interval::sized_like(end, self.attrs, &self.interval);
+        let interval = std::mem::replace(&mut self.interval, next);
         if interval.sample_count() == 0 {
             return None;
         }
