@@ -46,16 +46,19 @@ fn main() {
     let mut store = Slots::default();
     let mut times = Vec::with_capacity(ROUNDS);
     let mut check = 0u64;
+    let mut next = Interval::new(0, attrs);
     for round in 0..ROUNDS as u64 {
         let keys = round * STACKS + 1..=(round + 1) * STACKS;
         // The kernel's side of the report: each new stack takes a slot.
         let slots: Vec<u32> = keys.clone().map(|k| store.take(1 + k % 3)).collect();
         let t = Instant::now();
-        let mut iv = Interval::new(0, attrs);
+        let mut iv = std::mem::replace(&mut next, Interval::new(0, attrs));
         for ((key, slot), (k, u)) in keys.zip(slots).zip(&stacks) {
             counted.record(key, slot, &dash_sample(42, k, u), process.clone());
         }
         let settled = counted.settle(&mut iv, &mut store, |_, _| {});
+        // The next report's interval is sized like this one, as the sampler's.
+        next = Interval::sized_like(0, attrs, &iv);
         let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer);
         check += settled.samples + batch.profiles().count() as u64;
         drop(batch);

@@ -274,11 +274,14 @@ impl Interval {
             ))
         });
 
+        // A stack per sample at most; about as many distinct frames.
+        b.reserve(samples.len(), samples.len());
         let mut locs = Vec::new();
         // Location of each kernel address (one mapping for all processes)
         // and, per process, of each user address: most frames of a report
         // are callers many stacks share, found here without building and
-        // hashing a Location.
+        // hashing a Location. Each is new to the batch when first met, so
+        // it is pushed, not interned.
         let mut kernel_locs: FxHashMap<u64, i32> = FxHashMap::default();
         let mut user_locs: FxHashMap<u64, i32> = FxHashMap::default();
         // Mapping index per process mapping, interned lazily.
@@ -343,7 +346,7 @@ impl Interval {
             locs.clear();
             for &addr in k.frames.kstack() {
                 locs.push(*kernel_locs.entry(addr).or_insert_with(|| {
-                    b.location(pb::Location {
+                    b.push_location(pb::Location {
                         mapping_index: kernel_mapping,
                         address: addr,
                         lines: Vec::new(),
@@ -383,7 +386,7 @@ impl Interval {
                             })
                         })
                     });
-                let l = b.location(pb::Location {
+                let l = b.push_location(pb::Location {
                     mapping_index,
                     address: addr,
                     lines: Vec::new(),

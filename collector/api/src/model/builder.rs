@@ -398,6 +398,15 @@ impl ProfilesBuilder {
         i
     }
 
+    /// Room for `locations` more locations and `stacks` more stacks, so a
+    /// batch whose size is known is not rehashed step by step as it grows.
+    pub fn reserve(&mut self, locations: usize, stacks: usize) {
+        self.dict.location_table.reserve(locations);
+        self.dict.stack_table.reserve(stacks);
+        self.index_stacks();
+        self.stacks.first.reserve(stacks);
+    }
+
     /// Replaces location `i` in place (its indices refer to this builder's
     /// tables): every stack holding it now holds the new one. Two locations
     /// may end up equal; both stay (valid, if not minimal).
