@@ -135,10 +135,10 @@ for run in $(seq "$RUNS"); do
 		rss=$(kib "${PID[$t]}" VmRSS)
 		hwm=$(kib "${PID[$t]}" VmHWM)
 		awk -v run="$run" -v t="$t" -v a="${C10[$t]}" -v b="${C40[$t]}" -v s="$START_AT" -v e="$END_AT" \
-			-v rss="$rss" -v hwm="$hwm" 'BEGIN{
+			-v r="$RSS_AT" -v rss="$rss" -v hwm="$hwm" 'BEGIN{
 			slope = (b - a) / 1e6 / (e - s); start = a / 1e6 - s * slope
-			printf "RUN %d %-6s cpu@%ds %8.1f ms  cpu@%ds %8.1f ms  steady %7.3f ms/s  start-up %7.1f ms  RSS@60s %6d KiB  peak %6d KiB\n",
-				run, t, s, a / 1e6, e, b / 1e6, slope, start, rss, hwm
+			printf "RUN %d %-6s cpu@%ds %8.1f ms  cpu@%ds %8.1f ms  steady %7.3f ms/s  start-up %7.1f ms  RSS@%ds %6d KiB  peak %6d KiB\n",
+				run, t, s, a / 1e6, e, b / 1e6, slope, start, r, rss, hwm
 			printf "%d %s %f %f %d %d\n", run, t, slope, start, rss, hwm >> "'"$RESULTS"'"
 		}'
 		# What of that RSS is BPF maps mapped into the process: writable
@@ -161,19 +161,20 @@ for run in $(seq "$RUNS"); do
 	printf 'load average after run %d: %s\n' "$run" "$(cut -d' ' -f1-3 /proc/loadavg)"
 done
 
-python3 - "$RESULTS" <<'EOF'
+python3 - "$RESULTS" "$RSS_AT" <<'EOF'
 import statistics, sys
+at = sys.argv[2]
 rows = [l.split() for l in open(sys.argv[1])]
 by = {}
 for run, tool, slope, start, rss, hwm in rows:
     by.setdefault(tool, []).append((float(slope), float(start), int(rss), int(hwm)))
 med = {t: [statistics.median(v[i] for v in vals) for i in range(4)] for t, vals in by.items()}
 for t, (slope, start, rss, hwm) in med.items():
-    print(f"MEDIAN {t:6} steady {slope:.3f} ms/s  start-up {start:.1f} ms  RSS@60s {rss} KiB  peak {hwm} KiB")
+    print(f"MEDIAN {t:6} steady {slope:.3f} ms/s  start-up {start:.1f} ms  RSS@{at}s {rss} KiB  peak {hwm} KiB")
 p = med["perf"]
 # Per run ratios too: the runs share their load, medians of ratios are steadier.
 for t in [t for t in ("node", "before", "debug") if t in by]:
     rs = [a[0] / b[0] for a, b in zip(by[t], by["perf"]) if b[0] > 0]
     print(f"RATIO {t}/perf steady {med[t][0] / p[0]:.2f}x (per run {', '.join(f'{r:.2f}' for r in rs)})"
-          f"  start-up {med[t][1] / p[1]:.2f}x  RSS@60s {med[t][2] / p[2]:.2f}x  peak RSS {med[t][3] / p[3]:.2f}x")
+          f"  start-up {med[t][1] / p[1]:.2f}x  RSS@{at}s {med[t][2] / p[2]:.2f}x  peak RSS {med[t][3] / p[3]:.2f}x")
 EOF
