@@ -218,6 +218,12 @@ impl MappedU64s {
         Ok(MappedU64s { ptr, len })
     }
 
+    /// The first element, for plain stores into memory nothing else in
+    /// this process reads or writes while they are made.
+    pub fn as_mut_ptr(&self) -> *mut u64 {
+        self.ptr.as_ptr().cast()
+    }
+
     /// The elements (the kernel keeps the mapping's pages for as long as
     /// it is mapped, whatever happens to the map's fd).
     pub fn elems(&self) -> &[std::sync::atomic::AtomicU64] {

@@ -300,7 +300,10 @@ impl CountedStacks {
                     stale_unnamed |= age >= MAX_AGE;
                 }
                 State::Named => {
-                    let r = &self.records[&slot];
+                    // (A named slot always has its record.)
+                    let Some(r) = self.records.get(&slot) else {
+                        continue;
+                    };
                     let n = hand(interval, r, st, count, &mut added, &mut out);
                     st.idle = if n > 0 { 0 } else { st.idle.saturating_add(1) };
                 }
@@ -356,7 +359,9 @@ impl CountedStacks {
             self.leaving.extend(by_idle.into_iter().take(over).map(|(_, s)| s));
         }
         for &slot in &self.leaving {
-            let key = self.records[&slot].key;
+            let Some(key) = self.records.get(&slot).map(|r| r.key) else {
+                continue;
+            };
             match store.remove_key(key) {
                 Ok(()) => {
                     self.slots[slot as usize].state = State::Leaving;

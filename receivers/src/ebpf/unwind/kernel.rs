@@ -23,44 +23,18 @@ pub struct RowChunks {
 
 /// One inner array, mapped read-write.
 struct Chunk {
-    ptr: std::ptr::NonNull<u64>,
+    mapped: profcol_ebpf::sys::MappedU64s,
     /// Keeps the inner map (and so the mapping's object) alive.
     _fd: OwnedFd,
 }
 
-const CHUNK_BYTES: usize = CHUNK_ELEMS as usize * 8;
-
 impl Chunk {
     fn new(index: usize) -> std::io::Result<Self> {
         let fd = profcol_ebpf::sys::array_create_mmapable(&format!("unwind_rows{index}"), CHUNK_ELEMS)?;
-        // SAFETY: a fresh shared mapping of the new map's fd; checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                CHUNK_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let ptr = std::ptr::NonNull::new(ptr.cast::<u64>()).ok_or_else(|| std::io::Error::other("mmap gave NULL"))?;
-        Ok(Chunk { ptr, _fd: fd })
+        let mapped = profcol_ebpf::sys::MappedU64s::new(fd.as_fd(), CHUNK_ELEMS as usize)?;
+        Ok(Chunk { mapped, _fd: fd })
     }
 }
-
-impl Drop for Chunk {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), CHUNK_BYTES) };
-    }
-}
-
-// The mappings are owned by this value alone; the kernel side only reads them.
-unsafe impl Send for RowChunks {}
 
 impl RowChunks {
     /// The outer array `map` of `slots` chunks, all empty.
@@ -101,7 +75,7 @@ impl Sink for KernelMaps {
         let chunk = self.rows.chunk(index)?;
         // SAFETY: in bounds (checked above) of the live mapping, which
         // nothing in this process aliases.
-        unsafe { std::ptr::copy_nonoverlapping(elems.as_ptr(), chunk.ptr.as_ptr().add(offset), elems.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(elems.as_ptr(), chunk.mapped.as_mut_ptr().add(offset), elems.len()) };
         Ok(())
     }
 
