@@ -5,9 +5,10 @@
 //! otlp receiver decodes it, and two such requests from different nodes as
 //! the `batch` processor holds them merged. Each is broken down into the
 //! samples (their structs and vectors) and the dictionary, and shown beside
-//! the same data with every vector at exactly its length (what a decoder
-//! sizing vectors from the wire would hold): the part that is the model's
-//! layout and not the decoder's growth.
+//! the same data with every vector at exactly its length: the model's
+//! layout. The receiver's decode (`model/decode.rs`) sizes vectors from the
+//! wire, so it should hold that; prost's own decode, which grows them push
+//! by push, is shown beside it.
 //!
 //! cargo bench -p profcol --bench decoded_size    # RATIO lines
 
@@ -28,6 +29,12 @@ fn counted<T>(make: impl FnOnce() -> T) -> (T, usize) {
 
 /// The receiver's decode: the request's bytes to the batch the pipeline gets.
 fn decode(wire: &[u8]) -> Profiles {
+    Profiles::decode(wire).expect("bench bytes decode")
+}
+
+/// prost's own decode of the same bytes (vectors grown push by push), the
+/// receiver's decode before `model/decode.rs`: shown beside it.
+fn prost_decode(wire: &[u8]) -> Profiles {
     Profiles::from_request(ExportProfilesServiceRequest::decode(wire).expect("bench bytes decode"))
 }
 
@@ -96,7 +103,7 @@ fn show(what: &str, p: &Profiles, wire: usize, decoded: usize) {
     let n = p.sample_messages();
     let dict_wire = p.dictionary().map_or(0, |d| d.encoded_len());
     let layout = parts(p, exact);
-    // The decode's own count (capacities as prost grew them) split like the exact copy.
+    // The decode's own count (capacities as the receiver's decode left them) split like the exact copy.
     let grown = parts(p, |p| decode(&p.encode_to_vec()));
     println!(
         "{what}: {n} Sample messages, {wire} bytes on the wire ({dict_wire} of them the dictionary); \
@@ -134,6 +141,13 @@ fn main() {
     let (one, wire) = profcol_testkit::floor::busy_node_batch();
     drop(one);
     let (request, decoded) = counted(|| decode(&wire));
+    let (by_prost, prost_decoded) = counted(|| prost_decode(&wire));
+    assert_eq!(by_prost, request, "the receiver's decode reads what prost reads");
+    drop(by_prost);
+    println!(
+        "prost's decode of the same request: {prost_decoded} B ({:.2}× the wire size)",
+        prost_decoded as f64 / wire.len() as f64
+    );
     show("busy-node request (otlp receiver)", &request, wire.len(), decoded);
 
     // Two nodes' requests merged, as the batch processor holds them before

@@ -156,8 +156,9 @@ async fn soak() {
     }
     fn bombs(grpc: std::net::SocketAddr, http: std::net::SocketAddr) -> Attack {
         Box::pin(async move {
-            let _ = grpc_send(grpc, expansion_request(3_000_000), false).await;
-            let _ = http_send(http, expansion_request(3_000_000), "application/x-protobuf", false).await;
+            // ~160 MB decoded: over the default 128 MiB budget.
+            let _ = grpc_send(grpc, expansion_request(4_000_000), false).await;
+            let _ = http_send(http, expansion_request(4_000_000), "application/x-protobuf", false).await;
             let _ = http_send(http, gzip_bomb(40 << 20), "application/x-protobuf", true).await;
         })
     }

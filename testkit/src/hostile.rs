@@ -25,7 +25,7 @@ fn varint(v: &mut Vec<u8>, mut n: u64) {
 }
 
 /// An `ExportProfilesServiceRequest` of about `wire_bytes` bytes made of
-/// empty `Sample`s (2 bytes each on the wire, ~100 bytes decoded in a
+/// empty `Sample`s (2 bytes each on the wire, 80 bytes decoded in a
 /// vector): the expansion request. Valid protobuf.
 pub fn expansion_request(wire_bytes: usize) -> Vec<u8> {
     let samples = wire_bytes.saturating_sub(16) / 2;

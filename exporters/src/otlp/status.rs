@@ -35,7 +35,10 @@ pub fn retry_delay(details: &[u8]) -> Option<Duration> {
 /// An UNKNOWN or INTERNAL status that carries a source error was made by the
 /// client's own transport (a reset connection, a failed handshake, an HTTP/2
 /// GOAWAY from a server going away: tonic maps h2's NO_ERROR to INTERNAL),
-/// not answered by the server: like a refused connection, it is retried. A
+/// not answered by the server: like a refused connection, it is retried. So
+/// is a RESOURCE_EXHAUSTED with a source: h2's ENHANCE_YOUR_CALM, a server
+/// closing the whole connection (say, after too many stream resets), which
+/// fails every request on it, not this one for what it holds. A
 /// status the server sent (trailers) never has a source.
 pub fn from_grpc(s: &tonic::Status) -> ExportError {
     use tonic::Code;
@@ -53,7 +56,9 @@ pub fn from_grpc(s: &tonic::Status) -> ExportError {
         | Code::Unavailable
         | Code::DataLoss => ExportError::Retryable { message, retry_after },
         Code::ResourceExhausted if retry_after.is_some() => ExportError::Retryable { message, retry_after },
-        Code::Unknown | Code::Internal if source.is_some() => ExportError::Retryable { message, retry_after: None },
+        Code::Unknown | Code::Internal | Code::ResourceExhausted if source.is_some() => {
+            ExportError::Retryable { message, retry_after: None }
+        }
         _ => ExportError::Permanent { message },
     }
 }
@@ -174,6 +179,17 @@ mod tests {
         assert!(matches!(from_grpc(&s), ExportError::Retryable { .. }), "{s:?}");
         // The same code answered by a server stays permanent.
         assert!(matches!(from_grpc(&tonic::Status::internal("bug")), ExportError::Permanent { .. }));
+    }
+
+    #[test]
+    fn a_connection_closed_for_too_many_resets_is_retried() {
+        // GOAWAY ENHANCE_YOUR_CALM (h2's "too_many_resets" guard) fails every
+        // request on the connection with RESOURCE_EXHAUSTED from h2.
+        let s = tonic::Status::from_error(Box::new(h2::Error::from(h2::Reason::ENHANCE_YOUR_CALM)));
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(matches!(from_grpc(&s), ExportError::Retryable { retry_after: None, .. }), "{s:?}");
+        // Answered by a server without RetryInfo: the request can never fit.
+        assert!(matches!(from_grpc(&tonic::Status::resource_exhausted("too big")), ExportError::Permanent { .. }));
     }
 
     #[test]

@@ -207,9 +207,9 @@ impl Default for OtlpReceiverConfig {
     }
 }
 
-/// 4 × the default `max_recv_msg_size_mib`: real batches decode to 6–12×
+/// 4 × the default `max_recv_msg_size_mib`: real batches decode to 4–7×
 /// their wire size (docs/PERFORMANCE.md), so requests of real profiles up to
-/// ~10 MiB fit, while a 3 MB request of empty samples (~250 MB decoded) does not.
+/// ~20 MiB fit, while a 4 MB request of empty samples (~160 MB decoded) does not.
 pub const DEFAULT_MAX_DECODED_SIZE_MIB: f64 = 128.0;
 
 /// Bytes of `m` MiB, saturating.

@@ -33,7 +33,7 @@ pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServe
 use profcol_api::component::{
     factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
 };
-use profcol_api::model::{decode_budget, ExportProfilesPartialSuccess, ExportProfilesServiceRequest};
+use profcol_api::model::{decode_budget, DecodeError, ExportProfilesPartialSuccess};
 use profcol_api::telemetry::{ComponentTelemetry, Counter};
 use profcol_api::{Profiles, Receiver, Stability};
 use std::net::SocketAddr;
@@ -116,15 +116,17 @@ impl Ingest {
     /// against `max_decoded_size_mib` (one pass over the bytes, nothing
     /// allocated): a request over the budget is never decoded.
     pub(crate) fn decode_proto(&self, bytes: &[u8]) -> Result<Profiles, IngestError> {
-        use prost::Message;
         // Most requests are small enough that their length alone proves they
         // fit; only larger ones are walked.
         if decode_budget::proto_size_bound(bytes.len()) > self.max_decoded {
             decode_budget::proto_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
         }
-        ExportProfilesServiceRequest::decode(bytes)
-            .map(Profiles::from_request)
-            .map_err(|e| IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {e}")))
+        Profiles::decode(bytes).map_err(|e| match e {
+            DecodeError::Protobuf(e) => {
+                IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {e}"))
+            }
+            e => IngestError::Invalid(e.to_string()),
+        })
     }
 
     /// Decodes an OTLP/JSON request, after the same budget check as

@@ -5,8 +5,9 @@
 //! decodes to gigabytes. [`proto_decoded_size`] walks the protobuf wire
 //! format of an `ExportProfilesServiceRequest` once, knowing which field of
 //! which message is a sub-message, a string or a packed array, and adds up
-//! the heap blocks prost will allocate for it: every vector at the capacity
-//! its pushes grow it to, every string at its length, each block rounded as
+//! the heap blocks the receiver's decode will allocate for it: the vectors
+//! it sizes from the wire (`model/decode.rs`) at their length, the others
+//! (prost's) at the capacity their pushes grow them to, every string at its length, each block rounded as
 //! glibc malloc rounds it (as `memsize` counts a decoded batch). Nothing is
 //! allocated but a small stack of open messages; the walk stops as soon as
 //! the estimate passes the limit, so refusing a hostile request costs less
@@ -136,6 +137,24 @@ fn field(msg: Msg, tag: u32) -> Field {
     }
 }
 
+/// Whether the receiver's decode (`model/decode.rs`) reserves this repeated
+/// field's vector at exactly its length: the vectors it reads itself. The
+/// rest are prost's, grown push by push.
+fn sized_exactly(msg: Msg, tag: usize) -> bool {
+    use Msg::*;
+    matches!(
+        (msg, tag),
+        (Request, 1)
+            | (ResourceProfiles, 2)
+            | (ScopeProfiles, 2)
+            | (Profile, 2)
+            | (Sample, 2 | 4 | 5)
+            | (Dictionary, 1..=7)
+            | (Location, 3 | 4)
+            | (Stack, 1)
+    )
+}
+
 /// The capacity a vector reaches after `n` pushes (std's growth: 4 at
 /// first for elements up to 1 KiB, then doubling).
 fn grown(n: u64, elem: usize) -> usize {
@@ -163,16 +182,19 @@ struct Open {
     counts: [u64; MAX_TAG + 1],
     /// Bit `tag` set when `counts[tag]` is not 0 (most messages have none).
     used: u16,
+    /// Bit `tag` set when a scalar of that field came unpacked: the decode
+    /// pushes it, so even a field it sizes grows.
+    pushed: u16,
 }
 
 impl Open {
     fn new(msg: Msg, end: usize) -> Self {
-        Open { msg, end, counts: [0; MAX_TAG + 1], used: 0 }
+        Open { msg, end, counts: [0; MAX_TAG + 1], used: 0, pushed: 0 }
     }
 
-    /// The vectors of its repeated fields, at the capacity they grew to.
-    /// Also the largest of them, whose last growth briefly holds both the
-    /// old and the new block.
+    /// The vectors of its repeated fields, at the capacity the decode gives them.
+    /// Also the largest of those that grow, whose last growth briefly holds
+    /// both the old and the new block.
     fn vectors(&self) -> (usize, usize) {
         let (mut sum, mut largest) = (0usize, 0usize);
         let mut used = self.used;
@@ -185,6 +207,11 @@ impl Open {
                 Field::Texts => size_of::<String>(),
                 _ => continue,
             };
+            if sized_exactly(self.msg, tag) && self.pushed & (1 << tag) == 0 {
+                // Reserved once: no growth, no old block beside the new.
+                sum = sum.saturating_add(block(usize::try_from(n).unwrap_or(usize::MAX).saturating_mul(size)));
+                continue;
+            }
             let b = block(grown(n, size).saturating_mul(size));
             sum = sum.saturating_add(b);
             largest = largest.max(b);
@@ -348,6 +375,7 @@ pub fn proto_decoded_size(buf: &[u8], limit: usize) -> Result<usize, BudgetError
             }
             Field::Scalars { .. } => {
                 count(top, 1);
+                top.pushed |= 1 << tag;
                 r.skip_value(wire, end)?;
             }
             Field::Nothing => match wire {
@@ -540,7 +568,6 @@ pub fn json_decoded_size(text: &[u8], limit: usize) -> Result<usize, BudgetError
 mod tests {
     use super::*;
     use crate::model::Profiles;
-    use prost::Message;
 
     fn request_of(samples: usize) -> Vec<u8> {
         // resource_profiles { scope_profiles { profiles { samples {} × n } } }
@@ -567,8 +594,7 @@ mod tests {
         for n in [0, 1, 5, 100, 10_000] {
             let wire = request_of(n);
             let est = proto_decoded_size(&wire, usize::MAX).unwrap();
-            let decoded = Profiles::from_request(ExportProfilesServiceRequest::decode(&wire[..]).unwrap());
-            let held = decoded.memory_size();
+            let held = Profiles::decode(&wire[..]).unwrap().memory_size();
             assert!(est >= held, "{n} samples: estimate {est} < held {held}");
             assert!(est <= held * 2 + 1024, "{n} samples: estimate {est} far above held {held}");
         }
@@ -619,7 +645,7 @@ mod tests {
     fn the_bound_from_the_length_covers_every_estimate() {
         for n in [1, 2, 3, 4, 5, 7, 8, 9, 100, 1023, 1024, 1025, 10_000] {
             for (what, wire) in hostile_shapes(n) {
-                assert!(ExportProfilesServiceRequest::decode(&wire[..]).is_ok(), "{what}");
+                assert!(Profiles::decode(&wire[..]).is_ok(), "{what}");
                 let est = proto_decoded_size(&wire, usize::MAX).unwrap();
                 let bound = proto_size_bound(wire.len());
                 assert!(est <= bound, "{what} × {n}: estimate {est} > bound {bound} for {} bytes", wire.len());
@@ -645,13 +671,13 @@ mod tests {
     fn malformed_input_is_named() {
         for bad in [&b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"[..], b"\x0a\x05ab", b"\x0b\x0c", b"\x00"] {
             assert!(matches!(proto_decoded_size(bad, usize::MAX), Err(BudgetError::Malformed(_))), "{bad:?}");
-            assert!(ExportProfilesServiceRequest::decode(bad).is_err());
+            assert!(Profiles::decode(bad).is_err());
         }
         // An unknown group is skipped, as prost skips it, and what follows counts.
         let mut wire = vec![(15 << 3) | 3, 0x08, 0x01, (15 << 3) | 4];
         wire.extend(request_of(3));
         let est = proto_decoded_size(&wire, usize::MAX).unwrap();
-        assert!(est >= Profiles::from_request(ExportProfilesServiceRequest::decode(&wire[..]).unwrap()).memory_size());
+        assert!(est >= Profiles::decode(&wire[..]).unwrap().memory_size());
     }
 
     #[test]

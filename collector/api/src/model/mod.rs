@@ -12,6 +12,7 @@
 mod builder;
 pub mod canonical;
 mod compact;
+mod decode;
 pub mod decode_budget;
 mod encode;
 mod memsize;
@@ -147,9 +148,10 @@ impl Profiles {
         self.0.encoded_len()
     }
 
-    /// Decodes protobuf `ProfilesData` bytes.
+    /// Decodes protobuf `ProfilesData` bytes (or `ExportProfilesServiceRequest`
+    /// bytes: the same fields), with vectors sized exactly (`model/decode.rs`).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        Ok(Self(pb::ProfilesData::decode(bytes)?))
+        Ok(Self(decode::decode(bytes)?))
     }
 
     /// OTLP/JSON encoding of `ProfilesData` (also the JSON of the export
