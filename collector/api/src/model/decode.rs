@@ -7,11 +7,11 @@
 //! a batch is made of (samples, locations, stacks, strings and the other
 //! tables) are counted before they are filled — a packed field's elements
 //! from its bytes, a message's repeated fields by one walk over its keys —
-//! and reserved exactly. The fields of those hot messages are read here; every other field
-//! (resources, scopes, attributes, mappings, functions, links, a profile's
-//! scalars) goes to prost's own `merge_field`, so what is accepted and what
-//! each field holds are prost's (checked against prost in the tests, also on
-//! corrupted bytes).
+//! and reserved exactly. The fields of those hot messages are read here;
+//! every other field (resources, scopes, attributes, mappings, functions,
+//! links, a profile's scalars) goes to prost's own `merge_field`, so what is
+//! accepted and what each field holds are prost's (checked against prost in
+//! the tests, also on corrupted bytes).
 //!
 //! One difference: prost's nesting limit (100 levels) restarts below the
 //! levels read here, so a message nested 95–100 deep inside an attribute

@@ -7,8 +7,9 @@
 //! which message is a sub-message, a string or a packed array, and adds up
 //! the heap blocks the receiver's decode will allocate for it: the vectors
 //! it sizes from the wire (`model/decode.rs`) at their length, the others
-//! (prost's) at the capacity their pushes grow them to, every string at its length, each block rounded as
-//! glibc malloc rounds it (as `memsize` counts a decoded batch). Nothing is
+//! (prost's) at the capacity their pushes grow them to, every string at its
+//! length, each block rounded as glibc malloc rounds it (as `memsize`
+//! counts a decoded batch). Nothing is
 //! allocated but a small stack of open messages; the walk stops as soon as
 //! the estimate passes the limit, so refusing a hostile request costs less
 //! than reading it. [`json_decoded_size`] does the same for OTLP/JSON by
