@@ -77,8 +77,15 @@ impl VmaOffsets {
         Ok(VmaOffsets { vm_start, vm_end, vm_pgoff, vm_file, f_inode, i_ino, i_sb, s_dev })
     }
 
-    /// Reads /sys/kernel/btf/vmlinux.
+    /// Reads /sys/kernel/btf/vmlinux: mapped where the kernel allows it
+    /// (Linux >= 6.16), read otherwise. Mapped, its ~5 MiB are the kernel's
+    /// own pages (a PFN mapping) and add nothing to the agent's resident
+    /// memory; read, they were the start-up's peak RSS (docs/PERFORMANCE.md).
     pub fn from_kernel() -> Result<Self, String> {
+        let file = std::fs::File::open(PATH).map_err(|e| format!("kernel BTF: opening {PATH}: {e}"))?;
+        if let Some(mapped) = crate::sys::MappedFile::new(&file) {
+            return Self::from_btf(mapped.bytes());
+        }
         let bytes = std::fs::read(PATH).map_err(|e| format!("kernel BTF: reading {PATH}: {e}"))?;
         Self::from_btf(&bytes)
     }
@@ -704,6 +711,27 @@ mod tests {
             }
         }
         None
+    }
+
+    /// On this kernel (>= 6.16) the BTF is mapped, not copied into the
+    /// heap, and the mapping holds the same bytes a read returns.
+    #[test]
+    fn kernel_btf_is_mapped_with_the_bytes_a_read_gives() {
+        let Ok(file) = std::fs::File::open(PATH) else {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "no {PATH} (CI=true)");
+            eprintln!("note: no {PATH}; skipping");
+            return;
+        };
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+        let mapped = crate::sys::MappedFile::new(&file);
+        if (major, minor) < (6, 16) {
+            eprintln!("note: kernel {release} predates mappable BTF; the read is used");
+            return;
+        }
+        let mapped = mapped.expect("sysfs BTF is mappable from Linux 6.16");
+        assert_eq!(mapped.bytes(), std::fs::read(PATH).unwrap().as_slice());
     }
 
     #[test]

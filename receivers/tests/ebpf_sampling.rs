@@ -462,7 +462,7 @@ async fn backpressure_fills_the_ring_and_losses_are_counted() {
         EbpfConfig {
             sample_frequency: 999,
             report_interval: Duration::from_millis(100),
-            ring_buffer_size: 4096, // one page
+            ring_buffer_size: Some(4096), // one page
             ..Default::default()
         },
     );

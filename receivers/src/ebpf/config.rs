@@ -27,7 +27,14 @@ pub struct EbpfConfig {
     /// Frames kept per stack, kernel and user each (1..=127).
     pub max_stack_depth: u32,
     /// BPF ring buffer size in bytes: a power of two, at least one page.
-    pub ring_buffer_size: u32,
+    /// Unset: one second of the largest records at `sample_frequency` from
+    /// every online CPU, rounded up to a power of two, 256 KiB to 64 MiB
+    /// (256 KiB on 2 CPUs at 19 Hz, 16 MiB on 64 CPUs at 99 Hz). The reader
+    /// is woken when a quarter is used, so three quarters of a second is
+    /// left for it to answer. Its pages are resident: the kernel maps the
+    /// data twice, so the agent's RSS holds twice this size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_buffer_size: Option<u32>,
     /// Functions whose calls are counted (empty: no uprobe machinery runs).
     pub uprobes: Vec<UprobeSpec>,
     /// Verdicts about binaries with nothing to attach.
@@ -149,6 +156,25 @@ impl Default for NegativeCacheConfig {
     }
 }
 
+/// Bounds of the ring buffer's size when it is not set.
+pub const AUTO_RING_MIN: u32 = 256 << 10;
+pub const AUTO_RING_MAX: u32 = 64 << 20;
+
+impl EbpfConfig {
+    /// The ring buffer's size in bytes on a host with `cpus` online CPUs:
+    /// `ring_buffer_size` if set, else one second of full-depth records.
+    pub fn ring_bytes(&self, cpus: usize) -> u32 {
+        if let Some(size) = self.ring_buffer_size {
+            return size;
+        }
+        // A record: its 8-byte ring header, the sample header, both stacks and
+        // the spare slot.
+        let record = 8 + profcol_ebpf::record::SAMPLE_HEADER_SIZE as u64 + (2 * self.max_stack_depth as u64 + 1) * 8;
+        let second = (cpus.max(1) as u64).saturating_mul(self.sample_frequency).saturating_mul(record);
+        second.clamp(AUTO_RING_MIN as u64, AUTO_RING_MAX as u64).next_power_of_two() as u32
+    }
+}
+
 /// Most probes one receiver may configure.
 pub const MAX_UPROBES: usize = 256;
 
@@ -160,7 +186,7 @@ impl Default for EbpfConfig {
             pids: Vec::new(),
             exclude_idle: true,
             max_stack_depth: MAX_STACK_DEPTH,
-            ring_buffer_size: 1 << 20,
+            ring_buffer_size: None,
             uprobes: Vec::new(),
             negative_cache: NegativeCacheConfig::default(),
             service_name: vec![ServiceNameSource::Executable],
@@ -191,11 +217,10 @@ impl Validate for EbpfConfig {
             p.add("max_stack_depth", format!("{} is out of range; use 1..={MAX_STACK_DEPTH}", self.max_stack_depth));
         }
         let page = page_size();
-        if !self.ring_buffer_size.is_power_of_two() || (self.ring_buffer_size as u64) < page {
-            p.add(
-                "ring_buffer_size",
-                format!("{} must be a power of two and at least the page size ({page})", self.ring_buffer_size),
-            );
+        if let Some(size) = self.ring_buffer_size {
+            if !size.is_power_of_two() || (size as u64) < page {
+                p.add("ring_buffer_size", format!("{size} must be a power of two and at least the page size ({page})"));
+            }
         }
         if !(MIN_COUNTED_STACKS..=MAX_COUNTED_STACKS).contains(&self.max_counted_stacks) {
             p.add(
@@ -318,7 +343,7 @@ mod tests {
         };
         assert!(bad(|c| c.sample_frequency = 0).starts_with("sample_frequency: 0 is out of range"));
         assert!(bad(|c| c.max_stack_depth = 500).starts_with("max_stack_depth: 500 is out of range"));
-        assert!(bad(|c| c.ring_buffer_size = 5000).starts_with("ring_buffer_size"));
+        assert!(bad(|c| c.ring_buffer_size = Some(5000)).starts_with("ring_buffer_size"));
         assert!(bad(|c| c.max_counted_stacks = 10).starts_with("max_counted_stacks"));
         assert!(bad(|c| c.max_counted_stacks = u32::MAX).starts_with("max_counted_stacks"));
         assert!(bad(|c| c.report_interval = Duration::from_millis(1)).starts_with("report_interval"));
@@ -403,5 +428,26 @@ mod tests {
         assert!(e.contains("unknown field"), "{e}");
         let back: EbpfConfig = profcol_api::config::encode(&c).unwrap().decode().unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn ring_sized_from_cpus_and_frequency_unless_set() {
+        let mut c = EbpfConfig::default();
+        // 2 CPUs x 19 Hz x 2,104-byte records = 80 KB: the floor.
+        assert_eq!(c.ring_bytes(2), 256 << 10);
+        c.sample_frequency = 99;
+        // 2 x 99 x 2,104 = 416,592 B, rounded up.
+        assert_eq!(c.ring_bytes(2), 512 << 10);
+        // 64 x 99 x 2,104 = 13.3 MB.
+        assert_eq!(c.ring_bytes(64), 16 << 20);
+        c.sample_frequency = 1000;
+        assert_eq!(c.ring_bytes(4096), AUTO_RING_MAX);
+        // Shallow stacks make small records: 64 x 99 x 88 B = 557 KB.
+        c.max_stack_depth = 1;
+        c.sample_frequency = 99;
+        assert_eq!(c.ring_bytes(64), 1 << 20);
+        assert_eq!(c.ring_bytes(2), AUTO_RING_MIN);
+        c.ring_buffer_size = Some(4096);
+        assert_eq!(c.ring_bytes(64), 4096);
     }
 }

@@ -126,6 +126,10 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
             }
         }
     };
+    // Samples come from every online CPU; the ring is sized for them.
+    let cpus = aya::util::online_cpus()
+        .map_err(|(path, e)| LoadError::Other(format!("reading online CPUs from {path}: {e}")))?
+        .len();
     let mut loader = EbpfLoader::new();
     for (name, value) in obj::globals::VMA_OFFSETS.iter().zip(&offsets) {
         loader.override_global(name, value, true);
@@ -138,7 +142,7 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
         .override_global(obj::globals::EXCLUDE_IDLE, &exclude_idle, true)
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
         .override_global(obj::globals::SELF_TGID, &self_tgid, true)
-        .map_max_entries(obj::EVENTS_MAP, cfg.ring_buffer_size)
+        .map_max_entries(obj::EVENTS_MAP, cfg.ring_bytes(cpus))
         .override_global(obj::globals::COUNT_IN_KERNEL, &counting.enabled, true)
         .override_global(obj::globals::KTEXT_START, &counting.ktext.0, true)
         .override_global(obj::globals::KTEXT_END, &counting.ktext.1, true)

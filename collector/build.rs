@@ -1,0 +1,21 @@
+//! Release builds of the `profcol` binary place the functions a node agent
+//! runs next to each other (`hot-text.order`, written by
+//! `collector/benches/hot_text.sh`). The kernel maps an executable's text in
+//! whole page-cache folios around each fault (up to the read-ahead size), so
+//! code scattered over the 28 MB text section costs resident memory far
+//! beyond the bytes run; packed together it is ~5 MiB (docs/PERFORMANCE.md).
+//! A symbol the list names but the build lacks is skipped, so a stale list
+//! costs locality, never correctness.
+
+fn main() {
+    println!("cargo:rerun-if-changed=hot-text.order");
+    let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    // rust-lld is the default linker of this target only; other linkers do
+    // not take the option.
+    let lld_target = std::env::var("TARGET").as_deref() == Ok("x86_64-unknown-linux-gnu");
+    if release && lld_target {
+        let order = concat!(env!("CARGO_MANIFEST_DIR"), "/hot-text.order");
+        println!("cargo:rustc-link-arg-bin=profcol=-Wl,--symbol-ordering-file={order}");
+        println!("cargo:rustc-link-arg-bin=profcol=-Wl,--no-warn-symbol-ordering");
+    }
+}
