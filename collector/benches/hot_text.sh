@@ -6,13 +6,16 @@
 #
 #   sudo collector/benches/hot_text.sh                  # build, run 70 s, write the list
 #   PROFCOL_BIN=path SECONDS_RUN=70 sudo -E collector/benches/hot_text.sh
+#   MERGE=1 sudo -E collector/benches/hot_text.sh       # add to the list, do not replace it
 #
 # How: the release binary is copied to a file no page cache holds, the
 # read-ahead of the disk under it is set to 0 for the run (restored on exit),
 # and the copy runs examples/default.yaml at 99 Hz over two busy CPUs. With
 # no read-ahead every fault reads exactly its page, so the pages present in
 # the text mapping (/proc/PID/pagemap) are the pages run. The functions on
-# them (nm) are the list. Re-run it after large changes; names the build no
+# them (nm) are the list. Two runs reach different code (which processes
+# were sampled, what the reports held): MERGE=1 keeps the functions of the
+# existing list that the binary still has. Re-run it after large changes; names the build no
 # longer has are skipped by the linker, so a stale list only costs locality.
 # Needs root and binutils' nm.
 set -euo pipefail
@@ -59,9 +62,12 @@ sleep "$SECONDS_RUN"
 kill -0 "$AGENT" 2>/dev/null || { echo "hot_text: the agent exited:" >&2; cat "$TMP/agent.log" >&2; exit 1; }
 echo "$RA_OLD" >"$RA_FILE"
 RA_FILE=""
-python3 - "$AGENT" "$TMP/profcol" "$OUT" <<'PY'
-import struct, subprocess, sys
-pid, path, out = sys.argv[1:]
+python3 - "$AGENT" "$TMP/profcol" "$OUT" "${MERGE:-0}" <<'PY'
+import os, struct, subprocess, sys
+pid, path, out, merge = sys.argv[1:]
+kept = set()
+if merge == "1" and os.path.exists(out):
+    kept = set(open(out).read().split())
 maps = [l.split() for l in open(f"/proc/{pid}/maps") if l.rstrip().endswith(path)]
 # The first mapping (file offset 0) is where the ELF's address 0 is loaded.
 bias = next(int(m[0].split("-")[0], 16) for m in maps if int(m[2], 16) == 0)
@@ -83,7 +89,8 @@ for line in nm.stdout.splitlines():
     if len(f) != 4 or f[2] not in "tTW":
         continue
     addr, size = int(f[0], 16), int(f[1], 16)
-    if size and f[3] not in seen and any(p in run for p in range(addr // 4096, (addr + size - 1) // 4096 + 1)):
+    ran = any(p in run for p in range(addr // 4096, (addr + size - 1) // 4096 + 1))
+    if size and f[3] not in seen and (ran or f[3] in kept):
         seen.add(f[3])
         names.append(f[3])
 open(out, "w").write("".join(n + "\n" for n in names))

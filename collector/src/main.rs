@@ -205,6 +205,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
+            // A long-running agent: the loader's relocation table is not read again.
+            profcol::loader_pages::drop_relocation_table();
             let runtime = &config.service.runtime;
             if let Some(n) = runtime.malloc_arenas {
                 limit_malloc_arenas(n);
