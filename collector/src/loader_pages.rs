@@ -86,6 +86,7 @@ mod tests {
         assert_eq!(dropped, (start + len) / 4096 * 4096 - lo);
         assert!(pages.iter().all(|&p| !present(p)), "dropped pages are not mapped any more");
 
+        // SAFETY (test): as above; the pages fault in again from the file.
         let after: Vec<u8> = pages.iter().map(|&p| unsafe { std::ptr::read_volatile(p as *const u8) }).collect();
         assert_eq!(before, after, "a later read sees the file's bytes");
     }

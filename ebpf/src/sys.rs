@@ -613,6 +613,7 @@ impl Drop for MappedFile {
         unsafe { libc::munmap(self.ptr, self.len) };
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
