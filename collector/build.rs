@@ -5,7 +5,10 @@
 //! code scattered over the 28 MB text section costs resident memory far
 //! beyond the bytes run; packed together it is ~5 MiB (docs/PERFORMANCE.md).
 //! A symbol the list names but the build lacks is skipped, so a stale list
-//! costs locality, never correctness.
+//! costs locality, never correctness. The list holds the names of the
+//! x86_64-unknown-linux-gnu build: other targets (the container image's
+//! musl build) mangle every name differently and link with a linker
+//! without the option, so they are linked as before.
 
 fn main() {
     println!("cargo:rerun-if-changed=hot-text.order");
