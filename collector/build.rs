@@ -1,9 +1,10 @@
 //! Release builds of the `profcol` binary place the functions a node agent
 //! runs next to each other (`hot-text.order`, written by
-//! `collector/benches/hot_text.sh`). The kernel maps an executable's text in
-//! whole page-cache folios around each fault (up to the read-ahead size), so
-//! code scattered over the 28 MB text section costs resident memory far
-//! beyond the bytes run; packed together it is ~5 MiB (docs/PERFORMANCE.md).
+//! `collector/benches/hot_text.sh`). The kernel maps more of an
+//! executable's text than each fault needs (the cached pages of a 64 KiB
+//! window, or a whole large page-cache folio), so code scattered over the
+//! 28 MB text section costs resident memory far beyond the bytes run;
+//! packed together it is ~6 MiB (docs/PERFORMANCE.md).
 //! A symbol the list names but the build lacks is skipped, so a stale list
 //! costs locality, never correctness. The list holds the names of the
 //! x86_64-unknown-linux-gnu build: other targets (the container image's
