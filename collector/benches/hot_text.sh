@@ -2,7 +2,7 @@
 # Writes collector/hot-text.order: the functions the default node agent runs
 # in its first report interval, in address order, which release builds of
 # `profcol` link next to each other (collector/build.rs; docs/PERFORMANCE.md
-# "Peak RSS: the text the agent runs, packed").
+# "Twelfth pass: peak RSS").
 #
 #   sudo collector/benches/hot_text.sh                  # build, run 70 s, write the list
 #   PROFCOL_BIN=path SECONDS_RUN=70 sudo -E collector/benches/hot_text.sh
@@ -15,8 +15,9 @@
 # the text mapping (/proc/PID/pagemap) are the pages run. The functions on
 # them (nm) are the list. Two runs reach different code (which processes
 # were sampled, what the reports held): MERGE=1 keeps the functions of the
-# existing list that the binary still has. Re-run it after large changes; names the build no
-# longer has are skipped by the linker, so a stale list only costs locality.
+# existing list that the binary still has. Re-run it after large changes;
+# names the build no longer has are skipped by the linker, so a stale list
+# only costs locality.
 # Needs root and binutils' nm.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +49,8 @@ RA_FILE=/sys/block/$dev/queue/read_ahead_kb
 RA_OLD=$(cat "$RA_FILE")
 
 cp "$BIN" "$TMP/profcol"
+# Written back first: the kernel drops only clean pages from its cache.
+sync "$TMP/profcol"
 python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$TMP/profcol"
 node_config 99 "$TMP" "127.0.0.1:${METRICS_PORT:-18897}" >"$TMP/node.yaml"
 echo 0 >"$RA_FILE"
