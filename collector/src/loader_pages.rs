@@ -35,7 +35,7 @@ pub fn drop_relocation_table() -> usize {
 }
 
 /// The address range of this executable's `.rela.dyn` in memory.
-pub fn relocation_table() -> Option<(usize, usize)> {
+fn relocation_table() -> Option<(usize, usize)> {
     let file = std::fs::File::open("/proc/self/exe").ok()?;
     let elf = profcol_elf::ElfFile::open(&file).ok()?;
     let addr = usize::try_from(elf.section_address(".rela.dyn")?).ok()?;

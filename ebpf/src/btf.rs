@@ -83,8 +83,8 @@ impl VmaOffsets {
     /// memory; read, they were the start-up's peak RSS (docs/PERFORMANCE.md).
     pub fn from_kernel() -> Result<Self, String> {
         let file = std::fs::File::open(PATH).map_err(|e| format!("kernel BTF: opening {PATH}: {e}"))?;
-        if let Some(mapped) = crate::sys::MappedFile::new(&file) {
-            return Self::from_btf(mapped.bytes());
+        if let Some(mapped) = crate::sys::map_read_only(&file) {
+            return Self::from_btf(&mapped);
         }
         let bytes = std::fs::read(PATH).map_err(|e| format!("kernel BTF: reading {PATH}: {e}"))?;
         Self::from_btf(&bytes)
@@ -725,13 +725,13 @@ mod tests {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
         let mut v = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
         let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
-        let mapped = crate::sys::MappedFile::new(&file);
+        let mapped = crate::sys::map_read_only(&file);
         if (major, minor) < (6, 16) {
             eprintln!("note: kernel {release} predates mappable BTF; the read is used");
             return;
         }
         let mapped = mapped.expect("sysfs BTF is mappable from Linux 6.16");
-        assert_eq!(mapped.bytes(), std::fs::read(PATH).unwrap().as_slice());
+        assert_eq!(&mapped[..], std::fs::read(PATH).unwrap().as_slice());
     }
 
     #[test]

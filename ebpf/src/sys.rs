@@ -582,36 +582,16 @@ pub fn perf_event_open(
     Ok(owned_fd(fd))
 }
 
-/// A read-only mapping of a whole file, unmapped on drop.
-pub struct MappedFile {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl MappedFile {
-    /// None when the file is empty or cannot be mapped (sysfs BTF before 6.16).
-    pub fn new(file: &std::fs::File) -> Option<MappedFile> {
-        use std::os::fd::AsRawFd;
-        let len = usize::try_from(file.metadata().ok()?.len()).ok().filter(|&l| l > 0)?;
-        // SAFETY: a fresh read-only private mapping of an open file, owned
-        // by the returned value.
-        let ptr =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
-        (ptr != libc::MAP_FAILED).then_some(MappedFile { ptr, len })
+/// A read-only private mapping of a whole file; None when the file is empty
+/// or cannot be mapped (sysfs BTF before Linux 6.16, which also refuses
+/// shared mappings).
+pub fn map_read_only(file: &std::fs::File) -> Option<memmap2::Mmap> {
+    if file.metadata().ok()?.len() == 0 {
+        return None;
     }
-
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `len` readable bytes, mapped for as long as `self` lives;
-        // the kernel's BTF does not change.
-        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
-    }
-}
-
-impl Drop for MappedFile {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, unmapped once.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
+    // SAFETY: read-only and private; the files mapped here (the kernel's
+    // BTF) do not change while mapped.
+    unsafe { memmap2::MmapOptions::new().map_copy_read_only(file) }.ok()
 }
 
 #[cfg(test)]

@@ -92,8 +92,9 @@ fn raise_memlock() {
     }
 }
 
-/// Loads the program and its maps, without attaching.
-pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
+/// Loads the program and its maps, without attaching; the sample ring is
+/// sized for `cpus` online CPUs.
+pub fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadError> {
     let privs = Privileges::current();
     privs.check()?;
     raise_memlock();
@@ -116,7 +117,7 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
                 );
                 let mut fp = cfg.clone();
                 fp.unwind.mode = super::config::UnwindMode::FramePointers;
-                return load_program(&fp);
+                return load_program(&fp, cpus);
             }
             Err(e) => {
                 return Err(LoadError::Other(format!(
@@ -126,10 +127,6 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
             }
         }
     };
-    // Samples come from every online CPU; the ring is sized for them.
-    let cpus = aya::util::online_cpus()
-        .map_err(|(path, e)| LoadError::Other(format!("reading online CPUs from {path}: {e}")))?
-        .len();
     let mut loader = EbpfLoader::new();
     for (name, value) in obj::globals::VMA_OFFSETS.iter().zip(&offsets) {
         loader.override_global(name, value, true);
@@ -180,7 +177,7 @@ pub fn load_program(cfg: &EbpfConfig) -> Result<Ebpf, LoadError> {
             tracing::warn!("ebpf receiver: {e}; user stacks by frame pointers only");
             let mut fp = cfg.clone();
             fp.unwind.mode = super::config::UnwindMode::FramePointers;
-            return load_program(&fp);
+            return load_program(&fp, cpus);
         }
     }
     if !cfg.uprobes.is_empty() {
@@ -440,9 +437,10 @@ fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
 /// failed while others worked are in the returned [`CpuSync`] and are
 /// retried by [`Loaded::sync_cpus`].
 pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError> {
-    let mut ebpf = load_program(cfg)?;
     let online = aya::util::online_cpus()
         .map_err(|(path, e)| LoadError::Other(format!("reading online CPUs from {path}: {e}")))?;
+    // Samples come from every online CPU; the ring is sized for them.
+    let mut ebpf = load_program(cfg, online.len())?;
     let ring = RingBuf::try_from(
         ebpf.take_map(obj::EVENTS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the events map".into()))?,
     )
