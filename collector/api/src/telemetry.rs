@@ -25,7 +25,7 @@
 use crate::component::{ComponentId, Kind};
 use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::metrics::{MeterProviderBuilder, SdkMeterProvider};
+use opentelemetry_sdk::metrics::{MeterProviderBuilder, SdkMeterProvider, Stream};
 use opentelemetry_sdk::Resource;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -64,6 +64,16 @@ pub enum Level {
 
 /// Bucket bounds (seconds) of duration histograms at [`Level::Detailed`];
 /// below it a histogram carries sum and count only.
+/// Series one family may hold in the SDK (its cardinality limit); a series
+/// beyond it is summed into the SDK's overflow series
+/// (`otel_metric_overflow="true"`). A family has one series per component
+/// id (times a short list of reasons or outcomes), so a config would need
+/// hundreds of components to reach it. Why set it: the SDK sizes each
+/// instrument's table for its limit up front, and its default (2,000)
+/// made every instrument a 132 KiB table, ~0.7 MiB resident over a node
+/// agent's instruments (docs/PERFORMANCE.md, #18).
+pub const SERIES_PER_FAMILY: usize = 256;
+
 const DETAILED_SECONDS_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
 /// A monotonically increasing count.
@@ -228,7 +238,9 @@ impl TelemetryBuilder {
 
     pub fn build(self) -> Telemetry {
         let sdk = (self.level != Level::None).then(|| {
-            let mut provider = self.provider;
+            let mut provider = self.provider.with_view(|_: &opentelemetry_sdk::metrics::Instrument| {
+                Stream::builder().with_cardinality_limit(SERIES_PER_FAMILY).build().ok()
+            });
             let mut prometheus = None;
             if self.pull {
                 let registry = prometheus::Registry::new();
@@ -661,6 +673,31 @@ mod tests {
         assert!(text.contains("profcol_processor_incoming_samples_total{processor=\"batch\"} 5"), "{text}");
         assert!(!text.contains("profcol_processor_accepted"), "{text}");
         assert!(text.contains("# TYPE profcol_processor_incoming_samples_total counter"), "{text}");
+    }
+
+    #[test]
+    fn a_family_keeps_its_series_up_to_the_limit_then_overflows() {
+        let t = Telemetry::new();
+        for i in 0..SERIES_PER_FAMILY {
+            let id: ComponentId = format!("file/in{i}").parse().unwrap();
+            t.component(Kind::Receiver, &id).accepted.add(1);
+        }
+        let text = t.render();
+        let series =
+            |text: &str| text.lines().filter(|l| l.starts_with("profcol_receiver_accepted_samples_total{")).count();
+        assert_eq!(series(&text), SERIES_PER_FAMILY, "every series within the limit is its own");
+        assert!(!text.contains("otel_metric_overflow"), "no overflow within the limit");
+        let over: ComponentId = "file/over".parse().unwrap();
+        t.component(Kind::Receiver, &over).accepted.add(5);
+        let text = t.render();
+        assert!(
+            text.contains("profcol_receiver_accepted_samples_total{otel_metric_overflow=\"true\"} 5"),
+            "the series past the limit is summed into the overflow series: {text}"
+        );
+        // The view sets only the limit: histograms keep their unit and buckets.
+        let x: ComponentId = "otlp".parse().unwrap();
+        t.component(Kind::Exporter, &x).export_latency.record(Duration::from_millis(3));
+        assert!(t.render().contains("profcol_exporter_export_latency_count{exporter=\"otlp\"} 1"));
     }
 
     #[test]
