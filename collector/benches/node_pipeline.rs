@@ -12,39 +12,15 @@
 use profcol_exporters::group::GroupBy;
 use profcol_exporters::pprof::convert::to_pprof;
 use profcol_processors::kernel_symbols::symbolize::symbolize;
-use profcol_processors::kernel_symbols::{Store, StoreConfig};
-use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs};
-use profcol_receivers::ebpf::process::ProcessInfo;
-use profcol_receivers::ebpf::service_name::ServiceNamer;
 use prost::Message;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "../../receivers/benches/common/report.rs"]
-mod report;
-use report::{dash_and_libc, dash_sample, user_stack, Rng};
-
-const STACKS: usize = 1000;
-const ROUNDS: usize = 100;
-/// Processes the stacks are spread over.
-const PROCESSES: usize = 10;
-
-/// Text symbols' addresses from /proc/kallsyms (zeros without root).
-fn kernel_functions() -> Vec<u64> {
-    let text = std::fs::read_to_string("/proc/kallsyms").expect("/proc/kallsyms");
-    let funcs: Vec<u64> = text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(' ');
-            let addr = u64::from_str_radix(f.next()?, 16).ok()?;
-            let kind = f.next()?;
-            let name = f.next()?;
-            (matches!(kind, "t" | "T") && !name.starts_with("__pfx_") && !l.contains('[') && addr != 0).then_some(addr)
-        })
-        .collect();
-    assert!(funcs.len() > 1000, "no kernel addresses: run as root");
-    funcs
+mod common {
+    pub mod node_report;
 }
+use common::node_report::{Inputs, STACKS};
+
+const ROUNDS: usize = 100;
 
 /// "median (fastest)" of the rounds, in µs.
 fn median(mut v: Vec<Duration>) -> String {
@@ -53,41 +29,13 @@ fn median(mut v: Vec<Duration>) -> String {
 }
 
 fn main() {
-    let funcs = kernel_functions();
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    // Callers from a pool of 300 kernel functions, leaves all different.
-    let pool: Vec<u64> = (0..300).map(|_| funcs[rng.next() as usize % funcs.len()] + 8).collect();
-    let maps = dash_and_libc();
-    let infos: Vec<Arc<ProcessInfo>> = (0..PROCESSES)
-        .map(|p| Arc::new(ProcessInfo { pid: 100 + p as u32, exe_name: "dash".into(), ..Default::default() }))
-        .collect();
-    let stacks: Vec<(Vec<u64>, Vec<u64>)> = (0..STACKS)
-        .map(|i| {
-            let leaf = funcs[rng.next() as usize % funcs.len()] + 4 + (i as u64 % 16);
-            let k = std::iter::once(leaf).chain((1..20).map(|_| pool[rng.next() as usize % pool.len()])).collect();
-            (k, user_stack(&mut rng, i as u64))
-        })
-        .collect();
-    let store = Store::open(StoreConfig {
-        kallsyms: "/proc/kallsyms".into(),
-        sysfs: "/sys".into(),
-        bpf_syscall: false,
-        retain: Duration::from_secs(60),
-    })
-    .expect("kernel symbol store");
-    let gens = store.generations().load();
-    let attrs = SampleAttrs { thread_id: true, thread_name: true, cpu: false };
-    let namer = ServiceNamer::new(Vec::new());
+    let inputs = Inputs::new();
+    let gens = inputs.store.generations().load();
     let (mut receiver, mut kernel_symbols, mut pprof) = (Vec::new(), Vec::new(), Vec::new());
     let mut bytes = 0;
     for _ in 0..ROUNDS {
         let t = Instant::now();
-        let mut iv = Interval::new(1, attrs);
-        for (i, (k, u)) in stacks.iter().enumerate() {
-            let info = &infos[i % PROCESSES];
-            iv.add_counted(&dash_sample(info.pid, k, u), Some((info, &maps)), 1 + i as u64 % 3);
-        }
-        let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer);
+        let batch = inputs.batch();
         receiver.push(t.elapsed());
         let t = Instant::now();
         let (batch, outcome) = symbolize(batch, &gens);

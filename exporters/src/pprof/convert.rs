@@ -10,15 +10,13 @@
 
 use super::proto as pp;
 use crate::group::{attr, attr_int, bounded_group, group_of, GroupBy, ALL_GROUP};
-use profcol_api::model::keys;
 use profcol_api::model::view::{FrameView, SampleView};
+use profcol_api::model::{hash_str, keys, HashIndex};
 use profcol_api::Profiles;
 use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-/// (mapping id, address, [(function id, line)]) of a pprof location.
-type LocationKey = (u64, u64, Vec<(u64, i64)>);
 /// A sample before every value column is known: locations, values by
 /// column (as long as the columns known when it last changed; padded with
 /// zeros at the end), labels. Each becomes the `pp::Sample`'s own vector.
@@ -41,10 +39,16 @@ type SampleKey = (i32, Option<i64>, Option<i64>, Option<i64>);
 #[derive(Default)]
 struct Builder {
     p: pp::Profile,
-    strings: FxHashMap<String, i64>,
+    /// `p.string_table`'s entries by content (the table holds the strings).
+    strings: HashIndex,
     functions: FxHashMap<(i64, i64, i64, i64), u64>,
     mappings: FxHashMap<(u64, u64, u64, i64, i64), u64>,
-    locations: FxHashMap<LocationKey, u64>,
+    /// `p.location`'s entries by content: mapping, address and lines (the
+    /// table holds the keys).
+    locations: HashIndex,
+    /// The (function id, line) pairs of the location being converted,
+    /// reused from one to the next.
+    lines: Vec<(u64, i64)>,
     columns: Vec<(String, String)>,
     /// Samples with their values as (column, value).
     samples: Vec<PendingSample>,
@@ -119,13 +123,15 @@ impl Builder {
     }
 
     fn s(&mut self, v: &str) -> i64 {
-        if let Some(&i) = self.strings.get(v) {
-            return i;
+        let h = hash_str(v);
+        let table = &self.p.string_table;
+        if let Some(i) = self.strings.find(h, |i| table.get(i as usize).is_some_and(|t| t == v)) {
+            return i64::from(i);
         }
-        let i = self.p.string_table.len() as i64;
+        let i = table.len();
         self.p.string_table.push(v.to_owned());
-        self.strings.insert(v.to_owned(), i);
-        i
+        self.strings.insert(h, index(i));
+        i as i64
     }
 
     fn column(&mut self, t: &str, u: &str) -> usize {
@@ -274,7 +280,8 @@ impl Builder {
             }
             None => 0,
         };
-        let mut lines = Vec::new();
+        let mut lines = std::mem::take(&mut self.lines);
+        lines.clear();
         for ln in &f.location.lines {
             let Some(func) = s.dict.function_table.get(ln.function_index.max(0) as usize) else { continue };
             let (n, sn, file) =
@@ -290,19 +297,35 @@ impl Builder {
                 m.has_functions = true;
             }
         }
-        let key = (mapping_id, f.location.address, lines);
-        if let Some(&id) = self.locations.get(&key) {
-            return id;
-        }
-        let id = self.p.location.len() as u64 + 1;
-        self.p.location.push(pp::Location {
-            id,
-            mapping_id,
-            address: f.location.address,
-            line: key.2.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
-            is_folded: false,
-        });
-        self.locations.insert(key, id);
+        let address = f.location.address;
+        let h = hash_location(mapping_id, address, &lines);
+        let table = &self.p.location;
+        let same = |i: i32| {
+            let Some(l) = table.get(i as usize) else { return false };
+            l.mapping_id == mapping_id
+                && l.address == address
+                && l.line.len() == lines.len()
+                && l.line
+                    .iter()
+                    .zip(&lines)
+                    .all(|(a, &(function_id, line))| a.function_id == function_id && a.line == line)
+        };
+        let id = match self.locations.find(h, same) {
+            Some(i) => i as u64 + 1,
+            None => {
+                let i = table.len();
+                self.p.location.push(pp::Location {
+                    id: i as u64 + 1,
+                    mapping_id,
+                    address,
+                    line: lines.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
+                    is_folded: false,
+                });
+                self.locations.insert(h, index(i));
+                i as u64 + 1
+            }
+        };
+        self.lines = lines;
         id
     }
 
@@ -312,6 +335,8 @@ impl Builder {
             let vt = pp::ValueType { r#type: self.s(&t), unit: self.s(&u) };
             self.p.sample_type.push(vt);
         }
+        // Moved, not copied: the pending samples' vectors become the pprof ones.
+        self.p.sample.reserve_exact(self.samples.len());
         for (locs, mut value, labels) in std::mem::take(&mut self.samples) {
             value.resize(ncols, 0);
             self.p.sample.push(pp::Sample { location_id: locs, value, label: labels });
@@ -327,6 +352,26 @@ impl Builder {
         }
         self.p
     }
+}
+
+/// A table position as [`HashIndex`] holds it: the tables of one report stay
+/// far below 2^31 entries ([`MAX_FRAMES`] bounds its stacks' frames).
+fn index(i: usize) -> i32 {
+    i32::try_from(i).unwrap_or(i32::MAX)
+}
+
+/// The [`HashIndex`] hash of a pprof location's content.
+fn hash_location(mapping_id: u64, address: u64, lines: &[(u64, i64)]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    h.write_u64(mapping_id);
+    h.write_u64(address);
+    for &(f, l) in lines {
+        h.write_u64(f);
+        h.write_i64(l);
+    }
+    h.write_usize(lines.len());
+    h.finish()
 }
 
 /// One pprof profile per group, with the group's time range (unix ns).

@@ -27,12 +27,14 @@ pub struct EbpfConfig {
     /// Frames kept per stack, kernel and user each (1..=127).
     pub max_stack_depth: u32,
     /// BPF ring buffer size in bytes: a power of two, at least one page.
-    /// Unset: one second of the largest records at `sample_frequency` from
-    /// every online CPU, rounded up to a power of two, 256 KiB to 64 MiB
-    /// (256 KiB on 2 CPUs at 19 Hz, 16 MiB on 64 CPUs at 99 Hz). The reader
-    /// is woken when a quarter is used, so three quarters of a second is
-    /// left for it to answer. Its pages are resident: the kernel maps the
-    /// data twice, so the agent's RSS holds twice this size.
+    /// Unset: half a second of the largest records at `sample_frequency`
+    /// from every online CPU, rounded up to a power of two, 256 KiB to
+    /// 64 MiB (256 KiB on 2 CPUs at 99 Hz, 8 MiB on 64 CPUs at 99 Hz). The
+    /// reader is woken when a quarter is used, so three eighths of a second
+    /// of that worst case is left for it to answer (real records, with
+    /// stacks shallower than the limit or counted in the kernel, come far
+    /// slower). Its pages are resident: the kernel maps the data twice, so
+    /// the agent's RSS holds twice this size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_buffer_size: Option<u32>,
     /// Functions whose calls are counted (empty: no uprobe machinery runs).
@@ -162,7 +164,7 @@ pub const AUTO_RING_MAX: u32 = 64 << 20;
 
 impl EbpfConfig {
     /// The ring buffer's size in bytes on a host with `cpus` online CPUs:
-    /// `ring_buffer_size` if set, else one second of full-depth records.
+    /// `ring_buffer_size` if set, else half a second of full-depth records.
     pub fn ring_bytes(&self, cpus: usize) -> u32 {
         if let Some(size) = self.ring_buffer_size {
             return size;
@@ -171,7 +173,7 @@ impl EbpfConfig {
         // the spare slot.
         let record = 8 + profcol_ebpf::record::SAMPLE_HEADER_SIZE as u64 + (2 * self.max_stack_depth as u64 + 1) * 8;
         let second = (cpus.max(1) as u64).saturating_mul(self.sample_frequency).saturating_mul(record);
-        second.clamp(AUTO_RING_MIN as u64, AUTO_RING_MAX as u64).next_power_of_two() as u32
+        (second / 2).clamp(AUTO_RING_MIN as u64, AUTO_RING_MAX as u64).next_power_of_two() as u32
     }
 }
 
@@ -433,19 +435,21 @@ mod tests {
     #[test]
     fn ring_sized_from_cpus_and_frequency_unless_set() {
         let mut c = EbpfConfig::default();
-        // 2 CPUs x 19 Hz x 2,104-byte records = 80 KB: the floor.
+        // Half a second of 2 CPUs x 19 Hz x 2,104-byte records = 40 KB: the floor.
         assert_eq!(c.ring_bytes(2), 256 << 10);
         c.sample_frequency = 99;
-        // 2 x 99 x 2,104 = 416,592 B, rounded up.
-        assert_eq!(c.ring_bytes(2), 512 << 10);
-        // 64 x 99 x 2,104 = 13.3 MB.
-        assert_eq!(c.ring_bytes(64), 16 << 20);
+        // 2 x 99 x 2,104 / 2 = 208,296 B: the floor still.
+        assert_eq!(c.ring_bytes(2), 256 << 10);
+        // 8 x 99 x 2,104 / 2 = 833 KB, rounded up.
+        assert_eq!(c.ring_bytes(8), 1 << 20);
+        // 64 x 99 x 2,104 / 2 = 6.7 MB.
+        assert_eq!(c.ring_bytes(64), 8 << 20);
         c.sample_frequency = 1000;
         assert_eq!(c.ring_bytes(4096), AUTO_RING_MAX);
-        // Shallow stacks make small records: 64 x 99 x 88 B = 557 KB.
+        // Shallow stacks make small records: 256 x 99 x 88 B / 2 = 1.1 MB.
         c.max_stack_depth = 1;
         c.sample_frequency = 99;
-        assert_eq!(c.ring_bytes(64), 1 << 20);
+        assert_eq!(c.ring_bytes(256), 2 << 20);
         assert_eq!(c.ring_bytes(2), AUTO_RING_MIN);
         c.ring_buffer_size = Some(4096);
         assert_eq!(c.ring_bytes(64), 4096);

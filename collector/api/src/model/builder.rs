@@ -90,16 +90,17 @@ struct MappingKey {
 
 /// Entries of a table found by the hash of their content: the table itself is
 /// the key store, so a lookup hashes the borrowed value and compares against
-/// the table, allocating nothing.
+/// the table, allocating nothing, and the index holds no copy of a key.
 #[derive(Default)]
-struct HashIndex {
+pub struct HashIndex {
     first: FxHashMap<u64, i32>,
     /// Further entries whose hash collides with `first`'s (rare).
     more: FxHashMap<u64, Vec<i32>>,
 }
 
 impl HashIndex {
-    fn find(&self, h: u64, eq: impl Fn(i32) -> bool) -> Option<i32> {
+    /// The entry of hash `h` that `eq` accepts.
+    pub fn find(&self, h: u64, eq: impl Fn(i32) -> bool) -> Option<i32> {
         let &f = self.first.get(&h)?;
         if eq(f) {
             return Some(f);
@@ -107,7 +108,8 @@ impl HashIndex {
         self.more.get(&h)?.iter().copied().find(|&i| eq(i))
     }
 
-    fn insert(&mut self, h: u64, i: i32) {
+    /// Indexes entry `i` under hash `h`.
+    pub fn insert(&mut self, h: u64, i: i32) {
         match self.first.entry(h) {
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(i);
@@ -115,6 +117,20 @@ impl HashIndex {
             std::collections::hash_map::Entry::Occupied(_) => self.more.entry(h).or_default().push(i),
         }
     }
+
+    /// Room for `n` more entries.
+    pub fn reserve(&mut self, n: usize) {
+        self.first.reserve(n);
+    }
+}
+
+/// The [`HashIndex`] hash of a string.
+pub fn hash_str(s: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    h.write(s.as_bytes());
+    h.write_usize(s.len());
+    h.finish()
 }
 
 fn hash_location(l: &pb::Location) -> u64 {
@@ -150,7 +166,8 @@ fn hash_stack(locations: &[i32]) -> u64 {
 pub struct ProfilesBuilder {
     dict: pb::ProfilesDictionary,
     resources: Vec<pb::ResourceProfiles>,
-    strings: FxHashMap<String, i32>,
+    /// The string table's entries by content (the table holds the strings).
+    strings: HashIndex,
     value_strings: FxHashMap<String, u32>,
     attrs: FxHashMap<AttrKey, i32>,
     mappings: FxHashMap<MappingKey, i32>,
@@ -197,7 +214,7 @@ impl ProfilesBuilder {
         ProfilesBuilder {
             dict: pb::ProfilesDictionary::default(),
             resources: Vec::new(),
-            strings: FxHashMap::default(),
+            strings: HashIndex::default(),
             value_strings: FxHashMap::default(),
             attrs: FxHashMap::default(),
             mappings: FxHashMap::default(),
@@ -249,8 +266,13 @@ impl ProfilesBuilder {
     }
 
     fn reindex(&mut self) {
-        for (i, s) in self.dict.string_table.iter().enumerate() {
-            self.strings.entry(s.clone()).or_insert(idx(i));
+        let table = &self.dict.string_table;
+        for (i, s) in table.iter().enumerate() {
+            let h = hash_str(s);
+            // The first of equal strings keeps the index.
+            if self.strings.find(h, |j| table[j as usize] == *s).is_none() {
+                self.strings.insert(h, idx(i));
+            }
         }
         for i in 0..self.dict.attribute_table.len() {
             let kv = &self.dict.attribute_table[i];
@@ -304,12 +326,14 @@ impl ProfilesBuilder {
     }
 
     pub fn string(&mut self, s: &str) -> i32 {
-        if let Some(&i) = self.strings.get(s) {
+        let h = hash_str(s);
+        let table = &self.dict.string_table;
+        if let Some(i) = self.strings.find(h, |i| table.get(i as usize).is_some_and(|t| t == s)) {
             return i;
         }
-        let i = idx(self.dict.string_table.len());
+        let i = idx(table.len());
         self.dict.string_table.push(s.to_owned());
-        self.strings.insert(s.to_owned(), i);
+        self.strings.insert(h, i);
         i
     }
 

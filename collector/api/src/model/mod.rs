@@ -23,7 +23,7 @@ mod strindex;
 mod validate_tests;
 pub mod view;
 
-pub use builder::{AttrValue, ProfileMeta, ProfileRef, ProfilesBuilder};
+pub use builder::{hash_str, AttrValue, HashIndex, ProfileMeta, ProfileRef, ProfilesBuilder};
 pub use compact::Compacted;
 pub use profcol_model_rules::validate::{DroppedProfiles, InvalidProfiles};
 
