@@ -62,18 +62,18 @@ pub enum Level {
     Detailed,
 }
 
-/// Bucket bounds (seconds) of duration histograms at [`Level::Detailed`];
-/// below it a histogram carries sum and count only.
 /// Series one family may hold in the SDK (its cardinality limit); a series
 /// beyond it is summed into the SDK's overflow series
 /// (`otel_metric_overflow="true"`). A family has one series per component
 /// id (times a short list of reasons or outcomes), so a config would need
 /// hundreds of components to reach it. Why set it: the SDK sizes each
 /// instrument's table for its limit up front, and its default (2,000)
-/// made every instrument a 132 KiB table, ~0.7 MiB resident over a node
-/// agent's instruments (docs/PERFORMANCE.md, #18).
+/// made every instrument a 132 KiB table, 0.3–0.7 MiB resident over a
+/// node agent's instruments (docs/PERFORMANCE.md, #18).
 pub const SERIES_PER_FAMILY: usize = 256;
 
+/// Bucket bounds (seconds) of duration histograms at [`Level::Detailed`];
+/// below it a histogram carries sum and count only.
 const DETAILED_SECONDS_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
 /// A monotonically increasing count.
