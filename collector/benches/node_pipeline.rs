@@ -12,7 +12,6 @@
 use profcol_exporters::group::GroupBy;
 use profcol_exporters::pprof::convert::to_pprof;
 use profcol_processors::kernel_symbols::symbolize::symbolize;
-use prost::Message;
 use std::time::{Duration, Instant};
 
 mod common {
@@ -43,7 +42,7 @@ fn main() {
         assert!(outcome.resolved > 0, "kernel frames named");
         let t = Instant::now();
         let reports = to_pprof(&batch, GroupBy::None);
-        bytes = reports.iter().map(|g| g.profile.encode_to_vec().len()).sum::<usize>();
+        bytes = reports.iter().map(|g| g.report.encode_to_vec().len()).sum::<usize>();
         pprof.push(t.elapsed());
         drop((batch, reports));
     }

@@ -17,7 +17,6 @@ use profcol_exporters::group::GroupBy;
 use profcol_exporters::pprof::convert::to_pprof;
 use profcol_processors::kernel_symbols::symbolize::symbolize;
 use profcol_testkit::alloc::{live, peak, reset_peak};
-use prost::Message;
 
 #[global_allocator]
 static A: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Counting;
@@ -65,7 +64,7 @@ fn main() {
         let (batch, _) = r.stage("kernel_symbols", || symbolize(batch, &gens));
         let reports = r.stage("pprof_convert", || to_pprof(&batch, GroupBy::None));
         let encoded: Vec<Vec<u8>> =
-            r.stage("pprof_encode", || reports.iter().map(|g| g.profile.encode_to_vec()).collect());
+            r.stage("pprof_encode", || reports.iter().map(|g| g.report.encode_to_vec()).collect());
         let bytes: usize = encoded.iter().map(Vec::len).sum();
         drop((batch, reports, encoded));
         if r.show {

@@ -7,8 +7,9 @@ use profcol_api::model::{keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{ExportError, Exporter, Profiles, ProfilesBuilder};
 use profcol_exporters::flamegraph::{folded, FlamegraphConfig, FlamegraphExporter};
 use profcol_exporters::group::GroupBy;
-use profcol_exporters::pprof::{convert, PprofConfig, PprofExporter};
+use profcol_exporters::pprof::{convert, proto, PprofConfig, PprofExporter};
 use profcol_testkit::prelude::*;
+use prost::Message;
 
 fn kv(k: &str, v: AnyValue) -> KeyValue {
     KeyValue { key: k.into(), value: Some(v), ..Default::default() }
@@ -50,9 +51,20 @@ fn names(dir: &std::path::Path) -> Vec<String> {
     v
 }
 
+/// A group's report as prost decodes it, checked valid before and after
+/// (and its bytes prost's own for the profile they decode to).
+fn decoded(g: &convert::GroupProfile) -> proto::Profile {
+    g.report.check_valid().unwrap();
+    let p = g.report.to_profile().unwrap();
+    convert::check_valid(&p).unwrap();
+    assert_eq!(p.encode_to_vec(), g.report.encode_to_vec(), "group {}", g.group);
+    assert_eq!(p.sample.len(), g.report.samples());
+    p
+}
+
 /// Sum of the first value column over every group.
 fn pprof_total(groups: &[convert::GroupProfile]) -> i64 {
-    groups.iter().flat_map(|g| g.profile.sample.iter()).map(|s| s.value[0]).sum()
+    groups.iter().flat_map(|g| decoded(g).sample).map(|s| s.value[0]).sum()
 }
 
 #[tokio::test]
@@ -91,10 +103,7 @@ async fn the_number_of_groups_is_bounded_and_no_sample_is_lost() {
     assert_eq!(pprof_total(&groups), n);
     // The overflow group keeps each process apart by its pid label.
     let other = groups.iter().find(|g| g.group == "other").expect("an overflow group");
-    assert!(other.profile.sample.len() > 1);
-    for g in &groups {
-        convert::check_valid(&g.profile).unwrap();
-    }
+    assert!(decoded(other).sample.len() > 1);
     let f = folded(&batch, GroupBy::Process, true);
     assert!(f.len() <= 1025, "{} groups", f.len());
     assert_eq!(f.values().flat_map(|m| m.values()).sum::<u64>(), n as u64);
@@ -121,10 +130,10 @@ async fn many_sample_types_do_not_make_every_sample_carry_every_column() {
     let mut kept = 0i64;
     let mut skipped = 0u64;
     for g in &groups {
-        assert!(g.profile.sample_type.len() <= 32, "{} sample types", g.profile.sample_type.len());
-        convert::check_valid(&g.profile).unwrap();
+        let p = decoded(g);
+        assert!(p.sample_type.len() <= 32, "{} sample types", p.sample_type.len());
         // Each input sample counts 1 in its own column.
-        kept += g.profile.sample.iter().flat_map(|s| s.value.iter()).sum::<i64>();
+        kept += p.sample.iter().flat_map(|s| s.value.iter()).sum::<i64>();
         skipped += g.skipped_samples;
     }
     assert_eq!(kept as u64 + skipped, n as u64);
@@ -193,8 +202,9 @@ fn times_past_i64_do_not_wrap_negative_in_pprof() {
     b.sample(p2, pb::Sample { values: vec![1], ..Default::default() });
     let batch = b.build();
     let g = convert::to_pprof(&batch, GroupBy::None);
-    assert!(g[0].profile.time_nanos >= 0, "{}", g[0].profile.time_nanos);
-    assert!(g[0].profile.duration_nanos >= 0, "{}", g[0].profile.duration_nanos);
+    let p = decoded(&g[0]);
+    assert!(p.time_nanos >= 0, "{}", p.time_nanos);
+    assert!(p.duration_nanos >= 0, "{}", p.duration_nanos);
 }
 
 #[test]
@@ -223,13 +233,13 @@ fn samples_on_a_deep_stack_are_bounded_in_pprof_and_equal_ones_merge() {
     batch.validate().unwrap();
     let groups = convert::to_pprof(&batch, GroupBy::None);
     let g = &groups[0];
-    convert::check_valid(&g.profile).unwrap();
-    let ids: usize = g.profile.sample.iter().map(|s| s.location_id.len()).sum();
+    let p = decoded(g);
+    let ids: usize = p.sample.iter().map(|s| s.location_id.len()).sum();
     assert!(ids <= convert::MAX_FRAMES, "{ids} location ids");
-    let shallow_samples: Vec<_> = g.profile.sample.iter().filter(|s| s.location_id.len() == 1).collect();
+    let shallow_samples: Vec<_> = p.sample.iter().filter(|s| s.location_id.len() == 1).collect();
     assert_eq!(shallow_samples.len(), 1);
     assert_eq!(shallow_samples[0].value[0], 2000);
-    let deep_kept = g.profile.sample.iter().filter(|s| s.location_id.len() == 1 << 20).count();
+    let deep_kept = p.sample.iter().filter(|s| s.location_id.len() == 1 << 20).count();
     assert!(g.skipped_samples > 0);
     assert_eq!(deep_kept as u64 + g.skipped_samples, n_deep as u64);
 }

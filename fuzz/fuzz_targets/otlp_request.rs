@@ -19,7 +19,10 @@ fn downstream(p: Profiles) {
     let _ = profcol_exporters::flamegraph::folded(&p, GroupBy::Process, true);
     for g in profcol_exporters::pprof::convert::to_pprof(&p, GroupBy::Container) {
         // What the exporter checks before writing: must hold for valid input.
-        profcol_exporters::pprof::convert::check_valid(&g.profile).expect("pprof conversion made an invalid profile");
+        g.report.check_valid().expect("pprof conversion made an invalid profile");
+        // And what it writes decodes to a valid profile.
+        let decoded = g.report.to_profile().expect("pprof encoding that prost cannot decode");
+        profcol_exporters::pprof::convert::check_valid(&decoded).expect("pprof encoding decodes to an invalid profile");
     }
     let mut b = ProfilesBuilder::new();
     b.append(p.clone());

@@ -13,14 +13,11 @@ use crate::group::{attr, attr_int, bounded_group, group_of, GroupBy, ALL_GROUP};
 use profcol_api::model::view::{FrameView, SampleView};
 use profcol_api::model::{hash_str, keys, HashIndex};
 use profcol_api::Profiles;
+use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, message, WireType};
+use prost::Message;
 use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-
-/// A sample before every value column is known: locations, values by
-/// column (as long as the columns known when it last changed; padded with
-/// zeros at the end), labels. Each becomes the `pp::Sample`'s own vector.
-type PendingSample = (Vec<u64>, Vec<i64>, Vec<pp::Label>);
 
 /// Most sample types (value columns) of one pprof profile. Every pprof
 /// sample carries a value per column, so without a bound a batch of many
@@ -36,6 +33,72 @@ pub const MAX_FRAMES: usize = 32 << 20;
 /// Samples that are merged: stack index and labels (pid, tid, comm's string index).
 type SampleKey = (i32, Option<i64>, Option<i64>, Option<i64>);
 
+/// The samples of a report, by column: what each pprof `Sample` message is
+/// made of at encoding, without a `Sample` and its three vectors per row
+/// (the pending rows of a 1000-stack report took ~0.5 MB that way, each
+/// with its own copy of its stack's location ids).
+#[derive(Default)]
+struct SampleTable {
+    /// Each sample's stack (dictionary stack index) and labels: its merge key.
+    keys: Vec<SampleKey>,
+    /// `stride` values per sample, one per value column.
+    values: Vec<i64>,
+    stride: usize,
+    /// `keys`' entries by content (the table holds the keys).
+    index: HashIndex,
+}
+
+impl SampleTable {
+    fn find(&self, key: &SampleKey) -> Option<usize> {
+        let keys = &self.keys;
+        self.index.find(hash_key(key), |i| keys.get(i as usize) == Some(key)).map(|i| i as usize)
+    }
+
+    /// Adds a sample of no value; returns its row.
+    fn push(&mut self, key: SampleKey) -> usize {
+        let row = self.keys.len();
+        self.index.insert(hash_key(&key), index(row));
+        self.keys.push(key);
+        self.values.resize(self.values.len() + self.stride, 0);
+        row
+    }
+
+    fn add(&mut self, row: usize, column: usize, v: i64) {
+        let x = &mut self.values[row * self.stride + column];
+        *x = x.saturating_add(v);
+    }
+
+    /// Makes room for `columns` values per sample (the new ones 0): a
+    /// column appears at most [`MAX_SAMPLE_TYPES`] times per report.
+    fn widen(&mut self, columns: usize) {
+        if columns <= self.stride {
+            return;
+        }
+        let mut values = Vec::with_capacity(self.keys.len() * columns);
+        for row in self.values.chunks_exact(self.stride.max(1)).take(self.keys.len()) {
+            values.extend_from_slice(row);
+            values.resize(values.len() + columns - self.stride, 0);
+        }
+        if self.stride == 0 {
+            values.resize(self.keys.len() * columns, 0);
+        }
+        self.values = values;
+        self.stride = columns;
+    }
+
+    fn row(&self, row: usize) -> (&SampleKey, &[i64]) {
+        (&self.keys[row], &self.values[row * self.stride..(row + 1) * self.stride])
+    }
+}
+
+/// The [`HashIndex`] hash of a sample's key.
+fn hash_key(k: &SampleKey) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    k.hash(&mut h);
+    h.finish()
+}
+
 #[derive(Default)]
 struct Builder {
     p: pp::Profile,
@@ -50,24 +113,22 @@ struct Builder {
     /// reused from one to the next.
     lines: Vec<(u64, i64)>,
     columns: Vec<(String, String)>,
-    /// Samples with their values as (column, value).
-    samples: Vec<PendingSample>,
+    samples: SampleTable,
+    /// The pprof location ids of the dictionary's stacks converted so far,
+    /// leaf first, each stack once however many samples share it; `spans`
+    /// says where (by dictionary stack index; `NO_SPAN`: not yet).
+    stack_locations: Vec<u32>,
+    spans: Vec<(u32, u32)>,
     kernel_mapping: u64,
     period: Option<(i64, String, String)>,
     t0: u64,
     t1: u64,
-    /// Index in `samples` of the sample with this stack and these labels.
-    merged: FxHashMap<SampleKey, usize>,
-    /// The sample in `samples` holding each stack's location ids (by
-    /// dictionary stack index; `usize::MAX` none yet), for samples of the
-    /// same stack with other labels (no second copy kept).
-    stacks: Vec<usize>,
     /// pprof location id of each dictionary location converted so far (by
     /// dictionary index; 0 not yet): stacks share most of their frames,
     /// and a location's mapping, build id and lines are looked up once per
     /// batch, not once per stack. Indexed, not hashed: a stack's every
     /// frame is looked up here.
-    location_ids: Vec<u64>,
+    location_ids: Vec<u32>,
     /// The value columns of the profile whose samples came last, by its
     /// address in the batch: consecutive samples share their profile, and
     /// its sample and period types are compared as strings once, not per
@@ -116,8 +177,8 @@ impl Builder {
             b.p.function.reserve(d.function_table.len());
             b.locations.reserve(d.location_table.len());
             b.p.location.reserve(d.location_table.len());
-            b.merged.reserve(samples);
-            b.samples.reserve(samples);
+            b.samples.index.reserve(samples);
+            b.samples.keys.reserve(samples);
         }
         b
     }
@@ -139,6 +200,7 @@ impl Builder {
             Some(i) => i,
             None => {
                 self.columns.push((t.to_owned(), u.to_owned()));
+                self.samples.widen(self.columns.len());
                 self.columns.len() - 1
             }
         }
@@ -178,31 +240,35 @@ impl Builder {
         id
     }
 
-    /// pprof location ids of the sample's stack, leaf first.
-    fn stack(&mut self, s: &SampleView<'_>) -> Vec<u64> {
-        let at = |i: i32| usize::try_from(i).ok();
-        let indices = at(s.sample.stack_index)
-            .and_then(|i| s.dict.stack_table.get(i))
-            .map_or(&[][..], |st| st.location_indices.as_slice());
+    /// Converts dictionary stack `i` (in range) into `stack_locations`
+    /// once: pprof location ids, leaf first.
+    fn stack(&mut self, s: &SampleView<'_>, i: usize) {
+        if self.spans.len() < s.dict.stack_table.len() {
+            self.spans.resize(s.dict.stack_table.len(), NO_SPAN);
+        }
+        if self.spans[i] != NO_SPAN {
+            return;
+        }
         if self.location_ids.len() < s.dict.location_table.len() {
             self.location_ids.resize(s.dict.location_table.len(), 0);
         }
-        let mut locs = Vec::with_capacity(indices.len());
-        for &i in indices {
+        let start = self.stack_locations.len();
+        for &l in &s.dict.stack_table[i].location_indices {
             // An index outside the table has no location (and no slot).
-            let Some(i) = at(i).filter(|&i| i < s.dict.location_table.len()) else { continue };
-            let id = match self.location_ids[i] {
+            let Some(l) = usize::try_from(l).ok().filter(|&l| l < s.dict.location_table.len()) else { continue };
+            let id = match self.location_ids[l] {
                 0 => {
-                    let location = &s.dict.location_table[i];
+                    let location = &s.dict.location_table[l];
                     let id = self.location(s, FrameView { location, dict: s.dict });
-                    self.location_ids[i] = id;
+                    self.location_ids[l] = id;
                     id
                 }
                 id => id,
             };
-            locs.push(id);
+            self.stack_locations.push(id);
         }
-        locs
+        // Within u32: MAX_FRAMES bounds the frames of a report's stacks.
+        self.spans[i] = (start as u32, (self.stack_locations.len() - start) as u32);
     }
 
     /// The columns of `s`'s profile (made on its first sample), `None` when
@@ -246,7 +312,7 @@ impl Builder {
     }
 
     /// The pprof location of dictionary location `f`.
-    fn location(&mut self, s: &SampleView<'_>, f: FrameView<'_>) -> u64 {
+    fn location(&mut self, s: &SampleView<'_>, f: FrameView<'_>) -> u32 {
         let kernel = f.attribute_str(keys::FRAME_TYPE) == Some("kernel");
         let mapping_id = match f.mapping() {
             Some(_) if self.mapping_ids.contains_key(&(f.location.mapping_index, kernel)) => {
@@ -311,35 +377,28 @@ impl Builder {
                     .all(|(a, &(function_id, line))| a.function_id == function_id && a.line == line)
         };
         let id = match self.locations.find(h, same) {
-            Some(i) => i as u64 + 1,
+            Some(i) => i.unsigned_abs() + 1,
             None => {
-                let i = table.len();
+                let i = index(table.len());
                 self.p.location.push(pp::Location {
-                    id: i as u64 + 1,
+                    id: u64::from(i.unsigned_abs() + 1),
                     mapping_id,
                     address,
                     line: lines.iter().map(|&(function_id, line)| pp::Line { function_id, line, column: 0 }).collect(),
                     is_folded: false,
                 });
-                self.locations.insert(h, index(i));
-                i as u64 + 1
+                self.locations.insert(h, i);
+                i.unsigned_abs() + 1
             }
         };
         self.lines = lines;
         id
     }
 
-    fn finish(mut self) -> pp::Profile {
-        let ncols = self.columns.len();
+    fn finish(mut self) -> PprofReport {
+        let mut sample_type = Vec::with_capacity(self.columns.len());
         for (t, u) in std::mem::take(&mut self.columns) {
-            let vt = pp::ValueType { r#type: self.s(&t), unit: self.s(&u) };
-            self.p.sample_type.push(vt);
-        }
-        // Moved, not copied: the pending samples' vectors become the pprof ones.
-        self.p.sample.reserve_exact(self.samples.len());
-        for (locs, mut value, labels) in std::mem::take(&mut self.samples) {
-            value.resize(ncols, 0);
-            self.p.sample.push(pp::Sample { location_id: locs, value, label: labels });
+            sample_type.push(pp::ValueType { r#type: self.s(&t), unit: self.s(&u) });
         }
         if let Some((period, t, u)) = self.period.take() {
             self.p.period_type = Some(pp::ValueType { r#type: self.s(&t), unit: self.s(&u) });
@@ -350,7 +409,157 @@ impl Builder {
             self.p.time_nanos = i64::try_from(self.t0).unwrap_or(i64::MAX);
             self.p.duration_nanos = i64::try_from(self.t1.saturating_sub(self.t0)).unwrap_or(i64::MAX);
         }
-        self.p
+        // The merge index is done with; the rows stay for the encoding.
+        let mut samples = self.samples;
+        samples.index = HashIndex::default();
+        PprofReport {
+            sample_type,
+            rest: self.p,
+            samples,
+            stack_locations: self.stack_locations,
+            spans: self.spans,
+            label_keys: self.label_keys,
+        }
+    }
+}
+
+/// No stack converted yet at this dictionary stack index.
+const NO_SPAN: (u32, u32) = (u32::MAX, 0);
+
+/// One pprof profile, ready to encode: its tables as pprof messages and its
+/// samples by column, each `Sample` message written from its row at
+/// encoding (the bytes are prost's for the same profile, field for field).
+pub struct PprofReport {
+    sample_type: Vec<pp::ValueType>,
+    /// The fields after `sample` (no sample types, no samples).
+    rest: pp::Profile,
+    samples: SampleTable,
+    stack_locations: Vec<u32>,
+    spans: Vec<(u32, u32)>,
+    label_keys: [i64; 3],
+}
+
+/// `Profile` field numbers written here (the rest are prost's).
+const SAMPLE_TYPE: u32 = 1;
+const SAMPLE: u32 = 2;
+/// `Sample` field numbers.
+const LOCATION_ID: u32 = 1;
+const VALUE: u32 = 2;
+const LABEL: u32 = 3;
+
+impl PprofReport {
+    /// Sample messages.
+    pub fn samples(&self) -> usize {
+        self.samples.keys.len()
+    }
+
+    /// Location ids of dictionary stack `stack`, leaf first.
+    fn locations_of(&self, stack: i32) -> &[u32] {
+        usize::try_from(stack)
+            .ok()
+            .and_then(|i| self.spans.get(i))
+            .filter(|&&span| span != NO_SPAN)
+            .map_or(&[][..], |&(start, n)| &self.stack_locations[start as usize..][..n as usize])
+    }
+
+    fn labels(&self, key: &SampleKey) -> impl Iterator<Item = pp::Label> {
+        let [pid, tid, comm] = self.label_keys;
+        let num = |key, num| pp::Label { key, num, ..Default::default() };
+        key.1.map(|n| num(pid, n)).into_iter().chain(key.2.map(|n| num(tid, n))).chain(key.3.map(|str| pp::Label {
+            key: comm,
+            str,
+            ..Default::default()
+        }))
+    }
+
+    /// The encoded length of sample `row`'s message body.
+    fn sample_len(&self, row: usize) -> usize {
+        let (key, values) = self.samples.row(row);
+        let locations: usize = self.locations_of(key.0).iter().map(|&l| encoded_len_varint(u64::from(l))).sum();
+        let values: usize = values.iter().map(|&v| encoded_len_varint(v as u64)).sum();
+        packed_len(LOCATION_ID, locations)
+            + packed_len(VALUE, values)
+            + self.labels(key).map(|l| message::encoded_len(LABEL, &l)).sum::<usize>()
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        let types: usize = self.sample_type.iter().map(|t| message::encoded_len(SAMPLE_TYPE, t)).sum();
+        let samples: usize = (0..self.samples())
+            .map(|row| {
+                let n = self.sample_len(row);
+                key_len(SAMPLE) + encoded_len_varint(n as u64) + n
+            })
+            .sum();
+        types + samples + self.rest.encoded_len()
+    }
+
+    /// The `Profile` message's bytes.
+    pub fn encode_to_vec(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(self.encoded_len());
+        for t in &self.sample_type {
+            message::encode(SAMPLE_TYPE, t, &mut buf);
+        }
+        for row in 0..self.samples() {
+            let (key, values) = self.samples.row(row);
+            encode_key(SAMPLE, WireType::LengthDelimited, &mut buf);
+            encode_varint(self.sample_len(row) as u64, &mut buf);
+            let locations = self.locations_of(key.0);
+            packed(LOCATION_ID, locations.iter().map(|&l| u64::from(l)), &mut buf);
+            packed(VALUE, values.iter().map(|&v| v as u64), &mut buf);
+            for l in self.labels(key) {
+                message::encode(LABEL, &l, &mut buf);
+            }
+        }
+        // Every field of `rest` comes after `sample`: prost writes them in order.
+        self.rest.encode_raw(&mut buf);
+        buf
+    }
+
+    /// The whole profile as prost decodes the encoding (for tests and tools:
+    /// the exporter writes [`PprofReport::encode_to_vec`]'s bytes).
+    pub fn to_profile(&self) -> Result<pp::Profile, prost::DecodeError> {
+        pp::Profile::decode(self.encode_to_vec().as_slice())
+    }
+
+    /// pprof's validity rules ([`check_valid`]) on the report as encoded.
+    pub fn check_valid(&self) -> Result<(), String> {
+        if self.samples() > 0 && self.samples.stride != self.sample_type.len() {
+            return Err(format!(
+                "samples have {} values for {} sample types",
+                self.samples.stride,
+                self.sample_type.len()
+            ));
+        }
+        if self.label_keys.iter().any(|&k| k < 0 || k as usize >= self.rest.string_table.len()) {
+            return Err("a label key is out of range".into());
+        }
+        let locations = self.rest.location.len();
+        if let Some(l) = self.stack_locations.iter().find(|&&l| l == 0 || l as usize > locations) {
+            return Err(format!("a sample refers to location {l}"));
+        }
+        check_tables(&self.rest, &self.sample_type)
+    }
+}
+
+/// A packed repeated field whose values take `len` bytes (none if empty).
+fn packed_len(tag: u32, len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        key_len(tag) + encoded_len_varint(len as u64) + len
+    }
+}
+
+/// Writes a packed repeated varint field (nothing if empty), as prost does.
+fn packed(tag: u32, values: impl Iterator<Item = u64> + Clone, buf: &mut Vec<u8>) {
+    let len: usize = values.clone().map(encoded_len_varint).sum();
+    if len == 0 {
+        return;
+    }
+    encode_key(tag, WireType::LengthDelimited, buf);
+    encode_varint(len as u64, buf);
+    for v in values {
+        encode_varint(v, buf);
     }
 }
 
@@ -377,10 +586,10 @@ fn hash_location(mapping_id: u64, address: u64, lines: &[(u64, i64)]) -> u64 {
 /// One pprof profile per group, with the group's time range (unix ns).
 pub struct GroupProfile {
     pub group: String,
-    pub profile: pp::Profile,
+    pub report: PprofReport,
     pub start: u64,
     pub end: u64,
-    /// Samples of the group that are not in `profile`: they would have
+    /// Samples of the group that are not in `report`: they would have
     /// passed [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
     pub skipped_samples: u64,
 }
@@ -435,7 +644,7 @@ pub fn to_pprof_with(
         } else {
             (s.sample.stack_index, None, None, None)
         };
-        let same = b.merged.get(&key).copied();
+        let same = b.samples.find(&key);
         if same.is_none() {
             let depth = usize::try_from(s.sample.stack_index)
                 .ok()
@@ -457,66 +666,40 @@ pub fn to_pprof_with(
         } else {
             i64::try_from(s.sample.timestamps_unix_nano.len().max(1)).unwrap_or(i64::MAX)
         };
-        let cpu = cols.cpu_ns.map(|(c, period)| (c, count.saturating_mul(period)));
-        let add = |value: &mut Vec<i64>| {
-            for (c, v) in std::iter::once((cols.count, count)).chain(cpu) {
-                if value.len() <= c {
-                    value.resize(c + 1, 0);
+        let row = match same {
+            Some(row) => row,
+            None => {
+                // Stack, converted once; label keys interned before the
+                // report's string table is final.
+                if let Some(i) = usize::try_from(key.0).ok().filter(|&i| i < s.dict.stack_table.len()) {
+                    b.stack(&s, i);
                 }
-                value[c] = value[c].saturating_add(v);
+                for (k, present) in [key.1.is_some(), key.2.is_some(), key.3.is_some()].into_iter().enumerate() {
+                    if present {
+                        b.label_key(k);
+                    }
+                }
+                b.samples.push(key)
             }
         };
-        if let Some(k) = same {
-            add(&mut b.samples[k].1);
-            continue;
+        b.samples.add(row, cols.count, count);
+        if let Some((c, period)) = cols.cpu_ns {
+            b.samples.add(row, c, count.saturating_mul(period));
         }
-        let mut value = Vec::with_capacity(b.columns.len());
-        add(&mut value);
-        // Stack, leaf first.
-        let stack = usize::try_from(s.sample.stack_index).ok().filter(|&i| i < s.dict.stack_table.len());
-        if let Some(i) = stack {
-            if b.stacks.len() < s.dict.stack_table.len() {
-                b.stacks.resize(s.dict.stack_table.len(), usize::MAX);
-            }
-            if b.stacks[i] == usize::MAX {
-                // Pushed into `samples` at that index below.
-                b.stacks[i] = b.samples.len();
-            }
-        }
-        let locs = match stack.map(|i| b.stacks[i]) {
-            Some(k) if k != b.samples.len() => b.samples[k].0.clone(),
-            _ => b.stack(&s),
-        };
-        // Labels.
-        let mut labels = Vec::with_capacity(3);
-        if let Some(pid) = key.1 {
-            labels.push(pp::Label { key: b.label_key(0), num: pid, ..Default::default() });
-        }
-        if let Some(tid) = key.2 {
-            labels.push(pp::Label { key: b.label_key(1), num: tid, ..Default::default() });
-        }
-        if let Some(comm) = key.3 {
-            labels.push(pp::Label { key: b.label_key(2), str: comm, ..Default::default() });
-        }
-        b.merged.insert(key, b.samples.len());
-        b.samples.push((locs, value, labels));
     }
     groups
         .into_iter()
         .map(|(group, b)| {
             let (start, end, skipped_samples) = (b.t0, b.t1, b.skipped);
-            let profile = b.finish();
+            let report = b.finish();
             let (start, end) = if start == u64::MAX { (0, 0) } else { (start, end) };
-            GroupProfile { group, profile, start, end, skipped_samples }
+            GroupProfile { group, report, start, end, skipped_samples }
         })
         .collect()
 }
 
 /// pprof's own validity rules (what `profile.CheckValid` enforces in Go).
 pub fn check_valid(p: &pp::Profile) -> Result<(), String> {
-    if p.string_table.first().map(String::as_str) != Some("") {
-        return Err("string_table[0] must be \"\"".into());
-    }
     let n = p.sample_type.len();
     for (i, s) in p.sample.iter().enumerate() {
         if s.value.len() != n {
@@ -527,6 +710,15 @@ pub fn check_valid(p: &pp::Profile) -> Result<(), String> {
                 return Err(format!("sample {i} refers to location {l}"));
             }
         }
+    }
+    check_tables(p, &p.sample_type)
+}
+
+/// The rules on everything but the samples; the sample types are passed
+/// apart (a [`PprofReport`] holds them outside its `Profile`).
+fn check_tables(p: &pp::Profile, sample_type: &[pp::ValueType]) -> Result<(), String> {
+    if p.string_table.first().map(String::as_str) != Some("") {
+        return Err("string_table[0] must be \"\"".into());
     }
     for (i, m) in p.mapping.iter().enumerate() {
         if m.id != i as u64 + 1 {
@@ -555,9 +747,85 @@ pub fn check_valid(p: &pp::Profile) -> Result<(), String> {
     let bad = |x: i64| x < 0 || x >= ns;
     if p.function.iter().any(|f| bad(f.name) || bad(f.system_name) || bad(f.filename))
         || p.mapping.iter().any(|m| bad(m.filename) || bad(m.build_id))
-        || p.sample_type.iter().any(|v| bad(v.r#type) || bad(v.unit))
+        || sample_type.iter().any(|v| bad(v.r#type) || bad(v.unit))
     {
         return Err("a string index is out of range".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
+    use profcol_api::ProfilesBuilder;
+
+    /// Samples of one stack in two threads, first in a CPU profile (two
+    /// columns), then in a profile of another type whose column appears
+    /// once rows exist: rows merge by thread, the new column is added to
+    /// every row, and the bytes are prost's for what they decode to.
+    #[test]
+    fn rows_merge_by_labels_and_gain_columns_that_come_later() {
+        let mut b = ProfilesBuilder::new();
+        let f = b.function("work", "work", "w.c", 0);
+        let g = b.function("main", "main", "w.c", 0);
+        let (leaf, root) = (b.line_location(f, 3), b.line_location(g, 9));
+        let stack = b.stack(&[leaf, root]);
+        let pid = KeyValue {
+            key: keys::PROCESS_PID.into(),
+            value: Some(profcol_api::model::AnyValue {
+                value: Some(profcol_api::model::any_value::Value::IntValue(42)),
+            }),
+            ..Default::default()
+        };
+        let r = b.resource(Resource { attributes: vec![pid], ..Default::default() });
+        let threads: Vec<[i32; 2]> = [(1, "one"), (2, "two")]
+            .iter()
+            .map(|&(tid, name)| {
+                [
+                    b.attribute(keys::THREAD_ID, AttrValue::Int(tid)),
+                    b.attribute(keys::THREAD_NAME, AttrValue::Str(name)),
+                ]
+            })
+            .collect();
+        let cpu = b.profile(r, &ProfileMeta::cpu(10, 1_000, 5));
+        let alloc = b.profile(r, &ProfileMeta { sample_type: ("alloc", "count"), ..Default::default() });
+        for (p, counts) in [(cpu, [3, 4]), (alloc, [5, 6]), (cpu, [1, 1])] {
+            for (attrs, count) in threads.iter().zip(counts) {
+                let attribute_indices = attrs.to_vec();
+                b.sample(
+                    p,
+                    pb::Sample { stack_index: stack, attribute_indices, values: vec![count], ..Default::default() },
+                );
+            }
+        }
+        let batch = b.build();
+        batch.validate().unwrap();
+        let groups = to_pprof(&batch, GroupBy::None);
+        let report = &groups[0].report;
+        report.check_valid().unwrap();
+        let p = report.to_profile().unwrap();
+        check_valid(&p).unwrap();
+        assert_eq!(p.encode_to_vec(), report.encode_to_vec());
+        assert_eq!(report.encoded_len(), report.encode_to_vec().len());
+
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
+        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds"), ("alloc", "count")]);
+        assert_eq!(p.sample.len(), 2, "one row per thread");
+        for (sample, (tid, name, values)) in p.sample.iter().zip([(1, "one", [4, 40, 5]), (2, "two", [5, 50, 6])]) {
+            assert_eq!(sample.value, values);
+            let names: Vec<&str> = sample
+                .location_id
+                .iter()
+                .map(|&id| {
+                    let line = &p.location[id as usize - 1].line[0];
+                    s(p.function[line.function_id as usize - 1].name)
+                })
+                .collect();
+            assert_eq!(names, ["work", "main"], "leaf first");
+            let label = |k: &str| sample.label.iter().find(|l| s(l.key) == k).unwrap();
+            assert_eq!((label("pid").num, label("tid").num, s(label("comm").str)), (42, tid, name));
+        }
+    }
 }

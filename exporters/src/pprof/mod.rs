@@ -18,7 +18,6 @@ use crate::output::write_atomic;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::{keys, view::SampleView, Resource};
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
-use prost::Message;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -337,11 +336,11 @@ impl Exporter for PprofExporter {
         }
         let (bt0, _) = crate::group::time_range(batch);
         for g in &groups {
-            if let Err(e) = convert::check_valid(&g.profile) {
+            if let Err(e) = g.report.check_valid() {
                 // A bug of ours, not the backend's: never retried.
                 return Err(ExportError::permanent(format!("the pprof profile for {} is invalid: {e}", g.group)));
             }
-            let raw = g.profile.encode_to_vec();
+            let raw = g.report.encode_to_vec();
             let key = crate::group::Delivered::key(&g.group, [raw.as_slice()]);
             if self.delivered.contains(key) {
                 tracing::debug!(exporter = %self.id, group = %g.group, "report delivered by an earlier attempt; skipped");
