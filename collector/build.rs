@@ -18,7 +18,15 @@ fn main() {
     // not take the option.
     let lld_target = std::env::var("TARGET").as_deref() == Ok("x86_64-unknown-linux-gnu");
     if release && lld_target {
-        let order = concat!(env!("CARGO_MANIFEST_DIR"), "/hot-text.order");
+        // The linker reads a copy in OUT_DIR: the link arg cargo keeps for
+        // the next builds then names a file of the target directory, which
+        // cargo shares between checkouts of the same workspace, not one of
+        // a checkout that may be gone.
+        let list = concat!(env!("CARGO_MANIFEST_DIR"), "/hot-text.order");
+        let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+        let order = std::path::Path::new(&out).join("hot-text.order");
+        std::fs::copy(list, &order).expect("collector/hot-text.order is readable");
+        let order = order.display();
         println!("cargo:rustc-link-arg-bin=profcol=-Wl,--symbol-ordering-file={order}");
         println!("cargo:rustc-link-arg-bin=profcol=-Wl,--no-warn-symbol-ordering");
     }

@@ -1,4 +1,5 @@
-//! Gives back the pages of the executable that only the dynamic loader reads.
+//! Gives back the pages of the executable that only the dynamic loader
+//! reads, and the code that only start-up runs.
 //!
 //! Before `main`, ld.so applies the relocation table (`.rela.dyn`: 1.3 MB in
 //! a release build, one entry per pointer in the binary's data) and never
@@ -14,8 +15,7 @@ pub fn drop_relocation_table() -> usize {
     let Some((start, len)) = relocation_table() else {
         return 0;
     };
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let page = page_size();
     // Whole pages only: the pages at either end also hold other sections.
     let lo = start.next_multiple_of(page);
     let hi = (start + len) / page * page;
@@ -58,6 +58,127 @@ fn load_bias() -> Option<usize> {
     bias
 }
 
+/// How long after the service has started its code is given back once more
+/// ([`drop_startup_code`]), for the start-up work that goes on after the
+/// components' start returned (the node agent's mapped code stayed the same
+/// from 0.5 s to 10 s after it started, docs/PERFORMANCE.md). Not later: what
+/// the steady state runs faults back in after a drop, a one-off cost that
+/// belongs to start-up.
+pub const STARTUP_CODE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Drops this executable's code pages from its mappings, once its start-up
+/// is over. Configuration, schema checks, BPF loading and the rest of
+/// start-up run once, but the pages they ran on would stay resident for as
+/// long as the agent runs (~1.5 MiB of a node agent's ~20, more when the
+/// binary sits whole in the page cache: docs/PERFORMANCE.md, #18). What the
+/// steady state runs faults back in from the page cache, a minor fault per
+/// page (or per 64 KiB window) once. Pages made private by a write into
+/// the text (a debugger's or a uprobe's breakpoint) are left mapped: a
+/// drop would lose the breakpoint. Returns the resident bytes dropped.
+pub fn drop_startup_code() -> usize {
+    let Some(segments) = code_segments() else {
+        return 0;
+    };
+    let page = page_size();
+    let mut dropped = 0;
+    for (start, len) in segments {
+        // Whole pages of the segment only.
+        let lo = start.next_multiple_of(page);
+        let hi = (start + len) / page * page;
+        if hi <= lo {
+            continue;
+        }
+        let Some(pages) = page_flags(lo, (hi - lo) / page) else { continue };
+        // Runs of pages that are not private copies, each dropped at once.
+        let mut run: Option<usize> = None;
+        for (i, flags) in pages.iter().copied().chain(std::iter::once(PRIVATE_COPY)).enumerate() {
+            let keep = flags == PRIVATE_COPY;
+            match (run, keep) {
+                (None, false) => run = Some(i),
+                (Some(first), true) => {
+                    let present = pages[first..i].iter().filter(|&&f| f == PRESENT).count();
+                    // SAFETY: [first, i) pages lie inside the executable's
+                    // code segment, mapped read-only and executable for the
+                    // process's life and never written (the written pages,
+                    // private copies, are not in the run); MADV_DONTNEED on a
+                    // private file mapping unmaps clean file pages, and a later
+                    // fetch maps the same bytes from the file again.
+                    let addr = (lo + first * page) as *mut libc::c_void;
+                    if unsafe { libc::madvise(addr, (i - first) * page, libc::MADV_DONTNEED) } == 0 {
+                        dropped += present * page;
+                    }
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    dropped
+}
+
+/// A page of the mapping, as `/proc/self/pagemap` tells it.
+const ABSENT: u8 = 0;
+const PRESENT: u8 = 1;
+/// Present and anonymous: a private copy of the file's page (written to).
+const PRIVATE_COPY: u8 = 2;
+
+/// The state of `n` pages from `addr`: bit 63 of a pagemap entry is
+/// "present", bit 61 "file page or shared anonymous".
+fn page_flags(addr: usize, n: usize) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open("/proc/self/pagemap").ok()?;
+    f.seek(SeekFrom::Start((addr / page_size() * 8) as u64)).ok()?;
+    let mut entries = vec![0u8; n * 8];
+    f.read_exact(&mut entries).ok()?;
+    Some(
+        entries
+            .chunks_exact(8)
+            .map(|e| {
+                let e = u64::from_le_bytes(e.try_into().unwrap_or([0; 8]));
+                match (e >> 63 == 1, e >> 61 & 1 == 1) {
+                    (false, _) => ABSENT,
+                    (true, true) => PRESENT,
+                    (true, false) => PRIVATE_COPY,
+                }
+            })
+            .collect(),
+    )
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
+}
+
+/// ELF program header type and flag (the `elf.h` values).
+const PT_LOAD: u32 = 1;
+const PF_X: u32 = 1;
+
+/// The executable's loaded code: its executable PT_LOAD segments, in memory.
+fn code_segments() -> Option<Vec<(usize, usize)>> {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _size: usize, out: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `info` is valid for the call, with `dlpi_phnum` program
+        // headers at `dlpi_phdr`; `out` is the Vec passed below. The first
+        // object reported is the executable.
+        unsafe {
+            let info = &*info;
+            let segments = &mut *out.cast::<Vec<(usize, usize)>>();
+            for i in 0..usize::from(info.dlpi_phnum) {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type == PT_LOAD && ph.p_flags & PF_X != 0 {
+                    segments.push(((info.dlpi_addr + ph.p_vaddr) as usize, ph.p_memsz as usize));
+                }
+            }
+        }
+        1
+    }
+    let mut segments: Vec<(usize, usize)> = Vec::new();
+    // SAFETY: the callback only writes through `out`, which points at
+    // `segments` for the duration of the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut segments).cast()) };
+    (!segments.is_empty()).then_some(segments)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +210,64 @@ mod tests {
         // SAFETY (test): as above; the pages fault in again from the file.
         let after: Vec<u8> = pages.iter().map(|&p| unsafe { std::ptr::read_volatile(p as *const u8) }).collect();
         assert_eq!(before, after, "a later read sees the file's bytes");
+    }
+
+    #[inline(never)]
+    fn marker(x: u64) -> u64 {
+        x.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(7)
+    }
+
+    #[test]
+    fn code_pages_are_dropped_but_private_copies_stay_and_code_runs_on() {
+        let segments = code_segments().expect("the test binary's code segment");
+        let page = page_size();
+        let present = || -> usize {
+            segments
+                .iter()
+                .map(|&(start, len)| {
+                    let lo = start.next_multiple_of(page);
+                    let n = ((start + len) / page * page).saturating_sub(lo) / page;
+                    page_flags(lo, n).unwrap().iter().filter(|&&f| f != ABSENT).count()
+                })
+                .sum()
+        };
+        // A private copy of one code page, as a breakpoint makes one: the
+        // page writable for a moment and its first byte written back.
+        let f = marker as fn(u64) -> u64 as usize;
+        let p = f / page * page;
+        let expect = marker(3);
+        // SAFETY (test): the page stays executable throughout (no thread
+        // running it can fault) and the byte written is the byte read.
+        unsafe {
+            let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+            assert_eq!(libc::mprotect(p as *mut libc::c_void, page, rwx), 0);
+            let b = std::ptr::read_volatile(f as *const u8);
+            std::ptr::write_volatile(f as *mut u8, b);
+            assert_eq!(libc::mprotect(p as *mut libc::c_void, page, libc::PROT_READ | libc::PROT_EXEC), 0);
+        }
+        assert_eq!(page_flags(p, 1).unwrap()[0], PRIVATE_COPY);
+        // Some other present code page, to read back after the drop.
+        let (start, _) = segments[0];
+        let other = (start.next_multiple_of(page)..)
+            .step_by(page)
+            .find(|&q| q != p && page_flags(q, 1).unwrap()[0] == PRESENT)
+            .unwrap();
+        // SAFETY (test): a mapped, readable code page.
+        let bytes: Vec<u8> = (0..64).map(|i| unsafe { std::ptr::read_volatile((other + i) as *const u8) }).collect();
+
+        let before = present();
+        let dropped = drop_startup_code();
+        let after = present();
+        // Every present page but the private copy went (pages faulted in
+        // between the count and the drop only add to it); the code run
+        // since (this test's, other tests' threads) faulted some back, each
+        // fault mapping up to 16 cached pages around it.
+        assert!(before > 16 && dropped / page + 1 >= before, "{dropped} bytes dropped of {before} pages present");
+        assert!(after < before, "{before} pages present before the drop, {after} after");
+        assert_eq!(page_flags(p, 1).unwrap()[0], PRIVATE_COPY, "the private copy is kept");
+        assert_eq!(marker(3), expect);
+        // SAFETY (test): as above; the page faults in again from the file.
+        let again: Vec<u8> = (0..64).map(|i| unsafe { std::ptr::read_volatile((other + i) as *const u8) }).collect();
+        assert_eq!(bytes, again, "code read back from the file is the same");
     }
 }

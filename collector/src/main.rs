@@ -12,7 +12,7 @@ use profcol::service::{check, Service};
 use profcol_config::{Config, ConfigErrors, Source};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// profcol: a profiling collector. Receivers, processors and exporters wired
 /// into pipelines by a YAML file, as in the OpenTelemetry Collector.
@@ -205,8 +205,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            // A long-running agent: the loader's relocation table is not read again.
+            // A long-running agent: the loader's relocation table is not read
+            // again, nor is the code that read and checked the configuration.
             profcol::loader_pages::drop_relocation_table();
+            profcol::loader_pages::drop_startup_code();
             let runtime = &config.service.runtime;
             if let Some(n) = runtime.malloc_arenas {
                 limit_malloc_arenas(n);
@@ -286,6 +288,15 @@ async fn run(
     service.start(config, checked).await.context("cannot start")?;
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     info!(pipelines = ?pipelines, workers, "profcol started");
+    // Start-up's code is not run again (a reload runs some of it once more):
+    // dropped now, and once more when the components' own start-up work,
+    // which goes on after their start returned, is over.
+    profcol::loader_pages::drop_startup_code();
+    tokio::spawn(async {
+        tokio::time::sleep(profcol::loader_pages::STARTUP_CODE_SETTLE).await;
+        let dropped = profcol::loader_pages::drop_startup_code();
+        debug!(kib = dropped / 1024, "code pages dropped from the mappings after start-up");
+    });
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
