@@ -66,15 +66,15 @@ fn load_bias() -> Option<usize> {
 /// belongs to start-up.
 pub const STARTUP_CODE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Drops this executable's code pages from its mappings, once its start-up
-/// is over. Configuration, schema checks, BPF loading and the rest of
-/// start-up run once, but the pages they ran on would stay resident for as
-/// long as the agent runs (~1.5 MiB of a node agent's ~20, more when the
-/// binary sits whole in the page cache: docs/PERFORMANCE.md, #18). What the
-/// steady state runs faults back in from the page cache, a minor fault per
-/// page (or per 64 KiB window) once. Pages made private by a write into
-/// the text (a debugger's or a uprobe's breakpoint) are left mapped: a
-/// drop would lose the breakpoint. Returns the resident bytes dropped.
+/// Drops this executable's code pages from its mappings, as its start-up
+/// ends. Configuration, schema checks, BPF loading and the rest of start-up
+/// run once, but the pages they ran on would stay resident for as long as
+/// the agent runs: a node agent maps ~4 MiB of code in its first second and
+/// keeps ~3 MiB once dropped (docs/PERFORMANCE.md, #18). What the steady
+/// state runs faults back in from the page cache, a minor fault per page
+/// (or per 64 KiB window) once. Pages made private by a write into the text
+/// (a debugger's or a uprobe's breakpoint) are left mapped: a drop would
+/// lose the breakpoint. Returns the resident bytes dropped.
 pub fn drop_startup_code() -> usize {
     let Some(segments) = code_segments() else {
         return 0;
