@@ -15,7 +15,7 @@ node_config() {
 	local out
 	out=$(sed -e "s/sample_frequency: [0-9]*/sample_frequency: $1/" \
 		-e "s|directory: ./profiles|directory: $2/profiles|" \
-		-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: $3|" examples/default.yaml)
+		-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: \"$3\"|" examples/default.yaml)
 	grep -q "sample_frequency: $1\$" <<<"$out" || { echo "node_config: no sample_frequency line in examples/default.yaml" >&2; return 1; }
 	printf '%s\n' "$out"
 }
