@@ -30,7 +30,7 @@ cleanup() {
 	rm -rf "$TMP"
 }
 trap cleanup EXIT
-node_config 99 "$TMP" "" >"$TMP/node.yaml"
+node_config 99 "$TMP" '""' >"$TMP/node.yaml"
 sh -c 'while :; do :; done' &
 PIDS+=($!)
 dd if=/dev/zero of=/dev/null bs=4k 2>/dev/null &

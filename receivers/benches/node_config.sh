@@ -4,8 +4,9 @@
 #
 # prints examples/default.yaml, the embedded node agent, with its sample
 # frequency set to FREQ, its pprof files written under DIR/profiles and
-# its /metrics served on METRICS_ADDRESS ("" turns it off; agents running
-# side by side need one each). Fails if the frequency line was not found.
+# its /metrics served on METRICS_ADDRESS (the YAML text: '""', two quote
+# marks, turns it off; agents running side by side need one each). Fails
+# if the frequency line was not found.
 #
 #   node_report_seconds
 #
@@ -15,7 +16,7 @@ node_config() {
 	local out
 	out=$(sed -e "s/sample_frequency: [0-9]*/sample_frequency: $1/" \
 		-e "s|directory: ./profiles|directory: $2/profiles|" \
-		-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: \"$3\"|" examples/default.yaml)
+		-e "s|^service:|service:\n  telemetry:\n    metrics:\n      address: $3|" examples/default.yaml)
 	grep -q "sample_frequency: $1\$" <<<"$out" || { echo "node_config: no sample_frequency line in examples/default.yaml" >&2; return 1; }
 	printf '%s\n' "$out"
 }
