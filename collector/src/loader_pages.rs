@@ -40,22 +40,7 @@ fn relocation_table() -> Option<(usize, usize)> {
     let elf = profcol_elf::ElfFile::open(&file).ok()?;
     let addr = usize::try_from(elf.section_address(".rela.dyn")?).ok()?;
     let size = usize::try_from(elf.section_size(".rela.dyn")?).ok()?;
-    Some((load_bias()?.checked_add(addr)?, size))
-}
-
-/// Where the executable was loaded: its link-time addresses plus this.
-fn load_bias() -> Option<usize> {
-    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _size: usize, out: *mut libc::c_void) -> libc::c_int {
-        // SAFETY: `info` is valid for the call; `out` is the `Option<usize>`
-        // passed below. The first object reported is the executable.
-        unsafe { *out.cast::<Option<usize>>() = Some((*info).dlpi_addr as usize) };
-        1
-    }
-    let mut bias: Option<usize> = None;
-    // SAFETY: the callback only writes through `out`, which points at `bias`
-    // for the duration of the call.
-    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut bias).cast()) };
-    bias
+    Some((executable()?.bias.checked_add(addr)?, size))
 }
 
 /// How long after the service has started its code is given back once more
@@ -76,7 +61,7 @@ pub const STARTUP_CODE_SETTLE: std::time::Duration = std::time::Duration::from_s
 /// (a debugger's or a uprobe's breakpoint) are left mapped: a drop would
 /// lose the breakpoint. Returns the resident bytes dropped.
 pub fn drop_startup_code() -> usize {
-    let Some(segments) = code_segments() else {
+    let Some(Executable { code: segments, .. }) = executable() else {
         return 0;
     };
     let page = page_size();
@@ -89,27 +74,22 @@ pub fn drop_startup_code() -> usize {
             continue;
         }
         let Some(pages) = page_flags(lo, (hi - lo) / page) else { continue };
-        // Runs of pages that are not private copies, each dropped at once.
-        let mut run: Option<usize> = None;
-        for (i, flags) in pages.iter().copied().chain(std::iter::once(PRIVATE_COPY)).enumerate() {
-            let keep = flags == PRIVATE_COPY;
-            match (run, keep) {
-                (None, false) => run = Some(i),
-                (Some(first), true) => {
-                    let present = pages[first..i].iter().filter(|&&f| f == PRESENT).count();
-                    // SAFETY: [first, i) pages lie inside the executable's
-                    // code segment, mapped read-only and executable for the
-                    // process's life and never written (the written pages,
-                    // private copies, are not in the run); MADV_DONTNEED on a
-                    // private file mapping unmaps clean file pages, and a later
-                    // fetch maps the same bytes from the file again.
-                    let addr = (lo + first * page) as *mut libc::c_void;
-                    if unsafe { libc::madvise(addr, (i - first) * page, libc::MADV_DONTNEED) } == 0 {
-                        dropped += present * page;
-                    }
-                    run = None;
-                }
-                _ => {}
+        // The runs of pages between private copies, each dropped at once.
+        let mut first = 0;
+        for run in pages.split(|&f| f == PRIVATE_COPY) {
+            let addr = (lo + first * page) as *mut libc::c_void;
+            first += run.len() + 1;
+            if run.is_empty() {
+                continue;
+            }
+            // SAFETY: the run's pages lie inside the executable's code
+            // segment, mapped read-only and executable for the process's
+            // life and never written (the written pages, private copies,
+            // are not in the run); MADV_DONTNEED on a private file mapping
+            // unmaps clean file pages, and a later fetch maps the same bytes
+            // from the file again.
+            if unsafe { libc::madvise(addr, run.len() * page, libc::MADV_DONTNEED) } == 0 {
+                dropped += run.iter().filter(|&&f| f == PRESENT).count() * page;
             }
         }
     }
@@ -154,29 +134,37 @@ fn page_size() -> usize {
 const PT_LOAD: u32 = 1;
 const PF_X: u32 = 1;
 
-/// The executable's loaded code: its executable PT_LOAD segments, in memory.
-fn code_segments() -> Option<Vec<(usize, usize)>> {
+/// Where the executable was loaded, as the dynamic loader reports it.
+struct Executable {
+    /// Its link-time addresses plus this are its addresses in memory.
+    bias: usize,
+    /// Its executable PT_LOAD segments in memory: (start, length).
+    code: Vec<(usize, usize)>,
+}
+
+fn executable() -> Option<Executable> {
     unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _size: usize, out: *mut libc::c_void) -> libc::c_int {
         // SAFETY: `info` is valid for the call, with `dlpi_phnum` program
-        // headers at `dlpi_phdr`; `out` is the Vec passed below. The first
-        // object reported is the executable.
+        // headers at `dlpi_phdr`; `out` is the `Option<Executable>` passed
+        // below. The first object reported is the executable.
         unsafe {
             let info = &*info;
-            let segments = &mut *out.cast::<Vec<(usize, usize)>>();
+            let mut code = Vec::new();
             for i in 0..usize::from(info.dlpi_phnum) {
                 let ph = &*info.dlpi_phdr.add(i);
                 if ph.p_type == PT_LOAD && ph.p_flags & PF_X != 0 {
-                    segments.push(((info.dlpi_addr + ph.p_vaddr) as usize, ph.p_memsz as usize));
+                    code.push(((info.dlpi_addr + ph.p_vaddr) as usize, ph.p_memsz as usize));
                 }
             }
+            *out.cast::<Option<Executable>>() = Some(Executable { bias: info.dlpi_addr as usize, code });
         }
         1
     }
-    let mut segments: Vec<(usize, usize)> = Vec::new();
-    // SAFETY: the callback only writes through `out`, which points at
-    // `segments` for the duration of the call.
-    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut segments).cast()) };
-    (!segments.is_empty()).then_some(segments)
+    let mut exe: Option<Executable> = None;
+    // SAFETY: the callback only writes through `out`, which points at `exe`
+    // for the duration of the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut exe).cast()) };
+    exe
 }
 
 #[cfg(test)]
@@ -219,7 +207,7 @@ mod tests {
 
     #[test]
     fn code_pages_are_dropped_but_private_copies_stay_and_code_runs_on() {
-        let segments = code_segments().expect("the test binary's code segment");
+        let segments = executable().expect("the test binary's program headers").code;
         let page = page_size();
         let present = || -> usize {
             segments

@@ -75,12 +75,9 @@ impl SampleTable {
             return;
         }
         let mut values = Vec::with_capacity(self.keys.len() * columns);
-        for row in self.values.chunks_exact(self.stride.max(1)).take(self.keys.len()) {
-            values.extend_from_slice(row);
+        for row in 0..self.keys.len() {
+            values.extend_from_slice(&self.values[row * self.stride..][..self.stride]);
             values.resize(values.len() + columns - self.stride, 0);
-        }
-        if self.stride == 0 {
-            values.resize(self.keys.len() * columns, 0);
         }
         self.values = values;
         self.stride = columns;
