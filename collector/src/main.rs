@@ -206,9 +206,11 @@ fn main() -> ExitCode {
                 }
             };
             // A long-running agent: the loader's relocation table is not read
-            // again, nor is the code that read and checked the configuration.
+            // again, nor the code and data that read and checked the
+            // configuration; and the host gives its pages back as it goes.
             profcol::loader_pages::drop_relocation_table();
-            profcol::loader_pages::drop_startup_code();
+            profcol::loader_pages::drop_read_only();
+            profcol::loader_pages::give_back_read_only();
             let runtime = &config.service.runtime;
             if let Some(n) = runtime.malloc_arenas {
                 limit_malloc_arenas(n);
@@ -288,14 +290,15 @@ async fn run(
     service.start(config, checked).await.context("cannot start")?;
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     info!(pipelines = ?pipelines, workers, "profcol started");
-    // Start-up's code is not run again (a reload runs some of it once more):
-    // dropped now, and once more when the components' own start-up work,
-    // which goes on after their start returned, is over.
-    profcol::loader_pages::drop_startup_code();
+    // Start-up's code and data are not used again (a reload uses some once
+    // more): dropped now, and once more when the components' own start-up
+    // work, which goes on after their start returned, is over. (Before each
+    // receiver's start and as batches arrive, the host drops them too.)
+    profcol::loader_pages::drop_read_only();
     tokio::spawn(async {
         tokio::time::sleep(profcol::loader_pages::STARTUP_CODE_SETTLE).await;
-        let dropped = profcol::loader_pages::drop_startup_code();
-        debug!(kib = dropped / 1024, "code pages dropped from the mappings after start-up");
+        let dropped = profcol::loader_pages::drop_read_only();
+        debug!(kib = dropped / 1024, "code and read-only data pages dropped from the mappings after start-up");
     });
     loop {
         tokio::select! {

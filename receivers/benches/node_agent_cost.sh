@@ -26,6 +26,11 @@
 # after 10 s idle and takes its CPU out of the sum) — and RSS (VmRSS, VmHWM) at RSS_AT (END_AT + 10 s).
 # Steady state is the slope between the two reads (ms of CPU per second);
 # start-up is the CPU at START_AT minus START_AT seconds of that slope.
+# Each run starts from binaries read from disk, as at a host's boot: the
+# page cache of profcol's and perf's executables is emptied first (EVICT=0
+# keeps it). How a binary reached the page cache decides how much of it the
+# kernel maps around each fault: one just written by the linker or cp sits
+# in the cache whole, and its agent maps ~1.5 MiB more of it.
 # Lines: RUN (one per tool per run), then MEDIAN and RATIO over the runs.
 # Needs root, perf.
 set -euo pipefail
@@ -98,11 +103,23 @@ EOF
 . receivers/benches/cgroup_cpu.sh
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 
+# Empties the page cache of files $@ (written back first: only clean pages
+# leave the cache; pages mapped by a running process stay).
+evict() {
+	sync "$@"
+	python3 -c 'import os, sys
+for f in sys.argv[1:]:
+    fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"
+}
+EXES=("$BIN" "$(readlink -f "$(command -v perf)")")
+[ -n "$BEFORE_BIN" ] && EXES+=("$BEFORE_BIN")
+
 printf 'load average before: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
 RESULTS=$TMP/results
 : >"$RESULTS"
 for run in $(seq "$RUNS"); do
 	PIDS=()
+	[ "${EVICT:-1}" = 1 ] && evict "${EXES[@]}"
 	sh -c 'while :; do :; done' &
 	PIDS+=($!)
 	dd if=/dev/zero of=/dev/null bs=4k 2>/dev/null &

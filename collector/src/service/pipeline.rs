@@ -87,6 +87,7 @@ pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
         tokio::select! {
             batch = rx.recv() => match batch {
                 Some((b, ack, since)) => {
+                    crate::loader_pages::drop_read_only_between_batches();
                     let n = b.sample_count() as u64;
                     let trace = since.and_then(|t| BatchTrace::start(&parts.name, t, n, false));
                     process_from(&parts, &mut held, 0, b, n, vec![ack], trace).await

@@ -29,12 +29,14 @@ pub struct EbpfConfig {
     /// BPF ring buffer size in bytes: a power of two, at least one page.
     /// Unset: half a second of the largest records at `sample_frequency`
     /// from every online CPU, rounded up to a power of two, 256 KiB to
-    /// 64 MiB (256 KiB on 2 CPUs at 99 Hz, 8 MiB on 64 CPUs at 99 Hz). The
-    /// reader is woken when a quarter is used, so three eighths of a second
-    /// of that worst case is left for it to answer (real records, with
-    /// stacks shallower than the limit or counted in the kernel, come far
-    /// slower). Its pages are resident: the kernel maps the data twice, so
-    /// the agent's RSS holds twice this size.
+    /// 64 MiB (256 KiB on 2 CPUs at 99 Hz, 8 MiB on 64 CPUs at 99 Hz); with
+    /// `count_in_kernel`, where only a stack's first sample is a record, a
+    /// quarter of a second, from 128 KiB. The reader is woken when a quarter
+    /// is used, so three eighths (three sixteenths) of a second of that
+    /// worst case is left for it to answer (real records, with stacks
+    /// shallower than the limit or counted in the kernel, come far slower).
+    /// Its pages are resident: the kernel maps the data twice, so the
+    /// agent's RSS holds twice this size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_buffer_size: Option<u32>,
     /// Functions whose calls are counted (empty: no uprobe machinery runs).
@@ -161,10 +163,23 @@ impl Default for NegativeCacheConfig {
 /// Bounds of the ring buffer's size when it is not set.
 pub const AUTO_RING_MIN: u32 = 256 << 10;
 pub const AUTO_RING_MAX: u32 = 64 << 20;
+/// The floor with `count_in_kernel`: a whole `.ci/run` (19 minutes of both
+/// CPUs compiling, thousands of new processes) at 99 Hz lost no record
+/// with a 128 KiB ring (docs/PERFORMANCE.md, #18).
+pub const AUTO_COUNTED_RING_MIN: u32 = 128 << 10;
+
+/// The exec/exit event ring: 16 KiB (~340 events) per online CPU, 64 KiB
+/// to 1 MiB. Its reader is woken by the first event after it emptied it,
+/// so the ring only has to hold the events of one wake-up's delay; its
+/// pages are resident twice, as the sample ring's.
+pub fn proc_event_ring_bytes(cpus: usize) -> u32 {
+    ((cpus.max(1) as u64) * (16 << 10)).clamp(64 << 10, 1 << 20).next_power_of_two() as u32
+}
 
 impl EbpfConfig {
     /// The ring buffer's size in bytes on a host with `cpus` online CPUs:
-    /// `ring_buffer_size` if set, else half a second of full-depth records.
+    /// `ring_buffer_size` if set, else half a second of full-depth records
+    /// (a quarter with `count_in_kernel`).
     pub fn ring_bytes(&self, cpus: usize) -> u32 {
         if let Some(size) = self.ring_buffer_size {
             return size;
@@ -173,7 +188,8 @@ impl EbpfConfig {
         // the spare slot.
         let record = 8 + profcol_ebpf::record::SAMPLE_HEADER_SIZE as u64 + (2 * self.max_stack_depth as u64 + 1) * 8;
         let second = (cpus.max(1) as u64).saturating_mul(self.sample_frequency).saturating_mul(record);
-        (second / 2).clamp(AUTO_RING_MIN as u64, AUTO_RING_MAX as u64).next_power_of_two() as u32
+        let (part, min) = if self.count_in_kernel { (4, AUTO_COUNTED_RING_MIN) } else { (2, AUTO_RING_MIN) };
+        (second / part).clamp(min as u64, AUTO_RING_MAX as u64).next_power_of_two() as u32
     }
 }
 
@@ -453,5 +469,27 @@ mod tests {
         assert_eq!(c.ring_bytes(2), AUTO_RING_MIN);
         c.ring_buffer_size = Some(4096);
         assert_eq!(c.ring_bytes(64), 4096);
+    }
+
+    #[test]
+    fn counted_in_kernel_the_ring_is_a_quarter_second_from_128_kib() {
+        let mut c = EbpfConfig { sample_frequency: 99, count_in_kernel: true, ..EbpfConfig::default() };
+        // 2 x 99 x 2,104 / 4 = 104 KB: the floor.
+        assert_eq!(c.ring_bytes(2), AUTO_COUNTED_RING_MIN);
+        // 8 x 99 x 2,104 / 4 = 417 KB, rounded up: half the sample mode's 1 MiB.
+        assert_eq!(c.ring_bytes(8), 512 << 10);
+        assert_eq!(c.ring_bytes(64), 4 << 20);
+        c.ring_buffer_size = Some(1 << 20);
+        assert_eq!(c.ring_bytes(2), 1 << 20);
+    }
+
+    #[test]
+    fn process_event_ring_scales_with_cpus_within_bounds() {
+        assert_eq!(proc_event_ring_bytes(0), 64 << 10);
+        assert_eq!(proc_event_ring_bytes(2), 64 << 10);
+        assert_eq!(proc_event_ring_bytes(16), 256 << 10);
+        assert_eq!(proc_event_ring_bytes(24), 512 << 10);
+        assert_eq!(proc_event_ring_bytes(64), 1 << 20);
+        assert_eq!(proc_event_ring_bytes(4096), 1 << 20);
     }
 }

@@ -5,7 +5,7 @@
 //! `/sys/kernel/btf/vmlinux` (it parses kernel BTF lazily, only for programs
 //! that need relocating); `tests/ebpf_btf.rs` checks that it is not opened.
 
-use super::config::EbpfConfig;
+use super::config::{proc_event_ring_bytes, EbpfConfig};
 use super::privileges::{perf_open_hint, Privileges};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
@@ -140,6 +140,7 @@ pub fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadError> {
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
         .override_global(obj::globals::SELF_TGID, &self_tgid, true)
         .map_max_entries(obj::EVENTS_MAP, cfg.ring_bytes(cpus))
+        .map_max_entries(obj::PROC_EVENTS_MAP, proc_event_ring_bytes(cpus))
         .override_global(obj::globals::COUNT_IN_KERNEL, &counting.enabled, true)
         .override_global(obj::globals::KTEXT_START, &counting.ktext.0, true)
         .override_global(obj::globals::KTEXT_END, &counting.ktext.1, true)
