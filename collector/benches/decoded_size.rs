@@ -6,9 +6,11 @@
 //! the `batch` processor holds them merged. Each is broken down into the
 //! samples (their structs and vectors) and the dictionary, and shown beside
 //! the same data with every vector at exactly its length: the model's
-//! layout. The receiver's decode (`model/decode.rs`) sizes vectors from the
-//! wire, so it should hold that; prost's own decode, which grows them push
-//! by push, is shown beside it.
+//! layout. The receiver's decode keeps each profile's samples packed
+//! (`model/packed.rs`); unpacked (`model/decode.rs`, what a processor that
+//! reads samples gets) it sizes vectors from the wire, so it should hold the
+//! model's layout; prost's own decode, which grows them push by push, is
+//! shown beside both.
 //!
 //! cargo bench -p profcol --bench decoded_size    # RATIO lines
 
@@ -28,6 +30,11 @@ fn counted<T>(make: impl FnOnce() -> T) -> (T, usize) {
 }
 
 /// The receiver's decode: the request's bytes to the batch the pipeline gets.
+fn decode_packed(wire: &[u8]) -> Profiles {
+    Profiles::decode_packed(wire).expect("bench bytes decode")
+}
+
+/// The same unpacked: what the host hands a processor that reads samples.
 fn decode(wire: &[u8]) -> Profiles {
     Profiles::decode(wire).expect("bench bytes decode")
 }
@@ -79,7 +86,7 @@ fn exact(p: &Profiles) -> Profiles {
 
 /// Samples' share of a batch (what is left when the dictionary is taken out).
 fn without_dictionary(p: &Profiles) -> Profiles {
-    Profiles(pb::ProfilesData { resource_profiles: p.0.resource_profiles.clone(), dictionary: None })
+    Profiles::from(pb::ProfilesData { resource_profiles: p.0.resource_profiles.clone(), dictionary: None })
 }
 
 struct Parts {
@@ -140,15 +147,34 @@ fn main() {
     // The gateway benches' request (testkit::floor::busy_node_batch).
     let (one, wire) = profcol_testkit::floor::busy_node_batch();
     drop(one);
+    let (packed, packed_decoded) = counted(|| decode_packed(&wire));
     let (request, decoded) = counted(|| decode(&wire));
     let (by_prost, prost_decoded) = counted(|| prost_decode(&wire));
-    assert_eq!(by_prost, request, "the receiver's decode reads what prost reads");
+    assert_eq!(by_prost, request, "the unpacked decode reads what prost reads");
+    assert_eq!(packed, request, "the packed decode reads what prost reads");
     drop(by_prost);
     println!(
         "prost's decode of the same request: {prost_decoded} B ({:.2}× the wire size)",
         prost_decoded as f64 / wire.len() as f64
     );
-    show("busy-node request (otlp receiver)", &request, wire.len(), decoded);
+    show("busy-node request (unpacked, as a processor that reads samples gets it)", &request, wire.len(), decoded);
+    let (dict, dict_decoded) = counted(|| packed.dictionary().cloned());
+    drop(dict);
+    let n = packed.sample_messages();
+    let dict_wire = packed.dictionary().map_or(0, |d| d.encoded_len());
+    println!(
+        "busy-node request, samples packed (otlp receiver): dictionary {dict_decoded} B, samples and the rest {} B \
+         ({:.0} B per Sample against {:.0} B on the wire)",
+        packed_decoded.saturating_sub(dict_decoded),
+        packed_decoded.saturating_sub(dict_decoded) as f64 / n as f64,
+        (wire.len() - dict_wire) as f64 / n as f64
+    );
+    println!(
+        "RATIO decoded busy-node request (otlp receiver, samples packed) = {packed_decoded} B vs wire {} B: {:.2}× \
+         (goal <= 2.5)",
+        wire.len(),
+        packed_decoded as f64 / wire.len() as f64
+    );
 
     // Two nodes' requests merged, as the batch processor holds them before
     // it forwards (its first batch indexed, the second appended).

@@ -21,7 +21,8 @@ impl Consumer for Collector {
         while self.stall.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.batches.lock().unwrap_or_else(|p| p.into_inner()).push(batch);
+        // Tests read `.0`: samples in their profiles.
+        self.batches.lock().unwrap_or_else(|p| p.into_inner()).push(batch.into_unpacked());
         Ok(())
     }
 }

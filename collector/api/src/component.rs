@@ -378,6 +378,13 @@ pub trait Processor: Send + Sync + 'static {
         Ok(())
     }
     async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError>;
+    /// Whether `process` takes a batch whose samples may be packed
+    /// ([`Profiles::decode_packed`]): one that only encodes, counts or
+    /// forwards batches through [`Profiles`]' own methods, never reading
+    /// `.0`'s samples. Others get batches unpacked.
+    fn reads_packed(&self) -> bool {
+        false
+    }
     /// Processors that hold batches back (batch) say how often the host should
     /// call [`Processor::flush`].
     fn flush_interval(&self) -> Option<Duration> {
@@ -407,6 +414,11 @@ pub trait Exporter: Send + Sync + 'static {
         Ok(())
     }
     async fn export(&self, batch: &Profiles) -> Result<(), ExportError>;
+    /// As [`Processor::reads_packed`], for `export`: an exporter that does
+    /// not say so gets batches unpacked.
+    fn reads_packed(&self) -> bool {
+        false
+    }
     async fn shutdown(&self) -> Result<(), ComponentError> {
         Ok(())
     }

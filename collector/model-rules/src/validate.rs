@@ -140,7 +140,6 @@ fn validate_profile(
     base: &dyn Fn() -> String,
 ) -> Result<(), InvalidProfiles> {
     let (ns, na) = (d.string_table.len(), d.attribute_table.len());
-    let (nst, nlk) = (d.stack_table.len(), d.link_table.len());
     for (name, vt) in [("sample_type", &prof.sample_type), ("period_type", &prof.period_type)] {
         if let Some(vt) = vt {
             check_idx(vt.type_strindex, ns, || format!("{}.{name}.type_strindex", base()), "string_table")?;
@@ -149,23 +148,33 @@ fn validate_profile(
     }
     check_all(&prof.attribute_indices, na, || format!("{}.attribute_indices", base()), "attribute_table")?;
     for (k, smp) in prof.samples.iter().enumerate() {
-        let sp = || format!("{}.samples[{k}]", base());
-        check_idx(smp.stack_index, nst, || format!("{}.stack_index", sp()), "stack_table")?;
-        check_idx(smp.link_index, nlk, || format!("{}.link_index", sp()), "link_table")?;
-        check_all(&smp.attribute_indices, na, || format!("{}.attribute_indices", sp()), "attribute_table")?;
-        if !smp.values.is_empty()
-            && !smp.timestamps_unix_nano.is_empty()
-            && smp.values.len() != smp.timestamps_unix_nano.len()
-        {
-            return Err(err(
-                sp(),
-                format!(
-                    "values ({}) and timestamps_unix_nano ({}) must have equal length when both are set",
-                    smp.values.len(),
-                    smp.timestamps_unix_nano.len()
-                ),
-            ));
-        }
+        validate_sample(d, smp, &|| format!("{}.samples[{k}]", base()))?;
+    }
+    Ok(())
+}
+
+/// One Sample's invariants against a valid dictionary `d`; `at` names it.
+pub fn validate_sample(
+    d: &pb::ProfilesDictionary,
+    smp: &pb::Sample,
+    at: &dyn Fn() -> String,
+) -> Result<(), InvalidProfiles> {
+    let (na, nst, nlk) = (d.attribute_table.len(), d.stack_table.len(), d.link_table.len());
+    check_idx(smp.stack_index, nst, || format!("{}.stack_index", at()), "stack_table")?;
+    check_idx(smp.link_index, nlk, || format!("{}.link_index", at()), "link_table")?;
+    check_all(&smp.attribute_indices, na, || format!("{}.attribute_indices", at()), "attribute_table")?;
+    if !smp.values.is_empty()
+        && !smp.timestamps_unix_nano.is_empty()
+        && smp.values.len() != smp.timestamps_unix_nano.len()
+    {
+        return Err(err(
+            at(),
+            format!(
+                "values ({}) and timestamps_unix_nano ({}) must have equal length when both are set",
+                smp.values.len(),
+                smp.timestamps_unix_nano.len()
+            ),
+        ));
     }
     Ok(())
 }

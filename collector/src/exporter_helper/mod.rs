@@ -312,6 +312,11 @@ impl ExporterHandle {
     /// all need it. With a trace, its queue wait and export attempts become
     /// spans of `trace`.
     pub async fn enqueue_traced(&self, batch: Arc<Profiles>, n: u64, trace: Option<BatchTrace>) -> Result<(), String> {
+        // Unpacked once here, not at every retry, for an exporter that reads `.0`.
+        let batch = match batch.is_packed() && !self.exporter.reads_packed() {
+            true => Arc::new(Arc::unwrap_or_clone(batch).into_unpacked()),
+            false => batch,
+        };
         let q = &self.config.sending_queue;
         let blocking = !q.enabled || q.block_on_overflow;
         let item = match &self.store {

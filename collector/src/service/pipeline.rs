@@ -170,6 +170,9 @@ async fn process_traced(
     for (i, p) in parts.processors.iter().enumerate().skip(start) {
         p.telemetry.incoming.add(n);
         let t0 = trace.map(|_| SystemTime::now());
+        if !p.instance.reads_packed() {
+            batch.unpack();
+        }
         let result = p.instance.process(batch).await;
         if let (Some(t), Some(t0)) = (trace, t0) {
             let outcome = match &result {

@@ -506,6 +506,11 @@ pub enum Route<T: Target> {
 }
 
 impl<T: Target> Route<T> {
+    /// A balanced route splits batches by resource, so it takes them unpacked.
+    pub fn reads_packed(&self) -> bool {
+        matches!(self, Route::One(_))
+    }
+
     pub async fn start(&self) {
         if let Route::Balanced(b) = self {
             b.start().await;
@@ -605,7 +610,8 @@ pub fn split_by_attribute(batch: &Profiles, key: &str) -> Split {
         groups
             .into_iter()
             .map(|(v, resource_profiles)| {
-                let mut part = Profiles(pb::ProfilesData { resource_profiles, dictionary: batch.0.dictionary.clone() });
+                let data = pb::ProfilesData { resource_profiles, dictionary: batch.0.dictionary.clone() };
+                let mut part = Profiles::from(data);
                 part.compact();
                 (v, part)
             })

@@ -377,6 +377,11 @@ impl Exporter for OtlpGrpcExporter {
         self.route.export(batch).await
     }
 
+    /// Encodes and counts through `Profiles` alone (a balanced route excepted).
+    fn reads_packed(&self) -> bool {
+        self.route.reads_packed()
+    }
+
     async fn shutdown(&self) -> Result<(), ComponentError> {
         self.route.shutdown().await;
         Ok(())

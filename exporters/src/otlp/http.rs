@@ -388,6 +388,11 @@ impl Exporter for OtlpHttpExporter {
         self.route.export(batch).await
     }
 
+    /// Encodes and counts through `Profiles` alone (a balanced route excepted).
+    fn reads_packed(&self) -> bool {
+        self.route.reads_packed()
+    }
+
     async fn shutdown(&self) -> Result<(), ComponentError> {
         self.route.shutdown().await;
         Ok(())

@@ -121,7 +121,9 @@ impl Ingest {
         if decode_budget::proto_size_bound(bytes.len()) > self.max_decoded {
             decode_budget::proto_decoded_size(bytes, self.max_decoded).map_err(|e| self.budget_error(e))?;
         }
-        Profiles::decode(bytes).map_err(|e| match e {
+        // Packed: a batch forwarded as it came holds its samples at ~1× their
+        // wire size; the host unpacks it for whatever reads them.
+        Profiles::decode_packed(bytes).map_err(|e| match e {
             DecodeError::Protobuf(e) => {
                 IngestError::Invalid(format!("not a valid ExportProfilesServiceRequest protobuf: {e}"))
             }

@@ -251,7 +251,7 @@ impl ProfilesBuilder {
     /// Starts from an existing batch, indexing its dictionary so new entries
     /// are interned against it (used to merge into it).
     pub fn from_profiles(p: Profiles) -> Self {
-        let pb::ProfilesData { resource_profiles, dictionary } = p.0;
+        let pb::ProfilesData { resource_profiles, dictionary } = p.into_unpacked().0;
         let Some(d) = dictionary else {
             let mut b = ProfilesBuilder::new();
             b.resources = resource_profiles;
@@ -551,7 +551,7 @@ impl ProfilesBuilder {
 
     /// Appends every profile of `other`, remapping its dictionary into ours.
     pub fn append(&mut self, other: Profiles) {
-        let pb::ProfilesData { resource_profiles, dictionary } = other.0;
+        let pb::ProfilesData { resource_profiles, dictionary } = other.into_unpacked().0;
         let src = dictionary.unwrap_or_default();
         let remap = self.remap_dictionary(&src);
         for mut rp in resource_profiles {
@@ -647,7 +647,7 @@ impl ProfilesBuilder {
 
     /// Finishes the batch.
     pub fn build(self) -> Profiles {
-        Profiles(pb::ProfilesData { resource_profiles: self.resources, dictionary: Some(self.dict) })
+        Profiles::from(pb::ProfilesData { resource_profiles: self.resources, dictionary: Some(self.dict) })
     }
 
     /// Number of Sample messages added so far (not observations: see

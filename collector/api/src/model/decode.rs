@@ -17,18 +17,37 @@
 //! levels read here, so a message nested 95–100 deep inside an attribute
 //! value, which prost refuses, is accepted (at most 5 levels more).
 
+use super::packed::PackedSamples;
 use super::pb;
 use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
 use prost::{DecodeError, Message};
 
 /// Decodes `ProfilesData` bytes, which are also `ExportProfilesServiceRequest` bytes.
-pub(super) fn decode(mut buf: &[u8]) -> Result<pb::ProfilesData, DecodeError> {
+pub(super) fn decode(buf: &[u8]) -> Result<pb::ProfilesData, DecodeError> {
+    decode_into(buf, &mut None)
+}
+
+/// As [`decode`], with each profile's samples checked and kept packed
+/// (`model/packed.rs`), one entry per profile in walk order; the profiles'
+/// own `samples` stay empty.
+pub(super) fn decode_packed(buf: &[u8]) -> Result<(pb::ProfilesData, Vec<PackedSamples>), DecodeError> {
+    let mut packed = Some(Vec::new());
+    let data = decode_into(buf, &mut packed)?;
+    Ok((data, packed.unwrap_or_default()))
+}
+
+/// Where a profile's samples go: its own vector (`None`) or packed.
+type Packing = Option<Vec<PackedSamples>>;
+
+fn decode_into(mut buf: &[u8], packing: &mut Packing) -> Result<pb::ProfilesData, DecodeError> {
     let mut data = pb::ProfilesData::default();
     data.resource_profiles.reserve_exact(counts(buf)?[1] as usize);
     while !buf.is_empty() {
         let (tag, wt) = decode_key(&mut buf)?;
         match (tag, wt) {
-            (1, WireType::LengthDelimited) => data.resource_profiles.push(resource_profiles(payload(&mut buf)?)?),
+            (1, WireType::LengthDelimited) => {
+                data.resource_profiles.push(resource_profiles(payload(&mut buf)?, packing)?)
+            }
             // An optional message given twice is merged, as prost does.
             (2, WireType::LengthDelimited) => {
                 dictionary(data.dictionary.get_or_insert_with(Default::default), payload(&mut buf)?)?
@@ -40,7 +59,7 @@ pub(super) fn decode(mut buf: &[u8]) -> Result<pb::ProfilesData, DecodeError> {
 }
 
 /// The next length-delimited field's bytes, split off `buf`.
-fn payload<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], DecodeError> {
+pub(super) fn payload<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], DecodeError> {
     let len = decode_varint(buf)?;
     if len > buf.len() as u64 {
         return Err(underflow());
@@ -88,47 +107,72 @@ fn varint_i32(buf: &mut &[u8]) -> Result<i32, DecodeError> {
     Ok(decode_varint(buf)? as i32)
 }
 
-fn resource_profiles(mut buf: &[u8]) -> Result<pb::ResourceProfiles, DecodeError> {
+fn resource_profiles(mut buf: &[u8], packing: &mut Packing) -> Result<pb::ResourceProfiles, DecodeError> {
     let mut r = pb::ResourceProfiles::default();
     r.scope_profiles.reserve_exact(counts(buf)?[2] as usize);
     while !buf.is_empty() {
         let (tag, wt) = decode_key(&mut buf)?;
         match (tag, wt) {
-            (2, WireType::LengthDelimited) => r.scope_profiles.push(scope_profiles(payload(&mut buf)?)?),
+            (2, WireType::LengthDelimited) => r.scope_profiles.push(scope_profiles(payload(&mut buf)?, packing)?),
             _ => r.merge_field(tag, wt, &mut buf, DecodeContext::default())?,
         }
     }
     Ok(r)
 }
 
-fn scope_profiles(mut buf: &[u8]) -> Result<pb::ScopeProfiles, DecodeError> {
+fn scope_profiles(mut buf: &[u8], packing: &mut Packing) -> Result<pb::ScopeProfiles, DecodeError> {
     let mut s = pb::ScopeProfiles::default();
     s.profiles.reserve_exact(counts(buf)?[2] as usize);
     while !buf.is_empty() {
         let (tag, wt) = decode_key(&mut buf)?;
         match (tag, wt) {
-            (2, WireType::LengthDelimited) => s.profiles.push(profile(payload(&mut buf)?)?),
+            (2, WireType::LengthDelimited) => s.profiles.push(profile(payload(&mut buf)?, packing)?),
             _ => s.merge_field(tag, wt, &mut buf, DecodeContext::default())?,
         }
     }
     Ok(s)
 }
 
-fn profile(mut buf: &[u8]) -> Result<pb::Profile, DecodeError> {
+fn profile(mut buf: &[u8], packing: &mut Packing) -> Result<pb::Profile, DecodeError> {
     let mut p = pb::Profile::default();
-    p.samples.reserve_exact(counts(buf)?[2] as usize);
+    let Some(packed) = packing else {
+        p.samples.reserve_exact(counts(buf)?[2] as usize);
+        while !buf.is_empty() {
+            let (tag, wt) = decode_key(&mut buf)?;
+            match (tag, wt) {
+                (2, WireType::LengthDelimited) => p.samples.push(sample(payload(&mut buf)?)?),
+                _ => p.merge_field(tag, wt, &mut buf, DecodeContext::default())?,
+            }
+        }
+        return Ok(p);
+    };
+    // The samples take about the profile's bytes; one Sample is reused.
+    let mut samples = PackedSamples::with_capacity(buf.len());
+    let mut scratch = pb::Sample::default();
     while !buf.is_empty() {
         let (tag, wt) = decode_key(&mut buf)?;
         match (tag, wt) {
-            (2, WireType::LengthDelimited) => p.samples.push(sample(payload(&mut buf)?)?),
+            (2, WireType::LengthDelimited) => {
+                sample_into(payload(&mut buf)?, &mut scratch)?;
+                samples.push(&scratch);
+            }
             _ => p.merge_field(tag, wt, &mut buf, DecodeContext::default())?,
         }
     }
+    samples.shrink_to_fit();
+    packed.push(samples);
     Ok(p)
 }
 
-fn sample(mut buf: &[u8]) -> Result<pb::Sample, DecodeError> {
+fn sample(buf: &[u8]) -> Result<pb::Sample, DecodeError> {
     let mut s = pb::Sample::default();
+    sample_into(buf, &mut s)?;
+    Ok(s)
+}
+
+/// Reads one Sample into `s`, whose vectors are emptied first and reused.
+pub(super) fn sample_into(mut buf: &[u8], s: &mut pb::Sample) -> Result<(), DecodeError> {
+    s.clear();
     while !buf.is_empty() {
         let (tag, wt) = decode_key(&mut buf)?;
         match (tag, wt) {
@@ -143,7 +187,7 @@ fn sample(mut buf: &[u8]) -> Result<pb::Sample, DecodeError> {
             _ => s.merge_field(tag, wt, &mut buf, DecodeContext::default())?,
         }
     }
-    Ok(s)
+    Ok(())
 }
 
 fn dictionary(d: &mut pb::ProfilesDictionary, mut buf: &[u8]) -> Result<(), DecodeError> {
@@ -291,11 +335,37 @@ mod tests {
             (Err(_), Err(_)) => {}
             _ => panic!("prost: {theirs:?}\nours: {ours:?}\nbytes: {bytes:02x?}"),
         }
+        packed_same(bytes, theirs.ok());
+    }
+
+    /// The packed decode accepts what prost accepts, unpacks to what prost
+    /// reads and encodes to the bytes prost writes for that.
+    fn packed_same(bytes: &[u8], theirs: Option<pb::ProfilesData>) {
+        use crate::model::Profiles;
+        match (decode_packed(bytes), theirs) {
+            (Ok((data, packed)), Some(b)) => {
+                assert_eq!(
+                    data.resource_profiles
+                        .iter()
+                        .flat_map(|r| &r.scope_profiles)
+                        .map(|s| s.profiles.len())
+                        .sum::<usize>(),
+                    packed.len()
+                );
+                let p = Profiles(data, packed);
+                assert_eq!(p.encode_to_vec(), b.encode_to_vec());
+                assert_eq!(p.encoded_len(), b.encoded_len());
+                assert_eq!(p.into_unpacked().0, b);
+            }
+            (Err(_), None) => {}
+            (ours, theirs) => panic!("prost: {theirs:?}\npacked: {ours:?}\nbytes: {bytes:02x?}"),
+        }
     }
 
     #[test]
     fn decodes_what_prost_decodes() {
         let bytes = batch(50).encode_to_vec();
+        same_as_prost(&bytes);
         let ours = decode(&bytes).unwrap();
         assert_eq!(ours, pb::ProfilesData::decode(&bytes[..]).unwrap());
         // Sized exactly: no spare room in the vectors read here.
