@@ -158,41 +158,52 @@ fn main() {
         prost_decoded as f64 / wire.len() as f64
     );
     show("busy-node request (unpacked, as a processor that reads samples gets it)", &request, wire.len(), decoded);
-    let (dict, dict_decoded) = counted(|| packed.dictionary().cloned());
-    drop(dict);
-    let n = packed.sample_messages();
-    let dict_wire = packed.dictionary().map_or(0, |d| d.encoded_len());
-    println!(
-        "busy-node request, samples packed (otlp receiver): dictionary {dict_decoded} B, samples and the rest {} B \
-         ({:.0} B per Sample against {:.0} B on the wire)",
-        packed_decoded.saturating_sub(dict_decoded),
-        packed_decoded.saturating_sub(dict_decoded) as f64 / n as f64,
-        (wire.len() - dict_wire) as f64 / n as f64
-    );
-    println!(
-        "RATIO decoded busy-node request (otlp receiver, samples packed) = {packed_decoded} B vs wire {} B: {:.2}× \
-         (goal <= 2.5)",
-        wire.len(),
-        packed_decoded as f64 / wire.len() as f64
-    );
+    show_packed("busy-node request (otlp receiver, samples packed)", &packed, wire.len(), packed_decoded);
 
     // Two nodes' requests merged, as the batch processor holds them before
     // it forwards (its first batch indexed, the second appended).
     let other = profcol_testkit::batch::cpu_batch(2, 16, 256).encode_to_vec();
-    let (builder, held) = counted(|| {
-        let mut b = ProfilesBuilder::from_profiles(decode(&wire));
-        b.append(decode(&other));
-        b
-    });
-    // Building drops the indexes: what is freed then is theirs.
-    let before = live();
-    let merged = builder.build();
-    let built = held.saturating_sub((before - live()).max(0) as usize);
     let total_wire = wire.len() + other.len();
+    // As the otlp receiver hands them over (packed), and unpacked.
+    for packed in [true, false] {
+        let dec = |w: &[u8]| if packed { decode_packed(w) } else { decode(w) };
+        let (builder, held) = counted(|| {
+            let mut b = ProfilesBuilder::from_profiles(dec(&wire));
+            b.append(dec(&other));
+            b
+        });
+        // Building drops the indexes: what is freed then is theirs.
+        let before = live();
+        let merged = builder.build();
+        let built = held.saturating_sub((before - live()).max(0) as usize);
+        assert_eq!(merged.is_packed(), packed);
+        let what = if packed { "samples packed" } else { "unpacked" };
+        println!(
+            "batch processor holding two requests ({what}): {held} B with its interning indexes ({:.2}× the \
+             {total_wire} wire bytes), {built} B once built",
+            held as f64 / total_wire as f64
+        );
+        if packed {
+            show_packed("two requests merged (batch processor, samples packed)", &merged, total_wire, built);
+        } else {
+            show("two requests merged (batch processor, unpacked)", &merged, total_wire, built);
+        }
+    }
+}
+
+/// A batch whose samples are packed: its dictionary, and the rest.
+fn show_packed(what: &str, p: &Profiles, wire: usize, decoded: usize) {
+    let (dict, dict_decoded) = counted(|| p.dictionary().cloned());
+    drop(dict);
+    let n = p.sample_messages();
+    let dict_wire = p.dictionary().map_or(0, |d| d.encoded_len());
+    let rest = decoded.saturating_sub(dict_decoded);
     println!(
-        "batch processor holding two requests: {held} B with its interning indexes ({:.2}× the {total_wire} wire \
-         bytes), {built} B once built",
-        held as f64 / total_wire as f64
+        "{what}: {n} Sample messages; dictionary {dict_decoded} B ({:.2}× its wire size), samples and the rest \
+         {rest} B ({:.0} B per Sample against {:.0} B on the wire)",
+        dict_decoded as f64 / dict_wire.max(1) as f64,
+        rest as f64 / n as f64,
+        (wire - dict_wire) as f64 / n as f64
     );
-    show("two requests merged (batch processor)", &merged, total_wire, built);
+    println!("RATIO decoded {what} = {decoded} B vs wire {wire} B: {:.2}× (goal <= 2.5)", decoded as f64 / wire as f64);
 }

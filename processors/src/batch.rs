@@ -105,6 +105,12 @@ impl Processor for Batch {
         Ok(ProcessOutcome::Held)
     }
 
+    /// Counts, merges and builds through `Profiles` and its builder, which
+    /// keep packed samples packed.
+    fn reads_packed(&self) -> bool {
+        true
+    }
+
     fn flush_interval(&self) -> Option<Duration> {
         Some(self.cfg.timeout)
     }

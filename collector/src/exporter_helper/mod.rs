@@ -638,6 +638,41 @@ mod tests {
         }
     }
 
+    /// Records whether each batch came packed and the samples its profiles held.
+    struct Looks {
+        reads_packed: bool,
+        seen: std::sync::Mutex<Vec<(bool, usize)>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Exporter for Looks {
+        fn reads_packed(&self) -> bool {
+            self.reads_packed
+        }
+
+        async fn export(&self, b: &Profiles) -> Result<(), ExportError> {
+            let in_profiles = b.profiles().map(|p| p.samples.len()).sum();
+            self.seen.lock().unwrap().push((b.is_packed(), in_profiles));
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_exporter_gets_packed_batches_only_if_it_reads_them() {
+        let packed = Profiles::decode_packed(&batch(30).encode_to_vec()).unwrap();
+        assert!(packed.is_packed());
+        for reads_packed in [false, true] {
+            let id: ComponentId = "looks".parse().unwrap();
+            let t = ComponentTelemetry::detached(Kind::Exporter, &id);
+            let looks = Arc::new(Looks { reads_packed, seen: Default::default() });
+            let h = ExporterHandle::start(id, looks.clone(), ExporterHelperConfig::default(), t).await.unwrap();
+            h.enqueue(Arc::new(packed.clone())).await.unwrap();
+            h.shutdown(Instant::now() + Duration::from_secs(10)).await;
+            let want = if reads_packed { (true, 0) } else { (false, 30) };
+            assert_eq!(*looks.seen.lock().unwrap(), [want], "reads_packed: {reads_packed}");
+        }
+    }
+
     fn batch(samples: usize) -> Arc<Profiles> {
         let mut b = ProfilesBuilder::new();
         let r = b.resource(Resource::default());

@@ -107,6 +107,11 @@ impl Exporter for WasmExporter {
         crate::blocking(move || plugin.grow_pool(n)).map_err(ComponentError::msg)
     }
 
+    /// The batch goes to the plugin encoded.
+    fn reads_packed(&self) -> bool {
+        true
+    }
+
     async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
         let bytes = batch.encode_to_vec();
         let sha = crate::cache::sha256_hex(&bytes);

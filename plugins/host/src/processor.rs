@@ -45,7 +45,8 @@ impl WasmProcessor {
 
     /// Decodes and validates the plugin's output; garbage is a failure.
     fn accept(&self, out: &[u8]) -> Result<Profiles, String> {
-        let p = Profiles::decode(out).map_err(|e| format!("output does not decode as ProfilesData: {e}"))?;
+        // Packed, as the otlp receiver decodes: the host unpacks it for what reads samples.
+        let p = Profiles::decode_packed(out).map_err(|e| format!("output does not decode as ProfilesData: {e}"))?;
         p.validate().map_err(|e| format!("output is not a valid batch: {e}"))?;
         Ok(p)
     }
@@ -53,6 +54,11 @@ impl WasmProcessor {
 
 #[async_trait]
 impl Processor for WasmProcessor {
+    /// The batch goes to the plugin encoded; counts go through `Profiles`.
+    fn reads_packed(&self) -> bool {
+        true
+    }
+
     async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
         let result = self.plugin.process(batch.encode_to_vec()).await;
         match result {

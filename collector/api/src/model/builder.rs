@@ -1,6 +1,6 @@
 //! Interning builder for [`Profiles`]: every dictionary entry is stored once.
 
-use super::{any_value, pb, AnyValue, Profiles, Resource};
+use super::{any_value, pb, AnyValue, PackedSamples, Profiles, Resource};
 use rustc_hash::FxHashMap;
 use std::hash::Hash;
 
@@ -166,6 +166,11 @@ fn hash_stack(locations: &[i32]) -> u64 {
 pub struct ProfilesBuilder {
     dict: pb::ProfilesDictionary,
     resources: Vec<pb::ResourceProfiles>,
+    /// Packed samples (`model/packed.rs`), one entry per profile of
+    /// `resources` in walk order, when the batches merged came packed
+    /// (`batch` merging what the otlp receiver decoded); empty otherwise.
+    /// Unpacked before a profile is added or handed out.
+    packed: Vec<PackedSamples>,
     /// The string table's entries by content (the table holds the strings).
     strings: HashIndex,
     value_strings: FxHashMap<String, u32>,
@@ -214,6 +219,7 @@ impl ProfilesBuilder {
         ProfilesBuilder {
             dict: pb::ProfilesDictionary::default(),
             resources: Vec::new(),
+            packed: Vec::new(),
             strings: HashIndex::default(),
             value_strings: FxHashMap::default(),
             attrs: FxHashMap::default(),
@@ -251,10 +257,11 @@ impl ProfilesBuilder {
     /// Starts from an existing batch, indexing its dictionary so new entries
     /// are interned against it (used to merge into it).
     pub fn from_profiles(p: Profiles) -> Self {
-        let pb::ProfilesData { resource_profiles, dictionary } = p.into_unpacked().0;
+        let Profiles(pb::ProfilesData { resource_profiles, dictionary }, packed) = p;
         let Some(d) = dictionary else {
             let mut b = ProfilesBuilder::new();
             b.resources = resource_profiles;
+            b.packed = packed;
             return b;
         };
         let mut b = ProfilesBuilder::empty();
@@ -262,6 +269,7 @@ impl ProfilesBuilder {
         b.index_zero_entries();
         b.reindex();
         b.resources = resource_profiles;
+        b.packed = packed;
         b
     }
 
@@ -510,6 +518,7 @@ impl ProfilesBuilder {
 
     /// Adds a profile under `resource`'s first scope.
     pub fn profile(&mut self, resource: usize, meta: &ProfileMeta<'_>) -> ProfileRef {
+        self.unpack();
         let sample_type = Some(pb::ValueType {
             type_strindex: self.string(meta.sample_type.0),
             unit_strindex: self.string(meta.sample_type.1),
@@ -534,14 +543,30 @@ impl ProfilesBuilder {
         ProfileRef { resource, scope: 0, profile: scope.profiles.len() - 1 }
     }
 
-    /// The resources added so far (or taken over by [`Self::from_profiles`]).
-    pub fn resources(&self) -> &[pb::ResourceProfiles] {
+    /// The resources added so far (or taken over by [`Self::from_profiles`]),
+    /// samples in their profiles.
+    pub fn resources(&mut self) -> &[pb::ResourceProfiles] {
+        self.unpack();
         &self.resources
     }
 
     /// Mutable access to a profile added with [`Self::profile`].
     pub fn profile_mut(&mut self, r: ProfileRef) -> &mut pb::Profile {
+        self.unpack();
         &mut self.resources[r.resource].scope_profiles[r.scope].profiles[r.profile]
+    }
+
+    /// Puts packed samples back into their profiles.
+    fn unpack(&mut self) {
+        if self.packed.is_empty() {
+            return;
+        }
+        let mut held = Profiles(
+            pb::ProfilesData { resource_profiles: std::mem::take(&mut self.resources), dictionary: None },
+            std::mem::take(&mut self.packed),
+        );
+        held.unpack();
+        self.resources = held.0.resource_profiles;
     }
 
     /// Appends a sample (its indices refer to this builder's tables).
@@ -550,10 +575,21 @@ impl ProfilesBuilder {
     }
 
     /// Appends every profile of `other`, remapping its dictionary into ours.
+    ///
+    /// Packed samples stay packed (remapped one by one) while every batch
+    /// merged so far came packed; else they are unpacked.
     pub fn append(&mut self, other: Profiles) {
-        let pb::ProfilesData { resource_profiles, dictionary } = other.into_unpacked().0;
+        let keep_packed = other.is_packed() && (self.packed.len() == self.profile_count());
+        let Profiles(pb::ProfilesData { resource_profiles, dictionary }, packed) = match keep_packed {
+            true => other,
+            false => {
+                self.unpack();
+                other.into_unpacked()
+            }
+        };
         let src = dictionary.unwrap_or_default();
         let remap = self.remap_dictionary(&src);
+        self.packed.extend(packed.iter().map(|samples| remap.packed(samples)));
         for mut rp in resource_profiles {
             if let Some(r) = &mut rp.resource {
                 remap.attributes(&mut r.attributes);
@@ -647,7 +683,11 @@ impl ProfilesBuilder {
 
     /// Finishes the batch.
     pub fn build(self) -> Profiles {
-        Profiles::from(pb::ProfilesData { resource_profiles: self.resources, dictionary: Some(self.dict) })
+        Profiles(pb::ProfilesData { resource_profiles: self.resources, dictionary: Some(self.dict) }, self.packed)
+    }
+
+    fn profile_count(&self) -> usize {
+        self.resources.iter().flat_map(|r| &r.scope_profiles).map(|s| s.profiles.len()).sum()
     }
 
     /// Number of Sample messages added so far (not observations: see
@@ -657,7 +697,8 @@ impl ProfilesBuilder {
             .iter()
             .flat_map(|r| &r.scope_profiles)
             .map(|s| s.profiles.iter().map(|p| p.samples.len()).sum::<usize>())
-            .sum()
+            .sum::<usize>()
+            + self.packed.iter().map(PackedSamples::len).sum::<usize>()
     }
 }
 
@@ -681,11 +722,17 @@ impl Remap {
             vt.unit_strindex = lookup(&self.strings, vt.unit_strindex);
         }
         remap_all(&mut p.attribute_indices, &self.attrs);
-        for s in &mut p.samples {
-            s.stack_index = lookup(&self.stacks, s.stack_index);
-            s.link_index = lookup(&self.links, s.link_index);
-            remap_all(&mut s.attribute_indices, &self.attrs);
-        }
+        p.samples.iter_mut().for_each(|s| self.sample(s));
+    }
+
+    fn sample(&self, s: &mut pb::Sample) {
+        s.stack_index = lookup(&self.stacks, s.stack_index);
+        s.link_index = lookup(&self.links, s.link_index);
+        remap_all(&mut s.attribute_indices, &self.attrs);
+    }
+
+    fn packed(&self, samples: &PackedSamples) -> PackedSamples {
+        samples.map(|s| self.sample(s))
     }
 }
 

@@ -64,6 +64,21 @@ impl PackedSamples {
 
     /// Calls `f` with each sample in order, all read into one reused Sample.
     pub fn for_each(&self, mut f: impl FnMut(&pb::Sample)) {
+        self.walk(|s| f(s));
+    }
+
+    /// The samples as `f` changes them (an index remap), packed again.
+    pub(super) fn map(&self, mut f: impl FnMut(&mut pb::Sample)) -> PackedSamples {
+        let mut out = PackedSamples::with_capacity(self.bytes.len());
+        self.walk(|s| {
+            f(s);
+            out.push(s);
+        });
+        out.shrink_to_fit();
+        out
+    }
+
+    fn walk(&self, mut f: impl FnMut(&mut pb::Sample)) {
         let mut s = pb::Sample::default();
         let mut buf = &self.bytes[..];
         while !buf.is_empty() {
@@ -73,7 +88,7 @@ impl PackedSamples {
             if read.is_err() {
                 return;
             }
-            f(&s);
+            f(&mut s);
         }
     }
 
@@ -190,8 +205,23 @@ mod batch_tests {
         merged.merge(p.clone());
         let mut expected = b.clone();
         expected.merge(b.clone());
-        assert!(!merged.is_packed());
+        assert!(merged.is_packed());
         assert_eq!(merged, expected);
+        // Merged with an unpacked batch, in either order: unpacked.
+        for (first, second) in [(p.clone(), b.clone()), (b.clone(), p.clone())] {
+            let mut m = first;
+            m.merge(second);
+            assert!(!m.is_packed());
+            assert_eq!(m, expected);
+        }
+        // A profile added to a merge of packed batches unpacks it.
+        let mut builder = ProfilesBuilder::from_profiles(p.clone());
+        builder.append(p.clone());
+        let r = builder.resource(crate::model::Resource::default());
+        builder.profile(r, &ProfileMeta::cpu(10, 1, 1));
+        let built = builder.build();
+        assert!(!built.is_packed());
+        assert_eq!(built.sample_messages(), 2 * b.sample_messages());
         // A batch of empty profiles is packed and empty.
         let mut none = b.clone();
         none.0
