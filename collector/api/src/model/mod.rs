@@ -120,11 +120,10 @@ impl Profiles {
         let mut n = 0usize;
         self.for_each_profile(|p, packed| {
             let counted = profile_counts_events(p, strings);
-            let add = |s: &pb::Sample| n = n.saturating_add(observations(s, counted) as usize);
-            match packed {
-                Some(samples) => samples.for_each(add),
-                None => p.samples.iter().for_each(add),
-            }
+            n = match packed {
+                Some(samples) => n.saturating_add(samples.observations(counted) as usize),
+                None => p.samples.iter().fold(n, |n, s| n.saturating_add(observations(s, counted) as usize)),
+            };
         });
         n
     }
@@ -263,12 +262,7 @@ impl Profiles {
     fn packed_samples_valid(&self) -> bool {
         let empty = pb::ProfilesDictionary::default();
         let d = self.dictionary().unwrap_or(&empty);
-        let check = |smp: &pb::Sample| profcol_model_rules::validate::validate_sample(d, smp, &String::new).is_ok();
-        self.1.iter().all(|samples| {
-            let mut valid = true;
-            samples.for_each(|smp| valid = valid && check(smp));
-            valid
-        })
+        self.1.iter().all(|samples| samples.valid_against(d))
     }
 
     /// Removes the profiles that break an invariant and keeps the rest, for

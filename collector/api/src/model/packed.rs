@@ -13,6 +13,7 @@
 
 use super::decode::{payload, sample_into};
 use super::pb;
+use profcol_model_rules::observations::observations;
 use prost::encoding::{decode_key, encode_key, encode_varint, WireType};
 use prost::Message;
 
@@ -24,11 +25,40 @@ const SAMPLES: u32 = 2;
 pub struct PackedSamples {
     bytes: Vec<u8>,
     count: usize,
+    summary: Summary,
+}
+
+/// What counting and checking a batch ask of every sample, gathered as each
+/// is packed: neither reads the samples again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Summary {
+    /// Observations if the profile counts events, and if it does not
+    /// (`model::observations`), summed; saturating.
+    counted: u64,
+    points: u64,
+    /// The largest index into each table, a negative one as `u32` (huge).
+    stack: u32,
+    link: u32,
+    attribute: u32,
+    /// Some sample has values and timestamps of different lengths.
+    uneven: bool,
+}
+
+impl Summary {
+    fn add(&mut self, s: &pb::Sample) {
+        self.counted = self.counted.saturating_add(observations(s, true));
+        self.points = self.points.saturating_add(observations(s, false));
+        self.stack = self.stack.max(s.stack_index as u32);
+        self.link = self.link.max(s.link_index as u32);
+        self.attribute = s.attribute_indices.iter().fold(self.attribute, |m, &a| m.max(a as u32));
+        let (v, t) = (s.values.len(), s.timestamps_unix_nano.len());
+        self.uneven |= v != 0 && t != 0 && v != t;
+    }
 }
 
 impl PackedSamples {
     pub(super) fn with_capacity(bytes: usize) -> Self {
-        PackedSamples { bytes: Vec::with_capacity(bytes), count: 0 }
+        PackedSamples { bytes: Vec::with_capacity(bytes), count: 0, summary: Summary::default() }
     }
 
     /// Appends `s` as prost encodes it.
@@ -37,6 +67,29 @@ impl PackedSamples {
         encode_varint(s.encoded_len() as u64, &mut self.bytes);
         s.encode_raw(&mut self.bytes);
         self.count += 1;
+        self.summary.add(s);
+    }
+
+    /// The samples' observations (`model::observations`), for a profile
+    /// that counts events or not.
+    pub fn observations(&self, counts_events: bool) -> u64 {
+        if counts_events {
+            self.summary.counted
+        } else {
+            self.summary.points
+        }
+    }
+
+    /// Whether every sample passes `validate`'s checks against `d`: each
+    /// index within its table (an absent table has its zero entry), values
+    /// and timestamps of one length when both are set.
+    pub(super) fn valid_against(&self, d: &pb::ProfilesDictionary) -> bool {
+        let within = |i: u32, len: usize| (i as usize) < len.max(1);
+        let s = &self.summary;
+        !s.uneven
+            && within(s.stack, d.stack_table.len())
+            && within(s.link, d.link_table.len())
+            && within(s.attribute, d.attribute_table.len())
     }
 
     pub(super) fn shrink_to_fit(&mut self) {
@@ -194,6 +247,18 @@ mod batch_tests {
         let p = packed(&b);
         assert_eq!(p, b);
         assert_eq!(p.sample_count(), b.sample_count());
+        // Counted as events (values summed) and as data points.
+        for unit in ["count", "nanoseconds"] {
+            let mut c = b.clone();
+            c.0.dictionary.as_mut().unwrap().string_table.push(unit.into());
+            let unit_strindex = c.dictionary().unwrap().string_table.len() as i32 - 1;
+            for p in c.0.resource_profiles.iter_mut().flat_map(|r| &mut r.scope_profiles).flat_map(|s| &mut s.profiles)
+            {
+                p.sample_type.as_mut().unwrap().unit_strindex = unit_strindex;
+            }
+            assert_eq!(packed(&c).sample_count(), c.sample_count(), "{unit}");
+        }
+        assert_ne!(b.sample_count(), b.sample_messages());
         assert_eq!(p.sample_messages(), b.sample_messages());
         assert_eq!(p.1.len(), 4);
         assert!(p.profiles().all(|p| p.samples.is_empty()));
@@ -235,14 +300,28 @@ mod batch_tests {
 
     #[test]
     fn a_packed_batch_is_refused_and_trimmed_as_the_batch_it_packs() {
-        let mut bad = batch();
-        bad.0.resource_profiles[1].scope_profiles[0].profiles[1].samples[3].stack_index = 9_999;
-        let p = packed(&bad);
-        assert_eq!(p.validate(), bad.validate());
-        assert!(p.validate().unwrap_err().path.ends_with("profiles[1].samples[3].stack_index"));
-        let (mut p, mut bad) = (p, bad);
-        assert_eq!(p.drop_invalid_profiles(), bad.drop_invalid_profiles());
-        assert_eq!(p, bad);
+        let breaks: [(&str, fn(&mut pb::Sample)); 6] = [
+            ("stack_index", |s| s.stack_index = 9_999),
+            ("stack_index", |s| s.stack_index = -1),
+            ("link_index", |s| s.link_index = 1),
+            ("attribute_indices[1]", |s| s.attribute_indices.push(-7)),
+            ("attribute_indices[0]", |s| s.attribute_indices[0] = 500),
+            ("", |s| s.timestamps_unix_nano.push(1)),
+        ];
+        for (field, make_bad) in breaks {
+            let mut bad = batch();
+            make_bad(&mut bad.0.resource_profiles[1].scope_profiles[0].profiles[1].samples[4]);
+            let p = packed(&bad);
+            assert_eq!(p.validate(), bad.validate());
+            let e = p.validate().unwrap_err();
+            assert!(
+                e.path.ends_with(&format!("profiles[1].samples[4]{}{field}", if field.is_empty() { "" } else { "." })),
+                "{e}"
+            );
+            let (mut p, mut bad) = (p, bad);
+            assert_eq!(p.drop_invalid_profiles(), bad.drop_invalid_profiles());
+            assert_eq!(p, bad);
+        }
         // Valid: nothing dropped, still packed.
         let mut p = packed(&batch());
         assert_eq!(p.drop_invalid_profiles(), Ok(None));
