@@ -177,6 +177,11 @@ impl ResourceProcessor {
 
 #[async_trait]
 impl Processor for ResourceProcessor {
+    /// Touches resources only, never a sample.
+    fn reads_packed(&self) -> bool {
+        true
+    }
+
     async fn process(&self, mut batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
         for rp in &mut batch.0.resource_profiles {
             self.apply(rp.resource.get_or_insert_with(Resource::default));
