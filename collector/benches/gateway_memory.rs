@@ -13,6 +13,9 @@
 //! Every case runs `GATEWAY_MEMORY_REPEATS` times (default 3), alternating.
 //!
 //! cargo bench -p profcol --bench gateway_memory    # RATIO line at the end
+//!
+//! `PROFCOL_BIN=path` runs that profcol binary instead of this build's (an
+//! older build, side by side).
 
 use profcol_api::component::Kind;
 use profcol_api::model::ExportProfilesServiceRequest;
@@ -96,7 +99,8 @@ exporters:
         let config = dir.join(format!("gateway-{limit}.yaml"));
         std::fs::write(&config, text).unwrap();
         let log = dir.join(format!("gateway-{limit}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_profcol"))
+        let bin = std::env::var_os("PROFCOL_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_profcol").into());
+        let child = Command::new(bin)
             .arg("--config")
             .arg(&config)
             .stdin(Stdio::null())
@@ -231,19 +235,29 @@ fn main() {
     let samples = batch.sample_count();
     let body = Bytes::from(batch.encode_to_vec());
     drop(batch);
-    // The receiver's decode (ExportProfilesServiceRequest → Profiles), with
-    // this process's live heap counted around it.
-    let before = profcol_testkit::alloc::live();
-    let decoded = Profiles::from_request(ExportProfilesServiceRequest::decode(&body[..]).unwrap());
-    let decoded_bytes = (profcol_testkit::alloc::live() - before).max(0) as f64;
-    drop(decoded);
+    // The receiver's decode (samples packed), prost's (what the receiver
+    // did before `model/decode.rs`) and the unpacked one, with this
+    // process's live heap counted around each.
+    let heap = |decode: &dyn Fn() -> Profiles| {
+        let before = profcol_testkit::alloc::live();
+        let decoded = decode();
+        let bytes = (profcol_testkit::alloc::live() - before).max(0) as f64;
+        drop(decoded);
+        bytes
+    };
+    let decoded_bytes = heap(&|| Profiles::decode_packed(&body).unwrap());
+    let prost_bytes = heap(&|| Profiles::from_request(ExportProfilesServiceRequest::decode(&body[..]).unwrap()));
+    let unpacked_bytes = heap(&|| Profiles::decode(&body).unwrap());
     println!(
         "batch: {PROCESSES} processes × {SAMPLES_PER_PROCESS} samples = {samples} samples; \
-         {} bytes encoded ({:.2} MiB); decoded form {:.1} MiB of heap ({:.2}× the wire size)",
+         {} bytes encoded ({:.2} MiB); decoded form {:.1} MiB of heap ({:.2}× the wire size; unpacked {:.2}×, \
+         prost's decode {:.2}×)",
         body.len(),
         mib(body.len() as f64),
         mib(decoded_bytes),
-        decoded_bytes / body.len() as f64
+        decoded_bytes / body.len() as f64,
+        unpacked_bytes / body.len() as f64,
+        prost_bytes / body.len() as f64
     );
     println!(
         "flood: {SENDERS} concurrent senders × 1 request = {:.0} MiB on the wire; pipeline stalled \
