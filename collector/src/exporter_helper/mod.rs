@@ -238,6 +238,12 @@ impl ExporterHandle {
         Ok(h)
     }
 
+    /// Whether the exporter takes batches with packed samples (see
+    /// `Exporter::reads_packed`).
+    pub fn reads_packed(&self) -> bool {
+        self.exporter.reads_packed()
+    }
+
     pub fn id(&self) -> &ComponentId {
         &self.id
     }
@@ -312,7 +318,8 @@ impl ExporterHandle {
     /// all need it. With a trace, its queue wait and export attempts become
     /// spans of `trace`.
     pub async fn enqueue_traced(&self, batch: Arc<Profiles>, n: u64, trace: Option<BatchTrace>) -> Result<(), String> {
-        // Unpacked once here, not at every retry, for an exporter that reads `.0`.
+        // Unpacked once here, not at every retry, for an exporter that reads
+        // `.0` (a pipeline unpacks a batch its exporters share before this).
         let batch = match batch.is_packed() && !self.exporter.reads_packed() {
             true => Arc::new(Arc::unwrap_or_clone(batch).into_unpacked()),
             false => batch,

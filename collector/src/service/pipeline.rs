@@ -231,6 +231,11 @@ async fn process_traced(
         answer(acks, Ok(()));
         return "empty";
     }
+    // One batch shared by every exporter: unpacked once if any of them
+    // reads samples, not copied to be unpacked for that one alone.
+    if parts.exporters.iter().any(|e| !e.reads_packed()) {
+        batch.unpack();
+    }
     let batch = Arc::new(batch);
     let mut refused = Vec::new();
     for e in &parts.exporters {
