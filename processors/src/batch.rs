@@ -67,14 +67,14 @@ struct Held {
 /// and a second one is merged into it (its dictionary indexed in place,
 /// not interned again into an empty one).
 enum Merged {
-    One(Profiles),
+    One(Box<Profiles>),
     Many(Box<ProfilesBuilder>),
 }
 
 impl Merged {
     fn add(self, batch: Profiles) -> Merged {
         let mut b = match self {
-            Merged::One(first) => Box::new(ProfilesBuilder::from_profiles(first)),
+            Merged::One(first) => Box::new(ProfilesBuilder::from_profiles(*first)),
             Merged::Many(b) => b,
         };
         b.append(batch);
@@ -83,7 +83,7 @@ impl Merged {
 
     fn build(self) -> Profiles {
         match self {
-            Merged::One(p) => p,
+            Merged::One(p) => *p,
             Merged::Many(b) => b.build(),
         }
     }
@@ -95,7 +95,7 @@ impl Processor for Batch {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let samples = batch.sample_count();
         let h = match held.take() {
-            None => Held { merged: Merged::One(batch), samples },
+            None => Held { merged: Merged::One(Box::new(batch)), samples },
             Some(h) => Held { merged: h.merged.add(batch), samples: h.samples.saturating_add(samples) },
         };
         if h.samples >= self.cfg.send_batch_size {

@@ -300,7 +300,8 @@ mod batch_tests {
 
     #[test]
     fn a_packed_batch_is_refused_and_trimmed_as_the_batch_it_packs() {
-        let breaks: [(&str, fn(&mut pb::Sample)); 6] = [
+        type Break = (&'static str, fn(&mut pb::Sample));
+        let breaks: [Break; 6] = [
             ("stack_index", |s| s.stack_index = 9_999),
             ("stack_index", |s| s.stack_index = -1),
             ("link_index", |s| s.link_index = 1),
