@@ -250,12 +250,13 @@ impl Profiles {
 
     /// Checks the spec's invariants; run on every batch that comes from outside.
     pub fn validate(&self) -> Result<(), InvalidProfiles> {
-        profcol_model_rules::validate::validate(&self.0)?;
-        if self.is_packed() && !self.packed_samples_valid() {
-            // The error an unpacked batch gets, found in the same order.
+        let rest = profcol_model_rules::validate::validate(&self.0);
+        if self.is_packed() && (rest.is_err() || !self.packed_samples_valid()) {
+            // The first error an unpacked batch gets: a sample's may come
+            // before another profile's own.
             return self.clone().into_unpacked().validate();
         }
-        Ok(())
+        rest
     }
 
     /// Whether every packed sample holds as its profile's own must.

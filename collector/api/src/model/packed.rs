@@ -323,6 +323,12 @@ mod batch_tests {
             assert_eq!(p.drop_invalid_profiles(), bad.drop_invalid_profiles());
             assert_eq!(p, bad);
         }
+        // A sample's error comes before a later profile's own, as unpacked.
+        let mut bad = batch();
+        bad.0.resource_profiles[0].scope_profiles[0].profiles[1].samples[2].link_index = 3;
+        bad.0.resource_profiles[1].scope_profiles[0].profiles[1].attribute_indices.push(99);
+        assert_eq!(packed(&bad).validate(), bad.validate());
+        assert!(bad.validate().unwrap_err().path.ends_with("profiles[1].samples[2].link_index"));
         // Valid: nothing dropped, still packed.
         let mut p = packed(&batch());
         assert_eq!(p.drop_invalid_profiles(), Ok(None));
