@@ -45,8 +45,7 @@ impl WasmProcessor {
 
     /// Decodes and validates the plugin's output; garbage is a failure.
     fn accept(&self, out: &[u8]) -> Result<Profiles, String> {
-        // Packed, as the otlp receiver decodes: the host unpacks it for what reads samples.
-        let p = Profiles::decode_packed(out).map_err(|e| format!("output does not decode as ProfilesData: {e}"))?;
+        let p = Profiles::decode(out).map_err(|e| format!("output does not decode as ProfilesData: {e}"))?;
         p.validate().map_err(|e| format!("output is not a valid batch: {e}"))?;
         Ok(p)
     }
