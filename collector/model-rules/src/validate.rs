@@ -148,16 +148,18 @@ fn validate_profile(
     }
     check_all(&prof.attribute_indices, na, || format!("{}.attribute_indices", base()), "attribute_table")?;
     for (k, smp) in prof.samples.iter().enumerate() {
-        validate_sample(d, smp, &|| format!("{}.samples[{k}]", base()))?;
+        validate_sample(d, smp, || format!("{}.samples[{k}]", base()))?;
     }
     Ok(())
 }
 
 /// One Sample's invariants against a valid dictionary `d`; `at` names it.
-pub fn validate_sample(
+/// Inlined: it runs once per sample of every batch from outside.
+#[inline]
+fn validate_sample(
     d: &pb::ProfilesDictionary,
     smp: &pb::Sample,
-    at: &dyn Fn() -> String,
+    at: impl Fn() -> String,
 ) -> Result<(), InvalidProfiles> {
     let (na, nst, nlk) = (d.attribute_table.len(), d.stack_table.len(), d.link_table.len());
     check_idx(smp.stack_index, nst, || format!("{}.stack_index", at()), "stack_table")?;
