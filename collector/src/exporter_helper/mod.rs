@@ -424,7 +424,8 @@ impl ExporterHandle {
     async fn load(&self, ticket: &Ticket) -> Option<Profiles> {
         let store = self.store.as_ref()?;
         let (q, name, t) = (Arc::clone(&store.queue), self.id.to_string(), ticket.clone());
-        let batch = tokio::task::spawn_blocking(move || q.load(&name, &t)).await.ok().flatten();
+        let packed = self.exporter.reads_packed();
+        let batch = tokio::task::spawn_blocking(move || q.load(&name, &t, packed)).await.ok().flatten();
         if batch.is_none() {
             store.measure();
         }

@@ -197,8 +197,9 @@ fn read_header(f: &mut std::fs::File) -> Result<(u32, u64, u64, usize), String> 
     Ok((crc, len, samples, size))
 }
 
-/// Reads and checks one batch file.
-fn read_batch(path: &Path) -> Result<Profiles, String> {
+/// Reads and checks one batch file; `packed`: its samples kept packed
+/// (`Profiles::decode_packed`), for an exporter that reads packed batches.
+fn read_batch(path: &Path, packed: bool) -> Result<Profiles, String> {
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let (crc, len, _, header) = read_header(&mut f)?;
     let meta_len = f.metadata().map_err(|e| e.to_string())?.len();
@@ -210,7 +211,8 @@ fn read_batch(path: &Path) -> Result<Profiles, String> {
     if crc32(&payload) != crc {
         return Err("checksum mismatch".into());
     }
-    Profiles::decode(&payload).map_err(|e| e.to_string())
+    let decoded = if packed { Profiles::decode_packed(&payload) } else { Profiles::decode(&payload) };
+    decoded.map_err(|e| e.to_string())
 }
 
 impl PersistentQueue {
@@ -333,10 +335,11 @@ impl PersistentQueue {
 
     /// Reads a batch left from a previous run (blocking I/O). A file that does
     /// not read back (torn, truncated, flipped bits, not protobuf) is set
-    /// aside as `*.corrupt` with a warning and yields `None`.
-    pub fn load(&self, exporter_id: &str, t: &Ticket) -> Option<Profiles> {
+    /// aside as `*.corrupt` with a warning and yields `None`. `packed`: as
+    /// the exporter takes batches (`Exporter::reads_packed`).
+    pub fn load(&self, exporter_id: &str, t: &Ticket, packed: bool) -> Option<Profiles> {
         let p = self.path(t.seq);
-        match read_batch(&p) {
+        match read_batch(&p, packed) {
             Ok(batch) => Some(batch),
             Err(why) => {
                 set_aside(exporter_id, &p, &format!("it does not read back: {why}"));
@@ -462,8 +465,11 @@ mod tests {
         let t = q.persist_blocking(&batch(5)).unwrap();
         assert_eq!(q.on_disk(), (2, batch(5).sample_count() as u64));
         let replayed = q.take_unclaimed();
-        assert_eq!(q.load("otlp", &replayed[0]).unwrap(), old);
-        assert_eq!(q.load("otlp", &t).unwrap(), batch(5));
+        assert_eq!(q.load("otlp", &replayed[0], false).unwrap(), old);
+        let packed = q.load("otlp", &t, true).unwrap();
+        assert!(packed.is_packed());
+        assert_eq!(packed, batch(5));
+        assert!(!q.load("otlp", &t, false).unwrap().is_packed());
         q.remove(&t);
         q.remove(&replayed[0]);
         assert_eq!(q.on_disk(), (0, 0));
@@ -513,7 +519,7 @@ mod tests {
         let q = PersistentQueue::open(d.path(), "otlp/backend", 1 << 20).unwrap();
         let replay = q.take_unclaimed();
         assert_eq!(replay.len(), 1);
-        assert_eq!(q.load("otlp/backend", &replay[0]), Some(batch(4)));
+        assert_eq!(q.load("otlp/backend", &replay[0], false), Some(batch(4)));
         assert_eq!(q.used_bytes(), replay[0].bytes);
         let small = PersistentQueue::open(d.path(), "other", 64).unwrap();
         assert!(matches!(small.persist_blocking(&batch(50)), Err(PersistError::Full { .. })));
@@ -545,7 +551,7 @@ mod tests {
         std::fs::write(dir.join("00000000000000000100.tmp"), b"half").unwrap();
         let q = PersistentQueue::open(d.path(), "otlp", 1 << 20).unwrap();
         let replay = q.take_unclaimed();
-        let loaded: Vec<_> = replay.iter().filter_map(|t| q.load("otlp", t).map(|b| (t.clone(), b))).collect();
+        let loaded: Vec<_> = replay.iter().filter_map(|t| q.load("otlp", t, false).map(|b| (t.clone(), b))).collect();
         assert_eq!(loaded, vec![(good.clone(), batch(2))]);
         assert_eq!(q.used_bytes(), good.bytes);
         let corrupt = std::fs::read_dir(&dir)
