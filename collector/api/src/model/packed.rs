@@ -145,30 +145,12 @@ impl PackedSamples {
         }
     }
 
-    /// The samples as a vector, each vector sized exactly.
+    /// The samples as a vector, each vector sized exactly (a clone
+    /// allocates its length, not the reused Sample's capacity).
     pub fn unpack(&self) -> Vec<pb::Sample> {
         let mut out = Vec::with_capacity(self.count);
-        self.for_each(|s| {
-            out.push(pb::Sample {
-                stack_index: s.stack_index,
-                attribute_indices: s.attribute_indices.clone(),
-                link_index: s.link_index,
-                values: s.values.clone(),
-                timestamps_unix_nano: s.timestamps_unix_nano.clone(),
-            })
-        });
+        self.for_each(|s| out.push(s.clone()));
         out
-    }
-}
-
-impl FromIterator<pb::Sample> for PackedSamples {
-    fn from_iter<I: IntoIterator<Item = pb::Sample>>(iter: I) -> Self {
-        let mut p = PackedSamples::default();
-        for s in iter {
-            p.push(&s);
-        }
-        p.shrink_to_fit();
-        p
     }
 }
 
@@ -189,7 +171,8 @@ mod tests {
     #[test]
     fn samples_read_back_as_pushed_and_encode_as_prost_does() {
         let samples: Vec<pb::Sample> = (0..50).map(sample).chain([pb::Sample::default()]).collect();
-        let packed: PackedSamples = samples.iter().cloned().collect();
+        let mut packed = PackedSamples::default();
+        samples.iter().for_each(|s| packed.push(s));
         assert_eq!(packed.len(), 51);
         assert_eq!(packed.unpack(), samples);
         let unpacked = packed.unpack();
