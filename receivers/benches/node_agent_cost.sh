@@ -16,7 +16,8 @@
 #   - before: with BEFORE_BIN=path/to/an/older/profcol, that binary with the
 #            node config too (its metrics on a port of its own): a change's
 #            before and after over the same load (BEFORE_NO_RUNTIME=1 for
-#            binaries older than service.runtime).
+#            binaries older than service.runtime; BEFORE_CONFIG=path/to/its
+#            examples/default.yaml for the node agent as that checkout shipped it).
 # It reads each process's CPU time at START_AT (10 s) and END_AT (START_AT
 # plus two of the node agent's report intervals, 130 s with its 60 s: the
 # window holds exactly two reports whatever their phase) after the start — from a cgroup of its own (cpuacct.usage on cgroup v1,
@@ -76,8 +77,14 @@ node_config "$FREQ" "$TMP" "127.0.0.1:$METRICS_PORT" >"$TMP/node.yaml"
 # agents differ in threads and malloc arenas, not only in code.
 STRIP_RUNTIME=()
 [ "${BEFORE_NO_RUNTIME:-0}" = 1 ] && STRIP_RUNTIME=(-e "/^  runtime:/,/malloc_arenas/d")
-sed "${STRIP_RUNTIME[@]}" -e "s|$TMP/profiles|$TMP/profiles-before|" -e "s|address: 127.0.0.1:$METRICS_PORT|address: 127.0.0.1:$((METRICS_PORT + 2))|" \
-	"$TMP/node.yaml" >"$TMP/before.yaml"
+# BEFORE_CONFIG=path/to/older/examples/default.yaml gives it that checkout's
+# own node agent instead (as its users ran it), set to FREQ the same way.
+if [ -n "${BEFORE_CONFIG:-}" ]; then
+	node_config "$FREQ" "$TMP/before" "127.0.0.1:$((METRICS_PORT + 2))" "$BEFORE_CONFIG" >"$TMP/before.yaml"
+else
+	sed "${STRIP_RUNTIME[@]}" -e "s|$TMP/profiles|$TMP/profiles-before|" -e "s|address: 127.0.0.1:$METRICS_PORT|address: 127.0.0.1:$((METRICS_PORT + 2))|" \
+		"$TMP/node.yaml" >"$TMP/before.yaml"
+fi
 cat >"$TMP/debug.yaml" <<EOF
 receivers:
   ebpf:
