@@ -17,7 +17,8 @@
 #            node config too (its metrics on a port of its own): a change's
 #            before and after over the same load (BEFORE_NO_RUNTIME=1 for
 #            binaries older than service.runtime; BEFORE_CONFIG=path/to/its
-#            examples/default.yaml for the node agent as that checkout shipped it).
+#            examples/default.yaml for the node agent as that checkout shipped it;
+#            ONLY_BEFORE=1 runs it and perf without this build's agents).
 # It reads each process's CPU time at START_AT (10 s) and END_AT (START_AT
 # plus two of the node agent's report intervals, 130 s with its 60 s: the
 # window holds exactly two reports whatever their phase) after the start — from a cgroup of its own (cpuacct.usage on cgroup v1,
@@ -66,6 +67,11 @@ BIN=${PROFCOL_BIN:-${CARGO_TARGET_DIR:-target}/release/profcol}
 BEFORE_BIN=${BEFORE_BIN:-}
 TOOLS="node debug perf"
 [ -n "$BEFORE_BIN" ] && TOOLS="node before debug perf"
+# ONLY_BEFORE=1: the older binary and perf alone. Run beside them, this
+# build's agents profile the older agent too (and build the unwind table of
+# its binary, a few MiB of peak RSS); runs of each build alone, alternated,
+# keep that out of both.
+[ -n "$BEFORE_BIN" ] && [ "${ONLY_BEFORE:-0}" = 1 ] && TOOLS="before perf"
 
 # The default node agent at FREQ, writing into TMP; each agent serves its
 # metrics (on by default) on a port of its own, so both can start.
@@ -133,10 +139,12 @@ for run in $(seq "$RUNS"); do
 	PIDS+=($!)
 	sleep 1
 	declare -A PID=()
-	start_in node "$BIN" --config "$TMP/node.yaml" >"$TMP/node.log" 2>&1 &
-	PID[node]=$!
-	start_in debug "$BIN" --config "$TMP/debug.yaml" >"$TMP/debug.log" 2>&1 &
-	PID[debug]=$!
+	if [[ " $TOOLS " == *" node "* ]]; then
+		start_in node "$BIN" --config "$TMP/node.yaml" >"$TMP/node.log" 2>&1 &
+		PID[node]=$!
+		start_in debug "$BIN" --config "$TMP/debug.yaml" >"$TMP/debug.log" 2>&1 &
+		PID[debug]=$!
+	fi
 	if [ -n "$BEFORE_BIN" ]; then
 		start_in before "$BEFORE_BIN" --config "$TMP/before.yaml" >"$TMP/before.log" 2>&1 &
 		PID[before]=$!
@@ -174,7 +182,7 @@ for run in $(seq "$RUNS"); do
 			"/proc/${PID[$t]}/smaps"
 	done
 	kill -INT "${PID[perf]}"
-	kill -TERM "${PID[node]}" "${PID[debug]}" ${PID[before]:-}
+	kill -TERM ${PID[node]:-} ${PID[debug]:-} ${PID[before]:-}
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	for t in ${TOOLS% perf}; do
