@@ -60,6 +60,11 @@ impl Profcol {
     /// Starts profcol with `args`; a `--config` among them is validated
     /// first, and dropping the handle checks that profcol did start with it.
     pub fn start(args: &[&str]) -> Profcol {
+        Profcol::start_env(args, &[])
+    }
+
+    /// [`Profcol::start`] with `env` added to its environment.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Profcol {
         let config = args.windows(2).find(|w| w[0] == "--config").map(|w| PathBuf::from(w[1]));
         if let Some(c) = &config {
             assert_validates(c);
@@ -67,6 +72,7 @@ impl Profcol {
         let mut child = Command::new(bin())
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
