@@ -119,7 +119,7 @@ n=0
 for s in $STEPS; do
 	n=$((n + 1))
 	case $s in
-	model) pair $n model collector/api/benches/model.rs "cargo bench -p profcol-api --bench model -- $CRIT" ;;
+	model) pair $n model api/benches/model.rs "cargo bench -p profcol-api --bench model -- $CRIT" ;;
 	kallsyms) pair $n kallsyms processors/benches/kallsyms.rs "KALLSYMS_BENCH_FILE=$OUT/kallsyms cargo bench -p profcol-processors --bench kallsyms -- nomatch" ;;
 	gateway) pair $n gateway exporters/benches/gateway.rs 'cargo bench -p profcol-exporters --bench gateway -- nomatch' ;;
 	gateway_host) pair $n gateway_host collector/benches/gateway_host.rs 'cargo bench -p profcol --bench gateway_host -- nomatch' ;;

@@ -15,7 +15,7 @@
 
 use profcol::exporter_helper::ExporterHandle;
 use profcol_api::component::{ComponentId, CreateSettings, Kind};
-use profcol_api::exporterhelper::{ExporterHelperConfig, Sizer};
+use profcol::exporter_helper::settings::{ExporterHelperConfig, Sizer};
 use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::telemetry::Telemetry;
 use profcol_api::{Profiles, ProfilesBuilder};

@@ -5,7 +5,7 @@
 
 use crate::registry::Registry;
 use profcol_api::component::Kind;
-use profcol_api::exporterhelper::ExporterHelperConfig;
+use crate::exporter_helper::settings::ExporterHelperConfig;
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 

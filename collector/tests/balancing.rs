@@ -23,7 +23,7 @@ use profcol_api::{Exporter, Profiles, ProfilesBuilder};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter, Resolver};
 use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::config::{one_pipeline, otlp_exporter_retrying};
-use profcol_testkit::otlp::{collecting_receiver, receiver_config};
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config};
 use profcol_testkit::prelude::{kv, s, settings, Collector};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

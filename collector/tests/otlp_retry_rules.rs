@@ -7,7 +7,7 @@
 
 use profcol::exporter_helper::ExporterHandle;
 use profcol_api::component::{ComponentId, CreateSettings, Kind};
-use profcol_api::exporterhelper::{ExporterHelperConfig, RetryConfig};
+use profcol::exporter_helper::settings::{ExporterHelperConfig, RetryConfig};
 use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
 use profcol_api::{Exporter, Profiles};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};

@@ -14,21 +14,7 @@ use std::path::Path;
 pub const DEFAULT_FILE_MODE: Mode = Mode(0o640);
 pub const DEFAULT_DIR_MODE: Mode = Mode(0o750);
 
-/// Creates `dir` and its missing parents with `mode`.
-pub fn create_dirs(dir: &Path, mode: Mode) -> std::io::Result<()> {
-    if dir.as_os_str().is_empty() || dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dirs(parent, mode)?;
-    }
-    match std::fs::DirBuilder::new().mode(mode.bits()).create(dir) {
-        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode.bits())),
-        // Made meanwhile by someone else: theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
-        Err(e) => Err(e),
-    }
-}
+pub use profcol_api::config::create_dirs;
 
 /// Opens `path` for appending, creating it with `mode`.
 pub fn open_append(path: &Path, mode: Mode) -> std::io::Result<File> {

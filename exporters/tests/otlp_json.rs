@@ -13,6 +13,7 @@ use profcol_api::model::{canonical, pb};
 use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{Compression, HttpEncoding, OtlpHttpConfig, OtlpHttpExporter};
 use profcol_testkit::prelude::*;
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use profcol_testkit::raw::http_send;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};

@@ -12,11 +12,12 @@ use profcol_exporters::otlp::{
 };
 use profcol_receivers::otlp::{OtlpReceiver, OtlpReceiverConfig};
 use profcol_testkit::prelude::*;
+use profcol_receivers::otlp::testing::{receiver_config, LOOPBACK};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use profcol_testkit::otlp::with_max_mib;
+use profcol_receivers::otlp::testing::with_max_mib;
 use profcol_testkit::raw::{grpc_send, http_send};
 
 /// The test [`Collector`] (with its `stall` flag), counting the batches that

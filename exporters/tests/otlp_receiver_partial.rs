@@ -9,6 +9,7 @@ use profcol_api::{ExportError, Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
 use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::prelude::*;
+use profcol_receivers::otlp::testing::{receiver_config, LOOPBACK};
 use std::sync::Arc;
 use std::time::Duration;
 

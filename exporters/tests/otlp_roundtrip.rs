@@ -9,6 +9,7 @@ use profcol_exporters::otlp::{
 };
 use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::prelude::*;
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -12,6 +12,7 @@ use profcol_exporters::otlp::{
 };
 use profcol_receivers::otlp::{OtlpReceiver, TlsServerConfig};
 use profcol_testkit::prelude::*;
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose as Eku, IsCa, KeyPair, KeyUsagePurpose,
 };

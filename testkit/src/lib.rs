@@ -8,7 +8,6 @@
 //! - [`raw`]: OTLP requests sent as raw bytes over gRPC and HTTP;
 //! - [`hostile`]: expansion requests, gzip bombs, stalled HTTP/1.1 and gRPC bodies;
 //! - [`net`]: loopback listeners handed over already bound (no port races);
-//! - [`otlp`]: an otlp receiver on loopback, collecting or forwarding;
 //! - [`log`]: the process's own log captured, to read bound addresses;
 //! - [`plugins`]: WebAssembly plugins (plugins/testdata, examples/plugins), built on demand;
 //! - [`alloc`]: a global allocator that counts live heap bytes;
@@ -23,7 +22,6 @@ pub mod floor;
 pub mod hostile;
 pub mod log;
 pub mod net;
-pub mod otlp;
 pub mod plugins;
 pub mod py_otlp;
 pub mod raw;
@@ -44,7 +42,6 @@ pub fn settings(kind: Kind, id: &str) -> CreateSettings {
 pub mod prelude {
     pub use crate::batch::{cpu_batch, every_field_batch, i, kv, merge, random_batch, s};
     pub use crate::net::{closed_port, listener, tokio_listener};
-    pub use crate::otlp::{collecting_receiver, receiver_config, LOOPBACK};
     pub use crate::plugins::{example_plugin, test_plugin};
     pub use crate::settings;
     pub use crate::sink::Collector;

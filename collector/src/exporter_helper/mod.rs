@@ -12,6 +12,7 @@
 //! handle that stops hands its backlog to the next user of the same queue.
 
 mod persistent;
+pub mod settings;
 mod queue;
 mod retry;
 
@@ -20,7 +21,7 @@ use queue::{Rejected, SizedQueue};
 
 use crate::service::batch_trace::{samples_attr, BatchTrace};
 use opentelemetry::KeyValue;
-use profcol_api::exporterhelper::{ExporterHelperConfig, Sizer};
+use crate::exporter_helper::settings::{ExporterHelperConfig, Sizer};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ComponentId, Exporter, Profiles};
 use std::sync::Arc;
@@ -632,7 +633,7 @@ impl ExporterHandle {
 mod tests {
     use super::*;
     use profcol_api::component::Kind;
-    use profcol_api::exporterhelper::Sizer;
+    use crate::exporter_helper::settings::Sizer;
     use profcol_api::model::{pb, ProfileMeta, Resource};
     use profcol_api::{ExportError, ProfilesBuilder};
 

@@ -223,7 +223,7 @@ impl PersistentQueue {
     pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<Arc<Self>> {
         let dir = root.join(sanitize(exporter_id));
         // Batches name hosts, processes and functions: only profcol's user reads them.
-        profcol_exporters::output::create_dirs(&dir, DIR_MODE)?;
+        profcol_api::config::create_dirs(&dir, DIR_MODE)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(DIR_MODE.bits()))?;
         let dir = std::fs::canonicalize(&dir)?;
         let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());

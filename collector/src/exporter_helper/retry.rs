@@ -1,6 +1,6 @@
 //! Exponential backoff with jitter, bounded by `max_elapsed_time`.
 
-use profcol_api::exporterhelper::RetryConfig;
+use crate::exporter_helper::settings::RetryConfig;
 use std::time::Duration;
 // tokio's clock: the same as std's in a running host, and virtual under a paused test clock.
 use tokio::time::Instant;

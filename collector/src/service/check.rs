@@ -4,7 +4,7 @@
 use crate::registry::Registry;
 use profcol_api::component::{ComponentId, Kind};
 use profcol_api::config::ConfigValue;
-use profcol_api::exporterhelper::{self, ExporterHelperConfig};
+use crate::exporter_helper::settings::{self as exporterhelper, ExporterHelperConfig};
 use profcol_config::{Config, ConfigError, ConfigErrors};
 use std::collections::BTreeMap;
 

@@ -158,7 +158,7 @@ impl Drop for Profcol {
 /// An OTLP backend (gRPC) on `127.0.0.1:port`: an otlp receiver feeding a
 /// test [`Collector`](profcol_testkit::sink::Collector).
 pub async fn backend(port: u16) -> (Arc<profcol_receivers::otlp::OtlpReceiver>, Arc<profcol_testkit::sink::Collector>) {
-    use profcol_testkit::otlp::{collecting_receiver, receiver_config};
+    use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config};
     collecting_receiver("otlp/backend", receiver_config(Some(&format!("127.0.0.1:{port}")), None)).await
 }
 

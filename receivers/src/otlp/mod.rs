@@ -27,6 +27,8 @@ mod config;
 mod grpc;
 mod http;
 mod tls;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServerConfig};
 

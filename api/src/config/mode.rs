@@ -3,6 +3,7 @@
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::borrow::Cow;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
 /// Permission bits (at most 0o777), read and written as an octal string:
 /// `"0640"`, `"640"` or `"0o640"`. A bare YAML number is refused, because
@@ -77,6 +78,23 @@ impl JsonSchema for Mode {
         })
     }
 }
+
+/// Creates `dir` and its missing parents with `mode`.
+pub fn create_dirs(dir: &std::path::Path, mode: Mode) -> std::io::Result<()> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dirs(parent, mode)?;
+    }
+    match std::fs::DirBuilder::new().mode(mode.bits()).create(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode.bits())),
+        // Made meanwhile by someone else: theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 
 #[cfg(test)]
 mod tests {

@@ -6,8 +6,8 @@
 //! section belong to the host; [`split`] takes them out before the rest goes
 //! to the exporter's factory.
 
-use crate::config::{checks, schema::DurationText};
-use crate::config::{ConfigError, ConfigValue, Problems, Validate};
+use profcol_api::config::{checks, schema::DurationText};
+use profcol_api::config::{ConfigError, ConfigValue, Problems, Validate};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -83,7 +83,7 @@ pub enum Sizer {
     /// Samples.
     Items,
     /// Bytes of the batches in memory as the queue holds them
-    /// ([`crate::Profiles::memory_size`]), not their wire size.
+    /// ([`profcol_api::Profiles::memory_size`]), not their wire size.
     Bytes,
 }
 

@@ -3,13 +3,11 @@
 //! - [`model`]: the profile data model ([`Profiles`], builders, views, merge, validation);
 //! - [`component`]: component ids, kinds, factories, the Receiver / Processor /
 //!   Exporter traits and the [`component::Next`] handle receivers push into;
-//! - [`exporterhelper`]: the queue / retry / timeout settings the host wraps
 //!   around every exporter;
 //! - [`telemetry`]: per-component counters served as Prometheus text.
 
 pub mod component;
 pub mod config;
-pub mod exporterhelper;
 pub mod model;
 pub mod services;
 pub mod telemetry;

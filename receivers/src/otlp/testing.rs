@@ -1,12 +1,13 @@
-//! An otlp receiver on loopback, as tests and benches start one: a backend
-//! that collects what arrives, or a gateway's front door.
+//! An otlp receiver on loopback, as other crates' tests and benches start
+//! one: a backend that collects what arrives, or a gateway's front door
+//! (feature `test-support`; nothing here ships).
 
-use crate::settings;
-use crate::sink::Collector;
+use profcol_testkit::settings;
+use profcol_testkit::sink::Collector;
 use profcol_api::component::Kind;
 use profcol_api::component::Next;
 use profcol_api::Receiver;
-use profcol_receivers::otlp::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use super::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
 use std::sync::Arc;
 
 /// Loopback with a port the kernel picks (the receiver logs and reports it).

@@ -7,12 +7,13 @@ use profcol_api::component::Kind;
 use profcol_api::Receiver;
 use profcol_receivers::otlp::{OtlpReceiver, OtlpReceiverConfig};
 use profcol_testkit::prelude::*;
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use profcol_testkit::otlp::with_max_mib;
+use profcol_receivers::otlp::testing::with_max_mib;
 use profcol_testkit::raw::{grpc_send, http_send};
 
 async fn start(max_mib: f64, backpressure: Duration) -> (Arc<OtlpReceiver>, Arc<Collector>) {

@@ -13,7 +13,7 @@ mod secret;
 mod validate;
 mod value;
 
-pub use mode::Mode;
+pub use mode::{create_dirs, Mode};
 pub use secret::{Secret, SecretUrl, REDACTED};
 pub use validate::{Problems, Validate};
 pub use value::ConfigValue;

@@ -400,7 +400,7 @@ pub trait Processor: Send + Sync + 'static {
 }
 
 /// A sink: implements only the send. The host wraps it with a bounded queue,
-/// retry with backoff and a per-attempt timeout (see [`crate::exporterhelper`]).
+/// retry with backoff and a per-attempt timeout (the host's exporter helper).
 #[async_trait]
 pub trait Exporter: Send + Sync + 'static {
     /// How many exports the host runs at once (the sending queue's
