@@ -72,7 +72,9 @@ fn name(by: GroupBy, value: Option<&AnyValue>) -> String {
 /// of their resource, or the same dictionary entry).
 pub(crate) struct GroupNames<'a> {
     by: GroupBy,
+    /// The last value by its address, and its name.
     last: Option<(*const AnyValue, String)>,
+    /// The values outlive the namer, so an address stays one value's.
     _values: std::marker::PhantomData<&'a AnyValue>,
 }
 
