@@ -6,8 +6,11 @@
 //! `profcol_model_rules::folded` (kernel frames `name_[k]`, unsymbolized ones
 //! `mapping+0xaddr`), the rules the `folded_exporter` example plugin uses too.
 
-use crate::group::{bounded_group, group_of, sanitize, unique_path, GroupBy};
+use crate::delivered::Delivered;
+use crate::file_names::{sanitize, time_range, timestamp, unique_path};
+use crate::group::{bounded_group, GroupBy, GroupNames};
 use crate::output::write_atomic;
+use crate::sample_attrs::AttrReader;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
 use serde::{Deserialize, Serialize};
@@ -76,7 +79,7 @@ pub fn factory_flamegraph() -> Arc<dyn Factory> {
 pub struct FlamegraphExporter {
     cfg: FlamegraphConfig,
     /// Graphs written, so a retried batch does not write them again.
-    delivered: Arc<crate::group::Delivered>,
+    delivered: Arc<Delivered>,
 }
 
 impl FlamegraphExporter {
@@ -127,10 +130,12 @@ pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String
     use profcol_model_rules::folded;
     let mut folder = folded::Folder::new();
     let mut groups: BTreeMap<String, ()> = BTreeMap::new();
+    let (mut reader, mut names) = (AttrReader::default(), GroupNames::new(by));
     for s in batch.samples() {
         let comm = if root_comm { folded::comm(|| s.attributes(), s.resource) } else { None };
         let count = folded::sample_count(&s.sample.values, s.sample.timestamps_unix_nano.len());
-        let group = bounded_group(&groups, group_of(&s, by));
+        let attrs = if by == GroupBy::None { Default::default() } else { reader.read(&s) };
+        let group = bounded_group(&groups, names.of(&attrs).to_owned());
         groups.entry(group.clone()).or_default();
         folder.add(group, s.sample.stack_index, || s.frames().map(Folding), comm.as_deref(), count);
     }
@@ -144,7 +149,7 @@ impl Exporter for FlamegraphExporter {
             return Ok(());
         }
         let groups = folded(batch, self.cfg.group_by, self.cfg.root_comm);
-        let (t0, _) = crate::group::time_range(batch);
+        let (t0, _) = time_range(batch);
         let (cfg, delivered) = (self.cfg.clone(), Arc::clone(&self.delivered));
         tokio::task::spawn_blocking(move || -> Result<(), ExportError> {
             for (group, stacks) in groups {
@@ -154,13 +159,13 @@ impl Exporter for FlamegraphExporter {
                     continue;
                 }
                 let lines: Vec<String> = stacks.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                let key = crate::group::Delivered::key(&format!("{group} {t0}"), lines.iter().map(|l| l.as_bytes()));
+                let key = Delivered::key(&format!("{group} {t0}"), lines.iter().map(|l| l.as_bytes()));
                 if delivered.contains(key) {
                     continue; // written by an earlier attempt of this batch
                 }
                 let mut opts = inferno::flamegraph::Options::default();
                 opts.title = cfg.title.clone();
-                opts.subtitle = Some(format!("{group} — {}", crate::group::timestamp(t0)));
+                opts.subtitle = Some(format!("{group} — {}", timestamp(t0)));
                 opts.count_name = "samples".into();
                 // The java palette colours `_[k]` (kernel) frames apart.
                 opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);

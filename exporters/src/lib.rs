@@ -11,6 +11,10 @@ pub mod pprof;
 pub mod debug;
 pub mod file;
 
+mod delivered;
+mod file_names;
+mod sample_attrs;
+
 use profcol_api::component::Factory;
 use std::sync::Arc;
 

@@ -15,7 +15,7 @@
 //! [`MAX_ATTEMPTS`] in all) before the exporter reports the failure to the
 //! host, whose queue and retry schedule stay the exporter's, not per address.
 
-use crate::group::Delivered;
+use crate::delivered::Delivered;
 use profcol_api::model::{any_value, pb, AnyValue};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::{ExportError, Profiles};
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 /// Addresses one batch is tried on before the export fails: the first and
 /// two others. Enough to step over a gateway that just went away, without
 /// sweeping a whole tier when the backend behind it is down.
-pub const MAX_ATTEMPTS: usize = 3;
+pub(crate) const MAX_ATTEMPTS: usize = 3;
 
 /// `balancer: { resolver: ..., routing_key: ... }`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -139,9 +139,9 @@ pub trait Resolver: Send + Sync + 'static {
 }
 
 /// The system resolver (getaddrinfo through tokio).
-pub struct DnsResolver {
-    pub hostname: String,
-    pub port: u16,
+pub(crate) struct DnsResolver {
+    pub(crate) hostname: String,
+    pub(crate) port: u16,
 }
 
 #[async_trait::async_trait]
@@ -159,7 +159,7 @@ impl Resolver for DnsResolver {
 }
 
 /// A fixed list.
-pub struct StaticResolver(pub Vec<String>);
+pub(crate) struct StaticResolver(pub(crate) Vec<String>);
 
 #[async_trait::async_trait]
 impl Resolver for StaticResolver {
@@ -173,7 +173,7 @@ impl Resolver for StaticResolver {
 
 impl BalancerConfig {
     /// The resolver the config names; `default_port` for `dns` without a port.
-    pub fn resolver(&self, default_port: u16) -> Arc<dyn Resolver> {
+    pub(crate) fn resolver(&self, default_port: u16) -> Arc<dyn Resolver> {
         match &self.resolver {
             ResolverConfig::Dns(d) => {
                 Arc::new(DnsResolver { hostname: d.hostname.trim().to_owned(), port: d.port.unwrap_or(default_port) })
@@ -186,7 +186,7 @@ impl BalancerConfig {
 
     /// How often addresses are resolved again (a static list: never changes,
     /// but is looked at once a minute all the same, which costs nothing).
-    pub fn interval(&self) -> Duration {
+    pub(crate) fn interval(&self) -> Duration {
         match &self.resolver {
             ResolverConfig::Dns(d) => d.interval,
             ResolverConfig::Static(_) => Duration::from_secs(60),
@@ -195,7 +195,7 @@ impl BalancerConfig {
 
     /// The DNS name, for TLS: the certificate is checked against it, not
     /// against the address it resolved to.
-    pub fn dns_name(&self) -> Option<&str> {
+    pub(crate) fn dns_name(&self) -> Option<&str> {
         match &self.resolver {
             ResolverConfig::Dns(d) => Some(d.hostname.trim()),
             ResolverConfig::Static(_) => None,
@@ -210,7 +210,7 @@ pub trait Target: Send + Sync + 'static {
 }
 
 /// Makes the sender of one address (no I/O: connections are lazy).
-pub type Connect<T> = Box<dyn Fn(&str) -> Result<T, String> + Send + Sync>;
+pub(crate) type Connect<T> = Box<dyn Fn(&str) -> Result<T, String> + Send + Sync>;
 
 struct Member<T> {
     address: String,
@@ -241,7 +241,7 @@ impl<T> Member<T> {
 }
 
 /// The balancer of one exporter.
-pub struct Balancer<T: Target> {
+pub(crate) struct Balancer<T: Target> {
     id: String,
     resolver: Arc<dyn Resolver>,
     interval: Duration,
@@ -263,7 +263,7 @@ pub struct Balancer<T: Target> {
 }
 
 impl<T: Target> Balancer<T> {
-    pub fn new(
+    pub(crate) fn new(
         id: &str,
         telemetry: &ComponentTelemetry,
         resolver: Arc<dyn Resolver>,
@@ -298,7 +298,7 @@ impl<T: Target> Balancer<T> {
     /// Resolves once, then again every `interval` until [`Balancer::shutdown`].
     /// A name that does not resolve yet is an outage to ride out (logged,
     /// retried), not a start-up failure.
-    pub async fn start(self: &Arc<Self>) {
+    pub(crate) async fn start(self: &Arc<Self>) {
         self.refresh().await;
         let weak: Weak<Self> = Arc::downgrade(self);
         let (stop, interval) = (self.stop.clone(), self.interval);
@@ -315,7 +315,7 @@ impl<T: Target> Balancer<T> {
         *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
     }
 
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.stop.cancel();
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = task {
@@ -324,7 +324,7 @@ impl<T: Target> Balancer<T> {
     }
 
     /// The addresses in use, sorted.
-    pub fn addresses(&self) -> Vec<String> {
+    pub(crate) fn addresses(&self) -> Vec<String> {
         self.current().iter().map(|m| m.address.clone()).collect()
     }
 
@@ -339,7 +339,7 @@ impl<T: Target> Balancer<T> {
     /// Resolves and swaps in the new list: members whose address stays keep
     /// their connection, new ones are connected, removed ones leave the list
     /// (requests already on them finish; the connection closes with the last).
-    pub async fn refresh(&self) {
+    pub(crate) async fn refresh(&self) {
         let _one_at_a_time = self.refreshing.lock().await;
         let mut addresses = match self.resolver.resolve().await {
             Ok(a) => a,
@@ -410,7 +410,7 @@ impl<T: Target> Balancer<T> {
         Ok(m)
     }
 
-    pub async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+    pub(crate) async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
         let members = self.members_now().await?;
         let Some(key) = &self.routing_key else {
             let start = self.next.fetch_add(1, Ordering::Relaxed);
@@ -500,38 +500,38 @@ impl<T: Target> Balancer<T> {
 }
 
 /// What an OTLP exporter sends through: its one `endpoint`, or a balancer.
-pub enum Route<T: Target> {
+pub(crate) enum Route<T: Target> {
     One(T),
     Balanced(Arc<Balancer<T>>),
 }
 
 impl<T: Target> Route<T> {
     /// A balanced route splits batches by resource, so it takes them unpacked.
-    pub fn reads_packed(&self) -> bool {
+    pub(crate) fn reads_packed(&self) -> bool {
         matches!(self, Route::One(_))
     }
 
-    pub async fn start(&self) {
+    pub(crate) async fn start(&self) {
         if let Route::Balanced(b) = self {
             b.start().await;
         }
     }
 
-    pub async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
+    pub(crate) async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
         match self {
             Route::One(t) => t.send(batch).await,
             Route::Balanced(b) => b.export(batch).await,
         }
     }
 
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         if let Route::Balanced(b) = self {
             b.shutdown().await;
         }
     }
 
     /// The addresses the balancer sends to (empty without a balancer).
-    pub fn addresses(&self) -> Vec<String> {
+    pub(crate) fn addresses(&self) -> Vec<String> {
         match self {
             Route::One(_) => Vec::new(),
             Route::Balanced(b) => b.addresses(),
@@ -561,7 +561,7 @@ fn by_key<T>(members: &[Arc<Member<T>>], value: &str, now: u64) -> Vec<Arc<Membe
 /// A hash that every agent version computes alike (FNV-1a, then a
 /// splitmix64 finish so that near-equal inputs spread): std's hasher is
 /// not promised to stay the same across Rust releases.
-pub fn score(value: &str, address: &str) -> u64 {
+pub(crate) fn score(value: &str, address: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in value.bytes().chain([0xff]).chain(address.bytes()) {
         h ^= u64::from(b);
@@ -574,7 +574,7 @@ pub fn score(value: &str, address: &str) -> u64 {
     h ^ (h >> 31)
 }
 
-pub enum Split {
+pub(crate) enum Split {
     /// Every resource has this value (or none: "").
     One(String),
     /// Per value, the resources that have it (dictionary compacted per part).
@@ -582,7 +582,7 @@ pub enum Split {
 }
 
 /// Groups the batch's resources by the value of their attribute `key`.
-pub fn split_by_attribute(batch: &Profiles, key: &str) -> Split {
+pub(crate) fn split_by_attribute(batch: &Profiles, key: &str) -> Split {
     let value_of = |rp: &pb::ResourceProfiles| -> String {
         rp.resource
             .as_ref()

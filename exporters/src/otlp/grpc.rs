@@ -1,11 +1,13 @@
 //! `otlp` (alias `otlp_grpc`): OTLP profiles over gRPC with tonic.
 
-use super::balancer::{Balancer, BalancerConfig, Route, Target};
+use super::balancer::{BalancerConfig, Resolver, Route, Target};
+use super::exporter::{OtlpExporter, Transport};
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use bytes::{BufMut, Bytes};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::model::ExportProfilesServiceResponse;
-use profcol_api::{ExportError, Exporter, Profiles, Stability};
+use profcol_api::telemetry::ComponentTelemetry;
+use profcol_api::{ExportError, Profiles, Stability};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -106,7 +108,7 @@ const DEFAULT_PORT: u16 = 4317;
 
 impl OtlpGrpcConfig {
     /// The endpoint in use without a balancer.
-    pub fn endpoint(&self) -> &str {
+    pub(crate) fn endpoint(&self) -> &str {
         self.endpoint.as_deref().unwrap_or("localhost:4317")
     }
 }
@@ -124,11 +126,11 @@ impl Default for OtlpGrpcConfig {
     }
 }
 
-pub fn factory_otlp() -> Arc<dyn Factory> {
+pub(crate) fn factory_otlp() -> Arc<dyn Factory> {
     make_factory("otlp", "OTLP profiles over gRPC (tonic); gzip, headers, TLS")
 }
 
-pub fn factory_otlp_grpc() -> Arc<dyn Factory> {
+pub(crate) fn factory_otlp_grpc() -> Arc<dyn Factory> {
     make_factory("otlp_grpc", "alias of `otlp`: OTLP profiles over gRPC")
 }
 
@@ -176,12 +178,10 @@ impl Codec for PreEncoded {
 }
 
 /// The `otlp` exporter component.
-pub struct OtlpGrpcExporter {
-    route: Route<GrpcTarget>,
-}
+pub type OtlpGrpcExporter = OtlpExporter<GrpcTarget>;
 
 /// What every address's sender shares.
-struct Shared {
+pub(crate) struct Shared {
     id: String,
     metadata: MetadataMap,
     compression: Compression,
@@ -245,10 +245,55 @@ fn channel(cfg: &OtlpGrpcConfig, endpoint: &str, tls_name: Option<&str>) -> Resu
     Ok(ep.connect_lazy())
 }
 
-impl OtlpGrpcExporter {
+impl Transport for GrpcTarget {
+    type Config = OtlpGrpcConfig;
+    type Shared = Shared;
+    const DEFAULT_PORT: u16 = DEFAULT_PORT;
+
+    fn balancer(cfg: &OtlpGrpcConfig) -> Option<&BalancerConfig> {
+        cfg.balancer.as_ref()
+    }
+
+    fn names_endpoint(cfg: &OtlpGrpcConfig) -> bool {
+        cfg.endpoint.is_some()
+    }
+
+    fn shared(cfg: &OtlpGrpcConfig, id: &str, telemetry: &ComponentTelemetry) -> Result<Shared, String> {
+        check_headers(&cfg.headers)?;
+        let mut metadata = MetadataMap::new();
+        for (k, v) in &cfg.headers {
+            let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                .map_err(|e| format!("headers: {k:?} is not a valid gRPC metadata key: {e}"))?;
+            let val = MetadataValue::try_from(v.expose())
+                .map_err(|e| format!("headers.{k}: not a valid gRPC metadata value: {e}"))?;
+            metadata.insert(key, val);
+        }
+        Ok(Shared {
+            counters: OtlpCounters::new(telemetry),
+            id: id.to_owned(),
+            metadata,
+            compression: cfg.compression,
+            max_recv: usize::try_from(cfg.max_recv_msg_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+        })
+    }
+
+    fn one(cfg: &OtlpGrpcConfig, shared: Arc<Shared>) -> Result<Self, String> {
+        Ok(GrpcTarget { channel: channel(cfg, cfg.endpoint(), None)?, shared })
+    }
+
+    fn connect(
+        cfg: &OtlpGrpcConfig,
+        address: &str,
+        dns_name: Option<&str>,
+        shared: Arc<Shared>,
+    ) -> Result<Self, String> {
+        Ok(GrpcTarget { channel: channel(cfg, address, dns_name)?, shared })
+    }
+}
+
+impl OtlpExporter<GrpcTarget> {
     pub fn new(settings: CreateSettings, cfg: OtlpGrpcConfig) -> Result<Self, ComponentError> {
-        let resolver = cfg.balancer.as_ref().map(|b| b.resolver(DEFAULT_PORT));
-        Self::build(settings, cfg, resolver)
+        super::exporter::new(settings, cfg)
     }
 
     /// As [`OtlpGrpcExporter::new`], with `balancer`'s addresses from
@@ -257,58 +302,9 @@ impl OtlpGrpcExporter {
     pub fn with_resolver(
         settings: CreateSettings,
         cfg: OtlpGrpcConfig,
-        resolver: Arc<dyn super::balancer::Resolver>,
+        resolver: Arc<dyn Resolver>,
     ) -> Result<Self, ComponentError> {
-        Self::build(settings, cfg, Some(resolver))
-    }
-
-    fn build(
-        settings: CreateSettings,
-        cfg: OtlpGrpcConfig,
-        resolver: Option<Arc<dyn super::balancer::Resolver>>,
-    ) -> Result<Self, ComponentError> {
-        let id = settings.id.to_string();
-        let err = ComponentError::msg;
-        check_headers(&cfg.headers).map_err(err)?;
-        let mut metadata = MetadataMap::new();
-        for (k, v) in &cfg.headers {
-            let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                .map_err(|e| err(format!("headers: {k:?} is not a valid gRPC metadata key: {e}")))?;
-            let val = MetadataValue::try_from(v.expose())
-                .map_err(|e| err(format!("headers.{k}: not a valid gRPC metadata value: {e}")))?;
-            metadata.insert(key, val);
-        }
-        let shared = Arc::new(Shared {
-            counters: OtlpCounters::new(&settings.telemetry),
-            id: id.clone(),
-            metadata,
-            compression: cfg.compression,
-            max_recv: usize::try_from(cfg.max_recv_msg_size_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
-        });
-        let route = match (&cfg.balancer, resolver) {
-            (Some(b), Some(resolver)) => {
-                if cfg.endpoint.is_some() {
-                    return Err(err("endpoint and balancer are both set; keep one".into()));
-                }
-                let tls_name = b.dns_name().map(str::to_owned);
-                let (interval, key) = (b.interval(), b.routing_key.clone());
-                let conn_cfg = cfg.clone();
-                let conn_shared = shared.clone();
-                let connect: super::balancer::Connect<GrpcTarget> = Box::new(move |address: &str| {
-                    let channel = channel(&conn_cfg, address, tls_name.as_deref())?;
-                    Ok(GrpcTarget { channel, shared: conn_shared.clone() })
-                });
-                Route::Balanced(Balancer::new(&id, &settings.telemetry, resolver, interval, key, connect))
-            }
-            (None, Some(_)) => return Err(err("a resolver was given but the config has no balancer".into())),
-            _ => Route::One(GrpcTarget { channel: channel(&cfg, cfg.endpoint(), None).map_err(err)?, shared }),
-        };
-        Ok(OtlpGrpcExporter { route })
-    }
-
-    /// The addresses the balancer sends to (empty without a balancer).
-    pub fn balanced_addresses(&self) -> Vec<String> {
-        self.route.addresses()
+        super::exporter::build(settings, cfg, Some(resolver))
     }
 
     /// Sends one request whose protobuf bytes are `body`, the encoding of a
@@ -363,28 +359,6 @@ impl Target for GrpcTarget {
         // ProfilesData and ExportProfilesServiceRequest share field numbers:
         // the batch's encoding is the request's.
         self.send_encoded(Bytes::from(batch.encode_to_vec()), Shape::of(batch)).await
-    }
-}
-
-#[async_trait::async_trait]
-impl Exporter for OtlpGrpcExporter {
-    async fn start(&self) -> Result<(), ComponentError> {
-        self.route.start().await;
-        Ok(())
-    }
-
-    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
-        self.route.export(batch).await
-    }
-
-    /// Encodes and counts through `Profiles` alone (a balanced route excepted).
-    fn reads_packed(&self) -> bool {
-        self.route.reads_packed()
-    }
-
-    async fn shutdown(&self) -> Result<(), ComponentError> {
-        self.route.shutdown().await;
-        Ok(())
     }
 }
 

@@ -1,18 +1,20 @@
 //! `otlp_http`: OTLP profiles over HTTP (`POST {endpoint}/v1development/profiles`),
 //! protobuf by default, JSON as an option.
 
-use super::balancer::{Balancer, BalancerConfig, Resolver, ResolverConfig, Route, Target};
+use super::balancer::{BalancerConfig, Resolver, ResolverConfig, Target};
+use super::exporter::{OtlpExporter, Transport};
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
 use profcol_api::config::SecretUrl;
-use profcol_api::{ExportError, Exporter, Profiles, Stability};
+use profcol_api::telemetry::ComponentTelemetry;
+use profcol_api::{ExportError, Profiles, Stability};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const PROFILES_PATH: &str = "/v1development/profiles";
+pub(crate) const PROFILES_PATH: &str = "/v1development/profiles";
 
 /// `encoding: proto | json`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -117,7 +119,7 @@ fn balanced_urls(b: &BalancerConfig, tls: &ClientTlsConfig) -> Vec<String> {
 
 impl OtlpHttpConfig {
     /// The endpoint in use without a balancer.
-    pub fn endpoint(&self) -> SecretUrl {
+    pub(crate) fn endpoint(&self) -> SecretUrl {
         self.endpoint.clone().unwrap_or_else(|| SecretUrl::new("http://localhost:4318"))
     }
 }
@@ -136,7 +138,7 @@ impl Default for OtlpHttpConfig {
     }
 }
 
-pub fn factory_otlp_http() -> Arc<dyn Factory> {
+pub(crate) fn factory_otlp_http() -> Arc<dyn Factory> {
     factory::<OtlpHttpConfig, _>(
         FactoryMeta {
             type_name: "otlp_http",
@@ -149,12 +151,10 @@ pub fn factory_otlp_http() -> Arc<dyn Factory> {
 }
 
 /// The `otlp_http` exporter component.
-pub struct OtlpHttpExporter {
-    route: Route<HttpTarget>,
-}
+pub type OtlpHttpExporter = OtlpExporter<HttpTarget>;
 
 /// What every address's sender shares.
-struct Shared {
+pub(crate) struct Shared {
     id: String,
     headers: reqwest::header::HeaderMap,
     encoding: HttpEncoding,
@@ -211,10 +211,70 @@ fn profiles_url(url_text: SecretUrl) -> Result<(reqwest::Url, String), String> {
     Ok((url, shown))
 }
 
-impl OtlpHttpExporter {
+impl Transport for HttpTarget {
+    type Config = OtlpHttpConfig;
+    type Shared = Shared;
+    const DEFAULT_PORT: u16 = DEFAULT_PORT;
+
+    fn balancer(cfg: &OtlpHttpConfig) -> Option<&BalancerConfig> {
+        cfg.balancer.as_ref()
+    }
+
+    fn names_endpoint(cfg: &OtlpHttpConfig) -> bool {
+        cfg.endpoint.is_some() || cfg.profiles_endpoint.is_some()
+    }
+
+    fn shared(cfg: &OtlpHttpConfig, id: &str, telemetry: &ComponentTelemetry) -> Result<Shared, String> {
+        check_headers(&cfg.headers)?;
+        if cfg.tls.server_name_override.is_some() {
+            // reqwest checks the certificate against the URL's host only; ignoring
+            // the setting would quietly verify another name than the one asked for.
+            return Err("tls.server_name_override is not supported by otlp_http; write the name the server's \
+                 certificate is valid for as the endpoint's host"
+                .into());
+        }
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in &cfg.headers {
+            // Checked by check_headers above.
+            if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_bytes()), v.expose().parse()) {
+                headers.insert(k, v);
+            }
+        }
+        Ok(Shared {
+            counters: OtlpCounters::new(telemetry),
+            id: id.to_owned(),
+            headers,
+            encoding: cfg.encoding,
+            compression: cfg.compression,
+        })
+    }
+
+    fn one(cfg: &OtlpHttpConfig, shared: Arc<Shared>) -> Result<Self, String> {
+        let endpoint = cfg.endpoint();
+        let url_text = SecretUrl::new(match &cfg.profiles_endpoint {
+            Some(u) => u.expose().to_owned(),
+            None => format!("{}{PROFILES_PATH}", endpoint.expose().trim_end_matches('/')),
+        });
+        let (url, shown) = profiles_url(url_text)?;
+        if endpoint.expose().trim().starts_with("http://") {
+            cfg.tls.check_plaintext(&endpoint.redacted())?;
+        }
+        Ok(HttpTarget { client: client(cfg, None)?, url, shown, shared })
+    }
+
+    fn connect(
+        cfg: &OtlpHttpConfig,
+        address: &str,
+        dns_name: Option<&str>,
+        shared: Arc<Shared>,
+    ) -> Result<Self, String> {
+        connect_address(cfg, address, dns_name, shared)
+    }
+}
+
+impl OtlpExporter<HttpTarget> {
     pub fn new(settings: CreateSettings, cfg: OtlpHttpConfig) -> Result<Self, ComponentError> {
-        let resolver = cfg.balancer.as_ref().map(|b| b.resolver(DEFAULT_PORT));
-        Self::build(settings, cfg, resolver)
+        super::exporter::new(settings, cfg)
     }
 
     /// As [`OtlpHttpExporter::new`], with `balancer`'s addresses from
@@ -224,72 +284,7 @@ impl OtlpHttpExporter {
         cfg: OtlpHttpConfig,
         resolver: Arc<dyn Resolver>,
     ) -> Result<Self, ComponentError> {
-        Self::build(settings, cfg, Some(resolver))
-    }
-
-    fn build(
-        settings: CreateSettings,
-        cfg: OtlpHttpConfig,
-        resolver: Option<Arc<dyn Resolver>>,
-    ) -> Result<Self, ComponentError> {
-        let id = settings.id.to_string();
-        let err = ComponentError::msg;
-        check_headers(&cfg.headers).map_err(err)?;
-        if cfg.tls.server_name_override.is_some() {
-            // reqwest checks the certificate against the URL's host only; ignoring
-            // the setting would quietly verify another name than the one asked for.
-            return Err(err("tls.server_name_override is not supported by otlp_http; write the name the server's \
-                 certificate is valid for as the endpoint's host"
-                .into()));
-        }
-        let mut headers = reqwest::header::HeaderMap::new();
-        for (k, v) in &cfg.headers {
-            // Checked by check_headers above.
-            if let (Ok(k), Ok(v)) = (reqwest::header::HeaderName::from_bytes(k.as_bytes()), v.expose().parse()) {
-                headers.insert(k, v);
-            }
-        }
-        let shared = Arc::new(Shared {
-            counters: OtlpCounters::new(&settings.telemetry),
-            id: id.clone(),
-            headers,
-            encoding: cfg.encoding,
-            compression: cfg.compression,
-        });
-        let route = match (&cfg.balancer, resolver) {
-            (Some(b), Some(resolver)) => {
-                if cfg.endpoint.is_some() || cfg.profiles_endpoint.is_some() {
-                    return Err(err("endpoint and balancer are both set; keep one".into()));
-                }
-                let dns_name = b.dns_name().map(str::to_owned);
-                let (interval, key) = (b.interval(), b.routing_key.clone());
-                let conn_cfg = cfg.clone();
-                let conn_shared = shared.clone();
-                let connect: super::balancer::Connect<HttpTarget> = Box::new(move |address: &str| {
-                    connect_address(&conn_cfg, address, dns_name.as_deref(), conn_shared.clone())
-                });
-                Route::Balanced(Balancer::new(&id, &settings.telemetry, resolver, interval, key, connect))
-            }
-            (None, Some(_)) => return Err(err("a resolver was given but the config has no balancer".into())),
-            _ => {
-                let endpoint = cfg.endpoint();
-                let url_text = SecretUrl::new(match &cfg.profiles_endpoint {
-                    Some(u) => u.expose().to_owned(),
-                    None => format!("{}{PROFILES_PATH}", endpoint.expose().trim_end_matches('/')),
-                });
-                let (url, shown) = profiles_url(url_text).map_err(err)?;
-                if endpoint.expose().trim().starts_with("http://") {
-                    cfg.tls.check_plaintext(&endpoint.redacted()).map_err(err)?;
-                }
-                Route::One(HttpTarget { client: client(&cfg, None).map_err(err)?, url, shown, shared })
-            }
-        };
-        Ok(OtlpHttpExporter { route })
-    }
-
-    /// The addresses the balancer sends to (empty without a balancer).
-    pub fn balanced_addresses(&self) -> Vec<String> {
-        self.route.addresses()
+        super::exporter::build(settings, cfg, Some(resolver))
     }
 }
 
@@ -374,27 +369,5 @@ impl Target for HttpTarget {
             self.shared.counters.count(&self.shared.id, e);
         }
         r
-    }
-}
-
-#[async_trait::async_trait]
-impl Exporter for OtlpHttpExporter {
-    async fn start(&self) -> Result<(), ComponentError> {
-        self.route.start().await;
-        Ok(())
-    }
-
-    async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
-        self.route.export(batch).await
-    }
-
-    /// Encodes and counts through `Profiles` alone (a balanced route excepted).
-    fn reads_packed(&self) -> bool {
-        self.route.reads_packed()
-    }
-
-    async fn shutdown(&self) -> Result<(), ComponentError> {
-        self.route.shutdown().await;
-        Ok(())
     }
 }

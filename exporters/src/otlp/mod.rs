@@ -1,4 +1,5 @@
-//! OTLP profiles exporters: `otlp` (gRPC, alias `otlp_grpc`) and `otlp_http`.
+//! OTLP profiles exporters: `otlp` (gRPC, alias `otlp_grpc`) and `otlp_http`,
+//! one [`OtlpExporter`] over either transport.
 //!
 //! Both send the batch's bytes as they are (the data model *is*
 //! `ProfilesData`), and sort failures the way OTLP senders do:
@@ -14,6 +15,7 @@
 //! `sending_queue` around [`profcol_api::Exporter::export`].
 
 pub mod balancer;
+mod exporter;
 pub mod grpc;
 pub mod http;
 pub mod status;
@@ -26,6 +28,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use balancer::{BalancerConfig, Resolver};
+pub use exporter::OtlpExporter;
 pub use grpc::{OtlpGrpcConfig, OtlpGrpcExporter};
 pub use http::{HttpEncoding, OtlpHttpConfig, OtlpHttpExporter};
 
@@ -185,19 +188,19 @@ pub(crate) fn check_headers(headers: &BTreeMap<String, profcol_api::config::Secr
 /// What a partial success is measured against: the batch's samples and profiles.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Shape {
-    pub samples: u64,
-    pub profiles: u64,
+    pub(crate) samples: u64,
+    pub(crate) profiles: u64,
 }
 
 impl Shape {
-    pub fn of(batch: &Profiles) -> Shape {
+    pub(crate) fn of(batch: &Profiles) -> Shape {
         Shape { samples: batch.sample_count() as u64, profiles: batch.profiles().count() as u64 }
     }
 
     /// The samples of `rejected` profiles. The server names how many
     /// profiles it rejected, not which: all samples when it rejected them
     /// all, else the batch's average per profile, rounded up (never under-counted).
-    pub fn rejected_samples(self, rejected: u64) -> u64 {
+    pub(crate) fn rejected_samples(self, rejected: u64) -> u64 {
         if rejected >= self.profiles {
             return self.samples;
         }

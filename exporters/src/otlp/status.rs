@@ -4,18 +4,18 @@ use profcol_api::ExportError;
 use prost::Message;
 use std::time::Duration;
 
-pub use profcol_api::model::rpc::{Any, ProtoDuration, RetryInfo, RpcStatus, RETRY_INFO_TYPE};
+use profcol_api::model::rpc::{RetryInfo, RpcStatus};
 
 /// The longest delay a server's RetryInfo / Retry-After is honoured with:
 /// a larger one (up to `u64::MAX` seconds on the wire) would overflow the
 /// host's deadline arithmetic or park the exporter for ever.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// Longest server-supplied error detail kept in a message.
 const MAX_DETAIL_CHARS: usize = 512;
 
 /// The retry delay a `google.rpc.Status` carries in a RetryInfo detail.
-pub fn retry_delay(details: &[u8]) -> Option<Duration> {
+pub(crate) fn retry_delay(details: &[u8]) -> Option<Duration> {
     let st = RpcStatus::decode(details).ok()?;
     st.details.iter().filter(|a| a.type_url.ends_with("google.rpc.RetryInfo")).find_map(|a| {
         let d = RetryInfo::decode(a.value.as_slice()).ok()?.retry_delay?;
@@ -40,7 +40,7 @@ pub fn retry_delay(details: &[u8]) -> Option<Duration> {
 /// closing the whole connection (say, after too many stream resets), which
 /// fails every request on it, not this one for what it holds. A
 /// status the server sent (trailers) never has a source.
-pub fn from_grpc(s: &tonic::Status) -> ExportError {
+pub(crate) fn from_grpc(s: &tonic::Status) -> ExportError {
     use tonic::Code;
     let mut message = format!("gRPC {:?}: {}", s.code(), s.message());
     // A transport failure says what happened (a TLS alert, a reset) only in
@@ -64,7 +64,7 @@ pub fn from_grpc(s: &tonic::Status) -> ExportError {
 }
 
 /// `Retry-After`: delay-seconds or an HTTP-date (at most [`MAX_RETRY_AFTER`]).
-pub fn parse_retry_after(v: &str) -> Option<Duration> {
+pub(crate) fn parse_retry_after(v: &str) -> Option<Duration> {
     let v = v.trim();
     if let Ok(secs) = v.parse::<u64>() {
         return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
@@ -108,7 +108,7 @@ fn parse_http_date(v: &str) -> Option<std::time::SystemTime> {
 /// `Retry-After`, or the RetryInfo of a protobuf `google.rpc.Status` body),
 /// the rest permanent. `body` is the server's
 /// `google.rpc.Status` (or text) for the message.
-pub fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool) -> ExportError {
+pub(crate) fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool) -> ExportError {
     let detail = if json {
         serde_json::from_slice::<serde_json::Value>(body)
             .ok()
@@ -135,6 +135,7 @@ pub fn from_http(status: u16, retry_after: Option<&str>, body: &[u8], json: bool
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profcol_api::model::rpc::{Any, ProtoDuration, RETRY_INFO_TYPE};
 
     #[test]
     fn retry_info_is_read_from_status_details() {

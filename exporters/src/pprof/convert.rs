@@ -9,20 +9,20 @@
 //! mapping; stacks are leaf first. Ids are 1-based and unique, string 0 is "".
 
 use super::proto as pp;
-use crate::group::{attr, attr_int, bounded_group, group_of, GroupBy, ALL_GROUP};
+use crate::group::{bounded_group, GroupBy, GroupNames};
+use crate::sample_attrs::{AttrReader, SampleAttrs};
 use profcol_api::model::view::{FrameView, SampleView};
-use profcol_api::model::{hash_str, keys, HashIndex};
+use profcol_api::model::{hash_str, keys, HashIndex, Resource};
 use profcol_api::Profiles;
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, message, WireType};
 use prost::Message;
 use rustc_hash::FxHashMap;
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Most sample types (value columns) of one pprof profile. Every pprof
 /// sample carries a value per column, so without a bound a batch of many
 /// profiles, each of its own sample type, would need profiles × types values.
-pub const MAX_SAMPLE_TYPES: usize = 32;
+pub(crate) const MAX_SAMPLE_TYPES: usize = 32;
 
 /// Most stack frames (location ids) the reports of one batch hold. pprof
 /// repeats the whole stack in every sample, so a batch of many samples on a
@@ -479,7 +479,7 @@ impl PprofReport {
             + self.labels(key).map(|l| message::encoded_len(LABEL, &l)).sum::<usize>()
     }
 
-    pub fn encoded_len(&self) -> usize {
+    pub(crate) fn encoded_len(&self) -> usize {
         let types: usize = self.sample_type.iter().map(|t| message::encoded_len(SAMPLE_TYPE, t)).sum();
         let samples: usize = (0..self.samples())
             .map(|row| {
@@ -584,8 +584,8 @@ fn hash_location(mapping_id: u64, address: u64, lines: &[(u64, i64)]) -> u64 {
 pub struct GroupProfile {
     pub group: String,
     pub report: PprofReport,
-    pub start: u64,
-    pub end: u64,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
     /// Samples of the group that are not in `report`: they would have
     /// passed [`MAX_SAMPLE_TYPES`] or [`MAX_FRAMES`].
     pub skipped_samples: u64,
@@ -594,31 +594,57 @@ pub struct GroupProfile {
 /// Converts a batch into one pprof profile per group (`group_by`), its
 /// samples labelled `pid`, `tid` and `comm`.
 pub fn to_pprof(batch: &Profiles, by: GroupBy) -> Vec<GroupProfile> {
-    match by {
-        // One group: no name made per sample.
-        GroupBy::None => to_pprof_with(batch, &|_| Cow::Borrowed(ALL_GROUP), true),
-        by => to_pprof_with(batch, &|s| Cow::Owned(group_of(s, by)), true),
-    }
+    convert(batch, Grouping::By(by), true)
 }
 
-/// Converts a batch into one pprof profile per group that `group` names;
-/// with `sample_labels` false the samples carry no `pid`/`tid`/`comm`
-/// labels, so those of one stack in a group merge whatever their process.
-pub fn to_pprof_with(
+/// Converts a batch into one pprof profile per group that `group` names
+/// of each sample's resource (called once per resource); with
+/// `sample_labels` false the samples carry no `pid`/`tid`/`comm` labels, so
+/// those of one stack in a group merge whatever their process.
+pub(crate) fn to_pprof_with(
     batch: &Profiles,
-    group: &dyn Fn(&SampleView<'_>) -> Cow<'static, str>,
+    group: &dyn Fn(Option<&Resource>) -> String,
     sample_labels: bool,
 ) -> Vec<GroupProfile> {
+    convert(batch, Grouping::Resource(group), sample_labels)
+}
+
+/// What names a sample's group.
+enum Grouping<'f> {
+    By(GroupBy),
+    Resource(&'f dyn Fn(Option<&Resource>) -> String),
+}
+
+fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec<GroupProfile> {
+    // A sample's attributes are read once, for its group and its labels alike.
+    let read_attrs = sample_labels || matches!(grouping, Grouping::By(GroupBy::Process | GroupBy::Container));
+    let mut reader = AttrReader::default();
+    let mut names = GroupNames::new(match grouping {
+        Grouping::By(by) => by,
+        Grouping::Resource(_) => GroupBy::None,
+    });
+    // The samples of a resource come one after another: named once.
+    let mut resource_group: Option<(*const Resource, String)> = None;
     let mut groups: BTreeMap<String, Builder> = BTreeMap::new();
     let mut frames = 0usize;
     for s in batch.samples() {
-        let g = group(&s);
-        // A group's name is made (owned) only for its first sample.
-        let b = if groups.contains_key(g.as_ref()) {
-            groups.get_mut(g.as_ref())
+        let attrs = if read_attrs { reader.read(&s) } else { SampleAttrs::default() };
+        let g: &str = match grouping {
+            Grouping::By(_) => names.of(&attrs),
+            Grouping::Resource(group) => {
+                let key = s.resource.map_or(std::ptr::null(), |r| r as *const Resource);
+                if resource_group.as_ref().is_none_or(|(k, _)| *k != key) {
+                    resource_group = Some((key, group(s.resource)));
+                }
+                resource_group.as_ref().map_or("", |(_, name)| name)
+            }
+        };
+        // A group's name is owned by the map, copied for its first sample only.
+        let b = if groups.contains_key(g) {
+            groups.get_mut(g)
         } else {
             // Past MAX_GROUPS, the overflow group.
-            let g = bounded_group(&groups, g.into_owned());
+            let g = bounded_group(&groups, g.to_owned());
             // The first group gets room for the whole batch (with one group,
             // the usual case, it needs that); others grow as they fill.
             let first = groups.is_empty();
@@ -634,10 +660,8 @@ pub fn to_pprof_with(
             continue;
         };
         let key: SampleKey = if sample_labels {
-            let pid = attr_int(&s, keys::PROCESS_PID);
-            let tid = attr_int(&s, keys::THREAD_ID);
-            let comm = attr(&s, keys::THREAD_NAME).or_else(|| attr(&s, keys::PROCESS_EXECUTABLE_NAME)).map(|c| b.s(&c));
-            (s.sample.stack_index, pid, tid, comm)
+            let comm = attrs.comm().map(|c| b.s(&c));
+            (s.sample.stack_index, attrs.pid(), attrs.tid(), comm)
         } else {
             (s.sample.stack_index, None, None, None)
         };

@@ -12,11 +12,13 @@ mod retention;
 
 use retention::Retention;
 
-use crate::group::{sanitize, unique_path, GroupBy};
+use crate::delivered::Delivered;
+use crate::file_names::{sanitize, time_range, unique_path};
+use crate::group::{GroupBy, MAX_GROUPS, OVERFLOW_GROUP};
 use crate::otlp::status;
 use crate::output::write_atomic;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
-use profcol_api::model::{keys, view::SampleView, Resource};
+use profcol_api::model::{keys, Resource};
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -168,7 +170,7 @@ pub struct PprofExporter {
     dest: Dest,
     written: profcol_api::telemetry::Counter,
     /// Reports that went out, so a retried batch skips them.
-    delivered: crate::group::Delivered,
+    delivered: Delivered,
     /// The deflate state, reset for each report rather than made anew.
     deflate: std::sync::Mutex<flate2::Compress>,
 }
@@ -270,17 +272,7 @@ impl PprofExporter {
     fn reports(&self, batch: &Profiles) -> Vec<convert::GroupProfile> {
         match self.dest {
             Dest::Files(..) => convert::to_pprof(batch, self.cfg.group_by),
-            Dest::Push { .. } => {
-                // Named once per resource, not per sample.
-                let names: std::cell::RefCell<rustc_hash::FxHashMap<*const Resource, String>> = Default::default();
-                let series = |s: &SampleView<'_>| {
-                    let key = s.resource.map_or(std::ptr::null(), |r| r as *const Resource);
-                    std::borrow::Cow::Owned(
-                        names.borrow_mut().entry(key).or_insert_with(|| self.series(s.resource)).clone(),
-                    )
-                };
-                convert::to_pprof_with(batch, &series, false)
-            }
+            Dest::Push { .. } => convert::to_pprof_with(batch, &|r| self.series(r), false),
         }
     }
 }
@@ -326,22 +318,24 @@ impl Exporter for PprofExporter {
             return Ok(());
         }
         let groups = self.reports(batch);
-        if groups.len() > crate::group::MAX_GROUPS {
+        if groups.len() > MAX_GROUPS {
             tracing::warn!(
                 exporter = %self.id,
                 "the batch has more than {} groups; the samples of the rest are in the group {:?}",
-                crate::group::MAX_GROUPS,
-                crate::group::OVERFLOW_GROUP
+                MAX_GROUPS,
+                OVERFLOW_GROUP
             );
         }
-        let (bt0, _) = crate::group::time_range(batch);
+        // The batch's time, for a group whose samples carry none; the
+        // conversion timed every other group on its walk.
+        let bt0 = if groups.iter().all(|g| g.start > 0) { 0 } else { time_range(batch).0 };
         for g in &groups {
             if let Err(e) = g.report.check_valid() {
                 // A bug of ours, not the backend's: never retried.
                 return Err(ExportError::permanent(format!("the pprof profile for {} is invalid: {e}", g.group)));
             }
             let raw = g.report.encode_to_vec();
-            let key = crate::group::Delivered::key(&g.group, [raw.as_slice()]);
+            let key = Delivered::key(&g.group, [raw.as_slice()]);
             if self.delivered.contains(key) {
                 tracing::debug!(exporter = %self.id, group = %g.group, "report delivered by an earlier attempt; skipped");
                 continue;
