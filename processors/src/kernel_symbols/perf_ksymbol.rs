@@ -43,13 +43,13 @@ const BATCH_PERIOD: Duration = Duration::from_millis(10);
 const DATA_PAGES: usize = 8;
 
 /// One CPU's event and its mapped ring.
-pub(crate) struct Ring {
+pub(crate) struct CpuEvent {
     ring: PerfRing,
     /// Whether records carry a CLOCK_MONOTONIC timestamp.
     timed: bool,
 }
 
-impl AsRawFd for Ring {
+impl AsRawFd for CpuEvent {
     fn as_raw_fd(&self) -> i32 {
         self.ring.as_raw_fd()
     }
@@ -73,8 +73,8 @@ fn event_attr(timed: bool) -> perf_event_attr {
     attr
 }
 
-impl Ring {
-    pub(crate) fn open(cpu: u32) -> Result<Ring> {
+impl CpuEvent {
+    pub(crate) fn open(cpu: u32) -> Result<CpuEvent> {
         let data_bytes = DATA_PAGES * sys::page_size();
         // CLOCK_MONOTONIC timestamps where the kernel allows them.
         let (ring, timed) = match PerfRing::open(&event_attr(true), cpu, data_bytes) {
@@ -86,7 +86,7 @@ impl Ring {
             ),
         };
         sys::set_nonblocking(ring.fd()).map_err(|source| Error::PerfOpen { cpu, source })?;
-        Ok(Ring { ring, timed })
+        Ok(CpuEvent { ring, timed })
     }
 
     /// Hands every complete record to `f` and frees its ring space;
@@ -173,8 +173,8 @@ impl Sink {
 pub fn spawn(sink: Sink) -> Result<Vec<JoinHandle<()>>> {
     let mut rings = Vec::new();
     for cpu in sys::online_cpus().map_err(|source| Error::OnlineCpus { source })? {
-        let ring = Ring::open(cpu)?;
-        // SAFETY: the Ring owns its fd and returns the same one for its lifetime.
+        let ring = CpuEvent::open(cpu)?;
+        // SAFETY: the CpuEvent owns its fd and returns the same one for its lifetime.
         let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| Error::PerfOpen { cpu, source: io::Error::other(e.to_string()) })?;
         rings.push(afd);
@@ -208,9 +208,25 @@ fn admit(backlog: &AtomicUsize, overflowed: &mut bool, n: usize) -> Admit {
     Admit::Send
 }
 
+/// Drains every ring into `held` (`now`: the time of untimed records);
+/// whether records were lost.
+fn drain_all(rings: &mut [AsyncFd<CpuEvent>], held: &mut Reorder<BpfEvent>, now: u64) -> bool {
+    let mut lost = false;
+    for ring in rings {
+        // An untimed record (old kernel) is placed when it was drained.
+        let whole = ring.get_mut().drain(|rec, timed| match parse_record(rec, timed) {
+            Some(Record::Bpf { ktime_ns, event }) => held.push(ktime_ns.unwrap_or(now), event),
+            Some(Record::Lost) => lost = true,
+            None => {}
+        });
+        lost |= !whole;
+    }
+    lost
+}
+
 /// Waits for any ring, drains them all, and sends on the records the
 /// watermark has passed, in time order (see [`super::ordering`]).
-async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
+async fn run_rings(mut rings: Vec<AsyncFd<CpuEvent>>, sink: Sink) {
     let Sink { tx, backlog, dropped, progress } = sink;
     // Batches waiting on this listener stop waiting once it is gone.
     struct Stopped(Arc<BpfProgress>);
@@ -254,16 +270,7 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
         // Everything stamped at or before the watermark is in the rings now.
         let now = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
         let watermark = now.saturating_sub(SLACK_NS);
-        let mut lost = false;
-        for ring in &mut rings {
-            // An untimed record (old kernel) is placed when it was drained.
-            let whole = ring.get_mut().drain(|rec, timed| match parse_record(rec, timed) {
-                Some(Record::Bpf { ktime_ns, event }) => held.push(ktime_ns.unwrap_or(now), event),
-                Some(Record::Lost) => lost = true,
-                None => {}
-            });
-            lost |= !whole;
-        }
+        let mut lost = drain_all(&mut rings, &mut held, now);
         held.ready(watermark, &mut ready);
         let mut closed = false;
         let sent = !ready.is_empty();

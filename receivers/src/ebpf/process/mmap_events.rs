@@ -183,12 +183,12 @@ impl MappingBatch {
 }
 
 /// One CPU's event and its mapped ring.
-struct CpuRing {
+struct CpuEvent {
     cpu: u32,
     ring: PerfRing,
 }
 
-impl CpuRing {
+impl CpuEvent {
     fn open(cpu: u32) -> std::io::Result<Self> {
         let mut attr = sys::zeroed::<perf_event_attr>();
         attr.type_ = perf_type_id::PERF_TYPE_SOFTWARE as u32;
@@ -207,7 +207,7 @@ impl CpuRing {
         // Wake the reader when half the ring is used.
         attr.set_watermark(1);
         attr.__bindgen_anon_2.wakeup_watermark = (RING_BYTES / 2) as u32;
-        Ok(CpuRing { cpu, ring: PerfRing::open(&attr, cpu, RING_BYTES)? })
+        Ok(CpuEvent { cpu, ring: PerfRing::open(&attr, cpu, RING_BYTES)? })
     }
 
     /// Appends every record in the ring to `batch` and frees the ring.
@@ -220,7 +220,7 @@ impl CpuRing {
 
 /// The per-CPU side-band events of the online CPUs.
 pub struct MappingEvents {
-    rings: Vec<CpuRing>,
+    rings: Vec<CpuEvent>,
 }
 
 impl MappingEvents {
@@ -229,7 +229,7 @@ impl MappingEvents {
     pub fn open(cpus: &[u32]) -> std::io::Result<Self> {
         let mut me = MappingEvents { rings: Vec::new() };
         for &cpu in cpus {
-            match CpuRing::open(cpu) {
+            match CpuEvent::open(cpu) {
                 Ok(r) => me.rings.push(r),
                 Err(e) if me.rings.is_empty() => return Err(e),
                 Err(e) => tracing::warn!(cpu, "ebpf receiver: no mapping events on this CPU: {e}"),
@@ -247,7 +247,7 @@ impl MappingEvents {
         let mut opened = false;
         for &cpu in cpus {
             if self.rings.iter().all(|r| r.cpu != cpu) {
-                match CpuRing::open(cpu) {
+                match CpuEvent::open(cpu) {
                     Ok(r) => {
                         self.rings.push(r);
                         opened = true;

@@ -12,6 +12,9 @@
 //! pointers there). New processes of known programs cost the receiver
 //! nothing; a new program's first samples take frame pointers until its
 //! tables are in, reported as `no_table`.
+//!
+//! - [`store`]: the tables loaded into the kernel's maps, shared per build id, within `max_table_bytes`.
+//! - [`kernel`]: those BPF maps, as the store's sink.
 
 pub mod kernel;
 pub mod store;

@@ -39,6 +39,9 @@
 //! no probe is configured. Attaching goes through [`Attacher`], so the
 //! logic runs the same with the kernel (the receiver) and without (tests,
 //! benchmarks).
+//!
+//! - [`matcher`]: which binaries a probe is for (`binary:` as a path, a base name or a glob).
+//! - [`cache`]: the verdicts about binaries: attached (refcounted) or nothing to attach (expiring).
 
 pub mod cache;
 pub mod matcher;
