@@ -4,7 +4,7 @@
 # (receivers/tests/ebpf_exec.rs):
 #   - python3: the os.getppid() loop and the bash → python3 exec workload.
 #   - bash: the exec workload's shell.
-# The tests need root (bpf, perf_event_open, real kallsyms addresses), which
+# The tests need root (bpf, perf events, real kallsyms addresses), which
 # CI has; with CI=true they fail instead of skipping without it.
 set -euo pipefail
 

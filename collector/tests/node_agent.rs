@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn require_bpf(test: &str) -> bool {
-    match profcol_receivers::ebpf::privileges::Privileges::current().check() {
+    match profcol_receivers::ebpf::bpf::privileges::Privileges::current().check() {
         Ok(()) => true,
         Err(e) if profcol_testkit::tools::in_ci() => panic!("{test}: CI=true but this test cannot run: {e}"),
         Err(e) => {

@@ -11,7 +11,8 @@
 
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use aya_obj::generated::{
     bpf_attr, bpf_btf_info, bpf_cmd, bpf_func_info, bpf_line_info, bpf_prog_info, bpf_prog_type, perf_event_attr,
@@ -52,6 +53,70 @@ pub struct BpfEventRecord {
 /// `BpfEventRecord::type_` of a program load (`PERF_BPF_EVENT_PROG_LOAD`).
 pub const PERF_BPF_EVENT_PROG_LOAD: u16 = 1;
 
+/// `PERF_RECORD_COMM` up to its name: `{ header; u32 pid, tid;
+/// char comm[]; struct sample_id sample_id; }`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CommRecord {
+    pub header: perf_event_header,
+    pub pid: u32,
+    pub tid: u32,
+}
+
+/// `perf_event_header::misc` bit of a `PERF_RECORD_COMM`: the process
+/// started a new image (`PERF_RECORD_MISC_COMM_EXEC`).
+pub const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
+
+/// `PERF_RECORD_MMAP2` up to its file name: `{ header; u32 pid, tid;
+/// u64 addr, len, pgoff; u32 maj, min; u64 ino, ino_generation;
+/// u32 prot, flags; char filename[]; struct sample_id sample_id; }`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Mmap2Record {
+    pub header: perf_event_header,
+    pub pid: u32,
+    pub tid: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub pgoff: u64,
+    pub maj: u32,
+    pub min: u32,
+    pub ino: u64,
+    pub ino_generation: u64,
+    pub prot: u32,
+    pub flags: u32,
+}
+
+/// `perf_event_header::misc` bit of a `PERF_RECORD_MMAP2` that carries a
+/// build ID in place of the device and inode
+/// (`PERF_RECORD_MISC_MMAP_BUILD_ID`).
+pub const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+
+/// `PERF_RECORD_LOST`: `{ header; u64 id; u64 lost; struct sample_id; }`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LostRecord {
+    pub header: perf_event_header,
+    pub id: u64,
+    pub lost: u64,
+}
+
+/// The `sample_id` that ends every non-sample record of an event with
+/// `sample_id_all` and `sample_type` `PERF_SAMPLE_TID | PERF_SAMPLE_TIME`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SampleIdTidTime {
+    pub pid: u32,
+    pub tid: u32,
+    pub time: u64,
+}
+
+/// The `T` that ends `rec` (a trailing `sample_id`); `None` when `rec` is
+/// shorter than `T`.
+pub fn read_tail<T: Plain>(rec: &[u8]) -> Option<T> {
+    read(&rec[rec.len().checked_sub(size_of::<T>())?..])
+}
+
 /// Plain kernel data: copied byte for byte to and from the kernel.
 ///
 /// # Safety
@@ -71,6 +136,10 @@ unsafe impl Plain for perf_event_attr {}
 unsafe impl Plain for perf_event_header {}
 unsafe impl Plain for KsymbolRecord {}
 unsafe impl Plain for BpfEventRecord {}
+unsafe impl Plain for CommRecord {}
+unsafe impl Plain for Mmap2Record {}
+unsafe impl Plain for LostRecord {}
+unsafe impl Plain for SampleIdTidTime {}
 unsafe impl Plain for u32 {}
 unsafe impl Plain for u64 {}
 unsafe impl<const N: usize> Plain for [u8; N] {}
@@ -582,6 +651,326 @@ pub fn perf_event_open(
     Ok(owned_fd(fd))
 }
 
+/// `struct procmap_query` (`linux/fs.h`, Linux 6.11+, 104 bytes; the
+/// generated bindings cover `bpf.h` and `perf_event.h` only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcmapQuery {
+    pub size: u64,
+    pub query_flags: u64,
+    pub query_addr: u64,
+    pub vma_start: u64,
+    pub vma_end: u64,
+    pub vma_flags: u64,
+    pub vma_page_size: u64,
+    pub vma_offset: u64,
+    pub inode: u64,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub vma_name_size: u32,
+    pub build_id_size: u32,
+    pub vma_name_addr: u64,
+    pub build_id_addr: u64,
+}
+
+/// `ProcmapQuery::query_flags` bits (`PROCMAP_QUERY_*`).
+pub const PROCMAP_QUERY_VMA_EXECUTABLE: u64 = 0x04;
+pub const PROCMAP_QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
+pub const PROCMAP_QUERY_FILE_BACKED_VMA: u64 = 0x20;
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong =
+    (3 << 30) | ((size_of::<ProcmapQuery>() as libc::c_ulong) << 16) | ((b'f' as libc::c_ulong) << 8) | 17;
+
+/// The `PROCMAP_QUERY` ioctl on an open `/proc/PID/maps`: the VMA that
+/// `flags` select at (or after) `addr`, its path written into `name` when
+/// given (`vma_name_size` then says how many bytes, NUL included).
+/// Kernels before 6.11 answer `ENOTTY`.
+pub fn procmap_query(maps: BorrowedFd<'_>, flags: u64, addr: u64, name: Option<&mut [u8]>) -> io::Result<ProcmapQuery> {
+    let mut q = ProcmapQuery {
+        size: size_of::<ProcmapQuery>() as u64,
+        query_flags: flags,
+        query_addr: addr,
+        ..Default::default()
+    };
+    if let Some(name) = name {
+        q.vma_name_size = u32::try_from(name.len()).unwrap_or(u32::MAX);
+        q.vma_name_addr = name.as_mut_ptr() as u64;
+    }
+    // SAFETY: q is a live procmap_query whose size field says so; the name
+    // buffer, when given, is at least vma_name_size writable bytes and
+    // outlives the call.
+    let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(q)
+}
+
+/// The size of a memory page (`sysconf(_SC_PAGESIZE)`).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// Sets `O_NONBLOCK` on `fd` (`FIONBIO`).
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: FIONBIO reads one int through a valid pointer.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONBIO, &on) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A fresh nonblocking, close-on-exec eventfd(2) with a zero counter.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the returned fd is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(owned_fd(fd.into()))
+}
+
+/// Adds one to an eventfd's counter: whoever polls it wakes up.
+pub fn eventfd_signal(fd: BorrowedFd<'_>) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64. It fails only on a counter
+    // at its maximum (one per signal: never near), when the fd is readable
+    // anyway.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), size_of::<u64>()) };
+}
+
+/// Reads and resets an eventfd's counter without blocking; 0 when it was
+/// not signalled.
+pub fn eventfd_take(fd: BorrowedFd<'_>) -> u64 {
+    let mut count = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a valid 8-byte buffer.
+    let n = unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+    if n == count.len() as isize {
+        u64::from_ne_bytes(count)
+    } else {
+        0
+    }
+}
+
+/// The kernel's list of online CPUs.
+pub const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
+
+/// The CPUs of a `0-3,6` style list (the format of [`ONLINE_CPUS`], a
+/// newline after it). Anything else is an error naming the bad text, an
+/// empty list included: no CPU online is not a state this process can read
+/// in, and taken as true it would detach every CPU's event. `source` names
+/// where the text came from, for the error.
+pub fn parse_cpu_list(source: &str, text: &str) -> io::Result<Vec<u32>> {
+    let bad = |what: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{source}: {what} in the CPU list {text:?} (expected e.g. \"0-3,6\")"),
+        )
+    };
+    if text.trim().is_empty() {
+        return Err(bad("no CPU".into()));
+    }
+    let mut out = Vec::new();
+    for part in text.trim().split(',') {
+        let num = |n: &str| n.parse::<u32>().map_err(|_| bad(format!("{n:?} is not a CPU number")));
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => {
+                let a = num(part)?;
+                (a, a)
+            }
+        };
+        if b < a {
+            return Err(bad(format!("range {part:?} runs backwards")));
+        }
+        if b - a > 1 << 16 {
+            return Err(bad(format!("range {part:?} is longer than any machine's")));
+        }
+        out.extend(a..=b);
+    }
+    Ok(out)
+}
+
+/// The online CPUs, read once from [`ONLINE_CPUS`].
+pub fn online_cpus() -> io::Result<Vec<u32>> {
+    OnlineCpus::default().read()
+}
+
+/// The online CPU list, its file kept open: a re-read is one `pread` at
+/// offset 0 (sysfs makes the text anew), not a path walk, an open and a
+/// close (a few percent of an idle node agent's CPU when a periodic
+/// re-read was done by path).
+#[derive(Default)]
+pub struct OnlineCpus {
+    file: Option<std::fs::File>,
+}
+
+impl OnlineCpus {
+    /// The online CPUs now (see [`parse_cpu_list`]).
+    pub fn read(&mut self) -> io::Result<Vec<u32>> {
+        use std::os::unix::fs::FileExt;
+        let with_path = |e: io::Error| io::Error::new(e.kind(), format!("{ONLINE_CPUS}: {e}"));
+        let file = match &mut self.file {
+            Some(f) => f,
+            None => self.file.insert(std::fs::File::open(ONLINE_CPUS).map_err(with_path)?),
+        };
+        // One read as a rule; a longer list (thousands of sparse CPUs) in
+        // more, never cut short.
+        let (mut text, mut buf) = (Vec::new(), [0u8; 4096]);
+        let whole = loop {
+            match file.read_at(&mut buf, text.len() as u64) {
+                Ok(n) => {
+                    text.extend_from_slice(&buf[..n]);
+                    if n < buf.len() || text.len() > 1 << 20 {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if let Err(e) = whole {
+            self.file = None; // opened again next time
+            return Err(with_path(e));
+        }
+        parse_cpu_list(ONLINE_CPUS, &String::from_utf8_lossy(&text))
+    }
+}
+
+/// A perf event's ring, mapped: the kernel's `perf_event_mmap_page`, then
+/// a power of two of pages the kernel writes records into. The reader
+/// consumes them through `data_tail`; a record that wraps around the end
+/// of the data area is copied whole into a buffer the ring keeps (no
+/// allocation once it has grown to the largest record).
+pub struct PerfRing {
+    fd: OwnedFd,
+    base: std::ptr::NonNull<u8>,
+    /// Bytes of the data area (after the header page).
+    data_len: usize,
+    page: usize,
+    scratch: Vec<u8>,
+}
+
+// SAFETY: the mapping is owned by the ring; through &self only the fd is
+// used, and the records are only read through &mut self.
+unsafe impl Send for PerfRing {}
+unsafe impl Sync for PerfRing {}
+
+impl PerfRing {
+    /// Maps the ring of the perf event `fd` with `data_bytes` of records
+    /// (a power-of-two multiple of [`page_size`]; the kernel refuses other
+    /// sizes).
+    pub fn new(fd: OwnedFd, data_bytes: usize) -> io::Result<Self> {
+        let page = page_size();
+        // SAFETY: mapping a perf event fd read-write as the perf ABI
+        // requires (the kernel checks the size); checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page + data_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("mmap of a perf ring ({data_bytes} bytes of data): {e}")));
+        }
+        let base = std::ptr::NonNull::new(base.cast()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
+        Ok(PerfRing { fd, base, data_len: data_bytes, page, scratch: Vec::new() })
+    }
+
+    /// Opens the perf event `attr` for every process on `cpu` and maps its
+    /// ring with `data_bytes` of records (see [`PerfRing::new`]).
+    pub fn open(attr: &perf_event_attr, cpu: u32, data_bytes: usize) -> io::Result<Self> {
+        let cpu = i32::try_from(cpu).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        PerfRing::new(perf_event_open(attr, -1, cpu, None, 0)?, data_bytes)
+    }
+
+    /// The event's fd (readable when the ring passed its wakeup watermark).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// `data_head` (written by the kernel) and `data_tail` (written by the
+    /// reader) of the shared `perf_event_mmap_page`.
+    fn head_tail(&self) -> (&AtomicU64, &AtomicU64) {
+        let page = self.base.as_ptr().cast::<perf_event_mmap_page>();
+        // SAFETY: the first mapped page is the kernel's perf_event_mmap_page,
+        // mapped as long as self; data_head and data_tail are aligned u64s
+        // shared with the kernel, so they are only accessed atomically.
+        unsafe {
+            (
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*page).data_head)),
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*page).data_tail)),
+            )
+        }
+    }
+
+    /// Hands every record in the ring to `f` (header included, in the
+    /// order written) and frees their space. Returns `false` when a record
+    /// header was malformed (never expected: the kernel writes whole
+    /// records); the rest of the ring is then dropped, so one bad header
+    /// cannot stall the ring.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> bool {
+        // Kept across drains (taken for the borrow of head and tail).
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let (head_at, tail_at) = self.head_tail();
+        let head = head_at.load(Ordering::Acquire);
+        let mut tail = tail_at.load(Ordering::Relaxed);
+        // SAFETY: the data area follows the header page, data_len bytes,
+        // mapped as long as self.
+        let data = unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(self.page), self.data_len) };
+        const HEADER: usize = size_of::<perf_event_header>();
+        let mut well_formed = true;
+        while tail < head {
+            let at = (tail % self.data_len as u64) as usize;
+            let mut header = [0u8; HEADER];
+            copy_wrapped(data, at, &mut header);
+            let size = read::<perf_event_header>(&header).map_or(0, |h| usize::from(h.size));
+            if size < HEADER || tail + size as u64 > head {
+                well_formed = false;
+                tail = head;
+                break;
+            }
+            scratch.clear();
+            scratch.resize(size, 0);
+            copy_wrapped(data, at, &mut scratch);
+            f(&scratch);
+            tail += size as u64;
+        }
+        tail_at.store(tail, Ordering::Release);
+        self.scratch = scratch;
+        well_formed
+    }
+}
+
+impl AsRawFd for PerfRing {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Drop for PerfRing {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.page + self.data_len) };
+    }
+}
+
+/// Fills `out` from `data` starting at `at`, continuing at the start of
+/// `data` past its end (a ring's record that wraps around).
+fn copy_wrapped(data: &[u8], at: usize, out: &mut [u8]) {
+    let first = out.len().min(data.len() - at);
+    out[..first].copy_from_slice(&data[at..at + first]);
+    let rest = out.len() - first;
+    out[first..].copy_from_slice(&data[..rest]);
+}
+
 /// A read-only private mapping of a whole file; None when the file is empty
 /// or cannot be mapped (sysfs BTF before Linux 6.16, which also refuses
 /// shared mappings).
@@ -598,7 +987,6 @@ pub fn map_read_only(file: &std::fs::File) -> Option<memmap2::Mmap> {
 mod tests {
     use super::*;
     use std::mem::offset_of;
-    use std::os::fd::AsFd;
 
     #[test]
     fn sizes_handed_to_the_kernel_are_the_generated_sizes() {
@@ -639,6 +1027,14 @@ mod tests {
         // Name follows the fixed part; tag ends the BPF event body.
         assert_eq!(size_of::<KsymbolRecord>(), 24);
         assert_eq!(size_of::<BpfEventRecord>(), 24);
+        assert_eq!(size_of::<CommRecord>(), 16);
+        assert_eq!(size_of::<LostRecord>(), 24);
+        assert_eq!(size_of::<SampleIdTidTime>(), 16);
+        assert_eq!(offset_of!(Mmap2Record, maj), 40);
+        assert_eq!(offset_of!(Mmap2Record, ino), 48);
+        assert_eq!(size_of::<Mmap2Record>(), 72);
+        assert_eq!(size_of::<ProcmapQuery>(), 104);
+        assert_eq!(PROCMAP_QUERY, 0xC068_6611);
     }
 
     #[test]
@@ -662,5 +1058,129 @@ mod tests {
         let h = read::<perf_event_header>(&bytes[1..]).unwrap();
         assert_eq!((h.type_, h.size), (perf_event_type::PERF_RECORD_KSYMBOL as u32, 40));
         assert!(read::<perf_event_header>(&bytes[2..]).is_none());
+    }
+
+    #[test]
+    fn cpu_lists_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cpu_list("t", "0-3,5,7-8\n").unwrap(), vec![0, 1, 2, 3, 5, 7, 8]);
+        assert_eq!(parse_cpu_list("t", "0\n").unwrap(), vec![0]);
+    }
+
+    #[test]
+    fn malformed_cpu_lists_are_errors_naming_the_file_and_the_text() {
+        for (bad, says) in [
+            ("", "no CPU"),
+            ("\n", "no CPU"),
+            ("3-1", "\"3-1\" runs backwards"),
+            ("x", "\"x\" is not a CPU number"),
+            ("0-", "\"\" is not a CPU number"),
+            ("1,,2", "\"\" is not a CPU number"),
+            ("1,a", "\"a\" is not a CPU number"),
+            ("0-4294967295", "longer than any machine's"),
+            ("-1", "\"\" is not a CPU number"),
+        ] {
+            let e = parse_cpu_list("/sys/x/online", bad).unwrap_err();
+            let msg = e.to_string();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+            assert!(msg.starts_with("/sys/x/online: "), "{msg}");
+            assert!(msg.contains(says), "{bad:?}: {msg}");
+            assert!(msg.contains(&format!("{bad:?}")), "the bad text is quoted: {msg}");
+        }
+    }
+
+    /// The file kept open reads the same list as a fresh open, and a second
+    /// read (at offset 0 again) as well.
+    #[test]
+    fn online_cpus_read_twice_from_one_open_file() {
+        let fresh = online_cpus().expect("online CPUs");
+        assert!(!fresh.is_empty());
+        let mut kept = OnlineCpus::default();
+        assert_eq!(kept.read().unwrap(), fresh);
+        assert_eq!(kept.read().unwrap(), fresh);
+    }
+
+    /// A shared memory file laid out like a perf event's mapping (header
+    /// page, then the data area), to drive [`PerfRing`] where the kernel's
+    /// own ring cannot be made to wrap on demand.
+    fn fake_ring(data_bytes: usize) -> (PerfRing, std::fs::File) {
+        // SAFETY: plain syscall; the fd is owned right after.
+        let fd = unsafe { libc::memfd_create(c"perf-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "{}", io::Error::last_os_error());
+        let fd = owned_fd(fd.into());
+        let file = std::fs::File::from(fd.try_clone().unwrap());
+        file.set_len((page_size() + data_bytes) as u64).unwrap();
+        (PerfRing::new(fd, data_bytes).unwrap(), file)
+    }
+
+    /// Writes `bytes` at ring position `pos` (wrapping), as the kernel does.
+    fn put(file: &std::fs::File, data_bytes: usize, pos: u64, bytes: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        for (i, b) in bytes.iter().enumerate() {
+            let at = (pos as usize + i) % data_bytes;
+            file.write_at(&[*b], (page_size() + at) as u64).unwrap();
+        }
+    }
+
+    fn set(file: &std::fs::File, field: usize, v: u64) {
+        use std::os::unix::fs::FileExt;
+        file.write_at(&v.to_ne_bytes(), field as u64).unwrap();
+    }
+
+    fn rec(type_: u32, body: &[u8]) -> Vec<u8> {
+        let h = perf_event_header { type_, misc: 0, size: (8 + body.len()) as u16 };
+        let mut r = Vec::new();
+        r.extend_from_slice(&h.type_.to_ne_bytes());
+        r.extend_from_slice(&h.misc.to_ne_bytes());
+        r.extend_from_slice(&h.size.to_ne_bytes());
+        r.extend_from_slice(body);
+        r
+    }
+
+    #[test]
+    fn ring_records_that_wrap_around_the_end_come_whole() {
+        let data = page_size();
+        let (mut ring, file) = fake_ring(data);
+        let head_at = offset_of!(perf_event_mmap_page, data_head);
+        let tail_at = offset_of!(perf_event_mmap_page, data_tail);
+        // Three records starting 4 bytes before the end: the first one's
+        // header wraps, the others lie past the wrap. Positions grow
+        // without bound, as the kernel's do.
+        let start = 5 * data as u64 - 4;
+        let recs = [rec(7, &[1; 24]), rec(8, &[2; 40]), rec(9, &[3; 8])];
+        let mut pos = start;
+        for r in &recs {
+            put(&file, data, pos, r);
+            pos += r.len() as u64;
+        }
+        set(&file, tail_at, start);
+        set(&file, head_at, pos);
+        let mut seen = Vec::new();
+        assert!(ring.drain(|r| seen.push(r.to_vec())));
+        assert_eq!(seen, recs);
+        // The space is handed back up to the head.
+        use std::os::unix::fs::FileExt;
+        let mut tail = [0u8; 8];
+        file.read_at(&mut tail, tail_at as u64).unwrap();
+        assert_eq!(u64::from_ne_bytes(tail), pos);
+        // Nothing new: nothing handed out.
+        assert!(ring.drain(|_| panic!("no record")));
+        // A record header claiming more than was written is malformed: the
+        // ring is freed past it rather than stalled on it.
+        put(&file, data, pos, &rec(7, &[0; 8])[..6]);
+        put(&file, data, pos + 6, &200u16.to_ne_bytes());
+        set(&file, head_at, pos + 16);
+        assert!(!ring.drain(|_| panic!("no record")));
+        file.read_at(&mut tail, tail_at as u64).unwrap();
+        assert_eq!(u64::from_ne_bytes(tail), pos + 16);
+    }
+
+    #[test]
+    fn eventfd_signals_are_taken_once() {
+        let fd = eventfd().unwrap();
+        assert_eq!(eventfd_take(fd.as_fd()), 0);
+        eventfd_signal(fd.as_fd());
+        eventfd_signal(fd.as_fd());
+        assert_eq!(eventfd_take(fd.as_fd()), 2);
+        assert_eq!(eventfd_take(fd.as_fd()), 0);
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use profcol_processors::kernel_symbols::bpf_history::MAX_RETIRED;
+use profcol_processors::kernel_symbols::bpf::history::MAX_RETIRED;
 use profcol_processors::kernel_symbols::reload::{self, ReloadConfig};
 use profcol_processors::kernel_symbols::{perf_ksymbol, Store, StoreConfig};
 
@@ -80,7 +80,7 @@ fn main() {
     rt.block_on(async move {
         let store = Arc::new(Store::open(StoreConfig { retain, ..Default::default() }).expect("store opens"));
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let rings = perf_ksymbol::spawn(perf_ksymbol::Sink::new(tx, &store)).expect("perf_event_open");
+        let rings = perf_ksymbol::spawn(perf_ksymbol::Sink::new(tx, &store)).expect("the PERF_RECORD_KSYMBOL listener");
         let task = reload::spawn(store.clone(), ReloadConfig::default(), rx);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let base = read(&store);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use profcol_api::model::{keys, str_at, Profiles};
-use profcol_processors::kernel_symbols::bpf_progs::BpfFunc;
+use profcol_processors::kernel_symbols::bpf::progs::BpfFunc;
 use profcol_processors::kernel_symbols::generations::{now_ns, Generations};
 use profcol_processors::kernel_symbols::kallsyms::{self, ParseOptions};
 use profcol_processors::kernel_symbols::snapshot::Symbol;

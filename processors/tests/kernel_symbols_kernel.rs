@@ -135,7 +135,7 @@ async fn bpf_program_resolves_live_and_by_time_after_unload() {
     assert_eq!(store.bpf_source(), BpfSource::Syscall, "bpf syscall enumeration works as root");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let rings = perf_ksymbol::spawn(perf_ksymbol::Sink::new(tx.clone(), &store))
-        .unwrap_or_else(|e| missing("perf_event_open", e));
+        .unwrap_or_else(|e| missing("the PERF_RECORD_KSYMBOL perf events", e));
     let task = reload::spawn(store.clone(), ReloadConfig::default(), rx);
     let reads = store.counters.full_reads.load(Relaxed);
 

@@ -13,10 +13,10 @@
 //!
 //! Prints `REPORT us/report` and `PER-STACK ns`, the median of `ROUNDS`.
 
-use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs};
-use profcol_receivers::ebpf::counted::{CountStore, CountedStacks};
+use profcol_receivers::ebpf::process::service_name::ServiceNamer;
 use profcol_receivers::ebpf::process::ProcessInfo;
-use profcol_receivers::ebpf::service_name::ServiceNamer;
+use profcol_receivers::ebpf::stacks::aggregate::{Interval, SampleAttrs};
+use profcol_receivers::ebpf::stacks::counted::{CountStore, CountedStacks};
 use std::sync::Arc;
 use std::time::Instant;
 

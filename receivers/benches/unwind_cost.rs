@@ -146,7 +146,7 @@ async fn main() {
     if std::env::args().any(|a| a == "tables") {
         return;
     }
-    if profcol_receivers::ebpf::privileges::Privileges::current().check().is_err() {
+    if profcol_receivers::ebpf::bpf::privileges::Privileges::current().check().is_err() {
         println!("in-kernel cost: skipped (needs root or CAP_BPF+CAP_PERFMON)");
         return;
     }

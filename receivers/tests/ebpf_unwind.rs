@@ -8,8 +8,8 @@
 mod ebpf_common;
 
 use ebpf_common::*;
-use profcol_receivers::ebpf::aggregate::UNWIND_END_ATTR;
 use profcol_receivers::ebpf::config::{UnwindConfig, UnwindMode};
+use profcol_receivers::ebpf::stacks::aggregate::UNWIND_END_ATTR;
 use profcol_receivers::ebpf::EbpfConfig;
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -335,14 +335,14 @@ async fn processes_gone_before_their_events_are_read_are_still_looked_at() {
 
 #[test]
 fn kernel_mapping_records_name_the_executable_after_its_exec() {
-    use profcol_receivers::ebpf::mmap_events::{MappingBatch, MappingEventKind, MappingEvents};
+    use profcol_receivers::ebpf::process::mmap_events::{MappingBatch, MappingEventKind, MappingEvents};
     use std::os::unix::fs::MetadataExt;
     if !require_bpf("kernel_mapping_records_name_the_executable_after_its_exec") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let prog = build_workload("brief", dir.path());
-    let cpus = aya::util::online_cpus().unwrap();
+    let cpus = profcol_ebpf::sys::online_cpus().unwrap();
     let mut events = MappingEvents::open(&cpus).expect("perf side-band events");
     let pid = Command::new(&prog).spawn().unwrap().id();
     std::thread::sleep(Duration::from_millis(100));

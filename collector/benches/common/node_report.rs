@@ -5,9 +5,9 @@
 
 use profcol_api::Profiles;
 use profcol_processors::kernel_symbols::{Store, StoreConfig};
-use profcol_receivers::ebpf::aggregate::{Interval, SampleAttrs};
+use profcol_receivers::ebpf::process::service_name::ServiceNamer;
 use profcol_receivers::ebpf::process::ProcessInfo;
-use profcol_receivers::ebpf::service_name::ServiceNamer;
+use profcol_receivers::ebpf::stacks::aggregate::{Interval, SampleAttrs};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -29,9 +29,14 @@ pub enum Error {
     },
     #[error("BTF of BPF program {prog_id} is malformed: {what}")]
     Btf { prog_id: u32, what: String },
-    #[error("perf_event_open(dummy, cpu {cpu}) for PERF_RECORD_KSYMBOL failed: {source}; needs CAP_PERFMON or perf_event_paranoid <= 1, BPF programs loaded later are then only seen on kallsyms reloads")]
+    #[error("cannot open the dummy perf event for PERF_RECORD_KSYMBOL on cpu {cpu}: {source}; needs CAP_PERFMON or perf_event_paranoid <= 1, BPF programs loaded later are then only seen on kallsyms reloads")]
     PerfOpen {
         cpu: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot list the online CPUs for PERF_RECORD_KSYMBOL: {source}; BPF programs loaded later are then only seen on kallsyms reloads")]
+    OnlineCpus {
         #[source]
         source: std::io::Error,
     },

@@ -2,15 +2,13 @@
 //!
 //! kallsyms is held compactly per module ([`table`]), module ranges and
 //! build IDs come first from sysfs ([`sysfs`]), BPF programs from the bpf
-//! syscall ([`bpf`]). A background task ([`reload`]) applies module uevents
+//! syscall ([`bpf`], which also keeps their history and how far it is
+//! known). A background task ([`reload`]) applies module uevents
 //! ([`uevent`]) and PERF_RECORD_KSYMBOL records ([`perf_ksymbol`]) and
 //! publishes immutable snapshots as time-stamped [`generations`], so each
 //! sample is named with what was loaded when it was taken.
 
 pub mod bpf;
-pub mod bpf_history;
-pub mod bpf_progress;
-pub mod bpf_progs;
 pub mod config;
 pub mod error;
 pub mod generations;

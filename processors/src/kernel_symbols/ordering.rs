@@ -18,7 +18,7 @@
 //! Records stamped after the watermark wait for a later drain. A straggler
 //! that breaks the bound (a vCPU descheduled between stamp and publish for
 //! longer than `SLACK`) is still applied at its own timestamp by
-//! [`super::bpf_history::BpfLedger`], which does not need order.
+//! [`super::bpf::history::BpfLedger`], which does not need order.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -10,10 +10,9 @@
 
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::ptr::addr_of_mut;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,12 +23,12 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use profcol_ebpf::sys::{
-    self, perf_event_attr, perf_event_header, perf_event_mmap_page, perf_event_sample_format, perf_event_type,
-    perf_sw_ids, perf_type_id, BpfEventRecord, KsymbolRecord,
+    self, perf_event_attr, perf_event_header, perf_event_sample_format, perf_event_type, perf_sw_ids, perf_type_id,
+    BpfEventRecord, KsymbolRecord, PerfRing,
 };
 
-use super::bpf_progress::BpfProgress;
-use super::bpf_progs::BpfFunc;
+use super::bpf::progress::BpfProgress;
+use super::bpf::progs::BpfFunc;
 use super::error::{Error, Result};
 use super::ordering::{Reorder, SLACK_NS};
 use super::reload::Trigger;
@@ -44,35 +43,20 @@ const BATCH_PERIOD: Duration = Duration::from_millis(10);
 const DATA_PAGES: usize = 8;
 
 /// One CPU's event and its mapped ring.
-pub struct Ring {
-    fd: OwnedFd,
-    base: *mut u8,
-    map_len: usize,
-    page: usize,
+pub(crate) struct CpuEvent {
+    ring: PerfRing,
     /// Whether records carry a CLOCK_MONOTONIC timestamp.
     timed: bool,
-    scratch: Vec<u8>,
 }
 
-// SAFETY: the mapping is owned by this value and only touched through &mut self.
-unsafe impl Send for Ring {}
-// SAFETY: through &self only the fd and the ring's atomic head/tail are read.
-unsafe impl Sync for Ring {}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        // SAFETY: base/map_len come from a successful mmap owned by self.
-        unsafe { libc::munmap(self.base.cast(), self.map_len) };
-    }
-}
-
-impl AsRawFd for Ring {
+impl AsRawFd for CpuEvent {
     fn as_raw_fd(&self) -> i32 {
-        self.fd.as_raw_fd()
+        self.ring.as_raw_fd()
     }
 }
 
-fn open_event(cpu: u32, timed: bool) -> io::Result<OwnedFd> {
+/// The dummy event that reports BPF symbols on `cpu`, `timed` or not.
+fn event_attr(timed: bool) -> perf_event_attr {
     let mut attr = sys::zeroed::<perf_event_attr>();
     attr.type_ = perf_type_id::PERF_TYPE_SOFTWARE as u32;
     attr.config = perf_sw_ids::PERF_COUNT_SW_DUMMY as u64;
@@ -86,84 +70,37 @@ fn open_event(cpu: u32, timed: bool) -> io::Result<OwnedFd> {
         attr.set_use_clockid(1);
         attr.clockid = libc::CLOCK_MONOTONIC;
     }
-    sys::perf_event_open(&attr, -1, cpu as i32, None, 0)
+    attr
 }
 
-impl Ring {
-    pub fn open(cpu: u32) -> Result<Ring> {
+impl CpuEvent {
+    pub(crate) fn open(cpu: u32) -> Result<CpuEvent> {
+        let data_bytes = DATA_PAGES * sys::page_size();
         // CLOCK_MONOTONIC timestamps where the kernel allows them.
-        let (fd, timed) = match open_event(cpu, true) {
-            Ok(fd) => (fd, true),
-            Err(_) => (open_event(cpu, false).map_err(|source| Error::PerfOpen { cpu, source })?, false),
+        let (ring, timed) = match PerfRing::open(&event_attr(true), cpu, data_bytes) {
+            Ok(ring) => (ring, true),
+            Err(_) => (
+                PerfRing::open(&event_attr(false), cpu, data_bytes)
+                    .map_err(|source| Error::PerfOpen { cpu, source })?,
+                false,
+            ),
         };
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let map_len = page * (1 + DATA_PAGES);
-        // SAFETY: mapping a perf fd read-write as the perf ABI requires.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(Error::PerfOpen { cpu, source: io::Error::last_os_error() });
-        }
-        let nb = 1i32;
-        // SAFETY: FIONBIO with a valid int pointer.
-        unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONBIO, &nb) };
-        Ok(Ring { fd, base: base.cast(), map_len, page, timed, scratch: Vec::new() })
+        sys::set_nonblocking(ring.fd()).map_err(|source| Error::PerfOpen { cpu, source })?;
+        Ok(CpuEvent { ring, timed })
     }
 
-    /// The ring's `data_head` (written by the kernel) and `data_tail`
-    /// (written by us) in the shared `perf_event_mmap_page`.
-    fn head_tail(&self) -> (&AtomicU64, &AtomicU64) {
-        let page = self.base.cast::<perf_event_mmap_page>();
-        // SAFETY: the first mapped page is the kernel's perf_event_mmap_page,
-        // alive as long as self; data_head and data_tail are aligned u64s
-        // shared with the kernel, so they are only accessed atomically.
-        unsafe {
-            (AtomicU64::from_ptr(addr_of_mut!((*page).data_head)), AtomicU64::from_ptr(addr_of_mut!((*page).data_tail)))
-        }
-    }
-
-    /// Hands every complete record to `f` and frees its ring space.
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8], bool)) {
-        let (head, tail_at) = self.head_tail();
-        let head = head.load(Ordering::Acquire);
-        let mut tail = tail_at.load(Ordering::Relaxed);
-        let size = (self.map_len - self.page) as u64;
-        // SAFETY: the data area starts one page in and is `size` bytes.
-        let data = unsafe { std::slice::from_raw_parts(self.base.add(self.page), size as usize) };
-        const HEADER: u64 = size_of::<perf_event_header>() as u64;
-        // Records may wrap around the ring's end: copy byte by byte modulo size.
-        let copy = |out: &mut Vec<u8>, at: usize, len: usize| {
-            out.clear();
-            out.extend((0..len).map(|i| data[(at + i) % size as usize]));
-        };
-        while tail + HEADER <= head {
-            let at = (tail % size) as usize;
-            copy(&mut self.scratch, at, HEADER as usize);
-            let Some(header) = sys::read::<perf_event_header>(&self.scratch) else { break };
-            let len = u64::from(header.size);
-            if len < HEADER || tail + len > head {
-                break;
-            }
-            copy(&mut self.scratch, at, len as usize);
-            f(&self.scratch, self.timed);
-            tail += len;
-        }
-        self.head_tail().1.store(tail, Ordering::Release);
+    /// Hands every complete record to `f` and frees its ring space;
+    /// `false` when a malformed header (never expected) dropped the rest
+    /// of the ring, records lost like those of a full ring.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(&[u8], bool)) -> bool {
+        let timed = self.timed;
+        self.ring.drain(|rec| f(rec, timed))
     }
 }
 
 /// What one record says.
 #[derive(Debug)]
-pub enum Record {
+pub(crate) enum Record {
     /// A BPF symbol record and its time: CLOCK_MONOTONIC ns when `timed`.
     Bpf {
         ktime_ns: Option<u64>,
@@ -173,7 +110,7 @@ pub enum Record {
 }
 
 /// Reads one record; `None` for records of no interest or malformed ones.
-pub fn parse_record(rec: &[u8], timed: bool) -> Option<Record> {
+pub(crate) fn parse_record(rec: &[u8], timed: bool) -> Option<Record> {
     let header = sys::read::<perf_event_header>(rec)?;
     // With sample_id_all and only PERF_SAMPLE_TIME, the time ends the record.
     let ktime_ns =
@@ -210,23 +147,6 @@ pub fn parse_record(rec: &[u8], timed: bool) -> Option<Record> {
     Some(Record::Bpf { ktime_ns, event })
 }
 
-/// Online CPUs, from /sys/devices/system/cpu/online ("0-3,6").
-pub fn online_cpus() -> Vec<u32> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
-    let mut out = Vec::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        let (a, b) = part.split_once('-').unwrap_or((part, part));
-        if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
-            out.extend(a..=b);
-        }
-    }
-    if out.is_empty() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-        out.extend(0..n);
-    }
-    out
-}
-
 /// Where the listener reports to: the reload task's channel, and the
 /// store's backlog counters that keep that channel bounded.
 pub struct Sink {
@@ -252,9 +172,9 @@ impl Sink {
 /// Opens a ring per online CPU and forwards merged records until the channel closes.
 pub fn spawn(sink: Sink) -> Result<Vec<JoinHandle<()>>> {
     let mut rings = Vec::new();
-    for cpu in online_cpus() {
-        let ring = Ring::open(cpu)?;
-        // SAFETY: the Ring owns its fd and returns the same one for its lifetime.
+    for cpu in sys::online_cpus().map_err(|source| Error::OnlineCpus { source })? {
+        let ring = CpuEvent::open(cpu)?;
+        // SAFETY: the CpuEvent owns its fd and returns the same one for its lifetime.
         let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| Error::PerfOpen { cpu, source: io::Error::other(e.to_string()) })?;
         rings.push(afd);
@@ -288,9 +208,25 @@ fn admit(backlog: &AtomicUsize, overflowed: &mut bool, n: usize) -> Admit {
     Admit::Send
 }
 
+/// Drains every ring into `held` (`now`: the time of untimed records);
+/// whether records were lost.
+fn drain_all(rings: &mut [AsyncFd<CpuEvent>], held: &mut Reorder<BpfEvent>, now: u64) -> bool {
+    let mut lost = false;
+    for ring in rings {
+        // An untimed record (old kernel) is placed when it was drained.
+        let whole = ring.get_mut().drain(|rec, timed| match parse_record(rec, timed) {
+            Some(Record::Bpf { ktime_ns, event }) => held.push(ktime_ns.unwrap_or(now), event),
+            Some(Record::Lost) => lost = true,
+            None => {}
+        });
+        lost |= !whole;
+    }
+    lost
+}
+
 /// Waits for any ring, drains them all, and sends on the records the
 /// watermark has passed, in time order (see [`super::ordering`]).
-async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
+async fn run_rings(mut rings: Vec<AsyncFd<CpuEvent>>, sink: Sink) {
     let Sink { tx, backlog, dropped, progress } = sink;
     // Batches waiting on this listener stop waiting once it is gone.
     struct Stopped(Arc<BpfProgress>);
@@ -334,15 +270,7 @@ async fn run_rings(mut rings: Vec<AsyncFd<Ring>>, sink: Sink) {
         // Everything stamped at or before the watermark is in the rings now.
         let now = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
         let watermark = now.saturating_sub(SLACK_NS);
-        let mut lost = false;
-        for ring in &mut rings {
-            // An untimed record (old kernel) is placed when it was drained.
-            ring.get_mut().drain(|rec, timed| match parse_record(rec, timed) {
-                Some(Record::Bpf { ktime_ns, event }) => held.push(ktime_ns.unwrap_or(now), event),
-                Some(Record::Lost) => lost = true,
-                None => {}
-            });
-        }
+        let mut lost = drain_all(&mut rings, &mut held, now);
         held.ready(watermark, &mut ready);
         let mut closed = false;
         let sent = !ready.is_empty();

@@ -10,7 +10,7 @@ use profcol_api::telemetry::{CollectHook, ComponentTelemetry, Counter, Gauge, Te
 use profcol_api::Profiles;
 use tokio::task::JoinHandle;
 
-use super::bpf_progress::CATCH_UP_LIMIT;
+use super::bpf::progress::CATCH_UP_LIMIT;
 use super::config::Config;
 use super::store::Store;
 use super::{perf_ksymbol, reload, symbolize, uevent};

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::bpf_history::BpfHistory;
-use super::bpf_progs::{BpfFunc, BpfLine};
+use super::bpf::history::BpfHistory;
+use super::bpf::progs::{BpfFunc, BpfLine};
 use super::sysfs::ModuleMeta;
 use super::table::{SymName, SymbolTable};
 

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::bpf_history::{BpfHistory, BpfLedger, LedgerStats};
-use super::bpf_progs::{BpfFunc, BpfFuncs};
+use super::bpf::history::{BpfHistory, BpfLedger, LedgerStats};
+use super::bpf::progs::{BpfFunc, BpfFuncs};
 use super::error::{Error, Result};
 use super::generations::{now_ns, Generations};
 use super::kallsyms::{self, ParseOptions, ParseStats};
@@ -105,7 +105,7 @@ pub struct Store {
     gens: Generations,
     pub counters: Counters,
     /// How far the BPF history is complete (the processor waits on it).
-    pub bpf_progress: Arc<super::bpf_progress::BpfProgress>,
+    pub bpf_progress: Arc<super::bpf::progress::BpfProgress>,
     state: Mutex<State>,
 }
 

@@ -21,7 +21,7 @@ pub fn require_root(what: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    let msg = format!("{what} needs root (kallsyms addresses, bpf, perf_event_open); run the tests as root");
+    let msg = format!("{what} needs root (kallsyms addresses, bpf, perf events); run the tests as root");
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("{msg}");
     }

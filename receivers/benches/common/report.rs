@@ -4,8 +4,8 @@
 //! and a deterministic generator for its stacks.
 
 use profcol_ebpf::UnwindEnd;
-use profcol_receivers::ebpf::aggregate::SampleIn;
 use profcol_receivers::ebpf::process::{Mapping, MappingSet};
+use profcol_receivers::ebpf::stacks::aggregate::SampleIn;
 use std::sync::Arc;
 
 /// A small deterministic generator (xorshift), so every run sees the same stacks.

@@ -113,7 +113,7 @@ impl Default for UnwindConfig {
     }
 }
 
-pub use super::service_name::Source as ServiceNameSource;
+pub use crate::ebpf::process::service_name::Source as ServiceNameSource;
 
 /// One entry of `sample_attributes:` (OTel semantic conventions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -234,7 +234,7 @@ impl Validate for EbpfConfig {
         if self.max_stack_depth == 0 || self.max_stack_depth > MAX_STACK_DEPTH {
             p.add("max_stack_depth", format!("{} is out of range; use 1..={MAX_STACK_DEPTH}", self.max_stack_depth));
         }
-        let page = page_size();
+        let page = profcol_ebpf::sys::page_size() as u64;
         if let Some(size) = self.ring_buffer_size {
             if !size.is_power_of_two() || (size as u64) < page {
                 p.add("ring_buffer_size", format!("{size} must be a power of two and at least the page size ({page})"));
@@ -308,16 +308,6 @@ impl EbpfConfig {
     /// Sampling period in nanoseconds: 1e9 / sample_frequency.
     pub fn period_ns(&self) -> i64 {
         1_000_000_000 / self.sample_frequency.max(1) as i64
-    }
-}
-
-pub(crate) fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
     }
 }
 

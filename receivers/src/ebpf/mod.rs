@@ -9,27 +9,24 @@
 //! async task that pushes it downstream (awaiting = backpressure: while the
 //! pipeline is full the ring fills and the kernel counts what it drops).
 //!
-//! Modules mirror the pieces: [`loader`] (aya, perf events), [`sampler`]
-//! (ring buffer loop), [`process`]/[`procfs`]/[`buildid`] (process
-//! knowledge), [`aggregate`] (batches), [`clock`] (kernel → unix time),
-//! [`privileges`] (what start needs and how to grant it).
+//! Modules, by what they hold:
+//!
+//! - [`config`]: the `receivers: ebpf:` config and its validation.
+//! - [`sampler`]: the sampler thread's loop (wait, drain, report) and the receiver's counters.
+//! - [`bpf`]: loading the BPF object, attaching its perf events, and the privileges that needs.
+//! - [`process`]: what is known of each sampled process (table, /proc, kernel records, build IDs, service names).
+//! - [`stacks`]: samples to batches: stack ends, stacks counted in the kernel, aggregation.
+//! - [`unwind`]: `.eh_frame` unwind tables for the BPF program's user-stack walk.
+//! - [`uprobes`]: counting calls of configured user-space functions.
+//!
+//! The kernel interface itself (bpf(2), perf events, perf rings, online
+//! CPUs) is `profcol_ebpf::sys`.
 
-pub mod aggregate;
-pub mod buildid;
-pub mod clock;
+pub mod bpf;
 pub mod config;
-pub mod counted;
-pub mod exec_maps;
-pub mod image_records;
-pub mod kernel_text;
-pub mod loader;
-pub mod mmap_events;
-pub mod privileges;
 pub mod process;
-pub mod procfs;
-pub mod sampler;
-pub mod service_name;
-pub mod stack_end;
+pub(crate) mod sampler;
+pub mod stacks;
 pub mod unwind;
 pub mod uprobes;
 

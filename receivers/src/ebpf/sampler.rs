@@ -17,26 +17,27 @@
 //! live one and detach those of offline CPUs (a per-CPU perf event does not
 //! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
-use super::aggregate::{Interval, SampleAttrs, SampleIn};
-use super::clock::{now_ns, KtimeToUnix};
 use super::config::EbpfConfig;
-use super::counted::CountedStacks;
-use super::loader::{load_and_attach, CpuSync, LoadError, Loaded};
-use super::mmap_events::{MappingBatch, MappingEventKind, MappingEvents};
-use super::process::ProcessTable;
-use super::procfs;
-use super::service_name::ServiceNamer;
-use super::stack_end;
 use super::unwind::{UnwindCounters, Unwinder};
 use super::uprobes::{UprobeCounters, Uprobes};
+use crate::ebpf::bpf::loader::{load_and_attach, CpuSync, LoadError, Loaded};
+use crate::ebpf::process::mmap_events::{MappingBatch, MappingEventKind, MappingEvents};
+use crate::ebpf::process::procfs;
+use crate::ebpf::process::service_name::ServiceNamer;
+use crate::ebpf::process::ProcessTable;
+use crate::ebpf::stacks::aggregate::{Interval, SampleAttrs, SampleIn};
+use crate::ebpf::stacks::counted::CountedStacks;
+use crate::ebpf::stacks::stack_end;
 use aya::programs::uprobe::UProbeLink;
 use profcol_api::component::Next;
 use profcol_api::services::FilePins;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_api::Profiles;
-use profcol_ebpf::{ProcEvent, ProcEventKind, Sample, SampleKind, Stat};
+use profcol_ebpf::clock::{now_ns, KtimeToUnix};
+use profcol_ebpf::sys::{self, OnlineCpus};
+use profcol_ebpf::{ProcEvent, ProcEventKind, Sample, SampleHeader, SampleKind, Stat};
 use rustc_hash::FxHashSet;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,7 +74,7 @@ pub const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
 /// period, and a process that exec'd and exited within one costs no /proc
 /// read at all).
 ///
-/// With the kernel's mapping records ([`super::mmap_events`]) a process
+/// With the kernel's mapping records ([`crate::ebpf::process::mmap_events`]) a process
 /// needs no /proc read, its executable and libraries are known even after
 /// it exited, and a binary seen before is answered by its verdict: the
 /// period doubles after every read that found nothing new (no binary
@@ -211,22 +212,6 @@ pub struct SamplerHandle {
     sender: tokio::task::JoinHandle<()>,
 }
 
-pub(super) fn eventfd() -> std::io::Result<OwnedFd> {
-    // SAFETY: plain syscall; the returned fd is owned below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-pub(super) fn signal(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a valid u64 to an eventfd.
-    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-}
-
 impl SamplerHandle {
     /// Loads and attaches on the sampler thread; returns once perf events
     /// are attached, or with the reason they could not be.
@@ -241,7 +226,7 @@ impl SamplerHandle {
         let unwind_counters = UnwindCounters::new(&telemetry);
         let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new(eventfd().map_err(|e| LoadError::Other(format!("eventfd: {e}")))?);
+        let wake = Arc::new(sys::eventfd().map_err(|e| LoadError::Other(format!("eventfd: {e}")))?);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (batch_tx, mut batch_rx) = tokio::sync::mpsc::channel::<Profiles>(1);
         let thread = {
@@ -250,18 +235,8 @@ impl SamplerHandle {
             std::thread::Builder::new()
                 .name("profcol-ebpf".into())
                 .spawn(move || {
-                    run(
-                        config,
-                        stop,
-                        wake,
-                        counters,
-                        uprobe_counters,
-                        unwind_counters,
-                        batch_tx,
-                        ready_tx,
-                        started,
-                        pins,
-                    )
+                    let parts = Parts { counters, uprobe_counters, unwind_counters, ready: ready_tx, started, pins };
+                    run(Start { config, stop, wake, batches: batch_tx, parts })
                 })
                 .map_err(|e| LoadError::Other(format!("spawning the sampler thread: {e}")))?
         };
@@ -291,7 +266,7 @@ impl SamplerHandle {
     pub async fn stop(mut self) {
         // (Drop signals again; harmless.)
         self.stop.store(true, Ordering::SeqCst);
-        signal(self.wake.as_raw_fd());
+        sys::eventfd_signal(self.wake.as_fd());
         if let Some(t) = self.thread.take() {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
@@ -304,7 +279,7 @@ impl Drop for SamplerHandle {
     /// still stops the thread, which detaches the perf events.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        signal(self.wake.as_raw_fd());
+        sys::eventfd_signal(self.wake.as_fd());
     }
 }
 
@@ -318,25 +293,83 @@ pub fn ms_since_process_start() -> Option<u64> {
     Some(now_ns(libc::CLOCK_BOOTTIME).saturating_sub(start_ns) / 1_000_000)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
+/// What the sampler thread starts with.
+struct Start {
     config: EbpfConfig,
     stop: Arc<AtomicBool>,
     wake: Arc<OwnedFd>,
+    batches: tokio::sync::mpsc::Sender<Profiles>,
+    parts: Parts,
+}
+
+/// What the sampler is made of, beyond the config.
+struct Parts {
     counters: Counters,
     uprobe_counters: Option<UprobeCounters>,
     unwind_counters: UnwindCounters,
-    batches: tokio::sync::mpsc::Sender<Profiles>,
+    /// Told once the perf events are attached, or why they are not.
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
     pins: Arc<FilePins>,
-) {
-    let clock = KtimeToUnix::process();
-    let (mut loaded, first_sync) = match load_and_attach(&config) {
+}
+
+/// The sampler thread: loads and attaches, then waits, drains and reports
+/// until stopped.
+fn run(start: Start) {
+    let Start { config, stop, wake, batches, parts } = start;
+    let Some((mut loaded, mut s)) = set_up(&config, parts) else {
+        return;
+    };
+    let mut due = Schedule::new(&config);
+    let mut fds = Vec::new();
+    let mut online = OnlineCpus::default();
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        if !stopping {
+            due.wait(&s, &loaded, wake.as_raw_fd(), &mut fds);
+        }
+        let now = Instant::now();
+        due.read_proc_events(&mut s, &mut loaded, &fds, stopping, now);
+        s.drain(&mut loaded);
+        s.poll_uprobes(&mut loaded, now);
+        if !stopping && now >= due.next_cpu_check {
+            let revived = check_cpus(&mut loaded, &mut online, &s.counters, now);
+            if let Some(m) = s.mappings.as_mut() {
+                s.mapping_gap |= m.sync(&loaded.cpus(), &revived);
+            }
+            due.next_cpu_check = now + CPU_CHECK_PERIOD;
+        }
+        if stopping || now >= due.next_report || s.interval.is_full() {
+            let batch = s.cut(&mut loaded, now);
+            if now >= due.next_report {
+                due.next_report = now + config.report_interval;
+            }
+            if let Some(batch) = batch {
+                if batches.blocking_send(batch).is_err() {
+                    break;
+                }
+            }
+        }
+        if stopping {
+            break;
+        }
+    }
+    // Detach the uprobes, then dropping `loaded` detaches the perf events
+    // and unloads the programs.
+    if let Some(u) = s.uprobes.as_mut() {
+        u.clear();
+    }
+}
+
+/// Loads and attaches everything, then tells `parts.ready` how that went;
+/// `None` when the thread is to end (start failed, or nobody waits).
+fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
+    let Parts { counters, uprobe_counters, unwind_counters, ready, started, pins } = parts;
+    let (mut loaded, first_sync) = match load_and_attach(config) {
         Ok(l) => l,
         Err(e) => {
             let _ = ready.send(Err(e));
-            return;
+            return None;
         }
     };
     record_cpu_sync(&counters, &loaded, &first_sync);
@@ -350,57 +383,24 @@ fn run(
     // Opened before the scan of running processes, so a process started
     // during the scan is in one or the other. Always: the process table
     // knows new processes from them too.
-    let mappings = match MappingEvents::open(&loaded.cpus()) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!(
-                "ebpf receiver: no kernel mapping records ({e}); new processes are looked at through /proc, \
-                 and those that exit before their samples are read stay unnamed"
-            );
-            None
-        }
-    };
-    let uprobes = uprobe_counters.map(|c| {
-        let mut u = Uprobes::new(&config.uprobes, config.negative_cache, c);
-        let t = Instant::now();
-        u.scan_running(t, &mut loaded.attacher());
-        tracing::info!(
-            probes = config.uprobes.len(),
-            attached_files = u.attached_files(),
-            scan_ms = t.elapsed().as_millis() as u64,
-            "ebpf receiver: uprobes attached to running processes"
-        );
-        u
-    });
-    let unwinder = loaded.unwind_maps.as_ref().map(|_| {
-        let sizes = super::loader::unwind_sizes(&config);
-        let store = super::unwind::store::TableStore::new(
-            config.unwind.max_table_bytes,
-            sizes.row_elems,
-            sizes.pages as usize,
-            profcol_ebpf::unwind::RULES_CAPACITY,
-        );
-        let mut u = Unwinder::new(store, unwind_counters.clone())?;
-        if let Some(own) = super::unwind::OwnExe::current() {
-            u.no_table_for(own);
-        }
-        Ok::<_, std::io::Error>(u)
-    });
-    let unwinder = match unwinder.transpose() {
+    let mappings = open_mapping_events(&loaded);
+    let uprobes = uprobe_counters.map(|c| start_uprobes(config, c, &mut loaded));
+    let unwinder = match start_unwinder(config, &loaded, &unwind_counters) {
         Ok(u) => u,
         Err(e) => {
             let _ = ready.send(Err(LoadError::Other(format!("spawning the unwind table thread: {e}"))));
-            return;
+            return None;
         }
     };
     if ready.send(Ok(())).is_err() {
-        return;
+        return None;
     }
-    let attrs = SampleAttrs::from_config(&config.sample_attributes);
     let mut table = ProcessTable::new(MAX_PROCESSES);
     table.set_file_pins(pins);
     table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
-    let mut s = Sampler {
+    let attrs = SampleAttrs::from_config(&config.sample_attributes);
+    let clock = KtimeToUnix::process();
+    let s = Sampler {
         host: procfs::host_name(),
         period_ns: config.period_ns(),
         table,
@@ -429,97 +429,139 @@ fn run(
         unwind_counters,
         counted: CountedStacks::new(config.max_counted_stacks),
     };
-    let mut next_report = Instant::now() + config.report_interval;
-    let drain_every = drain_period(&config);
-    let mut fds = Vec::new();
-    let mut next_cpu_check = Instant::now() + CPU_CHECK_PERIOD;
-    let mut online = OnlineCpus::default();
-    // Exec/exit events: read on PROC_EVENT_PERIOD while they keep coming;
-    // after a read that found none, the next event wakes the thread.
-    let mut last_proc_read = Instant::now();
-    let mut proc_events_flowing = true;
-    let mut proc_period = PROC_EVENT_PERIOD;
-    loop {
-        let stopping = stop.load(Ordering::SeqCst);
-        if !stopping {
-            let now = Instant::now();
-            let mut timeout = next_report.saturating_duration_since(now).min(drain_every);
-            let mut watch_proc = None;
-            if let Some(u) = &s.uprobes {
-                let next_read = last_proc_read + proc_period;
-                if proc_events_flowing {
-                    timeout = timeout.min(next_read.saturating_duration_since(now));
-                } else {
-                    watch_proc = loaded.proc_events.as_ref().map(|pe| pe.ring.as_raw_fd());
-                }
-                if let Some(due) = u.next_due() {
-                    // Maps rescans ride on the event period's wake-ups.
-                    timeout = timeout.min(due.max(next_read).saturating_duration_since(now));
-                }
-            }
-            // A finished table build wakes the thread: its table goes in
-            // now, not at the next drain.
-            let built = s.unwinder.as_ref().map_or(-1, |u| u.built_fd());
-            wait(
-                &mut fds,
-                [loaded.ring.as_raw_fd(), wake.as_raw_fd(), built],
-                watch_proc,
-                s.mappings.as_ref(),
-                timeout,
+    Some((loaded, s))
+}
+
+/// The kernel's exec and mapping records of the sampled CPUs, when they
+/// can be had.
+fn open_mapping_events(loaded: &Loaded) -> Option<MappingEvents> {
+    match MappingEvents::open(&loaded.cpus()) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(
+                "ebpf receiver: no kernel mapping records ({e}); new processes are looked at through /proc, \
+                 and those that exit before their samples are read stay unnamed"
             );
-        }
-        let now = Instant::now();
-        let mapping_ring_full = fds.iter().skip(4).any(|p| p.revents & libc::POLLIN != 0);
-        if s.uprobes.is_none()
-            || stopping
-            || !proc_events_flowing
-            || mapping_ring_full
-            || now >= last_proc_read + proc_period
-        {
-            let parsed = s.uprobes.as_ref().map_or(0, |u| u.counters().binaries_parsed.get());
-            proc_events_flowing = s.drain_proc_events(&mut loaded, now) > 0;
-            last_proc_read = now;
-            let parsed_now = s.uprobes.as_ref().map_or(0, |u| u.counters().binaries_parsed.get());
-            proc_period = if s.mappings.is_none() || parsed_now != parsed {
-                PROC_EVENT_PERIOD
-            } else {
-                (proc_period * 2).min(PROC_EVENT_MAX_PERIOD)
-            };
-        }
-        s.drain(&mut loaded);
-        if let Some(u) = s.uprobes.as_mut() {
-            let mut att = loaded.attacher();
-            for pid in s.unfollowed_hits.drain(..) {
-                u.on_probe_hit(pid, now, &mut att);
-            }
-            u.poll(now, &mut att);
-        }
-        if !stopping && now >= next_cpu_check {
-            let revived = check_cpus(&mut loaded, &mut online, &s.counters, now);
-            if let Some(m) = s.mappings.as_mut() {
-                s.mapping_gap |= m.sync(&loaded.cpus(), &revived);
-            }
-            next_cpu_check = now + CPU_CHECK_PERIOD;
-        }
-        if stopping || now >= next_report || s.interval.is_full() {
-            let batch = s.cut(&mut loaded, now);
-            if now >= next_report {
-                next_report = now + config.report_interval;
-            }
-            if let Some(batch) = batch {
-                if batches.blocking_send(batch).is_err() {
-                    break;
-                }
-            }
-        }
-        if stopping {
-            break;
+            None
         }
     }
-    // Detach the uprobes, then dropping `loaded` detaches the perf events
-    // and unloads the programs.
-    if let Some(u) = s.uprobes.as_mut() {
-        u.clear();
+}
+
+/// The configured uprobes, attached to the running processes.
+fn start_uprobes(config: &EbpfConfig, counters: UprobeCounters, loaded: &mut Loaded) -> Uprobes<UProbeLink> {
+    let mut u = Uprobes::new(&config.uprobes, config.negative_cache, counters);
+    let t = Instant::now();
+    u.scan_running(t, &mut loaded.attacher());
+    tracing::info!(
+        probes = config.uprobes.len(),
+        attached_files = u.attached_files(),
+        scan_ms = t.elapsed().as_millis() as u64,
+        "ebpf receiver: uprobes attached to running processes"
+    );
+    u
+}
+
+/// The unwinder and its table thread, when the table-walking program loaded.
+fn start_unwinder(
+    config: &EbpfConfig,
+    loaded: &Loaded,
+    counters: &UnwindCounters,
+) -> std::io::Result<Option<Unwinder>> {
+    if loaded.unwind_maps.is_none() {
+        return Ok(None);
+    }
+    let sizes = crate::ebpf::bpf::loader::unwind_sizes(config);
+    let store = super::unwind::store::TableStore::new(
+        config.unwind.max_table_bytes,
+        sizes.row_elems,
+        sizes.pages as usize,
+        profcol_ebpf::unwind::RULES_CAPACITY,
+    );
+    let mut u = Unwinder::new(store, counters.clone())?;
+    if let Some(own) = super::unwind::OwnExe::current() {
+        u.no_table_for(own);
+    }
+    Ok(Some(u))
+}
+
+/// When the loop's periodic work is next due.
+struct Schedule {
+    next_report: Instant,
+    drain_every: Duration,
+    next_cpu_check: Instant,
+    /// Exec/exit events: read on [`PROC_EVENT_PERIOD`] while they keep
+    /// coming; after a read that found none, the next event wakes the
+    /// thread.
+    last_proc_read: Instant,
+    proc_events_flowing: bool,
+    proc_period: Duration,
+}
+
+impl Schedule {
+    fn new(config: &EbpfConfig) -> Self {
+        let now = Instant::now();
+        Schedule {
+            next_report: now + config.report_interval,
+            drain_every: drain_period(config),
+            next_cpu_check: now + CPU_CHECK_PERIOD,
+            last_proc_read: now,
+            proc_events_flowing: true,
+            proc_period: PROC_EVENT_PERIOD,
+        }
+    }
+
+    /// Sleeps until there is work: a record, a stop, a table built, or
+    /// the next periodic step.
+    fn wait(&self, s: &Sampler, loaded: &Loaded, wake: RawFd, fds: &mut Vec<libc::pollfd>) {
+        let now = Instant::now();
+        let mut timeout = self.next_report.saturating_duration_since(now).min(self.drain_every);
+        let mut watch_proc = None;
+        if let Some(u) = &s.uprobes {
+            let next_read = self.last_proc_read + self.proc_period;
+            if self.proc_events_flowing {
+                timeout = timeout.min(next_read.saturating_duration_since(now));
+            } else {
+                watch_proc = loaded.proc_events.as_ref().map(|pe| pe.ring.as_raw_fd());
+            }
+            if let Some(due) = u.next_due() {
+                // Maps rescans ride on the event period's wake-ups.
+                timeout = timeout.min(due.max(next_read).saturating_duration_since(now));
+            }
+        }
+        // A finished table build wakes the thread: its table goes in now,
+        // not at the next drain.
+        let built = s.unwinder.as_ref().map_or(-1, |u| u.built_fd());
+        wait(fds, [loaded.ring.as_raw_fd(), wake, built], watch_proc, s.mappings.as_ref(), timeout);
+    }
+
+    /// Reads the exec/exit events and mapping records when due (always
+    /// without probes), and sets the period of the next read.
+    fn read_proc_events(
+        &mut self,
+        s: &mut Sampler,
+        loaded: &mut Loaded,
+        fds: &[libc::pollfd],
+        stopping: bool,
+        now: Instant,
+    ) {
+        let mapping_ring_full = fds.iter().skip(4).any(|p| p.revents & libc::POLLIN != 0);
+        if s.uprobes.is_some()
+            && !stopping
+            && self.proc_events_flowing
+            && !mapping_ring_full
+            && now < self.last_proc_read + self.proc_period
+        {
+            return;
+        }
+        let parsed = s.uprobes.as_ref().map_or(0, |u| u.counters().binaries_parsed.get());
+        self.proc_events_flowing = s.drain_proc_events(loaded, now) > 0;
+        self.last_proc_read = now;
+        let parsed_now = s.uprobes.as_ref().map_or(0, |u| u.counters().binaries_parsed.get());
+        self.proc_period = if s.mappings.is_none() || parsed_now != parsed {
+            PROC_EVENT_PERIOD
+        } else {
+            (self.proc_period * 2).min(PROC_EVENT_MAX_PERIOD)
+        };
     }
 }
 
@@ -529,7 +571,7 @@ fn check_cpus(loaded: &mut Loaded, cpus: &mut OnlineCpus, counters: &Counters, n
     let online = match cpus.read() {
         Ok(o) => o,
         Err(e) => {
-            tracing::debug!(error = %e, "ebpf receiver: cannot read {ONLINE_CPUS}; CPU set not re-checked");
+            tracing::debug!(error = %e, "ebpf receiver: cannot read the online CPUs; CPU set not re-checked");
             return Vec::new();
         }
     };
@@ -571,73 +613,6 @@ fn record_cpu_sync(counters: &Counters, loaded: &Loaded, sync: &CpuSync) {
             tracing::debug!(cpu = f.cpu, "ebpf receiver: CPU still not sampled: {}", f.message);
         }
     }
-}
-
-const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
-
-/// The online CPU list, its file kept open: a re-read every
-/// [`CPU_CHECK_PERIOD`] is one `pread` at offset 0 (sysfs makes the text
-/// anew), not a path walk, an open and a close (a few percent of an idle
-/// node agent's CPU when it was done by path).
-#[derive(Default)]
-struct OnlineCpus {
-    file: Option<std::fs::File>,
-}
-
-impl OnlineCpus {
-    fn read(&mut self) -> std::io::Result<Vec<u32>> {
-        use std::os::unix::fs::FileExt;
-        let file = match &mut self.file {
-            Some(f) => f,
-            None => self.file.insert(std::fs::File::open(ONLINE_CPUS)?),
-        };
-        // One read as a rule; a longer list (thousands of sparse CPUs) in
-        // more, never cut short.
-        let (mut text, mut buf) = (Vec::new(), [0u8; 4096]);
-        let whole = loop {
-            match file.read_at(&mut buf, text.len() as u64) {
-                Ok(n) => {
-                    text.extend_from_slice(&buf[..n]);
-                    if n < buf.len() || text.len() > 1 << 20 {
-                        break Ok(());
-                    }
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        if let Err(e) = whole {
-            self.file = None; // opened again next time
-            return Err(e);
-        }
-        std::str::from_utf8(&text).ok().and_then(parse_cpu_list).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("not a list of online CPUs: {:?}", String::from_utf8_lossy(&text)),
-            )
-        })
-    }
-}
-
-/// The CPUs of a `0-3,6` style list (sysfs' format, a newline after it).
-/// `None` for anything else, an empty list included: no CPU online is not
-/// a state this process can read in, and taken as true it would detach
-/// every CPU's event.
-pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
-    let mut out = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        let (a, b): (u32, u32) = match part.split_once('-') {
-            Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
-            None => {
-                let a = part.parse().ok()?;
-                (a, a)
-            }
-        };
-        if b < a || b - a > 1 << 16 {
-            return None;
-        }
-        out.extend(a..=b);
-    }
-    (!out.is_empty()).then_some(out)
 }
 
 /// `0-3,6` style list of ascending CPU numbers (`-` when empty).
@@ -697,7 +672,7 @@ struct Sampler {
     clock: KtimeToUnix,
     counters: Counters,
     last_stats: [u64; Stat::SLOTS as usize],
-    last_table: super::process::TableStats,
+    last_table: crate::ebpf::process::TableStats,
     last_build_id_reads: u64,
     kbuf: Vec<u64>,
     ubuf: Vec<u64>,
@@ -731,6 +706,18 @@ struct Sampler {
 }
 
 impl Sampler {
+    /// Attaches probes to the processes whose hits were seen unfollowed,
+    /// and does the uprobe side's due work.
+    fn poll_uprobes(&mut self, loaded: &mut Loaded, now: Instant) {
+        if let Some(u) = self.uprobes.as_mut() {
+            let mut att = loaded.attacher();
+            for pid in self.unfollowed_hits.drain(..) {
+                u.on_probe_hit(pid, now, &mut att);
+            }
+            u.poll(now, &mut att);
+        }
+    }
+
     /// Hands exec and exit events to the uprobe side (when configured);
     /// returns how many were read.
     fn drain_proc_events(&mut self, loaded: &mut Loaded, now: Instant) -> usize {
@@ -750,77 +737,15 @@ impl Sampler {
         if let Some(m) = self.mappings.as_mut() {
             m.read(&mut side);
         }
-        // Records missed (full ring, a ring reopened): this read's execs are
-        // looked at through /proc as well, and no image is trusted whole.
-        let gap = side.lost > 0 || std::mem::take(&mut self.mapping_gap);
-        let via_proc = self.mappings.is_none() || gap;
-        if gap {
-            self.table.on_records_lost();
-        }
-        for e in &side.events {
-            match &e.kind {
-                MappingEventKind::Exec => self.table.on_exec_record(e.pid, e.time_ns),
-                MappingEventKind::Map(m) => self.table.on_map_record(e.pid, m, side.path(m), e.time_ns),
-            }
-        }
-        for e in &events {
-            match e.kind {
-                ProcEventKind::Exec => self.table.on_exec_event(e.pid, e.ktime_ns, e.cgroup_id),
-                ProcEventKind::Exit => self.table.on_exit(e.pid, e.ktime_ns),
-            }
-            // Exec'd or gone: its counted stacks' records name the image it had.
-            self.counted.process_gone(e.pid);
-        }
+        let via_proc = self.note_in_table(&events, &side);
         if let Some(u) = &self.uprobes {
             u.counters().mapping_records_lost.add(side.lost);
         }
         self.counters.malformed.add(side.malformed);
         let n = events.len() + side.events.len();
-        if let (Some(u), false) = (self.uprobes.as_mut(), n == 0) {
-            // Exited already, or exec'd again (a later event of the same pid
-            // in this batch): /proc shows only the last image, so only the
-            // last exec is looked at. Marked walking backwards.
-            self.later.clear();
-            self.superseded.clear();
-            self.superseded.resize(events.len(), false);
-            for (i, e) in events.iter().enumerate().rev() {
-                self.superseded[i] = !self.later.insert(e.pid);
-            }
-            // Both streams in time order (the same CLOCK_MONOTONIC): an exit
-            // and a reuse of its pid in one read are told apart.
-            self.order.clear();
-            self.order.extend(events.iter().enumerate().map(|(i, e)| (e.ktime_ns, i as u32, false)));
-            self.order.extend(side.events.iter().enumerate().map(|(i, e)| (e.time_ns, i as u32, true)));
-            self.order.sort_unstable();
-            // Event times (CLOCK_MONOTONIC, as Instant) for the maps rescans.
-            let ktime_now = now_ns(libc::CLOCK_MONOTONIC);
-            let mut att = loaded.attacher();
-            for &(_, i, is_mapping) in &self.order {
-                let i = i as usize;
-                if is_mapping {
-                    let e = &side.events[i];
-                    match &e.kind {
-                        MappingEventKind::Exec => u.on_image(e.pid, now),
-                        MappingEventKind::Map(m) => u.on_kernel_mapping(e.pid, m, &side, now, &mut att),
-                    }
-                    continue;
-                }
-                let e = &events[i];
-                match e.kind {
-                    ProcEventKind::Exec => {
-                        self.counters.process_execs.inc();
-                        self.table.exec(e.pid, e.ktime_ns);
-                        if via_proc && !self.superseded[i] {
-                            let age = Duration::from_nanos(ktime_now.saturating_sub(e.ktime_ns));
-                            u.on_exec_at(e.pid, now.checked_sub(age).unwrap_or(now), now, &mut att);
-                        }
-                    }
-                    ProcEventKind::Exit => {
-                        self.counters.process_exits.inc();
-                        u.on_exit(e.pid, now);
-                    }
-                }
-            }
+        if self.uprobes.is_some() && n > 0 {
+            self.put_in_order(&events, &side);
+            self.hand_to_uprobes(&events, &side, via_proc, loaded, now);
         } else {
             for e in &events {
                 match e.kind {
@@ -838,6 +763,95 @@ impl Sampler {
         n
     }
 
+    /// Tells the process table (and the counted stacks) what the exec/exit
+    /// events and mapping records say; returns whether execs are to be
+    /// looked at through /proc as well (no records, or some missed).
+    fn note_in_table(&mut self, events: &[ProcEvent], side: &MappingBatch) -> bool {
+        // Records missed (full ring, a ring reopened): this read's execs are
+        // looked at through /proc as well, and no image is trusted whole.
+        let gap = side.lost > 0 || std::mem::take(&mut self.mapping_gap);
+        if gap {
+            self.table.on_records_lost();
+        }
+        for e in &side.events {
+            match &e.kind {
+                MappingEventKind::Exec => self.table.on_exec_record(e.pid, e.time_ns),
+                MappingEventKind::Map(m) => self.table.on_map_record(e.pid, m, side.path(m), e.time_ns),
+            }
+        }
+        for e in events {
+            match e.kind {
+                ProcEventKind::Exec => self.table.on_exec_event(e.pid, e.ktime_ns, e.cgroup_id),
+                ProcEventKind::Exit => self.table.on_exit(e.pid, e.ktime_ns),
+            }
+            // Exec'd or gone: its counted stacks' records name the image it had.
+            self.counted.process_gone(e.pid);
+        }
+        self.mappings.is_none() || gap
+    }
+
+    /// Fills `order` with both streams in time order (the same
+    /// CLOCK_MONOTONIC: an exit and a reuse of its pid in one read are told
+    /// apart), and `superseded` with the events followed by another of the
+    /// same pid in this batch (exited already, or exec'd again: /proc shows
+    /// only the last image, so only the last exec is looked at). Marked
+    /// walking backwards.
+    fn put_in_order(&mut self, events: &[ProcEvent], side: &MappingBatch) {
+        self.later.clear();
+        self.superseded.clear();
+        self.superseded.resize(events.len(), false);
+        for (i, e) in events.iter().enumerate().rev() {
+            self.superseded[i] = !self.later.insert(e.pid);
+        }
+        self.order.clear();
+        self.order.extend(events.iter().enumerate().map(|(i, e)| (e.ktime_ns, i as u32, false)));
+        self.order.extend(side.events.iter().enumerate().map(|(i, e)| (e.time_ns, i as u32, true)));
+        self.order.sort_unstable();
+    }
+
+    /// Hands the events and records to the uprobe side in `order`.
+    fn hand_to_uprobes(
+        &mut self,
+        events: &[ProcEvent],
+        side: &MappingBatch,
+        via_proc: bool,
+        loaded: &mut Loaded,
+        now: Instant,
+    ) {
+        let Some(u) = self.uprobes.as_mut() else {
+            return;
+        };
+        // Event times (CLOCK_MONOTONIC, as Instant) for the maps rescans.
+        let ktime_now = now_ns(libc::CLOCK_MONOTONIC);
+        let mut att = loaded.attacher();
+        for &(_, i, is_mapping) in &self.order {
+            let i = i as usize;
+            if is_mapping {
+                let e = &side.events[i];
+                match &e.kind {
+                    MappingEventKind::Exec => u.on_image(e.pid, now),
+                    MappingEventKind::Map(m) => u.on_kernel_mapping(e.pid, m, side, now, &mut att),
+                }
+                continue;
+            }
+            let e = &events[i];
+            match e.kind {
+                ProcEventKind::Exec => {
+                    self.counters.process_execs.inc();
+                    self.table.exec(e.pid, e.ktime_ns);
+                    if via_proc && !self.superseded[i] {
+                        let age = Duration::from_nanos(ktime_now.saturating_sub(e.ktime_ns));
+                        u.on_exec_at(e.pid, now.checked_sub(age).unwrap_or(now), now, &mut att);
+                    }
+                }
+                ProcEventKind::Exit => {
+                    self.counters.process_exits.inc();
+                    u.on_exit(e.pid, now);
+                }
+            }
+        }
+    }
+
     fn drain(&mut self, loaded: &mut Loaded) {
         let now = Instant::now();
         // Tables built since the last drain go into the kernel first.
@@ -846,8 +860,8 @@ impl Sampler {
         }
         let mut n = 0u64;
         while let Some(item) = loaded.ring.next() {
-            n += 1;
             let Some(rec) = Sample::parse(&item) else {
+                n += 1;
                 self.counters.malformed.inc();
                 continue;
             };
@@ -857,57 +871,8 @@ impl Sampler {
             self.ubuf.extend(rec.user_stack());
             let h = rec.header;
             drop(item);
-            let mut count_key = None;
-            let probe = match h.kind {
-                SampleKind::Cpu => None,
-                SampleKind::CpuCounted { key, slot } => {
-                    // Its 1 is in the count.
-                    n -= 1;
-                    count_key = Some((key, slot));
-                    None
-                }
-                SampleKind::Probe(i) => {
-                    if let Some(u) = &self.uprobes {
-                        if !u.follows(h.pid) && !self.unfollowed_hits.contains(&h.pid) {
-                            self.unfollowed_hits.push(h.pid);
-                        }
-                    }
-                    Some(i)
-                }
-            };
-            // Cut the ends of a frame-pointer walk that are no code (see
-            // stack_end): by address range first, so that junk does not
-            // trigger a maps re-read, then by the process's mappings.
-            let (kn, un) = (stack_end::kernel_frames(&self.kbuf), stack_end::user_frames(&self.ubuf, None));
-            self.table.sample_at(h.pid, h.ktime_ns);
-            let st =
-                if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
-            let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
-            if count_key.is_none() {
-                // A counted stack's end is counted with its count.
-                self.unwind_counters.count_end(h.user_end);
-            }
-            let un = stack_end::user_frames(&self.ubuf[..un], process.as_ref().map(|(_, m)| &**m));
-            if kn < self.kbuf.len() || un < self.ubuf.len() {
-                self.counters.stacks_cut.inc();
-                self.kbuf.truncate(kn);
-                self.ubuf.truncate(un);
-            }
-            let sample = SampleIn {
-                probe,
-                pid: h.pid,
-                tid: h.tid,
-                cpu: h.cpu,
-                comm: h.comm,
-                unix_ns: self.clock.to_unix_ns(h.ktime_ns),
-                kstack: &self.kbuf,
-                ustack: &self.ubuf,
-                unwind_end: h.user_end,
-            };
-            match count_key {
-                Some((key, slot)) => self.counted.record(key, slot, &sample, process),
-                None => self.interval.add(&sample, process.as_ref().map(|(i, m)| (i, m))),
-            }
+            // A counted stack's 1 is in its count.
+            n += u64::from(!self.add_sample(&h, now));
             if self.interval.is_full() {
                 break;
             }
@@ -919,6 +884,61 @@ impl Sampler {
             let table = &mut self.table;
             uw.read_wanted(maps, |pid| table.get(pid, now).map(|st| st.mappings.clone()), now);
         }
+    }
+
+    /// Adds the sample of header `h` and the stacks in `kbuf` and `ubuf`
+    /// to the interval, or to the counted stacks when it is the record of
+    /// one (then returns `true`).
+    fn add_sample(&mut self, h: &SampleHeader, now: Instant) -> bool {
+        let mut count_key = None;
+        let probe = match h.kind {
+            SampleKind::Cpu => None,
+            SampleKind::CpuCounted { key, slot } => {
+                count_key = Some((key, slot));
+                None
+            }
+            SampleKind::Probe(i) => {
+                if let Some(u) = &self.uprobes {
+                    if !u.follows(h.pid) && !self.unfollowed_hits.contains(&h.pid) {
+                        self.unfollowed_hits.push(h.pid);
+                    }
+                }
+                Some(i)
+            }
+        };
+        // Cut the ends of a frame-pointer walk that are no code (see
+        // stack_end): by address range first, so that junk does not
+        // trigger a maps re-read, then by the process's mappings.
+        let (kn, un) = (stack_end::kernel_frames(&self.kbuf), stack_end::user_frames(&self.ubuf, None));
+        self.table.sample_at(h.pid, h.ktime_ns);
+        let st = if un == 0 { self.table.get(h.pid, now) } else { self.table.resolve(h.pid, &self.ubuf[..un], now) };
+        let process = st.map(|st| (st.info.clone(), st.mappings.clone()));
+        if count_key.is_none() {
+            // A counted stack's end is counted with its count.
+            self.unwind_counters.count_end(h.user_end);
+        }
+        let un = stack_end::user_frames(&self.ubuf[..un], process.as_ref().map(|(_, m)| &**m));
+        if kn < self.kbuf.len() || un < self.ubuf.len() {
+            self.counters.stacks_cut.inc();
+            self.kbuf.truncate(kn);
+            self.ubuf.truncate(un);
+        }
+        let sample = SampleIn {
+            probe,
+            pid: h.pid,
+            tid: h.tid,
+            cpu: h.cpu,
+            comm: h.comm,
+            unix_ns: self.clock.to_unix_ns(h.ktime_ns),
+            kstack: &self.kbuf,
+            ustack: &self.ubuf,
+            unwind_end: h.user_end,
+        };
+        match count_key {
+            Some((key, slot)) => self.counted.record(key, slot, &sample, process),
+            None => self.interval.add(&sample, process.as_ref().map(|(i, m)| (i, m))),
+        }
+        count_key.is_some()
     }
 
     /// Ends the interval: updates telemetry, sweeps the process table and
@@ -992,31 +1012,12 @@ impl Sampler {
 
 #[cfg(test)]
 mod tests {
-    use super::{cpu_list, parse_cpu_list, OnlineCpus};
+    use super::cpu_list;
 
     #[test]
     fn cpu_lists_are_ranges() {
         assert_eq!(cpu_list(&[]), "-");
         assert_eq!(cpu_list(&[1]), "1");
         assert_eq!(cpu_list(&[0, 1, 2, 3, 5, 7, 8]), "0-3,5,7-8");
-    }
-
-    #[test]
-    fn cpu_lists_parse_as_sysfs_writes_them() {
-        assert_eq!(parse_cpu_list("0-3,5,7-8\n"), Some(vec![0, 1, 2, 3, 5, 7, 8]));
-        assert_eq!(parse_cpu_list("0\n"), Some(vec![0]));
-        for bad in ["", "\n", "3-1", "x", "0-", "1,,a", "0-4294967295"] {
-            assert_eq!(parse_cpu_list(bad), None, "{bad}");
-        }
-    }
-
-    /// The file kept open reads the same list as aya's fresh open, and a
-    /// second read (at offset 0 again) as well.
-    #[test]
-    fn online_cpus_read_twice_from_one_open_file() {
-        let fresh = aya::util::online_cpus().expect("online CPUs");
-        let mut kept = OnlineCpus::default();
-        assert_eq!(kept.read().unwrap(), fresh);
-        assert_eq!(kept.read().unwrap(), fresh);
     }
 }

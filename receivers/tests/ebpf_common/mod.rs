@@ -5,7 +5,7 @@ use profcol_api::component::{ComponentId, Consumer, Kind, Next, Receiver};
 use profcol_api::model::{any_value, keys, pb};
 use profcol_api::telemetry::Telemetry;
 use profcol_api::{CreateSettings, Profiles};
-use profcol_receivers::ebpf::privileges::Privileges;
+use profcol_receivers::ebpf::bpf::privileges::Privileges;
 use profcol_receivers::ebpf::{EbpfConfig, EbpfReceiver};
 use profcol_testkit::sink::Collector;
 use std::io::{BufRead, BufReader, Write};

@@ -1,16 +1,24 @@
 //! BPF programs as symbols, read through the bpf syscall: each JIT-ed
 //! function's address, length and kernel name (`bpf_prog_<tag>_<func>`),
 //! and, where the program has BTF, its function names and source lines.
+//!
+//! - [`progs`]: the functions of loaded BPF programs, as symbols.
+//! - [`btf`]: their function names and source lines, from the program's BTF.
+//! - [`history`]: programs loaded and unloaded over time, so samples are named by what was loaded when taken.
+//! - [`progress`]: how far the PERF_RECORD_KSYMBOL listener's reports are complete, for batches that wait on it.
 
 pub mod btf;
+pub mod history;
+pub mod progress;
+pub mod progs;
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use profcol_ebpf::sys;
 
-use super::bpf_progs::{BpfFunc, BpfLine};
 use super::error::{Error, Result};
+use progs::{BpfFunc, BpfLine};
 
 fn bpf_err(cmd: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Bpf { cmd, source }

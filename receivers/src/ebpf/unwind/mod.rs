@@ -12,11 +12,14 @@
 //! pointers there). New processes of known programs cost the receiver
 //! nothing; a new program's first samples take frame pointers until its
 //! tables are in, reported as `no_table`.
+//!
+//! - [`store`]: the tables loaded into the kernel's maps, shared per build id, within `max_table_bytes`.
+//! - [`kernel`]: those BPF maps, as the store's sink.
 
 pub mod kernel;
 pub mod store;
 
-use super::process::{Mapping, MappingSet};
+use crate::ebpf::process::{Mapping, MappingSet};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_ebpf::unwind::{FileSegment, KernelFile, Want, FILES_CAPACITY, NO_TABLE, PENDING};
 use profcol_ebpf::UnwindEnd;
@@ -207,7 +210,10 @@ impl OwnExe {
         let f = File::open("/proc/self/exe").ok()?;
         let md = f.metadata().ok()?;
         let file = KernelFile::new(libc::major(md.dev()), libc::minor(md.dev()), md.ino());
-        let build_id = super::buildid::read_build_id(&f).ok().flatten().map(|b| Arc::from(profcol_elf::notes::hex(&b)));
+        let build_id = crate::ebpf::process::buildid::read_build_id(&f)
+            .ok()
+            .flatten()
+            .map(|b| Arc::from(profcol_elf::notes::hex(&b)));
         Some(OwnExe { file, build_id })
     }
 
@@ -220,11 +226,11 @@ impl Unwinder {
     pub fn new(store: TableStore, counters: UnwindCounters) -> std::io::Result<Self> {
         let (jobs, job_rx) = sync_channel::<(TableKey, File)>(MAX_QUEUED_BUILDS);
         let (built_tx, built) = channel();
-        let built_fd = Arc::new(super::sampler::eventfd()?);
+        let built_fd = Arc::new(profcol_ebpf::sys::eventfd()?);
         let signal_fd = built_fd.clone();
         // Not joined: dropping the sender ends it after the build at hand.
         std::thread::Builder::new().name("profcol-unwind".into()).spawn(move || {
-            use std::os::fd::AsRawFd;
+            use std::os::fd::AsFd;
             while let Ok((key, file)) = job_rx.recv() {
                 let started = Instant::now();
                 let result = build(&file);
@@ -232,7 +238,7 @@ impl Unwinder {
                 if built_tx.send(Built { key, result, micros }).is_err() {
                     break;
                 }
-                super::sampler::signal(signal_fd.as_raw_fd());
+                profcol_ebpf::sys::eventfd_signal(signal_fd.as_fd());
             }
         })?;
         Ok(Unwinder {
@@ -276,8 +282,7 @@ impl Unwinder {
     pub fn poll(&mut self, sink: &mut dyn FileSink, now: Instant) {
         // Reset the eventfd first: a build finished after this read
         // signals it again.
-        let mut count = [0u8; 8];
-        let _ = read_counter(self.built_fd(), &mut count);
+        profcol_ebpf::sys::eventfd_take(std::os::fd::AsFd::as_fd(&*self.built_fd));
         let mut any = false;
         while let Ok(b) = self.built.try_recv() {
             any = true;
@@ -340,7 +345,7 @@ impl Unwinder {
             self.wants = wants;
             return;
         }
-        let now_ns = super::clock::now_ns(libc::CLOCK_MONOTONIC);
+        let now_ns = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
         let mut done = std::mem::take(&mut self.done);
         done.clear();
         for &(file, w) in &wants {
@@ -567,12 +572,6 @@ fn build(file: &File) -> Result<(CompactTable, Arc<[LoadSegment]>), String> {
     Ok((compact, elf.load_segments().into()))
 }
 
-/// A nonblocking read of `fd` (the eventfd's counter).
-fn read_counter(fd: std::os::fd::RawFd, buf: &mut [u8; 8]) -> isize {
-    // SAFETY: reads at most 8 bytes into a valid 8-byte buffer.
-    unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) }
-}
-
 /// Hands the heap the allocator keeps free back to the kernel. A table
 /// build of a large binary allocates tens of MiB for a moment (the parsed
 /// `.eh_frame`, the full table before compaction, the compact table until
@@ -624,7 +623,7 @@ mod tests {
 
     /// What the BPF program would put in `unwind_wanted` for `m` of `pid`.
     fn want(pid: u32, m: &Mapping, count: u32) -> Want {
-        let first_ns = super::super::clock::now_ns(libc::CLOCK_MONOTONIC);
+        let first_ns = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
         Want { pid, count, start: m.start, end: m.end, pgoff: m.file_offset / 4096, first_ns }
     }
 

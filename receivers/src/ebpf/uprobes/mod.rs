@@ -2,7 +2,7 @@
 //! that runs them.
 //!
 //! [`Uprobes`] follows processes (the ones running at start from /proc,
-//! then the kernel's exec and mapping records, [`super::mmap_events`], and
+//! then the kernel's exec and mapping records, [`crate::ebpf::process::mmap_events`], and
 //! the exit events of the BPF process-discovery programs) and, for each
 //! executable and executable mapping that a probe's `binary:` pattern
 //! selects, decides once per file whether anything is to be attached.
@@ -18,7 +18,7 @@
 //!   lookup in the [`cache::AttachmentCache`] by (st_dev, st_ino),
 //!   validated by size and mtime; the file is opened only on a miss;
 //! - a library is found in the process's executable mappings
-//!   ([`super::exec_maps`]); its (device, inode) as the maps show it is
+//!   ([`crate::ebpf::process::exec_maps`]); its (device, inode) as the maps show it is
 //!   opened through `/proc/PID/map_files/START-END` and `fstat`ed once per
 //!   [`MAPPED_RECHECK`], and costs a lookup for every other process;
 //! - on a miss it is parsed with the one ELF reader ([`profcol_elf`]) for
@@ -39,14 +39,17 @@
 //! no probe is configured. Attaching goes through [`Attacher`], so the
 //! logic runs the same with the kernel (the receiver) and without (tests,
 //! benchmarks).
+//!
+//! - [`matcher`]: which binaries a probe is for (`binary:` as a path, a base name or a glob).
+//! - [`cache`]: the verdicts about binaries: attached (refcounted) or nothing to attach (expiring).
 
 pub mod cache;
 pub mod matcher;
 
 use super::config::{NegativeCacheConfig, UprobeSpec};
-use super::exec_maps::{ExecMapping, ExecMaps, ExecMapsReader};
-use super::mmap_events::{FileMap, MappingBatch};
-use super::procfs::{self, ProcPath};
+use crate::ebpf::process::exec_maps::{ExecMapping, ExecMaps, ExecMapsReader};
+use crate::ebpf::process::mmap_events::{FileMap, MappingBatch};
+use crate::ebpf::process::procfs::{self, ProcPath};
 use cache::{Acquire, AttachmentCache, CacheLimits, FileKey, FileStamp};
 use matcher::BinaryPattern;
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
@@ -101,7 +104,7 @@ impl FailureReason {
         }
     }
 
-    /// Classifies an errno from perf_event_open / bpf_link_create.
+    /// Classifies an errno from opening the probe's perf event or linking it.
     pub fn from_errno(errno: Option<i32>) -> Self {
         match errno {
             Some(libc::EPERM | libc::EACCES) => FailureReason::Permission,
@@ -392,7 +395,7 @@ impl<L> Uprobes<L> {
         self.publish();
     }
 
-    /// The kernel's exec record ([`super::mmap_events`]): the process
+    /// The kernel's exec record ([`crate::ebpf::process::mmap_events`]): the process
     /// starts a new image and drops what the old one held; its next
     /// executable file mapping is its executable. With the kernel's
     /// mapping records the exec event itself needs no handling here.

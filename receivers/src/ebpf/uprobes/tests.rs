@@ -256,7 +256,7 @@ fn record(
 ) -> FileMap {
     batch.push_map(0, pid, range, 0, (dev, ino), path);
     match batch.events.last().unwrap().kind {
-        super::super::mmap_events::MappingEventKind::Map(m) => m,
+        crate::ebpf::process::mmap_events::MappingEventKind::Map(m) => m,
         _ => unreachable!(),
     }
 }

@@ -10,9 +10,9 @@
 //! (`calls/count`), named by profile attributes.
 //! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
 
-use super::config::{SampleAttribute, UprobeSpec};
-use super::process::{MappingSet, ProcessInfo};
-use super::service_name::ServiceNamer;
+use crate::ebpf::config::{SampleAttribute, UprobeSpec};
+use crate::ebpf::process::service_name::ServiceNamer;
+use crate::ebpf::process::{MappingSet, ProcessInfo};
 use profcol_api::model::ProfileRef;
 use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
@@ -245,6 +245,83 @@ impl Interval {
         probes: &[UprobeSpec],
         namer: &ServiceNamer,
     ) -> Profiles {
+        let meta = ProfileMeta::cpu(period_ns, self.start_unix_ns, end_unix_ns.saturating_sub(self.start_unix_ns));
+        let (mut samples, order) = sorted(self.samples);
+        let mut batch = BatchBuilder::new(self.attrs, meta, Names { host_name, probes, namer }, samples.len());
+        for &i in &order {
+            let (key, occ) = &mut samples[i as usize];
+            batch.add(key, occ, &self.procs, &self.unreadable_comm);
+        }
+        batch.b.build()
+    }
+}
+
+/// The samples, and the order they go into the batch: by pid, generation,
+/// then sample identity. Sorted by index (a sample with its key is ~100
+/// bytes to move at every swap, an index 4), one vector for all processes.
+fn sorted(samples: FxHashMap<Key, Occurrences>) -> (Vec<(Key, Occurrences)>, Vec<u32>) {
+    let samples: Vec<(Key, Occurrences)> = samples.into_iter().collect();
+    let mut order: Vec<u32> = (0..samples.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| {
+        let (a, b) = (&samples[a as usize].0, &samples[b as usize].0);
+        (a.pid, a.generation, a.profile, a.tid, a.cpu, a.frames.kstack(), a.frames.ustack()).cmp(&(
+            b.pid,
+            b.generation,
+            b.profile,
+            b.tid,
+            b.cpu,
+            b.frames.kstack(),
+            b.frames.ustack(),
+        ))
+    });
+    (samples, order)
+}
+
+/// What names a batch's resources and probe profiles.
+struct Names<'a> {
+    host_name: &'a str,
+    probes: &'a [UprobeSpec],
+    namer: &'a ServiceNamer,
+}
+
+/// The batch [`Interval::build`] makes, sample by sorted sample: where the
+/// samples are (process, profile, thread: each changes rarely, as they come
+/// sorted) and what was interned once for the whole batch.
+struct BatchBuilder<'a> {
+    b: ProfilesBuilder,
+    attrs: SampleAttrs,
+    names: Names<'a>,
+    meta: ProfileMeta<'a>,
+    probe_meta: ProfileMeta<'a>,
+    locations: Locations,
+    /// The process of the samples now: its resource and mappings.
+    group: Option<Group>,
+    /// Its profiles, made when their first sample comes.
+    current: Option<(u32, ProfileRef)>,
+    /// The thread of the last sample, with its attributes' indices.
+    thread_attrs: Option<(u32, [u8; 16], [Option<i32>; 2])>,
+}
+
+/// The locations of a batch's frames, each made once.
+struct Locations {
+    kernel_mapping: i32,
+    kernel_attr: i32,
+    native_attr: i32,
+    /// The stack being made (reused).
+    stack: Vec<i32>,
+    /// Location of each kernel address (one mapping for all processes)
+    /// and, per process, of each user address: most frames of a report
+    /// are callers many stacks share, found here without building and
+    /// hashing a Location. Each is new to the batch when first met, so it
+    /// is pushed, not interned.
+    kernel: FxHashMap<u64, i32>,
+    user: FxHashMap<u64, i32>,
+    /// Mapping index per mapping of the process, interned lazily.
+    mapping_idx: FxHashMap<usize, i32>,
+}
+
+impl<'a> BatchBuilder<'a> {
+    fn new(attrs: SampleAttrs, meta: ProfileMeta<'a>, names: Names<'a>, samples: usize) -> Self {
         let mut b = ProfilesBuilder::new();
         let kernel_mapping = {
             let filename_strindex = b.string(keys::KERNEL_MAPPING);
@@ -252,197 +329,233 @@ impl Interval {
         };
         let kernel_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("kernel"));
         let native_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("native"));
-        let meta = ProfileMeta::cpu(period_ns, self.start_unix_ns, end_unix_ns.saturating_sub(self.start_unix_ns));
         let probe_meta =
             ProfileMeta { sample_type: ("calls", "count"), period_type: ("calls", "count"), period: 1, ..meta };
-
-        // Deterministic order: by pid, generation, then sample identity;
-        // sorted by index (a sample with its key is ~100 bytes to move at
-        // every swap, an index 4), one vector for all processes.
-        let mut samples: Vec<(Key, Occurrences)> = self.samples.into_iter().collect();
-        let mut order: Vec<u32> = (0..samples.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| {
-            let (a, b) = (&samples[a as usize].0, &samples[b as usize].0);
-            (a.pid, a.generation, a.profile, a.tid, a.cpu, a.frames.kstack(), a.frames.ustack()).cmp(&(
-                b.pid,
-                b.generation,
-                b.profile,
-                b.tid,
-                b.cpu,
-                b.frames.kstack(),
-                b.frames.ustack(),
-            ))
-        });
-
         // A stack per sample at most; about as many distinct frames.
-        b.reserve(samples.len(), samples.len());
-        let mut locs = Vec::new();
-        // Location of each kernel address (one mapping for all processes)
-        // and, per process, of each user address: most frames of a report
-        // are callers many stacks share, found here without building and
-        // hashing a Location. Each is new to the batch when first met, so
-        // it is pushed, not interned.
-        let mut kernel_locs: FxHashMap<u64, i32> = FxHashMap::default();
-        let mut user_locs: FxHashMap<u64, i32> = FxHashMap::default();
-        // Mapping index per process mapping, interned lazily.
-        let mut mapping_idx: FxHashMap<usize, i32> = FxHashMap::default();
-        // The process of the samples now: its resource and mappings.
-        let mut group: Option<Group> = None;
-        // Its profiles, made when their first sample comes.
-        let mut current: Option<(u32, ProfileRef)> = None;
-        // The thread of the last sample, with its attributes' indices.
-        let mut thread_attrs: Option<(u32, [u8; 16], [Option<i32>; 2])> = None;
-        for &i in &order {
-            let (k, occ) = &mut samples[i as usize];
-            let gk = (k.pid, k.generation);
-            let (r, maps) = match &group {
-                Some((g, r, maps)) if *g == gk => (*r, maps.as_ref()),
-                _ => {
-                    let (info, maps) = match self.procs.get(&gk) {
-                        Some((i, m)) => (i.clone(), m.clone()),
-                        None => (Arc::new(ProcessInfo::default()), None),
-                    };
-                    let service = match info.service_name.as_str() {
-                        "" => {
-                            let comm = self.unreadable_comm.get(&gk.0).map(comm_str).unwrap_or_default();
-                            namer.name_without_process(&comm)
-                        }
-                        name => name.to_owned(),
-                    };
-                    let r = b.resource(resource(host_name, &info, &service));
-                    b.set_scope(r, profcol_api::model::profcol_scope());
-                    current = None;
-                    thread_attrs = None;
-                    mapping_idx.clear();
-                    // Location of each user address of this process (its
-                    // mappings say where an address lies): a frame met
-                    // again, in this stack or the next, is one lookup of a u64.
-                    user_locs.clear();
-                    let g = group.insert((gk, r, maps));
-                    (g.1, g.2.as_ref())
-                }
-            };
-            let prof = match current {
-                Some((p, r)) if p == k.profile => r,
-                _ => {
-                    let r = if k.profile == CPU_PROFILE {
-                        b.profile(r, &meta)
-                    } else {
-                        let pr = b.profile(r, &probe_meta);
-                        let spec = probes.get(k.profile as usize);
-                        let mut attrs = vec![
-                            b.attribute(UPROBE_SYMBOL_ATTR, AttrValue::Str(spec.map_or("", |s| s.symbol.as_str())))
-                        ];
-                        if let Some(bin) = spec.and_then(|s| s.binary.as_deref()) {
-                            attrs.push(b.attribute(UPROBE_BINARY_ATTR, AttrValue::Str(bin)));
-                        }
-                        b.profile_mut(pr).attribute_indices = attrs;
-                        pr
-                    };
-                    current = Some((k.profile, r));
-                    r
-                }
-            };
-            locs.clear();
-            for &addr in k.frames.kstack() {
-                locs.push(*kernel_locs.entry(addr).or_insert_with(|| {
-                    b.push_location(pb::Location {
-                        mapping_index: kernel_mapping,
-                        address: addr,
-                        lines: Vec::new(),
-                        attribute_indices: vec![kernel_attr],
-                    })
-                }));
-            }
-            for &addr in k.frames.ustack() {
-                if let Some(&l) = user_locs.get(&addr) {
-                    locs.push(l);
-                    continue;
-                }
-                let mapping_index = maps
-                    .and_then(|set| {
-                        let i = set.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
-                        let m = &set.mappings[i];
-                        (addr < m.end).then_some((i, m))
-                    })
-                    .map_or(0, |(i, m)| {
-                        *mapping_idx.entry(i).or_insert_with(|| {
-                            let filename_strindex = b.string(&m.path);
-                            let attribute_indices = match (&m.build_id, &m.file_id) {
-                                (Some(id), _) => {
-                                    vec![b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(id))]
-                                }
-                                (None, Some(id)) => {
-                                    vec![b.attribute(keys::BUILD_ID_HTLHASH, AttrValue::Str(id))]
-                                }
-                                (None, None) => Vec::new(),
-                            };
-                            b.mapping(pb::Mapping {
-                                memory_start: m.start,
-                                memory_limit: m.end,
-                                file_offset: m.file_offset,
-                                filename_strindex,
-                                attribute_indices,
-                            })
-                        })
-                    });
-                let l = b.push_location(pb::Location {
-                    mapping_index,
-                    address: addr,
-                    lines: Vec::new(),
-                    attribute_indices: vec![native_attr],
-                });
-                user_locs.insert(addr, l);
-                locs.push(l);
-            }
-            let stack_index = b.stack(&locs);
-            let mut attribute_indices = Vec::with_capacity(4);
-            // Samples come sorted by thread: its attributes are interned
-            // once per thread, not once per stack.
-            let thread = match thread_attrs {
-                Some((tid, comm, attrs)) if tid == k.tid && comm == k.comm => attrs,
-                _ => {
-                    let attrs = [
-                        self.attrs.thread_id.then(|| b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64))),
-                        self.attrs
-                            .thread_name
-                            .then(|| b.attribute(keys::THREAD_NAME, AttrValue::Str(&comm_str(&k.comm)))),
-                    ];
-                    thread_attrs = Some((k.tid, k.comm, attrs));
-                    attrs
-                }
-            };
-            attribute_indices.extend(thread.into_iter().flatten());
-            if self.attrs.cpu {
-                attribute_indices.push(b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)));
-            }
-            if let Some(end) = k.unwind_end {
-                attribute_indices.push(b.attribute(UNWIND_END_ATTR, AttrValue::Str(end)));
-            }
-            let (mut ts, counted) = (std::mem::take(&mut occ.times), occ.counted);
-            if counted > 0 {
-                let values = vec![i64::try_from(counted).unwrap_or(i64::MAX)];
-                // A copy only when a sample with times follows.
-                let attribute_indices =
-                    if ts.is_empty() { std::mem::take(&mut attribute_indices) } else { attribute_indices.clone() };
-                let s = pb::Sample { stack_index, attribute_indices, values, ..Default::default() };
-                b.sample(prof, s);
-            }
-            if !ts.is_empty() {
-                ts.sort_unstable();
-                b.sample(
-                    prof,
-                    pb::Sample {
-                        stack_index,
-                        attribute_indices,
-                        link_index: 0,
-                        values: vec![1; ts.len()],
-                        timestamps_unix_nano: ts,
-                    },
-                );
+        b.reserve(samples, samples);
+        BatchBuilder {
+            b,
+            attrs,
+            names,
+            meta,
+            probe_meta,
+            locations: Locations {
+                kernel_mapping,
+                kernel_attr,
+                native_attr,
+                stack: Vec::new(),
+                kernel: FxHashMap::default(),
+                user: FxHashMap::default(),
+                mapping_idx: FxHashMap::default(),
+            },
+            group: None,
+            current: None,
+            thread_attrs: None,
+        }
+    }
+
+    /// Adds one sample identity and its occurrences (their times taken).
+    fn add(
+        &mut self,
+        k: &Key,
+        occ: &mut Occurrences,
+        procs: &FxHashMap<(u32, u32), ProcessEntry>,
+        unreadable_comm: &FxHashMap<u32, [u8; 16]>,
+    ) {
+        let resource = self.enter_process((k.pid, k.generation), procs, unreadable_comm);
+        let prof = self.profile(resource, k.profile);
+        let maps = self.group.as_ref().and_then(|g| g.2.as_deref());
+        let stack_index = self.locations.stack(&mut self.b, k, maps);
+        let attribute_indices = self.sample_attributes(k);
+        self.push_samples(prof, stack_index, attribute_indices, occ);
+    }
+
+    /// The resource of process `gk`, made when its first sample comes.
+    fn enter_process(
+        &mut self,
+        gk: (u32, u32),
+        procs: &FxHashMap<(u32, u32), ProcessEntry>,
+        unreadable_comm: &FxHashMap<u32, [u8; 16]>,
+    ) -> usize {
+        if let Some((g, r, _)) = &self.group {
+            if *g == gk {
+                return *r;
             }
         }
-        b.build()
+        let (info, maps) = match procs.get(&gk) {
+            Some((i, m)) => (i.clone(), m.clone()),
+            None => (Arc::new(ProcessInfo::default()), None),
+        };
+        let service = match info.service_name.as_str() {
+            "" => {
+                let comm = unreadable_comm.get(&gk.0).map(comm_str).unwrap_or_default();
+                self.names.namer.name_without_process(&comm)
+            }
+            name => name.to_owned(),
+        };
+        let r = self.b.resource(resource(self.names.host_name, &info, &service));
+        self.b.set_scope(r, profcol_api::model::profcol_scope());
+        self.current = None;
+        self.thread_attrs = None;
+        self.locations.enter_process();
+        self.group = Some((gk, r, maps));
+        r
+    }
+
+    /// The profile `profile` ([`CPU_PROFILE`] or a probe's index) of the
+    /// process at `resource`, made when its first sample comes.
+    fn profile(&mut self, resource: usize, profile: u32) -> ProfileRef {
+        if let Some((p, r)) = self.current {
+            if p == profile {
+                return r;
+            }
+        }
+        let r = if profile == CPU_PROFILE {
+            self.b.profile(resource, &self.meta)
+        } else {
+            let b = &mut self.b;
+            let pr = b.profile(resource, &self.probe_meta);
+            let spec = self.names.probes.get(profile as usize);
+            let mut attrs =
+                vec![b.attribute(UPROBE_SYMBOL_ATTR, AttrValue::Str(spec.map_or("", |s| s.symbol.as_str())))];
+            if let Some(bin) = spec.and_then(|s| s.binary.as_deref()) {
+                attrs.push(b.attribute(UPROBE_BINARY_ATTR, AttrValue::Str(bin)));
+            }
+            b.profile_mut(pr).attribute_indices = attrs;
+            pr
+        };
+        self.current = Some((profile, r));
+        r
+    }
+
+    /// The attributes of sample `k`: its thread's (interned once per
+    /// thread: samples come sorted by thread), cpu and unwind end.
+    fn sample_attributes(&mut self, k: &Key) -> Vec<i32> {
+        let mut attribute_indices = Vec::with_capacity(4);
+        let thread = match self.thread_attrs {
+            Some((tid, comm, attrs)) if tid == k.tid && comm == k.comm => attrs,
+            _ => {
+                let b = &mut self.b;
+                let attrs = [
+                    self.attrs.thread_id.then(|| b.attribute(keys::THREAD_ID, AttrValue::Int(k.tid as i64))),
+                    self.attrs.thread_name.then(|| b.attribute(keys::THREAD_NAME, AttrValue::Str(&comm_str(&k.comm)))),
+                ];
+                self.thread_attrs = Some((k.tid, k.comm, attrs));
+                attrs
+            }
+        };
+        attribute_indices.extend(thread.into_iter().flatten());
+        if self.attrs.cpu {
+            attribute_indices.push(self.b.attribute(keys::CPU_LOGICAL_NUMBER, AttrValue::Int(k.cpu as i64)));
+        }
+        if let Some(end) = k.unwind_end {
+            attribute_indices.push(self.b.attribute(UNWIND_END_ATTR, AttrValue::Str(end)));
+        }
+        attribute_indices
+    }
+
+    /// The samples of one identity: its count (no times) and its timed
+    /// occurrences, each a `Sample` when there are any.
+    fn push_samples(
+        &mut self,
+        prof: ProfileRef,
+        stack_index: i32,
+        mut attribute_indices: Vec<i32>,
+        occ: &mut Occurrences,
+    ) {
+        let (mut ts, counted) = (std::mem::take(&mut occ.times), occ.counted);
+        if counted > 0 {
+            let values = vec![i64::try_from(counted).unwrap_or(i64::MAX)];
+            // A copy only when a sample with times follows.
+            let attribute_indices =
+                if ts.is_empty() { std::mem::take(&mut attribute_indices) } else { attribute_indices.clone() };
+            let s = pb::Sample { stack_index, attribute_indices, values, ..Default::default() };
+            self.b.sample(prof, s);
+        }
+        if !ts.is_empty() {
+            ts.sort_unstable();
+            self.b.sample(
+                prof,
+                pb::Sample {
+                    stack_index,
+                    attribute_indices,
+                    link_index: 0,
+                    values: vec![1; ts.len()],
+                    timestamps_unix_nano: ts,
+                },
+            );
+        }
+    }
+}
+
+impl Locations {
+    /// A new process: its user addresses and mappings are its own.
+    fn enter_process(&mut self) {
+        self.mapping_idx.clear();
+        // Location of each user address of this process (its mappings say
+        // where an address lies): a frame met again, in this stack or the
+        // next, is one lookup of a u64.
+        self.user.clear();
+    }
+
+    /// The stack of `k`'s frames (`maps`: its process's mappings).
+    fn stack(&mut self, b: &mut ProfilesBuilder, k: &Key, maps: Option<&MappingSet>) -> i32 {
+        self.stack.clear();
+        for &addr in k.frames.kstack() {
+            let l = *self.kernel.entry(addr).or_insert_with(|| {
+                b.push_location(pb::Location {
+                    mapping_index: self.kernel_mapping,
+                    address: addr,
+                    lines: Vec::new(),
+                    attribute_indices: vec![self.kernel_attr],
+                })
+            });
+            self.stack.push(l);
+        }
+        for &addr in k.frames.ustack() {
+            let l = match self.user.get(&addr) {
+                Some(&l) => l,
+                None => self.user_location(b, addr, maps),
+            };
+            self.stack.push(l);
+        }
+        b.stack(&self.stack)
+    }
+
+    /// A new location for user address `addr`, in the mapping of `maps`
+    /// it lies in (interned on first use).
+    fn user_location(&mut self, b: &mut ProfilesBuilder, addr: u64, maps: Option<&MappingSet>) -> i32 {
+        let mapping_index = maps
+            .and_then(|set| {
+                let i = set.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
+                let m = &set.mappings[i];
+                (addr < m.end).then_some((i, m))
+            })
+            .map_or(0, |(i, m)| {
+                *self.mapping_idx.entry(i).or_insert_with(|| {
+                    let filename_strindex = b.string(&m.path);
+                    let attribute_indices = match (&m.build_id, &m.file_id) {
+                        (Some(id), _) => vec![b.attribute(keys::BUILD_ID_GNU, AttrValue::Str(id))],
+                        (None, Some(id)) => vec![b.attribute(keys::BUILD_ID_HTLHASH, AttrValue::Str(id))],
+                        (None, None) => Vec::new(),
+                    };
+                    b.mapping(pb::Mapping {
+                        memory_start: m.start,
+                        memory_limit: m.end,
+                        file_offset: m.file_offset,
+                        filename_strindex,
+                        attribute_indices,
+                    })
+                })
+            });
+        let l = b.push_location(pb::Location {
+            mapping_index,
+            address: addr,
+            lines: Vec::new(),
+            attribute_indices: vec![self.native_attr],
+        });
+        self.user.insert(addr, l);
+        l
     }
 }
 
@@ -477,9 +590,9 @@ fn resource(host_name: &str, info: &ProcessInfo, service_name: &str) -> Resource
 
 #[cfg(test)]
 mod tests {
-    use super::super::process::Mapping;
-    use super::super::service_name::Source;
     use super::*;
+    use crate::ebpf::process::service_name::Source;
+    use crate::ebpf::process::Mapping;
 
     fn comm(s: &str) -> [u8; 16] {
         let mut c = [0u8; 16];
@@ -720,7 +833,7 @@ mod tests {
                 })
                 .collect()
         };
-        let default = batch(&super::super::EbpfConfig::default().sample_attributes);
+        let default = batch(&crate::ebpf::EbpfConfig::default().sample_attributes);
         assert_eq!((default.sample_messages(), default.sample_count()), (1, 2));
         assert_eq!(keys_of(&default), vec![vec!["thread.id".to_owned(), "thread.name".to_owned()]]);
         let s = default.profiles().next().unwrap().samples[0].clone();

@@ -18,7 +18,7 @@
 //! sampled instruction pointer itself, is real whenever it is a plausible
 //! address, even when the mappings have not caught up with it yet.
 
-use super::process::MappingSet;
+use crate::ebpf::process::MappingSet;
 
 /// Lowest address user code can be at: `vm.mmap_min_addr` is at least one
 /// page, so nothing executable is ever mapped below it.
@@ -55,9 +55,9 @@ pub fn kernel_frames(stack: &[u64]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::super::process::Mapping;
-    use super::super::procfs::parse_maps;
     use super::*;
+    use crate::ebpf::process::procfs::parse_maps;
+    use crate::ebpf::process::Mapping;
     use std::sync::Arc;
 
     fn maps(text: &str) -> MappingSet {

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::bpf_progs::{BpfFunc, BpfFuncs};
+use super::progs::{BpfFunc, BpfFuncs};
 
 /// `until_ns` of a function still loaded.
 pub const LIVE: u64 = u64::MAX;
@@ -122,7 +122,7 @@ impl BpfHistory {
                     std::mem::size_of::<BpfFunc>()
                         + s.func.name.len()
                         + s.func.func.as_ref().map_or(0, |f| f.len())
-                        + s.func.lines.len() * std::mem::size_of::<super::bpf_progs::BpfLine>()
+                        + s.func.lines.len() * std::mem::size_of::<super::progs::BpfLine>()
                 })
                 .sum::<usize>()
     }

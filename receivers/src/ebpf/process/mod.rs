@@ -2,7 +2,7 @@
 //! container, and executable mappings with build IDs.
 //!
 //! A process that exec'd since the receiver started is known from the
-//! kernel's exec and mapping records ([`super::image_records`]): no /proc
+//! kernel's exec and mapping records ([`image_records`]): no /proc
 //! read but its cgroup, and its samples are named even when it exited
 //! before they were read. Others are read from /proc.
 //!
@@ -11,14 +11,29 @@
 //! exited processes are dropped on the next sweep. A process whose /proc
 //! entry cannot be read is remembered as unreadable (one counted drop) so
 //! its later samples cost nothing and log nothing.
+//!
+//! Submodules, what the table is fed from:
+//!
+//! - [`procfs`]: readers and parsers of the /proc files (maps, stat, cgroup, ...).
+//! - [`exec_maps`]: a process's executable file mappings (`PROCMAP_QUERY`, or the maps text).
+//! - [`mmap_events`]: the kernel's exec and mapping records, read from per-CPU perf rings.
+//! - [`image_records`]: process images as those records tell them, kept past the exit.
+//! - [`buildid`]: GNU build IDs of mapped files, cached per file.
+//! - [`service_name`]: each process's `service.name`.
 
-use super::buildid::{BuildIdCache, FileIds};
-use super::image_records::{ImageRecords, RecordedMap};
-use super::mmap_events::FileMap;
-use super::procfs;
-use super::service_name::ServiceNamer;
+pub(crate) mod buildid;
+pub(crate) mod exec_maps;
+pub(crate) mod image_records;
+pub mod mmap_events;
+pub mod procfs;
+pub mod service_name;
+
+use buildid::{BuildIdCache, FileIds};
+use image_records::{ImageRecords, RecordedMap};
+use mmap_events::FileMap;
 use profcol_api::services::{FilePins, PinnedFile};
 use rustc_hash::FxHashMap;
+use service_name::ServiceNamer;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -152,7 +167,7 @@ impl ProcessTable {
     pub fn new(capacity: usize) -> Self {
         ProcessTable {
             procs: FxHashMap::default(),
-            namer: ServiceNamer::new(vec![super::service_name::Source::Executable]),
+            namer: ServiceNamer::new(vec![service_name::Source::Executable]),
             capacity: capacity.max(1),
             build_ids: BuildIdCache::new(4096),
             next_generation: 1,
@@ -368,7 +383,7 @@ impl ProcessTable {
             return Some(st);
         }
         // Before the reads: an exec while reading counts as after them.
-        let loaded_ktime = super::clock::now_ns(libc::CLOCK_MONOTONIC);
+        let loaded_ktime = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC);
         let facts = procfs::read_facts(pid).ok()?;
         let mappings = self.read_mappings(pid)?;
         let exe_name = facts
@@ -641,7 +656,7 @@ impl ProcessTable {
                 }
             }
         }
-        self.images.sweep(super::clock::now_ns(libc::CLOCK_MONOTONIC));
+        self.images.sweep(profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC));
         for (pid, exited) in gone {
             self.procs.remove(&pid);
             self.execs.remove(&pid);
@@ -757,7 +772,7 @@ mod tests {
     fn record_exec_of_self(t: &mut ProcessTable, pid: u32, exec_ns: u64) -> String {
         let exe = std::env::current_exe().unwrap();
         let md = std::fs::metadata(&exe).unwrap();
-        let mut b = crate::ebpf::mmap_events::MappingBatch::default();
+        let mut b = mmap_events::MappingBatch::default();
         let path = exe.to_string_lossy().into_owned();
         b.push_map(
             exec_ns + 1,
@@ -769,7 +784,7 @@ mod tests {
         );
         t.on_exec_record(pid, exec_ns);
         let e = b.events[0];
-        let crate::ebpf::mmap_events::MappingEventKind::Map(m) = e.kind else { unreachable!() };
+        let mmap_events::MappingEventKind::Map(m) = e.kind else { unreachable!() };
         t.on_map_record(pid, &m, b.path(&m), e.time_ns);
         path
     }

@@ -61,7 +61,7 @@ impl BpfFuncs {
 
     /// From `[bpf]` kallsyms lines: lengths unknown, so each runs to the next
     /// BPF symbol, at most [`KALLSYMS_FALLBACK_LEN`].
-    pub fn from_kallsyms(lines: &[super::kallsyms::BpfLine]) -> Self {
+    pub fn from_kallsyms(lines: &[crate::kernel_symbols::kallsyms::BpfLine]) -> Self {
         let mut starts: Vec<_> = lines.iter().map(|l| (l.addr, l.name.clone())).collect();
         starts.sort();
         let funcs = (0..starts.len())

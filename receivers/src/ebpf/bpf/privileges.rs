@@ -92,14 +92,14 @@ impl fmt::Display for PrivilegeError {
 
 impl std::error::Error for PrivilegeError {}
 
-/// Explains a failed perf_event_open.
+/// Explains why opening a sampling perf event failed.
 pub fn perf_open_hint(err: &std::io::Error, privs: &Privileges, frequency: u64) -> String {
     let max_rate = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok());
     match err.raw_os_error() {
         Some(libc::EACCES) | Some(libc::EPERM) => {
-            let mut m = String::from("perf_event_open was refused");
+            let mut m = String::from("opening the sampling perf event was refused");
             if let Some(p) = privs.perf_event_paranoid {
                 m.push_str(&format!(
                     ": kernel.perf_event_paranoid is {p}; CPU-wide sampling needs CAP_PERFMON (or root), \
@@ -118,7 +118,7 @@ pub fn perf_open_hint(err: &std::io::Error, privs: &Privileges, frequency: u64) 
         Some(libc::EMFILE) | Some(libc::ENFILE) => {
             "out of file descriptors (one perf event is opened per CPU); raise `ulimit -n`".to_owned()
         }
-        _ => "perf_event_open failed".to_owned(),
+        _ => "opening the sampling perf event failed".to_owned(),
     }
 }
 

@@ -69,16 +69,6 @@ impl BuildIdCache {
         BuildIdCache { entries: FxHashMap::default(), capacity: capacity.max(1), reads: 0 }
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Build ID (hex) of an opened file, from the cache when (dev, inode,
-    /// mtime, size) match.
     /// The ids of the file `md` describes if it was read before and has
     /// not changed since (same size and mtime): a caller that can stat a
     /// file by path needs no open for a file seen before.
@@ -87,6 +77,9 @@ impl BuildIdCache {
         (e.mtime == (md.mtime(), md.mtime_nsec()) && e.size == md.size()).then(|| e.ids.clone())
     }
 
+    /// Build ID (hex) of an opened file, from the cache when (dev, inode,
+    /// mtime, size) match.
+    #[cfg(test)]
     pub fn get(&mut self, file: &File) -> io::Result<Option<Arc<str>>> {
         Ok(self.ids(file)?.build_id)
     }

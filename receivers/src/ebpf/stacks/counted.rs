@@ -31,7 +31,7 @@
 //! unnamed.
 
 use super::aggregate::{Frames, Interval, SampleIn};
-use super::process::{MappingSet, ProcessInfo};
+use crate::ebpf::process::{MappingSet, ProcessInfo};
 use profcol_ebpf::UnwindEnd;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::os::fd::AsFd;
@@ -279,6 +279,28 @@ impl CountedStacks {
         mut added: impl FnMut(UnwindEnd, u64),
     ) -> Settled {
         let mut out = Settled::default();
+        let stale_unnamed = self.hand_counts(interval, store, &mut added, &mut out);
+        self.choose_leaving();
+        self.remove_leaving_keys(store, &mut out);
+        // Slots counting without a record for too long: their keys, found
+        // only now, leave (a key already gone left with its lost record).
+        if stale_unnamed {
+            self.remove_stale_unnamed(store, &mut out);
+        }
+        self.gone.clear();
+        out
+    }
+
+    /// Walks every slot handed out: hands what each named slot's count
+    /// grew by to `interval`, ages the unnamed ones and frees the leaving
+    /// ones. Returns whether an unnamed slot is too old.
+    fn hand_counts(
+        &mut self,
+        interval: &mut Interval,
+        store: &mut impl CountStore,
+        added: &mut impl FnMut(UnwindEnd, u64),
+        out: &mut Settled,
+    ) -> bool {
         let top = (store.handed_out() as usize).min(self.capacity);
         if self.slots.len() < top {
             self.slots.resize(top, Slot::default());
@@ -304,13 +326,13 @@ impl CountedStacks {
                     let Some(r) = self.records.get(&slot) else {
                         continue;
                     };
-                    let n = hand(interval, r, st, count, &mut added, &mut out);
+                    let n = hand(interval, r, st, count, added, out);
                     st.idle = if n > 0 { 0 } else { st.idle.saturating_add(1) };
                 }
                 State::Leaving => {
                     match self.records.get(&slot) {
                         Some(r) => {
-                            hand(interval, r, st, count, &mut added, &mut out);
+                            hand(interval, r, st, count, added, out);
                         }
                         None => out.unnamed += count.saturating_sub(st.handed),
                     }
@@ -332,8 +354,12 @@ impl CountedStacks {
                 }
             }
         }
-        // Keys that leave: stacks idle or of processes gone, then the
-        // longest idle while the slots are filling up.
+        stale_unnamed
+    }
+
+    /// Fills `leaving` with the keys that leave: stacks idle or of
+    /// processes gone, then the longest idle while the slots are filling up.
+    fn choose_leaving(&mut self) {
         self.leaving.clear();
         let gone = &self.gone;
         for (&slot, r) in &self.records {
@@ -358,6 +384,11 @@ impl CountedStacks {
             let over = staying - self.capacity / 2;
             self.leaving.extend(by_idle.into_iter().take(over).map(|(_, s)| s));
         }
+    }
+
+    /// Deletes the keys of `leaving` from the map; their slots are freed
+    /// at the next report.
+    fn remove_leaving_keys(&mut self, store: &mut impl CountStore, out: &mut Settled) {
         for &slot in &self.leaving {
             let Some(key) = self.records.get(&slot).map(|r| r.key) else {
                 continue;
@@ -370,36 +401,35 @@ impl CountedStacks {
                 Err(e) => tracing::debug!(error = %e, "ebpf receiver: a counted stack's key stays in the map for now"),
             }
         }
-        // Slots counting without a record for too long: their keys, found
-        // only now, leave (a key already gone left with its lost record).
-        if stale_unnamed {
-            self.found.clear();
-            match store.keys(&mut self.found) {
-                Ok(()) => {
-                    let slots = &mut self.slots;
-                    let stale = |slot: u32| {
-                        slots.get(slot as usize).is_some_and(|s| matches!(s.state, State::Unnamed(a) if a > MAX_AGE))
-                    };
-                    let mut failed = FxHashSet::default();
-                    for &(key, slot) in self.found.iter().filter(|&&(_, slot)| stale(slot)) {
-                        if let Err(e) = store.remove_key(key) {
-                            tracing::debug!(error = %e, "ebpf receiver: an unnamed count's key stays in the map for now");
-                            failed.insert(slot);
-                        } else {
-                            out.released += 1;
-                        }
-                    }
-                    for (i, s) in slots.iter_mut().enumerate() {
-                        if matches!(s.state, State::Unnamed(a) if a > MAX_AGE) && !failed.contains(&(i as u32)) {
-                            s.state = State::Leaving;
-                        }
+    }
+
+    /// Deletes the keys of the slots counting without a record for too
+    /// long (listed from the map), and marks those slots leaving.
+    fn remove_stale_unnamed(&mut self, store: &mut impl CountStore, out: &mut Settled) {
+        self.found.clear();
+        match store.keys(&mut self.found) {
+            Ok(()) => {
+                let slots = &mut self.slots;
+                let stale = |slot: u32| {
+                    slots.get(slot as usize).is_some_and(|s| matches!(s.state, State::Unnamed(a) if a > MAX_AGE))
+                };
+                let mut failed = FxHashSet::default();
+                for &(key, slot) in self.found.iter().filter(|&&(_, slot)| stale(slot)) {
+                    if let Err(e) = store.remove_key(key) {
+                        tracing::debug!(error = %e, "ebpf receiver: an unnamed count's key stays in the map for now");
+                        failed.insert(slot);
+                    } else {
+                        out.released += 1;
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "ebpf receiver: cannot list the count keys; unnamed counts wait"),
+                for (i, s) in slots.iter_mut().enumerate() {
+                    if matches!(s.state, State::Unnamed(a) if a > MAX_AGE) && !failed.contains(&(i as u32)) {
+                        s.state = State::Leaving;
+                    }
+                }
             }
+            Err(e) => tracing::debug!(error = %e, "ebpf receiver: cannot list the count keys; unnamed counts wait"),
         }
-        self.gone.clear();
-        out
     }
 
     /// Slots in use (counting, or leaving), as far as the reader knows.
@@ -451,8 +481,8 @@ fn add(interval: &mut Interval, r: &Record, frames: Frames, n: u64) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::aggregate::SampleAttrs;
     use super::*;
-    use crate::ebpf::aggregate::SampleAttrs;
 
     fn sample(pid: u32, ustack: &[u64]) -> SampleIn<'_> {
         SampleIn {
@@ -550,7 +580,7 @@ mod tests {
     }
 
     fn values(iv: Interval) -> Vec<i64> {
-        let batch = iv.build("h", 10, 1, &[], &crate::ebpf::service_name::ServiceNamer::new(Vec::new()));
+        let batch = iv.build("h", 10, 1, &[], &crate::ebpf::process::service_name::ServiceNamer::new(Vec::new()));
         let mut v: Vec<i64> = batch.profiles().flat_map(|p| p.samples.iter()).map(|s| s.values[0]).collect();
         v.sort();
         v

@@ -19,62 +19,19 @@
 //! exit events. Rings are read on the receiver's own wake-ups; a ring half
 //! full wakes it (`watermark`), so bursts are read before they are lost.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use profcol_ebpf::sys::{
+    self, perf_event_attr, perf_event_sample_format, perf_event_type, perf_sw_ids, perf_type_id, CommRecord,
+    LostRecord, Mmap2Record, PerfRing, SampleIdTidTime, PERF_RECORD_MISC_COMM_EXEC, PERF_RECORD_MISC_MMAP_BUILD_ID,
+};
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, RawFd};
 
 /// Bytes of one CPU's ring (a power of two; one more page holds the header).
-pub const RING_BYTES: usize = 64 * 1024;
+pub(crate) const RING_BYTES: usize = 64 * 1024;
 
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_DUMMY: u64 = 9;
-const PERF_SAMPLE_TID: u64 = 1 << 1;
-const PERF_SAMPLE_TIME: u64 = 1 << 2;
-/// `perf_event_attr` flag bits.
-const ATTR_MMAP: u64 = 1 << 8;
-const ATTR_COMM: u64 = 1 << 9;
-const ATTR_WATERMARK: u64 = 1 << 14;
-const ATTR_SAMPLE_ID_ALL: u64 = 1 << 18;
-const ATTR_MMAP2: u64 = 1 << 23;
-const ATTR_COMM_EXEC: u64 = 1 << 24;
-const ATTR_USE_CLOCKID: u64 = 1 << 25;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
-
-const PERF_RECORD_LOST: u32 = 2;
-const PERF_RECORD_COMM: u32 = 3;
-const PERF_RECORD_MMAP2: u32 = 10;
-const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
-const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
-
-/// `struct perf_event_attr` up to `sig_data` (PERF_ATTR_SIZE_VER7).
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    type_: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_watermark: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    branch_sample_type: u64,
-    sample_regs_user: u64,
-    sample_stack_user: u32,
-    clockid: i32,
-    sample_regs_intr: u64,
-    aux_watermark: u32,
-    sample_max_stack: u16,
-    reserved_2: u16,
-    aux_sample_size: u32,
-    reserved_3: u32,
-    sig_data: u64,
-}
-
-/// Offsets in `struct perf_event_mmap_page` (stable ABI).
-const DATA_HEAD: usize = 1024;
-const DATA_TAIL: usize = 1032;
+const PERF_RECORD_LOST: u32 = perf_event_type::PERF_RECORD_LOST as u32;
+const PERF_RECORD_COMM: u32 = perf_event_type::PERF_RECORD_COMM as u32;
+const PERF_RECORD_MMAP2: u32 = perf_event_type::PERF_RECORD_MMAP2 as u32;
 
 /// What one record says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,194 +138,98 @@ impl MappingBatch {
 
     /// Parses one record (`rec`: header included). Public for tests.
     pub fn push_record(&mut self, rec: &[u8]) {
-        let u32_at = |o: usize| rec.get(o..o + 4).map(|b| u32::from_ne_bytes(b.try_into().unwrap()));
-        let u64_at = |o: usize| rec.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().unwrap()));
-        let (Some(kind), Some(misc)) = (u32_at(0), rec.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]))) else {
+        let Some(header) = sys::read::<sys::perf_event_header>(rec) else {
             self.malformed += 1;
             return;
         };
         // sample_id_all with TID | TIME: the record ends with pid, tid, time.
-        let time = rec.len().checked_sub(8).and_then(u64_at);
-        match kind {
-            PERF_RECORD_LOST => self.lost += u64_at(16).unwrap_or(0),
-            PERF_RECORD_COMM if misc & PERF_RECORD_MISC_COMM_EXEC != 0 => match (u32_at(8), time) {
-                (Some(pid), Some(time_ns)) => {
-                    self.events.push(MappingEvent { time_ns, pid, kind: MappingEventKind::Exec })
+        let time = sys::read_tail::<SampleIdTidTime>(rec).map(|id| id.time);
+        match header.type_ {
+            PERF_RECORD_LOST => self.lost += sys::read::<LostRecord>(rec).map_or(0, |l| l.lost),
+            PERF_RECORD_COMM if header.misc & PERF_RECORD_MISC_COMM_EXEC != 0 => {
+                match (sys::read::<CommRecord>(rec), time) {
+                    (Some(c), Some(time_ns)) => {
+                        self.events.push(MappingEvent { time_ns, pid: c.pid, kind: MappingEventKind::Exec })
+                    }
+                    _ => self.malformed += 1,
                 }
-                _ => self.malformed += 1,
-            },
-            PERF_RECORD_MMAP2 => {
-                // pid, tid, addr, len, pgoff, maj, min, ino, ino_generation,
-                // prot, flags, filename[], sample_id (16 bytes).
-                const FILENAME: usize = 8 + 8 + 24 + 8 + 8 + 8 + 8;
-                let fields = (u32_at(8), u64_at(16), u64_at(24), u64_at(32), u32_at(40), u32_at(44), u64_at(48), time);
-                let (
-                    Some(pid),
-                    Some(addr),
-                    Some(len),
-                    Some(offset),
-                    Some(major),
-                    Some(minor),
-                    Some(ino),
-                    Some(time_ns),
-                ) = fields
-                else {
-                    self.malformed += 1;
-                    return;
-                };
-                if misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
-                    return; // never asked for: no device and inode in it
-                }
-                let name = rec.get(FILENAME..rec.len().saturating_sub(16)).unwrap_or_default();
-                let Some(nul) = name.iter().position(|&b| b == 0) else {
-                    self.malformed += 1;
-                    return;
-                };
-                if name.first() != Some(&b'/') || ino == 0 {
-                    return; // anonymous executable memory, [vdso], ...
-                }
-                self.push_map(
-                    time_ns,
-                    pid,
-                    addr..addr.saturating_add(len),
-                    offset,
-                    ((major, minor), ino),
-                    &name[..nul],
-                );
             }
+            PERF_RECORD_MMAP2 => self.push_mmap2(rec, header.misc, time),
             _ => {} // a COMM that is not an exec (a thread renamed)
         }
+    }
+
+    /// A `PERF_RECORD_MMAP2` of a file (`time`: its sample_id's).
+    fn push_mmap2(&mut self, rec: &[u8], misc: u16, time: Option<u64>) {
+        let (Some(m), Some(time_ns)) = (sys::read::<Mmap2Record>(rec), time) else {
+            self.malformed += 1;
+            return;
+        };
+        if misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+            return; // never asked for: no device and inode in it
+        }
+        let name = rec.get(size_of::<Mmap2Record>()..rec.len().saturating_sub(size_of::<SampleIdTidTime>()));
+        let name = name.unwrap_or_default();
+        let Some(nul) = name.iter().position(|&b| b == 0) else {
+            self.malformed += 1;
+            return;
+        };
+        if name.first() != Some(&b'/') || m.ino == 0 {
+            return; // anonymous executable memory, [vdso], ...
+        }
+        let range = m.addr..m.addr.saturating_add(m.len);
+        self.push_map(time_ns, m.pid, range, m.pgoff, ((m.maj, m.min), m.ino), &name[..nul]);
     }
 }
 
 /// One CPU's event and its mapped ring.
-struct CpuRing {
+struct CpuEvent {
     cpu: u32,
-    fd: OwnedFd,
-    base: *mut u8,
+    ring: PerfRing,
 }
 
-impl CpuRing {
+impl CpuEvent {
     fn open(cpu: u32) -> std::io::Result<Self> {
-        let attr = PerfEventAttr {
-            type_: PERF_TYPE_SOFTWARE,
-            size: std::mem::size_of::<PerfEventAttr>() as u32,
-            config: PERF_COUNT_SW_DUMMY,
-            sample_type: PERF_SAMPLE_TID | PERF_SAMPLE_TIME,
-            // `mmap` too: the kernel counts mmap listeners by it (with
-            // `mmap2` set, the records are MMAP2).
-            flags: ATTR_MMAP
-                | ATTR_MMAP2
-                | ATTR_COMM
-                | ATTR_COMM_EXEC
-                | ATTR_SAMPLE_ID_ALL
-                | ATTR_USE_CLOCKID
-                | ATTR_WATERMARK,
-            // Wake the reader when half the ring is used.
-            wakeup_watermark: (RING_BYTES / 2) as u32,
-            clockid: libc::CLOCK_MONOTONIC,
-            ..Default::default()
-        };
-        // SAFETY: attr is a valid perf_event_attr of the size it states.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_perf_event_open,
-                &attr as *const PerfEventAttr,
-                -1 as libc::pid_t,
-                cpu as libc::c_int,
-                -1 as libc::c_int,
-                PERF_FLAG_FD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by the kernel and is ours.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        // SAFETY: mapping a perf event fd; the kernel checks the size
-        // (one header page + a power of two of pages).
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                page_size() + RING_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(CpuRing { cpu, fd, base: base.cast() })
+        let mut attr = sys::zeroed::<perf_event_attr>();
+        attr.type_ = perf_type_id::PERF_TYPE_SOFTWARE as u32;
+        attr.config = perf_sw_ids::PERF_COUNT_SW_DUMMY as u64;
+        attr.sample_type =
+            (perf_event_sample_format::PERF_SAMPLE_TID as u64) | (perf_event_sample_format::PERF_SAMPLE_TIME as u64);
+        // `mmap` too: the kernel counts mmap listeners by it (with `mmap2`
+        // set, the records are MMAP2).
+        attr.set_mmap(1);
+        attr.set_mmap2(1);
+        attr.set_comm(1);
+        attr.set_comm_exec(1);
+        attr.set_sample_id_all(1);
+        attr.set_use_clockid(1);
+        attr.clockid = libc::CLOCK_MONOTONIC;
+        // Wake the reader when half the ring is used.
+        attr.set_watermark(1);
+        attr.__bindgen_anon_2.wakeup_watermark = (RING_BYTES / 2) as u32;
+        Ok(CpuEvent { cpu, ring: PerfRing::open(&attr, cpu, RING_BYTES)? })
     }
 
     /// Appends every record in the ring to `batch` and frees the ring.
-    fn read(&mut self, batch: &mut MappingBatch, scratch: &mut Vec<u8>) {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        // SAFETY: DATA_HEAD and DATA_TAIL are 8-byte aligned u64 fields of
-        // the mapped header page, shared with the kernel.
-        let (head, tail) = unsafe {
-            (&*(self.base.add(DATA_HEAD) as *const AtomicU64), &*(self.base.add(DATA_TAIL) as *const AtomicU64))
-        };
-        let end = head.load(Ordering::Acquire);
-        let mut at = tail.load(Ordering::Relaxed);
-        // SAFETY: the data area follows the header page, RING_BYTES long.
-        let data = unsafe { std::slice::from_raw_parts(self.base.add(page_size()), RING_BYTES) };
-        while at < end {
-            let off = (at % RING_BYTES as u64) as usize;
-            let mut header = [0u8; 8];
-            copy_wrapped(data, off, &mut header);
-            let size = u16::from_ne_bytes([header[6], header[7]]) as usize;
-            if size < 8 || at + size as u64 > end {
-                batch.malformed += 1;
-                break; // never expected: the kernel writes whole records
-            }
-            scratch.clear();
-            scratch.resize(size, 0);
-            copy_wrapped(data, off, scratch);
-            batch.push_record(scratch);
-            at += size as u64;
+    fn read(&mut self, batch: &mut MappingBatch) {
+        if !self.ring.drain(|rec| batch.push_record(rec)) {
+            batch.malformed += 1;
         }
-        tail.store(end, Ordering::Release);
     }
-}
-
-impl Drop for CpuRing {
-    fn drop(&mut self) {
-        // SAFETY: base was mapped with this length in `open`.
-        unsafe { libc::munmap(self.base.cast(), page_size() + RING_BYTES) };
-    }
-}
-
-// SAFETY: the mapping is owned by the ring and only used through &mut self.
-unsafe impl Send for CpuRing {}
-
-fn copy_wrapped(data: &[u8], off: usize, out: &mut [u8]) {
-    let first = out.len().min(data.len() - off);
-    out[..first].copy_from_slice(&data[off..off + first]);
-    let rest = out.len() - first;
-    out[first..].copy_from_slice(&data[..rest]);
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
 /// The per-CPU side-band events of the online CPUs.
 pub struct MappingEvents {
-    rings: Vec<CpuRing>,
-    scratch: Vec<u8>,
+    rings: Vec<CpuEvent>,
 }
 
 impl MappingEvents {
     /// Opens one ring per CPU in `cpus`; fails when the first cannot be
     /// opened (the error says why), skips later ones that fail (logged).
     pub fn open(cpus: &[u32]) -> std::io::Result<Self> {
-        let mut me = MappingEvents { rings: Vec::new(), scratch: Vec::new() };
+        let mut me = MappingEvents { rings: Vec::new() };
         for &cpu in cpus {
-            match CpuRing::open(cpu) {
+            match CpuEvent::open(cpu) {
                 Ok(r) => me.rings.push(r),
                 Err(e) if me.rings.is_empty() => return Err(e),
                 Err(e) => tracing::warn!(cpu, "ebpf receiver: no mapping events on this CPU: {e}"),
@@ -386,7 +247,7 @@ impl MappingEvents {
         let mut opened = false;
         for &cpu in cpus {
             if self.rings.iter().all(|r| r.cpu != cpu) {
-                match CpuRing::open(cpu) {
+                match CpuEvent::open(cpu) {
                     Ok(r) => {
                         self.rings.push(r);
                         opened = true;
@@ -401,7 +262,7 @@ impl MappingEvents {
     /// Appends the records of every ring to `batch`, in time order.
     pub fn read(&mut self, batch: &mut MappingBatch) {
         for r in &mut self.rings {
-            r.read(batch, &mut self.scratch);
+            r.read(batch);
         }
         // Each ring is in time order; across CPUs they interleave. (Unstable:
         // no buffer; two records of one CPU never share a nanosecond.)
@@ -410,7 +271,7 @@ impl MappingEvents {
 
     /// The ring fds, to wait on (readable when half full).
     pub fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
-        self.rings.iter().map(|r| r.fd.as_raw_fd())
+        self.rings.iter().map(|r| r.ring.as_raw_fd())
     }
 }
 
@@ -472,13 +333,5 @@ mod tests {
         assert_eq!(batch.path(&m), b"/usr/bin/big");
         assert_eq!(batch.c_path(&m).to_bytes(), b"/usr/bin/big");
         assert_eq!((batch.lost, batch.malformed), (5, 1));
-    }
-
-    #[test]
-    fn wrapped_records_are_copied_whole() {
-        let data: Vec<u8> = (0..16).collect();
-        let mut out = [0u8; 6];
-        copy_wrapped(&data, 13, &mut out);
-        assert_eq!(out, [13, 14, 15, 0, 1, 2]);
     }
 }

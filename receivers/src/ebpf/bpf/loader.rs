@@ -5,8 +5,8 @@
 //! `/sys/kernel/btf/vmlinux` (it parses kernel BTF lazily, only for programs
 //! that need relocating); `tests/ebpf_btf.rs` checks that it is not opened.
 
-use super::config::{proc_event_ring_bytes, EbpfConfig};
 use super::privileges::{perf_open_hint, Privileges};
+use crate::ebpf::config::{proc_event_ring_bytes, EbpfConfig};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{
     PerfEventConfig, PerfEventGroup, PerfEventLink, PerfEventScope, SamplePolicy, SoftwareEvent,
@@ -37,9 +37,9 @@ pub struct Loaded {
     /// Whether the uprobe program is loaded (probes configured).
     pub uprobes_loaded: bool,
     /// The unwinder's maps (`None` with `unwind.mode: frame_pointers`).
-    pub unwind_maps: Option<super::unwind::kernel::KernelMaps>,
+    pub unwind_maps: Option<crate::ebpf::unwind::kernel::KernelMaps>,
     /// Samples counted in the kernel (`None` unless `count_in_kernel`).
-    pub counts: Option<super::counted::KernelCounts>,
+    pub counts: Option<crate::ebpf::stacks::counted::KernelCounts>,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -111,12 +111,12 @@ pub fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadError> {
     } else {
         match obj::btf::VmaOffsets::from_kernel() {
             Ok(o) => [o.vm_start, o.vm_end, o.vm_pgoff, o.vm_file, o.f_inode, o.i_ino, o.i_sb, o.s_dev],
-            Err(e) if cfg.unwind.mode == super::config::UnwindMode::Auto => {
+            Err(e) if cfg.unwind.mode == crate::ebpf::config::UnwindMode::Auto => {
                 tracing::warn!(
                     "ebpf receiver: unwind tables need the kernel's BTF ({e}); user stacks by frame pointers only"
                 );
                 let mut fp = cfg.clone();
-                fp.unwind.mode = super::config::UnwindMode::FramePointers;
+                fp.unwind.mode = crate::ebpf::config::UnwindMode::FramePointers;
                 return load_program(&fp, cpus);
             }
             Err(e) => {
@@ -171,13 +171,13 @@ pub fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadError> {
     prog.load().map_err(|e| other("the kernel refused the BPF program", &e))?;
     if unwind.mode != obj::unwind::Mode::FramePointers {
         if let Err(e) = load_unwind_program(&mut ebpf) {
-            if cfg.unwind.mode != super::config::UnwindMode::Auto {
+            if cfg.unwind.mode != crate::ebpf::config::UnwindMode::Auto {
                 return Err(e);
             }
             // The default must not stop a kernel without it from profiling.
             tracing::warn!("ebpf receiver: {e}; user stacks by frame pointers only");
             let mut fp = cfg.clone();
-            fp.unwind.mode = super::config::UnwindMode::FramePointers;
+            fp.unwind.mode = crate::ebpf::config::UnwindMode::FramePointers;
             return load_program(&fp, cpus);
         }
     }
@@ -201,11 +201,11 @@ struct CountingGlobals {
 
 impl CountingGlobals {
     fn new(cfg: &EbpfConfig) -> Self {
-        use super::config::SampleAttribute;
+        use crate::ebpf::config::SampleAttribute;
         if !cfg.count_in_kernel {
             return CountingGlobals { enabled: 0, ktext: (0, 0), by: 0, seed: 0, slots: 1 };
         }
-        let ktext = super::kernel_text::read().unwrap_or_else(|| {
+        let ktext = crate::ebpf::stacks::kernel_text::read().unwrap_or_else(|| {
             tracing::info!(
                 "ebpf receiver: the kernel's text range is not visible (kallsyms/iomem show zeros); samples with \
                  kernel frames are sent one by one, only user-only stacks are counted in the kernel"
@@ -226,7 +226,7 @@ impl CountingGlobals {
         if got != seed.len() as isize {
             // Not secret, only unpredictable to a sampled program shaping
             // its stacks: the time will do.
-            seed = super::clock::now_ns(libc::CLOCK_MONOTONIC).to_ne_bytes();
+            seed = profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC).to_ne_bytes();
         }
         CountingGlobals { enabled: 1, ktext, by, seed: u64::from_ne_bytes(seed), slots: cfg.max_counted_stacks }
     }
@@ -246,7 +246,7 @@ pub struct UnwindSizes {
 const BYTES_PER_PAGE_ENTRY: u64 = 256;
 
 pub fn unwind_sizes(cfg: &EbpfConfig) -> UnwindSizes {
-    use super::config::UnwindMode;
+    use crate::ebpf::config::UnwindMode;
     let mode = match cfg.unwind.mode {
         UnwindMode::Auto => obj::unwind::Mode::Auto,
         UnwindMode::FramePointers => obj::unwind::Mode::FramePointers,
@@ -303,13 +303,13 @@ fn load_unwind_program(ebpf: &mut Ebpf) -> Result<(), LoadError> {
 }
 
 /// Takes the unwinder's maps from the loaded object.
-fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps, LoadError> {
+fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<crate::ebpf::unwind::kernel::KernelMaps, LoadError> {
     let mut take =
         |name: &str| ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")));
     let rows = match take(obj::unwind::ROWS_MAP)? {
         aya::maps::Map::ArrayOfMaps(data) => {
             let slots = data.info().map_err(|e| other("unwind_rows", &e))?.max_entries();
-            super::unwind::kernel::RowChunks::new(data, slots)
+            crate::ebpf::unwind::kernel::RowChunks::new(data, slots)
         }
         _ => return Err(LoadError::Other("unwind_rows is not an array of maps".into())),
     };
@@ -317,11 +317,11 @@ fn take_unwind_maps(ebpf: &mut Ebpf) -> Result<super::unwind::kernel::KernelMaps
     let rules = aya::maps::Array::try_from(take(obj::unwind::RULES_MAP)?).map_err(|e| other("unwind_rules", &e))?;
     let files = BpfHashMap::try_from(take(obj::unwind::FILES_MAP)?).map_err(|e| other("unwind_files", &e))?;
     let wanted = BpfHashMap::try_from(take(obj::unwind::WANTED_MAP)?).map_err(|e| other("unwind_wanted", &e))?;
-    Ok(super::unwind::kernel::KernelMaps { rows, pages, rules, files, wanted })
+    Ok(crate::ebpf::unwind::kernel::KernelMaps { rows, pages, rules, files, wanted })
 }
 
 /// The maps of counting in the kernel, the slots' counts mapped into memory.
-fn take_count_maps(ebpf: &mut Ebpf, slots: u32) -> Result<super::counted::KernelCounts, LoadError> {
+fn take_count_maps(ebpf: &mut Ebpf, slots: u32) -> Result<crate::ebpf::stacks::counted::KernelCounts, LoadError> {
     let mut take =
         |name: &str| ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")));
     let keys = match take(obj::COUNTS_MAP)? {
@@ -336,7 +336,7 @@ fn take_count_maps(ebpf: &mut Ebpf, slots: u32) -> Result<super::counted::Kernel
         aya::maps::Map::Queue(d) => d,
         _ => return Err(LoadError::Other("the free_slots map is not a queue".into())),
     };
-    super::counted::KernelCounts::new(keys, counts, free, slots)
+    crate::ebpf::stacks::counted::KernelCounts::new(keys, counts, free, slots)
         .map_err(|e| LoadError::Other(format!("mapping the count slots into memory: {e}")))
 }
 
@@ -389,11 +389,11 @@ pub struct KernelAttacher<'a> {
     prog: Option<&'a mut UProbe>,
 }
 
-impl super::uprobes::Attacher for KernelAttacher<'_> {
+impl crate::ebpf::uprobes::Attacher for KernelAttacher<'_> {
     type Link = UProbeLink;
 
     fn attach(&mut self, file: &std::fs::File, offset: u64, cookie: u32) -> Result<UProbeLink, UprobeAttachError> {
-        use super::uprobes::FailureReason;
+        use crate::ebpf::uprobes::FailureReason;
         use std::os::fd::AsRawFd;
         let Some(prog) = self.prog.as_deref_mut() else {
             return Err(UprobeAttachError {
@@ -415,7 +415,7 @@ impl super::uprobes::Attacher for KernelAttacher<'_> {
     }
 }
 
-use super::uprobes::AttachError as UprobeAttachError;
+use crate::ebpf::uprobes::AttachError as UprobeAttachError;
 
 /// The first OS error in `e`'s source chain.
 fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
@@ -438,8 +438,8 @@ fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
 /// failed while others worked are in the returned [`CpuSync`] and are
 /// retried by [`Loaded::sync_cpus`].
 pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError> {
-    let online = aya::util::online_cpus()
-        .map_err(|(path, e)| LoadError::Other(format!("reading online CPUs from {path}: {e}")))?;
+    let online =
+        profcol_ebpf::sys::online_cpus().map_err(|e| LoadError::Other(format!("reading the online CPUs: {e}")))?;
     // Samples come from every online CPU; the ring is sized for them.
     let mut ebpf = load_program(cfg, online.len())?;
     let ring = RingBuf::try_from(
@@ -494,8 +494,8 @@ const RETRY_MAX: Duration = Duration::from_secs(60);
 ///
 /// When a CPU goes offline the kernel tears down every per-CPU perf event
 /// of that CPU, and they stay dead when the CPU comes back (checked on 6.18:
-/// the count and the enabled time freeze, `PERF_EVENT_IOC_ENABLE` does not
-/// revive them; a fresh `perf_event_open` works). The BPF link hides the
+/// the count and the enabled time freeze, enabling them again does not
+/// revive them; a freshly opened event works). The BPF link hides the
 /// sampling event's fd, so a counting cpu-clock event is opened on the same
 /// CPU next to it: both die together, and a probe whose enabled time did not
 /// move since the last check means the CPU went offline and came back in

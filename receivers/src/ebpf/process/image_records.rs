@@ -93,10 +93,12 @@ impl ImageRecords {
         ImageRecords { procs: FxHashMap::default(), paths: FxHashMap::default(), capacity: capacity.max(1) }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.procs.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.procs.is_empty()
     }
@@ -216,8 +218,8 @@ impl ImageRecords {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mmap_events::{MappingBatch, MappingEventKind};
     use super::*;
-    use crate::ebpf::mmap_events::{MappingBatch, MappingEventKind};
 
     fn map(start: u64, path: &str, ino: u64) -> (FileMap, Vec<u8>) {
         let mut b = MappingBatch::default();

@@ -5,36 +5,13 @@
 //! Older kernels answer `ENOTTY`; then the text is read and parsed once.
 
 use super::procfs::{self, MapsEntry, ProcPath};
+use profcol_ebpf::sys::{self, ProcmapQuery};
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
-/// `_IOWR('f', 17, struct procmap_query)` from linux/fs.h.
-const PROCMAP_QUERY: libc::c_ulong = 0xC068_6611;
-const QUERY_VMA_EXECUTABLE: u64 = 0x04;
-const QUERY_COVERING_OR_NEXT_VMA: u64 = 0x10;
-const QUERY_FILE_BACKED_VMA: u64 = 0x20;
-
-/// `struct procmap_query` (linux/fs.h, 104 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct ProcmapQuery {
-    size: u64,
-    query_flags: u64,
-    query_addr: u64,
-    vma_start: u64,
-    vma_end: u64,
-    vma_flags: u64,
-    vma_page_size: u64,
-    vma_offset: u64,
-    inode: u64,
-    dev_major: u32,
-    dev_minor: u32,
-    vma_name_size: u32,
-    build_id_size: u32,
-    vma_name_addr: u64,
-    build_id_addr: u64,
-}
+const QUERY_FLAGS: u64 =
+    sys::PROCMAP_QUERY_VMA_EXECUTABLE | sys::PROCMAP_QUERY_COVERING_OR_NEXT_VMA | sys::PROCMAP_QUERY_FILE_BACKED_VMA;
 
 /// One executable mapping of a regular file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,24 +99,13 @@ impl ExecMaps<'_> {
     /// One `PROCMAP_QUERY`: the first executable file VMA at or after
     /// `addr`, named into the reader's buffer when `named`.
     fn query(&mut self, addr: u64, named: bool) -> io::Result<ProcmapQuery> {
-        let mut q = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_flags: QUERY_VMA_EXECUTABLE | QUERY_COVERING_OR_NEXT_VMA | QUERY_FILE_BACKED_VMA,
-            query_addr: addr,
-            ..Default::default()
-        };
-        if named {
+        let name = if named {
             self.reader.name.resize(libc::PATH_MAX as usize + 16, 0);
-            q.vma_name_size = self.reader.name.len() as u32;
-            q.vma_name_addr = self.reader.name.as_mut_ptr() as u64;
-        }
-        // SAFETY: q is a valid procmap_query whose size field says so; the
-        // name buffer, when given, is vma_name_size bytes and outlives the call.
-        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), PROCMAP_QUERY as _, &mut q as *mut ProcmapQuery) };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(q)
+            Some(&mut self.reader.name[..])
+        } else {
+            None
+        };
+        sys::procmap_query(self.file.as_fd(), QUERY_FLAGS, addr, name)
     }
 
     /// The path of the mapping that starts at `start`, as the process sees
