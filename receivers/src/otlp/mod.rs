@@ -10,17 +10,19 @@
 //! gRPC `UNAVAILABLE` / HTTP 503.
 //!
 //! At most `max_concurrent_requests` requests (gRPC and HTTP together) are
-//! read, decoded and pushed at once: a request takes a slot once its body's
-//! first bytes arrived and keeps it until the pipeline took or refused its
-//! batch, so the receiver's memory is bounded by slots × (2 × size cap +
-//! decode budget) however many senders there are. A body must arrive within
-//! `read_timeout` (and keep up `min_read_rate_kib` past it, see [`body`]),
-//! or the sender gets DEADLINE_EXCEEDED / 408 and its slot goes on: stalled
-//! senders cannot hold slots for long. The decode budget
-//! (`max_decoded_size_mib`) is checked on the bytes before decoding
-//! (`model::decode_budget`): a request that would expand past it is refused
-//! unread. A request that finds no slot free within `MAX_SLOT_WAIT` (1 s, at
-//! most `backpressure_timeout`) is told to retry, as for backpressure.
+//! decoded and pushed at once: a request takes a slot once its whole body
+//! arrived and keeps it until the pipeline took or refused its batch. Bodies
+//! being read hold no slot (a slow sender cannot keep others from one, however
+//! many connections it opens); their bytes are counted against a budget of
+//! `max_concurrent_requests` × the size cap as they arrive (see [`body`]). So
+//! the receiver's memory is bounded by slots × (2 × size cap + decode budget)
+//! however many senders there are. A body must arrive within `read_timeout`
+//! (and keep up `min_read_rate_kib` past it), or the sender gets
+//! DEADLINE_EXCEEDED / 408. The decode budget (`max_decoded_size_mib`) is
+//! checked on the bytes before decoding (`model::decode_budget`): a request
+//! that would expand past it is refused unread. A request that finds no slot
+//! (or no room in the read budget) free within `MAX_SLOT_WAIT` (1 s, at most
+//! `backpressure_timeout`) is told to retry, as for backpressure.
 
 mod body;
 mod config;
@@ -108,6 +110,10 @@ pub(crate) struct Ingest {
     min_read_rate: f64,
     /// Requests whose body missed its deadlines.
     read_timeouts: Counter,
+    /// Bytes of bodies being read or decoded, shared by both servers.
+    read_budget: body::ReadBudget,
+    /// Its size, for the message.
+    read_budget_bytes: usize,
 }
 
 /// One of the `max_concurrent_requests` slots; freed on drop.
@@ -159,9 +165,10 @@ impl Ingest {
     }
 
     /// Takes a slot for one request, waiting up to `slot_wait` for one to
-    /// free. Call before the request's body is read, and hold the slot until
+    /// free. Call once the request's body is read (a body being read holds
+    /// only its bytes of the read budget), and hold the slot until
     /// [`Ingest::accept`] returned: a request without a slot never has its
-    /// body or decoded form in memory.
+    /// inflated or decoded form in memory.
     pub(crate) async fn admit(&self) -> Result<Slot, IngestError> {
         // `timeout` polls the acquire first, so a free slot is taken even
         // when the wait is zero.
@@ -187,8 +194,18 @@ impl Ingest {
         body::ReadLimits { read_timeout: self.read_timeout, min_rate: self.min_read_rate, max }
     }
 
+    /// A reader of `body`, at most `max` bytes, within the deadlines and the read budget.
+    pub(crate) fn reader<B>(&self, body: B, max: usize) -> body::BodyReader<B>
+    where
+        B: http_body::Body<Data = bytes::Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        body::BodyReader::new(body, self.read_limits(max), self.read_budget.clone())
+    }
+
     /// What the sender is told when its body was not read; `cap_key` names
-    /// the size limit it passed (the server's config key).
+    /// the size limit it passed (the server's config key). A refusal for want
+    /// of room in the read budget is counted here, as [`Ingest::admit`] counts its own.
     pub(crate) fn read_error(&self, e: body::ReadError, max: usize, cap_key: &str) -> IngestError {
         match e {
             body::ReadError::TooLarge => IngestError::TooLarge(format!(
@@ -203,6 +220,16 @@ impl Ingest {
             )),
             body::ReadError::Broken(why) => {
                 IngestError::Invalid(format!("the request body did not arrive whole: {why}"))
+            }
+            body::ReadError::Busy => {
+                self.inflight_refused.inc();
+                self.busy.inc();
+                IngestError::Unavailable(format!(
+                    "this gateway holds {} MiB of request bodies (max_concurrent_requests × max_recv_msg_size_mib) \
+                     and none finished within {}; retry later",
+                    self.read_budget_bytes >> 20,
+                    humantime::format_duration(self.slot_wait)
+                ))
             }
         }
     }
@@ -347,6 +374,19 @@ impl Receiver for OtlpReceiver {
     async fn start(&self, next: Next) -> Result<(), ComponentError> {
         let id = self.settings.id.to_string();
         let tel = &self.settings.telemetry;
+        // Room for max_concurrent_requests bodies of the larger cap (gRPC's
+        // with its 5-byte message prefix).
+        let cap = [
+            self.cfg.protocols.grpc.as_ref().map(|g| config::mib(g.max_recv_msg_size_mib).saturating_add(5)),
+            self.cfg.protocols.http.as_ref().map(|h| config::mib(h.max_recv_msg_size_mib)),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(1);
+        let read_budget_bytes =
+            cap.saturating_mul(self.cfg.max_concurrent_requests).min(tokio::sync::Semaphore::MAX_PERMITS);
+        let slot_wait = self.cfg.backpressure_timeout.min(MAX_SLOT_WAIT);
         let ingest = Arc::new(Ingest {
             next,
             backpressure_timeout: self.cfg.backpressure_timeout,
@@ -363,7 +403,7 @@ impl Receiver for OtlpReceiver {
             ),
             slots: Arc::new(tokio::sync::Semaphore::new(self.cfg.max_concurrent_requests)),
             max_concurrent: self.cfg.max_concurrent_requests,
-            slot_wait: self.cfg.backpressure_timeout.min(MAX_SLOT_WAIT),
+            slot_wait,
             inflight_refused: tel.counter(
                 "inflight_refusals_total",
                 "Requests answered with retry-later because max_concurrent_requests were in flight.",
@@ -379,6 +419,8 @@ impl Receiver for OtlpReceiver {
                 "read_timeouts_total",
                 "Requests whose body did not arrive within read_timeout / min_read_rate_kib (DEADLINE_EXCEEDED / 408).",
             ),
+            read_budget: body::ReadBudget::new(read_budget_bytes, slot_wait),
+            read_budget_bytes,
         });
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -552,6 +594,8 @@ mod tests {
             read_timeout: Duration::from_secs(5),
             min_read_rate: 65536.0,
             read_timeouts: tel.counter("read_timeouts_total", ""),
+            read_budget: body::ReadBudget::new(1 << 20, bp.min(MAX_SLOT_WAIT)),
+            read_budget_bytes: 1 << 20,
         };
         // A zero wait still takes a free slot.
         let i = ingest(Duration::ZERO);
