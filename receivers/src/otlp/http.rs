@@ -196,7 +196,7 @@ impl Drop for TlsListener {
 }
 
 impl TlsListener {
-    fn new(l: tokio::net::TcpListener, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+    fn new(l: Arc<tokio::net::TcpListener>, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
         let local = l.local_addr()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -243,7 +243,7 @@ impl axum::serve::Listener for TlsListener {
 
 pub(crate) fn serve(
     id: &str,
-    listener: tokio::net::TcpListener,
+    listener: Arc<tokio::net::TcpListener>,
     cfg: &HttpConfig,
     ingest: Arc<Ingest>,
     cancel: CancellationToken,
@@ -259,7 +259,8 @@ pub(crate) fn serve(
     let signal = cancel.cancelled_owned();
     match &cfg.tls {
         None => Ok(tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
+            let incoming = super::listeners::Incoming::new(listener);
+            if let Err(e) = axum::serve(incoming, app).with_graceful_shutdown(signal).await {
                 tracing::error!(receiver = %id, "HTTP server stopped: {e}");
             }
         })),

@@ -28,6 +28,7 @@ mod body;
 mod config;
 mod grpc;
 mod http;
+mod listeners;
 #[cfg(feature = "test-support")]
 pub mod testing;
 mod tls;
@@ -343,8 +344,14 @@ impl OtlpReceiver {
     }
 }
 
-/// Binds `endpoint` (host:port), with an error that says what to do.
-pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
+/// Listens on `endpoint` (host:port): the socket a running instance of this
+/// process listens on there (see [`listeners`]), or a new one, with an error
+/// that says what to do.
+pub(crate) async fn bind(
+    id: &str,
+    proto: &str,
+    endpoint: &str,
+) -> Result<Arc<tokio::net::TcpListener>, ComponentError> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(endpoint)
         .await
         .map_err(|e| {
@@ -357,7 +364,12 @@ pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio:
     let addr = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| {
         ComponentError::msg(format!("receiver {id}: protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
     })?;
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+    if addr.port() != 0 {
+        if let Some(l) = listeners::find(addr) {
+            return Ok(l);
+        }
+    }
+    let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
             " (another process, perhaps another collector, holds the port; stop it or change the endpoint)"
         } else {
@@ -366,7 +378,10 @@ pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio:
         ComponentError::msg(format!(
             "receiver {id}: cannot listen on {addr} (protocols.{proto}.endpoint {endpoint:?}): {e}{hint}"
         ))
-    })
+    })?;
+    let l = Arc::new(l);
+    listeners::register(&l);
+    Ok(l)
 }
 
 #[async_trait::async_trait]
@@ -466,11 +481,17 @@ impl Receiver for OtlpReceiver {
     }
 
     /// The TCP ports it listens on: once started, the ports it bound; before,
-    /// the configured ones (port 0, any free port, clashes with nothing).
+    /// the configured ones (port 0, any free port, clashes with nothing),
+    /// except those where a running instance listens at the same address:
+    /// that socket is shared ([`listeners`]), so a reload that keeps an
+    /// endpoint stops nothing first and a failed one closes no port.
     fn exclusive_resources(&self) -> Vec<String> {
         let (grpc, http) = *self.addrs.lock().unwrap_or_else(|p| p.into_inner());
         let configured = |e: Option<&str>| {
-            e.and_then(|e| e.rsplit_once(':')).and_then(|(_, p)| p.parse::<u16>().ok()).filter(|p| *p != 0)
+            e.filter(|e| !listeners::shared(e))
+                .and_then(|e| e.rsplit_once(':'))
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .filter(|p| *p != 0)
         };
         [
             grpc.map(|a| a.port())
