@@ -79,8 +79,8 @@ fn a_receiver_that_cannot_start_keeps_the_old_one_serving() {
 }
 
 /// The same receiver on the same gRPC port but with an HTTP side on a taken
-/// port: the old instance must stop first (it holds the gRPC port), the new
-/// one fails, and the old one serves again.
+/// port: the new instance takes over the gRPC socket the old one listens on,
+/// fails on the HTTP port, and the old one serves on, on its port.
 #[test]
 fn a_receiver_stopped_for_its_successor_starts_again_when_the_successor_fails() {
     runtime().block_on(async {
@@ -248,6 +248,88 @@ fn an_extension_changed_on_the_same_port_is_replaced_and_put_back_when_the_reloa
         let b = random_batch(11, 1, 20, 5, 4);
         sender(addr).export(&b).await.unwrap();
         assert_all_arrive_once(&out, std::slice::from_ref(&b)).await;
+        host.service.shutdown().await;
+    });
+}
+
+/// One Export on a new connection: Err("refused") if the connection was
+/// not taken, Err(status) if the call failed.
+async fn export_on_new_connection(addr: SocketAddr, body: bytes::Bytes) -> Result<(), String> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| format!("refused: {e:?}"))?;
+    let mut g = tonic::client::Grpc::new(ch);
+    g.ready().await.map_err(|e| format!("not ready: {e}"))?;
+    g.unary(
+        tonic::Request::new(body),
+        http::uri::PathAndQuery::from_static(profcol_testkit::raw::PATH),
+        profcol_testkit::raw::Raw,
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{:?}: {}", e.code(), e.message()))
+}
+
+/// Twenty reloads that each fail (the receiver keeps its gRPC port and adds
+/// an HTTP side on a port someone else holds) under ten senders that open
+/// a new connection for every request: the gRPC port never closes, so no
+/// connection is refused and no request fails.
+#[test]
+fn failed_reloads_never_close_a_port_under_load() {
+    runtime().block_on(async {
+        log();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let id = "otlp/portkept";
+        let mut host = Host::start(&gateway(id, "127.0.0.1:0", "50ms", &out)).await;
+        let addr = grpc_addr(id);
+        let (_taken, busy) = listener();
+        let with_http = gateway(id, &addr.to_string(), "50ms", &out)
+            .replace("processors:\n", &format!("      http:\n        endpoint: {busy}\nprocessors:\n"));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let senders: Vec<_> = (0..10u64)
+            .map(|s| {
+                let stop = std::sync::Arc::clone(&stop);
+                tokio::spawn(async move {
+                    let body = bytes::Bytes::from(prost::Message::encode_to_vec(&random_batch(s + 1, 1, 10, 5, 4).0));
+                    let (mut sent, mut failed) = (0u64, Vec::new());
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        match export_on_new_connection(addr, body.clone()).await {
+                            Ok(()) => sent += 1,
+                            Err(e) => failed.push(e),
+                        }
+                    }
+                    (sent, failed)
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..20 {
+            let e = host.reload(&with_http).await.unwrap_err();
+            assert!(e.contains("protocols.http") && e.contains(&busy.to_string()), "{e}");
+            assert!(host.status.running());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (mut sent, mut failed) = (0, Vec::new());
+        for s in senders {
+            let (n, f) = s.await.unwrap();
+            sent += n;
+            failed.extend(f);
+        }
+        let refused = failed.iter().filter(|e| e.starts_with("refused")).count();
+        eprintln!("{sent} requests answered OK, {} failed ({refused} refused)", failed.len());
+        assert!(sent > 100, "{sent} requests: not under load");
+        assert!(
+            failed.is_empty(),
+            "{refused} refused, {} failed in all; the first: {:?}",
+            failed.len(),
+            failed.first()
+        );
+        assert_eq!(grpc_addr(id), addr);
         host.service.shutdown().await;
     });
 }

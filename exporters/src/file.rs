@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 #[serde(deny_unknown_fields, default)]
 pub struct FileExporterConfig {
     /// The file written to (rotated files get a timestamp before the extension).
+    #[schemars(extend("x-profcol-creates" = "file"))]
     pub path: PathBuf,
     /// `json`: one OTLP/JSON document per line. `proto`: each ProfilesData
     /// message prefixed by its length (4-byte big-endian).

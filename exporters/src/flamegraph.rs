@@ -23,6 +23,7 @@ use std::sync::Arc;
 #[serde(deny_unknown_fields, default)]
 pub struct FlamegraphConfig {
     /// Where `{file_prefix}-{time}-{group}.svg` (and `.folded`) go.
+    #[schemars(extend("x-profcol-creates" = "directory"))]
     pub directory: PathBuf,
     /// First part of each file name (no '/').
     pub file_prefix: String,

@@ -151,3 +151,98 @@ pub fn grpc_message_start(len: u32, sent: usize) -> Vec<u8> {
     v.extend(std::iter::repeat_n(0u8, sent.min(len as usize)));
     v
 }
+
+/// An HTTP/1.1 sender that announces a body of `content_length` bytes, sends
+/// it one byte every `pace`, and opens a new connection as soon as the
+/// server answers (or closes), for as long as the returned task runs (abort
+/// it). Counts the answers it got in `answered`.
+pub fn slow_http_sender(
+    addr: SocketAddr,
+    content_length: usize,
+    pace: std::time::Duration,
+    answered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    use tokio::io::AsyncReadExt;
+    tokio::spawn(async move {
+        loop {
+            let Ok(stream) = TcpStream::connect(addr).await else {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            };
+            let (mut rd, mut wr) = stream.into_split();
+            let head = format!(
+                "POST /v1development/profiles HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/x-protobuf\r\n\
+                 content-length: {content_length}\r\n\r\n"
+            );
+            let write = async {
+                if wr.write_all(head.as_bytes()).await.is_ok() {
+                    for _ in 0..content_length {
+                        if wr.write_all(&[0]).await.is_err() {
+                            break;
+                        }
+                        tokio::time::sleep(pace).await;
+                    }
+                }
+                std::future::pending::<()>().await
+            };
+            let mut buf = [0u8; 4096];
+            tokio::select! {
+                _ = write => {}
+                _ = rd.read(&mut buf) => {}
+            }
+            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    })
+}
+
+/// The same over gRPC (HTTP/2, prior knowledge): an Export call whose
+/// message of `len` bytes is sent one byte every `pace`, a new connection
+/// as soon as the server answers.
+pub fn slow_grpc_sender(
+    addr: SocketAddr,
+    len: u32,
+    pace: std::time::Duration,
+    answered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let call = async {
+                let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+                let (client, connection) = h2::client::handshake(tcp).await.map_err(|e| e.to_string())?;
+                let connection = tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                let mut client = client.ready().await.map_err(|e| e.to_string())?;
+                let req = http::Request::post(format!("http://{addr}{}", crate::raw::PATH))
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .body(())
+                    .expect("a valid request");
+                let (response, mut send) = client.send_request(req, false).map_err(|e| e.to_string())?;
+                let prefix = grpc_message_start(len, 0);
+                let write = async {
+                    if send.send_data(bytes::Bytes::from(prefix), false).is_ok() {
+                        for _ in 0..len {
+                            tokio::time::sleep(pace).await;
+                            if send.send_data(bytes::Bytes::from_static(&[0]), false).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    std::future::pending::<()>().await
+                };
+                tokio::select! {
+                    _ = write => {}
+                    _ = response => {}
+                }
+                connection.abort();
+                Ok::<(), String>(())
+            };
+            if call.await.is_err() {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    })
+}

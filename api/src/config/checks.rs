@@ -83,6 +83,50 @@ fn access(path: &Path, mode: libc::c_int) -> bool {
     unsafe { libc::access(c.as_ptr(), mode) == 0 }
 }
 
+/// The kernel's own filesystems, which hold no directories or files a
+/// process can create there: root passes access(2) on them, yet mkdir and
+/// open(O_CREAT) fail (or make something that is not a directory of files).
+fn pseudo_fs(dir: &Path) -> Option<&'static str> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statfs is plain data; zero is a valid value of it.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated and s is a valid statfs to fill.
+    if unsafe { libc::statfs(c.as_ptr(), &mut s) } != 0 {
+        return None;
+    }
+    // f_type's width and sign differ by platform; the magics are 32-bit.
+    Some(match (s.f_type as u64) & 0xffff_ffff {
+        0x9fa0 => "procfs",
+        0x6265_6572 => "sysfs",
+        0x6462_6720 => "debugfs",
+        0x7472_6163 => "tracefs",
+        0x7363_6673 => "securityfs",
+        0x0027_e0eb => "cgroup",
+        0x6367_7270 => "cgroup2",
+        0xcafe_4a11 => "bpf",
+        0x6265_6570 => "configfs",
+        0x6165_676c => "pstore",
+        0xde5e_81e4 => "efivarfs",
+        0x1cd1 => "devpts",
+        0x4249_4e4d => "binfmt_misc",
+        0xf97c_ff8c => "selinuxfs",
+        0x1980_0202 => "mqueue",
+        _ => return None,
+    })
+}
+
+fn on_pseudo_fs(what: &str, path: &Path, dir: &Path) -> Result<(), String> {
+    match pseudo_fs(dir) {
+        Some(fs) => Err(format!(
+            "cannot create {what} {}: {} is on {fs}, a kernel filesystem where no {what} can be created; \
+             choose a path on a disk or tmpfs",
+            path.display(),
+            dir.display()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A file that must exist and be readable.
 pub fn readable_file(path: &Path) -> Result<(), String> {
     match std::fs::metadata(path) {
@@ -109,7 +153,9 @@ fn existing_ancestor(path: &Path) -> Option<&Path> {
 }
 
 /// A directory this process can write to, or can create (its nearest
-/// existing ancestor is a writable directory).
+/// existing ancestor is a writable directory). Nothing is created: the
+/// check walks up to the nearest existing ancestor, which must be a
+/// writable directory on a filesystem that holds files.
 pub fn writable_dir(path: &Path) -> Result<(), String> {
     if path.as_os_str().is_empty() {
         return Err("is empty; give a directory path".into());
@@ -120,7 +166,7 @@ pub fn writable_dir(path: &Path) -> Result<(), String> {
             "directory {} is not writable by this process; fix its permissions or choose another directory",
             path.display()
         )),
-        Ok(_) => Ok(()),
+        Ok(_) => on_pseudo_fs("files", path, path),
         Err(_) => creatable(path, "directory"),
     }
 }
@@ -152,7 +198,7 @@ fn creatable(path: &Path, what: &str) -> Result<(), String> {
             path.display(),
             a.display()
         )),
-        Some(_) => Ok(()),
+        Some(a) => on_pseudo_fs(what, path, a),
         None => Err(format!("cannot create {what} {}: no parent directory exists", path.display())),
     }
 }
@@ -226,5 +272,17 @@ mod tests {
         assert!(pem_certificates(&d.path().join("f")).unwrap_err().contains("no PEM"));
         assert!(pem_private_key(&d.path().join("f")).is_err());
         assert!(within(5, 1, 4, "MiB").unwrap_err().contains("use 1 to 4 MiB"));
+    }
+
+    #[test]
+    fn kernel_filesystems_hold_no_new_files_even_for_root() {
+        for (dir, fs) in [("/proc/x/pprof", "procfs"), ("/sys/kernel/x", "sysfs")] {
+            let e = writable_dir(Path::new(dir)).unwrap_err();
+            assert!(e.contains(fs) && e.contains(dir), "{e}");
+        }
+        let e = writable_file(Path::new("/proc/x/out.jsonl")).unwrap_err();
+        assert!(e.contains("procfs"), "{e}");
+        assert!(writable_dir(Path::new("/proc")).unwrap_err().contains("procfs"));
+        assert!(writable_dir(&std::env::temp_dir().join("profcol-check/a")).is_ok());
     }
 }

@@ -14,7 +14,7 @@ mod validate;
 mod value;
 
 pub use mode::{create_dirs, Mode};
-pub use secret::{Secret, SecretUrl, REDACTED};
+pub use secret::{scrub, Secret, SecretUrl, REDACTED};
 pub use validate::{Problems, Validate};
 pub use value::ConfigValue;
 

@@ -114,6 +114,7 @@ pub struct QueueConfig {
     /// Directory of the persistent queue; batches are written here before
     /// they are acknowledged upstream and replayed after a restart.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-profcol-creates" = "directory"))]
     pub storage: Option<PathBuf>,
     /// Bound of the persistent queue on disk.
     pub max_storage_bytes: u64,

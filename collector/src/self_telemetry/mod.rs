@@ -91,7 +91,7 @@ impl SelfTelemetry {
                 use std::io::IsTerminal;
                 tracing_subscriber::fmt::layer()
                     .with_ansi(std::io::stderr().is_terminal())
-                    .with_writer(std::io::stderr)
+                    .with_writer(|| Scrubbed)
                     .with_filter(console_filter)
                     .boxed()
             }
@@ -99,7 +99,7 @@ impl SelfTelemetry {
                 .json()
                 .flatten_event(true)
                 .with_current_span(false)
-                .with_writer(std::io::stderr)
+                .with_writer(|| Scrubbed)
                 .with_filter(console_filter)
                 .boxed(),
         };
@@ -120,6 +120,24 @@ impl SelfTelemetry {
         if let Some(p) = &self.logs {
             let _ = p.shutdown();
         }
+    }
+}
+
+/// stderr, each line with every credential taken out
+/// ([`profcol_api::config::scrub`]): URL userinfo, credential query values and
+/// the secrets of the config, whoever logs them (a transport at debug level
+/// logs the URLs it connects to, with their userinfo). The fmt layer hands
+/// over one whole line per write.
+struct Scrubbed;
+
+impl std::io::Write for Scrubbed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().write_all(profcol_api::config::scrub(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
     }
 }
 

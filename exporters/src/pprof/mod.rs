@@ -32,6 +32,7 @@ use std::time::Duration;
 pub struct PprofConfig {
     /// Write `{file_prefix}-{YYYYmmddTHHMMSSZ}-{group}.pb.gz` files here.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-profcol-creates" = "directory"))]
     pub directory: Option<PathBuf>,
     /// First part of each file name (no '/').
     pub file_prefix: String,

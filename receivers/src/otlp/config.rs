@@ -15,11 +15,13 @@ pub struct OtlpReceiverConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub backpressure_timeout: Duration,
-    /// How many requests (gRPC and HTTP together) may be read, decoded and
-    /// waiting on the pipeline at once; more wait briefly for a slot and are
-    /// then told to retry (gRPC UNAVAILABLE, HTTP 503). With the size caps this
-    /// bounds the receiver's memory: `max_concurrent_requests` ×
-    /// (2 × `max_recv_msg_size_mib` + `max_decoded_size_mib`). At least 1.
+    /// How many requests (gRPC and HTTP together) may be decoded and waiting
+    /// on the pipeline at once; more wait briefly for a slot and are then told
+    /// to retry (gRPC UNAVAILABLE, HTTP 503). Bodies still arriving hold no
+    /// slot, only their bytes, out of `max_concurrent_requests` × the size
+    /// cap. With the size caps this bounds the receiver's memory:
+    /// `max_concurrent_requests` × (2 × `max_recv_msg_size_mib` +
+    /// `max_decoded_size_mib`). At least 1.
     pub max_concurrent_requests: usize,
     /// Largest size a request may take once decoded, in MiB (fractions
     /// allowed), estimated from its bytes before it is decoded; a request over
@@ -28,9 +30,8 @@ pub struct OtlpReceiverConfig {
     /// the receiver's memory for any input.
     pub max_decoded_size_mib: f64,
     /// How long a request's body may take to arrive; a sender that has not
-    /// sent it all by then is answered gRPC DEADLINE_EXCEEDED / HTTP 408 and
-    /// its slot goes to another request. A larger body gets more time as long
-    /// as it keeps up `min_read_rate_kib`.
+    /// sent it all by then is answered gRPC DEADLINE_EXCEEDED / HTTP 408. A
+    /// larger body gets more time as long as it keeps up `min_read_rate_kib`.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub read_timeout: Duration,

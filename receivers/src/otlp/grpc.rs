@@ -8,13 +8,13 @@
 //!
 //! [`ProfilesService::call`], the outermost point of a request, reads the
 //! body itself against the deadlines (`read_timeout`, `min_read_rate_kib`:
-//! DEADLINE_EXCEEDED) and the size cap (RESOURCE_EXHAUSTED), taking the
-//! `max_concurrent_requests` slot once the body's first bytes arrived, and
-//! then hands the whole body to `Grpc::unary` (decompression, the cap after
-//! it, decoding). A request without a slot has no more in memory than what
-//! the HTTP/2 flow-control windows let the connection buffer.
+//! DEADLINE_EXCEEDED), the size cap (RESOURCE_EXHAUSTED) and the read
+//! budget, takes the `max_concurrent_requests` slot once the whole body
+//! arrived, and then hands it to `Grpc::unary` (decompression, the cap after
+//! it, decoding). Beyond its bytes in the read budget, a body being read has
+//! no more in memory than what the HTTP/2 flow-control windows let the
+//! connection buffer.
 
-use super::body::BodyReader;
 use super::{tls, GrpcConfig, Ingest, IngestError};
 use bytes::{Buf, Bytes};
 use profcol_api::component::ComponentError;
@@ -134,19 +134,20 @@ where
             let (parts, body) = req.into_parts();
             // One message of at most `max` bytes behind its 5-byte prefix.
             let cap = max.saturating_add(5);
-            let mut reader = BodyReader::new(body, ingest.read_limits(cap));
-            // No slot until the body starts arriving: headers alone hold none.
-            if let Err(e) = reader.first().await {
-                return refuse(ingest.read_error(e, max, "protocols.grpc.max_recv_msg_size_mib"));
-            }
+            let mut reader = ingest.reader(body, cap);
+            // No slot while the body arrives: a slow sender holds only its bytes.
+            let bytes = match reader.rest().await {
+                Ok(b) => b,
+                Err(e) => match ingest.read_error(e, max, "protocols.grpc.max_recv_msg_size_mib") {
+                    // A refusal for want of room was counted by `read_error`, as `admit` counts its own.
+                    e @ IngestError::Unavailable(_) => return Ok(to_status(e).into_http()),
+                    e => return refuse(e),
+                },
+            };
             // Held until the pipeline took or refused the batch (unary returns after ExportCall).
             let _slot = match ingest.admit().await {
                 Ok(slot) => slot,
                 Err(e) => return Ok(to_status(e).into_http()),
-            };
-            let bytes = match reader.rest().await {
-                Ok(b) => b,
-                Err(e) => return refuse(ingest.read_error(e, max, "protocols.grpc.max_recv_msg_size_mib")),
             };
             let mut enc = EnabledCompressionEncodings::default();
             enc.enable(CompressionEncoding::Gzip);
@@ -154,7 +155,10 @@ where
                 .apply_compression_config(enc, enc)
                 .apply_max_message_size_config(Some(max), None);
             let req = http::Request::from_parts(parts, http_body_util::Full::new(bytes));
-            Ok(grpc.unary(ExportCall(ingest), req).await)
+            let answer = grpc.unary(ExportCall(ingest), req).await;
+            // The body's bytes count against the read budget until it is decoded.
+            drop(reader);
+            Ok(answer)
         })
     }
 }
@@ -163,7 +167,7 @@ where
 /// fires and finishes once in-flight requests are answered.
 pub(crate) fn serve(
     id: &str,
-    listener: tokio::net::TcpListener,
+    listener: Arc<tokio::net::TcpListener>,
     cfg: &GrpcConfig,
     ingest: Arc<Ingest>,
     cancel: CancellationToken,
@@ -183,7 +187,7 @@ pub(crate) fn serve(
     let svc = ProfilesService { ingest, max_size: super::config::mib(cfg.max_recv_msg_size_mib) };
     // Small answers must not wait for delayed ACKs, and a 1 MiB window lets
     // a typical batch through without flow-control round trips.
-    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
+    let incoming = tokio_stream::StreamExt::map(super::listeners::Incoming::new(listener), |s| {
         s.inspect(|s| {
             let _ = s.set_nodelay(true);
         })

@@ -8,7 +8,7 @@
 //! `Retry-After` when the pipeline pushes back or `max_concurrent_requests`
 //! requests are in flight.
 
-use super::body::{BodyReader, ReadError};
+use super::body::ReadError;
 use super::{tls, HttpConfig, Ingest, IngestError, Slot};
 use axum::body::Body;
 use axum::extract::State;
@@ -139,11 +139,10 @@ async fn export(State(st): State<AppState>, headers: HeaderMap, body: Body) -> R
 
 const CAP_KEY: &str = "protocols.http.max_recv_msg_size_mib";
 
-/// Reads the body against its deadlines and cap, taking a slot once its
-/// first bytes arrived, then inflates and decodes it (after the decode
-/// budget). An oversized body is read on and discarded (up to its cap once
-/// more, within the deadlines) so the sender reads the 413 instead of a
-/// reset connection.
+/// Reads the body against its deadlines, its cap and the read budget, then
+/// takes a slot and inflates and decodes it (after the decode budget). An
+/// oversized body is read on and discarded (up to its cap once more, within
+/// the deadlines) so the sender reads the 413 instead of a reset connection.
 async fn read_and_decode(
     st: &AppState,
     enc: Encoding,
@@ -152,29 +151,22 @@ async fn read_and_decode(
     body: Body,
 ) -> Result<(Profiles, Slot), IngestError> {
     let max = st.max_size;
-    let mut reader = BodyReader::new(body, st.ingest.read_limits(max));
+    let mut reader = st.ingest.reader(body, max);
     if declared.is_some_and(|n| n > max as u64) {
         reader.drain(max).await;
         return Err(st.ingest.read_error(ReadError::TooLarge, max, CAP_KEY));
     }
-    // No slot until the body starts arriving: headers alone hold none.
-    if let Err(e) = reader.first().await {
-        if let ReadError::TooLarge = e {
-            reader.drain(max).await;
-        }
-        return Err(st.ingest.read_error(e, max, CAP_KEY));
-    }
-    let slot = st.ingest.admit().await?;
+    // No slot while the body arrives: a slow sender holds only its bytes.
     let bytes = match reader.rest().await {
         Ok(b) => b,
         Err(e) => {
-            drop(slot);
             if let ReadError::TooLarge = e {
                 reader.drain(max).await;
             }
             return Err(st.ingest.read_error(e, max, CAP_KEY));
         }
     };
+    let slot = st.ingest.admit().await?;
     let inflated;
     let data: &[u8] = if gzip {
         inflated = gunzip_capped(&bytes, max)?;
@@ -204,7 +196,7 @@ impl Drop for TlsListener {
 }
 
 impl TlsListener {
-    fn new(l: tokio::net::TcpListener, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+    fn new(l: Arc<tokio::net::TcpListener>, cfg: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
         let local = l.local_addr()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -251,7 +243,7 @@ impl axum::serve::Listener for TlsListener {
 
 pub(crate) fn serve(
     id: &str,
-    listener: tokio::net::TcpListener,
+    listener: Arc<tokio::net::TcpListener>,
     cfg: &HttpConfig,
     ingest: Arc<Ingest>,
     cancel: CancellationToken,
@@ -267,7 +259,8 @@ pub(crate) fn serve(
     let signal = cancel.cancelled_owned();
     match &cfg.tls {
         None => Ok(tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
+            let incoming = super::listeners::Incoming::new(listener);
+            if let Err(e) = axum::serve(incoming, app).with_graceful_shutdown(signal).await {
                 tracing::error!(receiver = %id, "HTTP server stopped: {e}");
             }
         })),

@@ -10,22 +10,25 @@
 //! gRPC `UNAVAILABLE` / HTTP 503.
 //!
 //! At most `max_concurrent_requests` requests (gRPC and HTTP together) are
-//! read, decoded and pushed at once: a request takes a slot once its body's
-//! first bytes arrived and keeps it until the pipeline took or refused its
-//! batch, so the receiver's memory is bounded by slots × (2 × size cap +
-//! decode budget) however many senders there are. A body must arrive within
-//! `read_timeout` (and keep up `min_read_rate_kib` past it, see [`body`]),
-//! or the sender gets DEADLINE_EXCEEDED / 408 and its slot goes on: stalled
-//! senders cannot hold slots for long. The decode budget
-//! (`max_decoded_size_mib`) is checked on the bytes before decoding
-//! (`model::decode_budget`): a request that would expand past it is refused
-//! unread. A request that finds no slot free within `MAX_SLOT_WAIT` (1 s, at
-//! most `backpressure_timeout`) is told to retry, as for backpressure.
+//! decoded and pushed at once: a request takes a slot once its whole body
+//! arrived and keeps it until the pipeline took or refused its batch. Bodies
+//! being read hold no slot (a slow sender cannot keep others from one, however
+//! many connections it opens); their bytes are counted against a budget of
+//! `max_concurrent_requests` × the size cap as they arrive (see [`body`]). So
+//! the receiver's memory is bounded by slots × (2 × size cap + decode budget)
+//! however many senders there are. A body must arrive within `read_timeout`
+//! (and keep up `min_read_rate_kib` past it), or the sender gets
+//! DEADLINE_EXCEEDED / 408. The decode budget (`max_decoded_size_mib`) is
+//! checked on the bytes before decoding (`model::decode_budget`): a request
+//! that would expand past it is refused unread. A request that finds no slot
+//! (or no room in the read budget) free within `MAX_SLOT_WAIT` (1 s, at most
+//! `backpressure_timeout`) is told to retry, as for backpressure.
 
 mod body;
 mod config;
 mod grpc;
 mod http;
+mod listeners;
 #[cfg(feature = "test-support")]
 pub mod testing;
 mod tls;
@@ -108,6 +111,10 @@ pub(crate) struct Ingest {
     min_read_rate: f64,
     /// Requests whose body missed its deadlines.
     read_timeouts: Counter,
+    /// Bytes of bodies being read or decoded, shared by both servers.
+    read_budget: body::ReadBudget,
+    /// Its size, for the message.
+    read_budget_bytes: usize,
 }
 
 /// One of the `max_concurrent_requests` slots; freed on drop.
@@ -159,9 +166,10 @@ impl Ingest {
     }
 
     /// Takes a slot for one request, waiting up to `slot_wait` for one to
-    /// free. Call before the request's body is read, and hold the slot until
+    /// free. Call once the request's body is read (a body being read holds
+    /// only its bytes of the read budget), and hold the slot until
     /// [`Ingest::accept`] returned: a request without a slot never has its
-    /// body or decoded form in memory.
+    /// inflated or decoded form in memory.
     pub(crate) async fn admit(&self) -> Result<Slot, IngestError> {
         // `timeout` polls the acquire first, so a free slot is taken even
         // when the wait is zero.
@@ -187,8 +195,18 @@ impl Ingest {
         body::ReadLimits { read_timeout: self.read_timeout, min_rate: self.min_read_rate, max }
     }
 
+    /// A reader of `body`, at most `max` bytes, within the deadlines and the read budget.
+    pub(crate) fn reader<B>(&self, body: B, max: usize) -> body::BodyReader<B>
+    where
+        B: http_body::Body<Data = bytes::Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        body::BodyReader::new(body, self.read_limits(max), self.read_budget.clone())
+    }
+
     /// What the sender is told when its body was not read; `cap_key` names
-    /// the size limit it passed (the server's config key).
+    /// the size limit it passed (the server's config key). A refusal for want
+    /// of room in the read budget is counted here, as [`Ingest::admit`] counts its own.
     pub(crate) fn read_error(&self, e: body::ReadError, max: usize, cap_key: &str) -> IngestError {
         match e {
             body::ReadError::TooLarge => IngestError::TooLarge(format!(
@@ -203,6 +221,16 @@ impl Ingest {
             )),
             body::ReadError::Broken(why) => {
                 IngestError::Invalid(format!("the request body did not arrive whole: {why}"))
+            }
+            body::ReadError::Busy => {
+                self.inflight_refused.inc();
+                self.busy.inc();
+                IngestError::Unavailable(format!(
+                    "this gateway holds {} MiB of request bodies (max_concurrent_requests × max_recv_msg_size_mib) \
+                     and none finished within {}; retry later",
+                    self.read_budget_bytes >> 20,
+                    humantime::format_duration(self.slot_wait)
+                ))
             }
         }
     }
@@ -316,8 +344,14 @@ impl OtlpReceiver {
     }
 }
 
-/// Binds `endpoint` (host:port), with an error that says what to do.
-pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio::net::TcpListener, ComponentError> {
+/// Listens on `endpoint` (host:port): the socket a running instance of this
+/// process listens on there (see [`listeners`]), or a new one, with an error
+/// that says what to do.
+pub(crate) async fn bind(
+    id: &str,
+    proto: &str,
+    endpoint: &str,
+) -> Result<Arc<tokio::net::TcpListener>, ComponentError> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(endpoint)
         .await
         .map_err(|e| {
@@ -330,7 +364,12 @@ pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio:
     let addr = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| {
         ComponentError::msg(format!("receiver {id}: protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
     })?;
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+    if addr.port() != 0 {
+        if let Some(l) = listeners::find(addr) {
+            return Ok(l);
+        }
+    }
+    let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
             " (another process, perhaps another collector, holds the port; stop it or change the endpoint)"
         } else {
@@ -339,7 +378,10 @@ pub(crate) async fn bind(id: &str, proto: &str, endpoint: &str) -> Result<tokio:
         ComponentError::msg(format!(
             "receiver {id}: cannot listen on {addr} (protocols.{proto}.endpoint {endpoint:?}): {e}{hint}"
         ))
-    })
+    })?;
+    let l = Arc::new(l);
+    listeners::register(&l);
+    Ok(l)
 }
 
 #[async_trait::async_trait]
@@ -347,6 +389,19 @@ impl Receiver for OtlpReceiver {
     async fn start(&self, next: Next) -> Result<(), ComponentError> {
         let id = self.settings.id.to_string();
         let tel = &self.settings.telemetry;
+        // Room for max_concurrent_requests bodies of the larger cap (gRPC's
+        // with its 5-byte message prefix).
+        let cap = [
+            self.cfg.protocols.grpc.as_ref().map(|g| config::mib(g.max_recv_msg_size_mib).saturating_add(5)),
+            self.cfg.protocols.http.as_ref().map(|h| config::mib(h.max_recv_msg_size_mib)),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(1);
+        let read_budget_bytes =
+            cap.saturating_mul(self.cfg.max_concurrent_requests).min(tokio::sync::Semaphore::MAX_PERMITS);
+        let slot_wait = self.cfg.backpressure_timeout.min(MAX_SLOT_WAIT);
         let ingest = Arc::new(Ingest {
             next,
             backpressure_timeout: self.cfg.backpressure_timeout,
@@ -363,7 +418,7 @@ impl Receiver for OtlpReceiver {
             ),
             slots: Arc::new(tokio::sync::Semaphore::new(self.cfg.max_concurrent_requests)),
             max_concurrent: self.cfg.max_concurrent_requests,
-            slot_wait: self.cfg.backpressure_timeout.min(MAX_SLOT_WAIT),
+            slot_wait,
             inflight_refused: tel.counter(
                 "inflight_refusals_total",
                 "Requests answered with retry-later because max_concurrent_requests were in flight.",
@@ -379,6 +434,8 @@ impl Receiver for OtlpReceiver {
                 "read_timeouts_total",
                 "Requests whose body did not arrive within read_timeout / min_read_rate_kib (DEADLINE_EXCEEDED / 408).",
             ),
+            read_budget: body::ReadBudget::new(read_budget_bytes, slot_wait),
+            read_budget_bytes,
         });
         let cancel = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -424,11 +481,17 @@ impl Receiver for OtlpReceiver {
     }
 
     /// The TCP ports it listens on: once started, the ports it bound; before,
-    /// the configured ones (port 0, any free port, clashes with nothing).
+    /// the configured ones (port 0, any free port, clashes with nothing),
+    /// except those where a running instance listens at the same address:
+    /// that socket is shared ([`listeners`]), so a reload that keeps an
+    /// endpoint stops nothing first and a failed one closes no port.
     fn exclusive_resources(&self) -> Vec<String> {
         let (grpc, http) = *self.addrs.lock().unwrap_or_else(|p| p.into_inner());
         let configured = |e: Option<&str>| {
-            e.and_then(|e| e.rsplit_once(':')).and_then(|(_, p)| p.parse::<u16>().ok()).filter(|p| *p != 0)
+            e.filter(|e| !listeners::shared(e))
+                .and_then(|e| e.rsplit_once(':'))
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .filter(|p| *p != 0)
         };
         [
             grpc.map(|a| a.port())
@@ -552,6 +615,8 @@ mod tests {
             read_timeout: Duration::from_secs(5),
             min_read_rate: 65536.0,
             read_timeouts: tel.counter("read_timeouts_total", ""),
+            read_budget: body::ReadBudget::new(1 << 20, bp.min(MAX_SLOT_WAIT)),
+            read_budget_bytes: 1 << 20,
         };
         // A zero wait still takes a free slot.
         let i = ingest(Duration::ZERO);
