@@ -13,9 +13,9 @@
 //!
 //! cargo bench -p profcol --bench queue_memory    # table and CHECK line at the end
 
+use profcol::exporter_helper::settings::{ExporterHelperConfig, Sizer};
 use profcol::exporter_helper::ExporterHandle;
 use profcol_api::component::{ComponentId, CreateSettings, Kind};
-use profcol::exporter_helper::settings::{ExporterHelperConfig, Sizer};
 use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::telemetry::Telemetry;
 use profcol_api::{Profiles, ProfilesBuilder};

@@ -3,9 +3,9 @@
 //! factory (their doc comments are the descriptions, their `Default`s the
 //! defaults). YAML language servers take it as is.
 
+use crate::exporter_helper::settings::ExporterHelperConfig;
 use crate::registry::Registry;
 use profcol_api::component::Kind;
-use crate::exporter_helper::settings::ExporterHelperConfig;
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Map, Value};
 

@@ -5,9 +5,9 @@
 //! and never retried; RESOURCE_EXHAUSTED is retried only with a RetryInfo,
 //! after its delay; HTTP 429 is retried after its Retry-After.
 
+use profcol::exporter_helper::settings::{ExporterHelperConfig, RetryConfig};
 use profcol::exporter_helper::ExporterHandle;
 use profcol_api::component::{ComponentId, CreateSettings, Kind};
-use profcol::exporter_helper::settings::{ExporterHelperConfig, RetryConfig};
 use profcol_api::telemetry::{ComponentTelemetry, Telemetry};
 use profcol_api::{Exporter, Profiles};
 use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};

@@ -3,9 +3,9 @@
 //! server's Retry-After wins when it is longer), with no wall-clock waiting.
 
 use async_trait::async_trait;
+use profcol::exporter_helper::settings::{ExporterHelperConfig, QueueConfig, RetryConfig};
 use profcol::exporter_helper::ExporterHandle;
 use profcol_api::component::{ComponentId, Kind};
-use profcol::exporter_helper::settings::{ExporterHelperConfig, QueueConfig, RetryConfig};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ExportError, Exporter, Profiles};
 use profcol_testkit::batch::cpu_batch;

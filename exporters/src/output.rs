@@ -8,7 +8,7 @@
 use profcol_api::config::Mode;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 pub const DEFAULT_FILE_MODE: Mode = Mode(0o640);

@@ -10,9 +10,9 @@ use profcol_api::{Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{
     Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
+use profcol_receivers::otlp::testing::{receiver_config, LOOPBACK};
 use profcol_receivers::otlp::{OtlpReceiver, OtlpReceiverConfig};
 use profcol_testkit::prelude::*;
-use profcol_receivers::otlp::testing::{receiver_config, LOOPBACK};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

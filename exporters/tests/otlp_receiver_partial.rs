@@ -7,9 +7,9 @@ use profcol_api::component::Kind;
 use profcol_api::model::canonical;
 use profcol_api::{ExportError, Exporter, Profiles, Receiver};
 use profcol_exporters::otlp::{HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter};
+use profcol_receivers::otlp::testing::{receiver_config, LOOPBACK};
 use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::prelude::*;
-use profcol_receivers::otlp::testing::{receiver_config, LOOPBACK};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -7,9 +7,9 @@ use profcol_api::{Exporter, Receiver};
 use profcol_exporters::otlp::{
     Compression, HttpEncoding, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use profcol_receivers::otlp::OtlpReceiver;
 use profcol_testkit::prelude::*;
-use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -10,9 +10,9 @@ use profcol_api::{Exporter, Receiver};
 use profcol_exporters::otlp::{
     ClientTlsConfig, Compression, OtlpGrpcConfig, OtlpGrpcExporter, OtlpHttpConfig, OtlpHttpExporter,
 };
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use profcol_receivers::otlp::{OtlpReceiver, TlsServerConfig};
 use profcol_testkit::prelude::*;
-use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose as Eku, IsCa, KeyPair, KeyUsagePurpose,
 };

@@ -5,9 +5,9 @@
 
 use profcol_api::component::Kind;
 use profcol_api::Receiver;
+use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use profcol_receivers::otlp::{OtlpReceiver, OtlpReceiverConfig};
 use profcol_testkit::prelude::*;
-use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config, LOOPBACK};
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -95,7 +95,6 @@ pub fn create_dirs(dir: &std::path::Path, mode: Mode) -> std::io::Result<()> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,16 +12,16 @@
 //! handle that stops hands its backlog to the next user of the same queue.
 
 mod persistent;
-pub mod settings;
 mod queue;
 mod retry;
+pub mod settings;
 
 use persistent::{PersistError, PersistentQueue, Ticket};
 use queue::{Rejected, SizedQueue};
 
+use crate::exporter_helper::settings::{ExporterHelperConfig, Sizer};
 use crate::service::batch_trace::{samples_attr, BatchTrace};
 use opentelemetry::KeyValue;
-use crate::exporter_helper::settings::{ExporterHelperConfig, Sizer};
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ComponentId, Exporter, Profiles};
 use std::sync::Arc;
@@ -632,8 +632,8 @@ impl ExporterHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profcol_api::component::Kind;
     use crate::exporter_helper::settings::Sizer;
+    use profcol_api::component::Kind;
     use profcol_api::model::{pb, ProfileMeta, Resource};
     use profcol_api::{ExportError, ProfilesBuilder};
 

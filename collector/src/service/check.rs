@@ -1,10 +1,10 @@
 //! Checks every component section against its factory: known type, valid
 //! settings. Produces the effective config (defaults filled) of each.
 
+use crate::exporter_helper::settings::{self as exporterhelper, ExporterHelperConfig};
 use crate::registry::Registry;
 use profcol_api::component::{ComponentId, Kind};
 use profcol_api::config::ConfigValue;
-use crate::exporter_helper::settings::{self as exporterhelper, ExporterHelperConfig};
 use profcol_config::{Config, ConfigError, ConfigErrors};
 use std::collections::BTreeMap;
 

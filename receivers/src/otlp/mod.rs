@@ -26,9 +26,9 @@ mod body;
 mod config;
 mod grpc;
 mod http;
-mod tls;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod tls;
 
 pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServerConfig};
 

@@ -2,12 +2,12 @@
 //! one: a backend that collects what arrives, or a gateway's front door
 //! (feature `test-support`; nothing here ships).
 
-use profcol_testkit::settings;
-use profcol_testkit::sink::Collector;
+use super::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
 use profcol_api::component::Kind;
 use profcol_api::component::Next;
 use profcol_api::Receiver;
-use super::{GrpcConfig, HttpConfig, OtlpReceiver, OtlpReceiverConfig, Protocols};
+use profcol_testkit::settings;
+use profcol_testkit::sink::Collector;
 use std::sync::Arc;
 
 /// Loopback with a port the kernel picks (the receiver logs and reports it).
