@@ -467,6 +467,11 @@ pub struct FactoryMeta {
 /// Makes components of one type from their config sections.
 pub trait Factory: Send + Sync + 'static {
     fn meta(&self) -> FactoryMeta;
+    /// The component's own series (beside the host's standard ones), as
+    /// it declares them; docs/CONFIG.md's metric table is checked against these.
+    fn metrics(&self) -> &'static [crate::telemetry::MetricDef] {
+        &[]
+    }
     /// Decodes a section and runs its [`Validate`] check: everything knowable
     /// without side effects. Returns the effective config (defaults filled,
     /// secrets redacted) for print-config, or every problem found. The host

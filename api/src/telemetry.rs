@@ -76,6 +76,50 @@ pub const SERIES_PER_FAMILY: usize = 256;
 /// below it a histogram carries sum and count only.
 const DETAILED_SECONDS_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
+/// What kind of cell a declared series is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+}
+
+/// One series of a component, declared once as a `const` beside the
+/// component: its name after `profcol_<kind>_` (the unit is part of the name,
+/// counters end in `_total`), its unit, the label it adds beside the
+/// component's own (`outcome`, `reason`), and its help text. The component
+/// registers its cells from these, and its factory lists them
+/// ([`crate::Factory::metrics`]) so that docs/CONFIG.md's table is checked
+/// against what is registered.
+#[derive(Clone, Copy, Debug)]
+pub struct MetricDef {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    /// `samples`, `frames`, `bytes`, `seconds`, `microseconds`, `1` (a count of things the name says).
+    pub unit: &'static str,
+    pub label: Option<&'static str>,
+    pub help: &'static str,
+}
+
+impl MetricDef {
+    pub const fn counter(name: &'static str, unit: &'static str, help: &'static str) -> Self {
+        MetricDef { name, kind: MetricKind::Counter, unit, label: None, help }
+    }
+
+    pub const fn gauge(name: &'static str, unit: &'static str, help: &'static str) -> Self {
+        MetricDef { name, kind: MetricKind::Gauge, unit, label: None, help }
+    }
+
+    /// The same series with one more label (its values are given at registration).
+    pub const fn by(self, label: &'static str) -> Self {
+        MetricDef { label: Some(label), ..self }
+    }
+
+    /// The full series name for a component of `kind`.
+    pub fn full_name(&self, kind: Kind) -> String {
+        format!("profcol_{}_{}", kind.as_str(), self.name)
+    }
+}
+
 /// A monotonically increasing count.
 #[derive(Clone, Debug, Default)]
 pub struct Counter(Arc<AtomicU64>);
@@ -616,6 +660,28 @@ impl ComponentTelemetry {
     pub fn gauge(&self, name: &str, help: &str) -> Gauge {
         let ids = self.id.to_string();
         self.registry.gauge(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
+    }
+
+    /// The counter `def` declares, labelled with this component's id.
+    pub fn counter_of(&self, def: &MetricDef) -> Counter {
+        debug_assert!(def.kind == MetricKind::Counter && def.label.is_none(), "{} is not a plain counter", def.name);
+        let ids = self.id.to_string();
+        self.registry.counter(&def.full_name(self.kind), def.help, &[(self.kind.as_str(), &ids)])
+    }
+
+    /// The counter `def` declares for one value of its label.
+    pub fn counter_by(&self, def: &MetricDef, value: &str) -> Counter {
+        debug_assert!(def.kind == MetricKind::Counter, "{} is not a counter", def.name);
+        let key = def.label.unwrap_or("outcome");
+        let ids = self.id.to_string();
+        self.registry.counter(&def.full_name(self.kind), def.help, &[(self.kind.as_str(), &ids), (key, value)])
+    }
+
+    /// The gauge `def` declares, labelled with this component's id.
+    pub fn gauge_of(&self, def: &MetricDef) -> Gauge {
+        debug_assert!(def.kind == MetricKind::Gauge && def.label.is_none(), "{} is not a plain gauge", def.name);
+        let ids = self.id.to_string();
+        self.registry.gauge(&def.full_name(self.kind), def.help, &[(self.kind.as_str(), &ids)])
     }
 
     /// The registry, for series with labels of their own (a plugin's

@@ -29,10 +29,10 @@
 //!
 //! cargo bench -p profcol --bench gateway_host -- telemetry
 
-use profcol_receivers::otlp::testing::start_receiver;
+use profcol_receivers::otlp::testing::{receiver_config, start_receiver, LOOPBACK};
 use profcol_testkit::config::{one_pipeline, OTLP_GRPC_RECEIVER};
 use profcol_testkit::floor::{busy_node_batch, decode_encode, samples_per_second};
-use profcol_testkit::prelude::{receiver_config, settings, LOOPBACK};
+use profcol_testkit::prelude::settings;
 use profcol_testkit::sink::next_to;
 
 /// The bench process's log (one subscriber per process).
