@@ -9,7 +9,7 @@
 #     machine without kubectl fails here with what to install;
 #   - runs deploy/container/check.sh: image built from this clone, rootfs
 #     exported, the binary run from it (a dev-profile musl build: 556 s user
-#     CPU cold, ~5 min on an idle 2-core machine; docs/ARCHITECTURE.md, "CI time").
+#     CPU cold, ~5 min on an idle 2-core machine; docs/PERFORMANCE.md, "Container image").
 # Idempotent and quiet: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Writes collector/hot-text.order: the functions the default node agent runs
 # in its first report interval, which release builds of `profcol` link next
-# to each other (collector/build.rs; docs/PERFORMANCE.md "Twelfth pass: peak
-# RSS"), in three groups: what runs between reports (the sampler's every
+# to each other (collector/build.rs; docs/PERFORMANCE.md "Node agent against
+# perf record"), in three groups: what runs between reports (the sampler's every
 # second), then what only a report runs (the receiver's build,
 # symbolization, conversion, encoding, compression), then what only
 # start-up ran. The agent drops its code pages as start-up goes and, at most

@@ -24,14 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn require_bpf(test: &str) -> bool {
-    match profcol_receivers::ebpf::bpf::privileges::Privileges::current().check() {
-        Ok(()) => true,
-        Err(e) if profcol_testkit::tools::in_ci() => panic!("{test}: CI=true but this test cannot run: {e}"),
-        Err(e) => {
-            eprintln!("SKIPPED {test}: needs root or CAP_BPF+CAP_PERFMON ({e})");
-            false
-        }
-    }
+    profcol_testkit::tools::require(test, profcol_receivers::ebpf::bpf::privileges::Privileges::current().check())
 }
 
 /// `sha256sum /dev/zero`: hashes until killed, nearly all of it in the

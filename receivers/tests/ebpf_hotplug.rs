@@ -55,14 +55,12 @@ impl Drop for Cpu1Offline {
 
 /// Whether CPU 1 can be hot-plugged here; skips (fails under CI=true) if not.
 fn require_cpu1_hotplug(test: &str) -> bool {
-    if std::path::Path::new(CPU1_ONLINE).exists() {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{test}: CI=true but {CPU1_ONLINE} does not exist (needs >= 2 CPUs and CPU hotplug)");
-    }
-    eprintln!("SKIPPED {test}: {CPU1_ONLINE} does not exist (needs >= 2 CPUs and CPU hotplug)");
-    false
+    let need = if std::path::Path::new(CPU1_ONLINE).exists() {
+        Ok(())
+    } else {
+        Err(format!("{CPU1_ONLINE} does not exist (needs >= 2 CPUs and CPU hotplug)"))
+    };
+    profcol_testkit::tools::require(test, need)
 }
 
 /// A value of the receiver's metrics, by name prefix.

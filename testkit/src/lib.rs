@@ -45,5 +45,5 @@ pub mod prelude {
     pub use crate::plugins::{example_plugin, test_plugin};
     pub use crate::settings;
     pub use crate::sink::Collector;
-    pub use crate::tools::{in_ci, tool_available};
+    pub use crate::tools::{in_ci, require, require_root, tool_available};
 }

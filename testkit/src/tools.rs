@@ -20,7 +20,32 @@ pub fn tool_available(cmd: &str, args: &[&str]) -> bool {
     ok
 }
 
-/// Whether this run is CI (CI=true), where nothing may be skipped.
+/// Whether this run is CI (CI=true), where nothing may be skipped. The one
+/// place tests read `CI`.
 pub fn in_ci() -> bool {
     std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// Whether `test` can run: `Ok` runs it; an error (what is missing, and the
+/// remedy) skips it with a message outside CI and fails it under CI=true.
+/// Tests state every need this way: privileges, hardware, kernel features.
+pub fn require(test: &str, need: Result<(), impl std::fmt::Display>) -> bool {
+    match need {
+        Ok(()) => true,
+        Err(e) if in_ci() => panic!("{test}: CI=true but this test cannot run: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e} (CI=true turns this into a failure)");
+            false
+        }
+    }
+}
+
+/// The one privileges check of tests that need root itself (kallsyms
+/// addresses, bpf(2) program listing), not only capabilities: `require`
+/// with "is the effective uid 0". `why` says what root is needed for.
+pub fn require_root(test: &str, why: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let need = if euid == 0 { Ok(()) } else { Err(format!("needs root ({why}); run the tests as root")) };
+    require(test, need)
 }

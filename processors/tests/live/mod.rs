@@ -16,17 +16,8 @@ use profcol_receivers::ebpf::{EbpfConfig, EbpfReceiver};
 use profcol_testkit::sink::Collector;
 
 /// Whether the test can run; panics under CI when it cannot.
-pub fn require_root(what: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    let msg = format!("{what} needs root (kallsyms addresses, bpf, perf events); run the tests as root");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
+pub fn require_root(test: &str) -> bool {
+    profcol_testkit::tools::require_root(test, "kallsyms addresses, bpf, perf events")
 }
 
 pub fn missing(what: &str, e: impl std::fmt::Display) -> ! {

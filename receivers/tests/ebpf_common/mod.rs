@@ -17,17 +17,7 @@ use std::sync::Arc;
 /// privileges the test is skipped with a message, except under CI=true,
 /// where it fails: CI runs as root and must really run these tests.
 pub fn require_bpf(test: &str) -> bool {
-    let privs = Privileges::current();
-    match privs.check() {
-        Ok(()) => true,
-        Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{test}: CI=true but this test cannot run: {e}");
-            }
-            eprintln!("SKIPPED {test}: needs root or CAP_BPF+CAP_PERFMON ({e})");
-            false
-        }
-    }
+    profcol_testkit::tools::require(test, Privileges::current().check())
 }
 
 pub struct Running {
