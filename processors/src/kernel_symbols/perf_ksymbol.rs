@@ -173,7 +173,7 @@ pub enum Record {
 }
 
 /// Reads one record; `None` for records of no interest or malformed ones.
-pub fn parse_record(rec: &[u8], timed: bool) -> Option<Record> {
+pub(crate) fn parse_record(rec: &[u8], timed: bool) -> Option<Record> {
     let header = sys::read::<perf_event_header>(rec)?;
     // With sample_id_all and only PERF_SAMPLE_TIME, the time ends the record.
     let ktime_ns =
