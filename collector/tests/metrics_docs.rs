@@ -61,7 +61,7 @@ fn rows(doc: &str) -> Vec<Row> {
 /// What is wrong with the documentation of `def` for a component of `kind`.
 fn problem(rows: &[Row], owner: &str, kind: Kind, def: &MetricDef) -> Option<String> {
     let full = def.full_name(kind);
-    let Some(row) = rows.iter().find(|r| r.names.iter().any(|n| *n == full)) else {
+    let Some(row) = rows.iter().find(|r| r.names.contains(&full)) else {
         return Some(format!("{owner}: `{full}` ({}) has no row", def.help));
     };
     if let Some(label) = def.label {
