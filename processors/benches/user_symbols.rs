@@ -92,8 +92,7 @@ fn first_frame_parsed(s: &Setup, lines: bool) -> usize {
 /// the loader publishes before it re-attaches DWARF in the background).
 fn first_frame_from_disk(s: &Setup, disk: &DiskCache) -> usize {
     let t = disk.read(&s.want.key).expect("the table file");
-    let file = disk.path_of(&s.want.key).expect("a hex key");
-    BinaryTable::from_disk(t, file).resolve(s.offsets[0]).len()
+    BinaryTable::from_disk(t).resolve(s.offsets[0]).len()
 }
 
 fn ours_name(t: &BinaryTable, offsets: &[u64]) -> usize {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-pub struct BatchConfig {
+pub(crate) struct BatchConfig {
     /// Send once this many samples (observations) are held.
     pub send_batch_size: usize,
     /// Send what is held at least this often.
@@ -38,7 +38,7 @@ impl Default for BatchConfig {
     }
 }
 
-pub fn factory_batch() -> Arc<dyn Factory> {
+pub(crate) fn factory_batch() -> Arc<dyn Factory> {
     factory::<BatchConfig, _>(
         FactoryMeta {
             type_name: "batch",

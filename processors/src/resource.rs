@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// `processors: resource: { attributes: [...] }`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-pub struct ResourceConfig {
+pub(crate) struct ResourceConfig {
     /// Actions applied in order to every resource of every batch.
     pub attributes: Vec<AttributeAction>,
 }
@@ -22,7 +22,7 @@ pub struct ResourceConfig {
 /// One action on one resource attribute.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct AttributeAction {
+pub(crate) struct AttributeAction {
     /// The attribute's key, e.g. `k8s.node.name`.
     pub key: String,
     /// `insert` (only where the key is absent), `update` (only where it is
@@ -121,7 +121,7 @@ enum Source {
     From(String),
 }
 
-pub struct ResourceProcessor {
+pub(crate) struct ResourceProcessor {
     steps: Vec<Step>,
 }
 

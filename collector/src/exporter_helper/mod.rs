@@ -22,7 +22,7 @@ use queue::{Rejected, SizedQueue};
 use crate::exporter_helper::settings::{ExporterHelperConfig, Sizer};
 use crate::service::batch_trace::{samples_attr, BatchTrace};
 use opentelemetry::KeyValue;
-use profcol_api::telemetry::ComponentTelemetry;
+use profcol_api::telemetry::{ComponentTelemetry, MetricDef};
 use profcol_api::{ComponentId, Exporter, Profiles};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -65,6 +65,26 @@ enum Outcome {
     /// the next user of the queue.
     Interrupted,
 }
+
+pub(crate) const QUEUE_STORAGE_BYTES: MetricDef =
+    MetricDef::gauge("queue_storage_bytes", "bytes", "Bytes of batches in the persistent sending queue.");
+pub(crate) const QUEUE_STORAGE_BATCHES: MetricDef =
+    MetricDef::gauge("queue_storage_batches", "1", "Batches in the persistent sending queue (on disk).");
+pub(crate) const QUEUE_STORAGE_SAMPLES: MetricDef =
+    MetricDef::gauge("queue_storage_samples", "samples", "Samples in the batches of the persistent sending queue.");
+pub(crate) const SENT_BATCHES: MetricDef =
+    MetricDef::counter("sent_batches_total", "1", "Batches the backend took (in part, for a partial success).");
+pub(crate) const DROPPED_BATCHES: MetricDef = MetricDef::counter(
+    "dropped_batches_total",
+    "1",
+    "Batches lost: dropped (queue full, shutdown) or failed for good (their samples are in \
+     dropped_samples_total and send_failed_samples_total).",
+);
+
+/// The series the helper adds to every exporter (the storage gauges only
+/// with `sending_queue.storage`).
+pub const METRICS: &[MetricDef] =
+    &[SENT_BATCHES, DROPPED_BATCHES, QUEUE_STORAGE_BYTES, QUEUE_STORAGE_BATCHES, QUEUE_STORAGE_SAMPLES];
 
 /// A persistent queue and its gauges.
 struct Store {
@@ -171,11 +191,9 @@ impl ExporterHandle {
                 })?;
                 let store = Store {
                     queue,
-                    bytes: telemetry.gauge("queue_storage_bytes", "Bytes of batches in the persistent sending queue."),
-                    batches: telemetry
-                        .gauge("queue_storage_batches", "Batches in the persistent sending queue (on disk)."),
-                    samples: telemetry
-                        .gauge("queue_storage_samples", "Samples in the batches of the persistent sending queue."),
+                    bytes: telemetry.gauge_of(&QUEUE_STORAGE_BYTES),
+                    batches: telemetry.gauge_of(&QUEUE_STORAGE_BATCHES),
+                    samples: telemetry.gauge_of(&QUEUE_STORAGE_SAMPLES),
                 };
                 store.measure();
                 Some(store)
@@ -188,13 +206,8 @@ impl ExporterHandle {
         let capacity = if q.enabled { q.queue_size.max(1) } else { 1 };
         telemetry.queue_capacity.set(i64::try_from(capacity).unwrap_or(i64::MAX));
         telemetry.queue_size.set(0);
-        let sent_batches =
-            telemetry.counter("sent_batches_total", "Batches the backend took (in part, for a partial success).");
-        let dropped_batches = telemetry.counter(
-            "dropped_batches_total",
-            "Batches lost: dropped (queue full, shutdown) or failed for good (their samples are in \
-             dropped_samples_total and send_failed_samples_total).",
-        );
+        let sent_batches = telemetry.counter_of(&SENT_BATCHES);
+        let dropped_batches = telemetry.counter_of(&DROPPED_BATCHES);
         let h = Arc::new(ExporterHandle {
             id,
             exporter,

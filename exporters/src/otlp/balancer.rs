@@ -17,7 +17,7 @@
 
 use crate::delivered::Delivered;
 use profcol_api::model::{any_value, pb, AnyValue};
-use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge, MetricDef};
 use profcol_api::{ExportError, Profiles};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -240,6 +240,16 @@ impl<T> Member<T> {
     }
 }
 
+pub(crate) const ENDPOINTS: MetricDef =
+    MetricDef::gauge("balancer_endpoints", "1", "Gateway addresses the balancer currently sends to.");
+pub(crate) const FAILOVERS: MetricDef =
+    MetricDef::counter("balancer_failovers_total", "1", "Batches sent to another address after a retryable failure.");
+pub(crate) const RESOLVE_FAILURES: MetricDef = MetricDef::counter(
+    "balancer_resolve_failures_total",
+    "1",
+    "Resolutions that failed (the previous address list was kept).",
+);
+
 /// The balancer of one exporter.
 pub(crate) struct Balancer<T: Target> {
     id: String,
@@ -285,13 +295,9 @@ impl<T: Target> Balancer<T> {
             refreshing: tokio::sync::Mutex::new(()),
             stop: tokio_util::sync::CancellationToken::new(),
             task: Mutex::new(None),
-            endpoints: telemetry.gauge("balancer_endpoints", "Gateway addresses the balancer currently sends to."),
-            failovers: telemetry
-                .counter("balancer_failovers_total", "Batches sent to another address after a retryable failure."),
-            resolve_failures: telemetry.counter(
-                "balancer_resolve_failures_total",
-                "Resolutions that failed (the previous address list was kept).",
-            ),
+            endpoints: telemetry.gauge_of(&ENDPOINTS),
+            failovers: telemetry.counter_of(&FAILOVERS),
+            resolve_failures: telemetry.counter_of(&RESOLVE_FAILURES),
         })
     }
 

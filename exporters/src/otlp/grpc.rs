@@ -4,7 +4,9 @@ use super::balancer::{BalancerConfig, Resolver, Route, Target};
 use super::exporter::{OtlpExporter, Transport};
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
 use bytes::{BufMut, Bytes};
-use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
+use profcol_api::component::{
+    factory_with_metrics, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind,
+};
 use profcol_api::model::ExportProfilesServiceResponse;
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ExportError, Profiles, Stability};
@@ -135,8 +137,9 @@ pub(crate) fn factory_otlp_grpc() -> Arc<dyn Factory> {
 }
 
 fn make_factory(type_name: &'static str, description: &'static str) -> Arc<dyn Factory> {
-    factory::<OtlpGrpcConfig, _>(
+    factory_with_metrics::<OtlpGrpcConfig, _>(
         FactoryMeta { type_name, kind: Kind::Exporter, stability: Stability::Alpha, description },
+        super::METRICS,
         |settings, cfg| Ok(Component::Exporter(Arc::new(OtlpGrpcExporter::new(settings, cfg)?))),
     )
 }

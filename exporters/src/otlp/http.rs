@@ -4,7 +4,9 @@
 use super::balancer::{BalancerConfig, Resolver, ResolverConfig, Target};
 use super::exporter::{OtlpExporter, Transport};
 use super::{check_headers, error_chain, status, ClientTlsConfig, Compression, OtlpCounters, Shape};
-use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
+use profcol_api::component::{
+    factory_with_metrics, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind,
+};
 use profcol_api::config::SecretUrl;
 use profcol_api::telemetry::ComponentTelemetry;
 use profcol_api::{ExportError, Profiles, Stability};
@@ -139,13 +141,14 @@ impl Default for OtlpHttpConfig {
 }
 
 pub(crate) fn factory_otlp_http() -> Arc<dyn Factory> {
-    factory::<OtlpHttpConfig, _>(
+    factory_with_metrics::<OtlpHttpConfig, _>(
         FactoryMeta {
             type_name: "otlp_http",
             kind: Kind::Exporter,
             stability: Stability::Alpha,
             description: "OTLP profiles over HTTP (POST /v1development/profiles), protobuf or JSON",
         },
+        super::METRICS,
         |settings, cfg| Ok(Component::Exporter(Arc::new(OtlpHttpExporter::new(settings, cfg)?))),
     )
 }

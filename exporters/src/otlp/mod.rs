@@ -21,7 +21,7 @@ pub mod http;
 pub mod status;
 
 use profcol_api::model::ExportProfilesPartialSuccess;
-use profcol_api::telemetry::{ComponentTelemetry, Counter};
+use profcol_api::telemetry::{ComponentTelemetry, Counter, MetricDef};
 use profcol_api::{ExportError, Profiles};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -208,6 +208,26 @@ impl Shape {
     }
 }
 
+pub(crate) const REJECTED_PROFILES: MetricDef =
+    MetricDef::counter("rejected_profiles_total", "1", "Profiles the backend rejected in a partial_success answer.");
+pub(crate) const PARTIAL_SUCCESS: MetricDef =
+    MetricDef::counter("partial_success_total", "1", "Export answers that carried a partial_success.");
+pub(crate) const PERMANENT_ERRORS: MetricDef =
+    MetricDef::counter("permanent_errors_total", "1", "Export attempts that failed for good.");
+pub(crate) const RETRYABLE_ERRORS: MetricDef =
+    MetricDef::counter("retryable_errors_total", "1", "Export attempts that failed and may be retried.");
+
+/// Every series of the OTLP exporters (the balancer's only with `balancer`).
+pub(crate) const METRICS: &[MetricDef] = &[
+    REJECTED_PROFILES,
+    PARTIAL_SUCCESS,
+    PERMANENT_ERRORS,
+    RETRYABLE_ERRORS,
+    balancer::ENDPOINTS,
+    balancer::FAILOVERS,
+    balancer::RESOLVE_FAILURES,
+];
+
 /// Counters both OTLP exporters keep besides the host's.
 #[derive(Clone)]
 pub(crate) struct OtlpCounters {
@@ -220,11 +240,10 @@ pub(crate) struct OtlpCounters {
 impl OtlpCounters {
     pub(crate) fn new(t: &ComponentTelemetry) -> Self {
         OtlpCounters {
-            rejected_profiles: t
-                .counter("rejected_profiles_total", "Profiles the backend rejected in a partial_success answer."),
-            partial_success: t.counter("partial_success_total", "Export answers that carried a partial_success."),
-            permanent_errors: t.counter("permanent_errors_total", "Export attempts that failed for good."),
-            retryable_errors: t.counter("retryable_errors_total", "Export attempts that failed and may be retried."),
+            rejected_profiles: t.counter_of(&REJECTED_PROFILES),
+            partial_success: t.counter_of(&PARTIAL_SUCCESS),
+            permanent_errors: t.counter_of(&PERMANENT_ERRORS),
+            retryable_errors: t.counter_of(&RETRYABLE_ERRORS),
         }
     }
 

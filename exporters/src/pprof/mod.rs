@@ -17,8 +17,11 @@ use crate::file_names::{sanitize, time_range, unique_path};
 use crate::group::{GroupBy, MAX_GROUPS, OVERFLOW_GROUP};
 use crate::otlp::status;
 use crate::output::write_atomic;
-use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
+use profcol_api::component::{
+    factory_with_metrics, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind,
+};
 use profcol_api::model::{keys, Resource};
+use profcol_api::telemetry::MetricDef;
 use profcol_api::{ExportError, Exporter, Profiles, Stability};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -143,13 +146,14 @@ fn default_labels() -> Vec<String> {
 }
 
 pub fn factory_pprof() -> Arc<dyn Factory> {
-    factory::<PprofConfig, _>(
+    factory_with_metrics::<PprofConfig, _>(
         FactoryMeta {
             type_name: "pprof",
             kind: Kind::Exporter,
             stability: Stability::Alpha,
             description: "gzipped pprof profile.proto per report and group: files, or push to Pyroscope /ingest",
         },
+        METRICS,
         |settings, cfg| Ok(Component::Exporter(Arc::new(PprofExporter::new(settings, cfg)?))),
     )
 }
@@ -163,6 +167,16 @@ enum Dest {
         headers: reqwest::header::HeaderMap,
     },
 }
+
+pub(crate) const REPORTS: MetricDef =
+    MetricDef::counter("pprof_reports_total", "1", "pprof reports written or pushed.");
+pub(crate) const FILES_REMOVED: MetricDef =
+    MetricDef::counter("pprof_files_removed_total", "1", "pprof files removed by max_files / max_age.");
+pub(crate) const FILES: MetricDef =
+    MetricDef::gauge("pprof_files", "1", "pprof files this exporter keeps in its directory.");
+
+/// Every series of the exporter (the files' only with `directory`).
+pub(crate) const METRICS: &[MetricDef] = &[REPORTS, FILES_REMOVED, FILES];
 
 /// The `pprof` exporter component.
 pub struct PprofExporter {
@@ -189,8 +203,8 @@ impl PprofExporter {
                     &sanitize(&cfg.file_prefix),
                     cfg.max_files,
                     cfg.max_age,
-                    t.counter("pprof_files_removed_total", "pprof files removed by max_files / max_age."),
-                    t.gauge("pprof_files", "pprof files this exporter keeps in its directory."),
+                    t.counter_of(&FILES_REMOVED),
+                    t.gauge_of(&FILES),
                 );
                 retention.adopt(d).map_err(|e| err(format!("directory {}: cannot list it: {e}", d.display())))?;
                 Dest::Files(d.clone(), Arc::new(retention))
@@ -229,7 +243,7 @@ impl PprofExporter {
             }
             (None, None) => return Err(err("set `directory` (files) or `endpoint` (Pyroscope push)".into())),
         };
-        let written = settings.telemetry.counter("pprof_reports_total", "pprof reports written or pushed.");
+        let written = settings.telemetry.counter_of(&REPORTS);
         let deflate = std::sync::Mutex::new(flate2::Compress::new(flate2::Compression::fast(), false));
         Ok(PprofExporter { id, cfg, dest, written, delivered: Default::default(), deflate })
     }

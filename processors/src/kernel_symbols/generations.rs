@@ -24,12 +24,12 @@ pub fn now_ns() -> u64 {
 pub struct Generation {
     /// Unique per published snapshot; keys per-batch resolution caches.
     pub id: u64,
-    pub live_since_ns: u64,
+    pub(crate) live_since_ns: u64,
     pub snapshot: Arc<Snapshot>,
 }
 
 /// Ascending by `live_since_ns`; never empty.
-pub type GenerationList = Arc<Vec<Arc<Generation>>>;
+pub(crate) type GenerationList = Arc<Vec<Arc<Generation>>>;
 
 pub struct Generations {
     list: ArcSwap<Vec<Arc<Generation>>>,
@@ -90,7 +90,7 @@ impl Generations {
     /// Rewrites retained snapshots in place (same live time, new id), for
     /// facts that were true all along, such as names of a module read after
     /// its load was already published.
-    pub fn amend(&self, mut f: impl FnMut(&Snapshot) -> Option<Snapshot>) {
+    pub(crate) fn amend(&self, mut f: impl FnMut(&Snapshot) -> Option<Snapshot>) {
         let _w = self.write.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.list.load_full();
         let mut changed = false;

@@ -47,11 +47,11 @@ pub struct ParseStats {
     pub malformed: u64,
     pub truncated: u64,
     pub aliases: u64,
-    pub out_of_range: u64,
+    pub(crate) out_of_range: u64,
     /// Lines of modules not rebuilt because they did not change.
     pub unchanged: u64,
     /// Text lines whose address reads as 0 (kallsyms read without privilege).
-    pub zero_addr: u64,
+    pub(crate) zero_addr: u64,
 }
 
 /// Result of one parse.
@@ -63,7 +63,7 @@ pub struct Parsed {
     pub bpf: Vec<BpfLine>,
     pub stats: ParseStats,
     /// Time spent reading the file ([`read_and_parse`]; 0 from [`parse`]).
-    pub read_ns: u64,
+    pub(crate) read_ns: u64,
 }
 
 /// Parses kallsyms text. Never fails: bad lines are counted and skipped.

@@ -35,7 +35,7 @@ use profcol_api::component::{self, Component, Factory, FactoryMeta, Kind, Stabil
 
 /// Factory of the `kernel_symbols` processor.
 pub fn factory() -> Arc<dyn Factory> {
-    component::factory::<Config, _>(
+    component::factory_with_metrics::<Config, _>(
         FactoryMeta {
             type_name: "kernel_symbols",
             kind: Kind::Processor,
@@ -43,6 +43,7 @@ pub fn factory() -> Arc<dyn Factory> {
             description:
                 "names kernel frames (vmlinux, modules, BPF programs) with the symbols live at each sample's time",
         },
+        processor::METRICS,
         |settings, cfg: Config| {
             Ok(Component::Processor(Arc::new(KernelSymbols::with_telemetry(cfg, &settings.telemetry))))
         },

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use profcol_api::component::{ComponentError, ProcessError, ProcessOutcome, Processor};
-use profcol_api::telemetry::{CollectHook, ComponentTelemetry, Counter, Gauge, Telemetry};
+use profcol_api::telemetry::{CollectHook, ComponentTelemetry, Counter, Gauge, MetricDef, Telemetry};
 use profcol_api::Profiles;
 use tokio::task::JoinHandle;
 
@@ -43,58 +43,87 @@ struct Metrics {
 /// A store counter, its series, and the value mirrored last.
 type Mirrored = (fn(&Store) -> &AtomicU64, Counter, AtomicU64);
 
+pub(crate) const FRAMES_RESOLVED: MetricDef =
+    MetricDef::counter("kernel_symbols_frames_resolved_total", "frames", "Kernel frames named");
+pub(crate) const FRAMES_MODULE_ONLY: MetricDef = MetricDef::counter(
+    "kernel_symbols_frames_module_only_total",
+    "frames",
+    "Kernel frames placed in a module whose names are not read yet",
+);
+pub(crate) const FRAMES_UNRESOLVED: MetricDef =
+    MetricDef::counter("kernel_symbols_frames_unresolved_total", "frames", "Kernel frames no live symbol covered");
+pub(crate) const GENERATIONS: MetricDef =
+    MetricDef::gauge("kernel_symbols_generations", "1", "Symbol generations kept");
+pub(crate) const BPF_FUNCTIONS_LIVE: MetricDef =
+    MetricDef::gauge("kernel_symbols_bpf_functions_live", "1", "BPF functions loaded now");
+pub(crate) const BPF_FUNCTIONS_RETIRED: MetricDef = MetricDef::gauge(
+    "kernel_symbols_bpf_functions_retired",
+    "1",
+    "Unloaded BPF functions kept for late samples (within retain)",
+);
+pub(crate) const KALLSYMS_READS: MetricDef =
+    MetricDef::counter("kernel_symbols_kallsyms_reads_total", "1", "Full reads of kallsyms");
+pub(crate) const KALLSYMS_READ_FAILURES: MetricDef = MetricDef::counter(
+    "kernel_symbols_kallsyms_read_failures_total",
+    "1",
+    "kallsyms reads that failed (retried with backoff)",
+);
+pub(crate) const MODULE_REFRESHES: MetricDef =
+    MetricDef::counter("kernel_symbols_module_refreshes_total", "1", "Module metadata refreshes after uevents");
+pub(crate) const BPF_SYMBOL_EVENTS: MetricDef =
+    MetricDef::counter("kernel_symbols_bpf_symbol_events_total", "1", "BPF program load/unload events applied");
+pub(crate) const BPF_RECORDS_DROPPED: MetricDef = MetricDef::counter(
+    "kernel_symbols_bpf_records_dropped_total",
+    "1",
+    "BPF symbol records dropped because the store fell behind (a rescan follows)",
+);
+pub(crate) const BPF_RESCANS: MetricDef = MetricDef::counter(
+    "kernel_symbols_bpf_rescans_total",
+    "1",
+    "Full BPF program enumerations after the kernel lost records",
+);
+pub(crate) const BPF_CATCH_UP_TIMEOUTS: MetricDef = MetricDef::counter(
+    "kernel_symbols_bpf_catch_up_timeouts_total",
+    "1",
+    "Batches named before the BPF symbol records of their time arrived (waited 250ms in vain)",
+);
+
+/// Every series of the processor, for its factory.
+pub(crate) const METRICS: &[MetricDef] = &[
+    FRAMES_RESOLVED,
+    FRAMES_MODULE_ONLY,
+    FRAMES_UNRESOLVED,
+    GENERATIONS,
+    BPF_FUNCTIONS_LIVE,
+    BPF_FUNCTIONS_RETIRED,
+    KALLSYMS_READS,
+    KALLSYMS_READ_FAILURES,
+    MODULE_REFRESHES,
+    BPF_SYMBOL_EVENTS,
+    BPF_RECORDS_DROPPED,
+    BPF_RESCANS,
+    BPF_CATCH_UP_TIMEOUTS,
+];
+
 impl Metrics {
     fn new(t: &ComponentTelemetry) -> Self {
-        let c = |name: &str, help: &str| t.counter(&format!("kernel_symbols_{name}"), help);
+        let mirrored = |of: fn(&Store) -> &AtomicU64, def: &MetricDef| (of, t.counter_of(def), AtomicU64::new(0));
         Metrics {
             registry: t.registry().clone(),
-            resolved: c("frames_resolved_total", "Kernel frames named"),
-            module_only: c("frames_module_only_total", "Kernel frames placed in a module whose names are not read yet"),
-            unresolved: c("frames_unresolved_total", "Kernel frames no live symbol covered"),
-            generations: t.gauge("kernel_symbols_generations", "Symbol generations kept"),
-            bpf_live: t.gauge("kernel_symbols_bpf_functions_live", "BPF functions loaded now"),
-            bpf_retired: t.gauge(
-                "kernel_symbols_bpf_functions_retired",
-                "Unloaded BPF functions kept for late samples (within retain)",
-            ),
+            resolved: t.counter_of(&FRAMES_RESOLVED),
+            module_only: t.counter_of(&FRAMES_MODULE_ONLY),
+            unresolved: t.counter_of(&FRAMES_UNRESOLVED),
+            generations: t.gauge_of(&GENERATIONS),
+            bpf_live: t.gauge_of(&BPF_FUNCTIONS_LIVE),
+            bpf_retired: t.gauge_of(&BPF_FUNCTIONS_RETIRED),
             mirrored: [
-                (|s| &s.counters.full_reads, c("kallsyms_reads_total", "Full reads of kallsyms"), AtomicU64::new(0)),
-                (
-                    |s| &s.counters.read_failures,
-                    c("kallsyms_read_failures_total", "kallsyms reads that failed (retried with backoff)"),
-                    AtomicU64::new(0),
-                ),
-                (
-                    |s| &s.counters.metadata_refreshes,
-                    c("module_refreshes_total", "Module metadata refreshes after uevents"),
-                    AtomicU64::new(0),
-                ),
-                (
-                    |s| &s.counters.ksymbol_events,
-                    c("bpf_symbol_events_total", "BPF program load/unload events applied"),
-                    AtomicU64::new(0),
-                ),
-                (
-                    |s| &*s.counters.bpf_records_dropped,
-                    c(
-                        "bpf_records_dropped_total",
-                        "BPF symbol records dropped because the store fell behind (a rescan follows)",
-                    ),
-                    AtomicU64::new(0),
-                ),
-                (
-                    |s| &s.counters.bpf_rescans,
-                    c("bpf_rescans_total", "Full BPF program enumerations after the kernel lost records"),
-                    AtomicU64::new(0),
-                ),
-                (
-                    |s| &s.bpf_progress.timeouts,
-                    c(
-                        "bpf_catch_up_timeouts_total",
-                        "Batches named before the BPF symbol records of their time arrived (waited 250ms in vain)",
-                    ),
-                    AtomicU64::new(0),
-                ),
+                mirrored(|s| &s.counters.full_reads, &KALLSYMS_READS),
+                mirrored(|s| &s.counters.read_failures, &KALLSYMS_READ_FAILURES),
+                mirrored(|s| &s.counters.metadata_refreshes, &MODULE_REFRESHES),
+                mirrored(|s| &s.counters.ksymbol_events, &BPF_SYMBOL_EVENTS),
+                mirrored(|s| &*s.counters.bpf_records_dropped, &BPF_RECORDS_DROPPED),
+                mirrored(|s| &s.counters.bpf_rescans, &BPF_RESCANS),
+                mirrored(|s| &s.bpf_progress.timeouts, &BPF_CATCH_UP_TIMEOUTS),
             ],
         }
     }

@@ -10,7 +10,7 @@ use super::sysfs::ModuleMeta;
 use super::table::{SymName, SymbolTable};
 
 /// Slack after the last known symbol of a table: kallsyms gives no sizes.
-pub const TAIL_SLACK: u64 = 4096;
+pub(crate) const TAIL_SLACK: u64 = 4096;
 
 /// A module sysfs says is loaded, with its names once kallsyms was read.
 #[derive(Debug, Clone)]
@@ -85,7 +85,7 @@ impl Snapshot {
 
     /// Whether `addr` is the first byte of a padded function (vmlinux or a
     /// loaded module): no call returns there, so it is an exact address.
-    pub fn padded_start(&self, addr: u64) -> bool {
+    pub(crate) fn padded_start(&self, addr: u64) -> bool {
         let v = &self.vmlinux;
         if !v.is_empty() && addr >= v.base() && addr <= v.last_addr() {
             return v.padded_start(addr);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::bpf::history::{BpfHistory, BpfLedger, LedgerStats};
+use super::bpf::history::{BpfHistory, BpfLedger};
 use super::bpf::progs::{BpfFunc, BpfFuncs};
 use super::error::{Error, Result};
 use super::generations::{now_ns, Generations};
@@ -51,8 +51,8 @@ pub struct Counters {
     pub last_read_ns: AtomicU64,
     pub metadata_refreshes: AtomicU64,
     pub generations: AtomicU64,
-    pub ksymbol_events: AtomicU64,
-    pub bpf_rescans: AtomicU64,
+    pub(crate) ksymbol_events: AtomicU64,
+    pub(crate) bpf_rescans: AtomicU64,
     /// BPF records handed to the reload task and not applied yet (the
     /// listener drops records above [`MAX_BPF_BACKLOG`] and asks for a rescan).
     pub bpf_backlog: Arc<std::sync::atomic::AtomicUsize>,
@@ -61,7 +61,7 @@ pub struct Counters {
 }
 
 /// Most BPF records queued for the store at once (about 100 bytes each).
-pub const MAX_BPF_BACKLOG: usize = 65_536;
+pub(crate) const MAX_BPF_BACKLOG: usize = 65_536;
 
 /// One BPF symbol record, in the order the listener merged them.
 #[derive(Debug, Clone)]
@@ -183,11 +183,6 @@ impl Store {
     /// The BPF history readers see now.
     pub fn bpf(&self) -> BpfHistory {
         self.lock().bpf_view.clone()
-    }
-
-    /// What the BPF ledger counted (lost or late records).
-    pub fn bpf_stats(&self) -> LedgerStats {
-        self.lock().bpf.stats
     }
 
     /// Re-reads module metadata; on change publishes a generation live from

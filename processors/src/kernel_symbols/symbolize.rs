@@ -21,7 +21,7 @@ use super::table::NameBuf;
 use std::sync::Arc;
 
 /// Mapping filename of BPF frames (they have no file and no build ID).
-pub const BPF_MAPPING: &str = "[bpf]";
+pub(crate) const BPF_MAPPING: &str = "[bpf]";
 const KERNEL_FRAME: &str = "kernel";
 
 /// Kernel frames of one batch by outcome: every frame of every sample,

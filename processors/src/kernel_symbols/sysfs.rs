@@ -34,7 +34,7 @@ impl ModuleMeta {
     }
 
     /// Same loaded instance: names read for one stay valid for the other.
-    pub fn same_instance(&self, other: &ModuleMeta) -> bool {
+    pub(crate) fn same_instance(&self, other: &ModuleMeta) -> bool {
         self.name == other.name && self.text == other.text && self.mtime_ns == other.mtime_ns
     }
 }

@@ -174,7 +174,7 @@ impl SymbolTable {
     /// it: then it is not a return address, but the address itself (an
     /// interrupted instruction, a jump target).
     #[inline]
-    pub fn padded_start(&self, addr: u64) -> bool {
+    pub(crate) fn padded_start(&self, addr: u64) -> bool {
         let Some(rel) = self.rel(addr) else { return false };
         match self.covering(rel) {
             Some(i) if self.offsets[i] == rel => self.padded.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1),
@@ -183,7 +183,7 @@ impl SymbolTable {
     }
 
     /// Start address of the symbol covering `addr`.
-    pub fn symbol_start(&self, addr: u64) -> Option<u64> {
+    pub(crate) fn symbol_start(&self, addr: u64) -> Option<u64> {
         let i = self.covering(self.rel(addr)?)?;
         Some(self.base + u64::from(self.offsets[i]))
     }
@@ -313,18 +313,18 @@ pub struct BuildStats {
     /// Names longer than [`MAX_NAME`], kept cut.
     pub truncated: u64,
     /// Symbols more than 4 GiB above the lowest one (cannot be a u32 offset).
-    pub out_of_range: u64,
+    pub(crate) out_of_range: u64,
 }
 
 /// An address lower than the one before it: [`TableBuilder`] takes
 /// symbols in address order only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unsorted;
+pub(crate) struct Unsorted;
 
 /// How a symbol's alias rank is known: computed already, or from its
 /// kallsyms type, computed only if another symbol shares its address.
 #[derive(Debug, Clone, Copy)]
-pub enum Rank {
+pub(crate) enum Rank {
     Of(u32),
     Kind(u8),
 }
@@ -357,7 +357,7 @@ struct Last {
 /// symbol's name if it ranks higher (its record is the last one written).
 /// Names are copied in, so the text they come from may change between
 /// pushes (the file is read in chunks).
-pub struct TableBuilder {
+pub(crate) struct TableBuilder {
     base: u64,
     offsets: Vec<u32>,
     block_at: Vec<u32>,

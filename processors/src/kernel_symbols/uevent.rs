@@ -19,7 +19,7 @@ use super::reload::Trigger;
 const KERNEL_GROUP: u32 = 1;
 
 /// Whether a uevent message is about a kernel module.
-pub fn is_module_event(msg: &[u8]) -> bool {
+pub(crate) fn is_module_event(msg: &[u8]) -> bool {
     let mut fields = msg.split(|&b| b == 0);
     // The kernel's header is "ACTION@DEVPATH"; udev's starts "libudev".
     match fields.next() {

@@ -48,10 +48,10 @@ enum EntryState {
 #[derive(Default)]
 pub struct LoadCounters {
     pub tables_loaded: AtomicU64,
-    pub tables_missing: AtomicU64,
+    pub(crate) tables_missing: AtomicU64,
     pub evictions: AtomicU64,
     /// Total parse time of loaded tables, µs.
-    pub parse_micros: AtomicU64,
+    pub(crate) parse_micros: AtomicU64,
 }
 
 struct Inner {
@@ -80,7 +80,7 @@ impl Cache {
     }
 
     /// With a debuginfod client for the loader thread, and an on-disk cache.
-    pub fn start_with(
+    pub(crate) fn start_with(
         max_bytes: u64,
         negative_ttl: Duration,
         search: SearchPaths,
@@ -106,10 +106,10 @@ impl Cache {
             // Ends when every sender (the cache) is gone.
             while let Ok(want) = rx.recv() {
                 let t0 = Instant::now();
-                let stored = disk.as_ref().and_then(|d| Some((d.read(&want.key)?, d.path_of(&want.key)?)));
+                let stored = disk.as_ref().and_then(|d| d.read(&want.key));
                 let from_disk = stored.is_some();
                 let result = match stored {
-                    Some((t, file)) => Ok(BinaryTable::from_disk(t, file)),
+                    Some(t) => Ok(BinaryTable::from_disk(t)),
                     None => {
                         let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
                         BinaryTable::load_with(&want, pins.get(&want.key), &search, client)

@@ -90,9 +90,9 @@ pub struct CacheConfig {
 }
 
 /// 256 MiB.
-pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 /// 1 GiB.
-pub const DEFAULT_DIR_MAX_BYTES: u64 = 1 << 30;
+pub(crate) const DEFAULT_DIR_MAX_BYTES: u64 = 1 << 30;
 
 impl Default for CacheConfig {
     fn default() -> Self {

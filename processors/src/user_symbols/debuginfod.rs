@@ -25,7 +25,7 @@ pub struct DebuginfodCounters {
     pub negative_hits: AtomicU64,
 }
 
-pub struct Debuginfod {
+pub(crate) struct Debuginfod {
     urls: Vec<String>,
     timeout: Duration,
     max_bytes: u64,

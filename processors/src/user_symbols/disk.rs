@@ -58,7 +58,7 @@ pub struct DiskCounters {
     /// Files found but refused (truncated, corrupt, other version).
     pub invalid: AtomicU64,
     pub writes: AtomicU64,
-    pub write_errors: AtomicU64,
+    pub(crate) write_errors: AtomicU64,
     /// Files removed to stay within the byte bound.
     pub evictions: AtomicU64,
 }

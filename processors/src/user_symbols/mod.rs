@@ -24,13 +24,14 @@ use profcol_api::component::{self, Component, Factory, FactoryMeta, Kind, Stabil
 
 /// Factory of the `user_symbols` processor.
 pub fn factory() -> Arc<dyn Factory> {
-    component::factory::<Config, _>(
+    component::factory_with_metrics::<Config, _>(
         FactoryMeta {
             type_name: "user_symbols",
             kind: Kind::Processor,
             stability: Stability::Alpha,
             description: "names native user frames (function, file, line, inlined frames) by build id and file offset",
         },
+        processor::METRICS,
         |settings, cfg: Config| {
             Ok(Component::Processor(Arc::new(UserSymbols::with_telemetry(
                 cfg,

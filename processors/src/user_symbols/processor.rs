@@ -8,7 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use profcol_api::component::{ComponentError, ProcessError, ProcessOutcome, Processor};
 use profcol_api::services::FilePins;
-use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge, MetricDef};
 use profcol_api::Profiles;
 
 use super::cache::{Cache, State};
@@ -47,50 +47,79 @@ struct Metrics {
     seen: [std::sync::atomic::AtomicU64; 14],
 }
 
+pub(crate) const FRAMES: MetricDef = MetricDef::counter(
+    "user_symbols_frames_total",
+    "frames",
+    "Native user frames by outcome: each frame of each sample, times the sample's observations",
+)
+.by("outcome");
+pub(crate) const CACHE_BYTES: MetricDef =
+    MetricDef::gauge("user_symbols_cache_bytes", "bytes", "Bytes of symbol tables held");
+pub(crate) const TABLES: MetricDef = MetricDef::gauge("user_symbols_tables", "1", "Symbol tables held");
+pub(crate) const TABLES_LOADED: MetricDef =
+    MetricDef::counter("user_symbols_tables_loaded_total", "1", "Symbol tables loaded");
+pub(crate) const TABLES_MISSING: MetricDef = MetricDef::counter(
+    "user_symbols_tables_missing_total",
+    "1",
+    "Binaries whose file or symbols could not be found (tried again after negative_ttl)",
+);
+pub(crate) const EVICTIONS: MetricDef =
+    MetricDef::counter("user_symbols_evictions_total", "1", "Tables evicted to stay within cache.max_bytes");
+pub(crate) const PARSE_MICROSECONDS: MetricDef =
+    MetricDef::counter("user_symbols_parse_microseconds_total", "microseconds", "Time spent loading tables, µs");
+pub(crate) const DEBUGINFOD_REQUESTS: MetricDef = MetricDef::counter(
+    "user_symbols_debuginfod_requests_total",
+    "1",
+    "debuginfod lookups by outcome (negative_cached: answered by the negative cache, no request)",
+)
+.by("outcome");
+pub(crate) const CACHE_DIR_LOOKUPS: MetricDef = MetricDef::counter(
+    "user_symbols_cache_dir_lookups_total",
+    "1",
+    "Tables looked for in cache.dir by outcome (invalid: a truncated, corrupt or other-version file, ignored and rebuilt)",
+)
+.by("outcome");
+pub(crate) const CACHE_DIR_WRITES: MetricDef =
+    MetricDef::counter("user_symbols_cache_dir_writes_total", "1", "Tables written to cache.dir by outcome")
+        .by("outcome");
+pub(crate) const CACHE_DIR_EVICTIONS: MetricDef = MetricDef::counter(
+    "user_symbols_cache_dir_evictions_total",
+    "1",
+    "Table files removed from cache.dir to stay within cache.dir_max_bytes",
+);
+
+/// Every series of the processor, for its factory.
+pub(crate) const METRICS: &[MetricDef] = &[
+    FRAMES,
+    CACHE_BYTES,
+    TABLES,
+    TABLES_LOADED,
+    TABLES_MISSING,
+    EVICTIONS,
+    PARSE_MICROSECONDS,
+    DEBUGINFOD_REQUESTS,
+    CACHE_DIR_LOOKUPS,
+    CACHE_DIR_WRITES,
+    CACHE_DIR_EVICTIONS,
+];
+
 impl Metrics {
     fn new(t: &ComponentTelemetry) -> Self {
-        let frames = |outcome: &str| {
-            t.counter_labeled(
-                "user_symbols_frames_total",
-                "Native user frames by outcome: each frame of each sample, times the sample's observations",
-                ("outcome", outcome),
-            )
-        };
         Metrics {
-            named: frames("named"),
-            no_symbols: frames("unnamed_no_symbols"),
-            pending: frames("unnamed_pending"),
-            no_file: frames("unnamed_no_file"),
-            cache_bytes: t.gauge("user_symbols_cache_bytes", "Bytes of symbol tables held"),
-            tables: t.gauge("user_symbols_tables", "Symbol tables held"),
-            tables_loaded: t.counter("user_symbols_tables_loaded_total", "Symbol tables loaded"),
-            tables_missing: t.counter(
-                "user_symbols_tables_missing_total",
-                "Binaries whose file or symbols could not be found (tried again after negative_ttl)",
-            ),
-            evictions: t.counter("user_symbols_evictions_total", "Tables evicted to stay within cache.max_bytes"),
-            parse_micros: t.counter("user_symbols_parse_microseconds_total", "Time spent loading tables, µs"),
-            debuginfod: ["ok", "not_found", "error", "negative_cached"].map(|o| {
-                t.counter_labeled(
-                    "user_symbols_debuginfod_requests_total",
-                    "debuginfod lookups by outcome (negative_cached: answered by the negative cache, no request)",
-                    ("outcome", o),
-                )
-            }),
-            dir_lookups: ["hit", "miss", "invalid"].map(|o| {
-                t.counter_labeled(
-                    "user_symbols_cache_dir_lookups_total",
-                    "Tables looked for in cache.dir by outcome (invalid: a truncated, corrupt or other-version file, ignored and rebuilt)",
-                    ("outcome", o),
-                )
-            }),
-            dir_writes: ["ok", "error"].map(|o| {
-                t.counter_labeled("user_symbols_cache_dir_writes_total", "Tables written to cache.dir by outcome", ("outcome", o))
-            }),
-            dir_evictions: t.counter(
-                "user_symbols_cache_dir_evictions_total",
-                "Table files removed from cache.dir to stay within cache.dir_max_bytes",
-            ),
+            named: t.counter_by(&FRAMES, "named"),
+            no_symbols: t.counter_by(&FRAMES, "unnamed_no_symbols"),
+            pending: t.counter_by(&FRAMES, "unnamed_pending"),
+            no_file: t.counter_by(&FRAMES, "unnamed_no_file"),
+            cache_bytes: t.gauge_of(&CACHE_BYTES),
+            tables: t.gauge_of(&TABLES),
+            tables_loaded: t.counter_of(&TABLES_LOADED),
+            tables_missing: t.counter_of(&TABLES_MISSING),
+            evictions: t.counter_of(&EVICTIONS),
+            parse_micros: t.counter_of(&PARSE_MICROSECONDS),
+            debuginfod: ["ok", "not_found", "error", "negative_cached"].map(|o| t.counter_by(&DEBUGINFOD_REQUESTS, o)),
+            dir_lookups: ["hit", "miss", "invalid"].map(|o| t.counter_by(&CACHE_DIR_LOOKUPS, o)),
+            dir_writes: ["ok", "error"].map(|o| t.counter_by(&CACHE_DIR_WRITES, o)),
+            dir_evictions: t.counter_of(&CACHE_DIR_EVICTIONS),
             seen: Default::default(),
         }
     }

@@ -28,11 +28,11 @@ const NATIVE_FRAME: &str = "native";
 pub struct Outcome {
     pub named: u64,
     /// A table exists, but no symbol covers the address.
-    pub no_symbols: u64,
+    pub(crate) no_symbols: u64,
     /// The table was still loading when `max_wait` ran out.
     pub pending: u64,
     /// No readable file for the build id.
-    pub no_file: u64,
+    pub(crate) no_file: u64,
 }
 
 impl Outcome {

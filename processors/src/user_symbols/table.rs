@@ -49,8 +49,6 @@ pub type Frames = Arc<[NamedFrame]>;
 pub struct Sources {
     pub binary: Option<PathBuf>,
     pub debug_file: Option<PathBuf>,
-    /// The on-disk cache file the symbols were read from.
-    pub disk_file: Option<PathBuf>,
 }
 
 pub struct BinaryTable {
@@ -108,7 +106,7 @@ impl Default for SearchPaths {
 
 /// What the on-disk cache stores of a table: load segments (vaddr, file
 /// size, offset), the function symbols, and whether the files had DWARF.
-pub type DiskParts<'a> = (&'a [(u64, u64, u64)], &'a SymbolTable, bool);
+pub(crate) type DiskParts<'a> = (&'a [(u64, u64, u64)], &'a SymbolTable, bool);
 
 /// The files a table is read from: the binary, and its best debug file.
 struct Opened {
@@ -172,7 +170,7 @@ impl BinaryTable {
 
     /// [`Self::load`], asking debuginfod for the debug file when no local
     /// one is found and the binary lacks DWARF (with `lines`) or symbols.
-    pub fn load_with(
+    pub(crate) fn load_with(
         want: &Want,
         pinned: Option<PinnedFile>,
         search: &SearchPaths,
@@ -216,13 +214,13 @@ impl BinaryTable {
             go,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
-            sources: Sources { binary: Some(opened.binary_path), debug_file: debug_path, disk_file: None },
+            sources: Sources { binary: Some(opened.binary_path), debug_file: debug_path },
         })
     }
 
     /// A table read back from the on-disk cache: functions only until
     /// [`Self::attach_dwarf`] adds lines.
-    pub fn from_disk(t: DiskTable, file: PathBuf) -> Self {
+    pub fn from_disk(t: DiskTable) -> Self {
         BinaryTable {
             segments: t.segments,
             symbols: t.symbols,
@@ -231,13 +229,13 @@ impl BinaryTable {
             go: None,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
-            sources: Sources { binary: None, debug_file: None, disk_file: Some(file) },
+            sources: Sources::default(),
         }
     }
 
     /// Whether the file this table came from had DWARF that this table
     /// has not (read from disk, lines wanted): the loader attaches it.
-    pub fn wants_dwarf(&self) -> bool {
+    pub(crate) fn wants_dwarf(&self) -> bool {
         self.had_dwarf && self.dwarf.get().is_none()
     }
 
@@ -245,7 +243,7 @@ impl BinaryTable {
     /// frames) to a table read from disk; resolved offsets are forgotten so
     /// they are resolved again with lines. False when no file or no DWARF
     /// is found (the table keeps naming functions).
-    pub fn attach_dwarf(
+    pub(crate) fn attach_dwarf(
         &self,
         want: &Want,
         pinned: Option<PinnedFile>,

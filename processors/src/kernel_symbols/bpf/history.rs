@@ -30,15 +30,15 @@ pub const LIVE: u64 = u64::MAX;
 /// Retired spans kept at most, whatever the unload rate (oldest ends first).
 pub const MAX_RETIRED: usize = 65_536;
 /// Unregisters waiting for their register at most.
-pub const MAX_ORPHANS: usize = 4_096;
+pub(crate) const MAX_ORPHANS: usize = 4_096;
 
 /// One function and when it was live.
 #[derive(Debug, Clone)]
 pub struct BpfSpan {
     pub func: Arc<BpfFunc>,
-    pub since_ns: u64,
+    pub(crate) since_ns: u64,
     /// [`LIVE`] while loaded.
-    pub until_ns: u64,
+    pub(crate) until_ns: u64,
 }
 
 impl BpfSpan {
@@ -130,15 +130,15 @@ impl BpfHistory {
 
 /// What the ledger did that points at lost or late records.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct LedgerStats {
+pub(crate) struct LedgerStats {
     /// Registers for a place still held by an older function (its unregister lost or late).
-    pub stale_closed: u64,
+    pub(crate) stale_closed: u64,
     /// Unregisters that came before their register.
     pub orphans: u64,
     /// Unregisters never matched, dropped by the bound or by age.
-    pub orphans_dropped: u64,
+    pub(crate) orphans_dropped: u64,
     /// Retired spans dropped by [`MAX_RETIRED`] before `retain` ran out.
-    pub retired_dropped: u64,
+    pub(crate) retired_dropped: u64,
 }
 
 impl Default for BpfLedger {
@@ -155,13 +155,13 @@ impl Default for BpfLedger {
 
 /// The writer's copy of the history.
 #[derive(Debug)]
-pub struct BpfLedger {
+pub(crate) struct BpfLedger {
     /// Sorted by (start, since).
     spans: Vec<BpfSpan>,
     /// Longest function seen: bounds the search for overlapping spans.
     max_len: u64,
     /// Retired spans kept at most ([`MAX_RETIRED`]).
-    pub max_retired: usize,
+    pub(crate) max_retired: usize,
     /// (start, name, ts) of unregisters not matched yet.
     orphans: VecDeque<(u64, Arc<str>, u64)>,
     pub stats: LedgerStats,
@@ -169,7 +169,7 @@ pub struct BpfLedger {
 
 impl BpfLedger {
     /// Functions live since before anything was watched.
-    pub fn with_live(funcs: &BpfFuncs) -> Self {
+    pub(crate) fn with_live(funcs: &BpfFuncs) -> Self {
         let mut l = BpfLedger::default();
         for f in funcs.iter() {
             l.max_len = l.max_len.max(u64::from(f.len.max(1)));
@@ -240,7 +240,7 @@ impl BpfLedger {
 
     /// Richer entries (BTF names, lines) for functions already known by
     /// address and kernel name; never adds or revives one.
-    pub fn enrich(&mut self, funcs: &[BpfFunc]) -> bool {
+    pub(crate) fn enrich(&mut self, funcs: &[BpfFunc]) -> bool {
         let mut changed = false;
         for f in funcs {
             for s in self.spans.iter_mut().filter(|s| s.same(f) && *s.func != *f) {
@@ -258,7 +258,7 @@ impl BpfLedger {
     /// enumeration passed its place), and one whose span reaches past `ts`
     /// is not registered again (its unregister came after the enumeration
     /// saw it). Returns whether anything changed.
-    pub fn reconcile(&mut self, ts: u64, live: &BpfFuncs) -> bool {
+    pub(crate) fn reconcile(&mut self, ts: u64, live: &BpfFuncs) -> bool {
         let mut changed = false;
         for s in self.spans.iter_mut().filter(|s| s.until_ns == LIVE && s.since_ns < ts) {
             if !live.iter().any(|f| s.same(f)) {
@@ -291,14 +291,6 @@ impl BpfLedger {
             self.spans.retain(|s| s.until_ns > keep_after);
             self.stats.retired_dropped += (before - self.spans.len()) as u64;
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.spans.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
     }
 
     /// The immutable view readers get.

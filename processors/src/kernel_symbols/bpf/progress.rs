@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 /// Longest a batch waits for the BPF records of its time (then it is named
 /// with what is known, and the wait is counted).
-pub const CATCH_UP_LIMIT: Duration = Duration::from_millis(250);
+pub(crate) const CATCH_UP_LIMIT: Duration = Duration::from_millis(250);
 
 /// Shared by the perf listener, the reload task and the processor.
 #[derive(Debug, Default)]
@@ -36,14 +36,14 @@ pub struct BpfProgress {
 }
 
 impl BpfProgress {
-    pub fn set_listening(&self, on: bool) {
+    pub(crate) fn set_listening(&self, on: bool) {
         self.listening.store(on, Relaxed);
         // Waiters of a listener that stopped give up at once.
         self.published.notify_waiters();
     }
 
     /// The reload task applied and published every record up to `to`.
-    pub fn published_to(&self, to: u64) {
+    pub(crate) fn published_to(&self, to: u64) {
         self.complete_to.fetch_max(to, Relaxed);
         self.published.notify_waiters();
     }
@@ -53,12 +53,12 @@ impl BpfProgress {
     }
 
     /// What some batch waits for (the listener reports up to it promptly).
-    pub fn wanted_to(&self) -> u64 {
+    pub(crate) fn wanted_to(&self) -> u64 {
         self.wanted_to.load(Relaxed)
     }
 
     /// Resolves when a batch starts waiting.
-    pub async fn poked(&self) {
+    pub(crate) async fn poked(&self) {
         self.poke.notified().await
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 /// Default length given to a `[bpf]` kallsyms symbol, whose real length
 /// kallsyms does not say (capped by the next BPF symbol).
-pub const KALLSYMS_FALLBACK_LEN: u32 = 4096;
+pub(crate) const KALLSYMS_FALLBACK_LEN: u32 = 4096;
 
 /// A source line of a BPF function (from BTF line info).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl BpfFunc {
 
 /// Immutable, sorted by start, non-overlapping.
 #[derive(Debug, Clone, Default)]
-pub struct BpfFuncs {
+pub(crate) struct BpfFuncs {
     funcs: Arc<[BpfFunc]>,
 }
 
@@ -61,7 +61,7 @@ impl BpfFuncs {
 
     /// From `[bpf]` kallsyms lines: lengths unknown, so each runs to the next
     /// BPF symbol, at most [`KALLSYMS_FALLBACK_LEN`].
-    pub fn from_kallsyms(lines: &[crate::kernel_symbols::kallsyms::BpfLine]) -> Self {
+    pub(crate) fn from_kallsyms(lines: &[crate::kernel_symbols::kallsyms::BpfLine]) -> Self {
         let mut starts: Vec<_> = lines.iter().map(|l| (l.addr, l.name.clone())).collect();
         starts.sort();
         let funcs = (0..starts.len())
@@ -81,53 +81,7 @@ impl BpfFuncs {
         BpfFuncs::new(funcs)
     }
 
-    pub fn len(&self) -> usize {
-        self.funcs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.funcs.is_empty()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = &BpfFunc> {
         self.funcs.iter()
-    }
-
-    #[inline]
-    pub fn lookup(&self, addr: u64) -> Option<&BpfFunc> {
-        let i = self.funcs.partition_point(|f| f.start <= addr).checked_sub(1)?;
-        let f = &self.funcs[i];
-        f.contains(addr).then_some(f)
-    }
-
-    /// A copy with `func` added, replacing whatever overlapped it (a stale
-    /// entry whose unregister record was lost).
-    pub fn with(&self, func: BpfFunc) -> Self {
-        let end = func.start + u64::from(func.len.max(1));
-        let mut v: Vec<BpfFunc> = self
-            .funcs
-            .iter()
-            .filter(|f| f.start + u64::from(f.len.max(1)) <= func.start || f.start >= end)
-            .cloned()
-            .collect();
-        v.push(func);
-        BpfFuncs::new(v)
-    }
-
-    /// A copy without the function starting at `start`.
-    pub fn without(&self, start: u64) -> Self {
-        BpfFuncs { funcs: self.funcs.iter().filter(|f| f.start != start).cloned().collect() }
-    }
-
-    pub fn heap_bytes(&self) -> usize {
-        self.funcs
-            .iter()
-            .map(|f| {
-                std::mem::size_of::<BpfFunc>()
-                    + f.name.len()
-                    + f.func.as_ref().map_or(0, |s| s.len())
-                    + f.lines.len() * std::mem::size_of::<BpfLine>()
-            })
-            .sum()
     }
 }
