@@ -147,7 +147,7 @@ async fn outputs_kept_for_retries_are_bounded_and_freed_when_the_host_gives_up()
     let t = Telemetry::new();
     let e = exporter(
         &format!(
-            "path: PLUGIN\nconfig: {{mode: big, mb: 4, sinks: [web]}}\nmemory_limit: 64MiB\nsinks:\n  web: {{http: {{endpoint: 'http://127.0.0.1:{port}/in'}}}}"
+            "path: PLUGIN\nconfig: {{mode: big, mb: 4, sinks: [web]}}\ncall_timeout: 10s\nsinks:\n  web: {{http: {{endpoint: 'http://127.0.0.1:{port}/in'}}}}"
         ),
         &t,
     );
@@ -156,7 +156,8 @@ async fn outputs_kept_for_retries_are_bounded_and_freed_when_the_host_gives_up()
     let pending = || common::metric(&t, "profcol_plugin_pending_output_bytes{component=\"wasm/test\"}");
     let batches: Vec<_> = (0..6).map(|k| cpu_batch(k, 1, 5)).collect();
     for b in &batches {
-        assert!(matches!(e.export(b).await, Err(ExportError::Retryable { .. })));
+        let r = e.export(b).await;
+        assert!(matches!(&r, Err(ExportError::Retryable { message, .. }) if message.contains("sink web")), "{r:?}");
         // One batch per concurrent export at most: older ones were retried
         // and settled (delivered or dropped) by the consumer that held them.
         assert!(pending() <= 2 * (4 << 20) + 1024, "{} bytes kept", pending());
