@@ -254,11 +254,24 @@ fn plugin_run_grants_and_limits_and_gen_batch_makes_large_batches() {
     let (code, text) = run_plugin(&plugin, &["--input", input, "--call-timeout", "10s"]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("output:   50000 samples in 16 profiles") && text.contains(", valid)"), "{text}");
+    // The grants and limits, on a small batch with time to spare.
+    let small = dir.path().join("small.pb");
+    let out = std::process::Command::new(bin())
+        .args(["plugin", "gen-batch", "--samples", "1000", "-o"])
+        .arg(&small)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let input = small.to_str().unwrap();
     // --allow-env grants a variable, as allow.env does.
     let env = ["--plugin-config", r#"{"mode": "env", "arg": "PROFCOL_RUN_TEST"}"#];
     let with_env = |grant: bool| {
         let mut cmd = std::process::Command::new(bin());
-        cmd.args(["plugin", "run"]).arg(&plugin).args(["--input", input]).args(env).env("PROFCOL_RUN_TEST", "x");
+        cmd.args(["plugin", "run"])
+            .arg(&plugin)
+            .args(["--input", input, "--call-timeout", "10s"])
+            .args(env)
+            .env("PROFCOL_RUN_TEST", "x");
         if grant {
             cmd.args(["--allow-env", "PROFCOL_RUN_TEST"]);
         }
@@ -274,26 +287,28 @@ fn plugin_run_grants_and_limits_and_gen_batch_makes_large_batches() {
     std::fs::create_dir(&data).unwrap();
     std::fs::write(data.join("rules.txt"), "abc").unwrap();
     let read = ["--plugin-config", r#"{"mode": "read_file", "arg": "/rules/rules.txt"}"#];
-    let (code, text) = run_plugin(&plugin, &[&["--input", input][..], &read].concat());
+    let (code, text) = run_plugin(&plugin, &[&["--input", input, "--call-timeout", "10s"][..], &read].concat());
     assert_eq!(code, Some(1), "not granted: {text}");
     let grant = format!("{}:/rules", data.display());
-    let (code, text) = run_plugin(&plugin, &[&["--input", input, "--allow-dir", &grant][..], &read].concat());
+    let (code, text) =
+        run_plugin(&plugin, &[&["--input", input, "--call-timeout", "10s", "--allow-dir", &grant][..], &read].concat());
     assert_eq!(code, Some(0), "{text}");
     // --memory-limit: 32 MiB is refused under 16MiB, allowed under 64MiB.
     let alloc = ["--plugin-config", r#"{"mode": "alloc", "mb": 32}"#];
-    let (code, text) = run_plugin(&plugin, &[&["--input", input, "--memory-limit", "16MiB"][..], &alloc].concat());
+    let (code, text) = run_plugin(
+        &plugin,
+        &[&["--input", input, "--call-timeout", "10s", "--memory-limit", "16MiB"][..], &alloc].concat(),
+    );
     assert!(code == Some(1) && text.contains("plugin memory"), "{text}");
-    let (code, text) = run_plugin(&plugin, &[&["--input", input, "--memory-limit", "64MiB"][..], &alloc].concat());
+    let (code, text) = run_plugin(
+        &plugin,
+        &[&["--input", input, "--call-timeout", "10s", "--memory-limit", "64MiB"][..], &alloc].concat(),
+    );
     assert_eq!(code, Some(0), "{text}");
     // A call near call_timeout is worth a warning: a larger batch would time out.
     let spin = ["--plugin-config", r#"{"mode": "pass"}"#, "--call-timeout", "1ms"];
-    let small = dir.path().join("small.pb");
-    std::process::Command::new(bin())
-        .args(["plugin", "gen-batch", "--samples", "20000", "-o"])
-        .arg(&small)
-        .output()
-        .unwrap();
-    let (_, text) = run_plugin(&plugin, &[&["--input", small.to_str().unwrap()][..], &spin].concat());
+    let big = dir.path().join("big.pb");
+    let (_, text) = run_plugin(&plugin, &[&["--input", big.to_str().unwrap()][..], &spin].concat());
     assert!(text.contains("plugin timeout") || text.contains("warning: the call took"), "{text}");
     // The help names the plugin's config apart from the collector's --config FILE.
     let help = std::process::Command::new(bin()).args(["plugin", "run", "--help"]).output().unwrap();
