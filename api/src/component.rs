@@ -414,6 +414,11 @@ pub trait Exporter: Send + Sync + 'static {
         Ok(())
     }
     async fn export(&self, batch: &Profiles) -> Result<(), ExportError>;
+    /// The host dropped `batch` after a failed export (retries exhausted, a
+    /// permanent error, shutting down): what was kept for its retries can go.
+    fn gave_up(&self, batch: &Profiles) {
+        let _ = batch;
+    }
     /// As [`Processor::reads_packed`], for `export`: an exporter that does
     /// not say so gets batches unpacked.
     fn reads_packed(&self) -> bool {

@@ -4,9 +4,7 @@
 # same two busy CPUs as node_agent_cost.sh) for 12 s, and its CPU is read
 # from a cpuacct cgroup of its own (threads that exit keep their time there)
 # at 1.5 s, 5 s and 12 s, with its minor page faults at the end. The builds
-# alternate, ROUNDS times. docs/PERFORMANCE.md ("Node agent against perf record") uses it
-# to separate the cost of giving code pages back (collector/src/loader_pages.rs)
-# from the noise of a whole run.
+# alternate, ROUNDS times: start-up cost apart from the noise of a whole run.
 #
 #   ROUNDS=4 sudo -E collector/benches/startup_cpu.sh path/to/profcol path/to/other/profcol ...
 #

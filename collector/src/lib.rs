@@ -4,7 +4,6 @@
 
 pub mod exporter_helper;
 pub mod extensions;
-pub mod loader_pages;
 pub mod print_config;
 pub mod registry;
 pub mod schema;

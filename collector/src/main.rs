@@ -12,7 +12,7 @@ use profcol::service::{check, Service};
 use profcol_config::{Config, ConfigErrors, Source};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 /// profcol: a profiling collector. Receivers, processors and exporters wired
 /// into pipelines by a YAML file, as in the OpenTelemetry Collector.
@@ -63,18 +63,49 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum PluginCmd {
-    /// Print a plugin's world, WIT version, imports, exports and size.
+    /// Print a plugin's world, WIT version, imports, exports and size, and
+    /// whether this profcol can run it.
     Inspect { path: PathBuf },
     /// Run a plugin once on a batch and print what it did (its stdout and
-    /// stderr show). Here `--config` takes the plugin's config as JSON (default {}).
+    /// stderr show), with the limits and grants of a `wasm/NAME` component.
     Run {
         path: PathBuf,
-        /// The batch: OTLP ProfilesData protobuf, or OTLP/JSON when it ends in .json.
+        /// The batch: OTLP ProfilesData protobuf, or OTLP/JSON when it ends
+        /// in .json (`profcol plugin gen-batch` writes one).
         #[arg(long, value_name = "BATCH.pb")]
         input: PathBuf,
-        /// Limit of the call.
+        /// The plugin's `config`, as JSON (default: none, `null`).
+        #[arg(long, value_name = "JSON")]
+        plugin_config: Option<String>,
+        /// Limit of the call (`call_timeout`).
         #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = humantime::parse_duration)]
         call_timeout: std::time::Duration,
+        /// Linear memory the instance may grow to (`memory_limit`: 64MiB, 1GiB, bytes).
+        #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = profcol_plugins::config::parse_size)]
+        memory_limit: u64,
+        /// An environment variable the plugin may read (`allow.env`; repeatable).
+        #[arg(long, value_name = "NAME")]
+        allow_env: Vec<String>,
+        /// A directory the plugin may read, as HOST_DIR:/PATH_IT_SEES (`allow.dirs`; repeatable).
+        #[arg(long, value_name = "HOST:GUEST", value_parser = profcol_plugins::cli::parse_allow_dir)]
+        allow_dir: Vec<(PathBuf, String)>,
+    },
+    /// Write a test batch for `plugin run`: a CPU profile as the eBPF
+    /// receiver makes one (processes, deep stacks, kernel frames, threads).
+    GenBatch {
+        /// Samples in the batch.
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
+        /// Where to write it: OTLP protobuf, or OTLP/JSON when it ends in .json.
+        #[arg(long, short = 'o', value_name = "FILE", default_value = "batch.pb")]
+        output: PathBuf,
+    },
+    /// Make a new processor plugin crate (Rust, the SDK, a test) in directory NAME.
+    New {
+        name: String,
+        /// The SDK: PROFCOL_CHECKOUT/plugins/sdk (default: the one this profcol was built from, if it is there).
+        #[arg(long, value_name = "DIR")]
+        sdk: Option<PathBuf>,
     },
 }
 
@@ -121,139 +152,140 @@ fn source_names(cli: &Cli) -> Vec<String> {
     cli.config.iter().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string()).collect()
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let status = HostStatus::default();
-    let registry = Registry::builtin(&status);
-    match cli.cmd {
-        Some(Cmd::Components) => {
-            println!("{:<16} {:<10} {:<12} DESCRIPTION", "TYPE", "KIND", "STABILITY");
-            for f in registry.all() {
-                let m = f.meta();
-                println!("{:<16} {:<10} {:<12} {}", m.type_name, m.kind, m.stability, m.description);
-            }
+/// A command that failed: what goes to stderr; the exit code is 1.
+struct Failed(String);
+
+impl Failed {
+    /// `error: MESSAGE`.
+    fn error(e: impl std::fmt::Display) -> Failed {
+        Failed(format!("error: {e}\n"))
+    }
+}
+
+/// Configuration errors print as they are: one per line, with file:line:column.
+impl From<ConfigErrors> for Failed {
+    fn from(e: ConfigErrors) -> Failed {
+        Failed(e.to_string())
+    }
+}
+
+/// What each command prints on success goes to stdout; a failure, to stderr, exit code 1.
+fn exit_code(result: Result<String, Failed>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            print!("{text}");
             ExitCode::SUCCESS
         }
-        Some(Cmd::Schema { markdown }) => {
-            let s = profcol::schema::schema(&registry);
-            if markdown {
-                print!("{}", profcol::schema::reference_markdown(&s));
-            } else {
-                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
-            }
-            ExitCode::SUCCESS
-        }
-        Some(Cmd::Plugin { cmd }) => {
-            let r = match cmd {
-                PluginCmd::Inspect { path } => profcol_plugins::cli::inspect_file(&path),
-                PluginCmd::Run { path, input, call_timeout } => match cli.config.as_slice() {
-                    [] => profcol_plugins::cli::run_file(&path, &input, None, call_timeout),
-                    [json] => profcol_plugins::cli::run_file(&path, &input, json.to_str(), call_timeout),
-                    _ => Err("plugin run takes one --config (the plugin's config as JSON)".into()),
-                },
-            };
-            match r {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
-        Some(Cmd::KernelSymbols { cmd }) => match kernel_symbols_cli::run(cmd) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::from(1)
-            }
-        },
-        Some(Cmd::Symbols { cmd }) => match user_symbols_cli::run(cmd) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::from(1)
-            }
-        },
-        Some(Cmd::Validate) => match load(&cli, &registry) {
-            Ok(_) => {
-                println!("configuration is valid");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprint!("{e}");
-                ExitCode::from(1)
-            }
-        },
-        Some(Cmd::PrintConfig) => match load(&cli, &registry) {
-            Ok((config, checked)) => {
-                print!("{}", profcol::print_config::render(&config, &checked));
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprint!("{e}");
-                ExitCode::from(1)
-            }
-        },
-        None => {
-            let (config, checked) = match load(&cli, &registry) {
-                Ok(x) => x,
-                Err(e) => {
-                    eprint!("{e}");
-                    return ExitCode::from(1);
-                }
-            };
-            // A long-running agent: the loader's relocation table is not read
-            // again, nor the code and data that read and checked the
-            // configuration; and the host gives its pages back as it goes.
-            profcol::loader_pages::drop_relocation_table();
-            profcol::loader_pages::drop_read_only();
-            profcol::loader_pages::give_back_read_only();
-            let runtime = &config.service.runtime;
-            if let Some(n) = runtime.malloc_arenas {
-                limit_malloc_arenas(n);
-            }
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            if let Some(n) = runtime.worker_threads {
-                builder.worker_threads(n);
-            }
-            let rt = match builder.enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::from(1);
-                }
-            };
-            // The OTLP transports of the self-telemetry run on the runtime.
-            let started = {
-                let _in_runtime = rt.enter();
-                SelfTelemetry::start(&config.service.telemetry, &source_names(&cli))
-            };
-            let telemetry = match started {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("error: service::telemetry: {e:#}");
-                    return ExitCode::from(1);
-                }
-            };
-            telemetry.init_logging(&config.service.telemetry.logs);
-            if let Some(p) = telemetry.tracer_provider() {
-                profcol::service::batch_trace::install(p);
-            }
-            let result = rt.block_on(run(cli, registry, status, config, checked, &telemetry));
-            // Last logs, spans and metrics out while the runtime still runs.
-            telemetry.shutdown();
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    error!("{e:#}");
-                    ExitCode::from(1)
-                }
-            }
+        Err(Failed(text)) => {
+            eprint!("{text}");
+            ExitCode::from(1)
         }
     }
+}
+
+fn main() -> ExitCode {
+    let mut cli = Cli::parse();
+    let status = HostStatus::default();
+    let registry = Registry::builtin(&status);
+    let result = match cli.cmd.take() {
+        None => agent(cli, registry, status),
+        Some(Cmd::Validate) => {
+            load(&cli, &registry).map(|_| "configuration is valid\n".to_owned()).map_err(Failed::from)
+        }
+        Some(Cmd::PrintConfig) => load(&cli, &registry)
+            .map(|(config, checked)| profcol::print_config::render(&config, &checked))
+            .map_err(Failed::from),
+        Some(Cmd::Components) => Ok(components(&registry)),
+        Some(Cmd::Schema { markdown }) => Ok(schema(&registry, markdown)),
+        Some(Cmd::Plugin { cmd }) => plugin(cmd, &cli.config),
+        Some(Cmd::KernelSymbols { cmd }) => {
+            kernel_symbols_cli::run(cmd).map(|()| String::new()).map_err(|e| Failed::error(format!("{e:#}")))
+        }
+        Some(Cmd::Symbols { cmd }) => {
+            user_symbols_cli::run(cmd).map(|()| String::new()).map_err(|e| Failed::error(format!("{e:#}")))
+        }
+    };
+    exit_code(result)
+}
+
+fn components(registry: &Registry) -> String {
+    let mut out = format!("{:<16} {:<10} {:<12} DESCRIPTION\n", "TYPE", "KIND", "STABILITY");
+    for f in registry.all() {
+        let m = f.meta();
+        out.push_str(&format!("{:<16} {:<10} {:<12} {}\n", m.type_name, m.kind, m.stability, m.description));
+    }
+    out
+}
+
+fn schema(registry: &Registry, markdown: bool) -> String {
+    let s = profcol::schema::schema(registry);
+    if markdown {
+        profcol::schema::reference_markdown(&s)
+    } else {
+        serde_json::to_string_pretty(&s).unwrap_or_default() + "\n"
+    }
+}
+
+/// `profcol plugin ...`. `config` is the global `--config`: before
+/// `--plugin-config`, `plugin run` took the plugin's JSON there, and still does.
+fn plugin(cmd: PluginCmd, config: &[PathBuf]) -> Result<String, Failed> {
+    use profcol_plugins::cli;
+    match cmd {
+        PluginCmd::Inspect { path } => cli::inspect_file(&path),
+        PluginCmd::Run { path, input, plugin_config, call_timeout, memory_limit, allow_env, allow_dir } => {
+            let config_json = match (plugin_config, config) {
+                (Some(json), []) => Some(json),
+                (None, []) => None,
+                (None, [json]) => Some(json.to_string_lossy().into_owned()),
+                _ => return Err(Failed::error("plugin run takes the plugin's config once, as --plugin-config JSON")),
+            };
+            let allow = profcol_plugins::sandbox::Allow { env: allow_env, dirs: allow_dir.into_iter().collect() };
+            let options = cli::RunOptions { config_json, call_timeout, memory_limit, allow };
+            cli::run_file(&path, &input, &options)
+        }
+        PluginCmd::GenBatch { samples, output } => cli::gen_batch_file(samples, &output),
+        PluginCmd::New { name, sdk } => {
+            let built_from = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/sdk"));
+            let sdk = sdk
+                .or_else(|| built_from.is_dir().then_some(built_from))
+                .ok_or_else(|| Failed::error("no SDK at hand: pass --sdk PROFCOL_CHECKOUT/plugins/sdk"))?;
+            cli::new_plugin(&name, &sdk)
+        }
+    }
+    .map_err(Failed::error)
+}
+
+/// Runs the agent: the configuration, the async runtime, self-telemetry,
+/// then the service until SIGTERM or SIGINT.
+fn agent(cli: Cli, registry: Registry, status: HostStatus) -> Result<String, Failed> {
+    let (config, checked) = load(&cli, &registry)?;
+    let runtime = &config.service.runtime;
+    if let Some(n) = runtime.malloc_arenas {
+        limit_malloc_arenas(n);
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = runtime.worker_threads {
+        builder.worker_threads(n);
+    }
+    let rt = builder.enable_all().build().map_err(|e| Failed::error(format!("cannot start the async runtime: {e}")))?;
+    // The OTLP transports of the self-telemetry run on the runtime.
+    let telemetry = {
+        let _in_runtime = rt.enter();
+        SelfTelemetry::start(&config.service.telemetry, &source_names(&cli))
+    }
+    .map_err(|e| Failed::error(format!("service::telemetry: {e:#}")))?;
+    telemetry.init_logging(&config.service.telemetry.logs);
+    if let Some(p) = telemetry.tracer_provider() {
+        profcol::service::batch_trace::install(p);
+    }
+    let result = rt.block_on(run(cli, registry, status, config, checked, &telemetry));
+    // Logging runs: the error is logged, and the last logs, spans and
+    // metrics go out while the runtime still runs.
+    if let Err(e) = &result {
+        error!("{e:#}");
+    }
+    telemetry.shutdown();
+    result.map(|()| String::new()).map_err(|_| Failed(String::new()))
 }
 
 /// `service.runtime.malloc_arenas`: set before the runtime's threads start,
@@ -290,16 +322,6 @@ async fn run(
     service.start(config, checked).await.context("cannot start")?;
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     info!(pipelines = ?pipelines, workers, "profcol started");
-    // Start-up's code and data are not used again (a reload uses some once
-    // more): dropped now, and once more when the components' own start-up
-    // work, which goes on after their start returned, is over. (Before each
-    // receiver's start and as batches arrive, the host drops them too.)
-    profcol::loader_pages::drop_read_only();
-    tokio::spawn(async {
-        tokio::time::sleep(profcol::loader_pages::STARTUP_CODE_SETTLE).await;
-        let dropped = profcol::loader_pages::drop_read_only();
-        debug!(kib = dropped / 1024, "code and read-only data pages dropped from the mappings after start-up");
-    });
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }

@@ -111,3 +111,51 @@ async fn persistent_queue_backend_down_what_is_on_disk_is_kept_and_said() {
     );
     assert!(line.contains(&expected), "{line}\nwanted: {expected}");
 }
+
+#[test]
+fn each_exporter_is_accounted_apart_and_processor_drops_are_said() {
+    // One receiver, two pipelines: three exporters get every batch; a wasm
+    // processor with `on_error: drop` drops every batch of the other.
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = common::write_corpus(&dir.path().join("in"), 3, 20);
+    let samples: usize = corpus.iter().map(|b| b.sample_count()).sum();
+    let plugin = profcol_testkit::plugins::test_plugin("misbehave");
+    let mut p = common::start_config(
+        dir.path(),
+        "profcol.yaml",
+        &format!(
+            "receivers:
+  file: {{ path: DIR/in }}
+processors:
+  wasm/drop: {{ path: {}, config: {{ mode: permanent }}, on_error: drop }}
+exporters:
+  file/a: {{ path: DIR/a.jsonl }}
+  file/b: {{ path: DIR/b.jsonl }}
+  file/c: {{ path: DIR/c.jsonl }}
+  file/kept: {{ path: DIR/kept.jsonl }}
+service:
+  plugins: {{ cache_dir: DIR/cache }}
+  pipelines:
+    profiles/all: {{ receivers: [file], exporters: [file/a, file/b, file/c] }}
+    profiles/dropped: {{ receivers: [file], processors: [wasm/drop], exporters: [file/kept] }}
+",
+            plugin.display()
+        )
+        .replace("DIR", &dir.path().display().to_string()),
+    );
+    let c = dir.path().join("c.jsonl");
+    assert!(common::wait_until(Duration::from_secs(30), || common::read_jsonl(&c).len() == 3));
+    std::thread::sleep(Duration::from_millis(300));
+    p.signal(libc::SIGTERM);
+    assert!(p.wait_exit(Duration::from_secs(15)).is_some_and(|s| s.success()));
+    let line = summary(&p);
+    for e in ["file/a", "file/b", "file/c"] {
+        let want = format!(
+            "exporter {e}: delivered 3 batches ({samples} samples), kept on disk 0 batches (0 samples), dropped 0 batches (0 samples)"
+        );
+        assert!(line.contains(&want), "{line}\nwanted: {want}");
+    }
+    assert!(line.contains("exporter file/kept: delivered 0 batches (0 samples)"), "{line}");
+    let want = format!("processors dropped 3 batches ({samples} samples)");
+    assert!(line.contains(&want), "{line}\nwanted: {want}");
+}

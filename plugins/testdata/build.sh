@@ -14,5 +14,5 @@ build() { cargo build -q --release --target wasm32-wasip2 "$@"; }
 # The second version of misbehave (reload test): same behaviour, other counter.
 build -p misbehave --features v2
 cp "$rel/misbehave.wasm" out/misbehave_v2.wasm
-build -p misbehave -p misbehave_export -p future_version
-cp "$rel/misbehave.wasm" "$rel/misbehave_export.wasm" "$rel/future_version.wasm" out/
+build -p misbehave -p misbehave_export -p future_version -p wrong_signature
+cp "$rel/misbehave.wasm" "$rel/misbehave_export.wasm" "$rel/future_version.wasm" "$rel/wrong_signature.wasm" out/

@@ -556,6 +556,7 @@ impl ExporterHandle {
                 }
                 Some(_) if self.store.is_some() => return self.keep_for_next_start(n, &err),
                 _ => {
+                    self.exporter.gave_up(batch);
                     self.telemetry.send_failed.add(err.rejected_samples(n));
                     self.dropped_batches.inc();
                     let why = match (&err, wait) {

@@ -264,10 +264,14 @@ impl Service {
                     .processors
                     .iter()
                     .filter_map(|id| {
-                        g.processors.get(&(name.clone(), id.clone())).map(|r| pipeline::PipelineProcessor {
-                            id: id.clone(),
-                            instance: Arc::clone(&r.instance),
-                            telemetry: self.telemetry.component(Kind::Processor, id),
+                        g.processors.get(&(name.clone(), id.clone())).map(|r| {
+                            let telemetry = self.telemetry.component(Kind::Processor, id);
+                            pipeline::PipelineProcessor {
+                                id: id.clone(),
+                                instance: Arc::clone(&r.instance),
+                                dropped_batches: processor_dropped_batches(&telemetry),
+                                telemetry,
+                            }
                         })
                     })
                     .collect(),
@@ -459,10 +463,24 @@ impl Service {
         }
         let stops = exporters.values().map(|e| e.handle.shutdown(deadline));
         futures::future::join_all(stops).await;
-        // One line for the whole run, what /metrics counted.
+        // One line for the whole run, what /metrics counted: each exporter
+        // (a batch sent to two exporters is in both), then what processors dropped.
         let mut total = crate::exporter_helper::Accounting::default();
-        for e in exporters.values() {
-            total += e.handle.accounting();
+        let mut line = Vec::new();
+        for (id, e) in &exporters {
+            let a = e.handle.accounting();
+            total += a;
+            line.push(format!("exporter {id}: {a}"));
+        }
+        let (mut dropped_batches, mut dropped_samples) = (0, 0);
+        let ids: std::collections::BTreeSet<&ComponentId> = processors.keys().map(|(_, id)| id).collect();
+        for id in ids {
+            let t = self.telemetry.component(Kind::Processor, id);
+            dropped_batches += processor_dropped_batches(&t).get();
+            dropped_samples += t.dropped.get();
+        }
+        if !processors.is_empty() {
+            line.push(format!("processors dropped {dropped_batches} batches ({dropped_samples} samples)"));
         }
         for p in processors.values() {
             let _ = p.instance.shutdown().await;
@@ -477,9 +495,17 @@ impl Service {
             kept_samples = total.kept_samples,
             dropped_batches = total.dropped_batches,
             dropped_samples = total.dropped_samples,
-            "shut down: {total}"
+            processor_dropped_batches = dropped_batches,
+            processor_dropped_samples = dropped_samples,
+            "shut down: {}",
+            line.join("; ")
         );
     }
+}
+
+/// `profcol_processor_dropped_batches_total{processor}`.
+fn processor_dropped_batches(t: &profcol_api::telemetry::ComponentTelemetry) -> profcol_api::telemetry::Counter {
+    t.counter("dropped_batches_total", "Batches the processor dropped (their samples are in dropped_samples_total).")
 }
 
 fn wrong_kind(kind: Kind, id: &ComponentId) -> BuildError {

@@ -52,6 +52,8 @@ pub struct PipelineProcessor {
     pub instance: Arc<dyn Processor>,
     /// incoming / outgoing / dropped / refused samples, labelled by id.
     pub telemetry: ComponentTelemetry,
+    /// Batches it dropped (`profcol_processor_dropped_batches_total`).
+    pub dropped_batches: profcol_api::telemetry::Counter,
 }
 
 pub struct PipelineParts {
@@ -87,7 +89,6 @@ pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
         tokio::select! {
             batch = rx.recv() => match batch {
                 Some((b, ack, since)) => {
-                    crate::loader_pages::drop_read_only_between_batches();
                     let n = b.sample_count() as u64;
                     let trace = since.and_then(|t| BatchTrace::start(&parts.name, t, n, false));
                     process_from(&parts, &mut held, 0, b, n, vec![ack], trace).await
@@ -197,6 +198,7 @@ async fn process_traced(
                 warn!(pipeline = %parts.name, processor = %p.id, samples = n,
                     "processor held a batch but has no flush interval; counted as dropped");
                 p.telemetry.dropped.add(n);
+                p.dropped_batches.inc();
                 answer(acks, Ok(()));
                 return "dropped";
             }
@@ -211,6 +213,7 @@ async fn process_traced(
             Ok(ProcessOutcome::Dropped { reason, samples }) => {
                 tracing::debug!(pipeline = %parts.name, processor = %p.id, samples, %reason, "batch dropped");
                 p.telemetry.dropped.add(samples);
+                p.dropped_batches.inc();
                 answer(acks, Ok(()));
                 return "dropped";
             }

@@ -84,7 +84,6 @@ pub(super) async fn start_in_place_of(
             old.1.shutdown().await;
             stopped.push(old);
         }
-        crate::loader_pages::drop_read_only_between_starts();
         match live.start().await {
             Ok(()) => {
                 match live {

@@ -125,7 +125,7 @@ impl DiskCache {
 }
 
 /// Creates `dir` with mode 0700, or checks that an existing one is ours and
-/// closed to others (tightening it to 0700 when it is ours).
+/// that no one else may write to it (its mode is left as it is).
 fn prepare(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
@@ -139,9 +139,11 @@ fn prepare(dir: &Path) -> Result<(), String> {
     if meta.uid() != unsafe { libc::geteuid() } {
         return Err(format!("owned by uid {}, not by this user", meta.uid()));
     }
-    if meta.mode() & 0o777 != 0o700 {
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("cannot set mode 0700: {e}"))?;
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "mode {:04o} lets other users write compiled code profcol would run (chmod 0700 it, or choose another directory)",
+            meta.mode() & 0o7777
+        ));
     }
     // Writable? (a read-only root, a read-only mount)
     tempfile::NamedTempFile::new_in(dir).map_err(|e| format!("not writable: {e}"))?;
@@ -153,16 +155,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn directory_is_created_0700_and_tightened() {
+    fn directory_is_created_0700_and_refused_when_others_may_write() {
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path().join("a/b");
         let c = DiskCache::open(Some(d.clone()));
         assert_eq!(c.dir(), Some(d.as_path()));
         assert_eq!(fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        // Writable by others: refused, and left as it is.
         fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare(&d).unwrap_err();
+        assert!(e.contains("mode 0777 lets other users write"), "{e}");
+        assert!(DiskCache::open(Some(d.clone())).dir().is_none());
+        assert_eq!(fs::metadata(&d).unwrap().mode() & 0o777, 0o777);
+        // Readable by others is not a risk: used as it is.
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
         let c = DiskCache::open(Some(d.clone()));
         assert!(c.dir().is_some());
-        assert_eq!(fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
         c.store("k", b"abc");
         assert_eq!(c.load("k").as_deref(), Some(&b"abc"[..]));
         assert_eq!(c.load("missing"), None);

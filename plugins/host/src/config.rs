@@ -59,7 +59,8 @@ impl JsonSchema for ByteSize {
     }
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+/// A size: bytes, or a number with a unit (B, KiB, MiB, GiB).
+pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -133,7 +134,7 @@ macro_rules! plugin_config {
         pub struct $name {
             /// The plugin's `.wasm` component (required).
             pub path: PathBuf,
-            /// Any value; handed to the plugin's `init` as JSON (`{}` when absent).
+            /// Any value; handed to the plugin's `init` as JSON (`null` when absent).
             pub config: serde_json::Value,
             /// Limit of one plugin call (a call still running is interrupted).
             #[serde(with = "humantime_serde")]
@@ -190,6 +191,9 @@ plugin_config!(
         pool_size: usize = 1,
         /// When the plugin fails: `pass` forwards the batch unchanged, `drop` drops it.
         on_error: OnError = OnError::Pass,
+        /// Times a batch the plugin answers `retryable` is handed to it again
+        /// (after 10ms, doubling), before `on_error` applies (kind `retries_exhausted`).
+        max_retries: u32 = 3,
     }
 );
 
@@ -218,12 +222,10 @@ struct Common<'a> {
 /// file is a changed config, so a reload rebuilds the component.
 pub const HASH_KEY: &str = "file_sha256";
 
-/// The plugin's config as the JSON text `init` gets.
+/// The plugin's config as the JSON text `init` gets (`null` when absent,
+/// which the SDK's `config` reads as the type's `Default`).
 fn config_json(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::Null => "{}".into(),
-        v => v.to_string(),
-    }
+    v.to_string()
 }
 
 /// Checks the plugin file: there, a component, of `world`, at this host's WIT version.

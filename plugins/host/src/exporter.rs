@@ -2,7 +2,9 @@
 //! by sink; the host delivers them. It runs inside the host's exporter
 //! wrapper (timeout, retry_on_failure, sending_queue). A retry of a batch
 //! re-delivers only the sinks that failed: the plugin's outputs are kept,
-//! keyed by the batch's hash, until every sink has them.
+//! keyed by the batch's hash, until every sink has them or the host gives
+//! up on the batch ([`Exporter::gave_up`]); at most one batch per export the
+//! host runs at once (each queue consumer retries one batch at a time).
 
 use crate::bindings::{ErrorKind, Output, PluginError};
 use crate::config::{self, ExporterConfig, Sink};
@@ -14,21 +16,24 @@ use profcol_api::component::{
     Component, ComponentError, CreateSettings, ExportError, Exporter, Factory, FactoryMeta, Kind, Stability,
 };
 use profcol_api::config::{ConfigError, ConfigValue};
+use profcol_api::telemetry::Gauge;
 use profcol_api::Profiles;
 use schemars::{Schema, SchemaGenerator};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Batches whose delivery is incomplete that are remembered (the sending
-/// queue's consumers each hold at most one in retry).
-const MAX_PENDING: usize = 256;
-
 struct Pending {
     batch_sha256: String,
     outputs: Vec<Output>,
     /// Sinks that do not have this batch's outputs yet.
     remaining: BTreeSet<String>,
+}
+
+impl Pending {
+    fn bytes(&self) -> usize {
+        self.outputs.iter().map(|o| o.data.len() + o.sink.len() + o.content_type.len()).sum()
+    }
 }
 
 pub struct WasmExporter {
@@ -40,6 +45,8 @@ pub struct WasmExporter {
     sinks: BTreeMap<String, Sink>,
     delivery: Sinks,
     pending: Mutex<VecDeque<Pending>>,
+    /// `profcol_plugin_pending_output_bytes`: what `pending` holds.
+    pending_bytes: Gauge,
 }
 
 impl WasmExporter {
@@ -50,15 +57,25 @@ impl WasmExporter {
     fn take_pending(&self, sha: &str) -> Option<Pending> {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let i = p.iter().position(|x| x.batch_sha256 == sha)?;
-        p.remove(i)
+        let taken = p.remove(i);
+        self.measure(&p);
+        taken
     }
 
+    /// Keeps a batch's outputs for its retry. One batch per concurrent
+    /// export: an older one beyond that was delivered or dropped meanwhile.
     fn keep_pending(&self, pending: Pending) {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if p.len() >= MAX_PENDING {
+        while p.len() >= self.concurrency.load(Ordering::Relaxed).max(1) {
             p.pop_front();
         }
         p.push_back(pending);
+        self.measure(&p);
+    }
+
+    fn measure(&self, p: &VecDeque<Pending>) {
+        let bytes: usize = p.iter().map(Pending::bytes).sum();
+        self.pending_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Runs the plugin; maps its failures onto export errors.
@@ -71,17 +88,22 @@ impl WasmExporter {
                         o.sink,
                         self.sinks.keys().cloned().collect::<Vec<_>>().join(", ")
                     );
-                    self.plugin.record_failure(FailureKind::InvalidOutput, &why);
+                    self.plugin.call_failed(FailureKind::InvalidOutput, &why);
                     return Err(ExportError::permanent(why));
                 }
+                self.plugin.call_ok();
                 Ok(Some(outputs))
             }
-            Ok(Err(PluginError { kind: ErrorKind::Drop, .. })) => Ok(None),
+            Ok(Err(PluginError { kind: ErrorKind::Drop, .. })) => {
+                self.plugin.call_ok();
+                Ok(None)
+            }
             Ok(Err(PluginError { kind: ErrorKind::Retryable, message })) => {
+                self.plugin.call_retryable();
                 Err(ExportError::retryable(format!("plugin asks for a retry: {message}")))
             }
             Ok(Err(PluginError { kind: ErrorKind::Permanent, message })) => {
-                self.plugin.record_failure(FailureKind::PluginError, &message);
+                self.plugin.call_failed(FailureKind::PluginError, &message);
                 Err(ExportError::permanent(format!("plugin error: {message}")))
             }
             // Disabled for a while, or too slow this time: the batch may go through later.
@@ -110,6 +132,20 @@ impl Exporter for WasmExporter {
     /// The batch goes to the plugin encoded.
     fn reads_packed(&self) -> bool {
         true
+    }
+
+    fn gave_up(&self, batch: &Profiles) {
+        if self.pending.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            return;
+        }
+        drop(self.take_pending(&crate::cache::sha256_hex(&batch.encode_to_vec())));
+    }
+
+    async fn shutdown(&self) -> Result<(), ComponentError> {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.clear();
+        self.measure(&p);
+        Ok(())
     }
 
     async fn export(&self, batch: &Profiles) -> Result<(), ExportError> {
@@ -175,7 +211,8 @@ impl Factory for ExporterFactory {
     /// here); [`Exporter::start`] fills the pool.
     fn create(&self, settings: CreateSettings, raw: &ConfigValue) -> Result<Component, ComponentError> {
         let c: ExporterConfig = raw.decode()?;
-        let s = c.settings(&settings.id.to_string(), 1);
+        let component = settings.id.to_string();
+        let s = c.settings(&component, 1);
         let plugin = crate::load_file(&c.path, World::Exporter, s, settings.telemetry.registry())?;
         let delivery = Sinks::new().map_err(ComponentError::msg)?;
         let sinks = c
@@ -191,6 +228,11 @@ impl Factory for ExporterFactory {
             sinks,
             delivery,
             pending: Mutex::new(VecDeque::new()),
+            pending_bytes: settings.telemetry.registry().gauge(
+                "profcol_plugin_pending_output_bytes",
+                "Bytes of an exporter plugin's output kept for the retry of sinks that failed.",
+                &[("component", &component)],
+            ),
         })))
     }
 

@@ -71,6 +71,8 @@ pub enum FailureKind {
     InvalidOutput,
     /// The plugin returned a permanent error.
     PluginError,
+    /// The plugin answered `retryable` to every retry of a batch.
+    RetriesExhausted,
 }
 
 impl FailureKind {
@@ -83,6 +85,7 @@ impl FailureKind {
             FailureKind::Init => "init",
             FailureKind::InvalidOutput => "invalid_output",
             FailureKind::PluginError => "plugin_error",
+            FailureKind::RetriesExhausted => "retries_exhausted",
         }
     }
 }
@@ -111,6 +114,7 @@ struct Health {
 struct Metrics {
     ok: Counter,
     error: Counter,
+    retryable: Counter,
     disabled_calls: Counter,
     disabled: Gauge,
     duration: Timer,
@@ -184,6 +188,11 @@ impl Plugin {
                 "profcol_plugin_calls_total",
                 "Plugin calls, by outcome.",
                 &[("component", c), ("outcome", "error")],
+            ),
+            retryable: registry.counter(
+                "profcol_plugin_calls_total",
+                "Plugin calls, by outcome.",
+                &[("component", c), ("outcome", "retryable")],
             ),
             disabled_calls: registry.counter(
                 "profcol_plugin_calls_total",
@@ -259,12 +268,26 @@ impl Plugin {
 
     /// A fresh instance with `init` called.
     fn instantiate(&self) -> Result<Instance, CallError> {
-        let failed = |kind, e: wasmtime::Error| CallError::Failed { kind, message: format!("{e:#}") };
-        let wasi = sandbox::wasi(&self.settings.allow, self.settings.inherit_stdio)
+        let stderr = sandbox::StderrTail::default();
+        // What fails while an instance is made counts as `init`, unless a
+        // limit says more (memory, time, stack); the message ends with what
+        // the plugin wrote to stderr (a panic message).
+        let failed = |e: wasmtime::Error| {
+            let kind = match classify(&e) {
+                FailureKind::Trap => FailureKind::Init,
+                k => k,
+            };
+            CallError::Failed { kind, message: with_stderr(format!("{e:#}"), &stderr) }
+        };
+        let wasi = sandbox::wasi(&self.settings.allow, self.settings.inherit_stdio, &stderr)
             .map_err(|message| CallError::Failed { kind: FailureKind::Init, message })?;
         let limit = usize::try_from(self.settings.memory_limit).unwrap_or(usize::MAX);
-        let mut store = Store::new(self.runtime.engine(), HostState::new(wasi, limit, Arc::clone(&self.shared)));
+        let state = HostState::new(wasi, stderr.clone(), limit, Arc::clone(&self.shared));
+        let mut store = Store::new(self.runtime.engine(), state);
         store.limiter(|s| &mut s.limits);
+        // What the plugin hands back may be as large as its memory (wasmtime's
+        // own default stops at 128 MiB whatever `memory_limit` says).
+        store.set_hostcall_fuel(limit);
         store.epoch_deadline_callback(|ctx| {
             if Instant::now() >= ctx.data().call_deadline {
                 Ok(UpdateDeadline::Interrupt)
@@ -276,12 +299,12 @@ impl Plugin {
         let config = self.settings.config_json.as_str();
         let (bindings, init) = match &self.pre {
             Pre::Processor(p) => {
-                let b = p.instantiate(&mut store).map_err(|e| failed(classify(&e), e))?;
+                let b = p.instantiate(&mut store).map_err(failed)?;
                 let r = b.profcol_plugin_process_batch().call_init(&mut store, config);
                 (Bindings::Processor(b), r)
             }
             Pre::Exporter(p) => {
-                let b = p.instantiate(&mut store).map_err(|e| failed(classify(&e), e))?;
+                let b = p.instantiate(&mut store).map_err(failed)?;
                 let r = b.profcol_plugin_export_batch().call_init(&mut store, config);
                 (Bindings::Exporter(b), r)
             }
@@ -292,7 +315,7 @@ impl Plugin {
                 kind: FailureKind::Init,
                 message: format!("init refused the config: {message}"),
             }),
-            Err(e) => Err(failed(classify(&e), e)),
+            Err(e) => Err(failed(e)),
         }
     }
 
@@ -328,9 +351,26 @@ impl Plugin {
         }
     }
 
+    /// A call whose answer the component took: `profcol_plugin_calls_total{outcome="ok"}`.
+    pub fn call_ok(&self) {
+        self.metrics.ok.inc();
+    }
+
+    /// A call the plugin answered `retryable`: `outcome="retryable"`.
+    pub fn call_retryable(&self) {
+        self.metrics.retryable.inc();
+    }
+
+    /// A call whose answer the component refused (invalid output, a
+    /// permanent error, retries exhausted): `outcome="error"`, and a failure.
+    pub fn call_failed(&self, kind: FailureKind, message: &str) {
+        self.metrics.error.inc();
+        self.record_failure(kind, message);
+    }
+
     /// Counts and logs one failure; disables the plugin after `max_failures`
     /// within `failure_window`.
-    pub fn record_failure(&self, kind: FailureKind, message: &str) {
+    fn record_failure(&self, kind: FailureKind, message: &str) {
         let c = self.settings.component.as_str();
         self.metrics
             .registry
@@ -380,6 +420,8 @@ impl Plugin {
     }
 
     /// The same as [`Plugin::call`], on the current thread (for the CLI and benches).
+    /// A trap is counted here; an answer is counted by the component that
+    /// judges it ([`Plugin::call_ok`], [`Plugin::call_failed`], [`Plugin::call_retryable`]).
     pub fn call_blocking<R>(
         self: &Arc<Self>,
         f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
@@ -396,19 +438,22 @@ impl Plugin {
             }
         };
         self.arm(&mut instance.store);
+        // A failure shows what this call wrote to stderr, not earlier calls.
+        instance.store.data().stderr.clear();
         let result = f(&mut instance);
         self.metrics.duration.record(start.elapsed());
+        self.shared.report_suppressed();
         match result {
             Ok(r) => {
                 self.give_back(instance);
-                self.metrics.ok.inc();
                 Ok(r)
             }
             Err(e) => {
+                let stderr = instance.store.data().stderr.clone();
                 drop(instance);
                 self.metrics.error.inc();
                 let kind = classify(&e);
-                let message = format!("{e:#}");
+                let message = with_stderr(format!("{e:#}"), &stderr);
                 self.record_failure(kind, &message);
                 self.refill();
                 Err(CallError::Failed { kind, message })
@@ -432,8 +477,8 @@ impl Plugin {
         }
     }
 
-    /// Calls `process` with a batch's bytes.
-    pub async fn process(self: &Arc<Self>, batch: Vec<u8>) -> Result<ProcessResult, CallError> {
+    /// Calls `process` with a batch's bytes (shared: a retry sends them again).
+    pub async fn process(self: &Arc<Self>, batch: Arc<Vec<u8>>) -> Result<ProcessResult, CallError> {
         self.call(move |i| match &i.bindings {
             Bindings::Processor(b) => b.profcol_plugin_process_batch().call_process(&mut i.store, &batch),
             Bindings::Exporter(_) => Err(wasmtime::Error::msg("not a processor plugin")),
@@ -473,7 +518,21 @@ fn classify(e: &wasmtime::Error) -> FailureKind {
         Some(Trap::Interrupt) => FailureKind::Timeout,
         Some(Trap::StackOverflow) => FailureKind::StackOverflow,
         Some(Trap::AllocationTooLarge) => FailureKind::Memory,
-        _ if format!("{e:#}").contains("forcing trap when growing memory") => FailureKind::Memory,
-        _ => FailureKind::Trap,
+        _ => {
+            let m = format!("{e:#}");
+            if m.contains("forcing trap when growing memory") || m.contains("fuel allocated for hostcalls") {
+                FailureKind::Memory
+            } else {
+                FailureKind::Trap
+            }
+        }
+    }
+}
+
+/// A failure's message, with the end of what the instance wrote to stderr.
+fn with_stderr(message: String, stderr: &sandbox::StderrTail) -> String {
+    match stderr.take() {
+        t if t.is_empty() => message,
+        t => format!("{message}; the plugin's stderr: {t}"),
     }
 }

@@ -1,7 +1,8 @@
 //! The `wasm` processor: hands each batch to a processor plugin and maps the
-//! answer onto the host's outcomes. A failure (trap, timeout, permanent
-//! error, output that does not decode or validate, plugin disabled) follows
-//! `on_error`: pass forwards the batch unchanged, drop drops it.
+//! answer onto the host's outcomes. A `retryable` answer is retried in place
+//! up to `max_retries` times. A failure (trap, timeout, permanent error,
+//! output that does not decode or validate, retries exhausted, plugin
+//! disabled) follows `on_error`: pass forwards the batch unchanged, drop drops it.
 
 use crate::bindings::{ErrorKind, PluginError};
 use crate::config::{self, OnError, ProcessorConfig};
@@ -17,15 +18,20 @@ use profcol_api::Profiles;
 use schemars::{Schema, SchemaGenerator};
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// The pause before the first retry of a `retryable` answer (doubling after).
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(10);
 
 pub struct WasmProcessor {
     plugin: Arc<Plugin>,
     on_error: OnError,
+    max_retries: u32,
 }
 
 impl WasmProcessor {
-    pub fn new(plugin: Arc<Plugin>, on_error: OnError) -> Self {
-        WasmProcessor { plugin, on_error }
+    pub fn new(plugin: Arc<Plugin>, on_error: OnError, max_retries: u32) -> Self {
+        WasmProcessor { plugin, on_error, max_retries }
     }
 
     pub fn plugin(&self) -> &Arc<Plugin> {
@@ -59,29 +65,53 @@ impl Processor for WasmProcessor {
     }
 
     async fn process(&self, batch: Profiles) -> Result<ProcessOutcome, ProcessError> {
-        let result = self.plugin.process(batch.encode_to_vec()).await;
-        match result {
-            Ok(Ok(Some(out))) => match self.accept(&out) {
-                Ok(p) => Ok(ProcessOutcome::Forward(p)),
-                Err(why) => {
-                    self.plugin.record_failure(FailureKind::InvalidOutput, &why);
-                    Ok(self.on_error(batch, FailureKind::InvalidOutput.as_str()))
+        let bytes = Arc::new(batch.encode_to_vec());
+        let mut pause = FIRST_RETRY_PAUSE;
+        let mut retries = 0;
+        loop {
+            let result = self.plugin.process(Arc::clone(&bytes)).await;
+            let message = match result {
+                Ok(Ok(Some(out))) => {
+                    return Ok(match self.accept(&out) {
+                        Ok(p) => {
+                            self.plugin.call_ok();
+                            ProcessOutcome::Forward(p)
+                        }
+                        Err(why) => {
+                            self.plugin.call_failed(FailureKind::InvalidOutput, &why);
+                            self.on_error(batch, FailureKind::InvalidOutput.as_str())
+                        }
+                    })
                 }
-            },
-            Ok(Ok(None)) => Ok(ProcessOutcome::dropped("dropped by the plugin", &batch)),
-            Ok(Err(PluginError { kind: ErrorKind::Drop, message })) => Ok(ProcessOutcome::Dropped {
-                reason: Cow::Owned(format!("dropped by the plugin: {message}")),
-                samples: batch.sample_count() as u64,
-            }),
-            Ok(Err(PluginError { kind: ErrorKind::Retryable, message })) => {
-                Err(ProcessError::Retryable(format!("plugin asks for a retry: {message}")))
+                Ok(Ok(None)) => {
+                    self.plugin.call_ok();
+                    return Ok(ProcessOutcome::dropped("dropped by the plugin", &batch));
+                }
+                Ok(Err(PluginError { kind: ErrorKind::Drop, message })) => {
+                    self.plugin.call_ok();
+                    return Ok(ProcessOutcome::Dropped {
+                        reason: Cow::Owned(format!("dropped by the plugin: {message}")),
+                        samples: batch.sample_count() as u64,
+                    });
+                }
+                Ok(Err(PluginError { kind: ErrorKind::Retryable, message })) => message,
+                Ok(Err(PluginError { kind: ErrorKind::Permanent, message })) => {
+                    self.plugin.call_failed(FailureKind::PluginError, &message);
+                    return Ok(self.on_error(batch, FailureKind::PluginError.as_str()));
+                }
+                Err(CallError::Disabled) => return Ok(self.on_error(batch, "disabled")),
+                Err(CallError::Failed { kind, .. }) => return Ok(self.on_error(batch, kind.as_str())),
+            };
+            self.plugin.call_retryable();
+            if retries >= self.max_retries {
+                let why =
+                    format!("answered retryable {} times (max_retries {}): {message}", retries + 1, self.max_retries);
+                self.plugin.call_failed(FailureKind::RetriesExhausted, &why);
+                return Ok(self.on_error(batch, FailureKind::RetriesExhausted.as_str()));
             }
-            Ok(Err(PluginError { kind: ErrorKind::Permanent, message })) => {
-                self.plugin.record_failure(FailureKind::PluginError, &message);
-                Ok(self.on_error(batch, FailureKind::PluginError.as_str()))
-            }
-            Err(CallError::Disabled) => Ok(self.on_error(batch, "disabled")),
-            Err(CallError::Failed { kind, .. }) => Ok(self.on_error(batch, kind.as_str())),
+            retries += 1;
+            tokio::time::sleep(pause).await;
+            pause *= 2;
         }
     }
 }
@@ -106,7 +136,7 @@ impl Factory for ProcessorFactory {
         let c: ProcessorConfig = raw.decode()?;
         let s = c.settings(&settings.id.to_string());
         let plugin = crate::load_file(&c.path, World::Processor, s, settings.telemetry.registry())?;
-        Ok(Component::Processor(Arc::new(WasmProcessor::new(plugin, c.on_error))))
+        Ok(Component::Processor(Arc::new(WasmProcessor::new(plugin, c.on_error, c.max_retries))))
     }
 
     fn schema(&self, generator: &mut SchemaGenerator) -> Schema {

@@ -7,12 +7,16 @@
 use crate::bindings::{processor::profcol::plugin as wit, Level};
 use profcol_api::telemetry::{Counter, Telemetry};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// What the config grants a plugin beyond computing.
@@ -38,12 +42,89 @@ impl wasmtime_wasi::HostWallClock for NoWallClock {
     }
 }
 
-/// Builds the WASI context of one instance.
-pub fn wasi(allow: &Allow, inherit_stdio: bool) -> Result<WasiCtx, String> {
+/// Bytes of a plugin's stderr kept: the end of what it wrote, for the log
+/// line of a failed call (a Rust plugin's panic message goes there).
+pub const STDERR_TAIL: usize = 2048;
+
+/// An instance's stderr: keeps the last [`STDERR_TAIL`] bytes; writes never fail.
+#[derive(Clone, Default)]
+pub struct StderrTail(Arc<Mutex<VecDeque<u8>>>);
+
+impl StderrTail {
+    fn push(&self, bytes: &[u8]) {
+        let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        q.extend(&bytes[bytes.len().saturating_sub(STDERR_TAIL)..]);
+        let excess = q.len().saturating_sub(STDERR_TAIL);
+        q.drain(..excess);
+    }
+
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// What was written since the last take, trimmed.
+    pub fn take(&self) -> String {
+        let mut q = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        String::from_utf8_lossy(q.make_contiguous()).trim().to_owned()
+    }
+}
+
+impl IsTerminal for StderrTail {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for StderrTail {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for StderrTail {
+    fn write(&mut self, bytes: bytes::Bytes) -> Result<(), StreamError> {
+        self.push(&bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        Ok(64 << 10)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for StderrTail {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for StderrTail {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Builds the WASI context of one instance; without `inherit_stdio`, its
+/// stderr goes to `stderr`.
+pub fn wasi(allow: &Allow, inherit_stdio: bool, stderr: &StderrTail) -> Result<WasiCtx, String> {
     let mut b = WasiCtxBuilder::new();
     b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false).wall_clock(NoWallClock);
     if inherit_stdio {
         b.inherit_stdout().inherit_stderr();
+    } else {
+        b.stderr(stderr.clone());
     }
     for name in &allow.env {
         if let Ok(v) = std::env::var(name) {
@@ -107,6 +188,16 @@ impl Shared {
         Some(std::mem::take(&mut b.suppressed))
     }
 
+    /// Reports the lines the rate limit dropped since the last line that
+    /// went out (after each call: a flood's last lines are not left unsaid).
+    pub fn report_suppressed(&self) {
+        let suppressed = std::mem::take(&mut self.log.lock().unwrap_or_else(|p| p.into_inner()).suppressed);
+        if suppressed > 0 {
+            let (c, h) = (&self.component, &self.sha256[..12.min(self.sha256.len())]);
+            tracing::warn!(component = %c, plugin_sha256 = %h, "plugin log rate limit: {suppressed} lines dropped");
+        }
+    }
+
     pub fn log(&self, level: Level, message: &str) {
         let Some(suppressed) = self.admit_log() else { return };
         let mut end = message.len().min(LOG_MAX_LEN);
@@ -164,16 +255,18 @@ pub struct HostState {
     table: ResourceTable,
     pub limits: StoreLimits,
     shared: Arc<Shared>,
+    /// The end of what the instance wrote to stderr.
+    pub stderr: StderrTail,
 }
 
 impl HostState {
-    pub fn new(wasi: WasiCtx, memory_limit: usize, shared: Arc<Shared>) -> Self {
+    pub fn new(wasi: WasiCtx, stderr: StderrTail, memory_limit: usize, shared: Arc<Shared>) -> Self {
         let limits = StoreLimitsBuilder::new()
             .memory_size(memory_limit)
             .table_elements(1 << 20)
             .trap_on_grow_failure(true)
             .build();
-        HostState { call_deadline: Instant::now(), wasi, table: ResourceTable::new(), limits, shared }
+        HostState { call_deadline: Instant::now(), wasi, table: ResourceTable::new(), limits, shared, stderr }
     }
 }
 

@@ -140,3 +140,32 @@ async fn the_pool_holds_one_instance_per_export_the_host_runs_at_once() {
     }
     assert_eq!(lines(&dir.path().join("o")), 8);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_kept_for_retries_are_bounded_and_freed_when_the_host_gives_up() {
+    let port = closed_port();
+    let t = Telemetry::new();
+    let e = exporter(
+        &format!(
+            "path: PLUGIN\nconfig: {{mode: big, mb: 4, sinks: [web]}}\ncall_timeout: 10s\nsinks:\n  web: {{http: {{endpoint: 'http://127.0.0.1:{port}/in'}}}}"
+        ),
+        &t,
+    );
+    e.set_concurrency(2);
+    e.start().await.unwrap();
+    let pending = || common::metric(&t, "profcol_plugin_pending_output_bytes{component=\"wasm/test\"}");
+    let batches: Vec<_> = (0..6).map(|k| cpu_batch(k, 1, 5)).collect();
+    for b in &batches {
+        let r = e.export(b).await;
+        assert!(matches!(&r, Err(ExportError::Retryable { message, .. }) if message.contains("sink web")), "{r:?}");
+        // One batch per concurrent export at most: older ones were retried
+        // and settled (delivered or dropped) by the consumer that held them.
+        assert!(pending() <= 2 * (4 << 20) + 1024, "{} bytes kept", pending());
+    }
+    assert!(pending() >= 2 * (4 << 20), "the last two batches' outputs wait for their retries");
+    // The host gives up on them (retries exhausted): nothing is kept.
+    for b in &batches {
+        e.gave_up(b);
+    }
+    assert_eq!(pending(), 0);
+}

@@ -14,13 +14,18 @@ wit_bindgen::generate!({ path: "../../wit", world: "processor" });
 #[serde(default)]
 struct Config {
     /// pass, loop, bomb, alloc, recurse, trap, trap_second, garbage, fixed,
-    /// drop, retryable, permanent, read_file, env, socket, log_flood
+    /// drop, retryable, permanent, read_file, env, socket, log_flood,
+    /// panic_logged, refuse_init
+    /// (an absent config, `null`, is mode pass)
     mode: String,
-    /// alloc: MiB to allocate; socket: address; read_file: path; env: name.
+    /// alloc: MiB to allocate; garbage: MiB to return; socket: address;
+    /// read_file: path; env: name; panic_logged: the panic message.
     mb: usize,
     arg: String,
     /// fixed: bytes to return, as hex.
     hex: String,
+    /// init panics while this environment variable is set (and granted).
+    init_panic_env: String,
 }
 
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
@@ -51,7 +56,11 @@ struct Plugin;
 
 impl Guest for Plugin {
     fn init(config: String) -> Result<(), String> {
-        let c: Config = serde_json::from_str(&config).map_err(|e| format!("bad config: {e}"))?;
+        let c: Option<Config> = serde_json::from_str(&config).map_err(|e| format!("bad config: {e}"))?;
+        let c = c.unwrap_or_default();
+        if !c.init_panic_env.is_empty() && std::env::var(&c.init_panic_env).is_ok() {
+            panic!("init panics on purpose");
+        }
         if c.mode == "refuse_init" {
             return Err("this config is refused on purpose".into());
         }
@@ -93,7 +102,12 @@ impl Guest for Plugin {
             "trap" => panic!("trap on purpose"),
             "trap_second" if calls == 2 => panic!("trap on this instance's second call"),
             "trap_second" => Ok(Some(batch)),
-            "garbage" => Ok(Some(vec![0xff; 64])),
+            // mb: that many MiB of garbage (past wasmtime's default 128 MiB hostcall limit).
+            "garbage" => Ok(Some(vec![0xff; if c.mb > 0 { c.mb << 20 } else { 64 }])),
+            "panic_logged" => {
+                eprintln!("about to fail: {}", c.arg);
+                panic!("the reason is {}", c.arg)
+            }
             "fixed" => Ok(Some(unhex(&c.hex))),
             "drop" => Ok(None),
             "drop_error" => Err(fail(ErrorKind::Drop, "not wanted".into())),

@@ -12,11 +12,13 @@ wit_bindgen::generate!({ path: "../../wit", world: "exporter" });
 #[derive(Deserialize, Default, Clone)]
 #[serde(default)]
 struct Config {
-    /// lines (default), trap, retryable, permanent, drop, loop, spin
+    /// lines (default), trap, retryable, permanent, drop, loop, spin, big
     mode: String,
     sinks: Vec<String>,
     /// spin: how long each export busy-waits before writing its lines.
     ms: u64,
+    /// big: MiB of output per sink.
+    mb: usize,
 }
 
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
@@ -25,7 +27,8 @@ struct Plugin;
 
 impl Guest for Plugin {
     fn init(config: String) -> Result<(), String> {
-        let c: Config = serde_json::from_str(&config).map_err(|e| format!("bad config: {e}"))?;
+        let c: Option<Config> = serde_json::from_str(&config).map_err(|e| format!("bad config: {e}"))?;
+        let c = c.unwrap_or_default();
         *CONFIG.lock().unwrap() = Some(c);
         // One per instance: the tests count the pool with it.
         counter_add("inits", 1);
@@ -51,6 +54,11 @@ impl Guest for Plugin {
                 }
                 Ok(lines(&c, &batch))
             }
+            "big" => Ok(c
+                .sinks
+                .iter()
+                .map(|s| Output { sink: s.clone(), content_type: "text/plain".into(), data: vec![b'x'; c.mb << 20] })
+                .collect()),
             _ => Ok(lines(&c, &batch)),
         }
     }
