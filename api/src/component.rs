@@ -491,6 +491,7 @@ pub trait Factory: Send + Sync + 'static {
 /// [`Validate`] (empty when there is nothing to check).
 pub struct TypedFactory<C, F> {
     meta: FactoryMeta,
+    metrics: &'static [crate::telemetry::MetricDef],
     create: F,
     _config: PhantomData<fn() -> C>,
 }
@@ -501,7 +502,20 @@ where
     C: DeserializeOwned + Serialize + Default + JsonSchema + Validate + 'static,
     F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
 {
-    Arc::new(TypedFactory { meta, create, _config: PhantomData::<fn() -> C> })
+    factory_with_metrics::<C, F>(meta, &[], create)
+}
+
+/// Builds a factory for config type `C` whose components register `metrics`.
+pub fn factory_with_metrics<C, F>(
+    meta: FactoryMeta,
+    metrics: &'static [crate::telemetry::MetricDef],
+    create: F,
+) -> Arc<dyn Factory>
+where
+    C: DeserializeOwned + Serialize + Default + JsonSchema + Validate + 'static,
+    F: Fn(CreateSettings, C) -> Result<Component, ComponentError> + Send + Sync + 'static,
+{
+    Arc::new(TypedFactory { meta, metrics, create, _config: PhantomData::<fn() -> C> })
 }
 
 impl<C, F> Factory for TypedFactory<C, F>
@@ -511,6 +525,9 @@ where
 {
     fn meta(&self) -> FactoryMeta {
         self.meta
+    }
+    fn metrics(&self) -> &'static [crate::telemetry::MetricDef] {
+        self.metrics
     }
     fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
         let c: C = raw.decode().map_err(|e| vec![e])?;
