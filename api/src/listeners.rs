@@ -70,7 +70,7 @@ impl Incoming {
         self.l.local_addr()
     }
 
-    pub fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<(TcpStream, SocketAddr)>> {
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<(TcpStream, SocketAddr)>> {
         let r = std::task::ready!(self.next.as_mut().poll(cx));
         self.next = Self::accept(&self.l);
         Poll::Ready(r)
