@@ -77,7 +77,7 @@ pub enum IdError {
     EmptyName(String),
 }
 
-pub fn is_valid_type(t: &str) -> bool {
+pub(crate) fn is_valid_type(t: &str) -> bool {
     let mut c = t.chars();
     matches!(c.next(), Some('a'..='z')) && c.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
 }
@@ -494,7 +494,7 @@ pub trait Factory: Send + Sync + 'static {
 /// `#[serde(deny_unknown_fields, default)]`, derives `schemars::JsonSchema`
 /// (doc comments become the schema's descriptions) and implements
 /// [`Validate`] (empty when there is nothing to check).
-pub struct TypedFactory<C, F> {
+pub(crate) struct TypedFactory<C, F> {
     meta: FactoryMeta,
     metrics: &'static [crate::telemetry::MetricDef],
     create: F,

@@ -4,10 +4,12 @@
 //! - [`component`]: component ids, kinds, factories, the Receiver / Processor /
 //!   Exporter traits and the [`component::Next`] handle receivers push into;
 //!   around every exporter;
-//! - [`telemetry`]: per-component counters served as Prometheus text.
+//! - [`telemetry`]: per-component counters served as Prometheus text;
+//! - [`listeners`]: listening sockets kept open across reloads.
 
 pub mod component;
 pub mod config;
+pub mod listeners;
 pub mod model;
 pub mod services;
 pub mod telemetry;

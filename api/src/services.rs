@@ -35,9 +35,9 @@ pub struct PinnedFile {
 /// Default bound on pinned files (each holds one descriptor); lowered to
 /// a quarter of the soft `RLIMIT_NOFILE` when that is smaller, so pins
 /// never starve perf events, sockets and files of descriptors.
-pub const DEFAULT_MAX_PINS: usize = 1024;
+pub(crate) const DEFAULT_MAX_PINS: usize = 1024;
 /// Default time a pin outlives the last time a process was seen mapping it.
-pub const DEFAULT_PIN_AGE: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_PIN_AGE: Duration = Duration::from_secs(600);
 
 struct Pin {
     file: PinnedFile,

@@ -70,7 +70,7 @@ pub enum Level {
 /// instrument's table for its limit up front, and its default (2,000)
 /// made every instrument a 132 KiB table, 0.3–0.7 MiB resident over a
 /// node agent's instruments (docs/PERFORMANCE.md, #18).
-pub const SERIES_PER_FAMILY: usize = 256;
+pub(crate) const SERIES_PER_FAMILY: usize = 256;
 
 /// Bucket bounds (seconds) of duration histograms at [`Level::Detailed`];
 /// below it a histogram carries sum and count only.
@@ -115,7 +115,7 @@ impl MetricDef {
     }
 
     /// The full series name for a component of `kind`.
-    pub fn full_name(&self, kind: Kind) -> String {
+    pub(crate) fn full_name(&self, kind: Kind) -> String {
         format!("profcol_{}_{}", kind.as_str(), self.name)
     }
 }

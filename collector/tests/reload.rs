@@ -212,9 +212,9 @@ fn http_get(addr: SocketAddr, path: &str) -> u16 {
     text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
 }
 
-/// health_check keeps its port and changes its path: the old instance stops
-/// just before the new one binds the port. When a later part of the reload
-/// fails, the old instance is back on its port with its path.
+/// health_check keeps its port and changes its path: the new instance takes
+/// the old one's socket, then the old one stops. When a later part of the
+/// reload fails, the old instance is back on its port with its path.
 #[test]
 fn an_extension_changed_on_the_same_port_is_replaced_and_put_back_when_the_reload_fails() {
     runtime().block_on(async {
@@ -248,6 +248,83 @@ fn an_extension_changed_on_the_same_port_is_replaced_and_put_back_when_the_reloa
         let b = random_batch(11, 1, 20, 5, 4);
         sender(addr).export(&b).await.unwrap();
         assert_all_arrive_once(&out, std::slice::from_ref(&b)).await;
+        host.service.shutdown().await;
+    });
+}
+
+/// GET on a new connection: Err if the connection was refused, else the
+/// status (0: closed without an answer).
+fn health_get(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    Ok(text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0))
+}
+
+/// Twenty reloads that each change health_check's path on the same port and
+/// then fail (the receiver moves to a port someone else holds), under four
+/// pollers that open a new connection for every request: health_check's
+/// port never closes, so no connection is refused.
+#[test]
+fn failed_reloads_never_close_the_health_check_port() {
+    runtime().block_on(async {
+        log();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        let id = "otlp/healthkept";
+        let with_health = |endpoint: &str, health: &str, path: &str| {
+            gateway(id, endpoint, "50ms", &out).replace(
+                "service:\n",
+                &format!(
+                    "extensions:\n  health_check/k:\n    endpoint: {health}\n    path: {path}\n\
+                     service:\n  extensions: [health_check/k]\n"
+                ),
+            )
+        };
+        let mut host = Host::start(&with_health("127.0.0.1:0", "127.0.0.1:0", "/ka")).await;
+        let health =
+            log().addr(&["health_check listening", "path=/ka"], "address").expect("health_check logged its address");
+        let (_taken, busy) = listener();
+        let failing = with_health(&busy.to_string(), &health.to_string(), "/kb");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pollers: Vec<_> = (0..4)
+            .map(|_| {
+                let stop = std::sync::Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let (mut answered, mut refused, mut unanswered) = (0u64, 0u64, 0u64);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        match health_get(health, "/ka") {
+                            Err(_) => refused += 1,
+                            Ok(0) => unanswered += 1,
+                            Ok(_) => answered += 1,
+                        }
+                    }
+                    (answered, refused, unanswered)
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..20 {
+            let e = host.reload(&failing).await.unwrap_err();
+            assert!(e.contains(&busy.to_string()), "{e}");
+            assert!(host.status.running());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (mut answered, mut refused, mut unanswered) = (0, 0, 0);
+        for p in pollers {
+            let (a, r, u) = p.join().unwrap();
+            answered += a;
+            refused += r;
+            unanswered += u;
+        }
+        eprintln!("{answered} health requests answered, {refused} refused, {unanswered} closed unanswered");
+        assert!(answered > 100, "{answered} requests: not under load");
+        assert_eq!(refused, 0, "health_check's port closed during a failed reload");
+        assert_eq!(http_get(health, "/ka"), 200, "the old health_check still serves");
         host.service.shutdown().await;
     });
 }

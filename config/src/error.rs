@@ -59,6 +59,6 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 /// Renders a path as the OTel Collector does: `service::pipelines::profiles`.
-pub fn render_path<S: AsRef<str>>(path: &[S]) -> String {
+pub(crate) fn render_path<S: AsRef<str>>(path: &[S]) -> String {
     path.iter().map(|s| s.as_ref()).collect::<Vec<_>>().join("::")
 }

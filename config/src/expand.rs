@@ -4,10 +4,10 @@ use serde_yaml::Value;
 
 /// Why a reference could not be expanded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExpandError(pub String);
+pub(crate) struct ExpandError(pub String);
 
 /// Expands references in `s`. `lookup` returns a variable's value.
-pub fn expand_str(s: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, ExpandError> {
+pub(crate) fn expand_str(s: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, ExpandError> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {
@@ -64,7 +64,7 @@ fn resolve(reference: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<S
 /// Expands every string scalar of `v` in place. Errors are returned with the
 /// path of the node. A scalar that is exactly one reference takes the YAML
 /// type of its expansion (`port: ${env:PORT}` becomes a number).
-pub fn expand_value(
+pub(crate) fn expand_value(
     v: &mut Value,
     path: &mut Vec<String>,
     lookup: &dyn Fn(&str) -> Option<String>,
@@ -104,7 +104,7 @@ pub fn expand_value(
 }
 
 /// A mapping key as a path segment.
-pub fn key_str(k: &Value) -> String {
+pub(crate) fn key_str(k: &Value) -> String {
     match k {
         Value::String(s) => s.clone(),
         other => serde_yaml::to_string(other).unwrap_or_default().trim().to_owned(),

@@ -9,14 +9,15 @@
 //! Every problem found is reported together.
 
 mod error;
-pub mod expand;
-pub mod merge;
+mod expand;
+mod merge;
 mod positions;
 mod service;
 mod telemetry;
 mod value;
 
-pub use error::{render_path, ConfigError, ConfigErrors, Position};
+use error::render_path;
+pub use error::{ConfigError, ConfigErrors, Position};
 pub use positions::Positions;
 pub use service::{PipelineConfig, PluginsConfig, RuntimeConfig, ServiceConfig};
 pub use telemetry::{
@@ -24,7 +25,7 @@ pub use telemetry::{
     OtlpTelemetryExporter, PeriodicReaderConfig, PrometheusConfig, PullExporterConfig, PullReaderConfig,
     PushExporterConfig, TelemetryConfig, TelemetryTls, TracesConfig,
 };
-pub use value::{parse_section, to_config_value};
+pub use value::parse_section;
 
 use profcol_api::component::{ComponentId, Kind};
 use profcol_api::config::ConfigValue;

@@ -3,7 +3,7 @@
 use serde_yaml::{Mapping, Value};
 
 /// Merges `over` into `base`: maps deep-merged, everything else (lists too) replaced.
-pub fn deep_merge(base: &mut Value, over: Value) {
+pub(crate) fn deep_merge(base: &mut Value, over: Value) {
     match (base, over) {
         (Value::Mapping(b), Value::Mapping(o)) => {
             for (k, v) in o {
@@ -21,7 +21,7 @@ pub fn deep_merge(base: &mut Value, over: Value) {
 
 /// Turns `a.b.c=v` into `{a: {b: {c: v}}}` (the value parsed as YAML).
 /// `::` may separate keys too, for ids that contain dots.
-pub fn set_to_value(arg: &str) -> Result<Value, String> {
+pub(crate) fn set_to_value(arg: &str) -> Result<Value, String> {
     let Some((key, val)) = arg.split_once('=') else {
         return Err(format!("--set {arg:?}: expected key.path=value"));
     };

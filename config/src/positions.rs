@@ -114,7 +114,7 @@ impl MarkedEventReceiver for Walker<'_> {
 impl Positions {
     /// Records the positions of `text` (already known to parse) from `file`;
     /// later files override earlier ones, as their values do.
-    pub fn add_file(&mut self, file: &Path, text: &str) {
+    pub(crate) fn add_file(&mut self, file: &Path, text: &str) {
         let mut w = Walker { file, stack: Vec::new(), path: Vec::new(), out: &mut self.map };
         let mut parser = Parser::new_from_str(text);
         // Syntax errors were reported by serde_yaml already.

@@ -5,7 +5,7 @@ use serde_yaml::Value;
 
 /// Converts a loaded YAML node: keys become strings, tags are dropped,
 /// numbers keep their integer or float form.
-pub fn to_config_value(v: Value) -> ConfigValue {
+pub(crate) fn to_config_value(v: Value) -> ConfigValue {
     ConfigValue::from(to_json(v))
 }
 

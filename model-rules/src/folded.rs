@@ -18,9 +18,9 @@ pub const FRAME_TYPE_KEY: &str = "profile.frame.type";
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 /// Attributes whose value roots every stack (the first that is set): the
 /// thread's name, else the executable's.
-pub const COMM_KEYS: [&str; 2] = ["thread.name", "process.executable.name"];
+pub(crate) const COMM_KEYS: [&str; 2] = ["thread.name", "process.executable.name"];
 /// The line of a sample whose stack has no frame.
-pub const NO_STACK: &str = "[no stack]";
+pub(crate) const NO_STACK: &str = "[no stack]";
 
 /// Most bytes of folded-stack text one batch builds. A distinct stack costs
 /// its depth × its names' length, from a few bytes per sample on the wire;
@@ -44,7 +44,7 @@ pub trait Frame {
 
 /// Appends `name` as one folded frame: `;` separates frames and whitespace
 /// the count (a line break would split the line), so they are replaced.
-pub fn push_name(out: &mut String, name: &str) {
+pub(crate) fn push_name(out: &mut String, name: &str) {
     out.extend(name.chars().map(|c| match c {
         ';' => ':',
         c if c.is_whitespace() || c.is_control() => '_',
@@ -64,7 +64,7 @@ pub fn offset_in_file(address: u64, memory_start: u64, memory_limit: u64, file_o
 /// `mapping-basename+0xoffset` (the offset in the mapping's file when the
 /// mapping places the frame, else the address), else `0xaddress` without a
 /// mapping; `_[k]` after a kernel frame.
-pub fn push_frame(out: &mut String, f: &impl Frame) {
+pub(crate) fn push_frame(out: &mut String, f: &impl Frame) {
     let mapping = f.mapping_filename();
     match f.function_name() {
         Some(n) => push_name(out, n),

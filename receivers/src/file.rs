@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-pub struct FileReceiverConfig {
+pub(crate) struct FileReceiverConfig {
     /// A file, or a directory whose files are read in name order.
     pub path: PathBuf,
     /// `auto` (by extension: .json, .jsonl, .pbstream, else proto), `proto`,

@@ -14,7 +14,7 @@ use std::borrow::Cow;
 pub struct DurationText;
 
 /// The pattern durations must match (humantime's units).
-pub const DURATION_PATTERN: &str = r"^\s*([0-9]+\s*(nsec|ns|usec|us|µs|msec|ms|seconds|second|sec|s|minutes|minute|min|m|hours|hour|hr|h|days|day|d|weeks|week|w|months|month|M|years|year|y)\s*)+$";
+pub(crate) const DURATION_PATTERN: &str = r"^\s*([0-9]+\s*(nsec|ns|usec|us|µs|msec|ms|seconds|second|sec|s|minutes|minute|min|m|hours|hour|hr|h|days|day|d|weeks|week|w|months|month|M|years|year|y)\s*)+$";
 
 impl JsonSchema for DurationText {
     fn schema_name() -> Cow<'static, str> {
@@ -26,20 +26,6 @@ impl JsonSchema for DurationText {
             "pattern": DURATION_PATTERN,
             "description": "A duration: numbers with units (ns, us, ms, s, m, h, d), e.g. 200ms, 5s, 1m30s."
         })
-    }
-}
-
-/// An optional duration written as text, or absent.
-pub struct OptionalDurationText;
-
-impl JsonSchema for OptionalDurationText {
-    fn schema_name() -> Cow<'static, str> {
-        "OptionalDuration".into()
-    }
-    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        let mut s = DurationText::json_schema(generator);
-        s.insert("type".into(), serde_json::json!(["string", "null"]));
-        s
     }
 }
 

@@ -222,7 +222,7 @@ impl SecretUrl {
 
 /// `scheme://user:password@rest` → `scheme://user:[REDACTED]@rest`;
 /// `scheme://token@rest` → `scheme://[REDACTED]@rest`; anything else unchanged.
-pub fn redact_url(url: &str) -> Cow<'_, str> {
+pub(crate) fn redact_url(url: &str) -> Cow<'_, str> {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else { return Cow::Borrowed(url) };
     let after = &url[scheme_end..];
     let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());

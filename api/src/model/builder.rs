@@ -388,7 +388,7 @@ impl ProfilesBuilder {
     }
 
     /// Interns an attribute whose key and unit are already string indices of this builder.
-    pub fn attribute_raw(&mut self, key: i32, value: Option<AnyValue>, unit: i32) -> i32 {
+    pub(crate) fn attribute_raw(&mut self, key: i32, value: Option<AnyValue>, unit: i32) -> i32 {
         let k = self.attr_key(key, unit, value.as_ref());
         intern(&mut self.attrs, &mut self.dict.attribute_table, k, || pb::KeyValueAndUnit {
             key_strindex: key,
@@ -412,7 +412,7 @@ impl ProfilesBuilder {
         self.function_raw(f)
     }
 
-    pub fn function_raw(&mut self, f: pb::Function) -> i32 {
+    pub(crate) fn function_raw(&mut self, f: pb::Function) -> i32 {
         intern(&mut self.functions, &mut self.dict.function_table, function_key(&f), || f)
     }
 

@@ -5,7 +5,7 @@
 use super::{str_at, AnyValue, KeyValue, Profiles};
 
 /// One frame: mapping filename, address, (function, file, line) per line, location attributes.
-pub type CanonicalFrame = (String, u64, Vec<(String, String, i64)>, Vec<(String, String)>);
+pub(crate) type CanonicalFrame = (String, u64, Vec<(String, String, i64)>, Vec<(String, String)>);
 
 /// Everything that makes a sample what it is, with every index resolved.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

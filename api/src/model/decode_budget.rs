@@ -482,13 +482,14 @@ const GROWTH: usize = 3;
 /// `serde_json::Value` in its parent's vector and the struct it becomes in
 /// its own, both at their worst growth. Checked against a counting
 /// allocator in the receiver's tests.
-pub const JSON_BYTES_PER_CONTAINER: usize = GROWTH * (size_of::<serde_json::Value>() + LARGEST_ELEMENT);
+pub(crate) const JSON_BYTES_PER_CONTAINER: usize = GROWTH * (size_of::<serde_json::Value>() + LARGEST_ELEMENT);
 /// A string, number, `true`, `false` or `null` value (its bytes apart): its
 /// `Value` and the 8-byte scalar it becomes, at their worst growth.
-pub const JSON_BYTES_PER_SCALAR: usize = GROWTH * (size_of::<serde_json::Value>() + 8);
+pub(crate) const JSON_BYTES_PER_SCALAR: usize = GROWTH * (size_of::<serde_json::Value>() + 8);
 /// An object member (its key's bytes apart): its map entry (hash, key,
 /// value) and its slot in the map's index, at their worst growth.
-pub const JSON_BYTES_PER_MEMBER: usize = GROWTH * (8 + size_of::<String>() + size_of::<serde_json::Value>() + 16);
+pub(crate) const JSON_BYTES_PER_MEMBER: usize =
+    GROWTH * (8 + size_of::<String>() + size_of::<serde_json::Value>() + 16);
 
 /// Bytes an OTLP/JSON request will take at most while it is decoded (its
 /// parse tree and the structs built from it), counted in one pass over the

@@ -26,7 +26,7 @@ pub mod view;
 
 pub use builder::{hash_str, AttrValue, HashIndex, ProfileMeta, ProfileRef, ProfilesBuilder};
 pub use compact::Compacted;
-pub use packed::PackedSamples;
+use packed::PackedSamples;
 pub use profcol_model_rules::validate::{DroppedProfiles, InvalidProfiles};
 
 pub use opentelemetry_proto::tonic::collector::profiles::v1development::{

@@ -22,7 +22,7 @@ const SAMPLES: u32 = 2;
 
 /// One profile's samples as encoded `samples` fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PackedSamples {
+pub(crate) struct PackedSamples {
     bytes: Vec<u8>,
     count: usize,
     summary: Summary,

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use profcol_api::component::{
     factory as make_factory, Component, ComponentError, Extension, Factory, FactoryMeta, Kind, Stability,
 };
+use profcol_api::listeners;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -34,6 +35,9 @@ impl Default for HealthCheckConfig {
     }
 }
 
+/// Its listeners' owner in [`listeners`].
+const OWNER: &str = "health_check";
+
 struct HealthCheck {
     cfg: HealthCheckConfig,
     status: HostStatus,
@@ -46,7 +50,7 @@ struct HealthCheck {
 pub fn factory(status: HostStatus) -> Arc<dyn Factory> {
     make_factory::<HealthCheckConfig, _>(
         FactoryMeta {
-            type_name: "health_check",
+            type_name: OWNER,
             kind: Kind::Extension,
             stability: Stability::Beta,
             description: "HTTP health endpoint: 200 while every pipeline runs, 503 otherwise",
@@ -71,9 +75,25 @@ impl Extension for HealthCheck {
             Some(a) => a.to_string(),
             None => self.cfg.endpoint.clone(),
         };
-        let listener = tokio::net::TcpListener::bind(&endpoint).await.map_err(|e| {
-            ComponentError::io(format!("endpoint: cannot listen on {endpoint} (set endpoint to a free address)"), e)
-        })?;
+        // The socket of a running instance on that address, if any: a reload
+        // then stops nothing first and the port never closes.
+        let addrs: Vec<std::net::SocketAddr> =
+            tokio::net::lookup_host(&endpoint).await.map(Iterator::collect).unwrap_or_default();
+        let running = addrs.iter().filter(|a| a.port() != 0).find_map(|a| listeners::find(OWNER, *a));
+        let listener = match running {
+            Some(l) => l,
+            None => {
+                let l = tokio::net::TcpListener::bind(&endpoint).await.map_err(|e| {
+                    ComponentError::io(
+                        format!("endpoint: cannot listen on {endpoint} (set endpoint to a free address)"),
+                        e,
+                    )
+                })?;
+                let l = Arc::new(l);
+                listeners::register(OWNER, &l);
+                l
+            }
+        };
         if let Ok(a) = listener.local_addr() {
             *self.bound.lock().unwrap_or_else(|p| p.into_inner()) = Some(a);
             tracing::info!(address = %a, path = %self.cfg.path, "health_check listening");
@@ -95,7 +115,9 @@ impl Extension for HealthCheck {
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await;
+            let _ = axum::serve(listeners::Incoming::new(listener), app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await;
         });
         *self.running.lock().unwrap_or_else(|p| p.into_inner()) = Some((stop, task));
         Ok(())
@@ -110,10 +132,15 @@ impl Extension for HealthCheck {
         Ok(())
     }
 
-    /// Its TCP port: the one it bound, else the configured one (0: none).
+    /// Its TCP port: the one it bound, else the configured one (0: none),
+    /// unless a running instance listens there: that socket is shared
+    /// ([`listeners`]), so a reload that keeps the endpoint stops nothing first.
     fn exclusive_resources(&self) -> Vec<String> {
         let bound = self.bound.lock().unwrap_or_else(|p| p.into_inner()).map(|a| a.port());
-        let configured = self.cfg.endpoint.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+        let configured = Some(self.cfg.endpoint.as_str())
+            .filter(|e| !listeners::shared(OWNER, e))
+            .and_then(|e| e.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse::<u16>().ok());
         bound.or(configured).filter(|p| *p != 0).map(|p| vec![format!("tcp port {p}")]).unwrap_or_default()
     }
 }

@@ -211,7 +211,7 @@ impl Default for OtlpReceiverConfig {
 /// 4 × the default `max_recv_msg_size_mib`: real batches decode to 4–7×
 /// their wire size (docs/PERFORMANCE.md), so requests of real profiles up to
 /// ~20 MiB fit, while a 4 MB request of empty samples (~160 MB decoded) does not.
-pub const DEFAULT_MAX_DECODED_SIZE_MIB: f64 = 128.0;
+pub(crate) const DEFAULT_MAX_DECODED_SIZE_MIB: f64 = 128.0;
 
 /// Bytes of `m` MiB, saturating.
 pub(crate) fn mib(m: f64) -> usize {

@@ -187,7 +187,7 @@ pub(crate) fn serve(
     let svc = ProfilesService { ingest, max_size: super::config::mib(cfg.max_recv_msg_size_mib) };
     // Small answers must not wait for delayed ACKs, and a 1 MiB window lets
     // a typical batch through without flow-control round trips.
-    let incoming = tokio_stream::StreamExt::map(super::listeners::Incoming::new(listener), |s| {
+    let incoming = tokio_stream::StreamExt::map(profcol_api::listeners::Incoming::new(listener), |s| {
         s.inspect(|s| {
             let _ = s.set_nodelay(true);
         })

@@ -259,7 +259,7 @@ pub(crate) fn serve(
     let signal = cancel.cancelled_owned();
     match &cfg.tls {
         None => Ok(tokio::spawn(async move {
-            let incoming = super::listeners::Incoming::new(listener);
+            let incoming = profcol_api::listeners::Incoming::new(listener);
             if let Err(e) = axum::serve(incoming, app).with_graceful_shutdown(signal).await {
                 tracing::error!(receiver = %id, "HTTP server stopped: {e}");
             }

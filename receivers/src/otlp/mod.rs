@@ -28,7 +28,6 @@ mod body;
 mod config;
 mod grpc;
 mod http;
-mod listeners;
 #[cfg(feature = "test-support")]
 pub mod testing;
 mod tls;
@@ -36,10 +35,11 @@ mod tls;
 pub use config::{GrpcConfig, HttpConfig, OtlpReceiverConfig, Protocols, TlsServerConfig};
 
 use profcol_api::component::{
-    factory, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
+    factory_with_metrics, Component, ComponentError, ConsumeError, CreateSettings, Factory, FactoryMeta, Kind, Next,
 };
+use profcol_api::listeners;
 use profcol_api::model::{decode_budget, DecodeError, ExportProfilesPartialSuccess};
-use profcol_api::telemetry::{ComponentTelemetry, Counter};
+use profcol_api::telemetry::{ComponentTelemetry, Counter, MetricDef};
 use profcol_api::{Profiles, Receiver, Stability};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -60,14 +60,53 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// the `Retry-After: 1` of the 503.
 pub(crate) const MAX_SLOT_WAIT: Duration = Duration::from_secs(1);
 
+const INVALID_REQUESTS: MetricDef =
+    MetricDef::counter("invalid_requests_total", "1", "Requests refused as malformed or too large.");
+const PARTIAL_REQUESTS: MetricDef = MetricDef::counter(
+    "partial_requests_total",
+    "1",
+    "Requests accepted in part: invalid profiles dropped, the sender told with partial_success.",
+);
+const BACKPRESSURE_REFUSALS: MetricDef = MetricDef::counter(
+    "backpressure_refusals_total",
+    "1",
+    "Requests answered with retry-later because the pipeline pushed back \
+     (or max_concurrent_requests were in flight).",
+);
+const INFLIGHT_REFUSALS: MetricDef = MetricDef::counter(
+    "inflight_refusals_total",
+    "1",
+    "Requests answered with retry-later because max_concurrent_requests were in flight.",
+);
+const DECODE_BUDGET_REFUSALS: MetricDef = MetricDef::counter(
+    "decode_budget_refusals_total",
+    "1",
+    "Requests refused unread because they would decode past max_decoded_size_mib.",
+);
+const READ_TIMEOUTS: MetricDef = MetricDef::counter(
+    "read_timeouts_total",
+    "1",
+    "Requests whose body did not arrive within read_timeout / min_read_rate_kib (DEADLINE_EXCEEDED / 408).",
+);
+/// The receiver's own series.
+pub(crate) const METRICS: &[MetricDef] = &[
+    INVALID_REQUESTS,
+    PARTIAL_REQUESTS,
+    BACKPRESSURE_REFUSALS,
+    INFLIGHT_REFUSALS,
+    DECODE_BUDGET_REFUSALS,
+    READ_TIMEOUTS,
+];
+
 pub fn factory_otlp() -> Arc<dyn Factory> {
-    factory::<OtlpReceiverConfig, _>(
+    factory_with_metrics::<OtlpReceiverConfig, _>(
         FactoryMeta {
             type_name: "otlp",
             kind: Kind::Receiver,
             stability: Stability::Alpha,
             description: "OTLP profiles over gRPC (:4317) and HTTP (:4318, /v1development/profiles)",
         },
+        METRICS,
         |settings, cfg| Ok(Component::Receiver(Arc::new(OtlpReceiver::new(settings, cfg)?))),
     )
 }
@@ -365,7 +404,7 @@ pub(crate) async fn bind(
         ComponentError::msg(format!("receiver {id}: protocols.{proto}.endpoint {endpoint:?} resolves to no address"))
     })?;
     if addr.port() != 0 {
-        if let Some(l) = listeners::find(addr) {
+        if let Some(l) = listeners::find("otlp", addr) {
             return Ok(l);
         }
     }
@@ -380,7 +419,7 @@ pub(crate) async fn bind(
         ))
     })?;
     let l = Arc::new(l);
-    listeners::register(&l);
+    listeners::register("otlp", &l);
     Ok(l)
 }
 
@@ -406,34 +445,18 @@ impl Receiver for OtlpReceiver {
             next,
             backpressure_timeout: self.cfg.backpressure_timeout,
             telemetry: tel.clone(),
-            invalid: tel.counter("invalid_requests_total", "Requests refused as malformed or too large."),
-            partial_requests: tel.counter(
-                "partial_requests_total",
-                "Requests accepted in part: invalid profiles dropped, the sender told with partial_success.",
-            ),
-            busy: tel.counter(
-                "backpressure_refusals_total",
-                "Requests answered with retry-later because the pipeline pushed back \
-                 (or max_concurrent_requests were in flight).",
-            ),
+            invalid: tel.counter_of(&INVALID_REQUESTS),
+            partial_requests: tel.counter_of(&PARTIAL_REQUESTS),
+            busy: tel.counter_of(&BACKPRESSURE_REFUSALS),
             slots: Arc::new(tokio::sync::Semaphore::new(self.cfg.max_concurrent_requests)),
             max_concurrent: self.cfg.max_concurrent_requests,
             slot_wait,
-            inflight_refused: tel.counter(
-                "inflight_refusals_total",
-                "Requests answered with retry-later because max_concurrent_requests were in flight.",
-            ),
+            inflight_refused: tel.counter_of(&INFLIGHT_REFUSALS),
             max_decoded: config::mib(self.cfg.max_decoded_size_mib),
-            over_budget: tel.counter(
-                "decode_budget_refusals_total",
-                "Requests refused unread because they would decode past max_decoded_size_mib.",
-            ),
+            over_budget: tel.counter_of(&DECODE_BUDGET_REFUSALS),
             read_timeout: self.cfg.read_timeout,
             min_read_rate: self.cfg.min_read_rate_kib * 1024.0,
-            read_timeouts: tel.counter(
-                "read_timeouts_total",
-                "Requests whose body did not arrive within read_timeout / min_read_rate_kib (DEADLINE_EXCEEDED / 408).",
-            ),
+            read_timeouts: tel.counter_of(&READ_TIMEOUTS),
             read_budget: body::ReadBudget::new(read_budget_bytes, slot_wait),
             read_budget_bytes,
         });
@@ -488,7 +511,7 @@ impl Receiver for OtlpReceiver {
     fn exclusive_resources(&self) -> Vec<String> {
         let (grpc, http) = *self.addrs.lock().unwrap_or_else(|p| p.into_inner());
         let configured = |e: Option<&str>| {
-            e.filter(|e| !listeners::shared(e))
+            e.filter(|e| !listeners::shared("otlp", e))
                 .and_then(|e| e.rsplit_once(':'))
                 .and_then(|(_, p)| p.parse::<u16>().ok())
                 .filter(|p| *p != 0)
@@ -603,18 +626,18 @@ mod tests {
             next: Next::new(vec![], tel.clone()),
             backpressure_timeout: bp,
             telemetry: tel.clone(),
-            invalid: tel.counter("invalid_requests_total", ""),
-            partial_requests: tel.counter("partial_requests_total", ""),
-            busy: tel.counter("backpressure_refusals_total", ""),
+            invalid: tel.counter_of(&INVALID_REQUESTS),
+            partial_requests: tel.counter_of(&PARTIAL_REQUESTS),
+            busy: tel.counter_of(&BACKPRESSURE_REFUSALS),
             slots: Arc::new(tokio::sync::Semaphore::new(1)),
             max_concurrent: 1,
             slot_wait: bp.min(MAX_SLOT_WAIT),
-            inflight_refused: tel.counter("inflight_refusals_total", ""),
+            inflight_refused: tel.counter_of(&INFLIGHT_REFUSALS),
             max_decoded: usize::MAX,
-            over_budget: tel.counter("decode_budget_refusals_total", ""),
+            over_budget: tel.counter_of(&DECODE_BUDGET_REFUSALS),
             read_timeout: Duration::from_secs(5),
             min_read_rate: 65536.0,
-            read_timeouts: tel.counter("read_timeouts_total", ""),
+            read_timeouts: tel.counter_of(&READ_TIMEOUTS),
             read_budget: body::ReadBudget::new(1 << 20, bp.min(MAX_SLOT_WAIT)),
             read_budget_bytes: 1 << 20,
         };
@@ -634,7 +657,7 @@ mod tests {
         i.admit().await.unwrap_err();
         let waited = t.elapsed();
         assert!(waited >= MAX_SLOT_WAIT && waited < MAX_SLOT_WAIT * 3, "{waited:?}");
-        assert_eq!(tel.counter("inflight_refusals_total", "").get(), 2);
-        assert_eq!(tel.counter("backpressure_refusals_total", "").get(), 2);
+        assert_eq!(tel.counter_of(&INFLIGHT_REFUSALS).get(), 2);
+        assert_eq!(tel.counter_of(&BACKPRESSURE_REFUSALS).get(), 2);
     }
 }

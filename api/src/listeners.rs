@@ -1,9 +1,11 @@
-//! The listening sockets of this process's otlp receivers, shared by
-//! address. An instance that starts where a running one listens (a reload
-//! that changes the receiver but keeps an endpoint) takes the same socket
-//! instead of binding again, so nothing stops first: the port never closes,
-//! whether the reload goes through or fails. Envoy and nginx hand listening
-//! sockets over across a reload the same way.
+//! The listening sockets of this process's servers (the otlp receiver,
+//! health_check), shared by owner and address. An instance that starts where
+//! a running one of the same owner listens (a reload that changes the
+//! component but keeps an endpoint) takes the same socket instead of binding
+//! again, so nothing stops first: the port never closes, whether the reload
+//! goes through or fails. Envoy and nginx hand listening sockets over across
+//! a reload the same way. Another owner on that address finds nothing and
+//! fails to bind, as before.
 
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -12,48 +14,49 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Every live listener of an otlp receiver; a socket closes when the last
-/// instance serving it is gone.
-static LISTENERS: Mutex<Vec<Weak<TcpListener>>> = Mutex::new(Vec::new());
+/// Every live shared listener, with its owner (a component type); a socket
+/// closes when the last instance serving it is gone.
+static LISTENERS: Mutex<Vec<(&'static str, Weak<TcpListener>)>> = Mutex::new(Vec::new());
 
-/// The live listener on `addr`, if an instance serves one.
-pub(crate) fn find(addr: SocketAddr) -> Option<Arc<TcpListener>> {
+/// The live listener of `owner` on `addr`, if an instance serves one.
+pub fn find(owner: &str, addr: SocketAddr) -> Option<Arc<TcpListener>> {
     let mut all = LISTENERS.lock().unwrap_or_else(|p| p.into_inner());
-    all.retain(|w| w.strong_count() > 0);
-    all.iter().filter_map(Weak::upgrade).find(|l| l.local_addr().is_ok_and(|a| a == addr))
+    all.retain(|(_, w)| w.strong_count() > 0);
+    all.iter()
+        .filter(|(o, _)| *o == owner)
+        .filter_map(|(_, w)| w.upgrade())
+        .find(|l| l.local_addr().is_ok_and(|a| a == addr))
 }
 
-/// Makes `l` findable by the instances that start after.
-pub(crate) fn register(l: &Arc<TcpListener>) {
+/// Makes `l` findable by the instances of `owner` that start after.
+pub fn register(owner: &'static str, l: &Arc<TcpListener>) {
     let mut all = LISTENERS.lock().unwrap_or_else(|p| p.into_inner());
-    all.retain(|w| w.strong_count() > 0);
-    all.push(Arc::downgrade(l));
+    all.retain(|(_, w)| w.strong_count() > 0);
+    all.push((owner, Arc::downgrade(l)));
 }
 
 /// Whether `endpoint` (host:port, not port 0) names the address of a live
-/// listener: resolved as `bind` does (IPv4 first), without waiting on DNS
-/// for an IP literal.
-pub(crate) fn shared(endpoint: &str) -> bool {
+/// listener of `owner` (any address it resolves to), without waiting on
+/// DNS for an IP literal.
+pub fn shared(owner: &str, endpoint: &str) -> bool {
     if endpoint.ends_with(":0") {
         return false;
     }
     let Ok(addrs) = endpoint.to_socket_addrs() else { return false };
-    let addrs: Vec<SocketAddr> = addrs.collect();
-    let addr = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied();
-    addr.is_some_and(|a| find(a).is_some())
+    addrs.into_iter().any(|a| find(owner, a).is_some())
 }
 
 type Accepting = Pin<Box<dyn Future<Output = std::io::Result<(TcpStream, SocketAddr)>> + Send>>;
 
 /// One server's accept loop on a shared listener. `accept` (unlike
 /// `poll_accept`) lets several servers wait on the socket at once.
-pub(crate) struct Incoming {
+pub struct Incoming {
     l: Arc<TcpListener>,
     next: Accepting,
 }
 
 impl Incoming {
-    pub(crate) fn new(l: Arc<TcpListener>) -> Self {
+    pub fn new(l: Arc<TcpListener>) -> Self {
         let next = Self::accept(&l);
         Incoming { l, next }
     }
@@ -63,11 +66,11 @@ impl Incoming {
         Box::pin(async move { l.accept().await })
     }
 
-    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.l.local_addr()
     }
 
-    pub(crate) fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<(TcpStream, SocketAddr)>> {
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<(TcpStream, SocketAddr)>> {
         let r = std::task::ready!(self.next.as_mut().poll(cx));
         self.next = Self::accept(&self.l);
         Poll::Ready(r)
