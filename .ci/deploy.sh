@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI for deploy/ (issue 21), called by .ci/test like every part:
+# CI for deploy/, called by .ci/test like every part:
 #   - installs podman (Debian; builds FROM-scratch images without running a
 #     container), musl-tools and the x86_64-unknown-linux-musl rustup target
 #     (the static binary), and kubernetes-validate (PyPI, with the

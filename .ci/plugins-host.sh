@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI part for the plugin host (#10): the wasm32-wasip2 target and the
+# CI part for the plugin host: the wasm32-wasip2 target and the
 # misbehaving test plugins of plugins/testdata (their own workspace), which
 # the tests of profcol-plugins and collector/tests/wasm_plugins.rs load.
 # Idempotent and quiet unless something fails.

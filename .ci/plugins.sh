@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI part for the WASM plugins (#10), run by .ci/test before the workspace's
+# CI part for the WASM plugins, run by .ci/test before the workspace's
 # tests (which load examples/plugins/out/*.wasm):
 #   - the rustup target wasm32-wasip2, componentize-py (PyPI, builds the
 #     Python example) and opentelemetry-proto (its native tests), installed

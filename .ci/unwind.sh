@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI needs for user-stack unwinding (#19; called by .ci/test):
+# CI needs for user-stack unwinding (called by .ci/test):
 #   - linux-perf: receivers/tests/ebpf_unwind.rs compares profcol's stacks of
 #     sha256sum and python3 with `perf record --call-graph dwarf`;
 #   - python3 (Debian's /usr/bin/python3) and coreutils (sha256sum, dd): the

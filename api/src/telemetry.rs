@@ -69,7 +69,7 @@ pub enum Level {
 /// hundreds of components to reach it. Why set it: the SDK sizes each
 /// instrument's table for its limit up front, and its default (2,000)
 /// made every instrument a 132 KiB table, 0.3–0.7 MiB resident over a
-/// node agent's instruments (docs/PERFORMANCE.md, #18).
+/// node agent's instruments (docs/PERFORMANCE.md).
 pub(crate) const SERIES_PER_FAMILY: usize = 256;
 
 /// Bucket bounds (seconds) of duration histograms at [`Level::Detailed`];

@@ -17,7 +17,7 @@
 //! rounds that measure the floor and the gateway one after the other.
 //!
 //! With the argument `telemetry` it measures the self-telemetry's cost
-//! instead (issue 13): `metrics.level: none` (telemetry off), `detailed`, and
+//! instead: `metrics.level: none` (telemetry off), `detailed`, and
 //! `normal` with an OTLP periodic reader (every 200 ms) whose endpoint is down
 //! for the whole run, in interleaved rounds (`GATEWAY_TELEMETRY_ROUNDS`,
 //! default 7), each a fresh gateway warmed up then timed over 400 requests;
@@ -73,7 +73,7 @@ struct Setup {
     telemetry: SelfTelemetry,
 }
 
-/// The `service.telemetry.metrics` lines of the default gateway (as before issue 13).
+/// The `service.telemetry.metrics` lines of the default gateway (with no telemetry settings).
 const METRICS_DEFAULT: &str = "      address: \"\"\n";
 
 async fn setup(compression: Compression, storage: Option<&std::path::Path>, telemetry: &str) -> Setup {

@@ -5,7 +5,7 @@
 //! the receiver, named by kernel_symbols, converted to pprof and encoded
 //! (the gzip that follows keeps its state between reports and writes a
 //! third of the encoded bytes). A node agent's resident memory
-//! peaks while it makes a report (docs/PERFORMANCE.md, #18): what a stage
+//! peaks while it makes a report (docs/PERFORMANCE.md): what a stage
 //! holds on top of the batch is what it adds to that peak.
 //!
 //!     sudo cargo bench -p profcol --bench report_heap     # root: kallsyms addresses

@@ -96,7 +96,7 @@ const CASES: &[Case] = &[
     case("service:\n  shutdown_timeout: 0s\n", "service::shutdown_timeout", "shutdown_timeout:", "must be greater than 0"),
     case("service:\n  runtime:\n    worker_threads: 0\n", "service::runtime::worker_threads", "worker_threads:", "use 1 to 1024"),
     case("service:\n  runtime:\n    malloc_arenas: 0\n", "service::runtime::malloc_arenas", "malloc_arenas:", "use 1 to 1024"),
-    // service.telemetry (issue 13)
+    // service.telemetry
     case("service:\n  telemetry:\n    metrics:\n      readers:\n        - periodic:\n            exporter:\n              otlp:\n                endpoint: localhost:4317\n", "service::telemetry::metrics::readers::0::periodic::exporter::otlp::endpoint", "endpoint:", "write http://host:port or https://host:port"),
     case("service:\n  telemetry:\n    metrics:\n      readers:\n        - periodic:\n            interval: 10ms\n            exporter:\n              otlp:\n                endpoint: http://localhost:4317\n", "service::telemetry::metrics::readers::0::periodic::interval", "interval:", "at least 100ms"),
     case("service:\n  telemetry:\n    metrics:\n      readers:\n        - pull:\n            exporter:\n              prometheus:\n                port: 8888\n", "service::telemetry::metrics::readers::0::pull::exporter::prometheus::port", "port:", "is metrics.address already"),

@@ -54,7 +54,7 @@ const volatile __u32 cfg_filter_pids = 0;
 /* profcol's own tgid: its calls of probed functions are not counted (and
  * cannot feed back into more events). */
 const volatile __u32 cfg_self_tgid = 0;
-/* Counting in the kernel (#18): nonzero to count on-CPU samples per stack
+/* Counting in the kernel: nonzero to count on-CPU samples per stack
  * in `counts` and write one record per stack while its key stays. */
 const volatile __u32 cfg_count_in_kernel = 0;
 /* The kernel's own text [start, end) (_stext.._etext): its names never

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
- * User-stack unwinding with unwind tables built from .eh_frame (#19),
+ * User-stack unwinding with unwind tables built from .eh_frame,
  * included by cpu_sample.bpf.c. Its maps and programs are this file's own.
  *
  * The receiver loads, per ELF file (shared by build id), a compact table

@@ -1,4 +1,4 @@
-// Test workload for mixed Go/C stacks (#19): a Go program (frame pointers)
+// Test workload for mixed Go/C stacks: a Go program (frame pointers)
 // that spins alternately in a pure-Go chain (goLeaf <- goMid <- goTop <-
 // main.main) and, through cgo, in C (cgo_c_leaf <- cgo_c_mid <- cgo_c_top,
 // in libcgo_deep_lib.so built without frame pointers) called from

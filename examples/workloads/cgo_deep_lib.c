@@ -1,4 +1,4 @@
-// The C half of cgo_deep.go (#19 mixed Go/C stacks): a library built
+// The C half of cgo_deep.go (mixed Go/C stacks): a library built
 // `-O2 -fomit-frame-pointer -shared -fPIC` (walked with its .eh_frame
 // table) that spins in cgo_c_leaf <- cgo_c_mid <- cgo_c_top, called from
 // Go through cgo.

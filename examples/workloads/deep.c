@@ -1,4 +1,4 @@
-// Test workload for user-stack unwinding (#19): spins in deep_leaf, three
+// Test workload for user-stack unwinding: spins in deep_leaf, three
 // calls below main (deep_leaf <- deep_mid <- deep_top <- main). The tests
 // build it with -O2 -fomit-frame-pointer (static and dynamic) and with
 // frame pointers, and expect whole stacks either way.

@@ -1,4 +1,4 @@
-// Test workload for user-stack unwinding (#19), in Rust: spins in
+// Test workload for user-stack unwinding, in Rust: spins in
 // deep_rust_leaf <- deep_rust_mid <- deep_rust_top <- main. The test builds
 // it as a release binary (opt-level 2, no frame pointers: rustc's default
 // on x86-64) and expects whole stacks down to libc's start routine.

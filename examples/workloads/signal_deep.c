@@ -1,4 +1,4 @@
-// Test workload for unwinding through signal frames (#19): most of its CPU
+// Test workload for unwinding through signal frames: most of its CPU
 // time is spent inside a SIGPROF handler (sig_leaf <- sig_handler <-
 // libc's __restore_rt <- the interrupted code), the interrupted code
 // being the chain work_leaf <- work_mid <- work_top <- main. The tests

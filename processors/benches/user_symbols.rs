@@ -1,5 +1,5 @@
 //! user_symbols against blazesym, side by side in one run, on the same
-//! binary and the same addresses (issue 14):
+//! binary and the same addresses:
 //!
 //! - warm batch: 10,000 file offsets (2,000 distinct, as a profile repeats
 //!   its hot frames) named with DWARF lines, inlined frames and demangling,

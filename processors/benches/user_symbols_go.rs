@@ -1,5 +1,5 @@
 //! Go's pclntab (hand-written in profcol-elf) against blazesym, side by
-//! side in one run (issue 14: where profcol hand-writes a part, a
+//! side in one run (where profcol hand-writes a part, a
 //! benchmark against the library). blazesym cannot read `.gopclntab`, so
 //! its input is the same program built with `.symtab` kept (`-ldflags=-w`:
 //! names, no DWARF) while profcol names the stripped build (`-s -w`): same

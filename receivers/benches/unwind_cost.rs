@@ -1,4 +1,4 @@
-//! What user-stack unwinding with `.eh_frame` tables costs (#19), side by
+//! What user-stack unwinding with `.eh_frame` tables costs, side by
 //! side in one run (root: BPF):
 //!
 //!     cargo bench -p profcol-receivers --bench unwind_cost
@@ -16,9 +16,9 @@
 //!    spinning 6 frames deep: `unwind.mode: frame_pointers` on a build with
 //!    frame pointers (the baseline) against `auto` (tables) on the same
 //!    build and on an `-fomit-frame-pointer` build, each sample a record
-//!    of its own (`count_in_kernel: false`, the program before #18); then
+//!    of its own (`count_in_kernel: false`, the program before counting in the kernel); then
 //!    the same three counting samples per stack in the kernel (the
-//!    default, #18); the settings interleaved over 3 rounds, medians
+//!    default); the settings interleaved over 3 rounds, medians
 //!    reported. Every sample of a run is in its figure (the workload
 //!    spins only once the receiver is started).
 

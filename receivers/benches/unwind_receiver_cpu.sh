@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Steady-state CPU of the ebpf receiver with `unwind.mode: auto` (tables)
 # against `unwind.mode: frame_pointers`, both running at the same time over
-# the same load (#19; goal: auto ≤ 1.3× frame_pointers).
+# the same load (goal: auto ≤ 1.3× frame_pointers).
 #
 #   sudo receivers/benches/unwind_receiver_cpu.sh            # 3 runs of 45 s
 #   RUNS=1 sudo receivers/benches/unwind_receiver_cpu.sh     # one run

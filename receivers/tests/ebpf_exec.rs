@@ -1,4 +1,4 @@
-//! exec noticed (#17): a bash that burns CPU and then execs python3, which
+//! exec noticed: a bash that burns CPU and then execs python3, which
 //! burns CPU too. Samples taken after the exec must carry the new
 //! executable (the receiver's exec tracepoint makes it read /proc again),
 //! samples before it the old one. Needs root.

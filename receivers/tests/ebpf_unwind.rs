@@ -1,4 +1,4 @@
-//! User stacks unwound with `.eh_frame` tables (#19), end to end: the real
+//! User stacks unwound with `.eh_frame` tables, end to end: the real
 //! receiver and BPF program on programs compiled here without frame
 //! pointers. Needs root (or CAP_BPF + CAP_PERFMON); fails under CI=true
 //! without them, skips with a message otherwise.

@@ -206,7 +206,7 @@ async fn exact_call_count_with_the_function_as_leaf() {
     let pid = t.pid;
     // Stay alive until the receiver drained these samples: a process gone
     // before its samples are read keeps the mappings of its exec'ing shell
-    // (the pinning registry of #14 removes that limit).
+    // (the pinning registry removes that limit).
     tokio::time::sleep(Duration::from_millis(800)).await;
     t.finish();
     // Run again after the detach: attached again (parsed again), counted.

@@ -297,7 +297,7 @@ impl PprofExporter {
 /// of the node agent's reports. Level 1: on the node agent's reports (20
 /// profiles of ~25 KB) zlib's level 6 took 2.5× the time of level 1 for 3%
 /// fewer bytes, and gzip was the largest part of the pipeline's own CPU
-/// (docs/PERFORMANCE.md, #18).
+/// (docs/PERFORMANCE.md).
 fn gzip(deflate: &mut flate2::Compress, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
     // Magic, deflate, no flags, no mtime, "fastest" (XFL 4), unknown OS.
     const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 255];

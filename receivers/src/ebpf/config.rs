@@ -165,7 +165,7 @@ pub const AUTO_RING_MIN: u32 = 256 << 10;
 pub const AUTO_RING_MAX: u32 = 64 << 20;
 /// The floor with `count_in_kernel`: a whole `.ci/run` (19 minutes of both
 /// CPUs compiling, thousands of new processes) at 99 Hz lost no record
-/// with a 128 KiB ring (docs/PERFORMANCE.md, #18).
+/// with a 128 KiB ring (docs/PERFORMANCE.md).
 pub const AUTO_COUNTED_RING_MIN: u32 = 128 << 10;
 
 /// The exec/exit event ring: 16 KiB (~340 events) per online CPU, 64 KiB

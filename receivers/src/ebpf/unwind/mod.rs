@@ -262,7 +262,7 @@ impl Unwinder {
     /// are walked by frame pointers. A node agent samples itself from its
     /// first second; the table of its own ~30 MB of code took ~150 ms of
     /// CPU and ~16 MiB of transient heap at every start, and 3 MB of the
-    /// table budget for as long as it runs (docs/PERFORMANCE.md, #18).
+    /// table budget for as long as it runs (docs/PERFORMANCE.md).
     pub fn no_table_for(&mut self, exe: OwnExe) {
         self.own_exe = Some(exe);
     }
