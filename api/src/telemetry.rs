@@ -115,7 +115,7 @@ impl MetricDef {
     }
 
     /// The full series name for a component of `kind`.
-    pub(crate) fn full_name(&self, kind: Kind) -> String {
+    pub fn full_name(&self, kind: Kind) -> String {
         format!("profcol_{}_{}", kind.as_str(), self.name)
     }
 }
