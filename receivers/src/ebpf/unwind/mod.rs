@@ -19,6 +19,7 @@
 pub mod kernel;
 pub mod store;
 
+use super::metrics as m;
 use crate::ebpf::process::{Mapping, MappingSet};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_ebpf::unwind::{FileSegment, KernelFile, Want, FILES_CAPACITY, NO_TABLE, PENDING};
@@ -68,35 +69,13 @@ pub struct UnwindCounters {
 impl UnwindCounters {
     pub fn new(t: &ComponentTelemetry) -> Self {
         UnwindCounters {
-            stack_end: UnwindEnd::ALL
-                .iter()
-                .map(|e| {
-                    t.counter_labeled(
-                        "ebpf_unwind_stack_end_total",
-                        "User stacks by how they ended (outermost frame, no table, unsupported rule, depth limit, \
-                         read error); frame-pointer-only stacks (mode frame_pointers) are not counted",
-                        ("reason", e.name()),
-                    )
-                })
-                .collect(),
-            table_builds: t
-                .counter("ebpf_unwind_table_builds_total", "Unwind tables built from .eh_frame/.debug_frame"),
-            table_build_failures: t.counter(
-                "ebpf_unwind_table_build_failures_total",
-                "Files whose unwind table could not be built or loaded (no CFI, not x86-64, over max_table_bytes, \
-                 map update failed); their code is walked by frame pointers in mode auto",
-            ),
-            table_build_micros: t
-                .counter("ebpf_unwind_table_build_microseconds_total", "Time spent building and loading unwind tables"),
-            table_evictions: t.counter(
-                "ebpf_unwind_table_evictions_total",
-                "Unwind tables evicted to stay within unwind.max_table_bytes (least recently used first)",
-            ),
-            tables_loaded: t.gauge("ebpf_unwind_tables_loaded", "Unwind tables loaded into the kernel"),
-            table_bytes: t.gauge(
-                "ebpf_unwind_table_bytes",
-                "Bytes of unwind tables loaded into the kernel (rows and page entries; at most max_table_bytes)",
-            ),
+            stack_end: UnwindEnd::ALL.iter().map(|e| t.counter_by(&m::UNWIND_STACK_END, e.name())).collect(),
+            table_builds: t.counter_of(&m::UNWIND_TABLE_BUILDS),
+            table_build_failures: t.counter_of(&m::UNWIND_TABLE_BUILD_FAILURES),
+            table_build_micros: t.counter_of(&m::UNWIND_TABLE_BUILD_MICROS),
+            table_evictions: t.counter_of(&m::UNWIND_TABLE_EVICTIONS),
+            tables_loaded: t.gauge_of(&m::UNWIND_TABLES_LOADED),
+            table_bytes: t.gauge_of(&m::UNWIND_TABLE_BYTES),
         }
     }
 

@@ -47,6 +47,7 @@ pub mod cache;
 pub mod matcher;
 
 use super::config::{NegativeCacheConfig, UprobeSpec};
+use super::metrics as m;
 use crate::ebpf::process::exec_maps::{ExecMapping, ExecMaps, ExecMapsReader};
 use crate::ebpf::process::mmap_events::{FileMap, MappingBatch};
 use crate::ebpf::process::procfs::{self, ProcPath};
@@ -152,40 +153,18 @@ pub struct UprobeCounters {
 
 impl UprobeCounters {
     pub fn new(t: &ComponentTelemetry) -> Self {
-        let failure = |r: FailureReason| {
-            t.counter_labeled(
-                "ebpf_uprobe_attach_failures_total",
-                "Uprobe attaches that failed, by reason (permission, unsupported, invalid, other)",
-                ("reason", r.as_str()),
-            )
-        };
         UprobeCounters {
-            binaries_parsed: t.counter(
-                "ebpf_uprobe_binaries_parsed_total",
-                "Executables and libraries opened and parsed for the configured symbols (cache misses)",
-            ),
-            positive_hits: t.counter(
-                "ebpf_uprobe_positive_hits_total",
-                "Lookups that found the binary attached already (its refcount was raised)",
-            ),
-            negative_hits: t.counter(
-                "ebpf_uprobe_negative_hits_total",
-                "Lookups that found a valid 'nothing to attach' verdict (no parse)",
-            ),
-            negative_entries: t.gauge("ebpf_uprobe_negative_entries", "Verdicts in the negative cache"),
-            sweeps: t.counter("ebpf_uprobe_sweeps_total", "Sweeps of expired negative verdicts (at most one per ttl)"),
-            attachments: t.gauge("ebpf_uprobe_attachments", "Binaries with live uprobes (one entry per file)"),
-            holders: t.gauge(
-                "ebpf_uprobe_holders",
-                "References held on attached binaries by live processes (sum of refcounts)",
-            ),
-            probe_hits: t.counter("ebpf_uprobe_probe_hits_total", "Calls of probed functions seen by the BPF program"),
-            attach_failures: FailureReason::ALL.map(failure),
-            processes: t.gauge("ebpf_uprobe_processes", "Processes followed for uprobes"),
-            mapping_records_lost: t.counter(
-                "ebpf_uprobe_mapping_records_lost_total",
-                "Kernel exec and mapping records lost to a full ring (those execs were looked at through /proc)",
-            ),
+            binaries_parsed: t.counter_of(&m::UPROBE_BINARIES_PARSED),
+            positive_hits: t.counter_of(&m::UPROBE_POSITIVE_HITS),
+            negative_hits: t.counter_of(&m::UPROBE_NEGATIVE_HITS),
+            negative_entries: t.gauge_of(&m::UPROBE_NEGATIVE_ENTRIES),
+            sweeps: t.counter_of(&m::UPROBE_SWEEPS),
+            attachments: t.gauge_of(&m::UPROBE_ATTACHMENTS),
+            holders: t.gauge_of(&m::UPROBE_HOLDERS),
+            probe_hits: t.counter_of(&m::UPROBE_PROBE_HITS),
+            attach_failures: FailureReason::ALL.map(|r| t.counter_by(&m::UPROBE_ATTACH_FAILURES, r.as_str())),
+            processes: t.gauge_of(&m::UPROBE_PROCESSES),
+            mapping_records_lost: t.counter_of(&m::UPROBE_MAPPING_RECORDS_LOST),
         }
     }
 }
