@@ -46,7 +46,7 @@ use schemars::{Schema, SchemaGenerator};
 use std::sync::{Arc, Mutex};
 
 /// The receiver's type name in configs.
-pub const TYPE_NAME: &str = "ebpf";
+pub(crate) const TYPE_NAME: &str = "ebpf";
 
 /// Factory for `receivers: ebpf:`.
 pub fn factory() -> Arc<dyn Factory> {

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 /// waits, and a file the unwinder has no table for wakes the reader at its
 /// second sample (every 20 ms per CPU at most), so its table does not wait
 /// for this.
-pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const DRAIN_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often the ring is drained when nothing forces a wakeup. Counting in
 /// the kernel with the unwinder on, the ring holds only the first sample
@@ -66,7 +66,7 @@ fn drain_period(config: &EbpfConfig) -> Duration {
 }
 /// The longest period of exec/exit event reads while events keep coming
 /// (probes configured).
-pub const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
+pub(crate) const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
 /// How often exec/exit events are read, at most, when probes are
 /// configured. The BPF programs wake the reader only for an event into an
 /// empty ring: an idle host costs no wake-up, the first exec after a quiet
@@ -83,11 +83,11 @@ pub const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
 /// binaries costs at most four wake-ups a second), and drops back to
 /// this after a read that parsed one (a new binary: its processes' next
 /// mappings, the libraries, are wanted soon).
-pub const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
+pub(crate) const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
 /// How often the online CPUs are re-read (on the loop's existing wake-ups).
-pub const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// Processes remembered at most.
-pub const MAX_PROCESSES: usize = 4096;
+pub(crate) const MAX_PROCESSES: usize = 4096;
 
 /// Self-telemetry of the receiver (`profcol_receiver_ebpf_*`).
 #[derive(Clone)]
@@ -167,7 +167,7 @@ impl Counters {
 }
 
 /// A running sampler: its thread and the task that sends its batches.
-pub struct SamplerHandle {
+pub(crate) struct SamplerHandle {
     stop: Arc<AtomicBool>,
     wake: Arc<OwnedFd>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -246,7 +246,7 @@ impl Drop for SamplerHandle {
 }
 
 /// Milliseconds since this process started (10 ms resolution).
-pub fn ms_since_process_start() -> Option<u64> {
+pub(crate) fn ms_since_process_start() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let ticks = procfs::stat_start_time(&stat)?;
     // SAFETY: sysconf has no preconditions.
@@ -578,7 +578,7 @@ fn record_cpu_sync(counters: &Counters, loaded: &Loaded, sync: &CpuSync) {
 }
 
 /// `0-3,6` style list of ascending CPU numbers (`-` when empty).
-pub fn cpu_list(cpus: &[u32]) -> String {
+pub(crate) fn cpu_list(cpus: &[u32]) -> String {
     let mut out = String::new();
     let mut i = 0;
     while i < cpus.len() {

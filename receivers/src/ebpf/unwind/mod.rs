@@ -43,7 +43,7 @@ const MAX_FILES: usize = 4096;
 const WANT_TTL_NS: u64 = 10_000_000_000;
 
 /// The kernel's per-file maps, besides the tables.
-pub trait FileSink: Sink {
+pub(crate) trait FileSink: Sink {
     /// `file`'s entry of `unwind_files`: its table ([`NO_TABLE`]: none)
     /// and executable segments.
     fn set_file(&mut self, file: KernelFile, table: u32, segs: &[FileSegment]) -> Result<(), String>;
@@ -55,7 +55,7 @@ pub trait FileSink: Sink {
 
 /// Self-telemetry of unwinding (`profcol_receiver_ebpf_unwind_*`).
 #[derive(Clone)]
-pub struct UnwindCounters {
+pub(crate) struct UnwindCounters {
     /// Per reason (indexed by `UnwindEnd as usize`), `unknown` unused.
     pub stack_end: Vec<Counter>,
     pub table_builds: Counter,
@@ -80,12 +80,12 @@ impl UnwindCounters {
     }
 
     /// Counts one sample's stack end.
-    pub fn count_end(&self, end: UnwindEnd) {
+    pub(crate) fn count_end(&self, end: UnwindEnd) {
         self.count_ends(end, 1);
     }
 
     /// Counts `n` samples' stack end (samples counted in the kernel).
-    pub fn count_ends(&self, end: UnwindEnd, n: u64) {
+    pub(crate) fn count_ends(&self, end: UnwindEnd, n: u64) {
         if end != UnwindEnd::Unknown {
             if let Some(c) = self.stack_end.get(end as usize) {
                 c.add(n);
@@ -148,7 +148,7 @@ struct Backoff {
 /// (`profcol-unwind`), so a large binary never holds up the sampling loop;
 /// the loop loads finished tables ([`Unwinder::poll`]) and writes the
 /// entries of the files that wait for them.
-pub struct Unwinder {
+pub(crate) struct Unwinder {
     store: TableStore,
     files: FxHashMap<TableKey, FileState>,
     counters: UnwindCounters,
@@ -178,7 +178,7 @@ pub struct Unwinder {
 /// build id (lower-case hex), which also finds it where a container's
 /// overlay shows another device and inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OwnExe {
+pub(crate) struct OwnExe {
     pub file: KernelFile,
     pub build_id: Option<Arc<str>>,
 }
@@ -242,16 +242,17 @@ impl Unwinder {
     /// first second; the table of its own ~30 MB of code took ~150 ms of
     /// CPU and ~16 MiB of transient heap at every start, and 3 MB of the
     /// table budget for as long as it runs (docs/PERFORMANCE.md, #18).
-    pub fn no_table_for(&mut self, exe: OwnExe) {
+    pub(crate) fn no_table_for(&mut self, exe: OwnExe) {
         self.own_exe = Some(exe);
     }
 
-    pub fn counters(&self) -> &UnwindCounters {
+    #[cfg(test)]
+    pub(crate) fn counters(&self) -> &UnwindCounters {
         &self.counters
     }
 
     /// The eventfd the worker signals after each build (for poll(2)).
-    pub fn built_fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn built_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         self.built_fd.as_raw_fd()
     }
@@ -311,7 +312,7 @@ impl Unwinder {
     /// gets its entry, or its table built first. `mappings_of` gives a
     /// process's mappings (the process table, which the kernel's records
     /// keep for processes that exited a moment ago).
-    pub fn read_wanted(
+    pub(crate) fn read_wanted(
         &mut self,
         sink: &mut dyn FileSink,
         mut mappings_of: impl FnMut(u32) -> Option<Arc<MappingSet>>,
@@ -370,7 +371,12 @@ impl Unwinder {
     /// in it stay; tables no such process mapped for `store::UNUSED_GRACE`
     /// are dropped with their files' entries; "no table for now" entries
     /// whose backoff is over are removed (the file may be asked for again).
-    pub fn sweep(&mut self, sink: &mut dyn FileSink, sampled: impl FnOnce(&mut dyn FnMut(&Mapping)), now: Instant) {
+    pub(crate) fn sweep(
+        &mut self,
+        sink: &mut dyn FileSink,
+        sampled: impl FnOnce(&mut dyn FnMut(&Mapping)),
+        now: Instant,
+    ) {
         let store = &mut self.store;
         sampled(&mut |m: &Mapping| {
             if let Some(k) = m.build_id.as_ref().or(m.file_id.as_ref()) {
