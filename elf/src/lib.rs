@@ -35,11 +35,11 @@
 //! a debug file truncated in place under a loaded table is that risk.
 //! Installers replace files by rename, which leaves the mapping intact.
 
-pub mod dwarf;
-pub mod gopclntab;
-pub mod minidebuginfo;
+mod dwarf;
+mod gopclntab;
+mod minidebuginfo;
 pub mod notes;
-pub mod symbols;
+mod symbols;
 pub mod unwind;
 
 pub use dwarf::{DwarfLines, SourceFrame};

@@ -29,7 +29,7 @@ pub(crate) mod metrics;
 pub mod process;
 pub(crate) mod sampler;
 pub mod stacks;
-pub mod unwind;
+pub(crate) mod unwind;
 pub mod uprobes;
 
 pub use config::EbpfConfig;

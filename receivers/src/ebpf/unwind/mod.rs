@@ -16,8 +16,8 @@
 //! - [`store`]: the tables loaded into the kernel's maps, shared per build id, within `max_table_bytes`.
 //! - [`kernel`]: those BPF maps, as the store's sink.
 
-pub mod kernel;
-pub mod store;
+pub(crate) mod kernel;
+pub(crate) mod store;
 
 use super::metrics as m;
 use crate::ebpf::process::{Mapping, MappingSet};
