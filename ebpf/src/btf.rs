@@ -67,7 +67,7 @@ pub struct VmaOffsets {
 
 impl VmaOffsets {
     /// Reads them from raw BTF bytes.
-    pub fn from_btf(bytes: &[u8]) -> Result<Self, String> {
+    pub(crate) fn from_btf(bytes: &[u8]) -> Result<Self, String> {
         let btf = Btf::parse(bytes)?;
         let [vm_start, vm_end, vm_pgoff, vm_file] =
             btf.members("vm_area_struct", &btf.candidates[0], ["vm_start", "vm_end", "vm_pgoff", "vm_file"])?;

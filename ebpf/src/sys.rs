@@ -425,7 +425,7 @@ pub fn map_read_all<K: Plain, V: Plain>(
 }
 
 /// The info structs `BPF_OBJ_GET_INFO_BY_FD` fills.
-pub trait ObjInfo: Plain {}
+pub(crate) trait ObjInfo: Plain {}
 impl ObjInfo for bpf_prog_info {}
 impl ObjInfo for bpf_btf_info {}
 
@@ -444,7 +444,7 @@ fn info_attr<T: ObjInfo>(fd: BorrowedFd<'_>, info: &mut T) -> bpf_attr {
 /// # Safety
 /// Each array pointer in `info` with a nonzero count must point to writable
 /// memory for that many records of the kernel's record size.
-pub unsafe fn obj_info<T: ObjInfo>(fd: BorrowedFd<'_>, info: &mut T) -> io::Result<()> {
+pub(crate) unsafe fn obj_info<T: ObjInfo>(fd: BorrowedFd<'_>, info: &mut T) -> io::Result<()> {
     let mut attr = info_attr(fd, info);
     // SAFETY: attr.info points at `info`, writable for info_len bytes; the
     // caller vouches for the pointers inside `info`.
@@ -763,7 +763,7 @@ pub const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
 /// empty list included: no CPU online is not a state this process can read
 /// in, and taken as true it would detach every CPU's event. `source` names
 /// where the text came from, for the error.
-pub fn parse_cpu_list(source: &str, text: &str) -> io::Result<Vec<u32>> {
+pub(crate) fn parse_cpu_list(source: &str, text: &str) -> io::Result<Vec<u32>> {
     let bad = |what: String| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -974,7 +974,7 @@ fn copy_wrapped(data: &[u8], at: usize, out: &mut [u8]) {
 /// A read-only private mapping of a whole file; None when the file is empty
 /// or cannot be mapped (sysfs BTF before Linux 6.16, which also refuses
 /// shared mappings).
-pub fn map_read_only(file: &std::fs::File) -> Option<memmap2::Mmap> {
+pub(crate) fn map_read_only(file: &std::fs::File) -> Option<memmap2::Mmap> {
     if file.metadata().ok()?.len() == 0 {
         return None;
     }

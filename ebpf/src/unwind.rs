@@ -19,8 +19,9 @@ pub const PAGES_MAP: &str = "unwind_pages";
 /// `BPF_MAP_TYPE_ARRAY` of `struct unwind_rule` (8 bytes).
 pub const RULES_MAP: &str = "unwind_rules";
 /// `BPF_MAP_TYPE_HASH`: pid → the mappings the BPF program found (its own;
-/// the receiver does not write it).
-pub const PROCS_MAP: &str = "unwind_procs";
+/// only the object test names it from here).
+#[cfg(test)]
+pub(crate) const PROCS_MAP: &str = "unwind_procs";
 /// `BPF_MAP_TYPE_HASH`: [`file_key`] → [`file_value`], written by the
 /// receiver once a file's table is loaded (or known not to exist).
 pub const FILES_MAP: &str = "unwind_files";
@@ -37,7 +38,7 @@ pub const RULES_CAPACITY: u32 = 16384;
 /// Entries of [`FILES_MAP`] (`max_entries` in C).
 pub const FILES_CAPACITY: usize = 8192;
 /// Executable segments one [`FILES_MAP`] entry holds (`UNWIND_FILE_SEGS`).
-pub const FILE_SEGS: usize = 2;
+pub(crate) const FILE_SEGS: usize = 2;
 /// Bytes of `struct unwind_file_key` and `struct unwind_file`.
 pub const FILE_KEY_BYTES: usize = 16;
 pub const FILE_VALUE_BYTES: usize = 8 + FILE_SEGS * 24;

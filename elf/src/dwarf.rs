@@ -172,4 +172,4 @@ impl DwarfLines {
 }
 
 /// Deepest inline chain kept at one address (malformed DWARF can loop).
-pub const MAX_INLINE_DEPTH: usize = 64;
+pub(crate) const MAX_INLINE_DEPTH: usize = 64;

@@ -35,11 +35,11 @@
 //! a debug file truncated in place under a loaded table is that risk.
 //! Installers replace files by rename, which leaves the mapping intact.
 
-pub mod dwarf;
-pub mod gopclntab;
-pub mod minidebuginfo;
+mod dwarf;
+mod gopclntab;
+mod minidebuginfo;
 pub mod notes;
-pub mod symbols;
+mod symbols;
 pub mod unwind;
 
 pub use dwarf::{DwarfLines, SourceFrame};
@@ -265,7 +265,7 @@ impl ElfFile {
     /// Bytes of section `name`, decompressed when `SHF_COMPRESSED` (zlib);
     /// `None` when absent, `SHT_NOBITS`, or compressed in a format not read.
     /// At most `max` bytes after decompression (a bomb is refused).
-    pub fn section_bytes(&self, name: &str, max: usize) -> Option<Vec<u8>> {
+    pub(crate) fn section_bytes(&self, name: &str, max: usize) -> Option<Vec<u8>> {
         match self.class {
             Class::Elf32 => section_bytes::<FileHeader32<Endianness>>(self.bytes.get(), name, max),
             Class::Elf64 => section_bytes::<FileHeader64<Endianness>>(self.bytes.get(), name, max),
@@ -352,7 +352,7 @@ impl ElfFile {
 }
 
 /// Bytes hashed at each end of a file for [`file_id`].
-pub const FILE_ID_EDGE: u64 = 4096;
+pub(crate) const FILE_ID_EDGE: u64 = 4096;
 
 /// An id for a file without a GNU build ID (Go binaries by default): the
 /// first 128 bits of SHA-256 over its first and last 4 KiB and its size
@@ -514,17 +514,6 @@ pub struct LoadSegment {
     pub offset: u64,
     pub filesz: u64,
     pub executable: bool,
-}
-
-impl LoadSegment {
-    /// The virtual address of file offset `offset` when this segment maps
-    /// it (a mapping starts at the page holding `p_offset`, so offsets down
-    /// to that page count).
-    pub fn vaddr_of(&self, offset: u64, page_size: u64) -> Option<u64> {
-        let first = self.offset - self.offset % page_size.max(1);
-        (offset >= first && offset < self.offset.saturating_add(self.filesz))
-            .then(|| self.vaddr.wrapping_sub(self.offset).wrapping_add(offset))
-    }
 }
 
 fn load_segment_list<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Vec<LoadSegment> {

@@ -14,7 +14,7 @@ use crate::ElfFile;
 
 /// Largest LZMA2 dictionary allocated (xz's presets use at most 64 MiB;
 /// MiniDebugInfo is made with far less).
-pub const MAX_DICTIONARY: usize = 64 << 20;
+pub(crate) const MAX_DICTIONARY: usize = 64 << 20;
 
 /// Why `.gnu_debugdata` could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,7 @@ pub enum MiniDebugInfoError {
 }
 
 /// The xz stream `data` decompressed, at most `max` bytes.
-pub fn decompress_xz(data: &[u8], max: usize) -> Result<Vec<u8>, MiniDebugInfoError> {
+pub(crate) fn decompress_xz(data: &[u8], max: usize) -> Result<Vec<u8>, MiniDebugInfoError> {
     let decoder = xz4rust::XzDecoder::in_heap_with_alloc_dict_size(64 << 10, MAX_DICTIONARY);
     let buffer = NonZeroUsize::new(64 << 10).expect("non-zero");
     // XzReader wants an owned `'static` reader; the section is small.

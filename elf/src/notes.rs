@@ -9,9 +9,9 @@ use object::read::elf::NoteIterator;
 use object::Endianness;
 
 /// NT_GNU_BUILD_ID (owner "GNU").
-pub const NT_GNU_BUILD_ID: u32 = 3;
+pub(crate) const NT_GNU_BUILD_ID: u32 = 3;
 /// NT_GO_BUILD_ID (owner "Go"), in `.note.go.buildid`.
-pub const NT_GO_BUILD_ID: u32 = 4;
+pub(crate) const NT_GO_BUILD_ID: u32 = 4;
 /// Longest build ID accepted (SHA-1 is 20 bytes, some linkers use 32).
 const MAX_GNU_BUILD_ID: usize = 64;
 /// Longest Go build ID accepted (four base64 hashes and slashes, ~83 bytes).

@@ -43,29 +43,29 @@ use rustc_hash::FxHashMap;
 /// What a row says about the CFA (and whether the walk may go on).
 pub mod kind {
     /// The rules here are outside the supported subset: stop.
-    pub const UNSUPPORTED: u8 = 0;
+    pub(crate) const UNSUPPORTED: u8 = 0;
     /// CFA = rsp + cfa_offset.
     pub const CFA_RSP: u8 = 1;
     /// CFA = rbp + cfa_offset.
-    pub const CFA_RBP: u8 = 2;
+    pub(crate) const CFA_RBP: u8 = 2;
     /// PLT entry: CFA = rsp + 8 + ((rip & 15) >= cfa_offset ? 8 : 0).
-    pub const PLT: u8 = 3;
+    pub(crate) const PLT: u8 = 3;
     /// The return address is undefined: the outermost frame.
-    pub const OUTERMOST: u8 = 4;
+    pub(crate) const OUTERMOST: u8 = 4;
     /// No FDE covers the address (a gap between functions).
-    pub const NO_INFO: u8 = 5;
+    pub(crate) const NO_INFO: u8 = 5;
     /// Code known to keep frame pointers (Go): one frame-pointer step.
-    pub const FRAME_POINTER: u8 = 6;
+    pub(crate) const FRAME_POINTER: u8 = 6;
     /// A signal trampoline: rsp points at the kernel's `ucontext`; the
     /// interrupted rsp is at rsp + cfa_offset, rip right after it (+ 8)
     /// and rbp at rsp + rbp_offset.
-    pub const SIGNAL: u8 = 7;
+    pub(crate) const SIGNAL: u8 = 7;
     /// Go's `runtime.asmcgocall` right after it called C on the system
     /// stack: the goroutine `g` is at rsp + cfa_offset, the depth it left
     /// below `g.stack.hi` at rsp + rbp_offset; the goroutine's stack
     /// pointer at the call (`g.stack.hi` - depth) holds the return address
     /// into `runtime.cgocall`.
-    pub const GO_CGO_CALL: u8 = 8;
+    pub(crate) const GO_CGO_CALL: u8 = 8;
 }
 
 /// Where the caller's `rbp` is.
@@ -73,7 +73,7 @@ pub mod rbp {
     /// Unchanged by this frame.
     pub const SAME: u8 = 0;
     /// Saved at CFA + rbp_offset.
-    pub const AT_CFA: u8 = 1;
+    pub(crate) const AT_CFA: u8 = 1;
     /// Not recoverable by the subset (a later rbp-based CFA stops).
     pub const UNKNOWN: u8 = 2;
 }
@@ -88,9 +88,10 @@ pub struct Rule {
 }
 
 impl Rule {
-    pub const UNSUPPORTED: Rule = Rule { kind: kind::UNSUPPORTED, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
-    pub const NO_INFO: Rule = Rule { kind: kind::NO_INFO, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
-    pub const FRAME_POINTER: Rule = Rule { kind: kind::FRAME_POINTER, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
+    pub(crate) const UNSUPPORTED: Rule = Rule { kind: kind::UNSUPPORTED, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
+    pub(crate) const NO_INFO: Rule = Rule { kind: kind::NO_INFO, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
+    pub(crate) const FRAME_POINTER: Rule =
+        Rule { kind: kind::FRAME_POINTER, rbp: rbp::SAME, rbp_offset: 0, cfa_offset: 0 };
 
     /// The 8 bytes of `struct unwind_rule` (native endian).
     pub fn to_bytes(self) -> [u8; 8] {
@@ -530,7 +531,7 @@ impl UnwindTable {
 
     /// This table with every address of `ranges` it has no info for
     /// governed by `fill` instead.
-    pub fn fill_gaps(&self, ranges: &[(u64, u64)], fill: Rule) -> UnwindTable {
+    pub(crate) fn fill_gaps(&self, ranges: &[(u64, u64)], fill: Rule) -> UnwindTable {
         let mut bounds: Vec<u64> =
             self.rows.iter().map(|r| r.address).chain(ranges.iter().flat_map(|&(s, e)| [s, e])).collect();
         bounds.sort_unstable();
@@ -551,7 +552,7 @@ impl UnwindTable {
     }
 
     /// This table with `rule` for `[start, end)`.
-    pub fn with_rule(&self, start: u64, end: u64, rule: Rule) -> UnwindTable {
+    pub(crate) fn with_rule(&self, start: u64, end: u64, rule: Rule) -> UnwindTable {
         let after = self.rule_at(end);
         let mut rows: Vec<Row> = self.rows.iter().filter(|r| r.address < start).copied().collect();
         rows.push(Row { address: start, rule });
@@ -610,7 +611,7 @@ impl UnwindTable {
 }
 
 /// log2 of the page size of [`CompactTable`].
-pub const PAGE_SHIFT: u32 = 16;
+pub(crate) const PAGE_SHIFT: u32 = 16;
 
 /// One 64 KiB page: its rows are `rows[first .. first + count]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -75,8 +75,8 @@ pub struct EbpfConfig {
 }
 
 /// Bounds of `max_counted_stacks`.
-pub const MIN_COUNTED_STACKS: u32 = 64;
-pub const MAX_COUNTED_STACKS: u32 = 1 << 22;
+pub(crate) const MIN_COUNTED_STACKS: u32 = 64;
+pub(crate) const MAX_COUNTED_STACKS: u32 = 1 << 22;
 
 /// `unwind:` section: user stacks from `.eh_frame` unwind tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -104,8 +104,8 @@ pub enum UnwindMode {
 }
 
 /// Smallest and largest `unwind.max_table_bytes`.
-pub const MIN_TABLE_BYTES: u64 = 1 << 16;
-pub const MAX_TABLE_BYTES: u64 = 1 << 31;
+pub(crate) const MIN_TABLE_BYTES: u64 = 1 << 16;
+pub(crate) const MAX_TABLE_BYTES: u64 = 1 << 31;
 
 impl Default for UnwindConfig {
     fn default() -> Self {
@@ -161,18 +161,18 @@ impl Default for NegativeCacheConfig {
 }
 
 /// Bounds of the ring buffer's size when it is not set.
-pub const AUTO_RING_MIN: u32 = 256 << 10;
-pub const AUTO_RING_MAX: u32 = 64 << 20;
+pub(crate) const AUTO_RING_MIN: u32 = 256 << 10;
+pub(crate) const AUTO_RING_MAX: u32 = 64 << 20;
 /// The floor with `count_in_kernel`: a whole `.ci/run` (19 minutes of both
 /// CPUs compiling, thousands of new processes) at 99 Hz lost no record
 /// with a 128 KiB ring (docs/PERFORMANCE.md).
-pub const AUTO_COUNTED_RING_MIN: u32 = 128 << 10;
+pub(crate) const AUTO_COUNTED_RING_MIN: u32 = 128 << 10;
 
 /// The exec/exit event ring: 16 KiB (~340 events) per online CPU, 64 KiB
 /// to 1 MiB. Its reader is woken by the first event after it emptied it,
 /// so the ring only has to hold the events of one wake-up's delay; its
 /// pages are resident twice, as the sample ring's.
-pub fn proc_event_ring_bytes(cpus: usize) -> u32 {
+pub(crate) fn proc_event_ring_bytes(cpus: usize) -> u32 {
     ((cpus.max(1) as u64) * (16 << 10)).clamp(64 << 10, 1 << 20).next_power_of_two() as u32
 }
 
@@ -180,7 +180,7 @@ impl EbpfConfig {
     /// The ring buffer's size in bytes on a host with `cpus` online CPUs:
     /// `ring_buffer_size` if set, else half a second of full-depth records
     /// (a quarter with `count_in_kernel`).
-    pub fn ring_bytes(&self, cpus: usize) -> u32 {
+    pub(crate) fn ring_bytes(&self, cpus: usize) -> u32 {
         if let Some(size) = self.ring_buffer_size {
             return size;
         }
@@ -194,7 +194,7 @@ impl EbpfConfig {
 }
 
 /// Most probes one receiver may configure.
-pub const MAX_UPROBES: usize = 256;
+pub(crate) const MAX_UPROBES: usize = 256;
 
 impl Default for EbpfConfig {
     fn default() -> Self {
@@ -306,7 +306,7 @@ impl Validate for EbpfConfig {
 
 impl EbpfConfig {
     /// Sampling period in nanoseconds: 1e9 / sample_frequency.
-    pub fn period_ns(&self) -> i64 {
+    pub(crate) fn period_ns(&self) -> i64 {
         1_000_000_000 / self.sample_frequency.max(1) as i64
     }
 }

@@ -12,6 +12,7 @@
 //! Modules, by what they hold:
 //!
 //! - [`config`]: the `receivers: ebpf:` config and its validation.
+//! - [`metrics`]: the receiver's own series, declared once.
 //! - [`sampler`]: the sampler thread's loop (wait, drain, report) and the receiver's counters.
 //! - [`bpf`]: loading the BPF object, attaching its perf events, and the privileges that needs.
 //! - [`process`]: what is known of each sampled process (table, /proc, kernel records, build IDs, service names).
@@ -24,10 +25,11 @@
 
 pub mod bpf;
 pub mod config;
+pub(crate) mod metrics;
 pub mod process;
 pub(crate) mod sampler;
 pub mod stacks;
-pub mod unwind;
+pub(crate) mod unwind;
 pub mod uprobes;
 
 pub use config::EbpfConfig;
@@ -37,15 +39,18 @@ use profcol_api::component::{
     factory as typed_factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver,
     Stability,
 };
+use profcol_api::config::{ConfigError, ConfigValue};
+use profcol_api::telemetry::MetricDef;
 use sampler::{Counters, SamplerHandle};
+use schemars::{Schema, SchemaGenerator};
 use std::sync::{Arc, Mutex};
 
 /// The receiver's type name in configs.
-pub const TYPE_NAME: &str = "ebpf";
+pub(crate) const TYPE_NAME: &str = "ebpf";
 
 /// Factory for `receivers: ebpf:`.
 pub fn factory() -> Arc<dyn Factory> {
-    typed_factory::<EbpfConfig, _>(
+    Arc::new(EbpfFactory(typed_factory::<EbpfConfig, _>(
         FactoryMeta {
             type_name: TYPE_NAME,
             kind: Kind::Receiver,
@@ -55,7 +60,28 @@ pub fn factory() -> Arc<dyn Factory> {
         |settings: CreateSettings, config: EbpfConfig| {
             Ok(Component::Receiver(Arc::new(EbpfReceiver::new(settings, config))))
         },
-    )
+    )))
+}
+
+/// The typed factory, plus the receiver's series.
+struct EbpfFactory(Arc<dyn Factory>);
+
+impl Factory for EbpfFactory {
+    fn meta(&self) -> FactoryMeta {
+        self.0.meta()
+    }
+    fn metrics(&self) -> &'static [MetricDef] {
+        metrics::METRICS
+    }
+    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
+        self.0.check(raw)
+    }
+    fn create(&self, settings: CreateSettings, config: &ConfigValue) -> Result<Component, ComponentError> {
+        self.0.create(settings, config)
+    }
+    fn schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        self.0.schema(generator)
+    }
 }
 
 /// The running receiver.

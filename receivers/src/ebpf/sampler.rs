@@ -18,6 +18,7 @@
 //! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
 use super::config::EbpfConfig;
+use super::metrics as m;
 use super::unwind::{UnwindCounters, Unwinder};
 use super::uprobes::{UprobeCounters, Uprobes};
 use crate::ebpf::bpf::loader::{load_and_attach, CpuSync, LoadError, Loaded};
@@ -47,7 +48,7 @@ use std::time::{Duration, Instant};
 /// waits, and a file the unwinder has no table for wakes the reader at its
 /// second sample (every 20 ms per CPU at most), so its table does not wait
 /// for this.
-pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const DRAIN_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often the ring is drained when nothing forces a wakeup. Counting in
 /// the kernel with the unwinder on, the ring holds only the first sample
@@ -65,7 +66,7 @@ fn drain_period(config: &EbpfConfig) -> Duration {
 }
 /// The longest period of exec/exit event reads while events keep coming
 /// (probes configured).
-pub const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
+pub(crate) const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
 /// How often exec/exit events are read, at most, when probes are
 /// configured. The BPF programs wake the reader only for an event into an
 /// empty ring: an idle host costs no wake-up, the first exec after a quiet
@@ -82,11 +83,11 @@ pub const PROC_EVENT_MAX_PERIOD: Duration = Duration::from_millis(250);
 /// binaries costs at most four wake-ups a second), and drops back to
 /// this after a read that parsed one (a new binary: its processes' next
 /// mappings, the libraries, are wanted soon).
-pub const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
+pub(crate) const PROC_EVENT_PERIOD: Duration = Duration::from_millis(50);
 /// How often the online CPUs are re-read (on the loop's existing wake-ups).
-pub const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const CPU_CHECK_PERIOD: Duration = Duration::from_secs(1);
 /// Processes remembered at most.
-pub const MAX_PROCESSES: usize = 4096;
+pub(crate) const MAX_PROCESSES: usize = 4096;
 
 /// Self-telemetry of the receiver (`profcol_receiver_ebpf_*`).
 #[derive(Clone)]
@@ -137,75 +138,36 @@ pub struct Counters {
 impl Counters {
     pub fn new(t: &ComponentTelemetry) -> Self {
         Counters {
-            samples: t.counter("ebpf_samples_total", "Samples read from the BPF ring buffer"),
-            lost_ringbuf: t.counter(
-                "ebpf_samples_lost_ringbuf_total",
-                "Samples dropped by the BPF program because the ring buffer was full",
-            ),
-            kernel_stack_errors: t.counter("ebpf_kernel_stack_errors_total", "bpf_get_stack failures (kernel stack)"),
-            user_stack_errors: t.counter("ebpf_user_stack_errors_total", "bpf_get_stack failures (user stack)"),
-            stacks_cut: t.counter(
-                "ebpf_stacks_cut_total",
-                "Samples whose stack ended in frames that are no code (0, or outside every executable mapping: a \
-                 frame-pointer walk through code built without frame pointers); those frames were cut",
-            ),
-            malformed: t.counter("ebpf_records_malformed_total", "Ring buffer records that did not decode"),
-            proc_unreadable: t.counter(
-                "ebpf_proc_unreadable_total",
-                "Processes whose /proc entry could not be read (samples kept without mappings)",
-            ),
-            maps_refreshes: t.counter("ebpf_maps_refreshes_total", "Re-reads of /proc/PID/maps after an address miss"),
-            exec_reloads: t.counter(
-                "ebpf_process_exec_reloads_total",
-                "Processes read again (executable, build ID, mappings) because they exec'd after they were read",
-            ),
-            from_records: t.counter(
-                "ebpf_processes_from_records_total",
-                "Processes known from the kernel's exec and mapping records (no /proc read but the cgroup)",
-            ),
-            build_id_reads: t.counter("ebpf_build_id_reads_total", "ELF files read for a build ID (cache misses)"),
-            batches: t.counter("ebpf_batches_total", "Batches pushed downstream"),
-            processes: t.gauge("ebpf_processes", "Processes currently known to the receiver"),
-            cpus_sampled: t.gauge("ebpf_cpus_sampled", "CPUs with a live sampling perf event"),
-            cpu_attaches: t.counter(
-                "ebpf_cpu_attaches_total",
-                "Per-CPU perf events attached (at start, when a CPU comes online, after an offline/online cycle)",
-            ),
-            cpu_attach_failures: t.counter(
-                "ebpf_cpu_attach_failures_total",
-                "Failed attempts to attach a CPU's perf event (that CPU is not sampled; retried with backoff)",
-            ),
+            samples: t.counter_of(&m::SAMPLES),
+            lost_ringbuf: t.counter_of(&m::SAMPLES_LOST_RINGBUF),
+            kernel_stack_errors: t.counter_of(&m::KERNEL_STACK_ERRORS),
+            user_stack_errors: t.counter_of(&m::USER_STACK_ERRORS),
+            stacks_cut: t.counter_of(&m::STACKS_CUT),
+            malformed: t.counter_of(&m::RECORDS_MALFORMED),
+            proc_unreadable: t.counter_of(&m::PROC_UNREADABLE),
+            maps_refreshes: t.counter_of(&m::MAPS_REFRESHES),
+            exec_reloads: t.counter_of(&m::PROCESS_EXEC_RELOADS),
+            from_records: t.counter_of(&m::PROCESSES_FROM_RECORDS),
+            build_id_reads: t.counter_of(&m::BUILD_ID_READS),
+            batches: t.counter_of(&m::BATCHES),
+            processes: t.gauge_of(&m::PROCESSES),
+            cpus_sampled: t.gauge_of(&m::CPUS_SAMPLED),
+            cpu_attaches: t.counter_of(&m::CPU_ATTACHES),
+            cpu_attach_failures: t.counter_of(&m::CPU_ATTACH_FAILURES),
             dropped: t.dropped.clone(),
-            samples_counted: t.counter(
-                "ebpf_samples_counted_in_kernel_total",
-                "On-CPU samples counted per stack in the kernel, without a record of their own (count_in_kernel)",
-            ),
-            counts_full: t.counter(
-                "ebpf_samples_counts_full_total",
-                "Samples sent one by one because the kernel's counts map was full (raise max_counted_stacks)",
-            ),
-            dynamic_text: t.counter(
-                "ebpf_samples_dynamic_kernel_text_total",
-                "Samples sent one by one because a kernel frame was outside the kernel's own text (BPF programs, \
-                 modules, trampolines: names that may change while samples are taken)",
-            ),
-            counted_unnamed: t.counter(
-                "ebpf_samples_counted_unnamed_total",
-                "Samples counted in the kernel and dropped because their stack's record never reached the reader \
-                 (ring buffer full)",
-            ),
-            process_execs: t.counter("ebpf_process_execs_total", "exec events (sched_process_exec)"),
-            process_exits: t.counter("ebpf_process_exits_total", "Process exits (sched_process_exit of the leader)"),
-            process_events_lost: t.counter(
-                "ebpf_process_events_lost_total",
-                "exec/exit events lost because their ring buffer was full (followed processes are re-checked against /proc)",
-            ),
+            samples_counted: t.counter_of(&m::SAMPLES_COUNTED_IN_KERNEL),
+            counts_full: t.counter_of(&m::SAMPLES_COUNTS_FULL),
+            dynamic_text: t.counter_of(&m::SAMPLES_DYNAMIC_KERNEL_TEXT),
+            counted_unnamed: t.counter_of(&m::SAMPLES_COUNTED_UNNAMED),
+            process_execs: t.counter_of(&m::PROCESS_EXECS),
+            process_exits: t.counter_of(&m::PROCESS_EXITS),
+            process_events_lost: t.counter_of(&m::PROCESS_EVENTS_LOST),
         }
     }
 }
 
 /// A running sampler: its thread and the task that sends its batches.
-pub struct SamplerHandle {
+pub(crate) struct SamplerHandle {
     stop: Arc<AtomicBool>,
     wake: Arc<OwnedFd>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -284,7 +246,7 @@ impl Drop for SamplerHandle {
 }
 
 /// Milliseconds since this process started (10 ms resolution).
-pub fn ms_since_process_start() -> Option<u64> {
+pub(crate) fn ms_since_process_start() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let ticks = procfs::stat_start_time(&stat)?;
     // SAFETY: sysconf has no preconditions.
@@ -616,7 +578,7 @@ fn record_cpu_sync(counters: &Counters, loaded: &Loaded, sync: &CpuSync) {
 }
 
 /// `0-3,6` style list of ascending CPU numbers (`-` when empty).
-pub fn cpu_list(cpus: &[u32]) -> String {
+pub(crate) fn cpu_list(cpus: &[u32]) -> String {
     let mut out = String::new();
     let mut i = 0;
     while i < cpus.len() {

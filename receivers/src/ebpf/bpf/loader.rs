@@ -43,7 +43,7 @@ pub struct Loaded {
 }
 
 /// The process-discovery ring and its loss counter.
-pub struct ProcEvents {
+pub(crate) struct ProcEvents {
     pub ring: RingBuf<MapData>,
     pub lost: PerCpuArray<MapData, u64>,
 }
@@ -233,7 +233,7 @@ impl CountingGlobals {
 }
 
 /// Map sizes and mode of the unwinder, from `unwind:`.
-pub struct UnwindSizes {
+pub(crate) struct UnwindSizes {
     pub mode: obj::unwind::Mode,
     /// Elements (two rows, 8 bytes) of the row array.
     pub row_elems: u32,
@@ -385,7 +385,7 @@ fn attach_proc_events(ebpf: &mut Ebpf) -> Result<ProcEvents, LoadError> {
 }
 
 /// Attaches uprobes through the loaded uprobe program.
-pub struct KernelAttacher<'a> {
+pub(crate) struct KernelAttacher<'a> {
     prog: Option<&'a mut UProbe>,
 }
 
@@ -437,7 +437,7 @@ fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
 /// attached (with the explained reason of the first failure); CPUs that
 /// failed while others worked are in the returned [`CpuSync`] and are
 /// retried by [`Loaded::sync_cpus`].
-pub fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError> {
+pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), LoadError> {
     let online =
         profcol_ebpf::sys::online_cpus().map_err(|e| LoadError::Other(format!("reading the online CPUs: {e}")))?;
     // Samples come from every online CPU; the ring is sized for them.
@@ -529,7 +529,7 @@ struct Retry {
 
 /// What [`Loaded::sync_cpus`] changed.
 #[derive(Debug, Default)]
-pub struct CpuSync {
+pub(crate) struct CpuSync {
     /// CPUs that got a perf event (came online, or failed before).
     pub added: Vec<u32>,
     /// CPUs seen offline: their perf event was detached.
@@ -550,7 +550,7 @@ impl CpuSync {
 
 /// A CPU whose perf event could not be attached.
 #[derive(Debug)]
-pub struct AttachFailure {
+pub(crate) struct AttachFailure {
     pub cpu: u32,
     /// Explained, as for start-up errors.
     pub message: String,
@@ -604,7 +604,7 @@ impl AttachError {
 impl Loaded {
     /// Attaches through the uprobe program (which fails every attach when
     /// no probe is configured and the program is not loaded).
-    pub fn attacher(&mut self) -> KernelAttacher<'_> {
+    pub(crate) fn attacher(&mut self) -> KernelAttacher<'_> {
         let prog = if self.uprobes_loaded {
             self.ebpf.program_mut(obj::UPROBE_PROGRAM).and_then(|p| <&mut UProbe>::try_from(p).ok())
         } else {
@@ -624,7 +624,7 @@ impl Loaded {
     /// one to every online CPU without one (a CPU that failed before only
     /// once its backoff has passed). A CPU that fails does not affect the
     /// others. Errors only when the program itself is gone (never expected).
-    pub fn sync_cpus(&mut self, online: &[u32], now: Instant) -> Result<CpuSync, LoadError> {
+    pub(crate) fn sync_cpus(&mut self, online: &[u32], now: Instant) -> Result<CpuSync, LoadError> {
         let online: BTreeSet<u32> = online.iter().copied().collect();
         let mut sync = CpuSync::default();
         let mut dead = BTreeSet::new();
@@ -677,7 +677,7 @@ impl Loaded {
     }
 
     /// Sum over CPUs of every counter slot, indexed by [`obj::Stat`].
-    pub fn read_stats(&self) -> [u64; obj::Stat::SLOTS as usize] {
+    pub(crate) fn read_stats(&self) -> [u64; obj::Stat::SLOTS as usize] {
         let mut out = [0u64; obj::Stat::SLOTS as usize];
         for (i, slot) in out.iter_mut().enumerate() {
             if let Ok(values) = self.stats.get(&(i as u32), 0) {

@@ -4,7 +4,6 @@
 use std::fmt;
 
 pub const CAP_SYS_ADMIN: u32 = 21;
-pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_PERFMON: u32 = 38;
 pub const CAP_BPF: u32 = 39;
 
@@ -44,7 +43,7 @@ impl Privileges {
 
     /// Whether CPU-wide perf events are allowed: with CAP_PERFMON (or
     /// CAP_SYS_ADMIN) always; otherwise only if perf_event_paranoid <= 0.
-    pub fn cpu_wide_perf_allowed(&self) -> bool {
+    pub(crate) fn cpu_wide_perf_allowed(&self) -> bool {
         self.has(CAP_PERFMON) || self.has(CAP_SYS_ADMIN) || self.perf_event_paranoid.is_some_and(|p| p <= 0)
     }
 
@@ -93,7 +92,7 @@ impl fmt::Display for PrivilegeError {
 impl std::error::Error for PrivilegeError {}
 
 /// Explains why opening a sampling perf event failed.
-pub fn perf_open_hint(err: &std::io::Error, privs: &Privileges, frequency: u64) -> String {
+pub(crate) fn perf_open_hint(err: &std::io::Error, privs: &Privileges, frequency: u64) -> String {
     let max_rate = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok());

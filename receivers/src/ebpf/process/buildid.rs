@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// Reads the GNU build ID of an ELF file; `Ok(None)` if it is not ELF or
 /// has no such note.
-pub fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
+pub(crate) fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
     match ElfFile::open(file) {
         Ok(elf) => Ok(elf.gnu_build_id().map(<[u8]>::to_vec)),
         Err(profcol_elf::Error::Map(e)) => Err(e),
@@ -28,7 +28,7 @@ pub fn read_build_id(file: &File) -> io::Result<Option<Vec<u8>>> {
 
 /// Identity of a file on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileKey {
+pub(crate) struct FileKey {
     pub dev: u64,
     pub inode: u64,
 }
@@ -43,7 +43,7 @@ struct Entry {
 /// How a file is known to symbolizers: its GNU build ID, else a file id
 /// (`profcol_elf::file_id`, for ELF files without one, such as Go's).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FileIds {
+pub(crate) struct FileIds {
     pub build_id: Option<Arc<str>>,
     pub file_id: Option<Arc<str>>,
 }
@@ -57,7 +57,7 @@ impl FileIds {
 
 /// Build IDs by (device, inode), validated by mtime and size. Bounded: when
 /// full, it is cleared (a cold miss costs one small read per file).
-pub struct BuildIdCache {
+pub(crate) struct BuildIdCache {
     entries: FxHashMap<FileKey, Entry>,
     capacity: usize,
     /// Files whose build ID had to be read (cache misses).

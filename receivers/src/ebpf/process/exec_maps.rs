@@ -15,7 +15,7 @@ const QUERY_FLAGS: u64 =
 
 /// One executable mapping of a regular file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExecMapping {
+pub(crate) struct ExecMapping {
     pub start: u64,
     pub end: u64,
     /// (major, minor) of the file's device as /proc/PID/maps shows it
@@ -34,7 +34,7 @@ enum Support {
 
 /// Reads executable file mappings; one per receiver (remembers whether
 /// the ioctl works, keeps its buffers).
-pub struct ExecMapsReader {
+pub(crate) struct ExecMapsReader {
     support: Support,
     bytes: Vec<u8>,
     entries: Vec<MapsEntry>,
@@ -48,7 +48,7 @@ impl Default for ExecMapsReader {
 }
 
 /// The mappings of one process, being walked.
-pub struct ExecMaps<'r> {
+pub(crate) struct ExecMaps<'r> {
     reader: &'r mut ExecMapsReader,
     file: File,
     /// Ioctl: the next address to query. Text: the next entry's index.

@@ -21,15 +21,15 @@ use std::sync::Arc;
 
 /// Mappings kept per process (a process that maps more keeps its first ones
 /// and is marked incomplete).
-pub const MAX_MAPS: usize = 256;
+pub(crate) const MAX_MAPS: usize = 256;
 /// How long an exited process's image stays for samples read after its exit.
-pub const EXITED_TTL_NS: u64 = 30_000_000_000;
+pub(crate) const EXITED_TTL_NS: u64 = 30_000_000_000;
 /// Distinct paths kept; over it the path table starts again.
 const MAX_PATHS: usize = 16_384;
 
 /// One executable file mapping, as recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecordedMap {
+pub(crate) struct RecordedMap {
     pub start: u64,
     pub end: u64,
     pub offset: u64,
@@ -44,7 +44,7 @@ pub struct RecordedMap {
 
 /// What the records say of one process.
 #[derive(Debug, Default)]
-pub struct Image {
+pub(crate) struct Image {
     /// CLOCK_MONOTONIC ns of its last exec record; 0 while none was seen.
     pub exec_ns: u64,
     /// CLOCK_MONOTONIC ns of its exit, once known.
@@ -61,7 +61,7 @@ pub struct Image {
 impl Image {
     /// Whether the records hold the whole image: its exec was recorded
     /// and nothing was left out since.
-    pub fn is_complete(&self) -> bool {
+    pub(crate) fn is_complete(&self) -> bool {
         self.exec_ns > 0 && !self.overflow
     }
 
@@ -82,7 +82,7 @@ impl Image {
 }
 
 /// Images by pid.
-pub struct ImageRecords {
+pub(crate) struct ImageRecords {
     procs: FxHashMap<u32, Image>,
     paths: FxHashMap<Box<[u8]>, Arc<str>>,
     capacity: usize,
@@ -139,7 +139,7 @@ impl ImageRecords {
     }
 
     /// The exec event (BPF) of `pid` at `ktime_ns`, in cgroup `cgroup_id`.
-    pub fn on_exec_event(&mut self, pid: u32, ktime_ns: u64, cgroup_id: u64) {
+    pub(crate) fn on_exec_event(&mut self, pid: u32, ktime_ns: u64, cgroup_id: u64) {
         let img = self.entry(pid);
         if img.exec_cgroup.is_none_or(|(t, _)| t < ktime_ns) {
             img.exec_cgroup = Some((ktime_ns, cgroup_id));
@@ -147,7 +147,7 @@ impl ImageRecords {
     }
 
     /// A mapping record of `pid`; `path` without its NUL.
-    pub fn on_map(&mut self, pid: u32, m: &FileMap, path: &[u8], time_ns: u64) {
+    pub(crate) fn on_map(&mut self, pid: u32, m: &FileMap, path: &[u8], time_ns: u64) {
         let path = match self.paths.get(path) {
             Some(p) => p.clone(),
             None => {
@@ -189,7 +189,7 @@ impl ImageRecords {
     }
 
     /// Records were lost: no image can be trusted to be whole.
-    pub fn on_lost(&mut self) {
+    pub(crate) fn on_lost(&mut self) {
         self.procs.clear();
     }
 
@@ -206,12 +206,13 @@ impl ImageRecords {
     }
 
     /// Whether `pid`'s exit was recorded (and its image is still kept).
-    pub fn exit_seen(&self, pid: u32) -> bool {
+    #[cfg(test)]
+    pub(crate) fn exit_seen(&self, pid: u32) -> bool {
         self.procs.get(&pid).is_some_and(|i| i.exit_ns.is_some())
     }
 
     /// Forgets processes that exited more than [`EXITED_TTL_NS`] before `now_ns`.
-    pub fn sweep(&mut self, now_ns: u64) {
+    pub(crate) fn sweep(&mut self, now_ns: u64) {
         self.procs.retain(|_, i| i.exit_ns.is_none_or(|e| now_ns.saturating_sub(e) < EXITED_TTL_NS));
     }
 }

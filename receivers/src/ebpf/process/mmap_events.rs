@@ -102,7 +102,7 @@ impl MappingBatch {
     }
 
     /// The path of `m` with its NUL, for system calls.
-    pub fn c_path(&self, m: &FileMap) -> &std::ffi::CStr {
+    pub(crate) fn c_path(&self, m: &FileMap) -> &std::ffi::CStr {
         let at = m.path_at as usize;
         std::ffi::CStr::from_bytes_with_nul(&self.paths[at..at + m.path_len as usize]).unwrap_or_default()
     }
@@ -137,7 +137,7 @@ impl MappingBatch {
     }
 
     /// Parses one record (`rec`: header included). Public for tests.
-    pub fn push_record(&mut self, rec: &[u8]) {
+    pub(crate) fn push_record(&mut self, rec: &[u8]) {
         let Some(header) = sys::read::<sys::perf_event_header>(rec) else {
             self.malformed += 1;
             return;

@@ -40,18 +40,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Processes not sampled for this long are forgotten (re-read on next sample).
-pub const IDLE_TTL: Duration = Duration::from_secs(120);
+pub(crate) const IDLE_TTL: Duration = Duration::from_secs(120);
 /// A process's maps are re-read at most this often on address misses.
-pub const REFRESH_MIN_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const REFRESH_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Unreadable processes are retried after this long (the pid may be reused).
-pub const UNREADABLE_TTL: Duration = Duration::from_secs(30);
+pub(crate) const UNREADABLE_TTL: Duration = Duration::from_secs(30);
 /// At most this many maps refreshes per second across all processes.
-pub const REFRESH_BUDGET_PER_SEC: u32 = 100;
+pub(crate) const REFRESH_BUDGET_PER_SEC: u32 = 100;
 /// A file's ids, checked against the file (a `stat` of its path, or
 /// through a live process's `map_files`) this recently, are taken for a new
 /// mapping of the same (device, inode) without a system call: a program
 /// started again and again costs none per mapped file.
-pub const RECORD_IDS_TTL: Duration = Duration::from_secs(1);
+pub(crate) const RECORD_IDS_TTL: Duration = Duration::from_secs(1);
 /// Files remembered by (device, inode) for [`RECORD_IDS_TTL`].
 const MAX_RECORD_IDS: usize = 4096;
 
@@ -100,7 +100,7 @@ impl MappingSet {
 }
 
 /// One known process.
-pub struct ProcessState {
+pub(crate) struct ProcessState {
     /// `start_time` is 0 for a process known from the kernel's records.
     pub info: Arc<ProcessInfo>,
     pub mappings: Arc<MappingSet>,
@@ -136,7 +136,7 @@ pub struct TableStats {
 }
 
 /// Known processes, bounded.
-pub struct ProcessTable {
+pub(crate) struct ProcessTable {
     procs: FxHashMap<u32, Slot>,
     namer: ServiceNamer,
     capacity: usize,
@@ -184,12 +184,12 @@ impl ProcessTable {
     }
 
     /// Pins every mapped ELF file in `pins` from now on.
-    pub fn set_file_pins(&mut self, pins: Arc<FilePins>) {
+    pub(crate) fn set_file_pins(&mut self, pins: Arc<FilePins>) {
         self.pins = Some(pins);
     }
 
     /// Names processes loaded from now on by these sources.
-    pub fn set_service_namer(&mut self, namer: ServiceNamer) {
+    pub(crate) fn set_service_namer(&mut self, namer: ServiceNamer) {
         self.namer = namer;
     }
 
@@ -202,33 +202,24 @@ impl ProcessTable {
         self.procs.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.procs.is_empty()
-    }
-
-    /// Whether `pid` is known (read, or remembered as unreadable).
-    pub fn is_known(&self, pid: u32) -> bool {
-        self.procs.contains_key(&pid)
-    }
-
     /// Files whose build ID was read from disk so far.
-    pub fn build_id_reads(&self) -> u64 {
+    pub(crate) fn build_id_reads(&self) -> u64 {
         self.build_ids.reads
     }
 
     /// A kernel exec record (`PERF_RECORD_COMM` with the exec flag).
-    pub fn on_exec_record(&mut self, pid: u32, time_ns: u64) {
+    pub(crate) fn on_exec_record(&mut self, pid: u32, time_ns: u64) {
         self.images.on_exec(pid, time_ns);
     }
 
     /// An exec event (BPF) of `pid` in cgroup `cgroup_id`: the container
     /// id of a process known from the records is read once per cgroup.
-    pub fn on_exec_event(&mut self, pid: u32, ktime_ns: u64, cgroup_id: u64) {
+    pub(crate) fn on_exec_event(&mut self, pid: u32, ktime_ns: u64, cgroup_id: u64) {
         self.images.on_exec_event(pid, ktime_ns, cgroup_id);
     }
 
     /// A kernel mapping record (`PERF_RECORD_MMAP2` of an executable file).
-    pub fn on_map_record(&mut self, pid: u32, m: &FileMap, path: &[u8], time_ns: u64) {
+    pub(crate) fn on_map_record(&mut self, pid: u32, m: &FileMap, path: &[u8], time_ns: u64) {
         self.images.on_map(pid, m, path, time_ns);
     }
 
@@ -237,15 +228,9 @@ impl ProcessTable {
         self.images.on_exit(pid, ktime_ns);
     }
 
-    /// Whether the records say `pid` exited: its samples are still named,
-    /// but nothing is installed for it any more.
-    pub fn exit_seen(&self, pid: u32) -> bool {
-        self.images.exit_seen(pid)
-    }
-
     /// Kernel records were lost: processes are read from /proc until their
     /// next exec is recorded.
-    pub fn on_records_lost(&mut self) {
+    pub(crate) fn on_records_lost(&mut self) {
         self.images.on_lost();
     }
 
@@ -264,7 +249,7 @@ impl ProcessTable {
     /// Called with each sample before [`Self::get`] / [`Self::resolve`]:
     /// forgets `pid`'s old image when the sample was taken after an exec
     /// the table has not read yet.
-    pub fn sample_at(&mut self, pid: u32, ktime_ns: u64) {
+    pub(crate) fn sample_at(&mut self, pid: u32, ktime_ns: u64) {
         self.sample_ktime = ktime_ns;
         let Some(&exec) = self.execs.get(&pid) else { return };
         if ktime_ns < exec {
@@ -609,7 +594,7 @@ impl ProcessTable {
     }
 
     /// Calls `f` with each mapping of the processes sampled since `since`.
-    pub fn for_each_sampled_mapping(&self, since: Instant, f: &mut dyn FnMut(&Mapping)) {
+    pub(crate) fn for_each_sampled_mapping(&self, since: Instant, f: &mut dyn FnMut(&Mapping)) {
         for slot in self.procs.values() {
             if let Slot::Live(st) = slot {
                 if st.last_seen >= since {
@@ -622,7 +607,7 @@ impl ProcessTable {
     /// Drops exited processes, idle ones and stale unreadable markers. Call
     /// once per report interval; `seen_since` is the interval start, so only
     /// processes not sampled during it are checked against /proc.
-    pub fn sweep(&mut self, now: Instant, seen_since: Instant) {
+    pub(crate) fn sweep(&mut self, now: Instant, seen_since: Instant) {
         let mut gone = Vec::new();
         for (&pid, slot) in &self.procs {
             match slot {

@@ -30,7 +30,7 @@ impl MapsEntry {
 }
 
 /// Parses /proc/PID/maps, keeping executable mappings only, sorted by start.
-pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
+pub(crate) fn parse_maps(text: &str) -> Vec<MapsEntry> {
     let mut out: Vec<MapsEntry> = text.lines().filter_map(parse_maps_line).collect();
     out.sort_by_key(|m| m.start);
     out
@@ -109,7 +109,7 @@ fn hex64_in(part: &str) -> Option<&str> {
 /// Field 22 of /proc/PID/stat (start time in clock ticks since boot); the
 /// comm in field 2 may contain spaces and parentheses, so parse after the
 /// last ')'.
-pub fn stat_start_time(stat: &str) -> Option<u64> {
+pub(crate) fn stat_start_time(stat: &str) -> Option<u64> {
     let after = &stat[stat.rfind(')')? + 1..];
     // after = " S ppid ..." : state is field 3, starttime field 22 → index 19.
     after.split_whitespace().nth(19)?.parse().ok()
@@ -117,19 +117,19 @@ pub fn stat_start_time(stat: &str) -> Option<u64> {
 
 /// The comm field of a /proc/PID/stat line: between the first `(` and the
 /// last `)` (a comm may hold parentheses and spaces).
-pub fn stat_comm(stat: &str) -> Option<&str> {
+pub(crate) fn stat_comm(stat: &str) -> Option<&str> {
     stat.get(stat.find('(')? + 1..stat.rfind(')')?)
 }
 
 /// Base name of a path.
-pub fn base_name(path: &str) -> &str {
+pub(crate) fn base_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
 /// What /proc tells about a process, read once per process (and again on
 /// a mapping refresh).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcessFacts {
+pub(crate) struct ProcessFacts {
     pub start_time: u64,
     pub comm: String,
     pub exe_path: Option<String>,
@@ -137,12 +137,12 @@ pub struct ProcessFacts {
 }
 
 /// The /proc directory of a process.
-pub fn proc_dir(pid: u32) -> PathBuf {
+pub(crate) fn proc_dir(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}"))
 }
 
 /// `/proc/PID/LEAF` built on the stack: per-exec lookups allocate nothing.
-pub struct ProcPath {
+pub(crate) struct ProcPath {
     buf: [u8; 64],
     len: usize,
 }
@@ -160,7 +160,7 @@ impl ProcPath {
     }
 
     /// `/proc/PID/map_files/START-END`: the mapped file as the process sees it.
-    pub fn map_file(pid: u32, start: u64, end: u64) -> Self {
+    pub(crate) fn map_file(pid: u32, start: u64, end: u64) -> Self {
         let mut p = ProcPath::new(pid, "map_files/");
         p.push_hex(start);
         p.push(b"-");
@@ -237,7 +237,7 @@ fn read_small(path: &Path) -> io::Result<String> {
 
 /// Reads stat (the comm with it), exe and cgroup. Fails only if the process is gone or
 /// its stat is unreadable; missing exe (kernel threads) or cgroup is `None`.
-pub fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
+pub(crate) fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
     let dir = proc_dir(pid);
     let stat = read_small(&dir.join("stat"))?;
     let start_time = stat_start_time(&stat)
@@ -253,7 +253,7 @@ pub fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
 
 /// Reads and parses /proc/PID/maps.
 /// /proc/PID/cgroup; `None` when the process is gone.
-pub fn read_cgroup(pid: u32) -> Option<String> {
+pub(crate) fn read_cgroup(pid: u32) -> Option<String> {
     read_small(ProcPath::new(pid, "cgroup").as_path()).ok()
 }
 
@@ -262,7 +262,7 @@ pub fn read_maps(pid: u32) -> io::Result<Vec<MapsEntry>> {
 }
 
 /// Reads the start time only (cheap identity check against pid reuse).
-pub fn read_start_time(pid: u32) -> io::Result<u64> {
+pub(crate) fn read_start_time(pid: u32) -> io::Result<u64> {
     let stat = read_small(&proc_dir(pid).join("stat"))?;
     stat_start_time(&stat).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/stat"))
 }

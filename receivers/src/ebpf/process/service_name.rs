@@ -104,7 +104,7 @@ impl ServiceNamer {
     /// The name of a process /proc could not tell about: the first
     /// `value:` or `executable` source (its thread's comm standing for the
     /// executable's name), else `unknown_service:<comm>`.
-    pub fn name_without_process(&self, exe_or_comm: &str) -> String {
+    pub(crate) fn name_without_process(&self, exe_or_comm: &str) -> String {
         for s in &self.sources {
             match s {
                 Source::Value(v) => return v.clone(),

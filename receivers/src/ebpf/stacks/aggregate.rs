@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// Distinct sample identities per batch before it is cut early.
 pub const MAX_KEYS: usize = 50_000;
 /// Samples per batch before it is cut early.
-pub const MAX_SAMPLES: usize = 500_000;
+pub(crate) const MAX_SAMPLES: usize = 500_000;
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -81,9 +81,9 @@ struct Occurrences {
 const CPU_PROFILE: u32 = u32::MAX;
 
 /// Profile attribute: the probed function of a `calls/count` profile.
-pub const UPROBE_SYMBOL_ATTR: &str = "profcol.uprobe.symbol";
+pub(crate) const UPROBE_SYMBOL_ATTR: &str = "profcol.uprobe.symbol";
 /// Profile attribute: the probe's `binary:` pattern, when set.
-pub const UPROBE_BINARY_ATTR: &str = "profcol.uprobe.binary";
+pub(crate) const UPROBE_BINARY_ATTR: &str = "profcol.uprobe.binary";
 
 /// One sample as handed to the aggregator.
 pub struct SampleIn<'a> {
@@ -105,7 +105,7 @@ pub struct SampleIn<'a> {
 pub const UNWIND_END_ATTR: &str = "profcol.unwind.end";
 
 /// The [`UNWIND_END_ATTR`] value of a stack end, if it gets one.
-pub fn unwind_end_attr(end: UnwindEnd) -> Option<&'static str> {
+pub(crate) fn unwind_end_attr(end: UnwindEnd) -> Option<&'static str> {
     match end {
         UnwindEnd::Unknown | UnwindEnd::Outermost => None,
         e => Some(e.name()),
@@ -123,7 +123,7 @@ pub struct SampleAttrs {
 }
 
 impl SampleAttrs {
-    pub fn from_config(list: &[SampleAttribute]) -> Self {
+    pub(crate) fn from_config(list: &[SampleAttribute]) -> Self {
         SampleAttrs {
             thread_id: list.contains(&SampleAttribute::ThreadId),
             thread_name: list.contains(&SampleAttribute::ThreadName),
@@ -196,7 +196,7 @@ impl Interval {
 
     /// [`Self::add_counted`] with the stacks already made (`s`'s are not
     /// read): a counted stack's record hands its frames over, not a copy.
-    pub fn add_counted_frames(
+    pub(crate) fn add_counted_frames(
         &mut self,
         s: &SampleIn<'_>,
         frames: Frames,

@@ -39,9 +39,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Reports a slot counting without a record waits for it.
-pub const MAX_AGE: u8 = 2;
+pub(crate) const MAX_AGE: u8 = 2;
 /// Reports a stack's count may stay unchanged before its key leaves the map.
-pub const IDLE_REPORTS: u8 = 3;
+pub(crate) const IDLE_REPORTS: u8 = 3;
 /// Elements per `BPF_MAP_LOOKUP_BATCH` call (finding unnamed slots' keys).
 const READ_CHUNK: u32 = 4096;
 
@@ -64,7 +64,7 @@ pub trait CountStore {
 
 /// The BPF maps of counting: `counts` (key → slot), `count_slots` (mapped
 /// into memory) and `free_slots`.
-pub struct KernelCounts {
+pub(crate) struct KernelCounts {
     keys: aya::maps::MapData,
     /// Keeps the array alive while mapped.
     _slots_map: aya::maps::MapData,
@@ -260,7 +260,7 @@ impl CountedStacks {
 
     /// `pid` exec'd or exited: its stacks' keys leave the map at the next
     /// report (their records name the process it was).
-    pub fn process_gone(&mut self, pid: u32) {
+    pub(crate) fn process_gone(&mut self, pid: u32) {
         if self.pids.contains_key(&pid) {
             self.gone.insert(pid);
         }

@@ -58,7 +58,7 @@ pub fn text_start(head: &str) -> Option<u64> {
 
 /// Length of the "Kernel code" resource of /proc/iomem (`_etext - _text`);
 /// `None` when absent or shown as zeros.
-pub fn code_len(iomem: &str) -> Option<u64> {
+pub(crate) fn code_len(iomem: &str) -> Option<u64> {
     let line = iomem.lines().find(|l| l.trim_end().ends_with(": Kernel code"))?;
     let range = line.trim_start().split(' ').next()?;
     let (a, b) = range.split_once('-')?;

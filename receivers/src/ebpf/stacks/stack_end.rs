@@ -37,7 +37,7 @@ fn plausible_user(addr: u64) -> bool {
 /// How many leading frames of a user stack (leaf first) are real: the walk
 /// is cut at its first frame that is no code address. `maps`, when the
 /// process's mappings are known, must hold every caller frame.
-pub fn user_frames(stack: &[u64], maps: Option<&MappingSet>) -> usize {
+pub(crate) fn user_frames(stack: &[u64], maps: Option<&MappingSet>) -> usize {
     let real_caller = |addr: u64| plausible_user(addr) && maps.is_none_or(|m| m.find(addr).is_some());
     match stack.split_first() {
         None => 0,

@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 /// table's rows are copied in with plain stores. A table's page entries
 /// are written (by syscall) only after its rows, so the BPF program never
 /// finds a page whose rows are not there yet.
-pub struct RowChunks {
+pub(crate) struct RowChunks {
     outer: MapData,
     chunks: Vec<Option<Chunk>>,
 }
@@ -58,7 +58,7 @@ impl RowChunks {
 }
 
 /// The unwinder's maps, taken from the loaded object.
-pub struct KernelMaps {
+pub(crate) struct KernelMaps {
     pub rows: RowChunks,
     pub pages: BpfHashMap<MapData, [u8; 8], [u8; 8]>,
     pub rules: Array<MapData, [u8; 8]>,

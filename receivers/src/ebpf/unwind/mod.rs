@@ -16,9 +16,10 @@
 //! - [`store`]: the tables loaded into the kernel's maps, shared per build id, within `max_table_bytes`.
 //! - [`kernel`]: those BPF maps, as the store's sink.
 
-pub mod kernel;
-pub mod store;
+pub(crate) mod kernel;
+pub(crate) mod store;
 
+use super::metrics as m;
 use crate::ebpf::process::{Mapping, MappingSet};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
 use profcol_ebpf::unwind::{FileSegment, KernelFile, Want, FILES_CAPACITY, NO_TABLE, PENDING};
@@ -42,7 +43,7 @@ const MAX_FILES: usize = 4096;
 const WANT_TTL_NS: u64 = 10_000_000_000;
 
 /// The kernel's per-file maps, besides the tables.
-pub trait FileSink: Sink {
+pub(crate) trait FileSink: Sink {
     /// `file`'s entry of `unwind_files`: its table ([`NO_TABLE`]: none)
     /// and executable segments.
     fn set_file(&mut self, file: KernelFile, table: u32, segs: &[FileSegment]) -> Result<(), String>;
@@ -54,7 +55,7 @@ pub trait FileSink: Sink {
 
 /// Self-telemetry of unwinding (`profcol_receiver_ebpf_unwind_*`).
 #[derive(Clone)]
-pub struct UnwindCounters {
+pub(crate) struct UnwindCounters {
     /// Per reason (indexed by `UnwindEnd as usize`), `unknown` unused.
     pub stack_end: Vec<Counter>,
     pub table_builds: Counter,
@@ -68,45 +69,23 @@ pub struct UnwindCounters {
 impl UnwindCounters {
     pub fn new(t: &ComponentTelemetry) -> Self {
         UnwindCounters {
-            stack_end: UnwindEnd::ALL
-                .iter()
-                .map(|e| {
-                    t.counter_labeled(
-                        "ebpf_unwind_stack_end_total",
-                        "User stacks by how they ended (outermost frame, no table, unsupported rule, depth limit, \
-                         read error); frame-pointer-only stacks (mode frame_pointers) are not counted",
-                        ("reason", e.name()),
-                    )
-                })
-                .collect(),
-            table_builds: t
-                .counter("ebpf_unwind_table_builds_total", "Unwind tables built from .eh_frame/.debug_frame"),
-            table_build_failures: t.counter(
-                "ebpf_unwind_table_build_failures_total",
-                "Files whose unwind table could not be built or loaded (no CFI, not x86-64, over max_table_bytes, \
-                 map update failed); their code is walked by frame pointers in mode auto",
-            ),
-            table_build_micros: t
-                .counter("ebpf_unwind_table_build_microseconds_total", "Time spent building and loading unwind tables"),
-            table_evictions: t.counter(
-                "ebpf_unwind_table_evictions_total",
-                "Unwind tables evicted to stay within unwind.max_table_bytes (least recently used first)",
-            ),
-            tables_loaded: t.gauge("ebpf_unwind_tables_loaded", "Unwind tables loaded into the kernel"),
-            table_bytes: t.gauge(
-                "ebpf_unwind_table_bytes",
-                "Bytes of unwind tables loaded into the kernel (rows and page entries; at most max_table_bytes)",
-            ),
+            stack_end: UnwindEnd::ALL.iter().map(|e| t.counter_by(&m::UNWIND_STACK_END, e.name())).collect(),
+            table_builds: t.counter_of(&m::UNWIND_TABLE_BUILDS),
+            table_build_failures: t.counter_of(&m::UNWIND_TABLE_BUILD_FAILURES),
+            table_build_micros: t.counter_of(&m::UNWIND_TABLE_BUILD_MICROS),
+            table_evictions: t.counter_of(&m::UNWIND_TABLE_EVICTIONS),
+            tables_loaded: t.gauge_of(&m::UNWIND_TABLES_LOADED),
+            table_bytes: t.gauge_of(&m::UNWIND_TABLE_BYTES),
         }
     }
 
     /// Counts one sample's stack end.
-    pub fn count_end(&self, end: UnwindEnd) {
+    pub(crate) fn count_end(&self, end: UnwindEnd) {
         self.count_ends(end, 1);
     }
 
     /// Counts `n` samples' stack end (samples counted in the kernel).
-    pub fn count_ends(&self, end: UnwindEnd, n: u64) {
+    pub(crate) fn count_ends(&self, end: UnwindEnd, n: u64) {
         if end != UnwindEnd::Unknown {
             if let Some(c) = self.stack_end.get(end as usize) {
                 c.add(n);
@@ -169,7 +148,7 @@ struct Backoff {
 /// (`profcol-unwind`), so a large binary never holds up the sampling loop;
 /// the loop loads finished tables ([`Unwinder::poll`]) and writes the
 /// entries of the files that wait for them.
-pub struct Unwinder {
+pub(crate) struct Unwinder {
     store: TableStore,
     files: FxHashMap<TableKey, FileState>,
     counters: UnwindCounters,
@@ -199,7 +178,7 @@ pub struct Unwinder {
 /// build id (lower-case hex), which also finds it where a container's
 /// overlay shows another device and inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OwnExe {
+pub(crate) struct OwnExe {
     pub file: KernelFile,
     pub build_id: Option<Arc<str>>,
 }
@@ -263,16 +242,17 @@ impl Unwinder {
     /// first second; the table of its own ~30 MB of code took ~150 ms of
     /// CPU and ~16 MiB of transient heap at every start, and 3 MB of the
     /// table budget for as long as it runs (docs/PERFORMANCE.md).
-    pub fn no_table_for(&mut self, exe: OwnExe) {
+    pub(crate) fn no_table_for(&mut self, exe: OwnExe) {
         self.own_exe = Some(exe);
     }
 
-    pub fn counters(&self) -> &UnwindCounters {
+    #[cfg(test)]
+    pub(crate) fn counters(&self) -> &UnwindCounters {
         &self.counters
     }
 
     /// The eventfd the worker signals after each build (for poll(2)).
-    pub fn built_fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn built_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         self.built_fd.as_raw_fd()
     }
@@ -332,7 +312,7 @@ impl Unwinder {
     /// gets its entry, or its table built first. `mappings_of` gives a
     /// process's mappings (the process table, which the kernel's records
     /// keep for processes that exited a moment ago).
-    pub fn read_wanted(
+    pub(crate) fn read_wanted(
         &mut self,
         sink: &mut dyn FileSink,
         mut mappings_of: impl FnMut(u32) -> Option<Arc<MappingSet>>,
@@ -391,7 +371,12 @@ impl Unwinder {
     /// in it stay; tables no such process mapped for `store::UNUSED_GRACE`
     /// are dropped with their files' entries; "no table for now" entries
     /// whose backoff is over are removed (the file may be asked for again).
-    pub fn sweep(&mut self, sink: &mut dyn FileSink, sampled: impl FnOnce(&mut dyn FnMut(&Mapping)), now: Instant) {
+    pub(crate) fn sweep(
+        &mut self,
+        sink: &mut dyn FileSink,
+        sampled: impl FnOnce(&mut dyn FnMut(&Mapping)),
+        now: Instant,
+    ) {
         let store = &mut self.store;
         sampled(&mut |m: &Mapping| {
             if let Some(k) = m.build_id.as_ref().or(m.file_id.as_ref()) {

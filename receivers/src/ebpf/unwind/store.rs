@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 /// How long a table nobody maps stays loaded (a binary run again soon, as
 /// in a shell loop, keeps its table).
-pub const UNUSED_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const UNUSED_GRACE: Duration = Duration::from_secs(30);
 
 /// Where the tables go (the BPF maps, or a fake in tests).
 pub trait Sink {
@@ -50,14 +50,14 @@ pub trait Sink {
 
 /// What identifies a table: the GNU build id, else the file.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum TableKey {
+pub(crate) enum TableKey {
     BuildId(Arc<str>),
     File { dev: u64, inode: u64, size: u64, mtime: (i64, i64) },
 }
 
 /// Why a table was not loaded.
 #[derive(Debug, PartialEq, Eq)]
-pub enum LoadRefused {
+pub(crate) enum LoadRefused {
     /// Larger than `max_table_bytes` on its own.
     TooLarge,
     /// The rule dictionary is full.
@@ -76,7 +76,7 @@ struct Entry {
 }
 
 /// Loaded tables and their space.
-pub struct TableStore {
+pub(crate) struct TableStore {
     entries: FxHashMap<TableKey, Entry>,
     ids: FxHashMap<u32, TableKey>,
     next_id: u32,
@@ -135,17 +135,13 @@ impl TableStore {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// The loaded table's id for `key`.
     pub fn id(&self, key: &TableKey) -> Option<u32> {
         self.entries.get(key).map(|e| e.id)
     }
 
     /// The keys of the tables evicted to make room since the last call.
-    pub fn take_evicted(&mut self) -> Vec<TableKey> {
+    pub(crate) fn take_evicted(&mut self) -> Vec<TableKey> {
         std::mem::take(&mut self.evicted)
     }
 
@@ -277,7 +273,7 @@ impl TableStore {
     }
 
     /// Drops tables unused for [`UNUSED_GRACE`]; returns their keys.
-    pub fn drop_unused(&mut self, now: Instant, sink: &mut dyn Sink) -> Vec<TableKey> {
+    pub(crate) fn drop_unused(&mut self, now: Instant, sink: &mut dyn Sink) -> Vec<TableKey> {
         let old: Vec<TableKey> = self
             .entries
             .iter()

@@ -196,7 +196,7 @@ impl<A> AttachmentCache<A> {
     /// Records an attachment with its first holder. Replaces a positive
     /// entry of the same key (rewritten in place) keeping its holders, and
     /// returns the attachment it replaced (drop it to detach).
-    pub fn insert_positive(&mut self, key: FileKey, stamp: FileStamp, attachment: A) -> Option<A> {
+    pub(crate) fn insert_positive(&mut self, key: FileKey, stamp: FileStamp, attachment: A) -> Option<A> {
         if let Some(old) = self.negative.remove(&key) {
             self.order.remove(&old.seq);
         }
@@ -230,7 +230,7 @@ impl<A> AttachmentCache<A> {
 
     /// Removes the positive entries unused for at least `grace` and hands
     /// their attachments back (drop them to detach).
-    pub fn reap(&mut self, now: Instant, grace: Duration) -> Vec<A> {
+    pub(crate) fn reap(&mut self, now: Instant, grace: Duration) -> Vec<A> {
         let due: Vec<FileKey> = self
             .positive
             .iter()
@@ -243,12 +243,13 @@ impl<A> AttachmentCache<A> {
 
     /// Whether some positive entry has no holder (so [`Self::reap`] may
     /// have work): checked before reaping on every poll.
-    pub fn has_unused(&self) -> bool {
+    pub(crate) fn has_unused(&self) -> bool {
         self.unused > 0
     }
 
     /// Holders of a positive entry (0 when none).
-    pub fn refcount(&self, key: FileKey) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn refcount(&self, key: FileKey) -> u32 {
         self.positive.get(&key).map_or(0, |p| p.refs)
     }
 
@@ -266,7 +267,8 @@ impl<A> AttachmentCache<A> {
     }
 
     /// Whether `key` has a negative entry (expired or not).
-    pub fn is_negative(&self, key: FileKey) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_negative(&self, key: FileKey) -> bool {
         self.negative.contains_key(&key)
     }
 }

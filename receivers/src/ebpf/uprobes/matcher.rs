@@ -7,7 +7,7 @@
 
 /// A parsed `binary:` value.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BinaryPattern {
+pub(crate) struct BinaryPattern {
     pattern: Vec<Token>,
     whole_path: bool,
 }

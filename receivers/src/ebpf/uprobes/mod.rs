@@ -44,9 +44,10 @@
 //! - [`cache`]: the verdicts about binaries: attached (refcounted) or nothing to attach (expiring).
 
 pub mod cache;
-pub mod matcher;
+pub(crate) mod matcher;
 
 use super::config::{NegativeCacheConfig, UprobeSpec};
+use super::metrics as m;
 use crate::ebpf::process::exec_maps::{ExecMapping, ExecMaps, ExecMapsReader};
 use crate::ebpf::process::mmap_events::{FileMap, MappingBatch};
 use crate::ebpf::process::procfs::{self, ProcPath};
@@ -64,20 +65,20 @@ pub const MAPS_RESCAN_DELAYS: [Duration; 2] = [Duration::from_millis(30), Durati
 /// How long a (device, inode) seen in /proc/PID/maps keeps the key and
 /// stamp its last `fstat` gave: a library every process maps costs a
 /// lookup, and one rewritten in place is looked at again within this.
-pub const MAPPED_RECHECK: Duration = Duration::from_secs(1);
+pub(crate) const MAPPED_RECHECK: Duration = Duration::from_secs(1);
 /// Mapped files remembered at most (the table is cleared when full).
-pub const MAX_MAPPED: usize = 1 << 16;
+pub(crate) const MAX_MAPPED: usize = 1 << 16;
 /// How often followed processes are checked against /proc (lost exit events).
-pub const LIVENESS_CHECK_PERIOD: Duration = Duration::from_secs(5);
+pub(crate) const LIVENESS_CHECK_PERIOD: Duration = Duration::from_secs(5);
 /// How long an attachment whose last holder exited stays attached before it
 /// is detached (a binary run again at once reuses it; see `cache`).
-pub const DETACH_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const DETACH_GRACE: Duration = Duration::from_secs(1);
 /// Processes followed at most (each costs a few bytes and holds references).
-pub const MAX_FOLLOWED: usize = 1 << 20;
+pub(crate) const MAX_FOLLOWED: usize = 1 << 20;
 /// Processes whose new image has not shown its executable mapping yet,
 /// remembered at most (cleared when full: their executables are then
 /// checked like libraries).
-pub const MAX_FRESH_IMAGES: usize = 1 << 16;
+pub(crate) const MAX_FRESH_IMAGES: usize = 1 << 16;
 
 /// Why an attach failed: the `reason` label of `attach_failures_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +106,7 @@ impl FailureReason {
     }
 
     /// Classifies an errno from opening the probe's perf event or linking it.
-    pub fn from_errno(errno: Option<i32>) -> Self {
+    pub(crate) fn from_errno(errno: Option<i32>) -> Self {
         match errno {
             Some(libc::EPERM | libc::EACCES) => FailureReason::Permission,
             Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENOSYS) => FailureReason::Unsupported,
@@ -152,40 +153,18 @@ pub struct UprobeCounters {
 
 impl UprobeCounters {
     pub fn new(t: &ComponentTelemetry) -> Self {
-        let failure = |r: FailureReason| {
-            t.counter_labeled(
-                "ebpf_uprobe_attach_failures_total",
-                "Uprobe attaches that failed, by reason (permission, unsupported, invalid, other)",
-                ("reason", r.as_str()),
-            )
-        };
         UprobeCounters {
-            binaries_parsed: t.counter(
-                "ebpf_uprobe_binaries_parsed_total",
-                "Executables and libraries opened and parsed for the configured symbols (cache misses)",
-            ),
-            positive_hits: t.counter(
-                "ebpf_uprobe_positive_hits_total",
-                "Lookups that found the binary attached already (its refcount was raised)",
-            ),
-            negative_hits: t.counter(
-                "ebpf_uprobe_negative_hits_total",
-                "Lookups that found a valid 'nothing to attach' verdict (no parse)",
-            ),
-            negative_entries: t.gauge("ebpf_uprobe_negative_entries", "Verdicts in the negative cache"),
-            sweeps: t.counter("ebpf_uprobe_sweeps_total", "Sweeps of expired negative verdicts (at most one per ttl)"),
-            attachments: t.gauge("ebpf_uprobe_attachments", "Binaries with live uprobes (one entry per file)"),
-            holders: t.gauge(
-                "ebpf_uprobe_holders",
-                "References held on attached binaries by live processes (sum of refcounts)",
-            ),
-            probe_hits: t.counter("ebpf_uprobe_probe_hits_total", "Calls of probed functions seen by the BPF program"),
-            attach_failures: FailureReason::ALL.map(failure),
-            processes: t.gauge("ebpf_uprobe_processes", "Processes followed for uprobes"),
-            mapping_records_lost: t.counter(
-                "ebpf_uprobe_mapping_records_lost_total",
-                "Kernel exec and mapping records lost to a full ring (those execs were looked at through /proc)",
-            ),
+            binaries_parsed: t.counter_of(&m::UPROBE_BINARIES_PARSED),
+            positive_hits: t.counter_of(&m::UPROBE_POSITIVE_HITS),
+            negative_hits: t.counter_of(&m::UPROBE_NEGATIVE_HITS),
+            negative_entries: t.gauge_of(&m::UPROBE_NEGATIVE_ENTRIES),
+            sweeps: t.counter_of(&m::UPROBE_SWEEPS),
+            attachments: t.gauge_of(&m::UPROBE_ATTACHMENTS),
+            holders: t.gauge_of(&m::UPROBE_HOLDERS),
+            probe_hits: t.counter_of(&m::UPROBE_PROBE_HITS),
+            attach_failures: FailureReason::ALL.map(|r| t.counter_by(&m::UPROBE_ATTACH_FAILURES, r.as_str())),
+            processes: t.gauge_of(&m::UPROBE_PROCESSES),
+            mapping_records_lost: t.counter_of(&m::UPROBE_MAPPING_RECORDS_LOST),
         }
     }
 }
@@ -294,7 +273,7 @@ impl<L> Uprobes<L> {
 
     /// Follows every process running now (receiver start), then logs once
     /// per probe whose symbol was found in no binary.
-    pub fn scan_running(&mut self, now: Instant, att: &mut impl Attacher<Link = L>) {
+    pub(crate) fn scan_running(&mut self, now: Instant, att: &mut impl Attacher<Link = L>) {
         let pids: Vec<u32> = std::fs::read_dir("/proc")
             .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
             .unwrap_or_default();
@@ -369,7 +348,7 @@ impl<L> Uprobes<L> {
     /// read later, in batches): forget what it held, look at its executable
     /// now and at its maps once the loader has had [`MAPS_RESCAN_DELAYS`]
     /// since the exec (now, when the event is that old already).
-    pub fn on_exec_at(&mut self, pid: u32, exec_at: Instant, now: Instant, att: &mut impl Attacher<Link = L>) {
+    pub(crate) fn on_exec_at(&mut self, pid: u32, exec_at: Instant, now: Instant, att: &mut impl Attacher<Link = L>) {
         // Take the new references before dropping the old ones, so a file
         // the new image maps too (the same executable seen twice, a shared
         // library) is never detached and attached again.
@@ -506,7 +485,7 @@ impl<L> Uprobes<L> {
 
     /// A probe hit of `pid`: follow it if it is not followed (a child that
     /// forked without exec maps what its parent mapped).
-    pub fn on_probe_hit(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
+    pub(crate) fn on_probe_hit(&mut self, pid: u32, now: Instant, att: &mut impl Attacher<Link = L>) {
         if !self.procs.contains_key(&pid) {
             self.follow(pid, now, att);
             if self.maps_needed {
@@ -565,17 +544,12 @@ impl<L> Uprobes<L> {
     }
 
     /// When [`Self::poll`] has a maps rescan to run next.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.rescans.iter().map(|r| r.0 + MAPS_RESCAN_DELAYS[r.2]).min()
     }
 
-    /// Reference count of an attached file (0 when not attached).
-    pub fn refcount(&self, key: FileKey) -> u32 {
-        self.cache.refcount(key)
-    }
-
     /// Files attached now.
-    pub fn attached_files(&self) -> usize {
+    pub(crate) fn attached_files(&self) -> usize {
         self.cache.positive_len()
     }
 
