@@ -78,7 +78,10 @@ fn every_declared_series_has_a_row_in_config_md() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CONFIG.md")).expect("docs/CONFIG.md");
     let rows = rows(&doc);
     let registry = Registry::builtin(&HostStatus::default());
-    let mut declared = vec![("exporter helper".to_owned(), Kind::Exporter, profcol::exporter_helper::METRICS)];
+    let mut declared = vec![
+        ("exporter helper".to_owned(), Kind::Exporter, profcol::exporter_helper::METRICS),
+        ("pipeline".to_owned(), Kind::Processor, profcol::service::PROCESSOR_METRICS),
+    ];
     for f in registry.all() {
         let m = f.meta();
         declared.push((format!("{} {}", m.kind.as_str(), m.type_name), m.kind, f.metrics()));

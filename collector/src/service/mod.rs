@@ -13,7 +13,7 @@ use crate::registry::Registry;
 use check::{Checked, CheckedComponents};
 use profcol_api::component::{Component, ComponentId, Consumer, CreateSettings, Extension, Kind, Next};
 use profcol_api::services::HostServices;
-use profcol_api::telemetry::Telemetry;
+use profcol_api::telemetry::{MetricDef, Telemetry};
 use profcol_api::{Processor, Receiver};
 use profcol_config::Config;
 use std::collections::BTreeMap;
@@ -503,9 +503,17 @@ impl Service {
     }
 }
 
-/// `profcol_processor_dropped_batches_total{processor}`.
+/// Series the host keeps for every processor.
+pub const PROCESSOR_METRICS: &[MetricDef] = &[PROCESSOR_DROPPED_BATCHES];
+
+const PROCESSOR_DROPPED_BATCHES: MetricDef = MetricDef::counter(
+    "dropped_batches_total",
+    "1",
+    "Batches the processor dropped (their samples are in dropped_samples_total).",
+);
+
 fn processor_dropped_batches(t: &profcol_api::telemetry::ComponentTelemetry) -> profcol_api::telemetry::Counter {
-    t.counter("dropped_batches_total", "Batches the processor dropped (their samples are in dropped_samples_total).")
+    t.counter_of(&PROCESSOR_DROPPED_BATCHES)
 }
 
 fn wrong_kind(kind: Kind, id: &ComponentId) -> BuildError {

@@ -36,13 +36,10 @@ pub use config::EbpfConfig;
 
 use async_trait::async_trait;
 use profcol_api::component::{
-    factory as typed_factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver,
+    factory_with_metrics, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, Next, Receiver,
     Stability,
 };
-use profcol_api::config::{ConfigError, ConfigValue};
-use profcol_api::telemetry::MetricDef;
 use sampler::{Counters, SamplerHandle};
-use schemars::{Schema, SchemaGenerator};
 use std::sync::{Arc, Mutex};
 
 /// The receiver's type name in configs.
@@ -50,38 +47,18 @@ pub(crate) const TYPE_NAME: &str = "ebpf";
 
 /// Factory for `receivers: ebpf:`.
 pub fn factory() -> Arc<dyn Factory> {
-    Arc::new(EbpfFactory(typed_factory::<EbpfConfig, _>(
+    factory_with_metrics::<EbpfConfig, _>(
         FactoryMeta {
             type_name: TYPE_NAME,
             kind: Kind::Receiver,
             stability: Stability::Development,
             description: "whole-host on-CPU profiling with eBPF: kernel and user stacks, mappings, build IDs",
         },
+        metrics::METRICS,
         |settings: CreateSettings, config: EbpfConfig| {
             Ok(Component::Receiver(Arc::new(EbpfReceiver::new(settings, config))))
         },
-    )))
-}
-
-/// The typed factory, plus the receiver's series.
-struct EbpfFactory(Arc<dyn Factory>);
-
-impl Factory for EbpfFactory {
-    fn meta(&self) -> FactoryMeta {
-        self.0.meta()
-    }
-    fn metrics(&self) -> &'static [MetricDef] {
-        metrics::METRICS
-    }
-    fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
-        self.0.check(raw)
-    }
-    fn create(&self, settings: CreateSettings, config: &ConfigValue) -> Result<Component, ComponentError> {
-        self.0.create(settings, config)
-    }
-    fn schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        self.0.schema(generator)
-    }
+    )
 }
 
 /// The running receiver.
