@@ -309,7 +309,7 @@ api/              ok
     packed.rs     ok
   src/nope/       wrong
 collector/
-  build.rs        ok
+  Cargo.toml      ok
   main.rs         wrong: it is under src/
 ```
 
