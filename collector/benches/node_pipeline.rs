@@ -15,7 +15,7 @@ use profcol_processors::kernel_symbols::symbolize::symbolize;
 use std::time::{Duration, Instant};
 
 mod common {
-    pub mod node_report;
+    pub(crate) mod node_report;
 }
 use common::node_report::{Inputs, STACKS};
 

@@ -22,7 +22,7 @@ use profcol_testkit::alloc::{live, peak, reset_peak};
 static A: profcol_testkit::alloc::Counting = profcol_testkit::alloc::Counting;
 
 mod common {
-    pub mod node_report;
+    pub(crate) mod node_report;
 }
 use common::node_report::{Inputs, STACKS};
 

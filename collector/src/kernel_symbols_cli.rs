@@ -17,7 +17,7 @@ use profcol_processors::kernel_symbols::{Store, StoreConfig};
 const PROC_KALLSYMS: &str = "/proc/kallsyms";
 
 #[derive(clap::Subcommand, Debug)]
-pub enum KernelSymbolsCmd {
+pub(crate) enum KernelSymbolsCmd {
     /// Resolve kernel addresses: one `ADDR NAME+0xOFF [module]` line each.
     Lookup {
         /// kallsyms file to read (a copy of /proc/kallsyms works).
@@ -39,7 +39,7 @@ pub enum KernelSymbolsCmd {
     },
 }
 
-pub fn run(cmd: KernelSymbolsCmd) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: KernelSymbolsCmd) -> anyhow::Result<()> {
     match cmd {
         KernelSymbolsCmd::Lookup { kallsyms, sysfs, addrs } => {
             // Parse every address first so a typo fails before the slow read.

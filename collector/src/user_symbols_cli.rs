@@ -19,7 +19,7 @@ use anyhow::{bail, Context};
 use profcol_processors::user_symbols::table::{BinaryTable, Missing, SearchPaths, Want};
 
 #[derive(clap::Subcommand, Debug)]
-pub enum SymbolsCmd {
+pub(crate) enum SymbolsCmd {
     /// Name addresses of a binary: by its build id (found under the debug
     /// directories' .build-id trees) or by its file.
     Lookup {
@@ -44,7 +44,7 @@ pub enum SymbolsCmd {
     },
 }
 
-pub fn run(cmd: SymbolsCmd) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: SymbolsCmd) -> anyhow::Result<()> {
     let SymbolsCmd::Lookup { build_id, file, debug_dirs, no_lines, mut vaddr, addrs } = cmd;
     let parsed: Vec<u64> = addrs.iter().map(|a| parse_addr(a)).collect::<anyhow::Result<_>>()?;
     let search = SearchPaths { debug_dirs: debug_dirs.clone(), lines: !no_lines, ..SearchPaths::default() };

@@ -232,6 +232,7 @@ async fn sigkill_during_outage(batch_processor: bool) {
     let batches: Vec<Profiles> = (0..10).map(batch).collect();
     send_all(port_in, &batches).await;
     // Every batch was acknowledged, so every batch is on disk; now the process dies without a word.
+    // SAFETY: kill on a child this test started and still owns.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
     let on_disk = queue_files(&storage, "batch").len();
@@ -269,6 +270,7 @@ async fn sigterm_during_outage_keeps_the_persistent_queue_for_the_next_start() {
     let QueuedNode { cfg, storage, mut child, port_in, port_out } = start_queued(dir.path(), "", false).await;
     let batches: Vec<Profiles> = (0..5).map(batch).collect();
     send_all(port_in, &batches).await;
+    // SAFETY: kill on a child this test started and still owns.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     // The batches are safe on disk, so retrying until shutdown_timeout (10 s by default) would only hold the exit up.
     let st = wait_exit(&mut child, Duration::from_secs(5)).await;
@@ -374,6 +376,7 @@ async fn a_reload_that_replaces_the_persistent_exporter_hands_its_queue_over() {
     // A changed exporter section makes a new exporter instance, on the same queue directory.
     let text = std::fs::read_to_string(&cfg).unwrap().replace("timeout: 2s", "timeout: 3s");
     std::fs::write(&cfg, text).unwrap();
+    // SAFETY: kill on a child this test started and still owns.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     wait_for(&log, || log_has(&log, "configuration reloaded")).await;
     let second: Vec<Profiles> = (8..12).map(batch).collect();
@@ -418,6 +421,7 @@ async fn queued_batches_wait_on_disk_not_in_memory() {
         // validate refuses a max_interval below initial_interval.
         .replace("max_interval: 1s", "max_interval: 3s");
     std::fs::write(&cfg, text).unwrap();
+    // SAFETY: kill on a child this test started and still owns.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     let log = dir.path().join("profcol.log");
     wait_for(&log, || log_has(&log, "configuration reloaded")).await;

@@ -128,20 +128,35 @@ pub unsafe trait Plain: Copy + 'static {}
 // SAFETY: each is a #[repr(C)] bindgen struct/union of integers and arrays,
 // or a record layout above made of the same.
 unsafe impl Plain for bpf_attr {}
+// SAFETY: as the impl above.
 unsafe impl Plain for bpf_prog_info {}
+// SAFETY: as the impl above.
 unsafe impl Plain for bpf_btf_info {}
+// SAFETY: as the impl above.
 unsafe impl Plain for bpf_func_info {}
+// SAFETY: as the impl above.
 unsafe impl Plain for bpf_line_info {}
+// SAFETY: as the impl above.
 unsafe impl Plain for perf_event_attr {}
+// SAFETY: as the impl above.
 unsafe impl Plain for perf_event_header {}
+// SAFETY: as the impl above.
 unsafe impl Plain for KsymbolRecord {}
+// SAFETY: as the impl above.
 unsafe impl Plain for BpfEventRecord {}
+// SAFETY: as the impl above.
 unsafe impl Plain for CommRecord {}
+// SAFETY: as the impl above.
 unsafe impl Plain for Mmap2Record {}
+// SAFETY: as the impl above.
 unsafe impl Plain for LostRecord {}
+// SAFETY: as the impl above.
 unsafe impl Plain for SampleIdTidTime {}
+// SAFETY: as the impl above.
 unsafe impl Plain for u32 {}
+// SAFETY: as the impl above.
 unsafe impl Plain for u64 {}
+// SAFETY: as the impl above.
 unsafe impl<const N: usize> Plain for [u8; N] {}
 
 /// An all-zero `T`, the starting point of every struct passed to the kernel.
@@ -259,8 +274,9 @@ pub struct MappedU64s {
     len: usize,
 }
 
-// The mapping is shared memory accessed only through atomics.
+// SAFETY: the mapping is shared memory accessed only through atomics.
 unsafe impl Send for MappedU64s {}
+// SAFETY: as the impl above.
 unsafe impl Sync for MappedU64s {}
 
 impl MappedU64s {
@@ -402,6 +418,7 @@ pub fn map_read_all<K: Plain, V: Plain>(
         attr.batch.out_batch = token.as_mut_ptr() as u64;
         // SAFETY: (pointer arithmetic only) the spare capacity reserved above.
         attr.batch.keys = unsafe { keys.as_mut_ptr().add(have) } as u64;
+        // SAFETY: (pointer arithmetic only) the spare capacity reserved above.
         attr.batch.values = unsafe { values.as_mut_ptr().add(have) } as u64;
         attr.batch.count = chunk;
         // SAFETY: keys and values have `chunk` spare elements of the map's
@@ -856,6 +873,7 @@ pub struct PerfRing {
 // SAFETY: the mapping is owned by the ring; through &self only the fd is
 // used, and the records are only read through &mut self.
 unsafe impl Send for PerfRing {}
+// SAFETY: as the impl above.
 unsafe impl Sync for PerfRing {}
 
 impl PerfRing {

@@ -24,7 +24,7 @@ type Reader = EndianSlice<'static, RunTimeEndian>;
 /// One debug section's bytes: a range of the shared file mapping, or a
 /// decompressed copy.
 #[derive(Clone)]
-pub struct Section(Backing);
+pub(crate) struct Section(Backing);
 
 #[derive(Clone)]
 enum Backing {

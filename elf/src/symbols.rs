@@ -21,7 +21,7 @@
 //! panic or a wrong slice.
 
 /// Longest name kept; longer ones are cut (at a char boundary).
-pub const MAX_NAME: usize = 4096;
+pub(crate) const MAX_NAME: usize = 4096;
 
 /// Names per front-coding block: a lookup decodes at most this many.
 const BLOCK: usize = 16;

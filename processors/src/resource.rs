@@ -126,7 +126,7 @@ pub(crate) struct ResourceProcessor {
 }
 
 impl ResourceProcessor {
-    pub fn new(cfg: &ResourceConfig) -> Self {
+    pub(crate) fn new(cfg: &ResourceConfig) -> Self {
         let steps = cfg
             .attributes
             .iter()
@@ -149,7 +149,7 @@ impl ResourceProcessor {
     }
 
     /// Applies every step to one resource.
-    pub fn apply(&self, r: &mut Resource) {
+    pub(crate) fn apply(&self, r: &mut Resource) {
         for step in &self.steps {
             match step {
                 Step::Delete { key } => r.attributes.retain(|kv| kv.key != *key),

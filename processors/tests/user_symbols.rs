@@ -51,6 +51,7 @@ async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {
     // fast this machine loads it (max_wait 0 must not name it).
     let fifo = dir.path().join("held");
     let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: c is a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
     let held = batch(&fifo, "00aa00aa", &[leaf], &elf);
     let _ = p.symbolize(held).await;

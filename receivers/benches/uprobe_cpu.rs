@@ -18,7 +18,7 @@
 //! The receiver runs in this process; the exec loop is another process, so
 //! this process's CPU time (getrusage, user + system) is the receiver's.
 
-#[path = "uprobe_fixture.rs"]
+#[path = "common/uprobe_fixture.rs"]
 mod uprobe_fixture;
 
 use profcol_api::component::{ComponentId, ConsumeError, Consumer, Kind, Next, Receiver};
@@ -44,6 +44,7 @@ impl Consumer for Discard {
 fn cpu_seconds(who: libc::c_int) -> f64 {
     // SAFETY: ru is a valid out-parameter.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: ru is a valid rusage the call fills.
     unsafe { libc::getrusage(who, &mut ru) };
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(ru.ru_utime) + t(ru.ru_stime)

@@ -19,7 +19,7 @@
 //!   (a `stat` of its path checked against the record's device and inode,
 //!   and the lookup, or the parse) and the exit.
 
-#[path = "uprobe_fixture.rs"]
+#[path = "common/uprobe_fixture.rs"]
 mod uprobe_fixture;
 
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -168,7 +168,7 @@ impl Heap for pb::ProfilesDictionary {
 }
 
 /// The bytes `data` occupies in memory: its inline size plus its heap blocks.
-pub fn memory_size(data: &pb::ProfilesData) -> usize {
+pub(super) fn memory_size(data: &pb::ProfilesData) -> usize {
     size_of::<pb::ProfilesData>() + heap_vec!(data.resource_profiles) + data.dictionary.heap()
 }
 

@@ -72,7 +72,7 @@ impl PackedSamples {
 
     /// The samples' observations (`model::observations`), for a profile
     /// that counts events or not.
-    pub fn observations(&self, counts_events: bool) -> u64 {
+    pub(super) fn observations(&self, counts_events: bool) -> u64 {
         if counts_events {
             self.summary.counted
         } else {
@@ -97,11 +97,11 @@ impl PackedSamples {
     }
 
     /// Number of Sample messages.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.count
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.count == 0
     }
 
@@ -116,7 +116,7 @@ impl PackedSamples {
     }
 
     /// Calls `f` with each sample in order, all read into one reused Sample.
-    pub fn for_each(&self, mut f: impl FnMut(&pb::Sample)) {
+    pub(super) fn for_each(&self, mut f: impl FnMut(&pb::Sample)) {
         self.walk(|s| f(s));
     }
 
@@ -147,7 +147,7 @@ impl PackedSamples {
 
     /// The samples as a vector, each vector sized exactly (a clone
     /// allocates its length, not the reused Sample's capacity).
-    pub fn unpack(&self) -> Vec<pb::Sample> {
+    pub(super) fn unpack(&self) -> Vec<pb::Sample> {
         let mut out = Vec::with_capacity(self.count);
         self.for_each(|s| out.push(s.clone()));
         out

@@ -15,9 +15,9 @@ use std::time::Duration;
 mod report;
 use report::{dash_and_libc, dash_sample, user_stack, Rng};
 
-pub const STACKS: usize = 1000;
+pub(crate) const STACKS: usize = 1000;
 /// Processes the stacks are spread over.
-pub const PROCESSES: usize = 10;
+pub(crate) const PROCESSES: usize = 10;
 
 /// Text symbols' addresses from /proc/kallsyms (zeros without root).
 fn kernel_functions() -> Vec<u64> {
@@ -38,7 +38,7 @@ fn kernel_functions() -> Vec<u64> {
 
 /// What a report is made of, made once: the stacks, their processes and
 /// mappings, and the kernel symbol store.
-pub struct Inputs {
+pub(crate) struct Inputs {
     stacks: Vec<(Vec<u64>, Vec<u64>)>,
     infos: Vec<Arc<ProcessInfo>>,
     maps: Arc<profcol_receivers::ebpf::process::MappingSet>,
@@ -48,7 +48,7 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let funcs = kernel_functions();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         // Callers from a pool of 300 kernel functions, leaves all different.
@@ -77,7 +77,7 @@ impl Inputs {
     }
 
     /// The receiver's batch of one report interval.
-    pub fn batch(&self) -> Profiles {
+    pub(crate) fn batch(&self) -> Profiles {
         let mut iv = Interval::new(1, self.attrs);
         for (i, (k, u)) in self.stacks.iter().enumerate() {
             let info = &self.infos[i % PROCESSES];

@@ -39,7 +39,7 @@ const HEADER_V1: usize = 4 + 4 + 8;
 
 /// Identifies one batch on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ticket {
+pub(super) struct Ticket {
     seq: u64,
     bytes: u64,
     /// Samples in the batch (0 when a version 1 file did not say).
@@ -47,7 +47,7 @@ pub struct Ticket {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PersistError {
+pub(super) enum PersistError {
     #[error(
         "the persistent queue in {dir} is full ({used} of max_storage_bytes {max} bytes used; this batch needs {need})"
     )]
@@ -63,7 +63,7 @@ pub enum PersistError {
 impl PersistError {
     /// The same, without local paths or OS details: what a sender may be
     /// told (the log has the whole error).
-    pub fn for_sender(&self) -> String {
+    pub(super) fn for_sender(&self) -> String {
         match self {
             PersistError::Full { used, max, need, .. } => format!(
                 "the persistent sending queue is full ({used} of max_storage_bytes {max} bytes used; this batch needs {need})"
@@ -81,7 +81,7 @@ impl PersistError {
 /// shares it between the old and the new handle, so sequence numbers and the
 /// byte bound stay whole), and one per directory on the host: an exclusive
 /// `flock` on `DIR/<id>/.lock` keeps a second profcol off it.
-pub struct PersistentQueue {
+pub(super) struct PersistentQueue {
     dir: PathBuf,
     max_bytes: AtomicU64,
     used: AtomicU64,
@@ -220,7 +220,7 @@ impl PersistentQueue {
     /// process already has open there. What a previous run left is
     /// unclaimed, oldest first. Nothing is decoded here, so start-up does not
     /// wait for a backlog to be read.
-    pub fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<Arc<Self>> {
+    pub(super) fn open(root: &Path, exporter_id: &str, max_bytes: u64) -> std::io::Result<Arc<Self>> {
         let dir = root.join(sanitize(exporter_id));
         // Batches name hosts, processes and functions: only profcol's user reads them.
         profcol_api::config::create_dirs(&dir, DIR_MODE)?;
@@ -296,7 +296,7 @@ impl PersistentQueue {
     }
 
     /// Takes every unclaimed batch, oldest first.
-    pub fn take_unclaimed(&self) -> Vec<Ticket> {
+    pub(super) fn take_unclaimed(&self) -> Vec<Ticket> {
         let mut v = std::mem::take(&mut *self.unclaimed.lock().unwrap_or_else(|p| p.into_inner()));
         v.sort_by_key(|t| t.seq);
         v
@@ -304,7 +304,7 @@ impl PersistentQueue {
 
     /// Hands batches back (a stopping handle's queue), for whichever handle
     /// uses this queue next (a reload's new one) or the next start.
-    pub fn hand_back(&self, tickets: impl IntoIterator<Item = Ticket>) {
+    pub(super) fn hand_back(&self, tickets: impl IntoIterator<Item = Ticket>) {
         let mut u = self.unclaimed.lock().unwrap_or_else(|p| p.into_inner());
         let before = u.len();
         u.extend(tickets);
@@ -314,12 +314,12 @@ impl PersistentQueue {
     }
 
     /// Bytes on disk now.
-    pub fn used_bytes(&self) -> u64 {
+    pub(super) fn used_bytes(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }
 
     /// Batches and samples on disk now (samples of version 1 files not counted).
-    pub fn on_disk(&self) -> (u64, u64) {
+    pub(super) fn on_disk(&self) -> (u64, u64) {
         (self.batches.load(Ordering::Relaxed), self.samples.load(Ordering::Relaxed))
     }
 
@@ -337,7 +337,7 @@ impl PersistentQueue {
     /// not read back (torn, truncated, flipped bits, not protobuf) is set
     /// aside as `*.corrupt` with a warning and yields `None`. `packed`: as
     /// the exporter takes batches (`Exporter::reads_packed`).
-    pub fn load(&self, exporter_id: &str, t: &Ticket, packed: bool) -> Option<Profiles> {
+    pub(super) fn load(&self, exporter_id: &str, t: &Ticket, packed: bool) -> Option<Profiles> {
         let p = self.path(t.seq);
         match read_batch(&p, packed) {
             Ok(batch) => Some(batch),
@@ -352,7 +352,7 @@ impl PersistentQueue {
 
     /// Writes the batch durably (blocking I/O: call from `spawn_blocking`,
     /// or use [`PersistentQueue::persist`]).
-    pub fn persist_blocking(&self, batch: &Profiles) -> Result<Ticket, PersistError> {
+    pub(super) fn persist_blocking(&self, batch: &Profiles) -> Result<Ticket, PersistError> {
         let payload = batch.encode_to_vec();
         let samples = batch.sample_count() as u64;
         let need = (HEADER + payload.len()) as u64;
@@ -402,7 +402,7 @@ impl PersistentQueue {
     }
 
     /// Writes the batch durably off the async threads.
-    pub async fn persist(self: &Arc<Self>, batch: Arc<Profiles>) -> Result<Ticket, PersistError> {
+    pub(super) async fn persist(self: &Arc<Self>, batch: Arc<Profiles>) -> Result<Ticket, PersistError> {
         let me = self.clone();
         match tokio::task::spawn_blocking(move || me.persist_blocking(&batch)).await {
             Ok(r) => r,
@@ -411,7 +411,7 @@ impl PersistentQueue {
     }
 
     /// Forgets a batch that was exported or dropped for good.
-    pub fn remove(&self, t: &Ticket) {
+    pub(super) fn remove(&self, t: &Ticket) {
         match std::fs::remove_file(self.path(t.seq)) {
             Ok(()) => {
                 self.used.fetch_sub(t.bytes.min(self.used.load(Ordering::Relaxed)), Ordering::AcqRel);
@@ -586,6 +586,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // Another open file description on the lock file stands in for another process.
         let other = std::fs::File::create(dir.join(".lock")).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
         assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
         std::fs::write(dir.join(".lock"), "4242").unwrap();
         let err = PersistentQueue::open(d.path(), "otlp", 1 << 20).err().expect("opened a locked queue");

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 
 /// Why an entry was not queued; the entry comes back with it.
 #[derive(Debug)]
-pub enum Rejected<T> {
+pub(super) enum Rejected<T> {
     /// No room now (only from [`SizedQueue::try_push`]).
     Full(T),
     /// Heavier than the whole capacity: it can never fit.
@@ -30,7 +30,7 @@ struct State<T> {
     closed: bool,
 }
 
-pub struct SizedQueue<T> {
+pub(super) struct SizedQueue<T> {
     state: Mutex<State<T>>,
     capacity: u64,
     /// Signalled when an entry arrives or the queue closes.
@@ -40,7 +40,7 @@ pub struct SizedQueue<T> {
 }
 
 impl<T> SizedQueue<T> {
-    pub fn new(capacity: u64) -> Self {
+    pub(super) fn new(capacity: u64) -> Self {
         SizedQueue {
             state: Mutex::new(State { entries: VecDeque::new(), used: 0, closed: false }),
             capacity: capacity.max(1),
@@ -54,21 +54,21 @@ impl<T> SizedQueue<T> {
     }
 
     /// Weight charged now (waiting and taken-but-not-released entries).
-    pub fn used(&self) -> u64 {
+    pub(super) fn used(&self) -> u64 {
         self.lock().used
     }
 
     /// Entries waiting to be taken.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.lock().entries.len()
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         self.lock().closed
     }
 
     /// Queues `item` if it fits now.
-    pub fn try_push(&self, item: T, weight: u64) -> Result<(), Rejected<T>> {
+    pub(super) fn try_push(&self, item: T, weight: u64) -> Result<(), Rejected<T>> {
         let mut s = self.lock();
         if s.closed {
             return Err(Rejected::Closed(item));
@@ -87,7 +87,7 @@ impl<T> SizedQueue<T> {
     }
 
     /// Queues `item`, waiting for room.
-    pub async fn push(&self, mut item: T, weight: u64) -> Result<(), Rejected<T>> {
+    pub(super) async fn push(&self, mut item: T, weight: u64) -> Result<(), Rejected<T>> {
         loop {
             let room = self.room.notified();
             tokio::pin!(room);
@@ -102,14 +102,14 @@ impl<T> SizedQueue<T> {
     }
 
     /// Takes the oldest entry without waiting.
-    pub fn try_pop(&self) -> Option<(T, u64)> {
+    pub(super) fn try_pop(&self) -> Option<(T, u64)> {
         self.lock().entries.pop_front()
     }
 
     /// Takes the oldest entry, waiting for one; `None` once the queue is
     /// closed and empty. The entry's weight stays charged until
     /// [`SizedQueue::release`].
-    pub async fn pop(&self) -> Option<(T, u64)> {
+    pub(super) async fn pop(&self) -> Option<(T, u64)> {
         loop {
             let arrived = self.arrived.notified();
             tokio::pin!(arrived);
@@ -134,7 +134,7 @@ impl<T> SizedQueue<T> {
     }
 
     /// Gives back the weight of an entry taken with `pop`/`try_pop`.
-    pub fn release(&self, weight: u64) {
+    pub(super) fn release(&self, weight: u64) {
         let mut s = self.lock();
         s.used = s.used.saturating_sub(weight);
         drop(s);
@@ -142,7 +142,7 @@ impl<T> SizedQueue<T> {
     }
 
     /// No more pushes; waiting entries can still be taken.
-    pub fn close(&self) {
+    pub(super) fn close(&self) {
         self.lock().closed = true;
         self.arrived.notify_waiters();
         self.room.notify_waiters();

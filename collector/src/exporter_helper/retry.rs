@@ -5,20 +5,20 @@ use std::time::Duration;
 // tokio's clock: the same as std's in a running host, and virtual under a paused test clock.
 use tokio::time::Instant;
 
-pub struct Backoff {
+pub(super) struct Backoff {
     cfg: RetryConfig,
     interval: Duration,
     started: Instant,
 }
 
 impl Backoff {
-    pub fn new(cfg: &RetryConfig) -> Self {
+    pub(super) fn new(cfg: &RetryConfig) -> Self {
         Backoff { interval: cfg.initial_interval, cfg: cfg.clone(), started: Instant::now() }
     }
 
     /// How long to wait before the next attempt, or None to give up.
     /// A server's Retry-After / RetryInfo wins when it asks for longer.
-    pub fn next(&mut self, retry_after: Option<Duration>) -> Option<Duration> {
+    pub(super) fn next(&mut self, retry_after: Option<Duration>) -> Option<Duration> {
         if !self.cfg.enabled {
             return None;
         }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
-pub struct HealthCheckConfig {
+pub(super) struct HealthCheckConfig {
     /// Listen address, host:port.
     pub endpoint: String,
     /// URL path answered (starts with '/').
@@ -47,7 +47,7 @@ struct HealthCheck {
     bound: Mutex<Option<std::net::SocketAddr>>,
 }
 
-pub fn factory(status: HostStatus) -> Arc<dyn Factory> {
+pub(super) fn factory(status: HostStatus) -> Arc<dyn Factory> {
     make_factory::<HealthCheckConfig, _>(
         FactoryMeta {
             type_name: OWNER,

@@ -24,7 +24,7 @@ pub const EXPORT_LOG_TARGET: &str = "profcol::self_telemetry::export";
 
 /// Which signal an exporter carries (its HTTP path and its log lines).
 #[derive(Clone, Copy, Debug)]
-pub enum Signal {
+pub(super) enum Signal {
     Metrics,
     Logs,
     Traces,
@@ -49,7 +49,7 @@ impl Signal {
 
 /// Logs the first failure after a success (or the start) and the recovery.
 #[derive(Debug)]
-pub struct Contained<E> {
+pub(super) struct Contained<E> {
     inner: E,
     signal: Signal,
     /// As it may be logged (credentials redacted).
@@ -220,15 +220,17 @@ macro_rules! build_exporter {
     }};
 }
 
-pub fn metric_exporter(c: &OtlpTelemetryExporter) -> anyhow::Result<Contained<opentelemetry_otlp::MetricExporter>> {
+pub(super) fn metric_exporter(
+    c: &OtlpTelemetryExporter,
+) -> anyhow::Result<Contained<opentelemetry_otlp::MetricExporter>> {
     Ok(build_exporter!(opentelemetry_otlp::MetricExporter::builder(), c, Signal::Metrics))
 }
 
-pub fn log_exporter(c: &OtlpTelemetryExporter) -> anyhow::Result<Contained<opentelemetry_otlp::LogExporter>> {
+pub(super) fn log_exporter(c: &OtlpTelemetryExporter) -> anyhow::Result<Contained<opentelemetry_otlp::LogExporter>> {
     Ok(build_exporter!(opentelemetry_otlp::LogExporter::builder(), c, Signal::Logs))
 }
 
-pub fn span_exporter(c: &OtlpTelemetryExporter) -> anyhow::Result<Contained<opentelemetry_otlp::SpanExporter>> {
+pub(super) fn span_exporter(c: &OtlpTelemetryExporter) -> anyhow::Result<Contained<opentelemetry_otlp::SpanExporter>> {
     Ok(build_exporter!(opentelemetry_otlp::SpanExporter::builder(), c, Signal::Traces))
 }
 

@@ -23,14 +23,14 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 /// Batches waiting at a pipeline's input: small, so receivers feel backpressure.
-pub const INPUT_CAPACITY: usize = 8;
+pub(super) const INPUT_CAPACITY: usize = 8;
 
 /// A batch at a pipeline's input, where to say what became of it, and (with
 /// batch tracing on) when the receiver handed it over.
-pub type Input = (Profiles, oneshot::Sender<Result<(), ConsumeError>>, Option<SystemTime>);
+pub(super) type Input = (Profiles, oneshot::Sender<Result<(), ConsumeError>>, Option<SystemTime>);
 
 /// The input end of a pipeline; receivers' [`profcol_api::Next`] point here.
-pub struct PipelineInput {
+pub(super) struct PipelineInput {
     pub tx: mpsc::Sender<Input>,
 }
 
@@ -47,7 +47,7 @@ impl Consumer for PipelineInput {
 }
 
 /// One processor of a pipeline, with the counters the host keeps for it.
-pub struct PipelineProcessor {
+pub(super) struct PipelineProcessor {
     pub id: ComponentId,
     pub instance: Arc<dyn Processor>,
     /// incoming / outgoing / dropped / refused samples, labelled by id.
@@ -56,7 +56,7 @@ pub struct PipelineProcessor {
     pub dropped_batches: profcol_api::telemetry::Counter,
 }
 
-pub struct PipelineParts {
+pub(super) struct PipelineParts {
     pub name: String,
     pub processors: Vec<PipelineProcessor>,
     pub exporters: Vec<Arc<ExporterHandle>>,
@@ -76,7 +76,7 @@ struct Held {
 
 /// Runs until every sender of `rx` is gone, then flushes held-back batches
 /// through the rest of the pipeline and returns.
-pub async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
+pub(super) async fn run(parts: PipelineParts, mut rx: mpsc::Receiver<Input>) {
     let flush_every = parts.processors.iter().filter_map(|p| p.instance.flush_interval()).min();
     let mut ticker = tokio::time::interval(flush_every.unwrap_or(Duration::from_secs(3600)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

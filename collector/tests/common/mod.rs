@@ -2,22 +2,22 @@
 //! running profcol process (what other crates share is in profcol-testkit).
 #![allow(dead_code)]
 
-pub mod service;
+pub(crate) mod service;
 
 use profcol_api::Profiles;
-pub use profcol_testkit::batch::random_batch;
+pub(crate) use profcol_testkit::batch::random_batch;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_profcol")
 }
 
 /// Writes `n` batches as `.pb` files into `dir`; returns them.
-pub fn write_corpus(dir: &Path, n: usize, samples: usize) -> Vec<Profiles> {
+pub(crate) fn write_corpus(dir: &Path, n: usize, samples: usize) -> Vec<Profiles> {
     std::fs::create_dir_all(dir).unwrap();
     (0..n)
         .map(|i| {
@@ -29,7 +29,7 @@ pub fn write_corpus(dir: &Path, n: usize, samples: usize) -> Vec<Profiles> {
 }
 
 /// Reads what the file exporter wrote (JSON lines).
-pub fn read_jsonl(path: &Path) -> Vec<Profiles> {
+pub(crate) fn read_jsonl(path: &Path) -> Vec<Profiles> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines().filter(|l| !l.trim().is_empty()).map(|l| Profiles::from_json(l.as_bytes()).unwrap()).collect()
 }
@@ -38,7 +38,7 @@ pub fn read_jsonl(path: &Path) -> Vec<Profiles> {
 /// pass: the host's contract is that a config which validates also starts
 /// (failures only `start` can know, like a port in use, aside). Panics with
 /// validate's output otherwise.
-pub fn assert_validates(config: &Path) {
+pub(crate) fn assert_validates(config: &Path) {
     let out = Command::new(bin()).arg("validate").arg("--config").arg(config).output().expect("profcol validate runs");
     assert!(
         out.status.success(),
@@ -49,7 +49,7 @@ pub fn assert_validates(config: &Path) {
 }
 
 /// A running profcol with its log lines collected.
-pub struct Profcol {
+pub(crate) struct Profcol {
     pub child: Child,
     pub log: Arc<Mutex<Vec<String>>>,
     /// The `--config` it was started with (it passed `profcol validate`).
@@ -59,12 +59,12 @@ pub struct Profcol {
 impl Profcol {
     /// Starts profcol with `args`; a `--config` among them is validated
     /// first, and dropping the handle checks that profcol did start with it.
-    pub fn start(args: &[&str]) -> Profcol {
+    pub(crate) fn start(args: &[&str]) -> Profcol {
         Profcol::start_env(args, &[])
     }
 
     /// [`Profcol::start`] with `env` added to its environment.
-    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Profcol {
+    pub(crate) fn start_env(args: &[&str], env: &[(&str, &str)]) -> Profcol {
         let config = args.windows(2).find(|w| w[0] == "--config").map(|w| PathBuf::from(w[1]));
         if let Some(c) = &config {
             assert_validates(c);
@@ -89,18 +89,18 @@ impl Profcol {
         Profcol { child, log, config }
     }
 
-    pub fn signal(&self, sig: i32) {
+    pub(crate) fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 
-    pub fn log_count(&self, needle: &str) -> usize {
+    pub(crate) fn log_count(&self, needle: &str) -> usize {
         self.log.lock().unwrap().iter().filter(|l| l.contains(needle)).count()
     }
 
     /// The address a component logged it bound (configure it with port 0):
     /// `key=ADDR` in the first log line containing `needle`.
-    pub fn wait_addr(&self, needle: &str, key: &str, timeout: Duration) -> std::net::SocketAddr {
+    pub(crate) fn wait_addr(&self, needle: &str, key: &str, timeout: Duration) -> std::net::SocketAddr {
         let mut found = None;
         wait_until(timeout, || {
             found = self
@@ -116,18 +116,18 @@ impl Profcol {
     }
 
     /// Waits until a log line contains `needle`.
-    pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
+    pub(crate) fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
         wait_until(timeout, || self.log_count(needle) > 0)
     }
 
     /// A `kB` line of /proc/PID/status (`VmHWM`: peak RSS, `VmRSS`: now), in bytes.
-    pub fn status_kb(&self, key: &str) -> u64 {
+    pub(crate) fn status_kb(&self, key: &str) -> u64 {
         let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("profcol is running");
         let line = text.lines().find(|l| l.starts_with(&format!("{key}:"))).unwrap_or_else(|| panic!("no {key}"));
         line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("a number of kB") * 1024
     }
 
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let t0 = Instant::now();
         while t0.elapsed() < timeout {
             if let Ok(Some(s)) = self.child.try_wait() {
@@ -157,17 +157,19 @@ impl Drop for Profcol {
 
 /// An OTLP backend (gRPC) on `127.0.0.1:port`: an otlp receiver feeding a
 /// test [`Collector`](profcol_testkit::sink::Collector).
-pub async fn backend(port: u16) -> (Arc<profcol_receivers::otlp::OtlpReceiver>, Arc<profcol_testkit::sink::Collector>) {
+pub(crate) async fn backend(
+    port: u16,
+) -> (Arc<profcol_receivers::otlp::OtlpReceiver>, Arc<profcol_testkit::sink::Collector>) {
     use profcol_receivers::otlp::testing::{collecting_receiver, receiver_config};
     collecting_receiver("otlp/backend", receiver_config(Some(&format!("127.0.0.1:{port}")), None)).await
 }
 
 /// The value of a series in Prometheus text (`name{labels} value`), if present.
-pub fn metric(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))?.rsplit(' ').next()?.parse().ok()
 }
 
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
     while t0.elapsed() < timeout {
         if f() {
@@ -179,7 +181,7 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// A plain HTTP/1.1 GET: the status code and the whole answer (headers and body).
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
@@ -190,12 +192,12 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
 }
 
 /// Writes `text` as `dir/name` and starts profcol on it (validated first).
-pub fn start_config(dir: &Path, name: &str, text: &str) -> Profcol {
+pub(crate) fn start_config(dir: &Path, name: &str, text: &str) -> Profcol {
     let cfg = write(&dir.join(name), text);
     Profcol::start(&["--config", cfg.to_str().expect("a UTF-8 temp path")])
 }
 
-pub fn write(path: &Path, text: &str) -> PathBuf {
+pub(crate) fn write(path: &Path, text: &str) -> PathBuf {
     std::fs::write(path, text).unwrap();
     path.to_path_buf()
 }

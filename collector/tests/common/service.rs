@@ -14,21 +14,21 @@ use profcol_exporters::otlp::{OtlpGrpcConfig, OtlpGrpcExporter};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub fn load(registry: &Registry, yaml: &str) -> (Config, check::CheckedComponents) {
+pub(crate) fn load(registry: &Registry, yaml: &str) -> (Config, check::CheckedComponents) {
     let src = Source::Text { name: "test.yaml".into(), text: yaml.to_owned() };
     let config = profcol_config::load(&[src], &[], &|_| None).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     let checked = check::check(&config, registry).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     (config, checked)
 }
 
-pub struct Host {
+pub(crate) struct Host {
     pub service: Service,
     pub registry: Registry,
     pub status: HostStatus,
 }
 
 impl Host {
-    pub async fn start(yaml: &str) -> Host {
+    pub(crate) async fn start(yaml: &str) -> Host {
         let status = HostStatus::default();
         let registry = Registry::builtin(&status);
         let mut service = Service::new(registry.clone(), Telemetry::new(), status.clone());
@@ -41,7 +41,7 @@ impl Host {
         Host { service, registry, status }
     }
 
-    pub async fn reload(&mut self, yaml: &str) -> Result<(), String> {
+    pub(crate) async fn reload(&mut self, yaml: &str) -> Result<(), String> {
         let (c, k) = load(&self.registry, yaml);
         self.service.reload(c, k).await.map_err(|e| e.to_string())
     }
@@ -49,7 +49,7 @@ impl Host {
 
 /// An otlp receiver `id` listening (gRPC) on `endpoint` into a batch
 /// processor (`batch_timeout`) and a file exporter writing JSON lines to `out`.
-pub fn gateway(id: &str, endpoint: &str, batch_timeout: &str, out: &Path) -> String {
+pub(crate) fn gateway(id: &str, endpoint: &str, batch_timeout: &str, out: &Path) -> String {
     format!(
         "receivers:\n  {id}:\n    protocols:\n      grpc:\n        endpoint: {endpoint}\n\
          processors:\n  batch:\n    timeout: {batch_timeout}\n\
@@ -61,13 +61,13 @@ pub fn gateway(id: &str, endpoint: &str, batch_timeout: &str, out: &Path) -> Str
 }
 
 /// This process's log (captured once per process; receivers log the address they bound).
-pub fn log() -> &'static profcol_testkit::log::Captured {
+pub(crate) fn log() -> &'static profcol_testkit::log::Captured {
     static LOG: std::sync::OnceLock<profcol_testkit::log::Captured> = std::sync::OnceLock::new();
     LOG.get_or_init(profcol_testkit::log::capture)
 }
 
 /// The gRPC address otlp receiver `id` logged last (its latest instance).
-pub fn grpc_addr(id: &str) -> std::net::SocketAddr {
+pub(crate) fn grpc_addr(id: &str) -> std::net::SocketAddr {
     let text = log().text();
     let needle = format!("receiver={id} ");
     text.lines()
@@ -77,7 +77,7 @@ pub fn grpc_addr(id: &str) -> std::net::SocketAddr {
         .unwrap_or_else(|| panic!("receiver {id} logged no gRPC address"))
 }
 
-pub fn sender(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
+pub(crate) fn sender(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
     let id = "otlp/sender".parse().unwrap();
     let settings = profcol_api::CreateSettings {
         telemetry: ComponentTelemetry::detached(Kind::Exporter, &id),
@@ -88,14 +88,14 @@ pub fn sender(addr: std::net::SocketAddr) -> OtlpGrpcExporter {
     OtlpGrpcExporter::new(settings, cfg).unwrap()
 }
 
-pub fn samples(batches: &[Profiles]) -> Vec<canonical::CanonicalSample> {
+pub(crate) fn samples(batches: &[Profiles]) -> Vec<canonical::CanonicalSample> {
     let mut v: Vec<_> = batches.iter().flat_map(canonical::samples).collect();
     v.sort();
     v
 }
 
 /// Waits until `out` holds exactly the samples of `sent` (no more: nothing twice).
-pub async fn assert_all_arrive_once(out: &Path, sent: &[Profiles]) {
+pub(crate) async fn assert_all_arrive_once(out: &Path, sent: &[Profiles]) {
     let want = samples(sent);
     let t0 = Instant::now();
     loop {
@@ -109,7 +109,7 @@ pub async fn assert_all_arrive_once(out: &Path, sent: &[Profiles]) {
     }
 }
 
-pub fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     // Idle blocking-pool threads go within 200ms, so a count can settle.
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

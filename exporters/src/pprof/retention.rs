@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-pub struct Retention {
+pub(super) struct Retention {
     prefix: String,
     /// 0: no bound on the number of files.
     max_files: usize,
@@ -27,12 +27,12 @@ pub struct Retention {
 }
 
 impl Retention {
-    pub fn new(prefix: &str, max_files: usize, max_age: Duration, removed: Counter, kept: Gauge) -> Self {
+    pub(super) fn new(prefix: &str, max_files: usize, max_age: Duration, removed: Counter, kept: Gauge) -> Self {
         Retention { prefix: prefix.to_owned(), max_files, max_age, files: Mutex::default(), removed, kept }
     }
 
     /// Whether `name` is a file name this exporter writes.
-    pub fn is_ours(&self, name: &str) -> bool {
+    pub(super) fn is_ours(&self, name: &str) -> bool {
         let Some(rest) = name.strip_prefix(&self.prefix).and_then(|r| r.strip_prefix('-')) else { return false };
         let Some(rest) = rest.strip_suffix(".pb.gz") else { return false };
         // YYYYmmddTHHMMSSZ, then -group.
@@ -46,7 +46,7 @@ impl Retention {
     }
 
     /// Takes over the files of an earlier run in `dir`, then applies the bounds.
-    pub fn adopt(&self, dir: &Path) -> std::io::Result<()> {
+    pub(super) fn adopt(&self, dir: &Path) -> std::io::Result<()> {
         let mut found: Vec<(SystemTime, PathBuf)> = std::fs::read_dir(dir)?
             .filter_map(Result::ok)
             .filter(|e| e.file_name().to_str().is_some_and(|n| self.is_ours(n)))
@@ -66,14 +66,14 @@ impl Retention {
     }
 
     /// A file was written at `now`: keep it, and drop what is now beyond the bounds.
-    pub fn record(&self, path: PathBuf, now: SystemTime) {
+    pub(super) fn record(&self, path: PathBuf, now: SystemTime) {
         self.lock().push_back((now, path));
         self.prune(now);
     }
 
     /// Removes the oldest files while there are more than `max_files` or
     /// they are older than `max_age`; returns how many went.
-    pub fn prune(&self, now: SystemTime) -> usize {
+    pub(super) fn prune(&self, now: SystemTime) -> usize {
         let mut files = self.lock();
         let mut n = 0;
         while let Some((written, path)) = files.front() {

@@ -370,12 +370,12 @@ pub(crate) struct TableBuilder {
 }
 
 impl TableBuilder {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.last.is_none()
     }
 
     /// `symbols`: how many are expected (a capacity hint).
-    pub fn with_capacity(symbols: usize) -> Self {
+    pub(crate) fn with_capacity(symbols: usize) -> Self {
         TableBuilder {
             base: 0,
             offsets: Vec::with_capacity(symbols),
@@ -391,7 +391,7 @@ impl TableBuilder {
     /// Adds one symbol; of several at one address the best ranked stays
     /// (the first among equals).
     #[inline]
-    pub fn push(&mut self, addr: u64, rank: Rank, name: &str, padded: bool) -> Result<(), Unsorted> {
+    pub(crate) fn push(&mut self, addr: u64, rank: Rank, name: &str, padded: bool) -> Result<(), Unsorted> {
         match self.last {
             None => {
                 self.base = addr;
@@ -505,7 +505,7 @@ impl TableBuilder {
         }
     }
 
-    pub fn finish(mut self, stats: &mut BuildStats) -> SymbolTable {
+    pub(crate) fn finish(mut self, stats: &mut BuildStats) -> SymbolTable {
         stats.aliases += self.stats.aliases;
         stats.truncated += self.stats.truncated;
         stats.out_of_range += self.stats.out_of_range;

@@ -41,7 +41,7 @@ const MAX_NEGATIVE: usize = 65536;
 impl Debuginfod {
     /// The client for `cfg`: its `urls`, else `DEBUGINFOD_URLS` (space
     /// separated, as elfutils reads it); `None` when neither names a server.
-    pub fn new(cfg: &DebuginfodConfig) -> Option<Self> {
+    pub(crate) fn new(cfg: &DebuginfodConfig) -> Option<Self> {
         let urls: Vec<String> = if cfg.urls.is_empty() {
             std::env::var("DEBUGINFOD_URLS").unwrap_or_default().split_whitespace().map(str::to_owned).collect()
         } else {
@@ -63,7 +63,7 @@ impl Debuginfod {
     }
 
     /// The debug file of `build_id` from the first server that has it.
-    pub fn debuginfo(&mut self, build_id: &str, counters: &DebuginfodCounters) -> Option<Vec<u8>> {
+    pub(crate) fn debuginfo(&mut self, build_id: &str, counters: &DebuginfodCounters) -> Option<Vec<u8>> {
         if let Some(since) = self.negative.get(build_id) {
             if since.elapsed() < self.negative_ttl {
                 counters.negative_hits.fetch_add(1, Relaxed);

@@ -16,11 +16,11 @@ use profcol_receivers::ebpf::{EbpfConfig, EbpfReceiver};
 use profcol_testkit::sink::Collector;
 
 /// Whether the test can run; panics under CI when it cannot.
-pub fn require_root(test: &str) -> bool {
+pub(crate) fn require_root(test: &str) -> bool {
     profcol_testkit::tools::require_root(test, "kallsyms addresses, bpf, perf events")
 }
 
-pub fn missing(what: &str, e: impl std::fmt::Display) -> ! {
+pub(crate) fn missing(what: &str, e: impl std::fmt::Display) -> ! {
     panic!("{what}: {e}; the test needs it (root with CAP_SYS_ADMIN, bpf JIT enabled)")
 }
 
@@ -42,7 +42,7 @@ impl Consumer for Symbolize {
 }
 
 /// ebpf receiver → kernel_symbols → sink.
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     pub receiver: EbpfReceiver,
     pub processor: Arc<KernelSymbols>,
     pub sink: Arc<Collector>,
@@ -51,7 +51,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Starts the processor (module uevents off: these tests load no modules), then the receiver.
-    pub async fn start(receiver: EbpfConfig) -> Pipeline {
+    pub(crate) async fn start(receiver: EbpfConfig) -> Pipeline {
         let registry = Telemetry::new();
         let pid: ComponentId = "kernel_symbols".parse().unwrap();
         let processor = Arc::new(KernelSymbols::with_telemetry(
@@ -72,7 +72,7 @@ impl Pipeline {
     }
 
     /// Stops both (the receiver flushes its last batch) and returns every batch.
-    pub async fn stop(self) -> (Vec<Profiles>, String) {
+    pub(crate) async fn stop(self) -> (Vec<Profiles>, String) {
         self.receiver.shutdown().await.expect("receiver shutdown");
         self.processor.shutdown().await.expect("processor shutdown");
         let batches = std::mem::take(&mut *self.sink.batches.lock().unwrap());
@@ -82,7 +82,7 @@ impl Pipeline {
 
 /// One kernel frame after symbolization.
 #[derive(Debug, Clone)]
-pub struct KFrame {
+pub(crate) struct KFrame {
     pub address: u64,
     pub mapping: String,
     /// Function name and system name; `None` when unnamed.
@@ -91,7 +91,7 @@ pub struct KFrame {
 
 /// One Sample of a process: its thread, times and kernel frames (leaf first).
 #[derive(Debug, Clone)]
-pub struct KSample {
+pub(crate) struct KSample {
     pub tid: i64,
     pub exe: String,
     pub timestamps: Vec<u64>,
@@ -99,7 +99,7 @@ pub struct KSample {
 }
 
 /// Every sample of `pid` in `batches`, with its kernel frames.
-pub fn kernel_samples(batches: &[Profiles], pid: u32) -> Vec<KSample> {
+pub(crate) fn kernel_samples(batches: &[Profiles], pid: u32) -> Vec<KSample> {
     let mut out = Vec::new();
     for b in batches {
         b.validate().expect("batch is valid");
@@ -159,7 +159,7 @@ pub fn kernel_samples(batches: &[Profiles], pid: u32) -> Vec<KSample> {
 /// A socket filter that counts `loops` down and returns 0: enough work per
 /// run to be sampled inside it under BPF_PROG_TEST_RUN. No BTF, so its
 /// kernel name is `bpf_prog_<tag>_<name>`; `loops` changes the tag.
-pub fn load_spin_prog(name: &str, loops: u32) -> OwnedFd {
+pub(crate) fn load_spin_prog(name: &str, loops: u32) -> OwnedFd {
     let insn = |op: u64, regs: u64, off: i16, imm: i32| {
         op | regs << 8 | u64::from(off as u16) << 16 | u64::from(imm as u32) << 32
     };
@@ -182,7 +182,7 @@ pub fn load_spin_prog(name: &str, loops: u32) -> OwnedFd {
 }
 
 /// The kernel's name and JIT range of a loaded program: `bpf_prog_<tag>_<name>`.
-pub fn prog_symbol(fd: &OwnedFd) -> (String, u64, u64) {
+pub(crate) fn prog_symbol(fd: &OwnedFd) -> (String, u64, u64) {
     let info = sys::prog_info(fd.as_fd()).unwrap_or_else(|e| missing("BPF_OBJ_GET_INFO_BY_FD", e));
     let funcs =
         profcol_processors::kernel_symbols::bpf::prog_funcs(info.id).unwrap_or_else(|e| missing("prog info", e));
@@ -191,7 +191,7 @@ pub fn prog_symbol(fd: &OwnedFd) -> (String, u64, u64) {
 }
 
 /// Runs the program over a minimal packet until `until`.
-pub fn spin_until(fd: &OwnedFd, until: std::time::Instant) {
+pub(crate) fn spin_until(fd: &OwnedFd, until: std::time::Instant) {
     let packet = [0u8; 64];
     while std::time::Instant::now() < until {
         sys::prog_test_run(fd.as_fd(), &packet, 200).unwrap_or_else(|e| missing("BPF_PROG_TEST_RUN", e));
@@ -199,7 +199,7 @@ pub fn spin_until(fd: &OwnedFd, until: std::time::Instant) {
 }
 
 /// Pins the calling thread to one CPU.
-pub fn pin_to_cpu(cpu: usize) {
+pub(crate) fn pin_to_cpu(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays within it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -209,6 +209,6 @@ pub fn pin_to_cpu(cpu: usize) {
 }
 
 /// Unix ns on the clock samples and symbol records share.
-pub fn now_unix_ns() -> u64 {
+pub(crate) fn now_unix_ns() -> u64 {
     profcol_ebpf::clock::KtimeToUnix::process().now_unix_ns()
 }

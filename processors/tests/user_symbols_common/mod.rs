@@ -16,7 +16,7 @@ use profcol_testkit::tools::tool_available;
 /// user stacks by them; gcc gives a leaf function none, so `leaf_work`
 /// calls `tick` now and then); no tail calls (`sink += r` after each call).
 /// `VARIANT` changes the code, so each variant has its own build id.
-pub const WORKLOAD: &str = r#"
+pub(crate) const WORKLOAD: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -69,10 +69,10 @@ int main(int argc, char **argv) {
 "#;
 
 /// The workload's own functions.
-pub const FUNCTIONS: [&str; 5] = ["main", "outer_loop", "middle", "leaf_work", "mix"];
+pub(crate) const FUNCTIONS: [&str; 5] = ["main", "outer_loop", "middle", "leaf_work", "mix"];
 
 /// Whether gcc and binutils are here (fails under CI=true when not).
-pub fn tools_available() -> bool {
+pub(crate) fn tools_available() -> bool {
     tool_available("gcc", &["--version"])
         && tool_available("addr2line", &["--version"])
         && tool_available("objcopy", &["--version"])
@@ -80,7 +80,7 @@ pub fn tools_available() -> bool {
 }
 
 /// Compiles the workload with `-g` into `dir/name` (variant `variant`).
-pub fn compile(dir: &Path, name: &str, variant: u32) -> PathBuf {
+pub(crate) fn compile(dir: &Path, name: &str, variant: u32) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, WORKLOAD).unwrap();
     let out = dir.join(name);
@@ -102,17 +102,17 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) {
 }
 
 /// The separate debug file of `bin` (objcopy --only-keep-debug).
-pub fn debug_file(bin: &Path, out: &Path) {
+pub(crate) fn debug_file(bin: &Path, out: &Path) {
     run("objcopy", &["--only-keep-debug".as_ref(), bin.as_os_str(), out.as_os_str()]);
 }
 
 /// A stripped copy of `bin` at `out`.
-pub fn stripped(bin: &Path, out: &Path) {
+pub(crate) fn stripped(bin: &Path, out: &Path) {
     run("strip", &["-o".as_ref(), out.as_os_str(), bin.as_os_str()]);
 }
 
 /// Adds a `.gnu_debuglink` to `debug` into the stripped `bin`, in place.
-pub fn add_debuglink(bin: &Path, debug: &Path) {
+pub(crate) fn add_debuglink(bin: &Path, debug: &Path) {
     let link = format!("--add-gnu-debuglink={}", debug.display());
     let tmp = bin.with_extension("linking");
     run("objcopy", &[link.as_ref(), bin.as_os_str(), tmp.as_os_str()]);
@@ -120,27 +120,27 @@ pub fn add_debuglink(bin: &Path, debug: &Path) {
 }
 
 /// The GNU build id of `bin`, hex.
-pub fn build_id(bin: &Path) -> String {
+pub(crate) fn build_id(bin: &Path) -> String {
     let elf = profcol_elf::ElfFile::open(&std::fs::File::open(bin).unwrap()).unwrap();
     profcol_elf::notes::hex(elf.gnu_build_id().expect("gcc writes a build id"))
 }
 
 /// Puts `debug` under `root/.build-id/xx/rest.debug` for `build_id`.
-pub fn install_by_build_id(root: &Path, build_id: &str, debug: &Path) {
+pub(crate) fn install_by_build_id(root: &Path, build_id: &str, debug: &Path) {
     let dir = root.join(".build-id").join(&build_id[..2]);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(debug, dir.join(format!("{}.debug", &build_id[2..]))).unwrap();
 }
 
 /// (function, source file base name, line), innermost first.
-pub type Frame = (String, String, u32);
+pub(crate) type Frame = (String, String, u32);
 
 fn base(p: &str) -> String {
     p.rsplit('/').next().unwrap_or(p).to_owned()
 }
 
 /// binutils `addr2line -a -f -i -C -e FILE` for each of `vaddrs`.
-pub fn addr2line(file: &Path, vaddrs: &[u64]) -> Vec<Vec<Frame>> {
+pub(crate) fn addr2line(file: &Path, vaddrs: &[u64]) -> Vec<Vec<Frame>> {
     let mut out = Vec::with_capacity(vaddrs.len());
     for chunk in vaddrs.chunks(500) {
         let o = Command::new("addr2line")
@@ -173,7 +173,7 @@ pub fn addr2line(file: &Path, vaddrs: &[u64]) -> Vec<Vec<Frame>> {
 
 /// A native frame of the batch, as the processor left it.
 #[derive(Debug, Clone)]
-pub struct NativeFrame {
+pub(crate) struct NativeFrame {
     pub mapping: String,
     pub build_id: Option<String>,
     /// The offset the processor looks up (−1 for return addresses).
@@ -185,7 +185,7 @@ pub struct NativeFrame {
 
 /// Every native user frame of `batches` whose mapping file name ends with
 /// one of `suffixes` (each sampled frame once, weighted).
-pub fn native_frames(batches: &[Profiles], suffixes: &[&str]) -> Vec<NativeFrame> {
+pub(crate) fn native_frames(batches: &[Profiles], suffixes: &[&str]) -> Vec<NativeFrame> {
     let mut out = Vec::new();
     for b in batches {
         b.validate().expect("batch is valid");
@@ -251,7 +251,7 @@ pub fn native_frames(batches: &[Profiles], suffixes: &[&str]) -> Vec<NativeFrame
 /// How the processor's names compare with binutils' on `frames` of the
 /// binary `reference` (unstripped, or its debug file): (agreeing weight,
 /// total weight, first disagreements).
-pub fn agreement(reference: &Path, frames: &[NativeFrame]) -> (u64, u64, Vec<String>) {
+pub(crate) fn agreement(reference: &Path, frames: &[NativeFrame]) -> (u64, u64, Vec<String>) {
     let elf = profcol_elf::ElfFile::open(&std::fs::File::open(reference).unwrap()).unwrap();
     let vaddrs: Vec<u64> = frames
         .iter()
@@ -273,7 +273,7 @@ pub fn agreement(reference: &Path, frames: &[NativeFrame]) -> (u64, u64, Vec<Str
 /// A batch of one sample whose user stack is `offsets` (leaf first) in a
 /// mapping of `path` with `build_id` loaded at 0x10000 (offset 0), under a
 /// kernel frame and beside an already named frame.
-pub fn batch(path: &Path, build_id: &str, vaddrs: &[u64], elf: &profcol_elf::ElfFile) -> Profiles {
+pub(crate) fn batch(path: &Path, build_id: &str, vaddrs: &[u64], elf: &profcol_elf::ElfFile) -> Profiles {
     let mut b = ProfilesBuilder::new();
     let r = b.resource(Resource::default());
     let p = b.profile(r, &ProfileMeta::cpu(10_000_000, 1, 1));
@@ -320,7 +320,7 @@ pub fn batch(path: &Path, build_id: &str, vaddrs: &[u64], elf: &profcol_elf::Elf
 }
 
 /// The frames of the first sample, leaf first: (function names, line).
-pub fn frames(p: &Profiles) -> Vec<Vec<(String, i64)>> {
+pub(crate) fn frames(p: &Profiles) -> Vec<Vec<(String, i64)>> {
     let d = p.dictionary().unwrap();
     let s = &p.0.resource_profiles[0].scope_profiles[0].profiles[0].samples[0];
     d.stack_table[s.stack_index as usize]
@@ -339,26 +339,26 @@ pub fn frames(p: &Profiles) -> Vec<Vec<(String, i64)>> {
         .collect()
 }
 
-pub fn symbol(elf: &profcol_elf::ElfFile, name: &str) -> (u64, u64) {
+pub(crate) fn symbol(elf: &profcol_elf::ElfFile, name: &str) -> (u64, u64) {
     elf.function_symbols().iter().find(|s| s.2 == name).map(|s| (s.0, u64::from(s.1))).unwrap()
 }
 
 /// The Go workload (examples/workloads/chain.go).
-pub const GO_PROGRAM: &str = include_str!("../../../examples/workloads/chain.go");
+pub(crate) const GO_PROGRAM: &str = include_str!("../../../examples/workloads/chain.go");
 
 /// Whether a Go toolchain is here (fails under CI=true when not:
 /// .ci/user_symbols.sh installs golang-go).
-pub fn go_available() -> bool {
+pub(crate) fn go_available() -> bool {
     tool_available("go", &["version"])
 }
 
 /// `go build -ldflags LDFLAGS` of the Go workload into `dir/name`.
-pub fn go_build(dir: &Path, name: &str, ldflags: &str) -> PathBuf {
+pub(crate) fn go_build(dir: &Path, name: &str, ldflags: &str) -> PathBuf {
     go_build_with(dir, name, &["-ldflags", ldflags])
 }
 
 /// `go build ARGS` of the Go workload into `dir/name`.
-pub fn go_build_with(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+pub(crate) fn go_build_with(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     let src = dir.join(format!("{name}.go"));
     std::fs::write(&src, GO_PROGRAM).unwrap();
     let out = dir.join(name);
@@ -380,7 +380,7 @@ pub fn go_build_with(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
 /// `go tool addr2line FILE` for each of `vaddrs`: (function, file, line)
 /// as it prints them, full file path; `?` and `-1` (nothing known, or
 /// padding after a function) become "" and 0.
-pub fn go_addr2line(file: &Path, vaddrs: &[u64]) -> Vec<(String, String, u32)> {
+pub(crate) fn go_addr2line(file: &Path, vaddrs: &[u64]) -> Vec<(String, String, u32)> {
     use std::io::Write;
     let mut child = Command::new("go")
         .args(["tool", "addr2line"])
@@ -413,7 +413,7 @@ pub fn go_addr2line(file: &Path, vaddrs: &[u64]) -> Vec<(String, String, u32)> {
 /// whose `.symtab` keeps the function symbols `.dynsym` lacks (as
 /// find-debuginfo does it: objcopy --only-keep-debug, objcopy -S
 /// --keep-symbols, xz, strip, objcopy --add-section).
-pub fn fedora_minidebuginfo(bin: &Path, out: &Path) {
+pub(crate) fn fedora_minidebuginfo(bin: &Path, out: &Path) {
     let work = out.with_extension("mdi");
     std::fs::create_dir_all(&work).unwrap();
     let elf = profcol_elf::ElfFile::open(&std::fs::File::open(bin).unwrap()).unwrap();
@@ -450,10 +450,10 @@ pub fn fedora_minidebuginfo(bin: &Path, out: &Path) {
 }
 
 /// The C++ workload (examples/workloads/chain.cpp).
-pub const CPP_PROGRAM: &str = include_str!("../../../examples/workloads/chain.cpp");
+pub(crate) const CPP_PROGRAM: &str = include_str!("../../../examples/workloads/chain.cpp");
 
 /// Compiles the C++ workload with `g++ -g -O2` (frame pointers) into `dir/name`.
-pub fn compile_cpp(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn compile_cpp(dir: &Path, name: &str) -> PathBuf {
     let src = dir.join(format!("{name}.cpp"));
     std::fs::write(&src, CPP_PROGRAM).unwrap();
     let out = dir.join(name);

@@ -9,10 +9,10 @@ use profcol_receivers::ebpf::stacks::aggregate::SampleIn;
 use std::sync::Arc;
 
 /// A small deterministic generator (xorshift), so every run sees the same stacks.
-pub struct Rng(pub u64);
+pub(super) struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -21,7 +21,7 @@ impl Rng {
 }
 
 /// A shell's mappings: dash at 0x5555_0000_0000, libc at 0x7f00_0000_0000.
-pub fn dash_and_libc() -> Arc<MappingSet> {
+pub(super) fn dash_and_libc() -> Arc<MappingSet> {
     Arc::new(MappingSet {
         generation: 1,
         mappings: vec![
@@ -47,7 +47,7 @@ pub fn dash_and_libc() -> Arc<MappingSet> {
 
 /// 15 user frames of stack `i`: the leaf its own, the callers drawn from
 /// 32 places per depth, alternating between dash and libc.
-pub fn user_stack(rng: &mut Rng, i: u64) -> Vec<u64> {
+pub(super) fn user_stack(rng: &mut Rng, i: u64) -> Vec<u64> {
     (0..15u64)
         .map(|d| {
             let base = if d % 2 == 0 { 0x5555_0000_1000 } else { 0x7f00_0000_1000 };
@@ -57,7 +57,7 @@ pub fn user_stack(rng: &mut Rng, i: u64) -> Vec<u64> {
 }
 
 /// An on-CPU sample of `dash` (pid = tid = `pid`) with these stacks.
-pub fn dash_sample<'a>(pid: u32, kstack: &'a [u64], ustack: &'a [u64]) -> SampleIn<'a> {
+pub(super) fn dash_sample<'a>(pid: u32, kstack: &'a [u64], ustack: &'a [u64]) -> SampleIn<'a> {
     SampleIn {
         probe: None,
         pid,

@@ -177,7 +177,7 @@ pub(crate) struct SamplerHandle {
 impl SamplerHandle {
     /// Loads and attaches on the sampler thread; returns once perf events
     /// are attached, or with the reason they could not be.
-    pub async fn start(
+    pub(crate) async fn start(
         config: EbpfConfig,
         next: Next,
         counters: Counters,
@@ -225,7 +225,7 @@ impl SamplerHandle {
 
     /// Stops sampling, flushes the last partial interval downstream and
     /// waits for the thread and the sender task.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         // (Drop signals again; harmless.)
         self.stop.store(true, Ordering::SeqCst);
         sys::eventfd_signal(self.wake.as_fd());

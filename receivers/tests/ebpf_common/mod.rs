@@ -16,17 +16,17 @@ use std::sync::Arc;
 /// Whether this process may load BPF and sample every CPU. Without the
 /// privileges the test is skipped with a message, except under CI=true,
 /// where it fails: CI runs as root and must really run these tests.
-pub fn require_bpf(test: &str) -> bool {
+pub(crate) fn require_bpf(test: &str) -> bool {
     profcol_testkit::tools::require(test, Privileges::current().check())
 }
 
-pub struct Running {
+pub(crate) struct Running {
     pub receiver: EbpfReceiver,
     pub sink: Arc<Collector>,
     pub registry: Telemetry,
 }
 
-pub async fn start(config: EbpfConfig) -> Running {
+pub(crate) async fn start(config: EbpfConfig) -> Running {
     let registry = Telemetry::new();
     let id: ComponentId = "ebpf".parse().unwrap();
     let telemetry = registry.component(Kind::Receiver, &id);
@@ -39,7 +39,7 @@ pub async fn start(config: EbpfConfig) -> Running {
 }
 
 impl Running {
-    pub async fn stop(self) -> (Vec<Profiles>, String) {
+    pub(crate) async fn stop(self) -> (Vec<Profiles>, String) {
         self.receiver.shutdown().await.expect("shutdown");
         let batches = std::mem::take(&mut *self.sink.batches.lock().unwrap());
         (batches, self.registry.render())
@@ -47,14 +47,14 @@ impl Running {
 }
 
 /// Compiles examples/workloads/<name>.c with frame pointers into `dir`.
-pub fn build_workload(name: &str, dir: &Path) -> PathBuf {
+pub(crate) fn build_workload(name: &str, dir: &Path) -> PathBuf {
     compile_workload(&format!("{name}.c"), name, dir, &["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline"])
 }
 
 /// Compiles examples/workloads/`file` into `dir`/`out` with `flags`: C
 /// with `$CC` (else cc, with a GNU build id), Rust (`.rs`) with `$RUSTC`
 /// (else rustc).
-pub fn compile_workload(file: &str, out: &str, dir: &Path, flags: &[&str]) -> PathBuf {
+pub(crate) fn compile_workload(file: &str, out: &str, dir: &Path, flags: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads").join(file);
     let bin = dir.join(out);
     let (tool, var, extra) =
@@ -74,7 +74,7 @@ pub fn compile_workload(file: &str, out: &str, dir: &Path, flags: &[&str]) -> Pa
 /// Runs a workload (ready/go/cpu_ns protocol) of `seconds` of CPU under
 /// a receiver with `config` that samples only its pid; returns the
 /// batches, the receiver's metrics and the pid.
-pub async fn profile_workload(bin: &Path, seconds: f64, config: EbpfConfig) -> (Vec<Profiles>, String, u32) {
+pub(crate) async fn profile_workload(bin: &Path, seconds: f64, config: EbpfConfig) -> (Vec<Profiles>, String, u32) {
     let mut w = Workload::spawn(bin, seconds);
     let pid = w.pid;
     let running = start(EbpfConfig { pids: vec![pid], ..config }).await;
@@ -86,7 +86,7 @@ pub async fn profile_workload(bin: &Path, seconds: f64, config: EbpfConfig) -> (
 }
 
 /// A workload process following the ready/go/cpu_ns protocol.
-pub struct Workload {
+pub(crate) struct Workload {
     pub child: Child,
     pub pid: u32,
     stdin: ChildStdin,
@@ -94,7 +94,7 @@ pub struct Workload {
 }
 
 impl Workload {
-    pub fn spawn(bin: &Path, seconds: f64) -> Self {
+    pub(crate) fn spawn(bin: &Path, seconds: f64) -> Self {
         let mut child = Command::new(bin)
             .arg(seconds.to_string())
             .stdin(Stdio::piped())
@@ -109,12 +109,12 @@ impl Workload {
         Workload { child, pid, stdin, stdout }
     }
 
-    pub fn go(&mut self) {
+    pub(crate) fn go(&mut self) {
         writeln!(self.stdin, "go").unwrap();
     }
 
     /// Waits for exit; returns the CPU time it used while running, in ns.
-    pub fn wait_cpu_ns(mut self) -> u64 {
+    pub(crate) fn wait_cpu_ns(mut self) -> u64 {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         assert!(self.child.wait().unwrap().success());
@@ -124,7 +124,7 @@ impl Workload {
 
 /// One observed sample of a process, frames resolved from the batch.
 #[derive(Debug, Clone)]
-pub struct Frame {
+pub(crate) struct Frame {
     pub address: u64,
     pub mapping: Option<pb::Mapping>,
     pub mapping_filename: String,
@@ -133,7 +133,7 @@ pub struct Frame {
 }
 
 #[derive(Debug, Clone)]
-pub struct Observed {
+pub(crate) struct Observed {
     pub count: usize,
     pub timestamps: Vec<u64>,
     pub frames: Vec<Frame>,
@@ -155,7 +155,7 @@ fn attr(d: &pb::ProfilesDictionary, i: i32) -> (String, any_value::Value) {
 }
 
 /// Every sample of process `pid` across batches.
-pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
+pub(crate) fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
     let mut out = Vec::new();
     for b in batches {
         b.validate().expect("batch is valid");
@@ -241,14 +241,14 @@ pub fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
 }
 
 /// Symbolizes runtime addresses of one ELF file from its symbol table.
-pub struct Symbolizer {
+pub(crate) struct Symbolizer {
     segments: Vec<(u64, u64, u64)>, // (file offset, file size, vaddr)
     symbols: Vec<(u64, u64, String)>,
     pub build_id: Option<String>,
 }
 
 impl Symbolizer {
-    pub fn new(path: &Path) -> Self {
+    pub(crate) fn new(path: &Path) -> Self {
         use object::{Object, ObjectSegment, ObjectSymbol};
         let data = std::fs::read(path).unwrap();
         let file = object::File::parse(&*data).unwrap();
@@ -272,12 +272,12 @@ impl Symbolizer {
     }
 
     /// Function holding the runtime `address` of a frame in `mapping`.
-    pub fn function(&self, mapping: &pb::Mapping, address: u64) -> Option<&str> {
+    pub(crate) fn function(&self, mapping: &pb::Mapping, address: u64) -> Option<&str> {
         self.function_at(self.vaddr(mapping, address)?)
     }
 
     /// The file's virtual address of the runtime `address` in `mapping`.
-    pub fn vaddr(&self, mapping: &pb::Mapping, address: u64) -> Option<u64> {
+    pub(crate) fn vaddr(&self, mapping: &pb::Mapping, address: u64) -> Option<u64> {
         let file_off = address.checked_sub(mapping.memory_start)? + mapping.file_offset;
         let &(seg_off, _, vaddr) =
             self.segments.iter().find(|&&(off, size, _)| file_off >= off && file_off < off + size)?;
@@ -285,19 +285,19 @@ impl Symbolizer {
     }
 
     /// The file's virtual address of file offset `off`.
-    pub fn vaddr_of_offset(&self, off: u64) -> Option<u64> {
+    pub(crate) fn vaddr_of_offset(&self, off: u64) -> Option<u64> {
         let &(seg_off, _, vaddr) = self.segments.iter().find(|&&(o, size, _)| off >= o && off < o + size)?;
         Some(off - seg_off + vaddr)
     }
 
     /// Function holding the file's virtual address `v`.
-    pub fn function_at(&self, v: u64) -> Option<&str> {
+    pub(crate) fn function_at(&self, v: u64) -> Option<&str> {
         self.symbols.iter().find(|(a, sz, _)| v >= *a && v < a + sz).map(|(_, _, n)| n.as_str())
     }
 }
 
 /// `_stext` and `_etext` from /proc/kallsyms.
-pub fn kernel_text() -> (u64, u64) {
+pub(crate) fn kernel_text() -> (u64, u64) {
     let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
     let find = |name: &str| {
         text.lines()
@@ -314,7 +314,7 @@ pub fn kernel_text() -> (u64, u64) {
 
 /// The value of a series in Prometheus text, summed over its labels (0
 /// when absent).
-pub fn metric(text: &str, name: &str) -> f64 {
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| l.split(['{', ' ']).next() == Some(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

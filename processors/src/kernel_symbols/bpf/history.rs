@@ -186,7 +186,7 @@ impl BpfLedger {
     }
 
     /// `func` was loaded at `ts` (PERF_RECORD_KSYMBOL register).
-    pub fn register(&mut self, ts: u64, func: BpfFunc) {
+    pub(crate) fn register(&mut self, ts: u64, func: BpfFunc) {
         self.max_len = self.max_len.max(u64::from(func.len.max(1)));
         let near = self.near(func.start, func.start + u64::from(func.len.max(1)));
         if self.spans[near.clone()].iter().any(|s| s.same(&func) && s.live_at(ts)) {
@@ -219,7 +219,7 @@ impl BpfLedger {
     }
 
     /// The function `name` at `start` was freed at `ts` (KSYMBOL unregister).
-    pub fn unregister(&mut self, ts: u64, start: u64, name: &str) {
+    pub(crate) fn unregister(&mut self, ts: u64, start: u64, name: &str) {
         let near = self.near(start, start + 1);
         let span = self.spans[near]
             .iter_mut()
@@ -277,7 +277,7 @@ impl BpfLedger {
 
     /// Drops what no sample after `cutoff_ns` can need, and keeps the
     /// retired spans within [`MAX_RETIRED`].
-    pub fn prune(&mut self, cutoff_ns: u64) {
+    pub(crate) fn prune(&mut self, cutoff_ns: u64) {
         self.spans.retain(|s| s.until_ns > cutoff_ns);
         let before = self.orphans.len();
         self.orphans.retain(|o| o.2 > cutoff_ns);
@@ -294,7 +294,7 @@ impl BpfLedger {
     }
 
     /// The immutable view readers get.
-    pub fn freeze(&self) -> BpfHistory {
+    pub(crate) fn freeze(&self) -> BpfHistory {
         let max_len = self.spans.iter().map(|s| u64::from(s.func.len.max(1))).max().unwrap_or(0);
         let mut changes: Vec<u64> =
             self.spans.iter().flat_map(|s| [s.since_ns, s.until_ns]).filter(|&t| t != 0 && t != LIVE).collect();

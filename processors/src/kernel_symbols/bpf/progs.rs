@@ -53,7 +53,7 @@ pub(crate) struct BpfFuncs {
 }
 
 impl BpfFuncs {
-    pub fn new(mut funcs: Vec<BpfFunc>) -> Self {
+    pub(crate) fn new(mut funcs: Vec<BpfFunc>) -> Self {
         funcs.sort_by_key(|f| f.start);
         funcs.dedup_by_key(|f| f.start);
         BpfFuncs { funcs: funcs.into() }
@@ -81,7 +81,7 @@ impl BpfFuncs {
         BpfFuncs::new(funcs)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &BpfFunc> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &BpfFunc> {
         self.funcs.iter()
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 /// A loaded and attached sampler. Dropping it detaches every perf event and
 /// unloads the program.
-pub struct Loaded {
+pub(crate) struct Loaded {
     /// Live perf event of each sampled CPU (dropping one detaches it).
     events: BTreeMap<u32, CpuEvent>,
     /// CPUs whose attach failed, with the time of the next attempt.
@@ -50,14 +50,14 @@ pub(crate) struct ProcEvents {
 
 impl ProcEvents {
     /// Events lost so far because the ring was full.
-    pub fn lost(&self) -> u64 {
+    pub(crate) fn lost(&self) -> u64 {
         self.lost.get(&0, 0).map_or(0, |v| v.iter().copied().fold(0u64, u64::wrapping_add))
     }
 }
 
 /// Why the sampler could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub(crate) enum LoadError {
     #[error("{0}")]
     Privileges(#[from] super::privileges::PrivilegeError),
     #[error("{0}")]
@@ -65,7 +65,7 @@ pub enum LoadError {
 }
 
 /// `err` and its sources, joined with ": ".
-pub fn chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
     let mut s = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
@@ -94,7 +94,7 @@ fn raise_memlock() {
 
 /// Loads the program and its maps, without attaching; the sample ring is
 /// sized for `cpus` online CPUs.
-pub fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadError> {
+pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadError> {
     let privs = Privileges::current();
     privs.check()?;
     raise_memlock();
@@ -245,7 +245,7 @@ pub(crate) struct UnwindSizes {
 /// above it (a 64 KiB page of code holds hundreds of rows).
 const BYTES_PER_PAGE_ENTRY: u64 = 256;
 
-pub fn unwind_sizes(cfg: &EbpfConfig) -> UnwindSizes {
+pub(crate) fn unwind_sizes(cfg: &EbpfConfig) -> UnwindSizes {
     use crate::ebpf::config::UnwindMode;
     let mode = match cfg.unwind.mode {
         UnwindMode::Auto => obj::unwind::Mode::Auto,
@@ -543,7 +543,7 @@ pub(crate) struct CpuSync {
 
 impl CpuSync {
     /// Whether the set of sampled CPUs changed.
-    pub fn changed(&self) -> bool {
+    pub(crate) fn changed(&self) -> bool {
         !self.added.is_empty() || !self.removed.is_empty()
     }
 }
@@ -614,7 +614,7 @@ impl Loaded {
     }
 
     /// CPUs with a live perf event, ascending.
-    pub fn cpus(&self) -> Vec<u32> {
+    pub(crate) fn cpus(&self) -> Vec<u32> {
         self.events.keys().copied().collect()
     }
 

@@ -50,7 +50,7 @@ pub(crate) struct FileIds {
 
 impl FileIds {
     /// The key a symbolizer finds the file by.
-    pub fn key(&self) -> Option<&Arc<str>> {
+    pub(crate) fn key(&self) -> Option<&Arc<str>> {
         self.build_id.as_ref().or(self.file_id.as_ref())
     }
 }
@@ -65,14 +65,14 @@ pub(crate) struct BuildIdCache {
 }
 
 impl BuildIdCache {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         BuildIdCache { entries: FxHashMap::default(), capacity: capacity.max(1), reads: 0 }
     }
 
     /// The ids of the file `md` describes if it was read before and has
     /// not changed since (same size and mtime): a caller that can stat a
     /// file by path needs no open for a file seen before.
-    pub fn cached(&self, md: &std::fs::Metadata) -> Option<FileIds> {
+    pub(crate) fn cached(&self, md: &std::fs::Metadata) -> Option<FileIds> {
         let e = self.entries.get(&FileKey { dev: md.dev(), inode: md.ino() })?;
         (e.mtime == (md.mtime(), md.mtime_nsec()) && e.size == md.size()).then(|| e.ids.clone())
     }
@@ -80,13 +80,13 @@ impl BuildIdCache {
     /// Build ID (hex) of an opened file, from the cache when (dev, inode,
     /// mtime, size) match.
     #[cfg(test)]
-    pub fn get(&mut self, file: &File) -> io::Result<Option<Arc<str>>> {
+    pub(crate) fn get(&mut self, file: &File) -> io::Result<Option<Arc<str>>> {
         Ok(self.ids(file)?.build_id)
     }
 
     /// Build ID, or for an ELF file without one its file id, from the cache
     /// when (dev, inode, mtime, size) match.
-    pub fn ids(&mut self, file: &File) -> io::Result<FileIds> {
+    pub(crate) fn ids(&mut self, file: &File) -> io::Result<FileIds> {
         let md = file.metadata()?;
         if let Some(ids) = self.cached(&md) {
             return Ok(ids);

@@ -57,12 +57,12 @@ pub(crate) struct ExecMaps<'r> {
 }
 
 impl ExecMapsReader {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ExecMapsReader { support: Support::Unknown, bytes: Vec::new(), entries: Vec::new(), name: Vec::new() }
     }
 
     /// Opens the maps of `pid` (fails when the process is gone).
-    pub fn open(&mut self, pid: u32) -> io::Result<ExecMaps<'_>> {
+    pub(crate) fn open(&mut self, pid: u32) -> io::Result<ExecMaps<'_>> {
         let file = File::open(ProcPath::new(pid, "maps").as_path())?;
         let mut maps = ExecMaps { reader: self, file, next: 0, done: false };
         if maps.reader.support != Support::Ioctl {
@@ -110,7 +110,7 @@ impl ExecMaps<'_> {
 
     /// The path of the mapping that starts at `start`, as the process sees
     /// it (" (deleted)" removed); `None` when it is gone.
-    pub fn path_of(&mut self, start: u64) -> Option<String> {
+    pub(crate) fn path_of(&mut self, start: u64) -> Option<String> {
         if self.reader.support == Support::Text {
             return self.reader.entries.iter().find(|e| e.start == start).map(|e| e.path.clone());
         }

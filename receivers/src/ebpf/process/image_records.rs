@@ -66,17 +66,17 @@ impl Image {
     }
 
     /// Mappings since the exec, in the order they were made.
-    pub fn maps(&self) -> impl Iterator<Item = &RecordedMap> {
+    pub(crate) fn maps(&self) -> impl Iterator<Item = &RecordedMap> {
         self.maps.iter().filter(move |m| m.time_ns >= self.exec_ns)
     }
 
     /// The cgroup v2 id the process exec'd in, when its exec event was read.
-    pub fn cgroup_id(&self) -> Option<u64> {
+    pub(crate) fn cgroup_id(&self) -> Option<u64> {
         self.exec_cgroup.filter(|&(t, _)| t >= self.exec_ns).map(|(_, id)| id)
     }
 
     /// The executable: the first file an exec maps is the one it runs.
-    pub fn executable(&self) -> Option<&RecordedMap> {
+    pub(crate) fn executable(&self) -> Option<&RecordedMap> {
         self.maps().next()
     }
 }
@@ -89,17 +89,17 @@ pub(crate) struct ImageRecords {
 }
 
 impl ImageRecords {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         ImageRecords { procs: FxHashMap::default(), paths: FxHashMap::default(), capacity: capacity.max(1) }
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.procs.len()
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.procs.is_empty()
     }
 
@@ -127,7 +127,7 @@ impl ImageRecords {
     }
 
     /// An exec record of `pid` at `time_ns`.
-    pub fn on_exec(&mut self, pid: u32, time_ns: u64) {
+    pub(crate) fn on_exec(&mut self, pid: u32, time_ns: u64) {
         let img = self.entry(pid);
         if time_ns <= img.exec_ns {
             return;
@@ -180,7 +180,7 @@ impl ImageRecords {
 
     /// The exit of `pid` at `time_ns` (its image stays for samples taken
     /// before it).
-    pub fn on_exit(&mut self, pid: u32, time_ns: u64) {
+    pub(crate) fn on_exit(&mut self, pid: u32, time_ns: u64) {
         // An exit older than the image's exec is an earlier process's (a
         // reused pid, its events read late).
         if let Some(img) = self.procs.get_mut(&pid).filter(|i| time_ns >= i.exec_ns) {
@@ -194,14 +194,14 @@ impl ImageRecords {
     }
 
     /// The complete image `pid` ran at `ktime_ns`, if the records hold it.
-    pub fn at(&self, pid: u32, ktime_ns: u64) -> Option<&Image> {
+    pub(crate) fn at(&self, pid: u32, ktime_ns: u64) -> Option<&Image> {
         let img = self.procs.get(&pid)?;
         let live = img.exec_ns <= ktime_ns && img.exit_ns.is_none_or(|e| ktime_ns <= e);
         (img.is_complete() && live).then_some(img)
     }
 
     /// Whether the records say `pid` has exited (or no longer know it).
-    pub fn exited(&self, pid: u32) -> bool {
+    pub(crate) fn exited(&self, pid: u32) -> bool {
         self.procs.get(&pid).is_none_or(|i| i.exit_ns.is_some())
     }
 

@@ -164,7 +164,7 @@ pub(crate) struct ProcessTable {
 }
 
 impl ProcessTable {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         ProcessTable {
             procs: FxHashMap::default(),
             namer: ServiceNamer::new(vec![service_name::Source::Executable]),
@@ -194,11 +194,11 @@ impl ProcessTable {
     }
 
     /// How a sample whose process /proc cannot tell about is named.
-    pub fn namer(&self) -> &ServiceNamer {
+    pub(crate) fn namer(&self) -> &ServiceNamer {
         &self.namer
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.procs.len()
     }
 
@@ -224,7 +224,7 @@ impl ProcessTable {
     }
 
     /// `pid` exited at `ktime_ns` (a `sched_process_exit` event).
-    pub fn on_exit(&mut self, pid: u32, ktime_ns: u64) {
+    pub(crate) fn on_exit(&mut self, pid: u32, ktime_ns: u64) {
         self.images.on_exit(pid, ktime_ns);
     }
 
@@ -237,7 +237,7 @@ impl ProcessTable {
     /// `pid` exec'd at `ktime_ns` (a `sched_process_exec` event). If it was
     /// read before that, its first sample taken after the exec reads it
     /// again; samples taken before keep the old image.
-    pub fn exec(&mut self, pid: u32, ktime_ns: u64) {
+    pub(crate) fn exec(&mut self, pid: u32, ktime_ns: u64) {
         if let Some(Slot::Live(st)) = self.procs.get(&pid) {
             if st.loaded_ktime < ktime_ns {
                 let e = self.execs.entry(pid).or_insert(ktime_ns);
@@ -264,7 +264,7 @@ impl ProcessTable {
 
     /// The state of `pid`, loading it on first sight; `None` when its /proc
     /// entry is unreadable (counted once per process).
-    pub fn get(&mut self, pid: u32, now: Instant) -> Option<&mut ProcessState> {
+    pub(crate) fn get(&mut self, pid: u32, now: Instant) -> Option<&mut ProcessState> {
         let reload = match self.procs.get(&pid) {
             None => true,
             // Unreadable from /proc (a sample of it taken before its exec,
@@ -302,7 +302,7 @@ impl ProcessTable {
     /// Makes sure every address in `addrs` is covered by the process's
     /// mappings, re-reading /proc/PID/maps (rate-limited) when one is not.
     /// Returns the state to use for this sample.
-    pub fn resolve(&mut self, pid: u32, addrs: &[u64], now: Instant) -> Option<&mut ProcessState> {
+    pub(crate) fn resolve(&mut self, pid: u32, addrs: &[u64], now: Instant) -> Option<&mut ProcessState> {
         let miss = {
             let st = self.get(pid, now)?;
             addrs.iter().any(|&a| st.mappings.find(a).is_none())

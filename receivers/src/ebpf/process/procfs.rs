@@ -150,7 +150,7 @@ pub(crate) struct ProcPath {
 impl ProcPath {
     /// `leaf` is a short name (`exe`, `maps`); longer ones are cut (never
     /// expected).
-    pub fn new(pid: u32, leaf: &str) -> Self {
+    pub(crate) fn new(pid: u32, leaf: &str) -> Self {
         let mut p = ProcPath { buf: [0; 64], len: 0 };
         p.push(b"/proc/");
         p.push_decimal(pid as u64);
@@ -203,7 +203,7 @@ impl ProcPath {
         self.push(&digits[i..]);
     }
 
-    pub fn as_path(&self) -> &Path {
+    pub(crate) fn as_path(&self) -> &Path {
         use std::os::unix::ffi::OsStrExt;
         Path::new(std::ffi::OsStr::from_bytes(&self.buf[..self.len]))
     }

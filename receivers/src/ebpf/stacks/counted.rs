@@ -77,7 +77,7 @@ pub(crate) struct KernelCounts {
 }
 
 impl KernelCounts {
-    pub fn new(
+    pub(crate) fn new(
         keys: aya::maps::MapData,
         slots_map: aya::maps::MapData,
         free: aya::maps::MapData,

@@ -14,7 +14,7 @@ use std::io::Read;
 
 /// `[start, end)` of the kernel's own text, or `None` (unreadable, zeros,
 /// or inconsistent).
-pub fn read() -> Option<(u64, u64)> {
+pub(crate) fn read() -> Option<(u64, u64)> {
     let mut head = [0u8; 8192];
     let n = read_head("/proc/kallsyms", &mut head)?;
     let start = text_start(std::str::from_utf8(head.get(..n)?).ok()?)?;
@@ -38,7 +38,7 @@ fn read_head(path: &str, buf: &mut [u8]) -> Option<usize> {
 
 /// The address of `_text` (or `_stext`) among the complete lines of a
 /// kallsyms head; `None` when absent or zero (addresses hidden).
-pub fn text_start(head: &str) -> Option<u64> {
+pub(crate) fn text_start(head: &str) -> Option<u64> {
     let complete = &head[..head.rfind('\n').map_or(0, |i| i + 1)];
     let mut stext = None;
     for line in complete.lines() {

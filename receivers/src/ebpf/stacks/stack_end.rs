@@ -49,7 +49,7 @@ pub(crate) fn user_frames(stack: &[u64], maps: Option<&MappingSet>) -> usize {
 /// How many leading frames of a kernel stack (leaf first) are real: the
 /// kernel's unwinder reports kernel text addresses only, so a frame outside
 /// the kernel half (a 0 left in a buffer) ends it.
-pub fn kernel_frames(stack: &[u64]) -> usize {
+pub(crate) fn kernel_frames(stack: &[u64]) -> usize {
     stack.iter().take_while(|&&a| a >= KERNEL_HALF).count()
 }
 

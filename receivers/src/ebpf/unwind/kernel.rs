@@ -38,7 +38,7 @@ impl Chunk {
 
 impl RowChunks {
     /// The outer array `map` of `slots` chunks, all empty.
-    pub fn new(outer: MapData, slots: u32) -> Self {
+    pub(crate) fn new(outer: MapData, slots: u32) -> Self {
         RowChunks { outer, chunks: (0..slots).map(|_| None).collect() }
     }
 

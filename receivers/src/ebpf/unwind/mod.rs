@@ -67,7 +67,7 @@ pub(crate) struct UnwindCounters {
 }
 
 impl UnwindCounters {
-    pub fn new(t: &ComponentTelemetry) -> Self {
+    pub(crate) fn new(t: &ComponentTelemetry) -> Self {
         UnwindCounters {
             stack_end: UnwindEnd::ALL.iter().map(|e| t.counter_by(&m::UNWIND_STACK_END, e.name())).collect(),
             table_builds: t.counter_of(&m::UNWIND_TABLE_BUILDS),
@@ -185,7 +185,7 @@ pub(crate) struct OwnExe {
 
 impl OwnExe {
     /// This process's executable (`/proc/self/exe`), if it can be read.
-    pub fn current() -> Option<Self> {
+    pub(crate) fn current() -> Option<Self> {
         let f = File::open("/proc/self/exe").ok()?;
         let md = f.metadata().ok()?;
         let file = KernelFile::new(libc::major(md.dev()), libc::minor(md.dev()), md.ino());
@@ -202,7 +202,7 @@ impl OwnExe {
 }
 
 impl Unwinder {
-    pub fn new(store: TableStore, counters: UnwindCounters) -> std::io::Result<Self> {
+    pub(crate) fn new(store: TableStore, counters: UnwindCounters) -> std::io::Result<Self> {
         let (jobs, job_rx) = sync_channel::<(TableKey, File)>(MAX_QUEUED_BUILDS);
         let (built_tx, built) = channel();
         let built_fd = Arc::new(profcol_ebpf::sys::eventfd()?);
@@ -259,7 +259,7 @@ impl Unwinder {
 
     /// Loads the tables the worker finished into the kernel and writes the
     /// entries of the files waiting for them.
-    pub fn poll(&mut self, sink: &mut dyn FileSink, now: Instant) {
+    pub(crate) fn poll(&mut self, sink: &mut dyn FileSink, now: Instant) {
         // Reset the eventfd first: a build finished after this read
         // signals it again.
         profcol_ebpf::sys::eventfd_take(std::os::fd::AsFd::as_fd(&*self.built_fd));

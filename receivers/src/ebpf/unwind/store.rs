@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 pub(crate) const UNUSED_GRACE: Duration = Duration::from_secs(30);
 
 /// Where the tables go (the BPF maps, or a fake in tests).
-pub trait Sink {
+pub(crate) trait Sink {
     /// Writes row-array elements `at ..` (each two rows, low half first).
     fn write_rows(&mut self, at: u32, elems: &[u64]) -> Result<(), String>;
     fn set_page(&mut self, table: u32, page: u32, first: u32, count: u32) -> Result<(), String>;
@@ -101,7 +101,7 @@ impl TableStore {
     /// `row_elems`: elements of the row array (rounded up to whole chunks
     /// of [`CHUNK_ELEMS`]); `page_capacity`: entries of the page map;
     /// `rule_capacity`: entries of the rule map.
-    pub fn new(max_bytes: u64, row_elems: u32, page_capacity: usize, rule_capacity: u32) -> Self {
+    pub(crate) fn new(max_bytes: u64, row_elems: u32, page_capacity: usize, rule_capacity: u32) -> Self {
         Self::with_chunks(max_bytes, row_elems, CHUNK_ELEMS, page_capacity, rule_capacity)
     }
 
@@ -127,16 +127,16 @@ impl TableStore {
     }
 
     /// Bytes of the loaded tables (rows and page entries).
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// The loaded table's id for `key`.
-    pub fn id(&self, key: &TableKey) -> Option<u32> {
+    pub(crate) fn id(&self, key: &TableKey) -> Option<u32> {
         self.entries.get(key).map(|e| e.id)
     }
 
@@ -146,7 +146,7 @@ impl TableStore {
     }
 
     /// Marks the table `id` as used at `now` (for LRU and the grace).
-    pub fn touch(&mut self, id: u32, now: Instant) {
+    pub(crate) fn touch(&mut self, id: u32, now: Instant) {
         if let Some(e) = self.ids.get(&id).and_then(|k| self.entries.get_mut(k)) {
             e.last_used = now;
         }
@@ -155,7 +155,7 @@ impl TableStore {
     /// Loads `table` under `key`, evicting as needed, and returns its id.
     /// The keys of evicted tables wait in [`TableStore::take_evicted`] (the
     /// caller forgets the files it pointed at them).
-    pub fn load(
+    pub(crate) fn load(
         &mut self,
         key: TableKey,
         table: &CompactTable,

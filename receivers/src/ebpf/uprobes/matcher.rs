@@ -22,7 +22,7 @@ enum Token {
 
 impl BinaryPattern {
     /// Parses a pattern; the error says what is wrong with it.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         if s.is_empty() {
             return Err("empty; give a path, a base name or a glob".into());
         }
@@ -72,7 +72,7 @@ impl BinaryPattern {
     }
 
     /// Whether `path` (absolute, as in /proc/PID/maps) is one of ours.
-    pub fn matches(&self, path: &str) -> bool {
+    pub(crate) fn matches(&self, path: &str) -> bool {
         let subject = if self.whole_path { path } else { path.rsplit('/').next().unwrap_or(path) };
         glob(&self.pattern, subject.as_bytes())
     }

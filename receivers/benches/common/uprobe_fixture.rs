@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Function symbols in the big binary's `.symtab`.
-pub const SYMBOLS: usize = 60_000;
+pub(crate) const SYMBOLS: usize = 60_000;
 /// Bytes of `.rodata` padding that bring the file to ~50 MB.
-pub const PAD_BYTES: usize = 50 << 20;
+pub(crate) const PAD_BYTES: usize = 50 << 20;
 
 /// Builds `big` and `big.stripped` in `dir`.
-pub fn build(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn build(dir: &Path) -> (PathBuf, PathBuf) {
     use std::fmt::Write;
     let mut asm = String::with_capacity(SYMBOLS * 80);
     asm.push_str(".text\n");
