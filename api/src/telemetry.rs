@@ -81,6 +81,8 @@ const DETAILED_SECONDS_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 
 pub enum MetricKind {
     Counter,
     Gauge,
+    /// A histogram of durations (`_sum`, `_count`, `_bucket`).
+    Timer,
 }
 
 /// One series of a component, declared once as a `const` beside the
@@ -98,15 +100,22 @@ pub struct MetricDef {
     pub unit: &'static str,
     pub label: Option<&'static str>,
     pub help: &'static str,
+    /// The name's middle part when it is not the component's kind (the
+    /// plugin host's `profcol_plugin_*`, shared by processor and exporter plugins).
+    pub scope: Option<&'static str>,
 }
 
 impl MetricDef {
     pub const fn counter(name: &'static str, unit: &'static str, help: &'static str) -> Self {
-        MetricDef { name, kind: MetricKind::Counter, unit, label: None, help }
+        MetricDef { name, kind: MetricKind::Counter, unit, label: None, help, scope: None }
     }
 
     pub const fn gauge(name: &'static str, unit: &'static str, help: &'static str) -> Self {
-        MetricDef { name, kind: MetricKind::Gauge, unit, label: None, help }
+        MetricDef { name, kind: MetricKind::Gauge, unit, label: None, help, scope: None }
+    }
+
+    pub const fn timer(name: &'static str, help: &'static str) -> Self {
+        MetricDef { name, kind: MetricKind::Timer, unit: "seconds", label: None, help, scope: None }
     }
 
     /// The same series with one more label (its values are given at registration).
@@ -114,9 +123,14 @@ impl MetricDef {
         MetricDef { label: Some(label), ..self }
     }
 
+    /// The same series named `profcol_<scope>_<name>` whatever the component's kind.
+    pub const fn under(self, scope: &'static str) -> Self {
+        MetricDef { scope: Some(scope), ..self }
+    }
+
     /// The full series name for a component of `kind`.
     pub fn full_name(&self, kind: Kind) -> String {
-        format!("profcol_{}_{}", kind.as_str(), self.name)
+        format!("profcol_{}_{}", self.scope.unwrap_or(kind.as_str()), self.name)
     }
 }
 

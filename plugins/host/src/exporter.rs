@@ -9,14 +9,14 @@
 use crate::bindings::{ErrorKind, Output, PluginError};
 use crate::config::{self, ExporterConfig, Sink};
 use crate::inspect::World;
-use crate::plugin::{CallError, FailureKind, Plugin};
+use crate::plugin::{self, CallError, FailureKind, Plugin};
 use crate::sinks::Sinks;
 use async_trait::async_trait;
 use profcol_api::component::{
     Component, ComponentError, CreateSettings, ExportError, Exporter, Factory, FactoryMeta, Kind, Stability,
 };
 use profcol_api::config::{ConfigError, ConfigValue};
-use profcol_api::telemetry::Gauge;
+use profcol_api::telemetry::{Gauge, MetricDef};
 use profcol_api::Profiles;
 use schemars::{Schema, SchemaGenerator};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -190,6 +190,24 @@ impl Exporter for WasmExporter {
     }
 }
 
+pub(crate) const PENDING_OUTPUT_BYTES: MetricDef = MetricDef::gauge(
+    "pending_output_bytes",
+    "bytes",
+    "Bytes of an exporter plugin's output kept for the retry of sinks that failed.",
+)
+.under("plugin");
+
+/// The wasm exporter's series: the plugin host's and its pending output.
+pub(crate) const METRICS: &[MetricDef] = &[
+    plugin::COMPILES,
+    plugin::CALLS,
+    plugin::FAILURES,
+    plugin::DISABLED,
+    plugin::CALL_DURATION,
+    crate::sandbox::COUNTER,
+    PENDING_OUTPUT_BYTES,
+];
+
 pub struct ExporterFactory;
 
 impl Factory for ExporterFactory {
@@ -201,6 +219,10 @@ impl Factory for ExporterFactory {
             description:
                 "runs a WebAssembly exporter plugin (profcol:plugin/exporter); the host delivers its outputs to sinks",
         }
+    }
+
+    fn metrics(&self) -> &'static [MetricDef] {
+        METRICS
     }
 
     fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
@@ -229,8 +251,8 @@ impl Factory for ExporterFactory {
             delivery,
             pending: Mutex::new(VecDeque::new()),
             pending_bytes: settings.telemetry.registry().gauge(
-                "profcol_plugin_pending_output_bytes",
-                "Bytes of an exporter plugin's output kept for the retry of sinks that failed.",
+                &crate::plugin::series(&PENDING_OUTPUT_BYTES),
+                PENDING_OUTPUT_BYTES.help,
                 &[("component", &component)],
             ),
         })))

@@ -11,7 +11,8 @@ use crate::bindings::{exporter, processor, Output, PluginError};
 use crate::inspect::World;
 use crate::runtime::{runtime, Compiled, Runtime};
 use crate::sandbox::{self, Allow, HostState, Shared};
-use profcol_api::telemetry::{Counter, Gauge, Telemetry, Timer};
+use profcol_api::component::Kind;
+use profcol_api::telemetry::{Counter, Gauge, MetricDef, Telemetry, Timer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -111,6 +112,29 @@ struct Health {
     disabled_until: Option<Instant>,
 }
 
+// The plugin host's series: `profcol_plugin_*{component, ...}`, the same for
+// processor and exporter plugins.
+pub(crate) const COMPILES: MetricDef = MetricDef::counter(
+    "compiles_total",
+    "1",
+    "Plugin loads, by where the compiled code came from (cache: no compile).",
+)
+.by("source")
+.under("plugin");
+pub(crate) const CALLS: MetricDef =
+    MetricDef::counter("calls_total", "1", "Plugin calls, by outcome.").by("outcome").under("plugin");
+pub(crate) const FAILURES: MetricDef =
+    MetricDef::counter("failures_total", "1", "Plugin failures, by kind.").by("kind").under("plugin");
+pub(crate) const DISABLED: MetricDef =
+    MetricDef::gauge("disabled", "1", "1 while the plugin is disabled after repeated failures.").under("plugin");
+pub(crate) const CALL_DURATION: MetricDef =
+    MetricDef::timer("call_duration_seconds", "Time of plugin calls (on the blocking pool).").under("plugin");
+
+/// The full name of a plugin series (scoped `plugin`, so the kind given does not matter).
+pub(crate) fn series(def: &MetricDef) -> String {
+    def.full_name(Kind::Processor)
+}
+
 struct Metrics {
     ok: Counter,
     error: Counter,
@@ -155,13 +179,7 @@ impl Plugin {
         let runtime = runtime()?;
         let (compiled, source, compile_time) = runtime.compile(bytes)?;
         let c = settings.component.as_str();
-        registry
-            .counter(
-                "profcol_plugin_compiles_total",
-                "Plugin loads, by where the compiled code came from (cache: no compile).",
-                &[("component", c), ("source", source.as_str())],
-            )
-            .inc();
+        registry.counter(&series(&COMPILES), COMPILES.help, &[("component", c), ("source", source.as_str())]).inc();
         let mut linker: Linker<HostState> = Linker::new(runtime.engine());
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("cannot link WASI: {e:#}"))?;
         let link_err = |e: wasmtime::Error| format!("cannot link the plugin: {e:#}");
@@ -178,37 +196,14 @@ impl Plugin {
             }
         };
         let l = [("component", c)];
+        let calls = series(&CALLS);
         let metrics = Metrics {
-            ok: registry.counter(
-                "profcol_plugin_calls_total",
-                "Plugin calls, by outcome.",
-                &[("component", c), ("outcome", "ok")],
-            ),
-            error: registry.counter(
-                "profcol_plugin_calls_total",
-                "Plugin calls, by outcome.",
-                &[("component", c), ("outcome", "error")],
-            ),
-            retryable: registry.counter(
-                "profcol_plugin_calls_total",
-                "Plugin calls, by outcome.",
-                &[("component", c), ("outcome", "retryable")],
-            ),
-            disabled_calls: registry.counter(
-                "profcol_plugin_calls_total",
-                "Plugin calls, by outcome.",
-                &[("component", c), ("outcome", "disabled")],
-            ),
-            disabled: registry.gauge(
-                "profcol_plugin_disabled",
-                "1 while the plugin is disabled after repeated failures.",
-                &l,
-            ),
-            duration: registry.timer(
-                "profcol_plugin_call_duration_seconds",
-                "Time of plugin calls (on the blocking pool).",
-                &l,
-            ),
+            ok: registry.counter(&calls, CALLS.help, &[("component", c), ("outcome", "ok")]),
+            error: registry.counter(&calls, CALLS.help, &[("component", c), ("outcome", "error")]),
+            retryable: registry.counter(&calls, CALLS.help, &[("component", c), ("outcome", "retryable")]),
+            disabled_calls: registry.counter(&calls, CALLS.help, &[("component", c), ("outcome", "disabled")]),
+            disabled: registry.gauge(&series(&DISABLED), DISABLED.help, &l),
+            duration: registry.timer(&series(&CALL_DURATION), CALL_DURATION.help, &l),
             registry: registry.clone(),
         };
         metrics.disabled.set(0);
@@ -374,11 +369,7 @@ impl Plugin {
         let c = self.settings.component.as_str();
         self.metrics
             .registry
-            .counter(
-                "profcol_plugin_failures_total",
-                "Plugin failures, by kind.",
-                &[("component", c), ("kind", kind.as_str())],
-            )
+            .counter(&series(&FAILURES), FAILURES.help, &[("component", c), ("kind", kind.as_str())])
             .inc();
         warn!(component = %c, plugin_sha256 = %self.sha256(), kind = kind.as_str(), "plugin failed: {message}");
         let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());

@@ -7,13 +7,14 @@
 use crate::bindings::{ErrorKind, PluginError};
 use crate::config::{self, OnError, ProcessorConfig};
 use crate::inspect::World;
-use crate::plugin::{CallError, FailureKind, Plugin};
+use crate::plugin::{self, CallError, FailureKind, Plugin};
 use async_trait::async_trait;
 use profcol_api::component::{
     Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, ProcessError, ProcessOutcome, Processor,
     Stability,
 };
 use profcol_api::config::{ConfigError, ConfigValue};
+use profcol_api::telemetry::MetricDef;
 use profcol_api::Profiles;
 use schemars::{Schema, SchemaGenerator};
 use std::borrow::Cow;
@@ -116,6 +117,16 @@ impl Processor for WasmProcessor {
     }
 }
 
+/// The wasm processor's series: the plugin host's.
+pub(crate) const METRICS: &[MetricDef] = &[
+    plugin::COMPILES,
+    plugin::CALLS,
+    plugin::FAILURES,
+    plugin::DISABLED,
+    plugin::CALL_DURATION,
+    crate::sandbox::COUNTER,
+];
+
 pub struct ProcessorFactory;
 
 impl Factory for ProcessorFactory {
@@ -126,6 +137,10 @@ impl Factory for ProcessorFactory {
             stability: Stability::Development,
             description: "runs a WebAssembly processor plugin (profcol:plugin/processor) on each batch",
         }
+    }
+
+    fn metrics(&self) -> &'static [MetricDef] {
+        METRICS
     }
 
     fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {

@@ -5,7 +5,7 @@
 //! flood the log or /metrics.
 
 use crate::bindings::{processor::profcol::plugin as wit, Level};
-use profcol_api::telemetry::{Counter, Telemetry};
+use profcol_api::telemetry::{Counter, MetricDef, Telemetry};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -238,14 +238,18 @@ impl Shared {
             return;
         }
         let c = self.registry.counter(
-            "profcol_plugin_counter_total",
-            "Counts a plugin added through counter-add.",
+            &crate::plugin::series(&COUNTER),
+            COUNTER.help,
             &[("component", &self.component), ("name", name)],
         );
         c.add(value);
         m.insert(name.to_owned(), c);
     }
 }
+
+/// What a plugin adds through `counter-add`: `profcol_plugin_counter_total{component, name}`.
+pub(crate) const COUNTER: MetricDef =
+    MetricDef::counter("counter_total", "1", "Counts a plugin added through counter-add.").by("name").under("plugin");
 
 /// The data of one instance's store.
 pub struct HostState {
@@ -304,5 +308,27 @@ mod tests {
         s.counter_add("Bad Name", 1);
         let series = t.render().lines().filter(|l| l.starts_with("profcol_plugin_counter_total{")).count();
         assert_eq!(series, MAX_COUNTERS);
+    }
+
+    #[test]
+    fn declared_series_keep_their_names() {
+        use crate::plugin::{series, CALLS, CALL_DURATION, COMPILES, DISABLED, FAILURES};
+        let names: Vec<String> = [COMPILES, CALLS, FAILURES, DISABLED, CALL_DURATION, COUNTER]
+            .iter()
+            .chain(crate::exporter::METRICS.last())
+            .map(series)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "profcol_plugin_compiles_total",
+                "profcol_plugin_calls_total",
+                "profcol_plugin_failures_total",
+                "profcol_plugin_disabled",
+                "profcol_plugin_call_duration_seconds",
+                "profcol_plugin_counter_total",
+                "profcol_plugin_pending_output_bytes",
+            ]
+        );
     }
 }
