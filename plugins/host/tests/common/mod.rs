@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// A `wasm/test` component made by the real factory `f` from a YAML
 /// section in which `PLUGIN` stands for the path of test plugin `plugin`,
 /// checked and created as the host does.
-pub fn component(f: &dyn Factory, kind: Kind, plugin: &str, yaml: &str, telemetry: &Telemetry) -> Component {
+pub(crate) fn component(f: &dyn Factory, kind: Kind, plugin: &str, yaml: &str, telemetry: &Telemetry) -> Component {
     let yaml = yaml.replace("PLUGIN", test_plugin(plugin).to_str().unwrap());
     let raw = profcol_config::parse_section(&yaml).unwrap();
     f.check(&raw).unwrap();
@@ -23,7 +23,7 @@ pub fn component(f: &dyn Factory, kind: Kind, plugin: &str, yaml: &str, telemetr
 }
 
 /// A `wasm/test` processor running the `misbehave` test plugin.
-pub fn processor(yaml: &str, telemetry: &Telemetry) -> Arc<dyn Processor> {
+pub(crate) fn processor(yaml: &str, telemetry: &Telemetry) -> Arc<dyn Processor> {
     match component(&ProcessorFactory, Kind::Processor, "misbehave", yaml, telemetry) {
         Component::Processor(p) => p,
         _ => unreachable!(),
@@ -31,28 +31,28 @@ pub fn processor(yaml: &str, telemetry: &Telemetry) -> Arc<dyn Processor> {
 }
 
 /// The value of one series in the Prometheus text (0 when absent).
-pub fn metric(t: &Telemetry, series: &str) -> u64 {
+pub(crate) fn metric(t: &Telemetry, series: &str) -> u64 {
     t.render()
         .lines()
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
         .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
 }
 
-pub fn failures(t: &Telemetry, kind: &str) -> u64 {
+pub(crate) fn failures(t: &Telemetry, kind: &str) -> u64 {
     metric(t, &format!("profcol_plugin_failures_total{{component=\"wasm/test\",kind=\"{kind}\"}}"))
 }
 
-pub fn counter(t: &Telemetry, name: &str) -> Option<u64> {
+pub(crate) fn counter(t: &Telemetry, name: &str) -> Option<u64> {
     let series = format!("profcol_plugin_counter_total{{component=\"wasm/test\",name=\"{name}\"}}");
     t.render().contains(&series).then(|| metric(t, &series))
 }
 
-pub fn batch() -> Profiles {
+pub(crate) fn batch() -> Profiles {
     cpu_batch(7, 3, 40)
 }
 
 /// The batch came through unchanged (same samples, canonical form).
-pub fn assert_passed(outcome: ProcessOutcome, input: &Profiles) {
+pub(crate) fn assert_passed(outcome: ProcessOutcome, input: &Profiles) {
     match outcome {
         ProcessOutcome::Forward(b) => assert_eq!(canonical::samples(&b), canonical::samples(input)),
         other => panic!("expected the batch to pass unchanged, got {other:?}"),
