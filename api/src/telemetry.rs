@@ -654,26 +654,19 @@ pub struct ComponentTelemetry {
 }
 
 impl ComponentTelemetry {
-    /// A component-specific counter, labelled with this component's id.
-    /// `name` is prefixed with `profcol_<kind>_`.
-    pub fn counter(&self, name: &str, help: &str) -> Counter {
+    /// The current value of this component's counter `name` (the part after
+    /// `profcol_<kind>_`), for tests and tools that read a series back.
+    pub fn counter_value(&self, name: &str) -> u64 {
         let ids = self.id.to_string();
-        self.registry.counter(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
+        let full = format!("profcol_{}_{name}", self.kind.as_str());
+        self.registry.counter(&full, "", &[(self.kind.as_str(), &ids)]).get()
     }
 
-    /// A component-specific counter with one more label (e.g. a `reason`).
-    pub fn counter_labeled(&self, name: &str, help: &str, label: (&str, &str)) -> Counter {
+    /// The current value of this component's gauge `name`, as [`Self::counter_value`].
+    pub fn gauge_value(&self, name: &str) -> i64 {
         let ids = self.id.to_string();
-        self.registry.counter(
-            &format!("profcol_{}_{name}", self.kind.as_str()),
-            help,
-            &[(self.kind.as_str(), &ids), label],
-        )
-    }
-
-    pub fn gauge(&self, name: &str, help: &str) -> Gauge {
-        let ids = self.id.to_string();
-        self.registry.gauge(&format!("profcol_{}_{name}", self.kind.as_str()), help, &[(self.kind.as_str(), &ids)])
+        let full = format!("profcol_{}_{name}", self.kind.as_str());
+        self.registry.gauge(&full, "", &[(self.kind.as_str(), &ids)]).get()
     }
 
     /// The counter `def` declares, labelled with this component's id.
@@ -720,7 +713,7 @@ mod tests {
     fn collect_hooks_run_when_a_reader_collects_until_dropped() {
         let t = Telemetry::new();
         let id: ComponentId = "kernel_symbols".parse().unwrap();
-        let g = t.component(Kind::Processor, &id).gauge("hooked", "set at collection");
+        let g = t.component(Kind::Processor, &id).gauge_of(&MetricDef::gauge("hooked", "1", "set at collection"));
         let source = Arc::new(AtomicI64::new(5));
         let hook = t.on_collect({
             let (g, source) = (g.clone(), source.clone());
@@ -792,7 +785,7 @@ mod tests {
         let basic = Telemetry::builder(Level::Basic).build();
         let c = basic.component(Kind::Exporter, &id);
         c.sent.add(2);
-        c.counter("retryable_errors_total", "x").add(1);
+        c.counter_of(&MetricDef::counter("retryable_errors_total", "1", "x")).add(1);
         c.export_latency.record(Duration::from_millis(3));
         let text = basic.render();
         assert!(text.contains("profcol_exporter_sent_samples_total{exporter=\"otlp\"} 2"), "{text}");

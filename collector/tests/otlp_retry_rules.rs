@@ -113,7 +113,7 @@ async fn export_through_host(server: &Server, proto: Proto, batch: &Profiles) ->
 }
 
 fn counter(t: &ComponentTelemetry, name: &str) -> u64 {
-    t.counter(name, "").get()
+    t.counter_value(name)
 }
 
 /// Three processes: three profiles, so a partial success of one is a third.

@@ -90,8 +90,8 @@ async fn retry_info_and_partial_success_from_python() {
         }
         other => panic!("expected a partial success, got {other:?}"),
     }
-    assert_eq!(s.telemetry.counter("rejected_profiles_total", "").get(), 1);
-    assert_eq!(s.telemetry.counter("partial_success_total", "").get(), 1);
-    assert_eq!(s.telemetry.counter("retryable_errors_total", "").get(), 2);
+    assert_eq!(s.telemetry.counter_value("rejected_profiles_total"), 1);
+    assert_eq!(s.telemetry.counter_value("partial_success_total"), 1);
+    assert_eq!(s.telemetry.counter_value("retryable_errors_total"), 2);
     drop(py);
 }

@@ -65,10 +65,10 @@ impl Setup {
         self.r.http_addr().unwrap()
     }
     fn inflight_refusals(&self) -> u64 {
-        self.tel.counter("inflight_refusals_total", "").get()
+        self.tel.counter_value("inflight_refusals_total")
     }
     fn backpressure_refusals(&self) -> u64 {
-        self.tel.counter("backpressure_refusals_total", "").get()
+        self.tel.counter_value("backpressure_refusals_total")
     }
 }
 

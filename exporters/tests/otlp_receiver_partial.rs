@@ -73,7 +73,7 @@ async fn invalid_profiles_are_dropped_and_answered_with_partial_success() {
     c.wait_for(total, Duration::from_secs(10)).await;
     assert!(canonical::samples(&c.merged()) == canonical::samples(&merge(&want)), "only the valid profiles arrived");
     assert_eq!(rs.telemetry.refused.get(), refused);
-    assert_eq!(rs.telemetry.counter("partial_requests_total", "").get(), 3);
+    assert_eq!(rs.telemetry.counter_value("partial_requests_total"), 3);
     // A request with nothing valid is refused whole, as before.
     let (mut all_bad, _) = half_broken(9);
     all_bad.0.resource_profiles.truncate(1);

@@ -397,8 +397,8 @@ async fn the_directory_keeps_at_most_max_files_and_only_its_own_are_removed() {
     newest.sort();
     assert_eq!(left, newest, "the three newest remain");
     assert!(dir.path().join("README").exists());
-    assert_eq!(s.telemetry.counter("pprof_files_removed_total", "").get(), 3);
-    assert_eq!(s.telemetry.gauge("pprof_files", "").get(), 3);
+    assert_eq!(s.telemetry.counter_value("pprof_files_removed_total"), 3);
+    assert_eq!(s.telemetry.gauge_value("pprof_files"), 3);
 }
 
 /// `group_by` is for files and `labels` for the push; each refused with the

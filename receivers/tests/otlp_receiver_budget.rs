@@ -33,7 +33,7 @@ async fn start(
 async fn expansion_requests_are_refused_with_resource_exhausted_and_413() {
     let (r, c, s) = start(64.0).await;
     let (g, h) = (r.grpc_addr().unwrap(), r.http_addr().unwrap());
-    let refused = || s.telemetry.counter("decode_budget_refusals_total", "").get();
+    let refused = || s.telemetry.counter_value("decode_budget_refusals_total");
     for size in [3_000_000, 30 << 20] {
         let body = expansion_request(size);
         let e = grpc_send(g, body.clone(), false).await.unwrap_err();

@@ -45,7 +45,7 @@ impl Gateway {
         self.r.http_addr().unwrap()
     }
     fn read_timeouts(&self) -> u64 {
-        self.s.telemetry.counter("read_timeouts_total", "").get()
+        self.s.telemetry.counter_value("read_timeouts_total")
     }
 }
 
