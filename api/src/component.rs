@@ -1,6 +1,7 @@
 //! Components: ids, kinds, factories, the three component traits, and the
 //! [`Next`] handle through which receivers push batches downstream.
 
+pub use crate::component_id::{ComponentId, IdError, Kind};
 use crate::config::{ConfigError, ConfigValue, Problems, Validate};
 use crate::telemetry::ComponentTelemetry;
 use crate::Profiles;
@@ -11,35 +12,8 @@ use serde::{de::DeserializeOwned, Serialize};
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What a component is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
-    Receiver,
-    Processor,
-    Exporter,
-    Extension,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Receiver => "receiver",
-            Kind::Processor => "processor",
-            Kind::Exporter => "exporter",
-            Kind::Extension => "extension",
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
 
 /// How far a component has come (the OTel Collector's levels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,63 +32,6 @@ impl fmt::Display for Stability {
             Stability::Beta => "beta",
             Stability::Stable => "stable",
         })
-    }
-}
-
-/// A component id, `type[/name]`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ComponentId {
-    ty: String,
-    name: String,
-}
-
-/// Why a string is not a valid `type[/name]` id.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IdError {
-    #[error("invalid id {0:?}: the type must match ^[a-z][a-z0-9_]*$ (e.g. \"otlp\" or \"otlp/backend\")")]
-    BadType(String),
-    #[error("invalid id {0:?}: the name after '/' must not be empty")]
-    EmptyName(String),
-}
-
-pub(crate) fn is_valid_type(t: &str) -> bool {
-    let mut c = t.chars();
-    matches!(c.next(), Some('a'..='z')) && c.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
-}
-
-impl ComponentId {
-    pub fn new(ty: &str, name: &str) -> Result<Self, IdError> {
-        if !is_valid_type(ty) {
-            return Err(IdError::BadType(format!("{ty}/{name}").trim_end_matches('/').to_owned()));
-        }
-        Ok(ComponentId { ty: ty.to_owned(), name: name.to_owned() })
-    }
-    pub fn type_name(&self) -> &str {
-        &self.ty
-    }
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl FromStr for ComponentId {
-    type Err = IdError;
-    fn from_str(s: &str) -> Result<Self, IdError> {
-        match s.split_once('/') {
-            None => ComponentId::new(s, ""),
-            Some((_, "")) => Err(IdError::EmptyName(s.to_owned())),
-            Some((t, n)) => ComponentId::new(t, n).map_err(|_| IdError::BadType(s.to_owned())),
-        }
-    }
-}
-
-impl fmt::Display for ComponentId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.name.is_empty() {
-            f.write_str(&self.ty)
-        } else {
-            write!(f, "{}/{}", self.ty, self.name)
-        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! - [`listeners`]: listening sockets kept open across reloads.
 
 pub mod component;
+mod component_id;
 pub mod config;
 pub mod listeners;
 pub mod model;

@@ -22,7 +22,7 @@
 //! reloads. The cells exist at every [`Level`]; a series whose level is above
 //! the configured one is never registered with the SDK, so no reader sees it.
 
-use crate::component::{ComponentId, Kind};
+use crate::component_id::{ComponentId, Kind};
 use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::{MeterProviderBuilder, SdkMeterProvider, Stream};

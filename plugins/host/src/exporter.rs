@@ -9,7 +9,8 @@
 use crate::bindings::{ErrorKind, Output, PluginError};
 use crate::config::{self, ExporterConfig, Sink};
 use crate::inspect::World;
-use crate::plugin::{self, CallError, FailureKind, Plugin};
+use crate::metrics::PENDING_OUTPUT_BYTES;
+use crate::plugin::{CallError, FailureKind, Plugin};
 use crate::sinks::Sinks;
 use async_trait::async_trait;
 use profcol_api::component::{
@@ -190,24 +191,6 @@ impl Exporter for WasmExporter {
     }
 }
 
-pub(crate) const PENDING_OUTPUT_BYTES: MetricDef = MetricDef::gauge(
-    "pending_output_bytes",
-    "bytes",
-    "Bytes of an exporter plugin's output kept for the retry of sinks that failed.",
-)
-.under("plugin");
-
-/// The wasm exporter's series: the plugin host's and its pending output.
-pub(crate) const METRICS: &[MetricDef] = &[
-    plugin::COMPILES,
-    plugin::CALLS,
-    plugin::FAILURES,
-    plugin::DISABLED,
-    plugin::CALL_DURATION,
-    crate::sandbox::COUNTER,
-    PENDING_OUTPUT_BYTES,
-];
-
 pub struct ExporterFactory;
 
 impl Factory for ExporterFactory {
@@ -222,7 +205,7 @@ impl Factory for ExporterFactory {
     }
 
     fn metrics(&self) -> &'static [MetricDef] {
-        METRICS
+        crate::metrics::EXPORTER
     }
 
     fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {
@@ -251,7 +234,7 @@ impl Factory for ExporterFactory {
             delivery,
             pending: Mutex::new(VecDeque::new()),
             pending_bytes: settings.telemetry.registry().gauge(
-                &crate::plugin::series(&PENDING_OUTPUT_BYTES),
+                &crate::metrics::series(&PENDING_OUTPUT_BYTES),
                 PENDING_OUTPUT_BYTES.help,
                 &[("component", &component)],
             ),

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub mod exporter;
 pub mod inspect;
+mod metrics;
 pub mod plugin;
 pub mod processor;
 pub mod runtime;

@@ -9,10 +9,10 @@
 
 use crate::bindings::{exporter, processor, Output, PluginError};
 use crate::inspect::World;
+use crate::metrics::{series, CALLS, CALL_DURATION, COMPILES, DISABLED, FAILURES};
 use crate::runtime::{runtime, Compiled, Runtime};
 use crate::sandbox::{self, Allow, HostState, Shared};
-use profcol_api::component::Kind;
-use profcol_api::telemetry::{Counter, Gauge, MetricDef, Telemetry, Timer};
+use profcol_api::telemetry::{Counter, Gauge, Telemetry, Timer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -110,29 +110,6 @@ pub struct Instance {
 struct Health {
     failures: VecDeque<Instant>,
     disabled_until: Option<Instant>,
-}
-
-// The plugin host's series: `profcol_plugin_*{component, ...}`, the same for
-// processor and exporter plugins.
-pub(crate) const COMPILES: MetricDef = MetricDef::counter(
-    "compiles_total",
-    "1",
-    "Plugin loads, by where the compiled code came from (cache: no compile).",
-)
-.by("source")
-.under("plugin");
-pub(crate) const CALLS: MetricDef =
-    MetricDef::counter("calls_total", "1", "Plugin calls, by outcome.").by("outcome").under("plugin");
-pub(crate) const FAILURES: MetricDef =
-    MetricDef::counter("failures_total", "1", "Plugin failures, by kind.").by("kind").under("plugin");
-pub(crate) const DISABLED: MetricDef =
-    MetricDef::gauge("disabled", "1", "1 while the plugin is disabled after repeated failures.").under("plugin");
-pub(crate) const CALL_DURATION: MetricDef =
-    MetricDef::timer("call_duration_seconds", "Time of plugin calls (on the blocking pool).").under("plugin");
-
-/// The full name of a plugin series (scoped `plugin`, so the kind given does not matter).
-pub(crate) fn series(def: &MetricDef) -> String {
-    def.full_name(Kind::Processor)
 }
 
 struct Metrics {

@@ -7,7 +7,7 @@
 use crate::bindings::{ErrorKind, PluginError};
 use crate::config::{self, OnError, ProcessorConfig};
 use crate::inspect::World;
-use crate::plugin::{self, CallError, FailureKind, Plugin};
+use crate::plugin::{CallError, FailureKind, Plugin};
 use async_trait::async_trait;
 use profcol_api::component::{
     Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind, ProcessError, ProcessOutcome, Processor,
@@ -117,16 +117,6 @@ impl Processor for WasmProcessor {
     }
 }
 
-/// The wasm processor's series: the plugin host's.
-pub(crate) const METRICS: &[MetricDef] = &[
-    plugin::COMPILES,
-    plugin::CALLS,
-    plugin::FAILURES,
-    plugin::DISABLED,
-    plugin::CALL_DURATION,
-    crate::sandbox::COUNTER,
-];
-
 pub struct ProcessorFactory;
 
 impl Factory for ProcessorFactory {
@@ -140,7 +130,7 @@ impl Factory for ProcessorFactory {
     }
 
     fn metrics(&self) -> &'static [MetricDef] {
-        METRICS
+        crate::metrics::PROCESSOR
     }
 
     fn check(&self, raw: &ConfigValue) -> Result<ConfigValue, Vec<ConfigError>> {

@@ -5,7 +5,8 @@
 //! flood the log or /metrics.
 
 use crate::bindings::{processor::profcol::plugin as wit, Level};
-use profcol_api::telemetry::{Counter, MetricDef, Telemetry};
+use crate::metrics::{series, COUNTER};
+use profcol_api::telemetry::{Counter, Telemetry};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -237,19 +238,12 @@ impl Shared {
             );
             return;
         }
-        let c = self.registry.counter(
-            &crate::plugin::series(&COUNTER),
-            COUNTER.help,
-            &[("component", &self.component), ("name", name)],
-        );
+        let c =
+            self.registry.counter(&series(&COUNTER), COUNTER.help, &[("component", &self.component), ("name", name)]);
         c.add(value);
         m.insert(name.to_owned(), c);
     }
 }
-
-/// What a plugin adds through `counter-add`: `profcol_plugin_counter_total{component, name}`.
-pub(crate) const COUNTER: MetricDef =
-    MetricDef::counter("counter_total", "1", "Counts a plugin added through counter-add.").by("name").under("plugin");
 
 /// The data of one instance's store.
 pub struct HostState {
@@ -312,10 +306,10 @@ mod tests {
 
     #[test]
     fn declared_series_keep_their_names() {
-        use crate::plugin::{series, CALLS, CALL_DURATION, COMPILES, DISABLED, FAILURES};
+        use crate::metrics::{CALLS, CALL_DURATION, COMPILES, DISABLED, FAILURES};
         let names: Vec<String> = [COMPILES, CALLS, FAILURES, DISABLED, CALL_DURATION, COUNTER]
             .iter()
-            .chain(crate::exporter::METRICS.last())
+            .chain(crate::metrics::EXPORTER.last())
             .map(series)
             .collect();
         assert_eq!(
