@@ -16,7 +16,7 @@ use super::config::Config;
 use super::debuginfod::Debuginfod;
 use super::disk::DiskCache;
 use super::symbolize::{self, Candidates, Outcome};
-use super::table::SearchPaths;
+use super::table::{SearchPaths, Want};
 
 pub struct UserSymbols {
     cfg: Config,
@@ -197,7 +197,7 @@ impl UserSymbols {
             return (batch, Outcome::default());
         }
         let cache = self.cache().clone();
-        let wants = candidates.wants();
+        let wants = self.load_order(&cache, candidates.wants());
         let deadline = Instant::now() + self.cfg.max_wait;
         loop {
             // Armed before the check, so a load finishing in between wakes us.
@@ -214,6 +214,23 @@ impl UserSymbols {
         let (batch, outcome) = symbolize::symbolize(batch, &candidates, &|key| cache.peek(key));
         cache.settle();
         (batch, outcome)
+    }
+
+    /// `wants` with the binaries not yet asked for last, smallest file
+    /// first: most binaries load in milliseconds, so one large library
+    /// (a compiler's, a debug build's) does not hold all the others past
+    /// `max_wait`. The loader takes them in this order.
+    fn load_order(&self, cache: &Cache, mut wants: Vec<Want>) -> Vec<Want> {
+        let known = |w: &Want| cache.peek(&w.key).is_some();
+        if wants.iter().all(known) {
+            return wants;
+        }
+        let size = |w: &Want| {
+            let pinned = self.pins.get(&w.key).and_then(|p| p.file.metadata().ok());
+            pinned.or_else(|| std::fs::metadata(&*w.path).ok()).map_or(u64::MAX, |m| m.len())
+        };
+        wants.sort_by_cached_key(|w| if known(w) { (false, 0) } else { (true, size(w)) });
+        wants
     }
 
     /// The cache (created on first use).
