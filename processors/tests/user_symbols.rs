@@ -5,7 +5,6 @@
 
 mod user_symbols_common;
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use profcol_api::component::{ComponentId, Kind, Processor};
 use profcol_api::services::FilePins;
 use profcol_api::telemetry::Telemetry;
 use profcol_processors::user_symbols::cache::{Cache, State};
+use profcol_processors::user_symbols::config::DebuginfodConfig;
 use profcol_processors::user_symbols::table::{SearchPaths, Want};
 use profcol_processors::user_symbols::{Config, UserSymbols};
 use user_symbols_common::*;
@@ -38,22 +38,35 @@ async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {
     };
     let input = batch(&bin, &id, &[leaf, ret], &elf);
 
+    // Holds the one loader thread: a binary not on this host is asked of
+    // debuginfod, and this server takes the request and answers only when
+    // told, so the table below stays queued behind it however fast this
+    // machine loads it (max_wait 0 must not name it).
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", server.local_addr().unwrap());
+    let (asked, was_asked) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut conn, _) = server.accept().unwrap();
+        let _ = conn.read(&mut [0u8; 4096]);
+        asked.send(()).unwrap();
+        let _ = released.recv();
+        let _ = conn.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    });
     let registry = Telemetry::new();
     let cid: ComponentId = "user_symbols".parse().unwrap();
     let p = UserSymbols::with_telemetry(
-        Config { max_wait: Duration::ZERO, ..Default::default() },
+        Config {
+            max_wait: Duration::ZERO,
+            debuginfod: DebuginfodConfig { urls: vec![url], timeout: Duration::from_secs(60), ..Default::default() },
+            ..Default::default()
+        },
         Arc::new(FilePins::default()),
         &registry.component(Kind::Processor, &cid),
     );
     p.start().await.unwrap();
-    // Holds the one loader thread: opening a FIFO for reading blocks until
-    // a writer opens it, so the table below stays queued behind it however
-    // fast this machine loads it (max_wait 0 must not name it).
-    let fifo = dir.path().join("held");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: c is a NUL-terminated path that outlives the call.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
-    let held = batch(&fifo, "00aa00aa", &[leaf], &elf);
+    let held = batch(&dir.path().join("not-on-this-host"), "00aa00aa", &[leaf], &elf);
     let _ = p.symbolize(held).await;
     // max_wait 0: the first batch does not wait for the load.
     let t = Instant::now();
@@ -68,14 +81,12 @@ async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {
         "2 frames × 2 observations pending:\n{metrics}"
     );
 
-    // Let the loader go: the FIFO gives it end of file, not an ELF. (A
-    // writer's non-blocking open fails until the loader holds the reading
-    // end, so a loader that never opened it fails here instead of hanging.)
+    // Let the loader go: the server answers 404. (A loader that never
+    // asked fails here instead of hanging.)
+    was_asked.recv_timeout(Duration::from_secs(10)).expect("the loader asked the server");
+    release.send(()).unwrap();
+    holder.join().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(e) = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&fifo) {
-        assert!(Instant::now() < deadline, "the loader never opened the FIFO: {e}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     while !matches!(p.table_cache().peek(&id), Some(State::Ready(_))) {
         assert!(Instant::now() < deadline, "table never loaded");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -94,6 +105,31 @@ async fn names_native_frames_leaves_others_and_waits_at_most_max_wait() {
     let metrics = registry.render();
     assert!(metrics.contains("outcome=\"named\",processor=\"user_symbols\"} 4"), "{metrics}");
     assert!(metrics.contains("profcol_processor_user_symbols_tables_loaded_total"), "{metrics}");
+}
+
+/// A mapping's path may name anything on this host (at a gateway it comes
+/// from another one): a FIFO there, which nobody writes, is passed over,
+/// not opened and waited on, and the next binary is loaded.
+#[tokio::test]
+async fn a_mapping_path_that_is_a_fifo_does_not_hold_the_loader() {
+    if !tools_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = compile(dir.path(), "w", 0);
+    let elf = profcol_elf::ElfFile::open(&std::fs::File::open(&bin).unwrap()).unwrap();
+    let id = build_id(&bin);
+    let (leaf, _) = symbol(&elf, "leaf_work");
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: c is a NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let p = UserSymbols::new(Config { max_wait: Duration::from_secs(5), ..Default::default() }, Default::default());
+    let (_, held) = p.symbolize(batch(&fifo, "00aa00aa", &[leaf], &elf)).await;
+    assert_eq!(held.named, 0);
+    let (out, o) = p.symbolize(batch(&bin, &id, &[leaf], &elf)).await;
+    assert!(o.named > 0 && o.pending == 0, "named after the FIFO: {o:?}");
+    assert_eq!(frames(&out)[1].last().unwrap().0, "leaf_work");
 }
 
 #[tokio::test]

@@ -1,7 +1,9 @@
 //! A debuginfod client for the loader thread: `GET URL/buildid/ID/debuginfo`
-//! on each server in turn, with a timeout per request, a size cap, and a
-//! negative cache so a build id no server has is asked for once per
-//! `negative_ttl`, not once per frame or batch.
+//! (the debug file) or `GET URL/buildid/ID/executable` (the binary, for a
+//! gateway naming frames of binaries that are not on its host) on each
+//! server in turn, with a timeout per request, a size cap, and a negative
+//! cache so a file no server has is asked for once per `negative_ttl`, not
+//! once per frame or batch.
 //!
 //! The loader is a plain thread: requests run on a current-thread tokio
 //! runtime of its own (reqwest is async), so a slow server holds only the
@@ -30,13 +32,35 @@ pub(crate) struct Debuginfod {
     timeout: Duration,
     max_bytes: u64,
     negative_ttl: Duration,
-    negative: FxHashMap<String, Instant>,
+    /// (build id, what) → when no server had it.
+    negative: FxHashMap<(String, Artifact), Instant>,
     runtime: Option<tokio::runtime::Runtime>,
     client: Option<reqwest::Client>,
 }
 
 /// Most build ids remembered as missing; expired ones are swept first.
 const MAX_NEGATIVE: usize = 65536;
+
+/// Longest build id asked for, in hex digits (GNU ones are 40).
+const MAX_BUILD_ID_HEX: usize = 128;
+
+/// What is fetched by build id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Artifact {
+    /// The separate debug file (DWARF, `.symtab`).
+    Debuginfo,
+    /// The binary itself: its load segments map file offsets to addresses.
+    Executable,
+}
+
+impl Artifact {
+    fn path(self) -> &'static str {
+        match self {
+            Artifact::Debuginfo => "debuginfo",
+            Artifact::Executable => "executable",
+        }
+    }
+}
 
 impl Debuginfod {
     /// The client for `cfg`: its `urls`, else `DEBUGINFOD_URLS` (space
@@ -62,9 +86,16 @@ impl Debuginfod {
         })
     }
 
-    /// The debug file of `build_id` from the first server that has it.
-    pub(crate) fn debuginfo(&mut self, build_id: &str, counters: &DebuginfodCounters) -> Option<Vec<u8>> {
-        if let Some(since) = self.negative.get(build_id) {
+    /// `what` of `build_id` from the first server that has it. A build id
+    /// that is not lowercase hex (it may come from any OTLP sender) is
+    /// never put into a URL.
+    pub(crate) fn fetch(&mut self, build_id: &str, what: Artifact, counters: &DebuginfodCounters) -> Option<Vec<u8>> {
+        let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+        if build_id.is_empty() || build_id.len() > MAX_BUILD_ID_HEX || !build_id.bytes().all(hex) {
+            return None;
+        }
+        let key = (build_id.to_owned(), what);
+        if let Some(since) = self.negative.get(&key) {
             if since.elapsed() < self.negative_ttl {
                 counters.negative_hits.fetch_add(1, Relaxed);
                 return None;
@@ -90,8 +121,8 @@ impl Debuginfod {
         }
         let (rt, client) = (self.runtime.as_ref()?, self.client.as_ref()?);
         for url in &self.urls {
-            let full = format!("{url}/buildid/{build_id}/debuginfo");
-            match rt.block_on(fetch(client, &full, self.max_bytes)) {
+            let full = format!("{url}/buildid/{build_id}/{}", what.path());
+            match rt.block_on(get(client, &full, self.max_bytes)) {
                 Ok(Some(bytes)) => {
                     counters.ok.fetch_add(1, Relaxed);
                     return Some(bytes);
@@ -101,7 +132,7 @@ impl Debuginfod {
                 }
                 Err(e) => {
                     counters.error.fetch_add(1, Relaxed);
-                    tracing::debug!(url = %url, build_id, error = %e, "user_symbols: debuginfod request failed");
+                    tracing::debug!(url = %url, build_id, what = what.path(), error = %e, "user_symbols: debuginfod request failed");
                 }
             }
         }
@@ -112,14 +143,14 @@ impl Debuginfod {
                 self.negative.clear();
             }
         }
-        self.negative.insert(build_id.to_owned(), Instant::now());
+        self.negative.insert(key, Instant::now());
         None
     }
 }
 
 /// `Ok(None)` for 404; an error for anything else that is not a 200 with
 /// at most `max` bytes.
-async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Option<Vec<u8>>, String> {
+async fn get(client: &reqwest::Client, url: &str, max: u64) -> Result<Option<Vec<u8>>, String> {
     let mut resp = client.get(url).send().await.map_err(|e| e.without_url().to_string())?;
     let status = resp.status();
     if status == reqwest::StatusCode::NOT_FOUND {
@@ -128,10 +159,12 @@ async fn fetch(client: &reqwest::Client, url: &str, max: u64) -> Result<Option<V
     if !status.is_success() {
         return Err(format!("HTTP {status}"));
     }
-    if resp.content_length().is_some_and(|n| n > max) {
+    let announced = resp.content_length();
+    if announced.is_some_and(|n| n > max) {
         return Err(format!("answer larger than max_download_bytes ({max})"));
     }
-    let mut body = Vec::new();
+    // Sized once when the server says how much (no doubling past `max`).
+    let mut body = Vec::with_capacity(announced.and_then(|n| usize::try_from(n).ok()).unwrap_or(0));
     while let Some(chunk) = resp.chunk().await.map_err(|e| e.without_url().to_string())? {
         if body.len() as u64 + chunk.len() as u64 > max {
             return Err(format!("answer larger than max_download_bytes ({max})"));

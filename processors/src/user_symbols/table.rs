@@ -1,16 +1,18 @@
 //! One binary's symbols, loaded once per build id (or file id): the
 //! binary's `PT_LOAD` segments (file offset → virtual address), its
 //! function symbols and, with `lines`, its DWARF, each from the best file
-//! found (a separate debug file wins over the binary). Resolved offsets
-//! are memoized, bounded.
+//! found (a separate debug file wins over the binary). The binary is the
+//! local file, or, when it is not on this host, the executable debuginfod
+//! serves for the build id. Resolved offsets are memoized, bounded.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use profcol_api::services::PinnedFile;
 
-use super::debuginfod::{Debuginfod, DebuginfodCounters};
+use super::debuginfod::{Artifact, Debuginfod, DebuginfodCounters};
 use super::disk::DiskTable;
 use profcol_elf::{DwarfLines, ElfFile, GoLineTable, SymbolTable};
 use rustc_hash::FxHashMap;
@@ -65,6 +67,9 @@ pub struct BinaryTable {
     go: Option<GoLineTable>,
     memo: Mutex<FxHashMap<u64, Frames>>,
     memo_bytes: std::sync::atomic::AtomicUsize,
+    /// Bytes of a downloaded file the DWARF keeps alive beyond its debug
+    /// sections.
+    held: AtomicUsize,
     pub sources: Sources,
 }
 
@@ -108,56 +113,98 @@ impl Default for SearchPaths {
 /// size, offset), the function symbols, and whether the files had DWARF.
 pub(crate) type DiskParts<'a> = (&'a [(u64, u64, u64)], &'a SymbolTable, bool);
 
-/// The files a table is read from: the binary, and its best debug file.
+/// The files a table is read from: the binary, and its best debug file;
+/// each with whether it was downloaded (its bytes are on the heap).
 struct Opened {
     elf: ElfFile,
+    elf_downloaded: bool,
     binary_path: PathBuf,
-    debug: Option<(ElfFile, PathBuf)>,
+    debug: Option<(ElfFile, PathBuf, bool)>,
 }
 
 impl Opened {
     /// The binary from its pin (`pinned`) or else its path on this host
-    /// (checked to have the same id), then the best debug file (asking
-    /// debuginfod when no local one is found and the binary lacks DWARF,
-    /// with `lines`, or symbols).
+    /// (checked to have the same id); when neither is, and debuginfod is
+    /// configured, the executable by build id (a gateway, where the
+    /// binaries are on the agents' hosts). Then the best debug file
+    /// (asking debuginfod when no local one is found and the binary lacks
+    /// DWARF, with `lines`, or symbols).
     fn open(
         want: &Want,
         pinned: Option<PinnedFile>,
         search: &SearchPaths,
-        debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
+        mut debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
     ) -> Result<Self, Missing> {
-        let (binary, binary_path, root) = match pinned {
+        let local = match pinned {
             Some(p) => {
-                let f = p.file.try_clone().map_err(|_| Missing::NoFile)?;
-                (f, PathBuf::from(&*p.path), p.root.map(|r| PathBuf::from(&*r)))
+                p.file.try_clone().ok().map(|f| (f, PathBuf::from(&*p.path), p.root.map(|r| PathBuf::from(&*r))))
             }
+            None => open_regular(Path::new(&*want.path)).map(|f| (f, PathBuf::from(&*want.path), None)),
+        };
+        let local = local.and_then(|(f, path, root)| {
+            let elf = ElfFile::open(&f).ok()?;
+            same_identity(&elf, &f, want).then_some((elf, path, root))
+        });
+        let (elf, elf_downloaded, binary_path, root) = match local {
+            Some((elf, path, root)) => (elf, false, path, root),
             None => {
-                let f = File::open(&*want.path).map_err(|_| Missing::NoFile)?;
-                (f, PathBuf::from(&*want.path), None)
+                let Some((client, counters)) = debuginfod.as_mut().filter(|_| want.is_build_id) else {
+                    return Err(Missing::NoFile);
+                };
+                // Its load segments map file offsets to addresses: a debug
+                // file alone cannot (objcopy zeroes their file sizes).
+                let elf = fetch_matching(client, counters, &want.key, Artifact::Executable)
+                    .filter(|e| e.load_segments().iter().any(|s| s.filesz > 0))
+                    .ok_or(Missing::NoFile)?;
+                (elf, true, PathBuf::from(format!("debuginfod:{}/executable", want.key)), None)
             }
         };
-        let elf = ElfFile::open(&binary).map_err(|_| Missing::NoFile)?;
-        if !same_identity(&elf, &binary, want) {
-            return Err(Missing::NoFile);
-        }
-        let mut debug = find_debug_file(&elf, want, &binary_path, root.as_deref(), search);
+        // `.gnu_debuglink` is looked up beside the path the process mapped.
+        let link_base = if elf_downloaded { Path::new(&*want.path) } else { binary_path.as_path() };
+        let mut debug = find_debug_file(&elf, want, link_base, root.as_deref(), search).map(|(d, p)| (d, p, false));
         let needs = (search.lines && !elf.has_debug_info()) || !elf.has_symtab();
         if let (None, true, true, Some((client, counters))) = (&debug, needs, want.is_build_id, debuginfod) {
-            debug = client
-                .debuginfo(&want.key, counters)
-                .and_then(|bytes| ElfFile::from_vec(bytes).ok())
-                .filter(|d| d.gnu_build_id().map(profcol_elf::notes::hex).as_deref() == Some(&*want.key))
-                .map(|d| (d, PathBuf::from(format!("debuginfod:{}", want.key))));
+            debug = fetch_matching(client, counters, &want.key, Artifact::Debuginfo)
+                .map(|d| (d, PathBuf::from(format!("debuginfod:{}", want.key)), true));
         }
-        Ok(Opened { elf, binary_path, debug })
+        Ok(Opened { elf, elf_downloaded, binary_path, debug })
     }
 
-    fn dwarf(&self) -> Option<DwarfLines> {
-        self.debug
-            .as_ref()
-            .and_then(|(d, _)| d.dwarf_lines(MAX_DEBUG_SECTION))
-            .or_else(|| self.elf.dwarf_lines(MAX_DEBUG_SECTION))
+    /// The DWARF of the debug file, else of the binary; with the bytes of a
+    /// downloaded file it keeps alive beyond its debug sections (the rest
+    /// of the heap copy, which [`BinaryTable::heap_bytes`] counts too).
+    fn dwarf(&self) -> Option<(DwarfLines, usize)> {
+        let read = |f: &ElfFile, downloaded: bool| {
+            f.dwarf_lines(MAX_DEBUG_SECTION).map(|d| {
+                let rest = if downloaded { f.len().saturating_sub(d.mapped_bytes()) } else { 0 };
+                (d, rest)
+            })
+        };
+        self.debug.as_ref().and_then(|(d, _, dl)| read(d, *dl)).or_else(|| read(&self.elf, self.elf_downloaded))
     }
+}
+
+/// `what` of `build_id` from debuginfod, when it is an ELF file with that
+/// build id.
+fn fetch_matching(
+    client: &mut Debuginfod,
+    counters: &DebuginfodCounters,
+    build_id: &str,
+    what: Artifact,
+) -> Option<ElfFile> {
+    client
+        .fetch(build_id, what, counters)
+        .and_then(|bytes| ElfFile::from_vec(bytes).ok())
+        .filter(|e| e.gnu_build_id().map(profcol_elf::notes::hex).as_deref() == Some(build_id))
+}
+
+/// `path` when it is a regular file: a mapping's path may come from another
+/// host (OTLP), and opening a FIFO or a device there must not block or read
+/// it.
+fn open_regular(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+    f.metadata().ok()?.is_file().then_some(f)
 }
 
 impl BinaryTable {
@@ -168,8 +215,11 @@ impl BinaryTable {
         Self::load_with(want, pinned, search, None)
     }
 
-    /// [`Self::load`], asking debuginfod for the debug file when no local
-    /// one is found and the binary lacks DWARF (with `lines`) or symbols.
+    /// [`Self::load`], asking debuginfod for the executable when the binary
+    /// is not on this host, and for the debug file when no local one is
+    /// found and the binary lacks DWARF (with `lines`) or symbols. A
+    /// downloaded file is dropped once the table is built, unless the
+    /// table reads its DWARF.
     pub(crate) fn load_with(
         want: &Want,
         pinned: Option<PinnedFile>,
@@ -180,8 +230,8 @@ impl BinaryTable {
         let (elf, debug) = (&opened.elf, &opened.debug);
         let segments = elf.load_segments().iter().map(|s| (s.vaddr, s.filesz, s.offset)).collect();
         let (sym_src, debug_path) = match debug {
-            Some((d, p)) if d.has_symtab() => (d, Some(p.clone())),
-            Some((_, p)) => (elf, Some(p.clone())),
+            Some((d, p, _)) if d.has_symtab() => (d, Some(p.clone())),
+            Some((_, p, _)) => (elf, Some(p.clone())),
             None => (elf, None),
         };
         let mut symbols = sym_src.function_symbols();
@@ -195,7 +245,10 @@ impl BinaryTable {
                 symbols = elf.function_symbols_with(Some(&mini));
             }
         }
-        let dwarf = if search.lines { opened.dwarf() } else { None };
+        let (dwarf, held) = match search.lines.then(|| opened.dwarf()).flatten() {
+            Some((d, held)) => (Some(d), held),
+            None => (None, 0),
+        };
         let go = match (&dwarf, search.go_pclntab) {
             (None, true) => elf.go_pclntab(MAX_DEBUG_SECTION),
             _ => None,
@@ -205,7 +258,7 @@ impl BinaryTable {
         }
         // Whether lines could be had from these files (recorded on disk
         // even when this run does not read them).
-        let had_dwarf = elf.has_debug_info() || debug.as_ref().is_some_and(|(d, _)| d.has_debug_info());
+        let had_dwarf = elf.has_debug_info() || debug.as_ref().is_some_and(|(d, _, _)| d.has_debug_info());
         Ok(BinaryTable {
             segments,
             symbols,
@@ -214,6 +267,7 @@ impl BinaryTable {
             go,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
+            held: AtomicUsize::new(held),
             sources: Sources { binary: Some(opened.binary_path), debug_file: debug_path },
         })
     }
@@ -229,6 +283,7 @@ impl BinaryTable {
             go: None,
             memo: Mutex::new(FxHashMap::default()),
             memo_bytes: Default::default(),
+            held: AtomicUsize::new(0),
             sources: Sources::default(),
         }
     }
@@ -250,13 +305,16 @@ impl BinaryTable {
         search: &SearchPaths,
         debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
     ) -> bool {
-        let Some(dwarf) = Opened::open(want, pinned, search, debuginfod).ok().and_then(|o| o.dwarf()) else {
+        let Some((dwarf, held)) = Opened::open(want, pinned, search, debuginfod).ok().and_then(|o| o.dwarf()) else {
             return false;
         };
         // Under the memo's lock: a resolve either ran before (its result is
         // dropped here) or runs after and sees the DWARF.
         let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
         let attached = self.dwarf.set(dwarf).is_ok();
+        if attached {
+            self.held.store(held, std::sync::atomic::Ordering::Relaxed);
+        }
         memo.clear();
         self.memo_bytes.store(0, std::sync::atomic::Ordering::Relaxed);
         attached
@@ -282,6 +340,7 @@ impl BinaryTable {
             + self.dwarf.get().map_or(0, |d| d.heap_bytes() + d.mapped_bytes())
             + self.go.as_ref().map_or(0, GoLineTable::heap_bytes)
             + self.memo_bytes.load(std::sync::atomic::Ordering::Relaxed)
+            + self.held.load(std::sync::atomic::Ordering::Relaxed)
             + self.segments.len() * 24
     }
 
@@ -423,7 +482,7 @@ fn find_debug_file(
 }
 
 fn open_matching(path: &Path, build_id: Option<&str>, crc: Option<u32>) -> Option<ElfFile> {
-    let mut f = File::open(path).ok()?;
+    let mut f = open_regular(path)?;
     let elf = ElfFile::open(&f).ok()?;
     match (build_id, elf.gnu_build_id().map(profcol_elf::notes::hex)) {
         (Some(want), Some(got)) => (want == got).then_some(elf),
