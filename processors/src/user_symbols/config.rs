@@ -61,7 +61,7 @@ pub struct DebuginfodConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "profcol_api::config::schema::DurationText")]
     pub negative_ttl: Duration,
-    /// Largest debug file downloaded, in bytes; a larger answer is abandoned and counted as an error.
+    /// Largest file (debug file or executable) downloaded, in bytes; a larger answer is abandoned and counted as an error.
     pub max_download_bytes: u64,
 }
 
