@@ -10,8 +10,9 @@
 //!
 //! At load, each compilation unit's address ranges (`DW_AT_ranges`, else
 //! `.debug_aranges`, else `low_pc`/`high_pc`, else its line program's
-//! sequences, the order addr2line uses) go into a sorted index: ~30 bytes
-//! per merged range, nothing else per unit. A lookup parses the covering
+//! sequences, the order addr2line uses) go into a sorted index: 32 bytes
+//! per range (a unit's adjacent ranges merged) and 16 per unit, nothing
+//! else. A lookup parses the covering
 //! unit's header, streams its line program (keeping only the row that
 //! covers each address, never a unit's rows) and its DIEs (the subprogram
 //! holding each address, then that subprogram's inlined subroutines), and
@@ -538,7 +539,7 @@ fn build_index(dwarf: &gimli::Dwarf<Reader>) -> UnitIndex {
     let mut merged: Vec<UnitRange> = Vec::with_capacity(ranges.len());
     for (begin, end, unit) in ranges {
         match merged.last_mut() {
-            Some(last) if last.unit == unit && begin <= last.end.max(begin) && begin >= last.begin => {
+            Some(last) if last.unit == unit => {
                 last.end = last.end.max(end);
             }
             _ => merged.push(UnitRange { begin, end, min_begin: 0, unit }),
