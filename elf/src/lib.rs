@@ -21,7 +21,8 @@
 //! - every function symbol, as a compact table for address lookups
 //!   ([`ElfFile::function_symbols`]), the virtual address of a file offset
 //!   ([`ElfFile::vaddr_of_file_offset`]), DWARF lines and inlined frames
-//!   ([`ElfFile::dwarf_lines`], through addr2line), the `.gnu_debuglink`
+//!   ([`ElfFile::dwarf_lines`], streamed per lookup with gimli over a
+//!   small unit index), the `.gnu_debuglink`
 //!   of a stripped file ([`ElfFile::debuglink`]), and a file id for files
 //!   without a build ID ([`file_id`]).
 //!

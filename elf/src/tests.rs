@@ -287,4 +287,5 @@ fn mini_debug_info_adds_static_functions_and_refuses_bombs() {
     assert!(matches!(err, minidebuginfo::MiniDebugInfoError::NotElf(_)), "{err}");
 }
 
+mod dwarf_stream;
 mod unwind;

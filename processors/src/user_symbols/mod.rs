@@ -3,7 +3,8 @@
 //! before their batch are named too.
 //!
 //! The one ELF reader (`profcol-elf`) reads symbol tables, DWARF lines and
-//! inlined frames (through addr2line); [`table`] holds one binary's,
+//! inlined frames (streamed per lookup: between batches a binary's DWARF
+//! costs a small unit index, not parsed units); [`table`] holds one binary's,
 //! [`cache`] keeps them by build id within a byte budget and loads them on
 //! a thread of its own, [`symbolize`] rewrites a batch's frames.
 

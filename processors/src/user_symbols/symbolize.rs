@@ -10,7 +10,8 @@
 //! looked up at address − 1, inside the call.
 //!
 //! Work is per distinct stack and per distinct (location, leaf?): samples
-//! only get a new stack index. Counts are of frames: each sample's
+//! only get a new stack index. The batch's lookups are first resolved per
+//! binary in one go (DWARF units streamed once), then read from the memo. Counts are of frames: each sample's
 //! candidate frames times its observations.
 
 use profcol_api::model::{keys, observations, pb, profile_counts_events, str_at, Profiles, ProfilesBuilder};
@@ -18,7 +19,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 use super::cache::State;
-use super::table::{Missing, Want};
+use super::table::{BinaryTable, Missing, Want};
 
 /// Frame type value of native frames.
 const NATIVE_FRAME: &str = "native";
@@ -161,6 +162,11 @@ pub fn symbolize(batch: Profiles, c: &Candidates, state: &dyn Fn(&str) -> Option
     let mut ctx = Ctx { b: &mut b, c, state, locs: FxHashMap::default(), tables: FxHashMap::default() };
     let mut stacks: FxHashMap<i32, (i32, Outcome)> = FxHashMap::default();
     let mut rewritten = false;
+    let mut distinct: FxHashSet<i32> = FxHashSet::default();
+    for (r, _) in &shape {
+        distinct.extend(ctx.b.profile_mut(*r).samples.iter().map(|s| s.stack_index));
+    }
+    ctx.prefetch(&distinct);
     for (r, counts_events) in shape {
         for i in 0..ctx.b.profile_mut(r).samples.len() {
             let s = &ctx.b.profile_mut(r).samples[i];
@@ -247,6 +253,57 @@ impl Ctx<'_, '_> {
         (self.b.stack(&new), out)
     }
 
+    /// Resolves every candidate frame of `stacks` per binary in one
+    /// batch (each DWARF unit streamed once), into the tables' memos.
+    fn prefetch(&mut self, stacks: &FxHashSet<i32>) {
+        let mut want: FxHashMap<Arc<str>, (Arc<BinaryTable>, Vec<u64>)> = FxHashMap::default();
+        let mut seen: FxHashSet<(i32, bool)> = FxHashSet::default();
+        for &stack in stacks {
+            let Some(st) = usize::try_from(stack).ok().and_then(|i| self.b.dictionary().stack_table.get(i)) else {
+                continue;
+            };
+            let mut first_user = true;
+            for l in st.location_indices.clone() {
+                if !self.c.locs.contains(&l) {
+                    first_user &= self.is_kernel(l);
+                    continue;
+                }
+                let exact = first_user;
+                first_user = false;
+                if seen.insert((l, exact)) {
+                    if let Ok((key, table, offset)) = self.lookup(l, exact) {
+                        want.entry(key).or_insert_with(|| (table, Vec::new())).1.push(offset);
+                    }
+                }
+            }
+        }
+        for (table, offsets) in want.into_values() {
+            table.resolve_many(&offsets);
+        }
+    }
+
+    /// The table and file offset a candidate location is looked up at, or
+    /// why it cannot be.
+    fn lookup(&mut self, l: i32, exact: bool) -> Result<(Arc<str>, Arc<BinaryTable>, u64), Kind> {
+        let Some(loc) = self.b.dictionary().location_table.get(l as usize) else {
+            return Err(Kind::NoSymbols);
+        };
+        let (mapping, address) = (loc.mapping_index, loc.address);
+        let Some(map) = self.c.maps.get(&mapping) else { return Err(Kind::NoSymbols) };
+        let state = self.tables.entry(map.want.key.clone()).or_insert_with(|| (self.state)(&map.want.key)).clone();
+        let table = match state {
+            Some(State::Ready(t)) => t,
+            Some(State::Missing(Missing::NoSymbols)) => return Err(Kind::NoSymbols),
+            Some(State::Missing(Missing::NoFile)) => return Err(Kind::NoFile),
+            Some(State::Loading) | None => return Err(Kind::Pending),
+        };
+        let Some(offset) = (address.wrapping_sub(map.start)).checked_add(map.file_offset) else {
+            return Err(Kind::NoSymbols);
+        };
+        let lookup = if exact { offset } else { offset.saturating_sub(1) };
+        Ok((map.want.key.clone(), table, lookup))
+    }
+
     fn is_kernel(&self, l: i32) -> bool {
         let d = self.b.dictionary();
         let Some(loc) = d.location_table.get(l as usize) else { return false };
@@ -256,21 +313,13 @@ impl Ctx<'_, '_> {
     }
 
     fn location(&mut self, l: i32, exact: bool) -> (i32, Kind) {
+        let (table, lookup) = match self.lookup(l, exact) {
+            Ok((_, table, lookup)) => (table, lookup),
+            Err(kind) => return (l, kind),
+        };
         let Some(loc) = self.b.dictionary().location_table.get(l as usize).cloned() else {
             return (l, Kind::NoSymbols);
         };
-        let Some(map) = self.c.maps.get(&loc.mapping_index) else { return (l, Kind::NoSymbols) };
-        let state = self.tables.entry(map.want.key.clone()).or_insert_with(|| (self.state)(&map.want.key)).clone();
-        let table = match state {
-            Some(State::Ready(t)) => t,
-            Some(State::Missing(Missing::NoSymbols)) => return (l, Kind::NoSymbols),
-            Some(State::Missing(Missing::NoFile)) => return (l, Kind::NoFile),
-            Some(State::Loading) | None => return (l, Kind::Pending),
-        };
-        let Some(offset) = (loc.address.wrapping_sub(map.start)).checked_add(map.file_offset) else {
-            return (l, Kind::NoSymbols);
-        };
-        let lookup = if exact { offset } else { offset.saturating_sub(1) };
         let frames = table.resolve(lookup);
         if frames.is_empty() {
             return (l, Kind::NoSymbols);

@@ -3,7 +3,9 @@
 //! function symbols and, with `lines`, its DWARF, each from the best file
 //! found (a separate debug file wins over the binary). The binary is the
 //! local file, or, when it is not on this host, the executable debuginfod
-//! serves for the build id. Resolved offsets are memoized, bounded.
+//! serves for the build id. Resolved offsets are memoized, bounded; a
+//! batch's new offsets are resolved together
+//! ([`BinaryTable::resolve_many`]), each DWARF unit streamed once.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -356,14 +358,53 @@ impl BinaryTable {
             return f.clone();
         }
         let frames: Frames = self.resolve_uncached(offset).into();
+        self.remember(&mut memo, offset, frames.clone());
+        frames
+    }
+
+    /// Resolves and memoizes those of `offsets` not memoized yet, DWARF
+    /// units streamed once for all of them (see `DwarfLines::frames_many`):
+    /// [`Self::resolve`] of any of them then hits the memo.
+    pub fn resolve_many(&self, offsets: &[u64]) {
+        let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        let mut todo: Vec<u64> = offsets.iter().copied().filter(|o| !memo.contains_key(o)).collect();
+        todo.sort_unstable();
+        todo.dedup();
+        // More than the memo holds would be forgotten before it is read.
+        todo.truncate(MEMO_ENTRIES);
+        if todo.is_empty() {
+            return;
+        }
+        let vaddrs: Vec<Option<u64>> = todo.iter().map(|&o| self.vaddr(o)).collect();
+        let mut dwarf_frames: Vec<(u64, Vec<profcol_elf::SourceFrame>)> = Vec::new();
+        if let Some(dwarf) = self.dwarf.get() {
+            // Go code is named from Go's table, not DWARF (`resolve_vaddr`).
+            let go = |v: u64| self.go.as_ref().is_some_and(|g| g.lookup(v).is_some());
+            dwarf_frames = vaddrs.iter().flatten().filter(|&&v| !go(v)).map(|&v| (v, Vec::new())).collect();
+            dwarf_frames.sort_unstable_by_key(|f| f.0);
+            dwarf_frames.dedup_by_key(|f| f.0);
+            dwarf.frames_many(&mut dwarf_frames);
+        }
+        for (&offset, vaddr) in todo.iter().zip(vaddrs) {
+            let frames: Frames = match vaddr {
+                Some(v) => {
+                    let found = dwarf_frames.binary_search_by_key(&v, |f| f.0).ok();
+                    self.resolve_with(v, |_| found.map(|i| dwarf_frames[i].1.clone()).unwrap_or_default()).into()
+                }
+                None => Frames::from(Vec::new()),
+            };
+            self.remember(&mut memo, offset, frames);
+        }
+    }
+
+    fn remember(&self, memo: &mut FxHashMap<u64, Frames>, offset: u64, frames: Frames) {
         if memo.len() >= MEMO_ENTRIES {
             memo.clear();
             self.memo_bytes.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         let bytes = frames.iter().map(NamedFrame::heap_bytes).sum::<usize>() + 48;
         self.memo_bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-        memo.insert(offset, frames.clone());
-        frames
+        memo.insert(offset, frames);
     }
 
     /// The virtual address of file offset `offset` in this binary.
@@ -383,6 +424,15 @@ impl BinaryTable {
 
     /// Frames at ELF virtual address `vaddr` (not memoized: for tools).
     pub fn resolve_vaddr(&self, vaddr: u64) -> Vec<NamedFrame> {
+        self.resolve_with(vaddr, |d| d.frames(vaddr))
+    }
+
+    /// [`Self::resolve_vaddr`], DWARF's frames from `dwarf_frames`.
+    fn resolve_with(
+        &self,
+        vaddr: u64,
+        dwarf_frames: impl FnOnce(&DwarfLines) -> Vec<profcol_elf::SourceFrame>,
+    ) -> Vec<NamedFrame> {
         // Go code: Go names need no demangling; the line is the innermost
         // (inlined callee's) one, as `go tool addr2line` gives it. Code
         // outside Go's table (cgo's C) goes on to the symbol table.
@@ -396,7 +446,7 @@ impl BinaryTable {
         }
         let mut out = Vec::new();
         if let Some(dwarf) = self.dwarf.get() {
-            for f in dwarf.frames(vaddr) {
+            for f in dwarf_frames(dwarf) {
                 let system = f.mangled.or_else(|| f.function.clone());
                 out.push(NamedFrame {
                     name: f.function.unwrap_or_default().into(),
