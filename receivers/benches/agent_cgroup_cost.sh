@@ -257,7 +257,7 @@ def profile(path):
                 counts[keys[key]] += vals[col]
     return t, t + d, counts
 
-files = sorted(profile(p) for p in glob.glob(pdir + "/*.pb.gz"))
+files = sorted((profile(p) for p in glob.glob(pdir + "/*.pb.gz")), key=lambda f: f[0])
 if len(files) < 3:
     sys.exit("samples: %d pprof files in %s, need 3 or more (a longer END)" % (len(files), pdir))
 files = files[1:-1]
