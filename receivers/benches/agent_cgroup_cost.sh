@@ -47,6 +47,10 @@
 # samples' times compare with the pprof files'); then the busy processes'
 # samples over the agent's whole reports (its first and last file dropped)
 # from perf script and from the pprof files, and their ratio.
+# Every process on the host is profiled, not only the load: what the agents
+# do per binary and per new process (unwind tables, symbol tables) follows
+# whatever else runs (a compiler's processes and libraries weigh heavily), and
+# perf's own process does none of it; hence the load averages printed.
 # Other knobs: PROFCOL_BIN=path (a given build, else this checkout's release
 # build), METRICS_PORT (18897; each agent serves /metrics on a port of its own).
 # Needs root, perf, python3.
