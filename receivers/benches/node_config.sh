@@ -13,6 +13,12 @@
 #
 # prints the node agent's report_interval in seconds; fails unless it is
 # written in whole seconds.
+#
+#   with_user_symbols <config >config
+#
+# adds the user_symbols processor (its defaults) to a config on stdin that
+# has kernel_symbols: declared under processors, and after kernel_symbols in
+# the pipeline (the embedded default with names). Fails unless both were found.
 node_config() {
 	local out
 	out=$(sed -e "s/sample_frequency: [0-9]*/sample_frequency: $1/" \
@@ -26,4 +32,12 @@ node_report_seconds() {
 	s=$(sed -n 's/^ *report_interval: *\([0-9]*\)s *$/\1/p' examples/default.yaml)
 	[ -n "$s" ] || { echo "node_report_seconds: no report_interval in seconds in examples/default.yaml" >&2; return 1; }
 	printf '%s\n' "$s"
+}
+with_user_symbols() {
+	local out
+	out=$(sed -e 's/^  kernel_symbols:\(.*\)$/  kernel_symbols:\1\n  user_symbols:/' \
+		-e 's/processors: \[\(.*\)kernel_symbols\(.*\)\]/processors: [\1kernel_symbols, user_symbols\2]/')
+	grep -q '^  user_symbols:' <<<"$out" && grep -q 'processors: \[.*kernel_symbols, user_symbols' <<<"$out" ||
+		{ echo "with_user_symbols: no kernel_symbols processor and pipeline entry to follow" >&2; return 1; }
+	printf '%s\n' "$out"
 }
