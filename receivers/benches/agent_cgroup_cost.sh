@@ -5,7 +5,7 @@
 #
 #   sudo receivers/benches/agent_cgroup_cost.sh                  # embedded default, 19 Hz, 600 s
 #   WINDOW1=30 END=90 sudo receivers/benches/agent_cgroup_cost.sh   # a quick run
-#   CONFIG_B=user_symbols sudo receivers/benches/agent_cgroup_cost.sh   # default, default + names, perf
+#   CONFIG_B=no_names sudo receivers/benches/agent_cgroup_cost.sh   # default, default without names, perf
 #   CONFIG=my.yaml CONFIG_B=other.yaml RESTART=1 sudo -E receivers/benches/agent_cgroup_cost.sh
 #   MODE=samples WINDOW1=20 END=120 sudo receivers/benches/agent_cgroup_cost.sh   # per-sample agent
 #
@@ -14,9 +14,12 @@
 #   - NAME (agent):   the release profcol with CONFIG (default examples/default.yaml,
 #                     the embedded node agent), sample_frequency set to FREQ,
 #                     pprof files and /metrics of its own (node_config.sh);
-#   - NAME_B (agent_b): with CONFIG_B set, a second agent beside it: a file, or
-#                     `user_symbols` for CONFIG with the user_symbols processor
-#                     after kernel_symbols (NAME_B then defaults to `names`);
+#   - NAME_B (agent_b): with CONFIG_B set, a second agent beside it: a file,
+#                     `no_names` for CONFIG without the user_symbols processor
+#                     (NAME_B then defaults to `no_names`), or `user_symbols` for
+#                     CONFIG with it added after kernel_symbols (`names`);
+# Each agent's user_symbols table cache (cache.dir) is a directory of its
+# own, empty at the cold run and kept for RESTART's warm one.
 #   - perf:           perf record -F FREQ -a -g (Debian linux-perf).
 # Load, started first and kept through the run (and RESTART's second run):
 # two busy CPUs (a shell loop and `dd if=/dev/zero of=/dev/null`) and a large
@@ -77,7 +80,11 @@ RESTART=${RESTART:-0}
 CONFIG=${CONFIG:-examples/default.yaml}
 CONFIG_B=${CONFIG_B:-}
 NAME=${NAME:-agent}
-if [ "$CONFIG_B" = user_symbols ]; then NAME_B=${NAME_B:-names}; else NAME_B=${NAME_B:-agent_b}; fi
+case $CONFIG_B in
+user_symbols) NAME_B=${NAME_B:-names} ;;
+no_names) NAME_B=${NAME_B:-no_names} ;;
+*) NAME_B=${NAME_B:-agent_b} ;;
+esac
 METRICS_PORT=${METRICS_PORT:-18897}
 LOAD_PAUSE=${LOAD_PAUSE:-1}
 TMP=$(mktemp -d)
@@ -112,14 +119,20 @@ TOOLS=("${AGENTS[@]}" perf)
 agent_config() {
 	local dir=$TMP/$2/$1
 	mkdir -p "$dir"
+	agent_config_of "$@" | sed "s|dir: /var/cache/profcol/symbols|dir: $TMP/symbols-$1|"
+}
+agent_config_of() {
+	local dir=$TMP/$2/$1
 	if [ "$1" = "$NAME" ] && [ "$MODE" = samples ]; then
-		node_config "$FREQ" "$dir" "127.0.0.1:$3" examples/default.yaml | sed \
+		node_config "$FREQ" "$dir" "127.0.0.1:$3" examples/default.yaml | without_user_symbols | sed \
 			-e 's/^\( *report_interval:\).*/\1 5s/' -e 's/^\( *count_in_kernel:\).*/\1 false/' \
 			-e 's/exporters: \[pprof, debug\]/exporters: [pprof]/'
 	elif [ "$1" = "$NAME" ]; then
 		node_config "$FREQ" "$dir" "127.0.0.1:$3" "$CONFIG"
 	elif [ "$CONFIG_B" = user_symbols ]; then
-		agent_config "$NAME" "$2" "$3" | sed "s|$TMP/$2/$NAME/|$dir/|" | with_user_symbols
+		agent_config_of "$NAME" "$2" "$3" | sed "s|$TMP/$2/$NAME/|$dir/|" | with_user_symbols
+	elif [ "$CONFIG_B" = no_names ]; then
+		agent_config_of "$NAME" "$2" "$3" | sed "s|$TMP/$2/$NAME/|$dir/|" | without_user_symbols
 	else
 		node_config "$FREQ" "$dir" "127.0.0.1:$3" "$CONFIG_B"
 	fi
@@ -365,7 +378,7 @@ run_once() {
 printf 'mode %s, %s Hz, windows [0, %ds) and [%ds, %ds), memory polled every %ss, %d CPUs\n' \
 	"$MODE" "$FREQ" "$WINDOW1" "$WINDOW1" "$END" "$POLL" "$(nproc)"
 printf 'agents: %s (%s)' "$NAME" "$([ "$MODE" = samples ] && echo 'per-sample: 5s reports, count_in_kernel false, ebpf -> kernel_symbols -> pprof' || echo "$CONFIG")"
-[ -n "$CONFIG_B" ] && printf ', %s (%s)' "$NAME_B" "$([ "$CONFIG_B" = user_symbols ] && echo "$NAME's + user_symbols" || echo "$CONFIG_B")"
+[ -n "$CONFIG_B" ] && printf ', %s (%s)' "$NAME_B" "$(case $CONFIG_B in user_symbols) echo "$NAME's + user_symbols" ;; no_names) echo "$NAME's without user_symbols" ;; *) echo "$CONFIG_B" ;; esac)"
 printf '\nload average before: %s\n' "$(loadavg)"
 start_load
 sleep 1

@@ -18,7 +18,13 @@
 #
 # adds the user_symbols processor (its defaults) to a config on stdin that
 # has kernel_symbols: declared under processors, and after kernel_symbols in
-# the pipeline (the embedded default with names). Fails unless both were found.
+# the pipeline. Fails unless both were found, or when it is there already.
+#
+#   without_user_symbols <config >config
+#
+# drops the user_symbols processor (its declaration, its indented keys and
+# comments just above it, and its pipeline entry): the embedded default
+# without names. Fails unless it was there.
 node_config() {
 	local out
 	out=$(sed -e "s/sample_frequency: [0-9]*/sample_frequency: $1/" \
@@ -35,9 +41,34 @@ node_report_seconds() {
 }
 with_user_symbols() {
 	local out
+	out=$(cat)
+	grep -q '^  user_symbols:' <<<"$out" && { echo "with_user_symbols: the config has user_symbols already" >&2; return 1; }
 	out=$(sed -e 's/^  kernel_symbols:\(.*\)$/  kernel_symbols:\1\n  user_symbols:/' \
-		-e 's/processors: \[\(.*\)kernel_symbols\(.*\)\]/processors: [\1kernel_symbols, user_symbols\2]/')
+		-e 's/processors: \[\(.*\)kernel_symbols\(.*\)\]/processors: [\1kernel_symbols, user_symbols\2]/' <<<"$out")
 	grep -q '^  user_symbols:' <<<"$out" && grep -q 'processors: \[.*kernel_symbols, user_symbols' <<<"$out" ||
 		{ echo "with_user_symbols: no kernel_symbols processor and pipeline entry to follow" >&2; return 1; }
+	printf '%s\n' "$out"
+}
+without_user_symbols() {
+	local out
+	out=$(python3 -c '
+import re, sys
+lines = sys.stdin.read().split("\n")
+out, skip = [], False
+for l in lines:
+    if l == "  user_symbols:":
+        while out and out[-1].startswith("  #"):
+            out.pop()
+        skip = True
+        continue
+    if skip and (l.startswith("    ") or l.strip() == ""):
+        if l.strip() == "":
+            out.append(l)
+            skip = False
+        continue
+    skip = False
+    out.append(re.sub(r", user_symbols\b", "", l))
+print("\n".join(out))')
+	grep -q 'user_symbols' <<<"$out" && { echo "without_user_symbols: user_symbols still named" >&2; return 1; }
 	printf '%s\n' "$out"
 }
