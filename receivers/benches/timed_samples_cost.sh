@@ -25,7 +25,7 @@ CG=""
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
-	rm -rf "$TMP"
+	[ -n "${KEEP:-}" ] || rm -rf "$TMP"
 	[ -n "$CG" ] && cg_remove
 	true
 }
@@ -132,4 +132,4 @@ for path in sys.argv[1:]:
 print(f"SAMPLES node {len(sys.argv) - 1} files: " + ", ".join(f"{c} {n}" for c, n in total.most_common(3)))
 EOF
 printf 'SAMPLES perf: %s\n' "$(perf report -i "$TMP/perf.data" --sort comm --stdio -F sample,comm -g none 2>/dev/null |
-	awk '!/^#/ && NF == 2 {print $1, $2}' | sort -rn | head -3 | awk '{print $2, $1}' | paste -sd, | sed 's/,/, /g')"
+	awk '!/^#/ && NF == 2 {print $1, $2}' | sort -rn | awk 'NR <= 3 {print $2, $1}' | paste -sd, | sed 's/,/, /g')"
