@@ -34,30 +34,70 @@ struct Key {
     tid: u32,
     cpu: u32,
     comm: [u8; 16],
-    frames: Frames,
+    /// Index of the sample's frames in [`Interval::frames`].
+    stack: u32,
     /// The `profcol.unwind.end` attribute, when the walk stopped early.
     unwind_end: Option<&'static str>,
 }
 
-/// A sample's kernel frames then its user frames, in one allocation (a
-/// report makes one per distinct stack; two boxes doubled that), shared:
-/// a counted stack hands its record's frames to every report it recurs in.
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
+/// A sample's kernel frames, then its user frames, then how many kernel
+/// frames there are, in one allocation (a report makes one per distinct
+/// stack), shared: a counted stack hands its record's frames to every
+/// report it recurs in. Hashed and compared as that one slice, so an
+/// interval finds a stack by a slice laid out the same way (see
+/// [`frames_layout`]) without making one.
+#[derive(Clone, Default)]
 pub struct Frames {
     all: Arc<[u64]>,
-    kernel: usize,
 }
 
 impl Frames {
     pub fn new(kstack: &[u64], ustack: &[u64]) -> Self {
-        Frames { all: kstack.iter().chain(ustack).copied().collect(), kernel: kstack.len() }
+        let mut all = Vec::new();
+        frames_layout(&mut all, kstack, ustack);
+        Frames { all: all.into() }
+    }
+    fn kernel(&self) -> usize {
+        // Never past the user frames, whatever the slice says.
+        let n = self.all.len().saturating_sub(1);
+        self.all.last().map_or(0, |&k| usize::try_from(k).unwrap_or(n).min(n))
     }
     pub fn kstack(&self) -> &[u64] {
-        &self.all[..self.kernel]
+        &self.all[..self.kernel()]
     }
     pub fn ustack(&self) -> &[u64] {
-        &self.all[self.kernel..]
+        &self.all[self.kernel()..self.all.len().saturating_sub(1)]
     }
+}
+
+impl PartialEq for Frames {
+    fn eq(&self, other: &Self) -> bool {
+        self.all[..] == other.all[..]
+    }
+}
+
+impl Eq for Frames {}
+
+impl std::hash::Hash for Frames {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As the slice it borrows as.
+        self.all[..].hash(state)
+    }
+}
+
+impl std::borrow::Borrow<[u64]> for Frames {
+    fn borrow(&self) -> &[u64] {
+        &self.all
+    }
+}
+
+/// Writes `kstack` and `ustack` into `out` as [`Frames`] lays them out.
+fn frames_layout(out: &mut Vec<u64>, kstack: &[u64], ustack: &[u64]) {
+    out.clear();
+    out.reserve(kstack.len() + ustack.len() + 1);
+    out.extend_from_slice(kstack);
+    out.extend_from_slice(ustack);
+    out.push(kstack.len() as u64);
 }
 
 /// Process facts and the mappings its frames resolve in (`None`: /proc
@@ -137,6 +177,13 @@ pub struct Interval {
     pub start_unix_ns: u64,
     attrs: SampleAttrs,
     samples: FxHashMap<Key, Occurrences>,
+    /// The interval's distinct stacks, each made once: a sample of a stack
+    /// met before costs a lookup, not a copy of its frames.
+    stacks: FxHashMap<Frames, u32>,
+    /// The same stacks by index (`Key::stack`).
+    frames: Vec<Frames>,
+    /// The stack being looked up, laid out as [`Frames`] (reused).
+    scratch: Vec<u64>,
     /// (pid, generation) → process facts and the mappings frames resolve in.
     procs: FxHashMap<(u32, u32), ProcessEntry>,
     /// The first thread name of each process /proc could not tell about:
@@ -154,6 +201,9 @@ impl Interval {
             start_unix_ns,
             attrs,
             samples: FxHashMap::default(),
+            stacks: FxHashMap::default(),
+            frames: Vec::new(),
+            scratch: Vec::new(),
             procs: FxHashMap::default(),
             unreadable_comm: FxHashMap::default(),
             count: 0,
@@ -167,6 +217,8 @@ impl Interval {
     pub fn sized_like(start_unix_ns: u64, attrs: SampleAttrs, like: &Interval) -> Self {
         let mut iv = Interval::new(start_unix_ns, attrs);
         iv.samples.reserve(like.samples.len());
+        iv.stacks.reserve(like.stacks.len());
+        iv.frames.reserve(like.frames.len());
         iv.procs.reserve(like.procs.len());
         iv
     }
@@ -183,7 +235,8 @@ impl Interval {
     /// Adds a sample. `process` is `None` when /proc was unreadable: the
     /// sample keeps its pid and raw user addresses without mappings.
     pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
-        let key = self.key(s, Frames::new(s.kstack, s.ustack), process);
+        let stack = self.stack_of(s.kstack, s.ustack);
+        let key = self.key(s, stack, process);
         self.samples.entry(key).or_default().times.push(s.unix_ns);
         self.count += 1;
     }
@@ -206,13 +259,33 @@ impl Interval {
         if n == 0 {
             return;
         }
-        let key = self.key(s, frames, process);
+        let stack = match self.stacks.get(&frames.all[..]) {
+            Some(&i) => i,
+            None => self.new_stack(frames),
+        };
+        let key = self.key(s, stack, process);
         self.samples.entry(key).or_default().counted += n;
         self.counted = self.counted.saturating_add(n);
     }
 
+    /// The index of the stack `kstack` then `ustack`, made on first use.
+    fn stack_of(&mut self, kstack: &[u64], ustack: &[u64]) -> u32 {
+        frames_layout(&mut self.scratch, kstack, ustack);
+        match self.stacks.get(&self.scratch[..]) {
+            Some(&i) => i,
+            None => self.new_stack(Frames { all: Arc::from(&self.scratch[..]) }),
+        }
+    }
+
+    fn new_stack(&mut self, frames: Frames) -> u32 {
+        let i = self.frames.len() as u32;
+        self.frames.push(frames.clone());
+        self.stacks.insert(frames, i);
+        i
+    }
+
     /// The identity of `s`, its process remembered for the batch.
-    fn key(&mut self, s: &SampleIn<'_>, frames: Frames, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) -> Key {
+    fn key(&mut self, s: &SampleIn<'_>, stack: u32, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) -> Key {
         let generation = process.map_or(0, |(_, m)| m.generation);
         if process.is_none() {
             self.unreadable_comm.entry(s.pid).or_insert(s.comm);
@@ -228,7 +301,7 @@ impl Interval {
             tid: if self.attrs.thread_id { s.tid } else { 0 },
             cpu: if self.attrs.cpu { s.cpu } else { 0 },
             comm: if self.attrs.thread_name { s.comm } else { [0; 16] },
-            frames,
+            stack,
             unwind_end: unwind_end_attr(s.unwind_end),
         }
     }
@@ -246,11 +319,11 @@ impl Interval {
         namer: &ServiceNamer,
     ) -> Profiles {
         let meta = ProfileMeta::cpu(period_ns, self.start_unix_ns, end_unix_ns.saturating_sub(self.start_unix_ns));
-        let (mut samples, order) = sorted(self.samples);
+        let (mut samples, order) = sorted(self.samples, &self.frames);
         let mut batch = BatchBuilder::new(self.attrs, meta, Names { host_name, probes, namer }, samples.len());
         for &i in &order {
             let (key, occ) = &mut samples[i as usize];
-            batch.add(key, occ, &self.procs, &self.unreadable_comm);
+            batch.add(key, &self.frames[key.stack as usize], occ, &self.procs, &self.unreadable_comm);
         }
         batch.b.build()
     }
@@ -259,19 +332,20 @@ impl Interval {
 /// The samples, and the order they go into the batch: by pid, generation,
 /// then sample identity. Sorted by index (a sample with its key is ~100
 /// bytes to move at every swap, an index 4), one vector for all processes.
-fn sorted(samples: FxHashMap<Key, Occurrences>) -> (Vec<(Key, Occurrences)>, Vec<u32>) {
+fn sorted(samples: FxHashMap<Key, Occurrences>, frames: &[Frames]) -> (Vec<(Key, Occurrences)>, Vec<u32>) {
     let samples: Vec<(Key, Occurrences)> = samples.into_iter().collect();
     let mut order: Vec<u32> = (0..samples.len() as u32).collect();
     order.sort_unstable_by(|&a, &b| {
         let (a, b) = (&samples[a as usize].0, &samples[b as usize].0);
-        (a.pid, a.generation, a.profile, a.tid, a.cpu, a.frames.kstack(), a.frames.ustack()).cmp(&(
+        let (fa, fb) = (&frames[a.stack as usize], &frames[b.stack as usize]);
+        (a.pid, a.generation, a.profile, a.tid, a.cpu, fa.kstack(), fa.ustack()).cmp(&(
             b.pid,
             b.generation,
             b.profile,
             b.tid,
             b.cpu,
-            b.frames.kstack(),
-            b.frames.ustack(),
+            fb.kstack(),
+            fb.ustack(),
         ))
     });
     (samples, order)
@@ -358,6 +432,7 @@ impl<'a> BatchBuilder<'a> {
     fn add(
         &mut self,
         k: &Key,
+        frames: &Frames,
         occ: &mut Occurrences,
         procs: &FxHashMap<(u32, u32), ProcessEntry>,
         unreadable_comm: &FxHashMap<u32, [u8; 16]>,
@@ -365,7 +440,7 @@ impl<'a> BatchBuilder<'a> {
         let resource = self.enter_process((k.pid, k.generation), procs, unreadable_comm);
         let prof = self.profile(resource, k.profile);
         let maps = self.group.as_ref().and_then(|g| g.2.as_deref());
-        let stack_index = self.locations.stack(&mut self.b, k, maps);
+        let stack_index = self.locations.stack(&mut self.b, frames, maps);
         let attribute_indices = self.sample_attributes(k);
         self.push_samples(prof, stack_index, attribute_indices, occ);
     }
@@ -498,10 +573,10 @@ impl Locations {
         self.user.clear();
     }
 
-    /// The stack of `k`'s frames (`maps`: its process's mappings).
-    fn stack(&mut self, b: &mut ProfilesBuilder, k: &Key, maps: Option<&MappingSet>) -> i32 {
+    /// The stack of `frames` (`maps`: its process's mappings).
+    fn stack(&mut self, b: &mut ProfilesBuilder, frames: &Frames, maps: Option<&MappingSet>) -> i32 {
         self.stack.clear();
-        for &addr in k.frames.kstack() {
+        for &addr in frames.kstack() {
             let l = *self.kernel.entry(addr).or_insert_with(|| {
                 b.push_location(pb::Location {
                     mapping_index: self.kernel_mapping,
@@ -512,7 +587,7 @@ impl Locations {
             });
             self.stack.push(l);
         }
-        for &addr in k.frames.ustack() {
+        for &addr in frames.ustack() {
             let l = match self.user.get(&addr) {
                 Some(&l) => l,
                 None => self.user_location(b, addr, maps),
@@ -663,6 +738,63 @@ mod tests {
         assert_eq!((file(stacks[0][3]), file(stacks[2][3])), ("/bin/a", "/bin/b"));
         let leaves: Vec<u64> = stacks.iter().map(|s| loc(s[2]).address).collect();
         assert_eq!(leaves, vec![0x1100, 0x1200, 0x1300]);
+    }
+
+    /// A stack is its kernel frames and its user frames apart: the same
+    /// addresses split differently are two samples, the same stack met
+    /// again is one, and counted samples join the timed ones of their stack.
+    #[test]
+    fn stacks_are_found_again_by_their_frames_and_split() {
+        let info = Arc::new(ProcessInfo { pid: 3, ..Default::default() });
+        let maps = Arc::new(MappingSet { generation: 1, mappings: vec![] });
+        let mut iv = Interval::new(0, SampleAttrs { thread_id: false, thread_name: false, cpu: false });
+        let sample = |kstack: &'static [u64], ustack: &'static [u64], unix_ns| SampleIn {
+            probe: None,
+            pid: 3,
+            tid: 3,
+            cpu: 0,
+            comm: comm("x"),
+            unix_ns,
+            kstack,
+            ustack,
+            unwind_end: UnwindEnd::Unknown,
+        };
+        const K: u64 = 0xffff_ffff_8100_0000;
+        iv.add(&sample(&[K, K + 1], &[0x10], 5), Some((&info, &maps)));
+        iv.add(&sample(&[K], &[K + 1, 0x10], 6), Some((&info, &maps)));
+        iv.add(&sample(&[K, K + 1], &[0x10], 4), Some((&info, &maps)));
+        iv.add_counted_frames(&sample(&[], &[], 0), Frames::new(&[K, K + 1], &[0x10]), Some((&info, &maps)), 7);
+        assert_eq!(iv.sample_count(), 10);
+        let p = iv.build("h", 1, 10, &[], &ServiceNamer::new(Vec::new()));
+        p.validate().expect("valid batch");
+        let d = p.dictionary().unwrap();
+        // (kernel frames, addresses, times or the count) of each sample.
+        let mut got: Vec<(usize, Vec<u64>, Vec<u64>)> = p
+            .profiles()
+            .flat_map(|pr| pr.samples.iter())
+            .map(|s| {
+                let locs = &d.stack_table[s.stack_index as usize].location_indices;
+                let loc = |l: &i32| &d.location_table[*l as usize];
+                // User frames here lie in no mapping (index 0).
+                let kernel = locs.iter().filter(|l| loc(l).mapping_index != 0).count();
+                let addrs = locs.iter().map(|l| loc(l).address).collect();
+                let times = if s.timestamps_unix_nano.is_empty() {
+                    s.values.iter().map(|&v| v as u64).collect()
+                } else {
+                    s.timestamps_unix_nano.clone()
+                };
+                (kernel, addrs, times)
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (1, vec![K, K + 1, 0x10], vec![6]),
+                (2, vec![K, K + 1, 0x10], vec![4, 5]),
+                (2, vec![K, K + 1, 0x10], vec![7]),
+            ]
+        );
     }
 
     #[test]
