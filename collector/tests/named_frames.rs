@@ -372,6 +372,20 @@ fn named_share(p: &RawProfile, w: &Workload) -> (u64, u64, Vec<String>) {
     (named, all, wrong)
 }
 
+/// The `user_symbols` series of the embedded default's /metrics
+/// (127.0.0.1:8888).
+fn user_symbols_series() -> String {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect("127.0.0.1:8888") else {
+        return "(no /metrics on 127.0.0.1:8888)".into();
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut body = String::new();
+    let _ = conn.read_to_string(&mut body);
+    body.lines().filter(|l| l.starts_with("profcol_processor_user_symbols")).collect::<Vec<_>>().join("\n")
+}
+
 fn profiles_in(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> =
         std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
@@ -444,6 +458,9 @@ fn the_embedded_default_names_the_leaf_functions_of_c_go_and_rust_programs() {
         std::thread::sleep(Duration::from_millis(500));
     }
     std::thread::sleep(Duration::from_secs(8));
+    // What the processor counted (named, pending, no symbols...), for a
+    // failure message.
+    let counted = user_symbols_series();
     // SAFETY: kill has no memory effects; the pid is our child's.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
     let status = agent.wait().unwrap();
@@ -463,7 +480,8 @@ fn the_embedded_default_names_the_leaf_functions_of_c_go_and_rust_programs() {
             assert!(all >= 10, "{}: {all} samples with a leaf in its binary in {}", w.name, file.display());
             assert!(
                 named * 100 >= all * 95,
-                "{}: leaf function named as addr2line names it in {named} of {all} samples of {}; e.g. {wrong:#?}\n{}",
+                "{}: leaf function named as addr2line names it in {named} of {all} samples of {}; e.g. {wrong:#?}\n\
+                 before SIGTERM:\n{counted}\n{}",
                 w.name,
                 file.display(),
                 log_text()

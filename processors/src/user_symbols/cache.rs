@@ -8,10 +8,10 @@
 //! thread loads it and wakes every waiting batch through a [`Notify`].
 //!
 //! With an on-disk cache ([`DiskCache`]), the loader reads a key's table
-//! from its file when there is a sound one (no ELF parse), publishes it, and
-//! re-opens the binary's DWARF for lines once nothing else is queued; a
-//! table loaded from the binary is published first and written to disk
-//! after. Batches ask for new binaries smallest file first.
+//! from its file when there is a sound one (no ELF parse) and re-opens the
+//! binary's DWARF for lines before publishing it; a table loaded from the
+//! binary is published first and written to disk after. Batches ask for new
+//! binaries smallest file first.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -104,35 +104,24 @@ impl Cache {
         let dcounters = cache.debuginfod.clone();
         let weak = Arc::downgrade(&cache);
         let spawned = std::thread::Builder::new().name("user-symbols".into()).spawn(move || {
-            // Tables read from disk whose DWARF is still to be attached:
-            // done only while nothing else is queued, so every table of a
-            // batch names functions before any of them gets lines.
-            let mut lines_later: Vec<(Want, std::sync::Weak<BinaryTable>)> = Vec::new();
             // Ends when every sender (the cache) is gone.
-            loop {
-                let want = match rx.try_recv() {
-                    Ok(want) => want,
-                    Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
-                    Err(std::sync::mpsc::TryRecvError::Empty) => {
-                        if let Some((want, table)) = lines_later.pop() {
-                            if let Some(table) = table.upgrade() {
-                                let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
-                                let attached = table.attach_dwarf(&want, pins.get(&want.key), &search, client);
-                                tracing::debug!(key = %want.key, attached, "user_symbols: DWARF of a table from disk");
-                            }
-                            continue;
-                        }
-                        match rx.recv() {
-                            Ok(want) => want,
-                            Err(_) => return,
-                        }
-                    }
-                };
+            while let Ok(want) = rx.recv() {
                 let t0 = Instant::now();
                 let stored = disk.as_ref().and_then(|d| d.read(&want.key));
                 let from_disk = stored.is_some();
                 let result = match stored {
-                    Some(t) => Ok(BinaryTable::from_disk(t)),
+                    Some(t) => {
+                        let table = BinaryTable::from_disk(t);
+                        // DWARF before the table is published: a batch
+                        // never sees it named by function alone (its
+                        // inlined frames missing) while lines are on.
+                        if search.lines && table.wants_dwarf() {
+                            let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
+                            let attached = table.attach_dwarf(&want, pins.get(&want.key), &search, client);
+                            tracing::debug!(key = %want.key, attached, "user_symbols: DWARF of a table from disk");
+                        }
+                        Ok(table)
+                    }
                     None => {
                         let client = debuginfod.as_mut().map(|c| (c, &*dcounters));
                         BinaryTable::load_with(&want, pins.get(&want.key), &search, client)
@@ -147,8 +136,6 @@ impl Cache {
                             d.write(&want.key, segments, symbols, had_dwarf);
                         }
                     }
-                } else if search.lines && table.wants_dwarf() {
-                    lines_later.push((want, Arc::downgrade(&table)));
                 }
             }
         });
