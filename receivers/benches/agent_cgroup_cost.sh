@@ -147,14 +147,6 @@ if [ "$MODE" = samples ]; then
 	done
 fi
 
-# Empties the page cache of files $@ (written back first: only clean pages
-# leave the cache; pages mapped by a running process stay).
-evict() {
-	sync "$@"
-	python3 -c 'import os, sys
-for f in sys.argv[1:]:
-    fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"
-}
 EXES=("$BIN" "$(readlink -f "$(command -v perf)")")
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }

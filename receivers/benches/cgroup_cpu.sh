@@ -23,6 +23,7 @@
 #                          in KiB) to OUT, on SIGTERM the same as `end` and exits
 #   cg_clear               removes the tools' cgroups (processes gone)
 #   cg_remove              and the script's own
+#   evict FILE...          empties the page cache of FILEs (a cold start)
 CG=""
 if [ -w /sys/fs/cgroup/cpuacct ] && [ -f /sys/fs/cgroup/cpuacct/cpuacct.usage ]; then
 	CG=/sys/fs/cgroup/cpuacct/profcol-bench-$$
@@ -146,4 +147,12 @@ cg_remove() {
 	[ -n "$CG" ] && rmdir "$CG" 2>/dev/null
 	[ -n "$MCG" ] && [ "$MCG" != "$CG" ] && rmdir "$MCG" 2>/dev/null
 	true
+}
+# Empties the page cache of files $@ (written back first: only clean pages
+# leave the cache; pages mapped by a running process stay).
+evict() {
+	sync "$@"
+	python3 -c 'import os, sys
+for f in sys.argv[1:]:
+    fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"
 }

@@ -116,14 +116,6 @@ EOF
 . receivers/benches/cgroup_cpu.sh
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 
-# Empties the page cache of files $@ (written back first: only clean pages
-# leave the cache; pages mapped by a running process stay).
-evict() {
-	sync "$@"
-	python3 -c 'import os, sys
-for f in sys.argv[1:]:
-    fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"
-}
 EXES=("$BIN" "$(readlink -f "$(command -v perf)")")
 [ -n "$BEFORE_BIN" ] && EXES+=("$BEFORE_BIN")
 
