@@ -99,6 +99,8 @@ pub struct MetricDef {
     /// `samples`, `frames`, `bytes`, `seconds`, `microseconds`, `1` (a count of things the name says).
     pub unit: &'static str,
     pub label: Option<&'static str>,
+    /// A second label (after [`Self::label`]), its values given at registration.
+    pub label2: Option<&'static str>,
     pub help: &'static str,
     /// The name's middle part when it is not the component's kind (the
     /// plugin host's `profcol_plugin_*`, shared by processor and exporter plugins).
@@ -107,20 +109,25 @@ pub struct MetricDef {
 
 impl MetricDef {
     pub const fn counter(name: &'static str, unit: &'static str, help: &'static str) -> Self {
-        MetricDef { name, kind: MetricKind::Counter, unit, label: None, help, scope: None }
+        MetricDef { name, kind: MetricKind::Counter, unit, label: None, label2: None, help, scope: None }
     }
 
     pub const fn gauge(name: &'static str, unit: &'static str, help: &'static str) -> Self {
-        MetricDef { name, kind: MetricKind::Gauge, unit, label: None, help, scope: None }
+        MetricDef { name, kind: MetricKind::Gauge, unit, label: None, label2: None, help, scope: None }
     }
 
     pub const fn timer(name: &'static str, help: &'static str) -> Self {
-        MetricDef { name, kind: MetricKind::Timer, unit: "seconds", label: None, help, scope: None }
+        MetricDef { name, kind: MetricKind::Timer, unit: "seconds", label: None, label2: None, help, scope: None }
     }
 
     /// The same series with one more label (its values are given at registration).
     pub const fn by(self, label: &'static str) -> Self {
         MetricDef { label: Some(label), ..self }
+    }
+
+    /// The same series with a second label after [`Self::by`]'s.
+    pub const fn and_by(self, label: &'static str) -> Self {
+        MetricDef { label2: Some(label), ..self }
     }
 
     /// The same series named `profcol_<scope>_<name>` whatever the component's kind.
@@ -682,6 +689,26 @@ impl ComponentTelemetry {
         let key = def.label.unwrap_or("outcome");
         let ids = self.id.to_string();
         self.registry.counter(&def.full_name(self.kind), def.help, &[(self.kind.as_str(), &ids), (key, value)])
+    }
+
+    /// The counter `def` declares for one value of each of its two labels.
+    pub fn counter_by2(&self, def: &MetricDef, value: &str, value2: &str) -> Counter {
+        debug_assert!(def.kind == MetricKind::Counter && def.label2.is_some(), "{} has no second label", def.name);
+        let (key, key2) = (def.label.unwrap_or("outcome"), def.label2.unwrap_or("reason"));
+        let ids = self.id.to_string();
+        self.registry.counter(
+            &def.full_name(self.kind),
+            def.help,
+            &[(self.kind.as_str(), &ids), (key, value), (key2, value2)],
+        )
+    }
+
+    /// The gauge `def` declares for one value of its label.
+    pub fn gauge_by(&self, def: &MetricDef, value: &str) -> Gauge {
+        debug_assert!(def.kind == MetricKind::Gauge && def.label.is_some(), "{} has no label", def.name);
+        let key = def.label.unwrap_or("outcome");
+        let ids = self.id.to_string();
+        self.registry.gauge(&def.full_name(self.kind), def.help, &[(self.kind.as_str(), &ids), (key, value)])
     }
 
     /// The gauge `def` declares, labelled with this component's id.

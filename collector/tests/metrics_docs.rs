@@ -64,7 +64,7 @@ fn problem(rows: &[Row], owner: &str, kind: Kind, def: &MetricDef) -> Option<Str
     let Some(row) = rows.iter().find(|r| r.names.contains(&full)) else {
         return Some(format!("{owner}: `{full}` ({}) has no row", def.help));
     };
-    if let Some(label) = def.label {
+    for label in [def.label, def.label2].into_iter().flatten() {
         if !row.text.contains(label) {
             return Some(format!("{owner}: the row of `{full}` does not name its label `{label}`"));
         }

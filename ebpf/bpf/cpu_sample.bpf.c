@@ -75,7 +75,7 @@ const volatile __u32 cfg_count_slots = 16384;
 
 /* count_key frames are hashed in blocks of this many (zeros past the end). */
 #define KEY_BLOCK 16
-#define KEY_BLOCKS ((2 * MAX_STACK_DEPTH + 1 + KEY_BLOCK - 1) / KEY_BLOCK)
+#define KEY_BLOCKS ((MAX_RECORD_FRAMES + KEY_BLOCK - 1) / KEY_BLOCK)
 /* `count_key` of a sample before it is counted: a kernel frame lies
  * outside the kernel's own text (set by fill_sample). */
 #define KERNEL_TEXT_OUTSIDE 1
@@ -225,6 +225,8 @@ static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 t
 	s->user_end = UNWIND_END_UNKNOWN;
 	s->probe = probe;
 	s->count_key = 0;
+	s->py_len = 0;
+	s->py_end = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	/* Counting hashes whole blocks of frames: the slots past the stacks
 	 * must be zero, not the last sample's. */
@@ -233,7 +235,7 @@ static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 t
 		 * into a memset call, which BPF has not. */
 		__u64 zero = 0;
 		asm volatile("" : "+r"(zero));
-		for (__u32 i = 0; i < 2 * MAX_STACK_DEPTH + 1; i++)
+		for (__u32 i = 0; i < MAX_RECORD_FRAMES; i++)
 			s->ips[i] = zero;
 	}
 
@@ -256,7 +258,7 @@ static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 t
  * the reader now. Nonzero when the ring was full (counted). */
 static __always_inline long write_record(struct sample *s, int wake)
 {
-	__u64 size = SAMPLE_HEADER_SIZE + ((__u64)s->kstack_len + s->ustack_len) * sizeof(__u64);
+	__u64 size = SAMPLE_HEADER_SIZE + ((__u64)s->kstack_len + s->ustack_len + 2 * (__u64)s->py_len) * sizeof(__u64);
 	if (size > sizeof(*s))
 		size = sizeof(*s);
 
@@ -301,9 +303,9 @@ static __always_inline __u64 count_key(const struct sample *s)
 		h = key_mix(h, c[0]);
 		h = key_mix(h, c[1]);
 	}
-	__u32 kn = s->kstack_len, un = s->ustack_len;
-	h = key_mix(h, (__u64)kn | ((__u64)un << 16));
-	__u32 n = kn + un;
+	__u32 kn = s->kstack_len, un = s->ustack_len, pn = s->py_len;
+	h = key_mix(h, (__u64)kn | ((__u64)un << 16) | ((__u64)pn << 32) | ((__u64)s->py_end << 48));
+	__u32 n = kn + un + 2 * pn;
 	/* Blocks of KEY_BLOCK frames, the slots past the stacks being zero
 	 * (fill_sample): the verifier walks the rest of the program once per
 	 * exit of this loop, so few exits (one per block, not per frame). */
@@ -312,7 +314,7 @@ static __always_inline __u64 count_key(const struct sample *s)
 			break;
 		for (__u32 j = 0; j < KEY_BLOCK; j++) {
 			__u32 i = b * KEY_BLOCK + j;
-			if (i < 2 * MAX_STACK_DEPTH + 1)
+			if (i < MAX_RECORD_FRAMES)
 				h = key_mix(h, s->ips[i]);
 		}
 	}
@@ -448,6 +450,7 @@ static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 
 }
 
 #include "unwind.h"
+#include "python.h"
 
 SEC("perf_event")
 int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
@@ -522,13 +525,16 @@ static __always_inline int proc_event(__u32 kind)
 }
 
 /* A new image or a process gone: the mappings the unwinder found for the
- * pid are no longer its own. */
+ * pid, and its interpreter, are no longer its own. */
 static __always_inline void forget_mappings(void)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS && (__u32)id == pid)
+	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS && (__u32)id == pid) {
 		bpf_map_delete_elem(&unwind_procs, &pid);
+		if (cfg_off_task_fsbase)
+			bpf_map_delete_elem(&py_procs, &pid);
+	}
 }
 
 SEC("raw_tracepoint/sched_process_exec")

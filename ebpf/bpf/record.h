@@ -9,6 +9,9 @@
 
 #define MAX_STACK_DEPTH 127 /* kernel.perf_event_max_stack default */
 #define TASK_COMM_LEN 16
+/* Interpreter frames per sample, two words each, after the native ones. */
+#define PY_MAX_FRAMES 96
+#define MAX_RECORD_FRAMES (2 * MAX_STACK_DEPTH + 1 + 2 * PY_MAX_FRAMES)
 
 /* What made a `struct sample` (its `kind`). */
 enum sample_kind {
@@ -46,8 +49,12 @@ struct sample {
 	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe;
 	                          * SAMPLE_CPU_COUNTED: the count's slot */
 	__u64 count_key;         /* SAMPLE_CPU_COUNTED: its key in `counts` */
-	/* One spare slot: a probe hit inserts its return address. */
-	__u64 ips[2 * MAX_STACK_DEPTH + 1];
+	__u16 py_len;            /* interpreter frames after the user frames (python.h) */
+	__u16 py_end;            /* enum py_end: how their walk ended */
+	__u32 pad;
+	/* One spare slot: a probe hit inserts its return address; then two
+	 * words per interpreter frame. */
+	__u64 ips[MAX_RECORD_FRAMES];
 };
 
 #define SAMPLE_HEADER_SIZE (__builtin_offsetof(struct sample, ips))

@@ -268,15 +268,18 @@ struct bpf_map_def SEC("maps") unwind_states = {
 	.max_entries = 1,
 };
 
-/* 0: profcol_unwind, 1: profcol_unwind_fill. */
+/* 0: profcol_unwind, 1: profcol_unwind_fill, 2: profcol_python. */
 #define UNWIND_PROG_WALK 0
 #define UNWIND_PROG_FILL 1
+#define UNWIND_PROG_PYTHON 2
 struct bpf_map_def SEC("maps") unwind_progs = {
 	.type = BPF_MAP_TYPE_PROG_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(__u32),
-	.max_entries = 2,
+	.max_entries = 3,
 };
+
+static __always_inline void py_start(struct bpf_perf_event_data *ctx, __u32 pid);
 
 /* The range of `p` holding `pc`, or NULL. A branchless binary search over
  * all UNWIND_PROC_RANGES slots (unused ones start at UNWIND_RANGE_UNUSED,
@@ -503,11 +506,14 @@ __noinline __u32 unwind_step(struct unwind_state *st, struct unwind_proc *proc, 
 	return 0;
 }
 
-/* Ends the walk: the record out. */
-static __always_inline int unwind_finish(struct unwind_state *st, struct sample *s, __u32 end)
+/* Ends the walk: on to the Python walker for a Python process, else the
+ * record out. */
+static __always_inline int unwind_finish(struct bpf_perf_event_data *ctx, struct unwind_state *st,
+					 struct sample *s, __u32 end)
 {
 	s->ustack_len = st->frames;
 	s->user_end = end;
+	py_start(ctx, st->pid);
 	output_sample(s, st->wake, 1);
 	return 0;
 }
@@ -563,7 +569,7 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 			bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
 		end = UNWIND_END_DEPTH;
 	}
-	return unwind_finish(st, s, end);
+	return unwind_finish(ctx, st, s, end);
 }
 
 struct vm_area_struct;
@@ -745,7 +751,7 @@ int profcol_unwind_fill(struct bpf_perf_event_data *ctx)
 	}
 	bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
 	/* Over the tail-call limit (not expected): the stack so far. */
-	return unwind_finish(st, s, UNWIND_END_DEPTH);
+	return unwind_finish(ctx, st, s, UNWIND_END_DEPTH);
 }
 
 /* Starts a table walk for a CPU sample whose header and kernel stack are in

@@ -42,7 +42,8 @@ const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
 /// The structs we need, NUL-terminated as in the string section.
-const STRUCTS: [&[u8]; 4] = [b"vm_area_struct\0", b"file\0", b"inode\0", b"super_block\0"];
+const STRUCTS: [&[u8]; 6] =
+    [b"vm_area_struct\0", b"file\0", b"inode\0", b"super_block\0", b"task_struct\0", b"thread_struct\0"];
 
 /// Byte offsets of the kernel struct members the unwinder's bpf_find_vma callback reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,10 @@ pub struct VmaOffsets {
     pub i_sb: u32,
     /// `struct super_block.s_dev`
     pub s_dev: u32,
+    /// `struct task_struct.thread.fsbase` (x86-64): a thread's TLS base,
+    /// which CPython's thread states hold as `thread_id`. `None` when the
+    /// kernel's BTF has no such member (the Python walker stays off).
+    pub task_fsbase: Option<u32>,
 }
 
 impl VmaOffsets {
@@ -74,7 +79,11 @@ impl VmaOffsets {
         let [f_inode] = btf.members("file", &btf.candidates[1], ["f_inode"])?;
         let [i_ino, i_sb] = btf.members("inode", &btf.candidates[2], ["i_ino", "i_sb"])?;
         let [s_dev] = btf.members("super_block", &btf.candidates[3], ["s_dev"])?;
-        Ok(VmaOffsets { vm_start, vm_end, vm_pgoff, vm_file, f_inode, i_ino, i_sb, s_dev })
+        let task_fsbase = btf
+            .members("task_struct", &btf.candidates[4], ["thread"])
+            .and_then(|[thread]| Ok(thread + btf.members("thread_struct", &btf.candidates[5], ["fsbase"])?[0]))
+            .ok();
+        Ok(VmaOffsets { vm_start, vm_end, vm_pgoff, vm_file, f_inode, i_ino, i_sb, s_dev, task_fsbase })
     }
 
     /// Reads /sys/kernel/btf/vmlinux: mapped where the kernel allows it
@@ -113,7 +122,7 @@ struct Btf<'a> {
     /// `index[id]`: offset of type `id` in `types` (`index[0]`, void, unused).
     index: Vec<u32>,
     /// Type ids of the STRUCTs with members named like [`STRUCTS`].
-    candidates: [Vec<u32>; 4],
+    candidates: [Vec<u32>; 6],
 }
 
 impl<'a> Btf<'a> {
@@ -517,8 +526,17 @@ mod tests {
         b.build()
     }
 
-    const SAMPLE_OFFSETS: VmaOffsets =
-        VmaOffsets { vm_start: 8, vm_end: 16, vm_pgoff: 32, vm_file: 40, f_inode: 32, i_ino: 64, i_sb: 40, s_dev: 8 };
+    const SAMPLE_OFFSETS: VmaOffsets = VmaOffsets {
+        vm_start: 8,
+        vm_end: 16,
+        vm_pgoff: 32,
+        vm_file: 40,
+        f_inode: 32,
+        i_ino: 64,
+        i_sb: 40,
+        s_dev: 8,
+        task_fsbase: None,
+    };
 
     #[test]
     fn btf_sample_offsets() {
@@ -761,6 +779,9 @@ mod tests {
             i_ino: bpftool_offset(&types, "inode", "i_ino"),
             i_sb: bpftool_offset(&types, "inode", "i_sb"),
             s_dev: bpftool_offset(&types, "super_block", "s_dev"),
+            task_fsbase: Some(
+                bpftool_offset(&types, "task_struct", "thread") + bpftool_offset(&types, "thread_struct", "fsbase"),
+            ),
         };
         assert_eq!(got, want);
     }

@@ -166,6 +166,8 @@ pub use record::{
 
 pub mod unwind;
 
+pub mod python;
+
 pub mod btf;
 
 #[cfg(test)]
@@ -226,6 +228,9 @@ mod tests {
             unwind::FILES_MAP,
             unwind::WANTED_MAP,
             unwind::FILL_PROGRAM,
+            python::PROGRAM,
+            python::PROCS_MAP,
+            python::FSBASE_OFFSET_GLOBAL,
             globals::UNWIND_MODE,
             globals::COUNT_IN_KERNEL,
             globals::KTEXT_START,

@@ -9,6 +9,9 @@
 pub const MAX_STACK_DEPTH: usize = 127;
 /// Length of `comm` in the records (TASK_COMM_LEN).
 pub const TASK_COMM_LEN: usize = 16;
+/// Interpreter frames a record carries at most (`PY_MAX_FRAMES`), two
+/// words each after the native frames.
+pub const MAX_INTERP_FRAMES: usize = 96;
 
 /// What made a sample (`enum sample_kind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,7 +29,9 @@ pub enum SampleKind {
 /// Fixed head of every sample record (`struct sample` up to `ips`).
 ///
 /// It is followed by `kstack_len` kernel frames then `ustack_len` user frames,
-/// each a native-endian `u64` instruction pointer, leaf first.
+/// each a native-endian `u64` instruction pointer, leaf first, then
+/// `interp_len` interpreter frames of two words each, leaf first
+/// ([`crate::python`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SampleHeader {
     /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
@@ -46,6 +51,10 @@ pub struct SampleHeader {
     pub kind: SampleKind,
     /// How the user stack ended (`user_end`).
     pub user_end: UnwindEnd,
+    /// Interpreter frames after the user frames (`py_len`).
+    pub interp_len: u16,
+    /// How their walk ended (`py_end`, [`crate::python::WalkEnd`]).
+    pub interp_end: crate::python::WalkEnd,
 }
 
 /// How a user stack ended (`enum unwind_end`).
@@ -94,7 +103,7 @@ impl UnwindEnd {
 }
 
 /// Size of the sample head in bytes (`offsetof(struct sample, ips)`).
-pub const SAMPLE_HEADER_SIZE: usize = 56;
+pub const SAMPLE_HEADER_SIZE: usize = 64;
 
 const KIND_CPU: u16 = 0;
 const KIND_PROBE: u16 = 1;
@@ -155,11 +164,16 @@ impl<'a> Sample<'a> {
             comm: comm_at(head, 24),
             kind,
             user_end: UnwindEnd::from_raw(u16_at(head, 42))?,
+            interp_len: u16_at(head, 56),
+            interp_end: crate::python::WalkEnd::from_raw(u16_at(head, 58))?,
         };
-        if header.kstack_len as usize > MAX_STACK_DEPTH || header.ustack_len as usize > MAX_STACK_DEPTH {
+        if header.kstack_len as usize > MAX_STACK_DEPTH
+            || header.ustack_len as usize > MAX_STACK_DEPTH
+            || header.interp_len as usize > MAX_INTERP_FRAMES
+        {
             return None;
         }
-        let n = header.kstack_len as usize + header.ustack_len as usize;
+        let n = header.kstack_len as usize + header.ustack_len as usize + 2 * header.interp_len as usize;
         let frames = bytes.get(SAMPLE_HEADER_SIZE..SAMPLE_HEADER_SIZE + n * 8)?;
         Some(Sample { header, frames })
     }
@@ -173,7 +187,14 @@ impl<'a> Sample<'a> {
     /// User frames, leaf first.
     pub fn user_stack(&self) -> impl ExactSizeIterator<Item = u64> + 'a {
         let k = self.header.kstack_len as usize * 8;
-        self.frames[k..].chunks_exact(8).map(|c| u64_at(c, 0))
+        let u = self.header.ustack_len as usize * 8;
+        self.frames[k..k + u].chunks_exact(8).map(|c| u64_at(c, 0))
+    }
+
+    /// Interpreter frames, leaf first: (frame word, instruction word).
+    pub fn interp_stack(&self) -> impl ExactSizeIterator<Item = (u64, u64)> + 'a {
+        let n = (self.header.kstack_len as usize + self.header.ustack_len as usize) * 8;
+        self.frames[n..].chunks_exact(16).map(|c| (u64_at(c, 0), u64_at(c, 8)))
     }
 
     /// Thread name up to the first NUL (lossy UTF-8).
@@ -242,6 +263,9 @@ mod tests {
         v.extend_from_slice(&2u16.to_ne_bytes()); // user_end: no table
         v.extend_from_slice(&probe.to_ne_bytes()); // or a counted stack's slot
         v.extend_from_slice(&0xfeed_beefu64.to_ne_bytes()); // count key
+        v.extend_from_slice(&0u16.to_ne_bytes()); // interpreter frames
+        v.extend_from_slice(&0u16.to_ne_bytes()); // their end
+        v.extend_from_slice(&0u32.to_ne_bytes());
         assert_eq!(v.len(), SAMPLE_HEADER_SIZE);
         for f in k.iter().chain(u) {
             v.extend_from_slice(&f.to_ne_bytes());
@@ -266,6 +290,24 @@ mod tests {
         let r = record(KIND_CPU_COUNTED, 42, &[], &[0x401000]);
         let s = Sample::parse(&r).expect("parse");
         assert_eq!(s.header.kind, SampleKind::CpuCounted { key: 0xfeed_beef, slot: 42 });
+        assert_eq!(s.interp_stack().len(), 0);
+    }
+
+    #[test]
+    fn parses_interpreter_frames_after_the_user_stack() {
+        let mut r = record(KIND_CPU, 0, &[9], &[0x401000, 0x402000]);
+        r[56..58].copy_from_slice(&2u16.to_ne_bytes());
+        r[58..60].copy_from_slice(&1u16.to_ne_bytes()); // complete
+        for w in [0x11u64, 0x22, 0x33, 0x44] {
+            r.extend_from_slice(&w.to_ne_bytes());
+        }
+        let s = Sample::parse(&r).expect("parse");
+        assert_eq!(s.user_stack().collect::<Vec<_>>(), vec![0x401000, 0x402000]);
+        assert_eq!(s.interp_stack().collect::<Vec<_>>(), vec![(0x11, 0x22), (0x33, 0x44)]);
+        assert_eq!(s.header.interp_end, crate::python::WalkEnd::Complete);
+        assert!(Sample::parse(&r[..r.len() - 8]).is_none(), "half an interpreter frame");
+        r[58..60].copy_from_slice(&77u16.to_ne_bytes());
+        assert!(Sample::parse(&r).is_none(), "unknown walk end");
     }
 
     #[test]

@@ -72,6 +72,17 @@ pub struct EbpfConfig {
     /// quarters full the longest idle leave); samples of stacks beyond are
     /// records of their own.
     pub max_counted_stacks: u32,
+    /// Interpreters whose frames are walked in the kernel and named:
+    /// `python` (CPython 3.9 to 3.13, found in every process that maps
+    /// one). An empty list turns interpreter frames off.
+    pub interpreters: Vec<Interpreter>,
+}
+
+/// One entry of `interpreters:`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Interpreter {
+    Python,
 }
 
 /// Bounds of `max_counted_stacks`.
@@ -184,9 +195,11 @@ impl EbpfConfig {
         if let Some(size) = self.ring_buffer_size {
             return size;
         }
-        // A record: its 8-byte ring header, the sample header, both stacks and
-        // the spare slot.
-        let record = 8 + profcol_ebpf::record::SAMPLE_HEADER_SIZE as u64 + (2 * self.max_stack_depth as u64 + 1) * 8;
+        // A record: its 8-byte ring header, the sample header, both stacks,
+        // the spare slot and interpreter frames.
+        let interp = if self.interpreters.is_empty() { 0 } else { 2 * profcol_ebpf::record::MAX_INTERP_FRAMES as u64 };
+        let record =
+            8 + profcol_ebpf::record::SAMPLE_HEADER_SIZE as u64 + (2 * self.max_stack_depth as u64 + 1 + interp) * 8;
         let second = (cpus.max(1) as u64).saturating_mul(self.sample_frequency).saturating_mul(record);
         let (part, min) = if self.count_in_kernel { (4, AUTO_COUNTED_RING_MIN) } else { (2, AUTO_RING_MIN) };
         (second / part).clamp(min as u64, AUTO_RING_MAX as u64).next_power_of_two() as u32
@@ -212,6 +225,7 @@ impl Default for EbpfConfig {
             unwind: UnwindConfig::default(),
             count_in_kernel: false,
             max_counted_stacks: 16_384,
+            interpreters: vec![Interpreter::Python],
         }
     }
 }

@@ -210,12 +210,52 @@ pub(crate) const METRICS: &[MetricDef] = &[
     UPROBE_ATTACH_FAILURES,
     UPROBE_PROCESSES,
     UPROBE_MAPPING_RECORDS_LOST,
+    INTERPRETER_PROCESSES,
+    INTERPRETER_FRAMES,
+    INTERPRETER_WALKS_CUT,
+    INTERPRETER_NAME_LOOKUPS,
+    INTERPRETER_REFUSED,
 ];
+
+// Interpreters: processes found, frames walked in the kernel and named.
+pub(crate) const INTERPRETER_PROCESSES: MetricDef = MetricDef::gauge(
+    "ebpf_interpreter_processes",
+    "processes",
+    "Processes whose interpreter frames are walked, by interpreter (python)",
+)
+.by("interpreter");
+pub(crate) const INTERPRETER_FRAMES: MetricDef =
+    MetricDef::counter("ebpf_interpreter_frames_total", "frames", "Interpreter frames read from sample records")
+        .by("interpreter");
+pub(crate) const INTERPRETER_WALKS_CUT: MetricDef = MetricDef::counter(
+    "ebpf_interpreter_walks_cut_total",
+    "samples",
+    "Interpreter stacks cut short, by reason (depth_limit, read_error, no_thread_state); their frames so far \
+     are kept",
+)
+.by("interpreter")
+.and_by("reason");
+pub(crate) const INTERPRETER_NAME_LOOKUPS: MetricDef = MetricDef::counter(
+    "ebpf_interpreter_name_lookups_total",
+    "frames",
+    "Interpreter frames named, by outcome: hit (cached), read (from the process's memory), error (unreadable: \
+     named `[unknown]`)",
+)
+.by("interpreter")
+.and_by("outcome");
+pub(crate) const INTERPRETER_REFUSED: MetricDef = MetricDef::counter(
+    "ebpf_interpreter_refused_total",
+    "processes",
+    "Processes mapping an interpreter whose frames are not walked, by reason (unsupported version, \
+     free-threaded build, unreadable binary, walker table full)",
+)
+.by("interpreter")
+.and_by("reason");
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ebpf::{sampler::Counters, unwind::UnwindCounters, uprobes::UprobeCounters};
+    use crate::ebpf::{interp::InterpCounters, sampler::Counters, unwind::UnwindCounters, uprobes::UprobeCounters};
     use profcol_api::component::Kind;
     use profcol_api::telemetry::Telemetry;
     use std::collections::BTreeSet;
@@ -225,7 +265,7 @@ mod tests {
     fn metrics_lists_every_registered_series() {
         let telemetry = Telemetry::new();
         let t = telemetry.component(Kind::Receiver, &"ebpf".parse().unwrap());
-        let _held = (Counters::new(&t), UnwindCounters::new(&t), UprobeCounters::new(&t));
+        let _held = (Counters::new(&t), UnwindCounters::new(&t), UprobeCounters::new(&t), InterpCounters::new(&t));
         let registered: BTreeSet<String> = telemetry
             .render()
             .lines()

@@ -29,6 +29,7 @@ pub(crate) mod metrics;
 pub mod process;
 pub(crate) mod sampler;
 pub mod stacks;
+pub mod interp;
 pub(crate) mod unwind;
 pub mod uprobes;
 

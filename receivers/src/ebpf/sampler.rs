@@ -19,6 +19,8 @@
 
 use super::config::EbpfConfig;
 use super::metrics as m;
+use super::interp::processes::Interpreters;
+use super::interp::InterpCounters;
 use super::unwind::{UnwindCounters, Unwinder};
 use super::uprobes::{UprobeCounters, Uprobes};
 use crate::ebpf::bpf::loader::{load_and_attach, CpuSync, LoadError, Loaded};
@@ -186,6 +188,7 @@ impl SamplerHandle {
     ) -> Result<Self, LoadError> {
         let uprobe_counters = (!config.uprobes.is_empty()).then(|| UprobeCounters::new(&telemetry));
         let unwind_counters = UnwindCounters::new(&telemetry);
+        let interp_counters = InterpCounters::new(&telemetry);
         let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(sys::eventfd().map_err(|e| LoadError::Other(format!("eventfd: {e}")))?);
@@ -197,7 +200,15 @@ impl SamplerHandle {
             std::thread::Builder::new()
                 .name("profcol-ebpf".into())
                 .spawn(move || {
-                    let parts = Parts { counters, uprobe_counters, unwind_counters, ready: ready_tx, started, pins };
+                    let parts = Parts {
+                        counters,
+                        uprobe_counters,
+                        unwind_counters,
+                        interp_counters,
+                        ready: ready_tx,
+                        started,
+                        pins,
+                    };
                     run(Start { config, stop, wake, batches: batch_tx, parts })
                 })
                 .map_err(|e| LoadError::Other(format!("spawning the sampler thread: {e}")))?
@@ -269,6 +280,7 @@ struct Parts {
     counters: Counters,
     uprobe_counters: Option<UprobeCounters>,
     unwind_counters: UnwindCounters,
+    interp_counters: InterpCounters,
     /// Told once the perf events are attached, or why they are not.
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
@@ -326,7 +338,7 @@ fn run(start: Start) {
 /// Loads and attaches everything, then tells `parts.ready` how that went;
 /// `None` when the thread is to end (start failed, or nobody waits).
 fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
-    let Parts { counters, uprobe_counters, unwind_counters, ready, started, pins } = parts;
+    let Parts { counters, uprobe_counters, unwind_counters, interp_counters, ready, started, pins } = parts;
     let (mut loaded, first_sync) = match load_and_attach(config) {
         Ok(l) => l,
         Err(e) => {
@@ -357,6 +369,7 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
     if ready.send(Ok(())).is_err() {
         return None;
     }
+    let interp = loaded.python_procs.take().map(|map| Interpreters::new(map, interp_counters));
     let mut table = ProcessTable::new(MAX_PROCESSES);
     table.set_file_pins(pins);
     table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
@@ -376,6 +389,8 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         last_build_id_reads: 0,
         kbuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
         ubuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
+        ibuf: Vec::new(),
+        interp,
         uprobes,
         mappings,
         mapping_batch: MappingBatch::default(),
@@ -638,6 +653,10 @@ struct Sampler {
     last_build_id_reads: u64,
     kbuf: Vec<u64>,
     ubuf: Vec<u64>,
+    /// The record's interpreter frames (frame word, instruction word).
+    ibuf: Vec<(u64, u64)>,
+    /// Present when an interpreter walker loaded (`interpreters:`).
+    interp: Option<Interpreters>,
     /// Present when probes are configured.
     uprobes: Option<Uprobes<UProbeLink>>,
     /// The kernel's exec and mapping records (when the side-band events
@@ -748,6 +767,9 @@ impl Sampler {
             }
             // Exec'd or gone: its counted stacks' records name the image it had.
             self.counted.process_gone(e.pid);
+            if let Some(interp) = self.interp.as_mut() {
+                interp.forget(e.pid);
+            }
         }
         self.mappings.is_none() || gap
     }
@@ -831,6 +853,8 @@ impl Sampler {
             self.kbuf.extend(rec.kernel_stack());
             self.ubuf.clear();
             self.ubuf.extend(rec.user_stack());
+            self.ibuf.clear();
+            self.ibuf.extend(rec.interp_stack());
             let h = rec.header;
             drop(item);
             // A counted stack's 1 is in its count.
@@ -884,6 +908,12 @@ impl Sampler {
             self.counters.stacks_cut.inc();
             self.kbuf.truncate(kn);
             self.ubuf.truncate(un);
+        }
+        if let Some(interp) = self.interp.as_mut() {
+            if let Some((_, maps)) = &process {
+                interp.observe(h.pid, maps);
+            }
+            interp.name_into(h.pid, self.ibuf.iter().copied(), h.interp_end, &mut self.ubuf);
         }
         let sample = SampleIn {
             probe,
@@ -944,6 +974,10 @@ impl Sampler {
         self.last_stats = stats;
 
         self.table.sweep(now, self.interval_started);
+        if let Some(interp) = self.interp.as_mut() {
+            let table = &self.table;
+            interp.retain(|pid| table.knows(pid));
+        }
         if let (Some(uw), Some(maps)) = (self.unwinder.as_mut(), loaded.unwind_maps.as_mut()) {
             let (table, since) = (&self.table, self.interval_started);
             uw.sweep(maps, |f| table.for_each_sampled_mapping(since, f), now);
@@ -966,7 +1000,8 @@ impl Sampler {
         if interval.sample_count() == 0 {
             return None;
         }
-        let batch = interval.build(&self.host, self.period_ns, end, &self.probes, self.table.namer());
+        let functions = self.interp.as_ref().map(|i| &i.functions);
+        let batch = interval.build(&self.host, self.period_ns, end, &self.probes, self.table.namer(), functions);
         self.counters.batches.inc();
         Some(batch)
     }

@@ -40,6 +40,9 @@ pub(crate) struct Loaded {
     pub unwind_maps: Option<crate::ebpf::unwind::kernel::KernelMaps>,
     /// Samples counted in the kernel (`None` unless `count_in_kernel`).
     pub counts: Option<crate::ebpf::stacks::counted::KernelCounts>,
+    /// The Python walker's per-process map (`None` when it is off or did
+    /// not load).
+    pub python_procs: Option<BpfHashMap<MapData, u32, [u8; obj::python::PROC_ENTRY_BYTES]>>,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -106,11 +109,24 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
     let unwind = unwind_sizes(cfg);
     let counting = CountingGlobals::new(cfg);
     // The kernel members the unwinder reads, from the kernel's BTF.
+    // `task_struct.thread.fsbase` for the Python walker (0: off).
+    let mut fsbase = 0u32;
     let offsets = if unwind.mode == obj::unwind::Mode::FramePointers {
         [0u32; 8]
     } else {
         match obj::btf::VmaOffsets::from_kernel() {
-            Ok(o) => [o.vm_start, o.vm_end, o.vm_pgoff, o.vm_file, o.f_inode, o.i_ino, o.i_sb, o.s_dev],
+            Ok(o) => {
+                if cfg.interpreters.contains(&crate::ebpf::config::Interpreter::Python) {
+                    fsbase = o.task_fsbase.unwrap_or_else(|| {
+                        tracing::warn!(
+                            "ebpf receiver: the kernel's BTF has no task_struct.thread.fsbase; Python frames are \
+                             not walked"
+                        );
+                        0
+                    });
+                }
+                [o.vm_start, o.vm_end, o.vm_pgoff, o.vm_file, o.f_inode, o.i_ino, o.i_sb, o.s_dev]
+            }
             Err(e) if cfg.unwind.mode == crate::ebpf::config::UnwindMode::Auto => {
                 tracing::warn!(
                     "ebpf receiver: unwind tables need the kernel's BTF ({e}); user stacks by frame pointers only"
@@ -132,6 +148,7 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         loader.override_global(name, value, true);
     }
     let mut ebpf = loader
+        .override_global(obj::python::FSBASE_OFFSET_GLOBAL, &fsbase, true)
         .override_global(obj::globals::UNWIND_MODE, &(unwind.mode as u32), true)
         .map_max_entries(obj::unwind::ROWS_MAP, unwind.row_elems.div_ceil(obj::unwind::CHUNK_ELEMS))
         .map_max_entries(obj::unwind::PAGES_MAP, unwind.pages)
@@ -179,6 +196,15 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
             let mut fp = cfg.clone();
             fp.unwind.mode = crate::ebpf::config::UnwindMode::FramePointers;
             return load_program(&fp, cpus);
+        }
+        if fsbase != 0 {
+            if let Err(e) = load_python_program(&mut ebpf) {
+                // Profiling goes on without Python frames.
+                tracing::warn!("ebpf receiver: {e}; Python frames are not walked");
+                let mut off = cfg.clone();
+                off.interpreters.clear();
+                return load_program(&off, cpus);
+            }
         }
     }
     if !cfg.uprobes.is_empty() {
@@ -300,6 +326,29 @@ fn load_unwind_program(ebpf: &mut Ebpf) -> Result<(), LoadError> {
         progs.set(*index, fd, 0).map_err(|e| other("unwind_progs: setting the tail call", &e))?;
     }
     Ok(())
+}
+
+/// Loads the Python walker and puts it in the tail-call array.
+fn load_python_program(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    use aya::maps::ProgramArray;
+    let name = obj::python::PROGRAM;
+    let prog: &mut PerfEvent = ebpf
+        .program_mut(name)
+        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {name}")))?
+        .try_into()
+        .map_err(|e: ProgramError| other("BPF program type", &e))?;
+    prog.load().map_err(|e| other(&format!("the kernel refused the Python walker {name}"), &e))?;
+    let fd = prog
+        .fd()
+        .map_err(|e| other("python program fd", &e))?
+        .try_clone()
+        .map_err(|e| LoadError::Other(format!("python program fd: {e}")))?;
+    let mut progs = ProgramArray::try_from(
+        ebpf.map_mut(obj::unwind::PROGS_MAP)
+            .ok_or_else(|| LoadError::Other("BPF object lacks the unwind_progs map".into()))?,
+    )
+    .map_err(|e| other("unwind_progs map", &e))?;
+    progs.set(obj::python::PROGRAM_INDEX, &fd, 0).map_err(|e| other("unwind_progs: the Python walker", &e))
 }
 
 /// Takes the unwinder's maps from the loaded object.
@@ -464,9 +513,19 @@ pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), Loa
     let unwind_loaded = ebpf.program(obj::unwind::PROGRAM).is_some_and(|p| p.fd().is_ok());
     let unwind_maps = if unwind_loaded { Some(take_unwind_maps(&mut ebpf)?) } else { None };
     let counts = if cfg.count_in_kernel { Some(take_count_maps(&mut ebpf, cfg.max_counted_stacks)?) } else { None };
+    let python_loaded = unwind_loaded && ebpf.program(obj::python::PROGRAM).is_some_and(|p| p.fd().is_ok());
+    let python_procs = if python_loaded {
+        let map = ebpf
+            .take_map(obj::python::PROCS_MAP)
+            .ok_or_else(|| LoadError::Other("BPF object lacks the py_procs map".into()))?;
+        Some(BpfHashMap::try_from(map).map_err(|e| other("py_procs map", &e))?)
+    } else {
+        None
+    };
     let mut loaded = Loaded {
         unwind_maps,
         counts,
+        python_procs,
         events: BTreeMap::new(),
         retry: BTreeMap::new(),
         sample_frequency: cfg.sample_frequency,

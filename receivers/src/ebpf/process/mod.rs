@@ -202,6 +202,11 @@ impl ProcessTable {
         self.procs.len()
     }
 
+    /// Whether process `pid` is in the table.
+    pub(crate) fn knows(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
     /// Files whose build ID was read from disk so far.
     pub(crate) fn build_id_reads(&self) -> u64 {
         self.build_ids.reads

@@ -11,6 +11,7 @@
 //! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
 
 use crate::ebpf::config::{SampleAttribute, UprobeSpec};
+use crate::ebpf::interp::functions::{self, FunctionTable};
 use crate::ebpf::process::service_name::ServiceNamer;
 use crate::ebpf::process::{MappingSet, ProcessInfo};
 use profcol_api::model::ProfileRef;
@@ -317,10 +318,12 @@ impl Interval {
         end_unix_ns: u64,
         probes: &[UprobeSpec],
         namer: &ServiceNamer,
+        functions: Option<&FunctionTable>,
     ) -> Profiles {
         let meta = ProfileMeta::cpu(period_ns, self.start_unix_ns, end_unix_ns.saturating_sub(self.start_unix_ns));
         let (mut samples, order) = sorted(self.samples, &self.frames);
         let mut batch = BatchBuilder::new(self.attrs, meta, Names { host_name, probes, namer }, samples.len());
+        batch.locations.functions = functions;
         for &i in &order {
             let (key, occ) = &mut samples[i as usize];
             batch.add(key, &self.frames[key.stack as usize], occ, &self.procs, &self.unreadable_comm);
@@ -367,7 +370,7 @@ struct BatchBuilder<'a> {
     names: Names<'a>,
     meta: ProfileMeta<'a>,
     probe_meta: ProfileMeta<'a>,
-    locations: Locations,
+    locations: Locations<'a>,
     /// The process of the samples now: its resource and mappings.
     group: Option<Group>,
     /// Its profiles, made when their first sample comes.
@@ -377,10 +380,17 @@ struct BatchBuilder<'a> {
 }
 
 /// The locations of a batch's frames, each made once.
-struct Locations {
+struct Locations<'a> {
     kernel_mapping: i32,
     kernel_attr: i32,
     native_attr: i32,
+    /// What interpreter frames' stack words name.
+    functions: Option<&'a FunctionTable>,
+    /// Location of each interpreter frame's stack word (one for all
+    /// processes: the word names a function and line), and the
+    /// `profile.frame.type` attribute of each frame type.
+    interp: FxHashMap<u64, i32>,
+    frame_type_attrs: Vec<(&'static str, i32)>,
     /// The stack being made (reused).
     stack: Vec<i32>,
     /// Location of each kernel address (one mapping for all processes)
@@ -417,6 +427,9 @@ impl<'a> BatchBuilder<'a> {
                 kernel_mapping,
                 kernel_attr,
                 native_attr,
+                functions: None,
+                interp: FxHashMap::default(),
+                frame_type_attrs: Vec::new(),
                 stack: Vec::new(),
                 kernel: FxHashMap::default(),
                 user: FxHashMap::default(),
@@ -563,7 +576,7 @@ impl<'a> BatchBuilder<'a> {
     }
 }
 
-impl Locations {
+impl Locations<'_> {
     /// A new process: its user addresses and mappings are its own.
     fn enter_process(&mut self) {
         self.mapping_idx.clear();
@@ -590,11 +603,41 @@ impl Locations {
         for &addr in frames.ustack() {
             let l = match self.user.get(&addr) {
                 Some(&l) => l,
-                None => self.user_location(b, addr, maps),
+                None => match functions::decode(addr) {
+                    Some((func, line)) => self.interp_location(b, addr, func, line),
+                    None => self.user_location(b, addr, maps),
+                },
             };
             self.stack.push(l);
         }
         b.stack(&self.stack)
+    }
+
+    /// The location of an interpreter frame's stack word `word`: function
+    /// `func` at `line`, no mapping, its frame type as an attribute.
+    fn interp_location(&mut self, b: &mut ProfilesBuilder, word: u64, func: u32, line: u32) -> i32 {
+        if let Some(&l) = self.interp.get(&word) {
+            return l;
+        }
+        let f = self.functions.and_then(|t| t.get(func));
+        let (name, file, frame_type) = f.map_or(("[unknown]", "", "cpython"), |f| (&*f.name, &*f.file, f.frame_type));
+        let attr = match self.frame_type_attrs.iter().find(|(t, _)| *t == frame_type) {
+            Some(&(_, a)) => a,
+            None => {
+                let a = b.attribute(keys::FRAME_TYPE, AttrValue::Str(frame_type));
+                self.frame_type_attrs.push((frame_type, a));
+                a
+            }
+        };
+        let function_index = b.function(name, name, file, 0);
+        let l = b.push_location(pb::Location {
+            mapping_index: 0,
+            address: 0,
+            lines: vec![pb::Line { function_index, line: i64::from(line), column: 0 }],
+            attribute_indices: vec![attr],
+        });
+        self.interp.insert(word, l);
+        l
     }
 
     /// A new location for user address `addr`, in the mapping of `maps`
@@ -712,7 +755,7 @@ mod tests {
         iv.add(&sample(1, &[K + 1, K], &[0x1100, 0x1800]), Some((&ia, &a)));
         iv.add(&sample(1, &[K + 2, K], &[0x1200, 0x1800]), Some((&ia, &a)));
         iv.add(&sample(2, &[K + 3, K], &[0x1300, 0x1800]), Some((&ib, &b)));
-        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(Vec::new()));
+        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(Vec::new()), None);
         p.validate().expect("valid batch");
         let d = p.dictionary().unwrap();
         let stacks: Vec<&Vec<i32>> = p
@@ -765,7 +808,7 @@ mod tests {
         iv.add(&sample(&[K, K + 1], &[0x10], 4), Some((&info, &maps)));
         iv.add_counted_frames(&sample(&[], &[], 0), Frames::new(&[K, K + 1], &[0x10]), Some((&info, &maps)), 7);
         assert_eq!(iv.sample_count(), 10);
-        let p = iv.build("h", 1, 10, &[], &ServiceNamer::new(Vec::new()));
+        let p = iv.build("h", 1, 10, &[], &ServiceNamer::new(Vec::new()), None);
         p.validate().expect("valid batch");
         let d = p.dictionary().unwrap();
         // (kernel frames, addresses, times or the count) of each sample.
@@ -851,7 +894,7 @@ mod tests {
             None,
         );
         assert_eq!(iv.sample_count(), 3);
-        let p = iv.build("host1", 52_631_578, 2_000, &[], &ServiceNamer::new(vec![Source::Executable]));
+        let p = iv.build("host1", 52_631_578, 2_000, &[], &ServiceNamer::new(vec![Source::Executable]), None);
         p.validate().expect("valid batch");
         // Three observations in two Sample messages (the two of pid 42 merged).
         assert_eq!(p.sample_messages(), 2);
@@ -951,7 +994,7 @@ mod tests {
                 };
                 iv.add(&s, Some((&info, &maps)));
             }
-            iv.build("h", 1, 30, &[], &ServiceNamer::new(vec![Source::Executable]))
+            iv.build("h", 1, 30, &[], &ServiceNamer::new(vec![Source::Executable]), None)
         };
         let keys_of = |p: &Profiles| -> Vec<Vec<String>> {
             let d = p.dictionary().unwrap();
@@ -992,7 +1035,7 @@ mod tests {
             unwind_end: UnwindEnd::Unknown,
         };
         iv.add(&gone, None);
-        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]));
+        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]), None);
         let attrs = &p.0.resource_profiles[0].resource.as_ref().unwrap().attributes;
         assert_eq!(attrs[0].key, "service.name");
         assert_eq!(attrs[0].value.as_ref().unwrap().value, Some(any_value::Value::StringValue("gone".into())));

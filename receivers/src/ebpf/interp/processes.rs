@@ -1,0 +1,225 @@
+//! Which sampled processes run an interpreter profcol walks, their entries
+//! in the BPF walker's map, and the naming of their records' frames.
+//!
+//! A process is looked at once per mapping generation (its executable
+//! mappings as the process table read them), and only when one of them is
+//! an interpreter's file; an interpreter found gets a `py_procs` entry,
+//! which the BPF program deletes at exec and exit and the receiver with it.
+
+use super::functions::{self, Function, FunctionTable};
+use super::merge::{self, Named};
+use super::python::{self, CodeNamer, PythonProcess};
+use super::InterpCounters;
+use crate::ebpf::process::MappingSet;
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use profcol_ebpf::python::{FrameWord, ProcEntry, WalkEnd, KIND_CPYTHON, NO_OFFSET, PROCS_CAPACITY, PROC_ENTRY_BYTES};
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+
+/// The walker's per-process map.
+pub(crate) type ProcsMap = BpfHashMap<MapData, u32, [u8; PROC_ENTRY_BYTES]>;
+
+/// Named frames cached per process, (code, instruction word) → stack
+/// word, before the cache is cleared.
+const MAX_NAMED_PER_PROCESS: usize = 1 << 16;
+
+/// A Python process being walked.
+struct PyProc {
+    generation: u32,
+    eval_ranges: Vec<(u64, u64)>,
+    namer: CodeNamer,
+    /// (code object, instruction word) → its stack word.
+    named: FxHashMap<(u64, u64), u64>,
+}
+
+/// The interpreter side of the receiver.
+pub(crate) struct Interpreters {
+    map: ProcsMap,
+    procs: FxHashMap<u32, PyProc>,
+    /// pid → the mapping generation looked at and found without a walkable
+    /// interpreter.
+    not_walked: FxHashMap<u32, u32>,
+    pub functions: FunctionTable,
+    counters: InterpCounters,
+    /// Reused per record.
+    frames: Vec<Named>,
+    merged: Vec<u64>,
+}
+
+/// Whether an executable mapping's file is a CPython interpreter's
+/// (`python3.X`, `libpython3.X.so.1.0`), by its name: the detector reads
+/// the file only then.
+fn maps_python(maps: &MappingSet) -> bool {
+    maps.mappings.iter().any(|m| {
+        let name = m.path.rsplit('/').next().unwrap_or("");
+        name.starts_with("python") || name.starts_with("libpython")
+    })
+}
+
+impl Interpreters {
+    pub(crate) fn new(map: ProcsMap, counters: InterpCounters) -> Self {
+        Interpreters {
+            map,
+            procs: FxHashMap::default(),
+            not_walked: FxHashMap::default(),
+            functions: FunctionTable::new(),
+            counters,
+            frames: Vec::new(),
+            merged: Vec::new(),
+        }
+    }
+
+    /// Looks at process `pid` with mappings `maps` unless it was looked at
+    /// with them already: a Python process gets its walker entry.
+    pub(crate) fn observe(&mut self, pid: u32, maps: &MappingSet) {
+        let generation = maps.generation;
+        if self.procs.get(&pid).is_some_and(|p| p.generation == generation)
+            || self.not_walked.get(&pid) == Some(&generation)
+        {
+            return;
+        }
+        if !maps_python(maps) {
+            self.not_walked.insert(pid, generation);
+            return;
+        }
+        match python::detect(pid) {
+            Ok(Some(p)) => match self.walk(pid, generation, p) {
+                Ok(()) => return,
+                Err(reason) => self.refuse(reason),
+            },
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(pid, "ebpf receiver: python process not walked: {e:?}");
+                self.refuse("unreadable");
+            }
+        }
+        self.procs.remove(&pid);
+        self.not_walked.insert(pid, generation);
+    }
+
+    fn refuse(&self, reason: &str) {
+        if let Some(i) = super::REFUSED_REASONS.iter().position(|r| *r == reason) {
+            self.counters.refused[i].inc();
+        }
+    }
+
+    /// Writes `p`'s walker entry; the reason when it cannot be walked.
+    fn walk(&mut self, pid: u32, generation: u32, p: PythonProcess) -> Result<(), &'static str> {
+        let o = p.offsets;
+        let entry = ProcEntry {
+            runtime: p.runtime_addr,
+            version: u16::from(p.version.0) << 8 | u16::from(p.version.1),
+            runtime_interpreters_head: o.runtime_interpreters_head,
+            interp_next: o.interp_next,
+            interp_threads_head: o.interp_threads_head,
+            tstate_next: o.tstate_next,
+            tstate_thread_id: o.tstate_thread_id,
+            tstate_frame: o.tstate_frame,
+            cframe_current_frame: if o.cframe_current_frame == python::NONE { NO_OFFSET } else { o.cframe_current_frame },
+            frame_previous: o.frame_previous,
+            frame_code: o.frame_code,
+            frame_instr: o.frame_instr,
+            frame_owner: if o.frame_owner == python::NONE { NO_OFFSET } else { o.frame_owner },
+            frame_is_entry: if o.frame_is_entry == python::NONE { NO_OFFSET } else { o.frame_is_entry },
+        };
+        if !entry.frame_members_fit() {
+            return Err("layout");
+        }
+        if !self.procs.contains_key(&pid) && self.procs.len() >= PROCS_CAPACITY {
+            return Err("map_full");
+        }
+        self.map.insert(&pid, &entry.to_bytes(), 0).map_err(|e| {
+            tracing::debug!(pid, "ebpf receiver: py_procs: {e}");
+            "map_full"
+        })?;
+        tracing::debug!(
+            pid,
+            version = ?p.version,
+            binary = %p.binary.display(),
+            "ebpf receiver: walking python frames"
+        );
+        let namer = CodeNamer::new(pid, &p);
+        self.procs.insert(pid, PyProc { generation, eval_ranges: p.eval_ranges, namer, named: FxHashMap::default() });
+        self.counters.processes.set(self.procs.len() as i64);
+        Ok(())
+    }
+
+    /// Process `pid` exec'd or exited: what was found of it goes (the BPF
+    /// program deleted its entry already; deleting again is harmless).
+    pub(crate) fn forget(&mut self, pid: u32) {
+        self.not_walked.remove(&pid);
+        if self.procs.remove(&pid).is_some() {
+            let _ = self.map.remove(&pid);
+            self.counters.processes.set(self.procs.len() as i64);
+        }
+    }
+
+    /// Keeps only the processes `known` says are still there.
+    pub(crate) fn retain(&mut self, known: impl Fn(u32) -> bool) {
+        self.not_walked.retain(|&pid, _| known(pid));
+        let gone: Vec<u32> = self.procs.keys().copied().filter(|&pid| !known(pid)).collect();
+        for pid in gone {
+            self.forget(pid);
+        }
+    }
+
+    /// Names the interpreter frames of a record of `pid` (`interp`, leaf
+    /// first, as the walker wrote them, ended by `end`) and puts them into
+    /// the native stack `ustack` in place.
+    pub(crate) fn name_into(
+        &mut self,
+        pid: u32,
+        interp: impl ExactSizeIterator<Item = (u64, u64)>,
+        end: WalkEnd,
+        ustack: &mut Vec<u64>,
+    ) {
+        self.counters.count_end(end);
+        if interp.len() == 0 {
+            return;
+        }
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        self.counters.frames.add(interp.len() as u64);
+        self.frames.clear();
+        for (w, instr) in interp {
+            let f = FrameWord::decode(w);
+            if f.kind != KIND_CPYTHON {
+                continue;
+            }
+            let word = match p.named.get(&(f.code, instr)) {
+                Some(&w) => {
+                    self.counters.lookups[0].inc();
+                    w
+                }
+                None => {
+                    let (func, line) = match p.namer.frame(f.code, instr) {
+                        Ok(fr) => {
+                            self.counters.lookups[1].inc();
+                            (Function { name: fr.name, file: fr.file, frame_type: "cpython" }, fr.line)
+                        }
+                        Err(_) => {
+                            self.counters.lookups[2].inc();
+                            (unknown(), 0)
+                        }
+                    };
+                    let w = functions::word(self.functions.id(func), line);
+                    if p.named.len() >= MAX_NAMED_PER_PROCESS {
+                        p.named.clear();
+                    }
+                    p.named.insert((f.code, instr), w);
+                    w
+                }
+            };
+            self.frames.push(Named { word, entry: f.entry });
+        }
+        let ranges = &p.eval_ranges;
+        merge::merge(ustack, &self.frames, |pc| ranges.iter().any(|&(s, e)| s <= pc && pc < e), &mut self.merged);
+        std::mem::swap(ustack, &mut self.merged);
+    }
+}
+
+/// The function of a frame whose code object could not be read.
+fn unknown() -> Function {
+    Function { name: Arc::from("[unknown]"), file: Arc::from(""), frame_type: "cpython" }
+}
