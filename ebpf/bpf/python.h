@@ -242,7 +242,7 @@ int profcol_python(struct bpf_perf_event_data *ctx)
 		__u64 entry = has_owner ? (is_311 && py_u8(buf, p->frame_is_entry) ? PY_FRAME_ENTRY : 0)
 					: PY_FRAME_ENTRY;
 		__u32 at = base + 2 * w->frames;
-		if (at + 1 >= MAX_RECORD_FRAMES) {
+		if (at > MAX_RECORD_FRAMES - 2) {
 			end = PY_END_DEPTH;
 			break;
 		}
