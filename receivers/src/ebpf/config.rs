@@ -195,11 +195,11 @@ impl EbpfConfig {
         if let Some(size) = self.ring_buffer_size {
             return size;
         }
-        // A record: its 8-byte ring header, the sample header, both stacks,
-        // the spare slot and interpreter frames.
-        let interp = if self.interpreters.is_empty() { 0 } else { 2 * profcol_ebpf::record::MAX_INTERP_FRAMES as u64 };
-        let record =
-            8 + profcol_ebpf::record::SAMPLE_HEADER_SIZE as u64 + (2 * self.max_stack_depth as u64 + 1 + interp) * 8;
+        // A record: its 8-byte ring header, the sample header, both stacks
+        // and the spare slot. Interpreter frames (up to 1.5 KiB more) are
+        // left out: only a Python process's records carry them, and a
+        // burst of full native stacks is the worst case sized for.
+        let record = 8 + profcol_ebpf::record::SAMPLE_HEADER_SIZE as u64 + (2 * self.max_stack_depth as u64 + 1) * 8;
         let second = (cpus.max(1) as u64).saturating_mul(self.sample_frequency).saturating_mul(record);
         let (part, min) = if self.count_in_kernel { (4, AUTO_COUNTED_RING_MIN) } else { (2, AUTO_RING_MIN) };
         (second / part).clamp(min as u64, AUTO_RING_MAX as u64).next_power_of_two() as u32

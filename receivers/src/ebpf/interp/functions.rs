@@ -6,22 +6,26 @@
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
-/// The bit a stack word of an interpreter frame has (no user address has it).
-const TAG: u64 = 1 << 63;
+/// The top 16 bits of an interpreter frame's stack word: a non-canonical
+/// address, so no native frame (user below 2^47, kernel from
+/// 0xffff8000_00000000) is ever taken for one.
+const TAG: u64 = 0x00ff << 48;
+const TAG_MASK: u64 = 0xffff << 48;
 /// Lines above this are kept as this.
 const MAX_LINE: u32 = (1 << 24) - 1;
-/// Functions kept at most; new ones beyond share [`FunctionTable::FULL`].
+/// Functions kept at most (a word has 24 bits for one); new ones beyond
+/// share [`FunctionTable::FULL`].
 pub(crate) const MAX_FUNCTIONS: usize = 1 << 18;
 
 /// The stack word of function `func` at `line`.
 pub(crate) fn word(func: u32, line: u32) -> u64 {
-    TAG | (u64::from(func) << 24) | u64::from(line.min(MAX_LINE))
+    TAG | (u64::from(func & 0xff_ffff) << 24) | u64::from(line.min(MAX_LINE))
 }
 
 /// (function, line) of an interpreter frame's stack word; `None` for a
 /// native address.
 pub(crate) fn decode(w: u64) -> Option<(u32, u32)> {
-    (w & TAG != 0).then(|| (((w & !TAG) >> 24) as u32, (w & u64::from(MAX_LINE)) as u32))
+    (w & TAG_MASK == TAG).then(|| (((w >> 24) & 0xff_ffff) as u32, (w & u64::from(MAX_LINE)) as u32))
 }
 
 /// One interpreter function.
@@ -91,6 +95,7 @@ mod tests {
         assert_eq!(decode(w), Some((1234, 56)));
         assert_eq!(decode(word(7, u32::MAX)), Some((7, MAX_LINE)));
         assert_eq!(decode(0x7fff_ffff_f000), None, "a user address");
+        assert_eq!(decode(0xffff_ffff_8100_0001), None, "a kernel address");
         assert_eq!(decode(word(MAX_FUNCTIONS as u32, 0)), Some((MAX_FUNCTIONS as u32, 0)));
     }
 
