@@ -25,6 +25,7 @@
 
 pub mod bpf;
 pub mod config;
+pub(crate) mod interp;
 pub(crate) mod metrics;
 pub mod process;
 pub(crate) mod sampler;
