@@ -192,9 +192,33 @@ impl ElfFile {
     /// Symbols whose address lies in no `PT_LOAD` segment are skipped.
     pub fn find_functions(&self, names: &[&str]) -> (Vec<Option<FoundSymbol>>, SymbolTables) {
         match self.class {
-            Class::Elf32 => find_functions::<FileHeader32<Endianness>>(self.bytes.get(), names),
-            Class::Elf64 => find_functions::<FileHeader64<Endianness>>(self.bytes.get(), names),
+            Class::Elf32 => find_functions::<FileHeader32<Endianness>>(self.bytes.get(), names, is_function, false),
+            Class::Elf64 => find_functions::<FileHeader64<Endianness>>(self.bytes.get(), names, is_function, false),
         }
+    }
+
+    /// [`Self::find_functions`] for data objects (`STT_OBJECT`): variables
+    /// whose values a profiler reads (an interpreter's runtime state).
+    /// Zero-initialized ones (`.bss`) are found too; their `file_offset`
+    /// lies past their segment's file bytes (contents: [`Self::bytes_at`]).
+    pub fn find_objects(&self, names: &[&str]) -> (Vec<Option<FoundSymbol>>, SymbolTables) {
+        let is_object = |kind: object::elf::SymbolType| kind == object::elf::STT_OBJECT;
+        match self.class {
+            Class::Elf32 => find_functions::<FileHeader32<Endianness>>(self.bytes.get(), names, is_object, true),
+            Class::Elf64 => find_functions::<FileHeader64<Endianness>>(self.bytes.get(), names, is_object, true),
+        }
+    }
+
+    /// The `len` file bytes at virtual address `vaddr`, when a `PT_LOAD`
+    /// segment holds all of them in the file.
+    pub fn bytes_at(&self, vaddr: u64, len: usize) -> Option<&[u8]> {
+        let start = self.file_offset(vaddr)?;
+        let last = self.file_offset(vaddr.checked_add(len.checked_sub(1)? as u64)?)?;
+        if last.checked_sub(start)? != len as u64 - 1 {
+            return None; // split across segments
+        }
+        let start = usize::try_from(start).ok()?;
+        self.bytes.get().get(start..start.checked_add(len)?)
     }
 
     /// File offset of virtual address `vaddr`, through the `PT_LOAD`
@@ -428,9 +452,15 @@ fn unversioned(name: &[u8]) -> &[u8] {
     }
 }
 
+fn is_function(kind: object::elf::SymbolType) -> bool {
+    kind == object::elf::STT_FUNC || kind == object::elf::STT_GNU_IFUNC
+}
+
 fn find_functions<H: FileHeader<Endian = Endianness>>(
     data: &[u8],
     names: &[&str],
+    wanted: impl Fn(object::elf::SymbolType) -> bool,
+    in_memory: bool,
 ) -> (Vec<Option<FoundSymbol>>, SymbolTables) {
     let mut out = vec![None; names.len()];
     let mut counts = SymbolTables::default();
@@ -448,7 +478,11 @@ fn find_functions<H: FileHeader<Endian = Endianness>>(
         .map(|phs| {
             phs.iter()
                 .filter(|p| p.p_type(e) == PT_LOAD)
-                .map(|p| (p.p_vaddr(e).into(), p.p_filesz(e).into(), p.p_offset(e).into()))
+                .map(|p| {
+                    // Data may lie in the zero-filled tail (`.bss`); code never.
+                    let size = if in_memory { p.p_memsz(e).into() } else { p.p_filesz(e).into() };
+                    (p.p_vaddr(e).into(), size, p.p_offset(e).into())
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -466,8 +500,7 @@ fn find_functions<H: FileHeader<Endian = Endianness>>(
             if sym.st_shndx(e) == SHN_UNDEF || sym.st_value(e).into() == 0 {
                 continue;
             }
-            let kind = sym.st_type();
-            if kind != object::elf::STT_FUNC && kind != object::elf::STT_GNU_IFUNC {
+            if !wanted(sym.st_type()) {
                 continue;
             }
             let Ok(raw) = sym.name(e, strings) else {

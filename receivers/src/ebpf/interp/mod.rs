@@ -1,10 +1,17 @@
-//! Interpreter frames: for each runtime, a walker in the BPF program
-//! (`ebpf/bpf/python.h`) that appends the frames of the sampled thread to
-//! the record, and a namer here that turns them into function, file and
-//! line from the process's memory, cached per process. [`processes`] finds
-//! the processes each walker is for and names their records' frames;
-//! [`merge`] puts them where their eval calls are in the native stack;
-//! [`functions`] holds the functions met, each once.
+//! Interpreted runtimes: frames of the interpreted program beside the
+//! native ones.
+//!
+//! An interpreter is supported by two halves: a BPF walker that follows the
+//! runtime's own frame list at sample time and records, per frame, the
+//! code object and the instruction word (cheap, no strings;
+//! `ebpf/bpf/python.h`), and a user-space namer that turns (code object,
+//! instruction) into a function name, file and line by reading the
+//! process's memory once per code object. [`processes`] finds the processes
+//! each walker is for and names their records' frames; [`merge`] puts them
+//! where their eval calls are in the native stack; [`functions`] holds the
+//! functions met, each once.
+//!
+//! - [`python`]: CPython 3.9 to 3.14.
 
 pub mod functions;
 pub(crate) mod merge;

@@ -8,7 +8,9 @@
 
 use super::functions::{self, Function, FunctionTable};
 use super::merge::{self, Named};
-use super::python::{self, CodeNamer, PythonProcess};
+use super::python::detect::{self, Detection, PythonProcess, Unsupported};
+use super::python::namer::PyNamer;
+use super::python::offsets::NONE;
 use super::InterpCounters;
 use crate::ebpf::process::MappingSet;
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -27,7 +29,7 @@ const MAX_NAMED_PER_PROCESS: usize = 1 << 16;
 struct PyProc {
     generation: u32,
     eval_ranges: Vec<(u64, u64)>,
-    namer: CodeNamer,
+    namer: PyNamer,
     /// (code object, instruction word) → its stack word.
     named: FxHashMap<(u64, u64), u64>,
 }
@@ -82,14 +84,23 @@ impl Interpreters {
             self.not_walked.insert(pid, generation);
             return;
         }
-        match python::detect(pid) {
-            Ok(Some(p)) => match self.walk(pid, generation, p) {
+        match detect::detect(pid) {
+            Ok(Detection::Python(p)) => match self.walk(pid, generation, p) {
                 Ok(()) => return,
                 Err(reason) => self.refuse(reason),
             },
-            Ok(None) => {}
+            Ok(Detection::NotPython) => {}
+            Ok(Detection::Unsupported { binary, reason }) => {
+                tracing::info!(pid, binary = %binary.display(), "ebpf receiver: Python frames not walked: {reason}");
+                self.refuse(match reason {
+                    Unsupported::Layout(_) | Unsupported::RuntimeSize(..) | Unsupported::VersionMismatch(..) => {
+                        "layout"
+                    }
+                    _ => "unsupported",
+                });
+            }
             Err(e) => {
-                tracing::debug!(pid, "ebpf receiver: python process not walked: {e:?}");
+                tracing::debug!(pid, "ebpf receiver: Python process not walked: {e}");
                 self.refuse("unreadable");
             }
         }
@@ -115,12 +126,12 @@ impl Interpreters {
             tstate_next: o.tstate_next,
             tstate_thread_id: o.tstate_thread_id,
             tstate_frame: o.tstate_frame,
-            cframe_current_frame: if o.cframe_current_frame == python::NONE { NO_OFFSET } else { o.cframe_current_frame },
+            cframe_current_frame: if o.cframe_current_frame == NONE { NO_OFFSET } else { o.cframe_current_frame },
             frame_previous: o.frame_previous,
             frame_code: o.frame_code,
             frame_instr: o.frame_instr,
-            frame_owner: if o.frame_owner == python::NONE { NO_OFFSET } else { o.frame_owner },
-            frame_is_entry: if o.frame_is_entry == python::NONE { NO_OFFSET } else { o.frame_is_entry },
+            frame_owner: if o.frame_owner == NONE { NO_OFFSET } else { o.frame_owner },
+            frame_is_entry: if o.frame_is_entry == NONE { NO_OFFSET } else { o.frame_is_entry },
         };
         if !entry.frame_members_fit() {
             return Err("layout");
@@ -138,7 +149,7 @@ impl Interpreters {
             binary = %p.binary.display(),
             "ebpf receiver: walking python frames"
         );
-        let namer = CodeNamer::new(pid, &p);
+        let namer = PyNamer::new(pid, &p);
         self.procs.insert(pid, PyProc { generation, eval_ranges: p.eval_ranges, namer, named: FxHashMap::default() });
         self.counters.processes.set(self.procs.len() as i64);
         Ok(())

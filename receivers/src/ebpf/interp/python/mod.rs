@@ -1,58 +1,17 @@
-//! STUB for compiling the integration before the real module lands.
-#![allow(dead_code)]
-use std::path::PathBuf;
-use std::sync::Arc;
+//! CPython: which processes run it ([`detect`]), where its structs keep
+//! the frame chain and names ([`offsets`]), and names and lines of the
+//! frames the BPF walker recorded ([`namer`], [`linetable`]).
+//!
+//! The walker starts at `_PyRuntime` (its address per process is in
+//! [`detect::PythonProcess`]), follows interpreters → thread states →
+//! frames with the [`offsets::PyOffsets`] of the process's version, and
+//! records per frame the code object's address and the raw 8 bytes at
+//! `frame_instr`; [`namer::PyNamer::frame`] names that pair.
 
-pub(crate) const NONE: u16 = 0xffff;
+pub(crate) mod detect;
+pub(crate) mod linetable;
+pub(crate) mod namer;
+pub(crate) mod offsets;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub(crate) struct PyOffsets {
-    pub runtime_interpreters_head: u16,
-    pub interp_next: u16,
-    pub interp_threads_head: u16,
-    pub tstate_next: u16,
-    pub tstate_thread_id: u16,
-    pub tstate_native_thread_id: u16,
-    pub tstate_frame: u16,
-    pub cframe_current_frame: u16,
-    pub frame_previous: u16,
-    pub frame_code: u16,
-    pub frame_instr: u16,
-    pub frame_owner: u16,
-    pub frame_is_entry: u16,
-}
-
-pub(crate) struct PythonProcess {
-    pub version: (u8, u8),
-    pub runtime_addr: u64,
-    pub eval_ranges: Vec<(u64, u64)>,
-    pub offsets: PyOffsets,
-    pub binary: PathBuf,
-}
-
-#[derive(Debug)]
-pub(crate) struct DetectError(pub String);
-
-pub(crate) fn detect(_pid: u32) -> Result<Option<PythonProcess>, DetectError> {
-    Ok(None)
-}
-
-pub(crate) struct PyFrame {
-    pub name: Arc<str>,
-    pub file: Arc<str>,
-    pub line: u32,
-}
-
-#[derive(Debug)]
-pub(crate) struct NameError;
-
-pub(crate) struct CodeNamer;
-
-impl CodeNamer {
-    pub(crate) fn new(_pid: u32, _p: &PythonProcess) -> Self {
-        CodeNamer
-    }
-    pub(crate) fn frame(&mut self, _code: u64, _instr: u64) -> Result<PyFrame, NameError> {
-        Err(NameError)
-    }
-}
+#[cfg(test)]
+mod tests;

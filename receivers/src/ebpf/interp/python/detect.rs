@@ -1,0 +1,286 @@
+//! Which processes run CPython, and where its runtime is in each.
+//!
+//! A process runs CPython when it maps an interpreter file: a `python3.X`
+//! executable (static builds: Debian's /usr/bin/python3.X, stripped but
+//! with `_PyRuntime` in `.dynsym`) or a `libpython3.X.so*` (shared builds,
+//! embedders). The file must define `_PyRuntime`; a shared build's small
+//! `python3.X` launcher does not, its libpython does.
+//!
+//! The version comes from the binary where it says it (3.11+: the
+//! `Py_Version` constant in `.rodata`), else from the file name (3.9 and
+//! 3.10: `python3.9`, `libpython3.10.so.1.0`), which is how those are
+//! installed everywhere; the name is also the only place a free-threaded
+//! 3.13 (`python3.13t`) says so before its `_Py_DebugOffsets` does.
+
+use super::offsets::{self, LayoutError, PyOffsets, DEBUG_OFFSETS_MAX};
+use crate::ebpf::process::procfs::{self, MapsEntry, ProcPath};
+use profcol_elf::ElfFile;
+use std::fs::File;
+use std::path::PathBuf;
+
+/// A CPython process, as the BPF walker and the namer need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PythonProcess {
+    pub version: (u8, u8),
+    /// Process address of `_PyRuntime`.
+    pub runtime_addr: u64,
+    /// Process addresses `[start, end)` of `_PyEval_EvalFrameDefault`
+    /// (from its symbol size; empty when the symbol is absent).
+    pub eval_ranges: Vec<(u64, u64)>,
+    pub offsets: PyOffsets,
+    /// Process address of `PyCode_Type` (0 when not found): the namer
+    /// checks a code object's type against it.
+    pub code_type_addr: u64,
+    /// The mapped interpreter file (for logs).
+    pub binary: PathBuf,
+}
+
+/// What [`detect`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Detection {
+    Python(PythonProcess),
+    /// No interpreter file is mapped.
+    NotPython,
+    /// An interpreter is mapped that this reader does not walk.
+    Unsupported {
+        binary: PathBuf,
+        reason: Unsupported,
+    },
+}
+
+/// Why a CPython process is not walked (one counter per kind).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unsupported {
+    #[error("Python {0}.{1} is older than 3.9")]
+    TooOld(u8, u8),
+    #[error("Python {0}.{1} has no offsets table here")]
+    NoTable(u8, u8),
+    #[error("free-threaded CPython (Py_GIL_DISABLED): its objects and frames differ")]
+    FreeThreaded,
+    #[error("the interpreter file defines no _PyRuntime")]
+    NoRuntime,
+    #[error("{0}")]
+    Layout(LayoutError),
+    #[error("_Py_DebugOffsets says Python {0:#x}, the binary {1}.{2}")]
+    VersionMismatch(u32, u8, u8),
+    #[error("_Py_DebugOffsets says sizeof(_PyRuntimeState) = {0}, the symbol {1}")]
+    RuntimeSize(u64, u64),
+}
+
+/// /proc or the interpreter file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DetectError {
+    #[error("reading /proc/{pid}/maps: {source}")]
+    Maps { pid: u32, source: std::io::Error },
+    #[error("opening {path}: {source}")]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Elf { path: PathBuf, source: profcol_elf::Error },
+    #[error("{path}: mapping at file offset {offset:#x} is in no PT_LOAD segment")]
+    NoSegment { path: PathBuf, offset: u64 },
+}
+
+/// Detects CPython in process `pid` from its /proc/PID/maps.
+pub(crate) fn detect(pid: u32) -> Result<Detection, DetectError> {
+    let maps = procfs::read_maps(pid).map_err(|source| DetectError::Maps { pid, source })?;
+    detect_in(pid, &maps)
+}
+
+/// [`detect`] over already parsed executable mappings of `pid`.
+pub(crate) fn detect_in(pid: u32, maps: &[MapsEntry]) -> Result<Detection, DetectError> {
+    // One candidate per file: its first executable mapping. libpython
+    // first: with a shared build the executable is only its launcher.
+    let mut candidates: Vec<(&MapsEntry, Named)> = Vec::new();
+    for m in maps.iter().filter(|m| m.is_file()) {
+        let Some(named) = interpreter_name(procfs::base_name(&m.path)) else { continue };
+        if !candidates.iter().any(|(c, _)| c.path == m.path) {
+            candidates.push((m, named));
+        }
+    }
+    candidates.sort_by_key(|(_, n)| !n.library);
+    let mut unsupported = None;
+    for (m, named) in candidates {
+        let binary = PathBuf::from(&m.path);
+        let refuse = |reason| Ok(Detection::Unsupported { binary: PathBuf::from(&m.path), reason });
+        if named.free_threaded {
+            return refuse(Unsupported::FreeThreaded);
+        }
+        if named.version < (3, 9) {
+            return refuse(Unsupported::TooOld(named.version.0, named.version.1));
+        }
+        let file = open_mapped(pid, m)?;
+        let elf = ElfFile::open(&file).map_err(|source| DetectError::Elf { path: binary.clone(), source })?;
+        match inspect(&elf, m, named)? {
+            Ok(mut p) => {
+                p.binary = binary;
+                return Ok(Detection::Python(p));
+            }
+            Err(Unsupported::NoRuntime) => unsupported = Some((binary, Unsupported::NoRuntime)),
+            Err(reason) => return refuse(reason),
+        }
+    }
+    Ok(match unsupported {
+        Some((binary, reason)) => Detection::Unsupported { binary, reason },
+        None => Detection::NotPython,
+    })
+}
+
+/// What an interpreter file's name says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Named {
+    version: (u8, u8),
+    free_threaded: bool,
+    library: bool,
+}
+
+/// `python3.11`, `python3.13t`, `libpython3.11.so.1.0`, `libpython3.9d.so`.
+fn interpreter_name(base: &str) -> Option<Named> {
+    let (library, rest) = match base.strip_prefix("lib") {
+        Some(r) => (true, r),
+        None => (false, base),
+    };
+    let rest = rest.strip_prefix("python")?;
+    let (major, rest) = rest.split_once('.')?;
+    let minor_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let (minor, rest) = rest.split_at(minor_len);
+    let version = (major.parse().ok()?, minor.parse().ok()?);
+    // ABI flags: d (debug), m (pymalloc, before 3.8), t (free-threaded).
+    let flags_len = rest.bytes().take_while(|b| matches!(b, b'd' | b'm' | b't' | b'u')).count();
+    let (flags, rest) = rest.split_at(flags_len);
+    let ok = if library { rest.starts_with(".so") } else { rest.is_empty() };
+    ok.then_some(Named { version, free_threaded: flags.contains('t'), library })
+}
+
+/// The mapped file as the process sees it: through map_files (any mount
+/// namespace, deleted files), else through its root.
+fn open_mapped(pid: u32, m: &MapsEntry) -> Result<File, DetectError> {
+    File::open(ProcPath::map_file(pid, m.start, m.end).as_path())
+        .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.path)))
+        .map_err(|source| DetectError::Open { path: PathBuf::from(&m.path), source })
+}
+
+/// Reads the interpreter's symbols and version; the outer error is an
+/// unreadable file, the inner one a refusal.
+fn inspect(elf: &ElfFile, m: &MapsEntry, named: Named) -> Result<Result<PythonProcess, Unsupported>, DetectError> {
+    let (objects, _) = elf.find_objects(&["_PyRuntime", "Py_Version", "PyCode_Type"]);
+    let Some(runtime) = objects[0].clone() else { return Ok(Err(Unsupported::NoRuntime)) };
+    // Load bias: the mapping's address minus the vaddr its file offset has.
+    let vaddr = elf
+        .vaddr_of_file_offset(m.offset)
+        .ok_or_else(|| DetectError::NoSegment { path: PathBuf::from(&m.path), offset: m.offset })?;
+    let bias = m.start.wrapping_sub(vaddr);
+    // Py_Version: `const unsigned long`, PY_VERSION_HEX.
+    let hex = objects[1]
+        .as_ref()
+        .and_then(|s| elf.bytes_at(s.address, 4))
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let version = match hex {
+        Some(h) => ((h >> 24) as u8, (h >> 16) as u8),
+        None => named.version,
+    };
+    if version < (3, 9) {
+        return Ok(Err(Unsupported::TooOld(version.0, version.1)));
+    }
+    let offsets = if version >= (3, 13) {
+        let len = if runtime.size == 0 { DEBUG_OFFSETS_MAX } else { DEBUG_OFFSETS_MAX.min(runtime.size as usize) };
+        let blob = elf.bytes_at(runtime.address, len).unwrap_or_default();
+        let table = match offsets::from_debug_offsets(blob) {
+            Ok(t) => t,
+            Err(LayoutError::FreeThreaded) => return Ok(Err(Unsupported::FreeThreaded)),
+            Err(e) => return Ok(Err(Unsupported::Layout(e))),
+        };
+        if ((table.version_hex >> 24) as u8, (table.version_hex >> 16) as u8) != version {
+            return Ok(Err(Unsupported::VersionMismatch(table.version_hex, version.0, version.1)));
+        }
+        if runtime.size != 0 && table.runtime_size != runtime.size {
+            return Ok(Err(Unsupported::RuntimeSize(table.runtime_size, runtime.size)));
+        }
+        table.offsets
+    } else {
+        match offsets::for_version(version) {
+            Some(o) => o,
+            None => return Ok(Err(Unsupported::NoTable(version.0, version.1))),
+        }
+    };
+    let (eval, _) = elf.find_functions(&["_PyEval_EvalFrameDefault"]);
+    let eval_ranges = eval
+        .iter()
+        .flatten()
+        .filter(|s| s.size > 0)
+        .map(|s| (s.address.wrapping_add(bias), s.address.wrapping_add(bias).wrapping_add(s.size)))
+        .collect();
+    Ok(Ok(PythonProcess {
+        version,
+        runtime_addr: runtime.address.wrapping_add(bias),
+        eval_ranges,
+        offsets,
+        code_type_addr: objects[2].as_ref().map_or(0, |s| s.address.wrapping_add(bias)),
+        binary: PathBuf::new(),
+    }))
+}
+
+#[cfg(test)]
+impl PythonProcess {
+    /// A process description for namer tests that need no real process.
+    pub(crate) fn for_tests(version: (u8, u8), offsets: PyOffsets) -> Self {
+        PythonProcess {
+            version,
+            runtime_addr: 0,
+            eval_ranges: Vec::new(),
+            offsets,
+            code_type_addr: 0,
+            binary: PathBuf::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpreter_file_names() {
+        let n = |s| interpreter_name(s).map(|n| (n.version, n.free_threaded, n.library));
+        assert_eq!(n("python3.11"), Some(((3, 11), false, false)));
+        assert_eq!(n("python3.13t"), Some(((3, 13), true, false)));
+        assert_eq!(n("libpython3.9.so.1.0"), Some(((3, 9), false, true)));
+        assert_eq!(n("libpython3.13t.so.1.0"), Some(((3, 13), true, true)));
+        assert_eq!(n("libpython3.7m.so.1.0"), Some(((3, 7), false, true)));
+        assert_eq!(n("libpython2.7.so"), Some(((2, 7), false, true)));
+        for not in
+            ["python3", "python", "libpython3.so", "python3.11-config", "python3.11.py", "libpython3.11.a", "pythonx.y"]
+        {
+            assert_eq!(n(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn a_process_without_python_is_not_python() {
+        // The test binary itself maps no interpreter.
+        assert_eq!(detect(std::process::id()).unwrap(), Detection::NotPython);
+    }
+
+    #[test]
+    fn a_missing_process_is_an_error() {
+        assert!(matches!(detect(u32::MAX), Err(DetectError::Maps { .. })));
+    }
+
+    #[test]
+    fn old_and_free_threaded_interpreters_are_refused_by_name() {
+        let entry = |path: &str| MapsEntry {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            dev: (8, 1),
+            inode: 42,
+            path: path.to_owned(),
+            deleted: false,
+        };
+        let d = detect_in(u32::MAX, &[entry("/usr/lib/libpython2.7.so.1.0")]).unwrap();
+        assert!(matches!(d, Detection::Unsupported { reason: Unsupported::TooOld(2, 7), .. }), "{d:?}");
+        let d = detect_in(u32::MAX, &[entry("/usr/bin/python3.13t")]).unwrap();
+        assert!(matches!(d, Detection::Unsupported { reason: Unsupported::FreeThreaded, .. }), "{d:?}");
+        // A file that cannot be opened is an error, not a panic.
+        assert!(matches!(detect_in(u32::MAX, &[entry("/nonexistent/python3.12")]), Err(DetectError::Open { .. })));
+    }
+}
