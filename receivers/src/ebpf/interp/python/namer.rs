@@ -15,6 +15,7 @@ use super::detect::PythonProcess;
 use super::linetable::{line_at, TableKind};
 use super::offsets::{PyOffsets, NONE};
 use rustc_hash::FxHashMap;
+use std::cell::Cell;
 use std::io;
 use std::sync::Arc;
 
@@ -75,6 +76,8 @@ pub(crate) struct NamerCounts {
     pub invalid: u64,
     /// Times the cache was full and started over.
     pub resets: u64,
+    /// `process_vm_readv` calls.
+    pub vm_reads: u64,
 }
 
 /// The namer of one Python process.
@@ -86,6 +89,8 @@ pub(crate) struct PyNamer {
     code_type: u64,
     codes: FxHashMap<u64, PyCodeInfo>,
     pub(crate) counts: NamerCounts,
+    /// `process_vm_readv` calls of the read under way.
+    vm_reads: Cell<u64>,
 }
 
 impl PyNamer {
@@ -98,6 +103,7 @@ impl PyNamer {
             code_type: process.code_type_addr,
             codes: FxHashMap::default(),
             counts: NamerCounts::default(),
+            vm_reads: Cell::new(0),
         }
     }
 
@@ -112,7 +118,9 @@ impl PyNamer {
                 info
             }
             None => {
-                let info = match self.read_code(code) {
+                let read = self.read_code(code);
+                self.counts.vm_reads += self.vm_reads.take();
+                let info = match read {
                     Ok(info) => info,
                     Err(e) => {
                         match e {
@@ -154,7 +162,7 @@ impl PyNamer {
         let header_len = fields.iter().map(|&f| usize::from(f) + 8).max().unwrap_or(0).max(16);
         let mut header = [0u8; 256];
         let header = header.get_mut(..header_len).ok_or(NameError::BadObject("offsets"))?;
-        read_exact(self.pid, code, header)?;
+        self.read_exact(code, header)?;
         let ptr =
             |at: u16| u64::from_le_bytes(header[usize::from(at)..usize::from(at) + 8].try_into().unwrap_or_default());
         if self.code_type != 0 && ptr(8) != self.code_type {
@@ -175,7 +183,7 @@ impl PyNamer {
         let got = {
             let (a, rest) = spec.split_at_mut(SPECULATIVE);
             let (b, c) = rest.split_at_mut(SPECULATIVE);
-            read_vm(self.pid, &mut [(addrs[0], a), (addrs[1], b), (addrs[2], c)]).unwrap_or(0)
+            self.read_vm(&mut [(addrs[0], a), (addrs[1], b), (addrs[2], c)]).unwrap_or(0)
         };
         let head = |i: usize| -> &[u8] {
             let end = SPECULATIVE * (i + 1);
@@ -212,7 +220,7 @@ impl PyNamer {
             return Ok(b);
         }
         own.resize(len, 0);
-        read_exact(self.pid, addr + start as u64, own)?;
+        self.read_exact(addr + start as u64, own)?;
         Ok(own)
     }
 
@@ -289,12 +297,19 @@ fn byte_offset(version: (u8, u8), code_adaptive_addr: u64, instr: u64) -> Option
     }
 }
 
-fn read_exact(pid: i32, addr: u64, buf: &mut [u8]) -> Result<(), NameError> {
-    let want = buf.len();
-    if read_vm(pid, &mut [(addr, buf)])? == want {
-        Ok(())
-    } else {
-        Err(NameError::Short)
+impl PyNamer {
+    fn read_exact(&self, addr: u64, buf: &mut [u8]) -> Result<(), NameError> {
+        let want = buf.len();
+        if self.read_vm(&mut [(addr, buf)])? == want {
+            Ok(())
+        } else {
+            Err(NameError::Short)
+        }
+    }
+
+    fn read_vm(&self, parts: &mut [(u64, &mut [u8])]) -> io::Result<usize> {
+        self.vm_reads.set(self.vm_reads.get() + 1);
+        read_vm(self.pid, parts)
     }
 }
 

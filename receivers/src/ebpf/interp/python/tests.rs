@@ -13,7 +13,7 @@
 //! test says why it skips.
 
 use super::detect::{detect, Detection, PythonProcess};
-use super::namer::{NameError, PyNamer};
+use super::namer::{NameError, PyNamer, MAX_STRING};
 use super::offsets::{self, PyOffsets, NONE};
 use profcol_elf::ElfFile;
 use std::io::{BufRead, BufReader, Write};
@@ -201,6 +201,10 @@ def 𐀀():
     return 2
 '''
 
+# A name past the namer's cut, and a line table past its first read.
+SRC += "\ndef " + "n" * 1100 + "():\n    return 0\n"
+SRC += "\ndef big():\n" + "".join("    v%d = %d\n" % (i, i) for i in range(300))
+
 code = compile(SRC, sys.argv[1], "exec")
 ns = {}
 exec(code, ns)
@@ -313,6 +317,8 @@ fn names_and_lines(python: &Path, version: (u8, u8)) {
         // The first naming reads the code object; its co_code_adaptive
         // address makes the 3.11+ instruction pointers.
         let f = namer.frame(id, if version >= (3, 11) { 0 } else { u64::from(u32::MAX) }).unwrap();
+        // Names are cut at MAX_STRING bytes.
+        let want_name = &want_name[..want_name.len().min(MAX_STRING)];
         assert_eq!(&*f.name, want_name);
         assert_eq!(&*f.file, c["file"].as_str().unwrap());
         let info = namer.cached(id).unwrap().clone();
@@ -332,7 +338,7 @@ fn names_and_lines(python: &Path, version: (u8, u8)) {
         }
         names.push(want_name.to_owned());
     }
-    for want in ["outer", "gen", "<lambda>", "grüße", "函数", "𐀀", "<module>"] {
+    for want in ["outer", "gen", "<lambda>", "grüße", "函数", "𐀀", "<module>", "big", &"n".repeat(MAX_STRING)] {
         assert!(names.iter().any(|n| n == want), "{want} not among {names:?}");
     }
     let qualified = if version >= (3, 11) { ["outer.<locals>.inner", "Klass.method"] } else { ["inner", "method"] };
@@ -342,6 +348,9 @@ fn names_and_lines(python: &Path, version: (u8, u8)) {
     assert!(pairs > 50, "only {pairs} (offset, line) pairs");
     assert_eq!(namer.counts.reads, codes.len() as u64);
     assert_eq!(namer.counts.hits, pairs);
+    // The header, then the three objects at once; one more read each for
+    // the long name's characters and big()'s line table.
+    assert_eq!(namer.counts.vm_reads, 2 * codes.len() as u64 + 2, "{:?}", namer.counts);
 
     // A str is not a code object; an unmapped address is a read error.
     let not_code = report["not_code"].as_u64().unwrap();
