@@ -316,7 +316,7 @@ impl PyNamer {
 /// One `process_vm_readv` of several remote ranges into local buffers;
 /// returns the bytes read (a short count: a range hit unmapped memory,
 /// it and the ones after it are unread).
-fn read_vm(pid: i32, parts: &mut [(u64, &mut [u8])]) -> io::Result<usize> {
+pub(crate) fn read_vm(pid: i32, parts: &mut [(u64, &mut [u8])]) -> io::Result<usize> {
     let mut local = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 4];
     let mut remote = local;
     if parts.len() > local.len() {
