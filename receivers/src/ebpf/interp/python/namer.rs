@@ -196,7 +196,8 @@ impl PyNamer {
         let qualname = self.read_str(addrs[0], head(0))?;
         let filename = self.read_str(addrs[1], head(1))?;
         let linetable = self.read_bytes(addrs[2], head(2))?;
-        let code_adaptive_addr = if o.code_adaptive == NONE { 0 } else { code + u64::from(o.code_adaptive) };
+        let code_adaptive_addr =
+            if o.code_adaptive == NONE { 0 } else { code.wrapping_add(u64::from(o.code_adaptive)) };
         Ok(PyCodeInfo {
             qualname: qualname.into(),
             filename: filename.into(),
@@ -220,14 +221,16 @@ impl PyNamer {
             return Ok(b);
         }
         own.resize(len, 0);
-        self.read_exact(addr + start as u64, own)?;
+        self.read_exact(addr.wrapping_add(start as u64), own)?;
         Ok(own)
     }
 
     /// A compact `str` (every name and file name a code object holds) as UTF-8.
     fn read_str(&self, addr: u64, head: &[u8]) -> Result<String, NameError> {
         let o = &self.offsets;
-        let header_len = usize::from(o.compact_data);
+        // Only what the state and length need: a short ASCII string ends
+        // before sizeof(PyCompactUnicodeObject).
+        let header_len = (usize::from(o.unicode_state) + 4).max(usize::from(o.unicode_length) + 8);
         let mut own = Vec::new();
         let header = self.slice(addr, head, 0, header_len, &mut own)?;
         let state = u32::from_le_bytes(
@@ -267,7 +270,8 @@ impl PyNamer {
     fn read_bytes(&self, addr: u64, head: &[u8]) -> Result<Box<[u8]>, NameError> {
         let o = &self.offsets;
         let mut own = Vec::new();
-        let header = self.slice(addr, head, 0, usize::from(o.bytes_data), &mut own)?;
+        let header_len = usize::from(o.bytes_data).max(usize::from(o.bytes_size) + 8);
+        let header = self.slice(addr, head, 0, header_len, &mut own)?;
         let size = i64::from_le_bytes(
             header[usize::from(o.bytes_size)..usize::from(o.bytes_size) + 8].try_into().unwrap_or_default(),
         );

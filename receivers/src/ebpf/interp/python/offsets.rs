@@ -420,8 +420,8 @@ pub(crate) fn from_debug_offsets(blob: &[u8]) -> Result<DebugOffsets, LayoutErro
     if blob.len() < layout.words() * 8 {
         return Err(LayoutError::Short(blob.len()));
     }
-    // Unwraps: every (group, field) named below is in both layouts, and the
-    // blob holds the whole layout (checked above).
+    // Every (group, field) named below is in both layouts and the blob
+    // holds the whole layout; a miss would read as u64::MAX, out of range.
     let get = |group: &str, field: &str| -> u64 { layout.word(group, field).and_then(word).unwrap_or(u64::MAX) };
     // An offset inside its struct (`size` its first word), as a u16.
     let field = |group: &str, name: &'static str| -> Result<u16, LayoutError> {

@@ -16,7 +16,7 @@
 //! Under CI=true a missing interpreter or C compiler fails; elsewhere the
 //! test says why it skips.
 
-use super::detect::{detect, Detection, PythonProcess};
+use super::detect::{detect, Detection, PythonProcess, Unsupported};
 use super::namer::{read_vm, NameError, PyNamer, MAX_STRING};
 use super::offsets::{self, PyOffsets, NONE};
 use profcol_elf::ElfFile;
@@ -45,8 +45,13 @@ fn pyenv_root() -> Option<PathBuf> {
 
 /// The newest pyenv install of 3.`minor` (a release with the GIL).
 fn pyenv_python(minor: u8) -> Option<PathBuf> {
+    pyenv_install(3, minor)
+}
+
+/// The newest pyenv install of `major.minor`.
+fn pyenv_install(major: u8, minor: u8) -> Option<PathBuf> {
     let versions = pyenv_root()?.join("versions");
-    let prefix = format!("3.{minor}.");
+    let prefix = format!("{major}.{minor}.");
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(versions)
         .ok()?
         .flatten()
@@ -489,4 +494,36 @@ fn names_and_lines_debian_python3_11() {
         return missing("no /usr/bin/python3.11");
     }
     names_and_lines(python, (3, 11));
+}
+
+/// Interpreters older than 3.9 are detected as Python and refused with
+/// their version (a reason the receiver counts). Extra versions: skipped
+/// where pyenv has none, under CI too.
+#[test]
+fn older_interpreters_are_refused() {
+    let mut checked = 0;
+    for (major, minor) in [(3u8, 8u8), (2, 7)] {
+        let Some(prefix) = pyenv_install(major, minor) else {
+            eprintln!("skipped: no pyenv Python {major}.{minor}");
+            continue;
+        };
+        let python = prefix.join(format!("bin/python{major}.{minor}"));
+        let mut child = Running(
+            Command::new(&python)
+                .args(["-c", "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {}: {e}", python.display())),
+        );
+        let mut line = String::new();
+        BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        match detect(child.0.id()).unwrap() {
+            Detection::Unsupported { reason: Unsupported::TooOld(a, b), .. } => assert_eq!((a, b), (major, minor)),
+            other => panic!("{}: {other:?}", python.display()),
+        }
+        checked += 1;
+    }
+    eprintln!("{checked} older interpreters refused");
 }
