@@ -13,7 +13,9 @@
 //!   [`notes`];
 //! - function symbols by name from `.symtab` and `.dynsym`
 //!   ([`ElfFile::find_functions`]); versioned names (`malloc@@GLIBC_2.2.5`)
-//!   match their plain name;
+//!   match their plain name; data objects the same way
+//!   ([`ElfFile::find_objects`]), and the file bytes at a virtual address
+//!   ([`ElfFile::bytes_at`]) for their initial values;
 //! - the file offset of a virtual address through the `PT_LOAD` segment that
 //!   holds it ([`ElfFile::file_offset`]), which is what a uprobe needs, for
 //!   PIE (`ET_DYN`) and non-PIE (`ET_EXEC`) files alike.

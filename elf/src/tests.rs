@@ -113,6 +113,35 @@ fn versioned_names_match_plain() {
     assert_eq!(found[0].as_ref().map(|s| s.file_offset), Some(foo.file_offset));
 }
 
+const OBJECTS: &str = r#"
+const unsigned long version_word = 0x030b07f0UL;
+unsigned long data_word = 0x1122334455667788UL;
+unsigned long bss_words[64];
+int function(void) { return (int)(data_word + bss_words[3] + version_word); }
+int main(void) { return function(); }
+"#;
+
+#[test]
+fn data_objects_and_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = gcc(dir.path(), "objects", OBJECTS, &["-fPIE", "-pie"]);
+    for f in [open(&bin), open(&strip(&bin))] {
+        let (found, _) = f.find_objects(&["version_word", "data_word", "bss_words", "function"]);
+        if found[0].is_none() {
+            // Stripped: the objects are not exported, so nothing names them.
+            assert!(found.iter().all(Option::is_none));
+            continue;
+        }
+        let [version, data, bss] = [0, 1, 2].map(|i| found[i].clone().unwrap());
+        assert!(found[3].is_none(), "a function is not a data object");
+        assert_eq!(f.bytes_at(version.address, 8), Some(&0x030b07f0u64.to_le_bytes()[..]));
+        assert_eq!(f.bytes_at(data.address, 8), Some(&0x1122334455667788u64.to_le_bytes()[..]));
+        assert_eq!((bss.size, f.bytes_at(bss.address, 8)), (512, None), "zero-filled: found, no file bytes");
+        assert_eq!(f.bytes_at(data.address, 0), None);
+        assert_eq!(f.find_functions(&["data_word"]).0[0], None, "an object is not a function");
+    }
+}
+
 #[test]
 fn real_libc_has_malloc_in_dynsym() {
     let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]

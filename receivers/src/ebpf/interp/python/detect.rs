@@ -14,7 +14,7 @@
 
 use super::offsets::{self, LayoutError, PyOffsets, DEBUG_OFFSETS_MAX};
 use crate::ebpf::process::procfs::{self, MapsEntry, ProcPath};
-use profcol_elf::ElfFile;
+use profcol_elf::{ElfFile, LoadSegment};
 use std::fs::File;
 use std::path::PathBuf;
 
@@ -164,11 +164,8 @@ fn open_mapped(pid: u32, m: &MapsEntry) -> Result<File, DetectError> {
 fn inspect(elf: &ElfFile, m: &MapsEntry, named: Named) -> Result<Result<PythonProcess, Unsupported>, DetectError> {
     let (objects, _) = elf.find_objects(&["_PyRuntime", "Py_Version", "PyCode_Type"]);
     let Some(runtime) = objects[0].clone() else { return Ok(Err(Unsupported::NoRuntime)) };
-    // Load bias: the mapping's address minus the vaddr its file offset has.
-    let vaddr = elf
-        .vaddr_of_file_offset(m.offset)
+    let bias = load_bias(&elf.load_segments(), m, page_size())
         .ok_or_else(|| DetectError::NoSegment { path: PathBuf::from(&m.path), offset: m.offset })?;
-    let bias = m.start.wrapping_sub(vaddr);
     // Py_Version: `const unsigned long`, PY_VERSION_HEX.
     let hex = objects[1]
         .as_ref()
@@ -219,6 +216,27 @@ fn inspect(elf: &ElfFile, m: &MapsEntry, named: Named) -> Result<Result<PythonPr
     }))
 }
 
+/// Process address minus file vaddr, from an executable mapping: the
+/// mapping starts at the page holding its segment's first byte, which the
+/// kernel maps at the page holding the segment's `p_vaddr` (a segment's
+/// offset need not be page-aligned, lld puts `.text` mid-page).
+fn load_bias(segments: &[LoadSegment], m: &MapsEntry, page: u64) -> Option<u64> {
+    let seg = segments
+        .iter()
+        .filter(|s| s.executable)
+        .find(|s| s.offset >= m.offset && s.offset - m.offset < page)
+        .or_else(|| segments.iter().find(|s| m.offset >= s.offset && m.offset - s.offset < s.filesz))?;
+    // The vaddr of file offset m.offset, by the segment's offset → vaddr delta.
+    let vaddr = m.offset.wrapping_add(seg.vaddr.wrapping_sub(seg.offset));
+    Some(m.start.wrapping_sub(vaddr))
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf reads a constant of the system.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
 #[cfg(test)]
 impl PythonProcess {
     /// A process description for namer tests that need no real process.
@@ -252,6 +270,31 @@ mod tests {
         {
             assert_eq!(n(not), None, "{not}");
         }
+    }
+
+    #[test]
+    fn load_bias_of_aligned_and_mid_page_segments() {
+        let seg = |vaddr, offset, filesz, executable| LoadSegment { vaddr, offset, filesz, executable };
+        let map = |start, offset| MapsEntry {
+            start,
+            end: start + 0x10000,
+            offset,
+            dev: (8, 1),
+            inode: 1,
+            path: "/x/libpython3.12.so".into(),
+            deleted: false,
+        };
+        // GNU ld: page-aligned segments.
+        let gnu = [seg(0, 0, 0x1000, false), seg(0x1000, 0x1000, 0x5000, true)];
+        assert_eq!(load_bias(&gnu, &map(0x7f00_0000_1000, 0x1000), 4096), Some(0x7f00_0000_0000));
+        // lld: .text at file offset 0x1a2b0, vaddr 0x1b2b0, mapped from its
+        // page (offset 0x1a000) at the page of its vaddr (0x1b000).
+        let lld = [seg(0, 0, 0x1a2b0, false), seg(0x1b2b0, 0x1a2b0, 0x9000, true)];
+        assert_eq!(load_bias(&lld, &map(0x5555_0001_b000, 0x1a000), 4096), Some(0x5555_0000_0000));
+        // Non-PIE: vaddr is the address, no bias.
+        let exec = [seg(0x400000, 0, 0x1000, false), seg(0x401000, 0x1000, 0x5000, true)];
+        assert_eq!(load_bias(&exec, &map(0x401000, 0x1000), 4096), Some(0));
+        assert_eq!(load_bias(&[], &map(0x401000, 0x1000), 4096), None);
     }
 
     #[test]

@@ -41,11 +41,11 @@ fn lnotab(table: &[u8], first_line: u32, offset: u32) -> Option<i64> {
     let mut line = i64::from(first_line);
     let mut addr = 0u32;
     for pair in table.chunks_exact(2) {
-        addr += u32::from(pair[0]);
+        addr = addr.saturating_add(u32::from(pair[0]));
         if addr > offset {
             break;
         }
-        line += i64::from(pair[1] as i8);
+        line = line.saturating_add(i64::from(pair[1] as i8));
     }
     Some(line)
 }
@@ -56,12 +56,12 @@ fn pep626(table: &[u8], first_line: u32, offset: u32) -> Option<i64> {
     let mut end = 0u32;
     for pair in table.chunks_exact(2) {
         let start = end;
-        end += u32::from(pair[0]);
+        end = end.saturating_add(u32::from(pair[0]));
         let delta = pair[1] as i8;
         let this = if delta == -128 {
             None
         } else {
-            line += i64::from(delta);
+            line = line.saturating_add(i64::from(delta));
             Some(line)
         };
         if offset >= start && offset < end {
@@ -84,7 +84,7 @@ fn locations(table: &[u8], first_line: u32, offset: u32) -> Option<i64> {
         }
         let code = (head >> 3) & 15;
         let start = end;
-        end += (u32::from(head & 7) + 1) * 2;
+        end = end.saturating_add((u32::from(head & 7) + 1) * 2);
         let delta = match code {
             15 => 0, // no location
             13 | 14 => {
@@ -94,7 +94,7 @@ fn locations(table: &[u8], first_line: u32, offset: u32) -> Option<i64> {
             10..=12 => i64::from(code - 10),
             _ => 0,
         };
-        line += delta;
+        line = line.saturating_add(delta);
         if offset >= start && offset < end {
             return (code != 15).then_some(line);
         }
@@ -194,6 +194,24 @@ mod tests {
     }
 
     #[test]
+    fn random_tables_never_panic() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..2000 {
+            let len = (next() % 64) as usize;
+            let table: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            for kind in [TableKind::Lnotab, TableKind::Pep626, TableKind::Locations] {
+                let _ = line_at(kind, &table, next() as u32, next() as u32 % 256);
+            }
+        }
+    }
+
+    #[test]
     fn corrupt_tables_give_no_line() {
         assert_eq!(line_at(TableKind::Locations, &[0x01, 0x02], 1, 0), None);
         // A long entry cut before its varint.
@@ -209,6 +227,9 @@ mod tests {
             None
         );
         assert_eq!(line_at(TableKind::Pep626, &[1], 1, 0), None);
+        // Line deltas past any real line: no overflow, no line.
+        let huge = [0x80 | (13 << 3), 0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x0f];
+        assert_eq!(line_at(TableKind::Locations, &[&huge[..], &huge[..]].concat(), 1, 2), None);
         assert_eq!(line_at(TableKind::Lnotab, &[], 3, 100), Some(3));
     }
 }

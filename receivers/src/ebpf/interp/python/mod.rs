@@ -6,7 +6,10 @@
 //! [`detect::PythonProcess`]), follows interpreters → thread states →
 //! frames with the [`offsets::PyOffsets`] of the process's version, and
 //! records per frame the code object's address and the raw 8 bytes at
-//! `frame_instr`; [`namer::PyNamer::frame`] names that pair.
+//! `frame_instr`, skipping 3.12+ C-entry frames
+//! ([`offsets::cstack_owner`]); [`namer::PyNamer::frame`] names that pair.
+//! The `names_and_lines_*` tests do that walk in user space against real
+//! interpreters.
 
 pub(crate) mod detect;
 pub(crate) mod linetable;

@@ -15,6 +15,7 @@ use super::detect::PythonProcess;
 use super::linetable::{line_at, TableKind};
 use super::offsets::{PyOffsets, NONE};
 use rustc_hash::FxHashMap;
+use std::cell::Cell;
 use std::io;
 use std::sync::Arc;
 
@@ -75,6 +76,8 @@ pub(crate) struct NamerCounts {
     pub invalid: u64,
     /// Times the cache was full and started over.
     pub resets: u64,
+    /// `process_vm_readv` calls.
+    pub vm_reads: u64,
 }
 
 /// The namer of one Python process.
@@ -86,6 +89,8 @@ pub(crate) struct PyNamer {
     code_type: u64,
     codes: FxHashMap<u64, PyCodeInfo>,
     pub(crate) counts: NamerCounts,
+    /// `process_vm_readv` calls of the read under way.
+    vm_reads: Cell<u64>,
 }
 
 impl PyNamer {
@@ -98,6 +103,7 @@ impl PyNamer {
             code_type: process.code_type_addr,
             codes: FxHashMap::default(),
             counts: NamerCounts::default(),
+            vm_reads: Cell::new(0),
         }
     }
 
@@ -112,7 +118,9 @@ impl PyNamer {
                 info
             }
             None => {
-                let info = match self.read_code(code) {
+                let read = self.read_code(code);
+                self.counts.vm_reads += self.vm_reads.take();
+                let info = match read {
                     Ok(info) => info,
                     Err(e) => {
                         match e {
@@ -154,7 +162,7 @@ impl PyNamer {
         let header_len = fields.iter().map(|&f| usize::from(f) + 8).max().unwrap_or(0).max(16);
         let mut header = [0u8; 256];
         let header = header.get_mut(..header_len).ok_or(NameError::BadObject("offsets"))?;
-        read_exact(self.pid, code, header)?;
+        self.read_exact(code, header)?;
         let ptr =
             |at: u16| u64::from_le_bytes(header[usize::from(at)..usize::from(at) + 8].try_into().unwrap_or_default());
         if self.code_type != 0 && ptr(8) != self.code_type {
@@ -175,7 +183,7 @@ impl PyNamer {
         let got = {
             let (a, rest) = spec.split_at_mut(SPECULATIVE);
             let (b, c) = rest.split_at_mut(SPECULATIVE);
-            read_vm(self.pid, &mut [(addrs[0], a), (addrs[1], b), (addrs[2], c)]).unwrap_or(0)
+            self.read_vm(&mut [(addrs[0], a), (addrs[1], b), (addrs[2], c)]).unwrap_or(0)
         };
         let head = |i: usize| -> &[u8] {
             let end = SPECULATIVE * (i + 1);
@@ -188,7 +196,8 @@ impl PyNamer {
         let qualname = self.read_str(addrs[0], head(0))?;
         let filename = self.read_str(addrs[1], head(1))?;
         let linetable = self.read_bytes(addrs[2], head(2))?;
-        let code_adaptive_addr = if o.code_adaptive == NONE { 0 } else { code + u64::from(o.code_adaptive) };
+        let code_adaptive_addr =
+            if o.code_adaptive == NONE { 0 } else { code.wrapping_add(u64::from(o.code_adaptive)) };
         Ok(PyCodeInfo {
             qualname: qualname.into(),
             filename: filename.into(),
@@ -212,14 +221,16 @@ impl PyNamer {
             return Ok(b);
         }
         own.resize(len, 0);
-        read_exact(self.pid, addr + start as u64, own)?;
+        self.read_exact(addr.wrapping_add(start as u64), own)?;
         Ok(own)
     }
 
     /// A compact `str` (every name and file name a code object holds) as UTF-8.
     fn read_str(&self, addr: u64, head: &[u8]) -> Result<String, NameError> {
         let o = &self.offsets;
-        let header_len = usize::from(o.compact_data);
+        // Only what the state and length need: a short ASCII string ends
+        // before sizeof(PyCompactUnicodeObject).
+        let header_len = (usize::from(o.unicode_state) + 4).max(usize::from(o.unicode_length) + 8);
         let mut own = Vec::new();
         let header = self.slice(addr, head, 0, header_len, &mut own)?;
         let state = u32::from_le_bytes(
@@ -259,7 +270,8 @@ impl PyNamer {
     fn read_bytes(&self, addr: u64, head: &[u8]) -> Result<Box<[u8]>, NameError> {
         let o = &self.offsets;
         let mut own = Vec::new();
-        let header = self.slice(addr, head, 0, usize::from(o.bytes_data), &mut own)?;
+        let header_len = usize::from(o.bytes_data).max(usize::from(o.bytes_size) + 8);
+        let header = self.slice(addr, head, 0, header_len, &mut own)?;
         let size = i64::from_le_bytes(
             header[usize::from(o.bytes_size)..usize::from(o.bytes_size) + 8].try_into().unwrap_or_default(),
         );
@@ -289,19 +301,26 @@ fn byte_offset(version: (u8, u8), code_adaptive_addr: u64, instr: u64) -> Option
     }
 }
 
-fn read_exact(pid: i32, addr: u64, buf: &mut [u8]) -> Result<(), NameError> {
-    let want = buf.len();
-    if read_vm(pid, &mut [(addr, buf)])? == want {
-        Ok(())
-    } else {
-        Err(NameError::Short)
+impl PyNamer {
+    fn read_exact(&self, addr: u64, buf: &mut [u8]) -> Result<(), NameError> {
+        let want = buf.len();
+        if self.read_vm(&mut [(addr, buf)])? == want {
+            Ok(())
+        } else {
+            Err(NameError::Short)
+        }
+    }
+
+    fn read_vm(&self, parts: &mut [(u64, &mut [u8])]) -> io::Result<usize> {
+        self.vm_reads.set(self.vm_reads.get() + 1);
+        read_vm(self.pid, parts)
     }
 }
 
 /// One `process_vm_readv` of several remote ranges into local buffers;
 /// returns the bytes read (a short count: a range hit unmapped memory,
 /// it and the ones after it are unread).
-fn read_vm(pid: i32, parts: &mut [(u64, &mut [u8])]) -> io::Result<usize> {
+pub(crate) fn read_vm(pid: i32, parts: &mut [(u64, &mut [u8])]) -> io::Result<usize> {
     let mut local = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 4];
     let mut remote = local;
     if parts.len() > local.len() {

@@ -166,6 +166,19 @@ const PY_3_12: PyOffsets = PyOffsets {
     bytes_data: 32,
 };
 
+/// `_PyInterpreterFrame.owner` of the frames an eval call pushes to mark
+/// its C entry (`FRAME_OWNED_BY_CSTACK`, 3.12+): a walker skips them (their
+/// code is an internal shim), and each one is where a native
+/// `_PyEval_EvalFrameDefault` frame sits in the native stack.
+pub(crate) fn cstack_owner(version: (u8, u8)) -> Option<u8> {
+    match version {
+        (3, 12) | (3, 13) => Some(3),
+        // 3.14 inserted FRAME_OWNED_BY_INTERPRETER before it.
+        (3, 14) => Some(4),
+        _ => None,
+    }
+}
+
 /// `_Py_DebugOffsets.cookie`.
 pub(crate) const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
 
@@ -407,8 +420,8 @@ pub(crate) fn from_debug_offsets(blob: &[u8]) -> Result<DebugOffsets, LayoutErro
     if blob.len() < layout.words() * 8 {
         return Err(LayoutError::Short(blob.len()));
     }
-    // Unwraps: every (group, field) named below is in both layouts, and the
-    // blob holds the whole layout (checked above).
+    // Every (group, field) named below is in both layouts and the blob
+    // holds the whole layout; a miss would read as u64::MAX, out of range.
     let get = |group: &str, field: &str| -> u64 { layout.word(group, field).and_then(word).unwrap_or(u64::MAX) };
     // An offset inside its struct (`size` its first word), as a u16.
     let field = |group: &str, name: &'static str| -> Result<u16, LayoutError> {

@@ -7,13 +7,17 @@
 //! - `names_and_lines_*`: a real interpreter runs a script with nested
 //!   functions, a method, a generator, a lambda and non-ASCII names, prints
 //!   its code objects' addresses and CPython's own (offset, line) pairs,
-//!   and waits; the process is detected and every pair is named back.
+//!   and waits; the process is detected and every pair is named back. The
+//!   BPF walk, done here in user space with the same offsets (runtime →
+//!   interpreter → thread → frames, C-entry frames skipped), must give the
+//!   stack CPython reports for the waiting thread: a method, a running
+//!   generator entered through a C call, names and lines.
 //!
 //! Under CI=true a missing interpreter or C compiler fails; elsewhere the
 //! test says why it skips.
 
-use super::detect::{detect, Detection, PythonProcess};
-use super::namer::{NameError, PyNamer};
+use super::detect::{detect, Detection, PythonProcess, Unsupported};
+use super::namer::{read_vm, NameError, PyNamer, MAX_STRING};
 use super::offsets::{self, PyOffsets, NONE};
 use profcol_elf::ElfFile;
 use std::io::{BufRead, BufReader, Write};
@@ -41,8 +45,13 @@ fn pyenv_root() -> Option<PathBuf> {
 
 /// The newest pyenv install of 3.`minor` (a release with the GIL).
 fn pyenv_python(minor: u8) -> Option<PathBuf> {
+    pyenv_install(3, minor)
+}
+
+/// The newest pyenv install of `major.minor`.
+fn pyenv_install(major: u8, minor: u8) -> Option<PathBuf> {
     let versions = pyenv_root()?.join("versions");
-    let prefix = format!("3.{minor}.");
+    let prefix = format!("{major}.{minor}.");
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(versions)
         .ok()?
         .flatten()
@@ -201,6 +210,10 @@ def 𐀀():
     return 2
 '''
 
+# A name past the namer's cut, and a line table past its first read.
+SRC += "\ndef " + "n" * 1100 + "():\n    return 0\n"
+SRC += "\ndef big():\n" + "".join("    v%d = %d\n" % (i, i) for i in range(300))
+
 code = compile(SRC, sys.argv[1], "exec")
 ns = {}
 exec(code, ns)
@@ -249,8 +262,32 @@ report = {
         for c in walk(code)
     ],
 }
-print(json.dumps(report), flush=True)
-sys.stdin.read()
+import threading
+
+def stack_here():
+    f, out = sys._getframe(1), []
+    while f is not None:
+        out.append((getattr(f.f_code, "co_qualname", f.f_code.co_name), f.f_lineno))
+        f = f.f_back
+    return out
+
+report["thread"] = threading.get_ident()
+report["native_thread"] = threading.get_native_id()
+
+def wait():
+    # One line: the frame is at this line while it blocks.
+    print(json.dumps(dict(report, stack=stack_here())), flush=True); sys.stdin.read()
+
+# A method, and a running generator (its frame lives in the generator)
+# entered through a C call (next), between the module and wait().
+class Runner:
+    def run(self):
+        return next(self.steps())
+
+    def steps(self):
+        yield wait()
+
+Runner().run()
 "#;
 
 /// Kills the interpreter when a check fails.
@@ -313,6 +350,8 @@ fn names_and_lines(python: &Path, version: (u8, u8)) {
         // The first naming reads the code object; its co_code_adaptive
         // address makes the 3.11+ instruction pointers.
         let f = namer.frame(id, if version >= (3, 11) { 0 } else { u64::from(u32::MAX) }).unwrap();
+        // Names are cut at MAX_STRING bytes.
+        let want_name = &want_name[..want_name.len().min(MAX_STRING)];
         assert_eq!(&*f.name, want_name);
         assert_eq!(&*f.file, c["file"].as_str().unwrap());
         let info = namer.cached(id).unwrap().clone();
@@ -332,7 +371,7 @@ fn names_and_lines(python: &Path, version: (u8, u8)) {
         }
         names.push(want_name.to_owned());
     }
-    for want in ["outer", "gen", "<lambda>", "grüße", "函数", "𐀀", "<module>"] {
+    for want in ["outer", "gen", "<lambda>", "grüße", "函数", "𐀀", "<module>", "big", &"n".repeat(MAX_STRING)] {
         assert!(names.iter().any(|n| n == want), "{want} not among {names:?}");
     }
     let qualified = if version >= (3, 11) { ["outer.<locals>.inner", "Klass.method"] } else { ["inner", "method"] };
@@ -342,15 +381,76 @@ fn names_and_lines(python: &Path, version: (u8, u8)) {
     assert!(pairs > 50, "only {pairs} (offset, line) pairs");
     assert_eq!(namer.counts.reads, codes.len() as u64);
     assert_eq!(namer.counts.hits, pairs);
+    // The header, then the three objects at once; one more read each for
+    // the long name's characters and big()'s line table.
+    assert_eq!(namer.counts.vm_reads, 2 * codes.len() as u64 + 2, "{:?}", namer.counts);
+
+    walk_matches_cpython(pid, &process, &report, &mut namer);
 
     // A str is not a code object; an unmapped address is a read error.
     let not_code = report["not_code"].as_u64().unwrap();
     assert!(matches!(namer.frame(not_code, 0), Err(NameError::NotCode)));
     assert!(matches!(namer.frame(8, 0), Err(NameError::Read(_) | NameError::Short)));
-    assert_eq!((namer.counts.invalid, namer.counts.read_errors), (1, 1));
+    assert_eq!((namer.counts.invalid, namer.counts.read_errors), (1, 1), "{:?}", namer.counts);
 
     child.0.stdin.take().unwrap().write_all(b"").unwrap();
     eprintln!("{}: {} code objects, {pairs} lines named in {:?}", python.display(), codes.len(), started.elapsed());
+}
+
+/// Reads a `u64` of the process.
+fn read_u64(pid: u32, addr: u64) -> u64 {
+    let mut b = [0u8; 8];
+    let n = read_vm(pid as i32, &mut [(addr, &mut b)]).unwrap_or_else(|e| panic!("reading {addr:#x}: {e}"));
+    assert_eq!(n, 8, "reading {addr:#x}");
+    u64::from_le_bytes(b)
+}
+
+/// The walk the BPF program makes, done here with the same offsets: from
+/// `_PyRuntime` to the waiting thread's frames, each named; it must give
+/// the stack CPython itself reports (names and lines, innermost first).
+fn walk_matches_cpython(pid: u32, p: &PythonProcess, report: &serde_json::Value, namer: &mut PyNamer) {
+    let o = &p.offsets;
+    let at = |base: u64, off: u16| {
+        assert_ne!(off, NONE);
+        read_u64(pid, base + u64::from(off))
+    };
+    let interp = at(p.runtime_addr, o.runtime_interpreters_head);
+    assert_eq!(at(interp, o.interp_next), 0, "one interpreter");
+    let thread = report["thread"].as_u64().unwrap();
+    let mut tstate = at(interp, o.interp_threads_head);
+    while tstate != 0 && at(tstate, o.tstate_thread_id) != thread {
+        tstate = at(tstate, o.tstate_next);
+    }
+    assert_ne!(tstate, 0, "no thread state with thread_id {thread:#x}");
+    if o.tstate_native_thread_id != NONE {
+        assert_eq!(at(tstate, o.tstate_native_thread_id), report["native_thread"].as_u64().unwrap());
+    }
+    let mut frame = at(tstate, o.tstate_frame);
+    if o.cframe_current_frame != NONE {
+        frame = at(frame, o.cframe_current_frame);
+    }
+    let mut stack = Vec::new();
+    let mut shims = 0; // eval calls' entry frames
+    while frame != 0 && stack.len() < 64 {
+        let owner = if o.frame_owner == NONE { 0 } else { at(frame, o.frame_owner) as u8 };
+        if Some(owner) == offsets::cstack_owner(p.version) {
+            shims += 1;
+        } else {
+            // 3.11 marks the first frame of each eval call instead.
+            if o.frame_is_entry != NONE && at(frame, o.frame_is_entry) & 0xff != 0 {
+                shims += 1;
+            }
+            let f = namer.frame(at(frame, o.frame_code), at(frame, o.frame_instr)).unwrap();
+            stack.push(serde_json::json!([&*f.name, f.line]));
+        }
+        frame = at(frame, o.frame_previous);
+    }
+    eprintln!("walked: {stack:?}, {shims} entry frames");
+    assert_eq!(serde_json::Value::from(stack), report["stack"], "walked stack vs CPython's");
+    if offsets::cstack_owner(p.version).is_some() || o.frame_is_entry != NONE {
+        // The module's eval call and next()'s.
+        assert_eq!(shims, 2, "3.11+: one entry frame per eval call");
+    }
 }
 
 fn names_and_lines_pyenv(minor: u8) {
@@ -394,4 +494,36 @@ fn names_and_lines_debian_python3_11() {
         return missing("no /usr/bin/python3.11");
     }
     names_and_lines(python, (3, 11));
+}
+
+/// Interpreters older than 3.9 are detected as Python and refused with
+/// their version (a reason the receiver counts). Extra versions: skipped
+/// where pyenv has none, under CI too.
+#[test]
+fn older_interpreters_are_refused() {
+    let mut checked = 0;
+    for (major, minor) in [(3u8, 8u8), (2, 7)] {
+        let Some(prefix) = pyenv_install(major, minor) else {
+            eprintln!("skipped: no pyenv Python {major}.{minor}");
+            continue;
+        };
+        let python = prefix.join(format!("bin/python{major}.{minor}"));
+        let mut child = Running(
+            Command::new(&python)
+                .args(["-c", "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {}: {e}", python.display())),
+        );
+        let mut line = String::new();
+        BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        match detect(child.0.id()).unwrap() {
+            Detection::Unsupported { reason: Unsupported::TooOld(a, b), .. } => assert_eq!((a, b), (major, minor)),
+            other => panic!("{}: {other:?}", python.display()),
+        }
+        checked += 1;
+    }
+    eprintln!("{checked} older interpreters refused");
 }
