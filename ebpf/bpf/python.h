@@ -17,7 +17,8 @@
  * PY_FRAME_ENTRY marks the outermost Python frame one call of
  * _PyEval_EvalFrameDefault runs: every frame before 3.11, `is_entry` in
  * 3.11, the frame before a C-stack shim frame from 3.12 (shims are not
- * recorded). The receiver puts each such group where its eval call is in
+ * recorded). From 3.14 the code word is a tagged reference: the namer
+ * masks its low bits. The receiver puts each such group where its eval call is in
  * the native stack.
  *
  * Every offset comes from the receiver (struct py_proc), per version; no
@@ -36,8 +37,6 @@
 #define PY_NO_OFFSET 0xffff
 #define PY_KIND_CPYTHON 1ULL
 #define PY_FRAME_ENTRY (1ULL << 63)
-/* 3.12+: a frame on the C stack (an eval call's entry shim). */
-#define PY_OWNED_BY_CSTACK 3
 
 /* How the Python walk of a sample ended (`py_end`). */
 enum py_end {
@@ -65,7 +64,10 @@ struct py_proc {
 	__u16 frame_instr;
 	__u16 frame_owner;    /* PY_NO_OFFSET before 3.11 */
 	__u16 frame_is_entry; /* PY_NO_OFFSET but in 3.11 */
-	__u16 pad[3];
+	/* 3.12+: `owner` of a frame on the C stack (an eval call's entry
+	 * shim, not recorded); PY_NO_OFFSET before. */
+	__u16 cstack_owner;
+	__u16 pad[2];
 };
 
 /* The walk between tail calls (per CPU). */
@@ -231,7 +233,7 @@ int profcol_python(struct bpf_perf_event_data *ctx)
 			break;
 		}
 		w->frame = py_u64(buf, p->frame_previous);
-		if (has_owner && py_u8(buf, p->frame_owner) == PY_OWNED_BY_CSTACK) {
+		if (has_owner && py_u8(buf, p->frame_owner) == p->cstack_owner) {
 			/* A shim: the frame recorded before it was its eval
 			 * call's outermost. */
 			__u32 last = base + 2 * (w->frames - 1);

@@ -110,6 +110,9 @@ pub struct ProcEntry {
     pub frame_owner: u16,
     /// [`NO_OFFSET`] but in 3.11.
     pub frame_is_entry: u16,
+    /// 3.12+: the `owner` value of C-stack shim frames (skipped);
+    /// [`NO_OFFSET`] before.
+    pub cstack_owner: u16,
 }
 
 /// Bytes of `struct py_proc`.
@@ -142,6 +145,7 @@ impl ProcEntry {
             self.frame_instr,
             self.frame_owner,
             self.frame_is_entry,
+            self.cstack_owner,
         ];
         for (i, h) in halves.iter().enumerate() {
             b[8 + 2 * i..10 + 2 * i].copy_from_slice(&h.to_ne_bytes());

@@ -25,11 +25,11 @@
 
 pub mod bpf;
 pub mod config;
+pub mod interp;
 pub(crate) mod metrics;
 pub mod process;
 pub(crate) mod sampler;
 pub mod stacks;
-pub mod interp;
 pub(crate) mod unwind;
 pub mod uprobes;
 

@@ -18,9 +18,9 @@
 //! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
 use super::config::EbpfConfig;
-use super::metrics as m;
 use super::interp::processes::Interpreters;
 use super::interp::InterpCounters;
+use super::metrics as m;
 use super::unwind::{UnwindCounters, Unwinder};
 use super::uprobes::{UprobeCounters, Uprobes};
 use crate::ebpf::bpf::loader::{load_and_attach, CpuSync, LoadError, Loaded};

@@ -10,7 +10,7 @@ use super::functions::{self, Function, FunctionTable};
 use super::merge::{self, Named};
 use super::python::detect::{self, Detection, PythonProcess, Unsupported};
 use super::python::namer::PyNamer;
-use super::python::offsets::NONE;
+use super::python::offsets::{self, NONE};
 use super::InterpCounters;
 use crate::ebpf::process::MappingSet;
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -132,6 +132,7 @@ impl Interpreters {
             frame_instr: o.frame_instr,
             frame_owner: if o.frame_owner == NONE { NO_OFFSET } else { o.frame_owner },
             frame_is_entry: if o.frame_is_entry == NONE { NO_OFFSET } else { o.frame_is_entry },
+            cstack_owner: offsets::cstack_owner(p.version).map_or(NO_OFFSET, u16::from),
         };
         if !entry.frame_members_fit() {
             return Err("layout");

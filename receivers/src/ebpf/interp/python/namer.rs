@@ -145,14 +145,10 @@ impl PyNamer {
         Ok(PyFrame { name: info.qualname.clone(), file: info.filename.clone(), line })
     }
 
-    /// The cached code object at `code`, if any (tests, diagnostics).
+    /// The cached code object at `code`, if any.
+    #[cfg(test)]
     pub(crate) fn cached(&self, code: u64) -> Option<&PyCodeInfo> {
         self.codes.get(&code)
-    }
-
-    /// Cached code objects.
-    pub(crate) fn len(&self) -> usize {
-        self.codes.len()
     }
 
     fn read_code(&self, code: u64) -> Result<PyCodeInfo, NameError> {
