@@ -67,8 +67,16 @@ struct py_proc {
 	/* 3.12+: `owner` of a frame on the C stack (an eval call's entry
 	 * shim, not recorded); PY_NO_OFFSET before. */
 	__u16 cstack_owner;
-	__u16 pad[2];
+	/* When the receiver found it (bpf_ktime_get_ns() >> 20): while young,
+	 * its records wake the reader, so a short-lived process is named
+	 * before its memory goes. */
+	__u32 born;
 };
+
+/* A process found less than this long ago (units of 2^20 ns) is young. */
+#define PY_YOUNG 1024
+/* Wake-ups for young processes' records, per CPU, at most this often. */
+#define PY_WAKE_PERIOD_NS 10000000ULL
 
 /* The walk between tail calls (per CPU). */
 struct py_walk {
@@ -86,6 +94,17 @@ struct bpf_map_def SEC("maps") py_procs = {
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(struct py_proc),
 	.max_entries = 4096,
+	.map_flags = BPF_F_NO_PREALLOC,
+};
+
+/* Interpreter files (struct unwind_file_key -> 1), written by the
+ * receiver when it finds a Python process: the first sample of a later
+ * process mapping one wakes the reader, which finds that process too. */
+struct bpf_map_def SEC("maps") py_files = {
+	.type = BPF_MAP_TYPE_HASH,
+	.key_size = sizeof(struct unwind_file_key),
+	.value_size = sizeof(__u8),
+	.max_entries = 256,
 	.map_flags = BPF_F_NO_PREALLOC,
 };
 
@@ -210,6 +229,11 @@ int profcol_python(struct bpf_perf_event_data *ctx)
 	}
 	__u32 end = 0;
 	if (w->calls == 0) {
+		__u64 now = bpf_ktime_get_ns();
+		if ((__u32)(now >> 20) - p->born < PY_YOUNG && now - st->last_wake_ns >= PY_WAKE_PERIOD_NS) {
+			st->wake = 1;
+			st->last_wake_ns = now;
+		}
 		w->frames = 0;
 		w->frame = py_current_frame(p, s->tid, &end);
 		if (!w->frame)
@@ -265,6 +289,21 @@ int profcol_python(struct bpf_perf_event_data *ctx)
 			s->ips[last] |= PY_FRAME_ENTRY;
 	}
 	return py_finish(st, s, w, end);
+}
+
+/* Whether process `pid` maps interpreter file `key` and is not walked
+ * yet: the reader is to be woken (at most every UNWIND_WAKE_PERIOD_NS
+ * per CPU) to find it. */
+static __always_inline int py_unknown_process(struct unwind_state *st, struct unwind_file_key *key)
+{
+	__u32 pid = st->pid;
+	if (!cfg_off_task_fsbase || !bpf_map_lookup_elem(&py_files, key) || bpf_map_lookup_elem(&py_procs, &pid))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - st->last_wake_ns < UNWIND_WAKE_PERIOD_NS)
+		return 0;
+	st->last_wake_ns = now;
+	return 1;
 }
 
 /* Hands a finished native walk to the Python walker when the process is a

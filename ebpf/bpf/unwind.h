@@ -280,6 +280,9 @@ struct bpf_map_def SEC("maps") unwind_progs = {
 };
 
 static __always_inline void py_start(struct bpf_perf_event_data *ctx, __u32 pid);
+struct unwind_state;
+struct unwind_file_key;
+static __always_inline int py_unknown_process(struct unwind_state *st, struct unwind_file_key *key);
 
 /* The range of `p` holding `pc`, or NULL. A branchless binary search over
  * all UNWIND_PROC_RANGES slots (unused ones start at UNWIND_RANGE_UNUSED,
@@ -728,6 +731,8 @@ int profcol_unwind_fill(struct bpf_perf_event_data *ctx)
 		struct unwind_file_key key = { .dev = v.dev, .ino = v.ino };
 		int cache = 1;
 		if (v.has_file) {
+			if (py_unknown_process(st, &key))
+				st->wake = 1;
 			f = bpf_map_lookup_elem(&unwind_files, &key);
 			/* Not known yet: asked for, and not cached, so the
 			 * table is used as soon as it is in. */

@@ -230,6 +230,7 @@ mod tests {
             unwind::FILL_PROGRAM,
             python::PROGRAM,
             python::PROCS_MAP,
+            python::FILES_MAP,
             python::FSBASE_OFFSET_GLOBAL,
             globals::UNWIND_MODE,
             globals::COUNT_IN_KERNEL,

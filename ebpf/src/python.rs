@@ -10,6 +10,11 @@ pub const PROGRAM_INDEX: u32 = 2;
 pub const PROCS_MAP: &str = "py_procs";
 /// Entries of [`PROCS_MAP`] (`max_entries` in C).
 pub const PROCS_CAPACITY: usize = 4096;
+/// `BPF_MAP_TYPE_HASH`: [`crate::unwind::file_key`] → `u8`: interpreter
+/// files, so a new process mapping one wakes the reader.
+pub const FILES_MAP: &str = "py_files";
+/// Entries of [`FILES_MAP`].
+pub const FILES_CAPACITY: usize = 256;
 /// `u32` global: `task_struct.thread.fsbase`'s byte offset (0: no walk).
 pub const FSBASE_OFFSET_GLOBAL: &str = "cfg_off_task_fsbase";
 /// Bytes of a frame the walker reads at once (`PY_FRAME_READ`): every
@@ -113,6 +118,13 @@ pub struct ProcEntry {
     /// 3.12+: the `owner` value of C-stack shim frames (skipped);
     /// [`NO_OFFSET`] before.
     pub cstack_owner: u16,
+    /// `bpf_ktime_get_ns() >> 20` when found (see [`born_now`]).
+    pub born: u32,
+}
+
+/// [`ProcEntry::born`] for an entry written now.
+pub fn born_now() -> u32 {
+    (crate::clock::now_ns(libc::CLOCK_MONOTONIC) >> 20) as u32
 }
 
 /// Bytes of `struct py_proc`.
@@ -150,6 +162,7 @@ impl ProcEntry {
         for (i, h) in halves.iter().enumerate() {
             b[8 + 2 * i..10 + 2 * i].copy_from_slice(&h.to_ne_bytes());
         }
+        b[36..40].copy_from_slice(&self.born.to_ne_bytes());
         b
     }
 }
@@ -166,6 +179,8 @@ mod tests {
         let b = e.to_bytes();
         assert_eq!(u16::from_ne_bytes([b[8], b[9]]), 0x030c);
         assert_eq!(u16::from_ne_bytes([b[32], b[33]]), 7, "frame_is_entry is the 13th half-word");
+        let b = ProcEntry { born: 0xdead_beef, ..e }.to_bytes();
+        assert_eq!(u32::from_ne_bytes([b[36], b[37], b[38], b[39]]), 0xdead_beef);
         assert!(!ProcEntry { frame_instr: 121, ..Default::default() }.frame_members_fit());
         assert!(ProcEntry { frame_instr: 120, frame_owner: NO_OFFSET, ..Default::default() }.frame_members_fit());
     }

@@ -42,7 +42,7 @@ pub(crate) struct Loaded {
     pub counts: Option<crate::ebpf::stacks::counted::KernelCounts>,
     /// The Python walker's per-process map (`None` when it is off or did
     /// not load).
-    pub python_procs: Option<BpfHashMap<MapData, u32, [u8; obj::python::PROC_ENTRY_BYTES]>>,
+    pub python_procs: Option<crate::ebpf::interp::processes::WalkerMaps>,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -515,10 +515,17 @@ pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), Loa
     let counts = if cfg.count_in_kernel { Some(take_count_maps(&mut ebpf, cfg.max_counted_stacks)?) } else { None };
     let python_loaded = unwind_loaded && ebpf.program(obj::python::PROGRAM).is_some_and(|p| p.fd().is_ok());
     let python_procs = if python_loaded {
+        let mut take = |name: &str| {
+            let map =
+                ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")))?;
+            BpfHashMap::try_from(map).map_err(|e| other(name, &e))
+        };
+        let procs = take(obj::python::PROCS_MAP)?;
         let map = ebpf
-            .take_map(obj::python::PROCS_MAP)
-            .ok_or_else(|| LoadError::Other("BPF object lacks the py_procs map".into()))?;
-        Some(BpfHashMap::try_from(map).map_err(|e| other("py_procs map", &e))?)
+            .take_map(obj::python::FILES_MAP)
+            .ok_or_else(|| LoadError::Other("BPF object lacks the py_files map".into()))?;
+        let files = BpfHashMap::try_from(map).map_err(|e| other("py_files", &e))?;
+        Some(crate::ebpf::interp::processes::WalkerMaps { procs, files })
     } else {
         None
     };

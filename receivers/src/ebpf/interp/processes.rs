@@ -5,6 +5,9 @@
 //! mappings as the process table read them), and only when one of them is
 //! an interpreter's file; an interpreter found gets a `py_procs` entry,
 //! which the BPF program deletes at exec and exit and the receiver with it.
+//! Its file goes into `py_files`: a later process mapping it wakes the
+//! reader with its first sample, and a young process's records wake it
+//! too, so a process living 100 ms is found and named before it exits.
 
 use super::functions::{self, Function, FunctionTable};
 use super::merge::{self, Named};
@@ -14,12 +17,21 @@ use super::python::offsets::{self, NONE};
 use super::InterpCounters;
 use crate::ebpf::process::MappingSet;
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profcol_ebpf::python::{FrameWord, ProcEntry, WalkEnd, KIND_CPYTHON, NO_OFFSET, PROCS_CAPACITY, PROC_ENTRY_BYTES};
+use profcol_ebpf::python::{
+    born_now, FrameWord, ProcEntry, WalkEnd, FILES_CAPACITY, KIND_CPYTHON, NO_OFFSET, PROCS_CAPACITY, PROC_ENTRY_BYTES,
+};
+use profcol_ebpf::unwind::{file_key, KernelFile, FILE_KEY_BYTES};
 use rustc_hash::FxHashMap;
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
-/// The walker's per-process map.
-pub(crate) type ProcsMap = BpfHashMap<MapData, u32, [u8; PROC_ENTRY_BYTES]>;
+/// The walker's maps the receiver writes.
+pub(crate) struct WalkerMaps {
+    /// pid → [`ProcEntry`].
+    pub procs: BpfHashMap<MapData, u32, [u8; PROC_ENTRY_BYTES]>,
+    /// Interpreter files ([`profcol_ebpf::unwind::file_key`] → 1).
+    pub files: BpfHashMap<MapData, [u8; FILE_KEY_BYTES], u8>,
+}
 
 /// Named frames cached per process, (code, instruction word) → stack
 /// word, before the cache is cleared.
@@ -36,7 +48,9 @@ struct PyProc {
 
 /// The interpreter side of the receiver.
 pub(crate) struct Interpreters {
-    map: ProcsMap,
+    map: WalkerMaps,
+    /// Interpreter files in `map.files`.
+    files: usize,
     procs: FxHashMap<u32, PyProc>,
     /// pid → the mapping generation looked at and found without a walkable
     /// interpreter.
@@ -59,9 +73,10 @@ fn maps_python(maps: &MappingSet) -> bool {
 }
 
 impl Interpreters {
-    pub(crate) fn new(map: ProcsMap, counters: InterpCounters) -> Self {
+    pub(crate) fn new(map: WalkerMaps, counters: InterpCounters) -> Self {
         Interpreters {
             map,
+            files: 0,
             procs: FxHashMap::default(),
             not_walked: FxHashMap::default(),
             functions: FunctionTable::new(),
@@ -133,6 +148,7 @@ impl Interpreters {
             frame_owner: if o.frame_owner == NONE { NO_OFFSET } else { o.frame_owner },
             frame_is_entry: if o.frame_is_entry == NONE { NO_OFFSET } else { o.frame_is_entry },
             cstack_owner: offsets::cstack_owner(p.version).map_or(NO_OFFSET, u16::from),
+            born: born_now(),
         };
         if !entry.frame_members_fit() {
             return Err("layout");
@@ -140,7 +156,7 @@ impl Interpreters {
         if !self.procs.contains_key(&pid) && self.procs.len() >= PROCS_CAPACITY {
             return Err("map_full");
         }
-        self.map.insert(&pid, &entry.to_bytes(), 0).map_err(|e| {
+        self.map.procs.insert(&pid, &entry.to_bytes(), 0).map_err(|e| {
             tracing::debug!(pid, "ebpf receiver: py_procs: {e}");
             "map_full"
         })?;
@@ -150,10 +166,26 @@ impl Interpreters {
             binary = %p.binary.display(),
             "ebpf receiver: walking python frames"
         );
+        self.note_file(pid, &p.binary);
         let namer = PyNamer::new(pid, &p);
         self.procs.insert(pid, PyProc { generation, eval_ranges: p.eval_ranges, namer, named: FxHashMap::default() });
         self.counters.processes.set(self.procs.len() as i64);
         Ok(())
+    }
+
+    /// Puts interpreter file `binary` (as process `pid` sees it) into
+    /// `py_files`, once.
+    fn note_file(&mut self, pid: u32, binary: &std::path::Path) {
+        if self.files >= FILES_CAPACITY {
+            return;
+        }
+        let mut at = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+        at.push(binary.strip_prefix("/").unwrap_or(binary));
+        let Ok(md) = std::fs::metadata(&at) else { return };
+        let key = file_key(KernelFile::new(libc::major(md.dev()), libc::minor(md.dev()), md.ino()));
+        if self.map.files.get(&key, 0).is_err() && self.map.files.insert(&key, &1, 0).is_ok() {
+            self.files += 1;
+        }
     }
 
     /// Process `pid` exec'd or exited: what was found of it goes (the BPF
@@ -161,7 +193,7 @@ impl Interpreters {
     pub(crate) fn forget(&mut self, pid: u32) {
         self.not_walked.remove(&pid);
         if self.procs.remove(&pid).is_some() {
-            let _ = self.map.remove(&pid);
+            let _ = self.map.procs.remove(&pid);
             self.counters.processes.set(self.procs.len() as i64);
         }
     }
