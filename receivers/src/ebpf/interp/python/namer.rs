@@ -145,6 +145,12 @@ impl PyNamer {
         Ok(PyFrame { name: info.qualname.clone(), file: info.filename.clone(), line })
     }
 
+    /// Cached code objects.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.codes.len()
+    }
+
     /// The cached code object at `code`, if any.
     #[cfg(test)]
     pub(crate) fn cached(&self, code: u64) -> Option<&PyCodeInfo> {
