@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# What walking Python frames costs, side by side in one run: two agents at
+# the same time over the same load, one with `interpreters: [python]` (the
+# default) and one with `interpreters: []`, each in its own cgroup (CPU and
+# anon + kernel memory, as a cluster charges them), and the in-kernel time
+# per sample of each one's sampling program (kernel.bpf_stats_enabled: the
+# entry program's run time includes the table walk and the Python walk it
+# tail-calls). Then what a Python process pays: the wall time of a fixed
+# Python benchmark with the Python-walking agent at 99 Hz against without
+# any agent, RUNS interleaved runs each, medians.
+#
+#   sudo receivers/benches/python_cost.sh
+#   sudo WINDOW=60 RUNS=7 FREQ=99 receivers/benches/python_cost.sh
+#
+# Load: four busy CPython processes (pyenv 3.9, 3.11, 3.12, 3.13 when
+# present, else python3) running nested functions and a C extension.
+# Needs root, bpftool, a release build (cargo build --release -p profcol).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-target/release/profcol}
+WINDOW=${WINDOW:-60}
+RUNS=${RUNS:-5}
+FREQ=${FREQ:-99}
+[ -x "$BIN" ] || { echo "build first: cargo build --release -p profcol" >&2; exit 1; }
+command -v bpftool >/dev/null || { echo "needs bpftool" >&2; exit 1; }
+. receivers/benches/cgroup_cpu.sh
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	sysctl -qw kernel.bpf_stats_enabled="${STATS_WAS:-0}" || true
+	cg_remove
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+cat >"$WORK/load.py" <<'EOF'
+import json, sys
+def leaf(n):
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
+def middle(n):
+    return leaf(n) + leaf(n // 2)
+def top():
+    data = [{"k": i, "v": [1, 2, 3]} for i in range(500)]
+    while True:
+        middle(50000)
+        json.dumps(data)
+top()
+EOF
+# A fixed amount of Python work: the benchmark whose wall time is timed.
+cat >"$WORK/fixed.py" <<'EOF'
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+def run():
+    total = 0
+    for _ in range(4):
+        total += fib(25)
+    return total
+run()
+EOF
+
+pythons=()
+root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-}")
+for v in 3.9 3.11 3.12 3.13; do
+	p=$(ls -d "$root"/versions/"$v".*/bin/python"$v" 2>/dev/null | head -1 || true)
+	pythons+=("${p:-python3}")
+done
+echo "load: ${pythons[*]}"
+
+config() { # OUT INTERPRETERS
+	cat >"$1" <<EOF
+receivers:
+  ebpf:
+    sample_frequency: $FREQ
+    report_interval: 10s
+    interpreters: $2
+exporters:
+  pprof:
+    directory: $WORK/out-$(basename "$1" .yaml)
+service:
+  telemetry:
+    metrics:
+      level: none
+  pipelines:
+    profiles:
+      receivers: [ebpf]
+      exporters: [pprof]
+EOF
+}
+config "$WORK/on.yaml" "[python]"
+config "$WORK/off.yaml" "[]"
+
+STATS_WAS=$(sysctl -n kernel.bpf_stats_enabled)
+sysctl -qw kernel.bpf_stats_enabled=1
+
+for p in "${pythons[@]}"; do
+	"$p" "$WORK/load.py" &
+	PIDS+=($!)
+done
+sleep 1
+(start_in on "$BIN" --config "$WORK/on.yaml" >"$WORK/on.log" 2>&1) &
+ON=$!
+PIDS+=($ON)
+(start_in off "$BIN" --config "$WORK/off.yaml" >"$WORK/off.log" 2>&1) &
+OFF=$!
+PIDS+=($OFF)
+mem_poll "$WORK/mem" 0.1 on off &
+MEMP=$!
+PIDS+=($MEMP)
+# Start-up apart: the window begins after both have loaded and found the load.
+sleep 10
+prog_stats() { # PID: run_time_ns run_cnt of its sampling program
+	bpftool prog show --json | python3 -c '
+import json, sys
+pid = int(sys.argv[1])
+for p in json.load(sys.stdin):
+    if p.get("name") == "profcol_cpu_sa" or p.get("name", "").startswith("profcol_cpu_sample"):
+        if any(q.get("pid") == pid for q in p.get("pids", [])):
+            print(p.get("run_time_ns", 0), p.get("run_cnt", 0)); break
+else:
+    print(0, 0)' "$1"
+}
+agent_pid() { # TOOL: the profcol process in its cgroup
+	pgrep -f -- "--config $WORK/$1.yaml" | head -1
+}
+on_pid=$(agent_pid on)
+off_pid=$(agent_pid off)
+read -r on_t0 on_n0 < <(prog_stats "$on_pid")
+read -r off_t0 off_n0 < <(prog_stats "$off_pid")
+on_c0=$(cpu_ns on "$on_pid")
+off_c0=$(cpu_ns off "$off_pid")
+sleep "$WINDOW"
+read -r on_t1 on_n1 < <(prog_stats "$on_pid")
+read -r off_t1 off_n1 < <(prog_stats "$off_pid")
+on_c1=$(cpu_ns on "$on_pid")
+off_c1=$(cpu_ns off "$off_pid")
+kill -USR1 "$MEMP"
+sleep 0.5
+
+python3 - "$WINDOW" "$on_c0" "$on_c1" "$off_c0" "$off_c1" "$on_t0" "$on_n0" "$on_t1" "$on_n1" \
+	"$off_t0" "$off_n0" "$off_t1" "$off_n1" "$WORK/mem" <<'EOF'
+import sys
+w = float(sys.argv[1])
+c = [int(x) for x in sys.argv[2:14]]
+on_cpu = (c[1] - c[0]) / w / 1000
+off_cpu = (c[3] - c[2]) / w / 1000
+def per(t0, n0, t1, n1):
+    n = n1 - n0
+    return (t1 - t0) / n if n else float("nan"), n
+on_k, on_n = per(*c[4:8])
+off_k, off_n = per(*c[8:12])
+mem = {}
+for line in open(sys.argv[14]):
+    f = line.split()
+    if f[0] == "mark":
+        mem[f[1]] = (int(f[2]) / 2**20, int(f[3]) / 2**20, int(f[4]) / 2**20, int(f[5]) / 1024)
+print(f"agent CPU over {w:.0f} s (cgroup): interpreters on {on_cpu:,.0f} us/s, off {off_cpu:,.0f} us/s, ratio {on_cpu / off_cpu:.2f}")
+print(f"in-kernel time per sample (bpf_stats, sampling program and its tail calls): on {on_k:,.0f} ns over {on_n} samples, off {off_k:,.0f} ns over {off_n}, ratio {on_k / off_k:.2f}")
+for t in ("on", "off"):
+    if t in mem:
+        p, a, k, r = mem[t]
+        print(f"peak anon+kernel {t}: {p:.1f} MiB (anon {a:.1f}, kernel {k:.1f}); peak RSS {r:.1f} MiB")
+EOF
+
+# What a Python process pays: no agent against the Python-walking agent,
+# interleaved; the load and the other agent stopped first.
+for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
+PIDS=()
+PY=${pythons[1]}
+timed() {
+	python3 -c 'import subprocess, sys, time
+t = time.perf_counter(); subprocess.run(sys.argv[1:], check=True); print(f"{time.perf_counter() - t:.4f}")' "$PY" "$WORK/fixed.py"
+}
+without=()
+with=()
+for i in $(seq 1 "$RUNS"); do
+	without+=("$(timed)")
+	"$BIN" --config "$WORK/on.yaml" >/dev/null 2>&1 &
+	A=$!
+	PIDS=($A)
+	sleep 3
+	with+=("$(timed)")
+	kill "$A"
+	wait "$A" 2>/dev/null || true
+	PIDS=()
+done
+python3 - "${without[*]}" "${with[*]}" "$PY" <<'EOF'
+import statistics, sys
+a = [float(x) for x in sys.argv[1].split()]
+b = [float(x) for x in sys.argv[2].split()]
+ma, mb = statistics.median(a), statistics.median(b)
+print(f"fixed Python benchmark ({sys.argv[3]}), medians of {len(a)} interleaved runs: without agent {ma:.3f} s, with agent ({'interpreters: [python]'}) {mb:.3f} s: {100 * (mb / ma - 1):+.1f}%")
+EOF
