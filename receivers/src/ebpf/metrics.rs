@@ -215,6 +215,7 @@ pub(crate) const METRICS: &[MetricDef] = &[
     INTERPRETER_WALKS_CUT,
     INTERPRETER_NAME_LOOKUPS,
     INTERPRETER_REFUSED,
+    INTERPRETER_CACHE_BYTES,
 ];
 
 // Interpreters: processes found, frames walked in the kernel and named.
@@ -243,6 +244,13 @@ pub(crate) const INTERPRETER_NAME_LOOKUPS: MetricDef = MetricDef::counter(
 )
 .by("interpreter")
 .and_by("outcome");
+pub(crate) const INTERPRETER_CACHE_BYTES: MetricDef = MetricDef::gauge(
+    "ebpf_interpreter_cache_bytes",
+    "bytes",
+    "Bytes the interpreter namers' caches hold (names, files, line tables of the code objects read), at the \
+     last report",
+)
+.by("interpreter");
 pub(crate) const INTERPRETER_REFUSED: MetricDef = MetricDef::counter(
     "ebpf_interpreter_refused_total",
     "processes",

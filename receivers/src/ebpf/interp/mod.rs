@@ -31,6 +31,7 @@ const LOOKUP_OUTCOMES: [&str; 3] = ["hit", "read", "error"];
 /// The interpreter series of one receiver (Python's: the only walker).
 pub(crate) struct InterpCounters {
     pub processes: Gauge,
+    pub cache_bytes: Gauge,
     pub frames: Counter,
     /// By [`WalkEnd`] (`None` where it is not a cut).
     pub walks_cut: Vec<Option<Counter>>,
@@ -45,6 +46,7 @@ impl InterpCounters {
         const PY: &str = "python";
         InterpCounters {
             processes: t.gauge_by(&m::INTERPRETER_PROCESSES, PY),
+            cache_bytes: t.gauge_by(&m::INTERPRETER_CACHE_BYTES, PY),
             frames: t.counter_by(&m::INTERPRETER_FRAMES, PY),
             walks_cut: WalkEnd::ALL
                 .iter()

@@ -12,7 +12,7 @@
 use super::functions::{self, Function, FunctionTable};
 use super::merge::{self, Named};
 use super::python::detect::{self, Detection, PythonProcess, Unsupported};
-use super::python::namer::PyNamer;
+use super::python::namer::{self, PyNamer};
 use super::python::offsets::{self, NONE};
 use super::InterpCounters;
 use crate::ebpf::process::MappingSet;
@@ -34,8 +34,14 @@ pub(crate) struct WalkerMaps {
 }
 
 /// Named frames cached per process, (code, instruction word) → stack
-/// word, before the cache is cleared.
-const MAX_NAMED_PER_PROCESS: usize = 1 << 16;
+/// word, before the cache is cleared (~32 bytes each).
+const MAX_NAMED_PER_PROCESS: usize = 8192;
+/// What one of them costs (key, value, the table's own bytes).
+const NAMED_ENTRY_BYTES: usize = 32;
+/// Bytes all processes' code object caches hold at most: each process's
+/// namer gets its share, between [`MIN_NAMER_BUDGET`] and the default.
+const NAMERS_BUDGET: usize = 64 << 20;
+const MIN_NAMER_BUDGET: usize = 128 << 10;
 
 /// A Python process being walked.
 struct PyProc {
@@ -198,13 +204,16 @@ impl Interpreters {
         }
     }
 
-    /// Keeps only the processes `known` says are still there.
+    /// At a report: keeps only the processes `known` says are still
+    /// there, and sets the cache gauge.
     pub(crate) fn retain(&mut self, known: impl Fn(u32) -> bool) {
         self.not_walked.retain(|&pid, _| known(pid));
         let gone: Vec<u32> = self.procs.keys().copied().filter(|&pid| !known(pid)).collect();
         for pid in gone {
             self.forget(pid);
         }
+        let bytes: usize = self.procs.values().map(|p| p.namer.bytes() + p.named.len() * NAMED_ENTRY_BYTES).sum();
+        self.counters.cache_bytes.set(bytes as i64);
     }
 
     /// Names the interpreter frames of a record of `pid` (`interp`, leaf
@@ -221,9 +230,11 @@ impl Interpreters {
         if interp.len() == 0 {
             return;
         }
+        let share = (NAMERS_BUDGET / self.procs.len().max(1)).clamp(MIN_NAMER_BUDGET, namer::DEFAULT_BUDGET);
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
+        p.namer.budget = share;
         self.counters.frames.add(interp.len() as u64);
         self.frames.clear();
         for (w, instr) in interp {

@@ -21,6 +21,12 @@ use std::sync::Arc;
 
 /// Code objects cached per process.
 pub(crate) const MAX_CODES: usize = 16 * 1024;
+/// Bytes cached per process by default (names, files, line tables), then
+/// the cache starts over; the receiver lowers it when it walks many
+/// processes ([`PyNamer::budget`]).
+pub(crate) const DEFAULT_BUDGET: usize = 2 << 20;
+/// What a cached code object costs besides its strings and line table.
+const ENTRY_OVERHEAD: usize = 96;
 /// Bytes of a string's characters read (longer names are cut).
 pub(crate) const MAX_STRING: usize = 1024;
 /// Bytes of a line table read (lines past the cut are unknown).
@@ -88,9 +94,18 @@ pub(crate) struct PyNamer {
     table: TableKind,
     code_type: u64,
     codes: FxHashMap<u64, PyCodeInfo>,
+    /// Bytes the cache holds (as [`cost`] counts them).
+    bytes: usize,
+    /// Bytes the cache may hold before it starts over.
+    pub(crate) budget: usize,
     pub(crate) counts: NamerCounts,
     /// `process_vm_readv` calls of the read under way.
     vm_reads: Cell<u64>,
+}
+
+/// What caching `info` costs, in bytes.
+fn cost(info: &PyCodeInfo) -> usize {
+    ENTRY_OVERHEAD + info.qualname.len() + info.filename.len() + info.linetable.len()
 }
 
 impl PyNamer {
@@ -102,6 +117,8 @@ impl PyNamer {
             table: TableKind::of(process.version),
             code_type: process.code_type_addr,
             codes: FxHashMap::default(),
+            bytes: 0,
+            budget: DEFAULT_BUDGET,
             counts: NamerCounts::default(),
             vm_reads: Cell::new(0),
         }
@@ -131,10 +148,13 @@ impl PyNamer {
                     }
                 };
                 self.counts.reads += 1;
-                if self.codes.len() >= MAX_CODES {
+                let c = cost(&info);
+                if self.codes.len() >= MAX_CODES || self.bytes + c > self.budget {
                     self.codes.clear();
+                    self.bytes = 0;
                     self.counts.resets += 1;
                 }
+                self.bytes += c;
                 self.codes.entry(code).or_insert(info)
             }
         };
@@ -143,6 +163,11 @@ impl PyNamer {
             None => info.first_line, // not started yet
         };
         Ok(PyFrame { name: info.qualname.clone(), file: info.filename.clone(), line })
+    }
+
+    /// Bytes the cache holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Cached code objects.
