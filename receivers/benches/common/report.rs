@@ -68,5 +68,6 @@ pub(super) fn dash_sample<'a>(pid: u32, kstack: &'a [u64], ustack: &'a [u64]) ->
         kstack,
         ustack,
         unwind_end: UnwindEnd::Outermost,
+        interp_end: profcol_ebpf::python::WalkEnd::None,
     }
 }

@@ -925,6 +925,7 @@ impl Sampler {
             kstack: &self.kbuf,
             ustack: &self.ubuf,
             unwind_end: h.user_end,
+            interp_end: h.interp_end,
         };
         match count_key {
             Some((key, slot)) => self.counted.record(key, slot, &sample, process),

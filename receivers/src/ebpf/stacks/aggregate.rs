@@ -17,6 +17,7 @@ use crate::ebpf::process::{MappingSet, ProcessInfo};
 use profcol_api::model::ProfileRef;
 use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
+use profcol_ebpf::python::WalkEnd;
 use profcol_ebpf::UnwindEnd;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -39,6 +40,9 @@ struct Key {
     stack: u32,
     /// The `profcol.unwind.end` attribute, when the walk stopped early.
     unwind_end: Option<&'static str>,
+    /// The `profcol.interpreter.end` attribute, when the interpreter walk
+    /// stopped early.
+    interp_end: Option<&'static str>,
 }
 
 /// A sample's kernel frames, then its user frames, then how many kernel
@@ -139,11 +143,16 @@ pub struct SampleIn<'a> {
     pub ustack: &'a [u64],
     /// How the user stack ended.
     pub unwind_end: UnwindEnd,
+    /// How the interpreter walk ended (`WalkEnd::None`: none was made).
+    pub interp_end: WalkEnd,
 }
 
 /// Sample attribute: why the user stack walk stopped before the outermost
 /// frame (absent when it reached it, or when frame pointers alone made it).
 pub const UNWIND_END_ATTR: &str = "profcol.unwind.end";
+/// Sample attribute: why the interpreter walk stopped before the thread's
+/// outermost frame (`depth_limit`, `read_error`, `no_thread_state`).
+pub const INTERPRETER_END_ATTR: &str = "profcol.interpreter.end";
 
 /// The [`UNWIND_END_ATTR`] value of a stack end, if it gets one.
 pub(crate) fn unwind_end_attr(end: UnwindEnd) -> Option<&'static str> {
@@ -304,6 +313,7 @@ impl Interval {
             comm: if self.attrs.thread_name { s.comm } else { [0; 16] },
             stack,
             unwind_end: unwind_end_attr(s.unwind_end),
+            interp_end: s.interp_end.cut_reason(),
         }
     }
 
@@ -539,6 +549,9 @@ impl<'a> BatchBuilder<'a> {
         if let Some(end) = k.unwind_end {
             attribute_indices.push(self.b.attribute(UNWIND_END_ATTR, AttrValue::Str(end)));
         }
+        if let Some(end) = k.interp_end {
+            attribute_indices.push(self.b.attribute(INTERPRETER_END_ATTR, AttrValue::Str(end)));
+        }
         attribute_indices
     }
 
@@ -750,6 +763,7 @@ mod tests {
             kstack,
             ustack,
             unwind_end: UnwindEnd::Unknown,
+            interp_end: WalkEnd::None,
         };
         const K: u64 = 0xffff_ffff_8100_0000;
         iv.add(&sample(1, &[K + 1, K], &[0x1100, 0x1800]), Some((&ia, &a)));
@@ -801,6 +815,7 @@ mod tests {
             kstack,
             ustack,
             unwind_end: UnwindEnd::Unknown,
+            interp_end: WalkEnd::None,
         };
         const K: u64 = 0xffff_ffff_8100_0000;
         iv.add(&sample(&[K, K + 1], &[0x10], 5), Some((&info, &maps)));
@@ -875,6 +890,7 @@ mod tests {
                     kstack: &[0xffff_ffff_8100_1234],
                     ustack: &[0x1100, 0x1200, 0x9999],
                     unwind_end: UnwindEnd::Unknown,
+                    interp_end: WalkEnd::None,
                 },
                 Some((&info, &maps)),
             );
@@ -890,6 +906,7 @@ mod tests {
                 kstack: &[],
                 ustack: &[0x5555],
                 unwind_end: UnwindEnd::Unknown,
+                interp_end: WalkEnd::None,
             },
             None,
         );
@@ -991,6 +1008,7 @@ mod tests {
                     kstack: &[0xffff_ffff_8100_0000],
                     ustack: &[0x1000],
                     unwind_end: UnwindEnd::Unknown,
+                    interp_end: WalkEnd::None,
                 };
                 iv.add(&s, Some((&info, &maps)));
             }
@@ -1033,6 +1051,7 @@ mod tests {
             kstack: &[],
             ustack: &[0x1000],
             unwind_end: UnwindEnd::Unknown,
+            interp_end: WalkEnd::None,
         };
         iv.add(&gone, None);
         let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]), None);

@@ -32,6 +32,7 @@
 
 use super::aggregate::{Frames, Interval, SampleIn};
 use crate::ebpf::process::{MappingSet, ProcessInfo};
+use profcol_ebpf::python::WalkEnd;
 use profcol_ebpf::UnwindEnd;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::os::fd::AsFd;
@@ -140,6 +141,7 @@ struct Record {
     comm: [u8; 16],
     frames: Frames,
     unwind_end: UnwindEnd,
+    interp_end: WalkEnd,
     process: Process,
 }
 
@@ -253,6 +255,7 @@ impl CountedStacks {
             comm: s.comm,
             frames: Frames::new(s.kstack, s.ustack),
             unwind_end: s.unwind_end,
+            interp_end: s.interp_end,
             process,
         };
         self.records.insert(slot, r);
@@ -475,6 +478,7 @@ fn add(interval: &mut Interval, r: &Record, frames: Frames, n: u64) {
         kstack: &[],
         ustack: &[],
         unwind_end: r.unwind_end,
+        interp_end: r.interp_end,
     };
     interval.add_counted_frames(&s, frames, r.process.as_ref().map(|(i, m)| (i, m)), n);
 }
@@ -495,6 +499,7 @@ mod tests {
             kstack: &[],
             ustack,
             unwind_end: UnwindEnd::Unknown,
+            interp_end: WalkEnd::None,
         }
     }
 
