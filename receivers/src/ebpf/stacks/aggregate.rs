@@ -151,7 +151,7 @@ pub struct SampleIn<'a> {
 /// frame (absent when it reached it, or when frame pointers alone made it).
 pub const UNWIND_END_ATTR: &str = "profcol.unwind.end";
 /// Sample attribute: why the interpreter walk stopped before the thread's
-/// outermost frame (`depth_limit`, `read_error`, `no_thread_state`).
+/// outermost frame (`depth_limit`, `read_error`).
 pub const INTERPRETER_END_ATTR: &str = "profcol.interpreter.end";
 
 /// The [`UNWIND_END_ATTR`] value of a stack end, if it gets one.
@@ -313,7 +313,12 @@ impl Interval {
             comm: if self.attrs.thread_name { s.comm } else { [0; 16] },
             stack,
             unwind_end: unwind_end_attr(s.unwind_end),
-            interp_end: s.interp_end.cut_reason(),
+            // A thread without a thread state (a native thread of a Python
+            // process) is not a walk cut short: its stack is whole.
+            interp_end: match s.interp_end {
+                WalkEnd::NoThreadState => None,
+                e => e.cut_reason(),
+            },
         }
     }
 
