@@ -277,7 +277,9 @@ fn profcol_stacks(dir: &Path) -> (BTreeMap<u32, Vec<Stack>>, usize) {
 /// Samples (pid, stack) of one `go tool pprof -raw` text.
 fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
     let mut samples: Vec<(u64, u32, Vec<u64>)> = Vec::new();
-    let mut locations: HashMap<u64, (u64, Vec<(String, String, u64)>)> = HashMap::new();
+    // Location id → (mapping id, its (name, file, line)s, innermost first).
+    type Lines = Vec<(String, String, u64)>;
+    let mut locations: HashMap<u64, (u64, Lines)> = HashMap::new();
     let mut mappings: HashMap<u64, String> = HashMap::new();
     let (mut section, mut skip_header, mut last_location) = ("", false, None);
     for line in text.lines() {
