@@ -5,9 +5,10 @@
 //! thread) runs under every CPython 3.9–3.13 pyenv has (`$(pyenv root)/versions/`)
 //! and under Debian's /usr/bin/python3.11, all at once. One profcol (ebpf
 //! receiver with a pid filter, pprof and OTLP JSON file exporters) samples
-//! them while a `py-spy record` samples each, both at 99 Hz, on-CPU only
-//! (py-spy leaves idle threads out unless `--idle`; `--nonblocking` on
-//! 3.11+, where it still tells idle threads apart). Profcol's pprof files
+//! them while a `py-spy record --nonblocking` samples each, both at 99 Hz,
+//! on-CPU only (py-spy leaves idle threads out unless `--idle`; before 3.11
+//! it cannot tell them apart without stopping the process, and counts the
+//! GIL's holder instead, `--gil`). Profcol's pprof files
 //! are read with Go's pprof reader (`go tool pprof -raw`). Per interpreter:
 //!
 //! - each function's share of the samples (self: innermost Python frame;
@@ -18,8 +19,9 @@
 //! - at least 95% of them have an innermost Python frame whose file:line is
 //!   one py-spy saw as innermost;
 //! - the C extension runs leafward of its Python caller: `_json`'s frames
-//!   below `iterencode`, libz's below `checksum_zlib`, no Python frame
-//!   below either (main → Python → C → kernel);
+//!   below `iterencode`, libz's below `checksum_zlib` (in at least a
+//!   quarter of those functions' self samples), no Python frame below
+//!   either (main → Python → C → kernel; 2% allowed);
 //! - at least 80% of the process's samples hold a Python frame at all.
 //!
 //! And in the OTLP output, `profile.frame.type` is `cpython` on exactly
@@ -97,9 +99,10 @@ def encode_json():
     return len(json.dumps(PAYLOAD))
 
 
-# libz's crc32 of under 5 KiB keeps the GIL: the threads never run at once,
-# when py-spy (which counts runnable threads as running) would weigh a call
-# that lets the GIL go more than on-CPU samples do.
+# libz's crc32 of under 5 KiB keeps the GIL: the thread on CPU is the GIL's
+# holder (py-spy --gil), and the threads never run at once, when py-spy,
+# which counts runnable threads as running, would weigh the call more than
+# on-CPU samples do.
 def checksum_zlib():
     c = 0
     for _ in range(1500):
@@ -449,43 +452,53 @@ fn heaviest(stacks: &[Stack], n: usize) -> String {
     order.iter().take(n).map(|(s, c)| format!("  {c} ×{s}")).collect::<Vec<_>>().join("\n")
 }
 
-/// The C extension's frames sit leafward of its Python caller: among the
-/// samples whose innermost Python frame is `caller`, at least half have a
-/// frame of a mapping whose file name starts with `library`, and no stack
-/// has a Python frame leafward of such a frame.
+/// The C extension's frames sit leafward of its Python caller: at least a
+/// quarter of the samples whose innermost Python frame is `caller` have a
+/// frame of a mapping whose file name starts with `library` (the rest are
+/// the caller's own bytecode and the module's glue), and at most 2% of the
+/// samples with such a frame have it anywhere else (under another Python
+/// frame, or rootward of one).
 fn check_extension(stacks: &[Stack], caller: &str, library: &str, failures: &mut Vec<String>, label: &str) {
-    let (mut under_caller, mut with_ext, mut misplaced) = (0, 0, Vec::new());
+    let (mut in_caller, mut with_ext, mut any_ext, mut misplaced) = (Vec::new(), 0, 0, Vec::new());
     for s in stacks {
         let ext = s.frames.iter().position(|f| !f.is_python() && f.mapping_base().starts_with(library));
         let innermost = s.python().next();
         if let (Some(e), Some((p, f))) = (ext, innermost) {
+            any_ext += s.count;
             if p < e || f.name != caller {
                 misplaced.push(s);
             }
         }
         if innermost.is_some_and(|(_, f)| f.name == caller) {
-            under_caller += s.count;
-            if ext.is_some() {
-                with_ext += s.count;
-            }
+            in_caller.push(s);
+            with_ext += if ext.is_some() { s.count } else { 0 };
         }
     }
+    let under_caller: u64 = in_caller.iter().map(|s| s.count).sum();
+    let misplaced_n: u64 = misplaced.iter().map(|s| s.count).sum();
     eprintln!(
-        "{label}: {with_ext} of {under_caller} samples in {caller} have a {library}* frame leafward of it, {} misplaced",
-        misplaced.len()
+        "  {with_ext} of {under_caller} samples in {caller} have a {library}* frame leafward of it; \
+         {misplaced_n} of {any_ext} with one elsewhere"
     );
-    if under_caller == 0 || with_ext * 2 < under_caller {
+    if under_caller == 0 || with_ext * 4 < under_caller {
+        let mut by_names: HashMap<String, u64> = HashMap::new();
+        for s in &in_caller {
+            *by_names.entry(s.display()).or_default() += s.count;
+        }
+        let mut order: Vec<(String, u64)> = by_names.into_iter().collect();
+        order.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        let shown: Vec<String> = order.iter().take(5).map(|(s, c)| format!("  {c} ×{s}")).collect();
         failures.push(format!(
             "{label}: {with_ext} of {under_caller} samples whose innermost Python frame is {caller} have a \
-             {library}* frame leafward of it (at least half expected); heaviest stacks:\n{}",
-            heaviest(stacks, 6)
+             {library}* frame leafward of it (a quarter expected); their heaviest stacks:\n{}",
+            shown.join("\n")
         ));
     }
-    if !misplaced.is_empty() {
+    if misplaced_n * 50 > any_ext {
         let shown: Vec<String> = misplaced.iter().take(5).map(|s| format!("  {} ×{}", s.count, s.display())).collect();
         failures.push(format!(
-            "{label}: {} stacks have a {library}* frame not directly leafward of {caller}:\n{}",
-            misplaced.len(),
+            "{label}: {misplaced_n} of {any_ext} samples with a {library}* frame do not have it directly leafward \
+             of {caller} (2% allowed):\n{}",
             shown.join("\n")
         ));
     }
@@ -745,14 +758,15 @@ fn cpython_frames_match_py_spy() {
         .iter()
         .map(|w| {
             let out = dir.path().join(format!("py-spy-{}.txt", w.child.id()));
-            // py-spy knows a thread's OS id, which tells it whether the thread
-            // is running, from the thread state on 3.11+; before, only while
-            // it stops the process (its default): with --nonblocking it counts
-            // every thread as running, the one waiting for the GIL too.
-            let blocking: &[&str] = if w.python.minor >= 11 { &["--nonblocking"] } else { &[] };
+            // Before 3.11 py-spy learns a thread's OS id (which tells it
+            // whether the thread runs) only by stopping the process; with
+            // --nonblocking it counts every thread, the one waiting for the
+            // GIL too. There it counts the GIL's holder (--gil): the thread
+            // on CPU, as the workload's C calls keep the GIL.
+            let gil: &[&str] = if w.python.minor >= 11 { &[] } else { &["--gil"] };
             let child = Command::new(&py_spy)
-                .args(["record", "--rate", "99", "--format", "raw", "--full-filenames"])
-                .args(blocking)
+                .args(["record", "--rate", "99", "--format", "raw", "--full-filenames", "--nonblocking"])
+                .args(gil)
                 .args(["--duration", &RECORD_SECONDS.to_string(), "--pid", &w.child.id().to_string(), "-o"])
                 .arg(&out)
                 .stdout(Stdio::piped())
