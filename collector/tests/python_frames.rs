@@ -2,14 +2,15 @@
 //!
 //! One workload program (nested functions of known relative cost, a
 //! generator, a method, a lambda, json.dumps and zlib.crc32, a second
-//! thread) runs under every CPython 3.9–3.13 pyenv has (`$(pyenv root)/versions/`)
-//! and under Debian's /usr/bin/python3.11, all at once. One profcol (ebpf
-//! receiver with a pid filter, pprof and OTLP JSON file exporters) samples
-//! them while a `py-spy record --nonblocking` samples each, both at 99 Hz,
-//! on-CPU only (py-spy leaves idle threads out unless `--idle`; before 3.11
-//! it cannot tell them apart without stopping the process, and counts the
-//! GIL's holder instead, `--gil`). Profcol's pprof files
-//! are read with Go's pprof reader (`go tool pprof -raw`). Per interpreter:
+//! thread) runs under every CPython 3.9–3.13 pyenv has
+//! (`$(pyenv root)/versions/`) and under Debian's /usr/bin/python3.11, all
+//! at once. One profcol (ebpf receiver with a pid filter, pprof and OTLP
+//! JSON file exporters) samples them while a `py-spy record --nonblocking`
+//! samples each, both at 99 Hz, on-CPU only (py-spy leaves idle threads out
+//! unless `--idle`; before 3.11 it cannot tell them apart without stopping
+//! the process, and counts the GIL's holder instead, `--gil`). Profcol's
+//! pprof files are read with Go's pprof reader (`go tool pprof -raw`). Per
+//! interpreter, with a table of the shares printed:
 //!
 //! - each function's share of the samples (self: innermost Python frame;
 //!   total: anywhere in the stack) is py-spy's within 5 points, for every
