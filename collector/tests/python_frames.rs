@@ -840,3 +840,43 @@ fn cpython_frames_match_py_spy() {
         log_text()
     );
 }
+
+/// The `-raw` reader on text as Go's pprof prints it: a location without a
+/// mapping (address 0), an inlined caller's line, a pseudo file with a
+/// space, a system name after the start line, a column (newer Go).
+#[test]
+fn go_pprof_raw_text_is_read() {
+    let text = "PeriodType: cpu nanoseconds\nPeriod: 10101010\nSamples:\nsamples/count cpu/nanoseconds\n\
+                \x20         3   30303030: 1 2 3 4 \n\
+                \x20               comm:[python3]\n\
+                \x20               pid:[42] tid:[43]\n\
+                Locations\n\
+                \x20    1: 0x7f00 M=2 crc32_z /src/crc32.c:700 s=0\n\
+                \x20    2: 0x0 checksum_zlib /tmp/w.py:57 s=53\n\
+                \x20    3: 0x0 M=1 <module> <frozen runpy>:88:4 s=1(_run_code)\n\
+                \x20    4: 0x1234 M=1 inner a.c:5 s=0\n\
+                \x20            outer a.c:9 s=0\n\
+                Mappings\n\
+                1: 0x1000/0x2000/0x0 /usr/bin/python3.12  [FN]\n\
+                2: 0x7f00/0x8000/0x0 /lib/libz.so.1.2.13 abcd [FN]\n";
+    let samples = parse_raw(text);
+    assert_eq!(samples.len(), 1);
+    let (pid, stack) = &samples[0];
+    assert_eq!((*pid, stack.count), (42, 3));
+    let got: Vec<(&str, &str, u64, &str, bool)> = stack
+        .frames
+        .iter()
+        .map(|f| (f.name.as_str(), f.file.as_str(), f.line, f.mapping_base(), f.is_python()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("crc32_z", "/src/crc32.c", 700, "libz.so.1.2.13", false),
+            ("checksum_zlib", "/tmp/w.py", 57, "", true),
+            ("<module>", "<frozen runpy>", 88, "python3.12", true),
+            ("inner", "a.c", 5, "python3.12", false),
+            ("outer", "a.c", 9, "python3.12", false),
+        ]
+    );
+    assert_eq!(stack.python_path(), ["<module>", "checksum_zlib"]);
+}
