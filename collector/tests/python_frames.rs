@@ -35,9 +35,9 @@
 //! Needs root (eBPF and py-spy's reads of other processes), Go and py-spy
 //! (.ci/python.sh puts it under the workspace's target/py-spy, or one on
 //! PATH); without them it is skipped with a message, except under CI=true.
-//! About a minute.
+//! About a minute; `--nocapture` shows the tables of a passing run.
 //!
-//!     sudo -E cargo test -p profcol --test python_frames
+//!     sudo -E cargo test -p profcol --test python_frames -- --nocapture
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
