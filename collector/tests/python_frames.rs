@@ -1,0 +1,882 @@
+//! CPython frames in profcol's profiles, held against py-spy's.
+//!
+//! One workload program (nested functions of known relative cost, a
+//! generator, a method, a lambda, json.dumps and zlib.crc32, a second
+//! thread) runs under every CPython 3.9–3.13 pyenv has
+//! (`$(pyenv root)/versions/`) and under Debian's /usr/bin/python3.11, all
+//! at once. One profcol (ebpf receiver with a pid filter, pprof and OTLP
+//! JSON file exporters) samples them while a `py-spy record --nonblocking`
+//! samples each, both at 99 Hz, on-CPU only (py-spy leaves idle threads out
+//! unless `--idle`; before 3.11 it cannot tell them apart without stopping
+//! the process, and counts the GIL's holder instead, `--gil`). Profcol's
+//! pprof files are read with Go's pprof reader (`go tool pprof -raw`). Per
+//! interpreter, with a table of the shares printed:
+//!
+//! - each function's share of the samples (self: innermost Python frame;
+//!   total: anywhere in the stack) is py-spy's within 5 points, for every
+//!   function with at least 3% in either;
+//! - at least 95% of profcol's samples have a Python call path (names,
+//!   outer to inner) py-spy saw too;
+//! - at least 95% of them have an innermost Python frame whose file:line is
+//!   one py-spy saw as innermost;
+//! - the C extension runs leafward of its Python caller: `_json`'s frames
+//!   below `iterencode`, libz's below `checksum_zlib` (in at least a
+//!   quarter of those functions' self samples), no Python frame below
+//!   either (main → Python → C → kernel; 2% allowed);
+//! - at least 80% of the process's samples hold a Python frame at all.
+//!
+//! And in the OTLP output, `profile.frame.type` is `cpython` on exactly
+//! the locations of Python frames.
+//!
+//! A Python frame in pprof is a function whose file is a Python source
+//! (`co_filename`: `*.py`, or `<frozen ...>`-style); its name is
+//! `co_qualname` on 3.11+ and `co_name` before, as py-spy names it.
+//!
+//! Needs root (eBPF and py-spy's reads of other processes), Go and py-spy
+//! (.ci/python.sh puts it under the workspace's target/py-spy, or one on
+//! PATH); without them it is skipped with a message, except under CI=true.
+//! About a minute; `--nocapture` shows the tables of a passing run.
+//!
+//!     sudo -E cargo test -p profcol --test python_frames -- --nocapture
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use profcol_testkit::tools::{in_ci, require, tool_available};
+
+/// How long py-spy records (profcol samples the same window, give or take
+/// its first report).
+const RECORD_SECONDS: u64 = 45;
+
+const WORKLOAD: &str = r#"
+import json, operator, sys, threading, time, zlib
+
+DEADLINE = time.monotonic() + float(sys.argv[1])
+PAYLOAD = {"k%d" % i: [i, str(i) * 3, {"x": i / 7.0, "y": [True, None]}] for i in range(1500)}
+BLOB = bytes(range(256)) * 16
+
+
+def c_leaf():
+    s = 0
+    for i in range(45000):
+        s ^= i
+    return s
+
+
+def b_mid():
+    s = 0
+    for i in range(30000):
+        s ^= i
+    return s + c_leaf()
+
+
+def a_outer():
+    s = 0
+    for i in range(15000):
+        s ^= i
+    return s + b_mid()
+
+
+def gen_values(n):
+    for i in range(n):
+        yield i * 3
+
+
+class Worker:
+    def method(self):
+        s = 0
+        for i in range(10000):
+            s += i * i
+        return s + sum(gen_values(50000))
+
+
+square_sum = lambda n: sum(map(operator.mul, range(n), range(n)))
+
+
+def encode_json():
+    return len(json.dumps(PAYLOAD))
+
+
+# libz's crc32 of under 5 KiB keeps the GIL: the thread on CPU is the GIL's
+# holder (py-spy --gil), and the threads never run at once, when py-spy,
+# which counts runnable threads as running, would weigh the call more than
+# on-CPU samples do.
+def checksum_zlib():
+    c = 0
+    for _ in range(1500):
+        c = zlib.crc32(BLOB, c)
+    return c
+
+
+def main_loop():
+    w = Worker()
+    while time.monotonic() < DEADLINE:
+        a_outer()
+        w.method()
+        square_sum(40000)
+        encode_json()
+        checksum_zlib()
+
+
+def side_thread():
+    while time.monotonic() < DEADLINE:
+        s = 0
+        for i in range(20000):
+            s += i ^ 5
+
+
+t = threading.Thread(target=side_thread, name="side")
+t.start()
+print("ready", flush=True)
+main_loop()
+t.join()
+"#;
+
+/// Functions of the workload py-spy must see in every interpreter.
+const WORKLOAD_FUNCTIONS: &[&str] =
+    &["a_outer", "b_mid", "c_leaf", "gen_values", "<lambda>", "encode_json", "checksum_zlib", "side_thread"];
+
+/// One interpreter under test.
+struct Python {
+    /// "3.12.1", or "debian 3.11" for /usr/bin/python3.11.
+    label: String,
+    /// The minor version (3.X).
+    minor: u32,
+    binary: PathBuf,
+}
+
+/// The interpreters: pyenv's 3.9–3.13 (plain `3.X.Y` names) and Debian's
+/// python3.11. Under CI both sources must be there.
+fn pythons() -> Vec<Python> {
+    let mut found = Vec::new();
+    let root = std::env::var_os("PYENV_ROOT").map(PathBuf::from).or_else(|| {
+        let out = Command::new("pyenv").arg("root").output().ok().filter(|o| o.status.success())?;
+        Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    });
+    match root {
+        Some(root) => {
+            let mut versions: Vec<(u32, u32, String)> = std::fs::read_dir(root.join("versions"))
+                .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|name| {
+                    let v: Vec<u32> = name.split('.').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+                    (v.len() == 3 && v[0] == 3 && (9..=13).contains(&v[1])).then(|| (v[1], v[2], name))
+                })
+                .collect();
+            versions.sort();
+            for (minor, _, name) in versions {
+                let binary = root.join("versions").join(&name).join("bin/python3");
+                if binary.exists() {
+                    found.push(Python { label: name, minor, binary });
+                }
+            }
+        }
+        None if in_ci() => panic!("CI=true but pyenv is not found (PYENV_ROOT or `pyenv root`)"),
+        None => eprintln!("note: no pyenv (PYENV_ROOT or `pyenv root`): only Debian's python3.11 is tested"),
+    }
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    if debian.exists() {
+        found.push(Python { label: "debian 3.11".into(), minor: 11, binary: debian });
+    } else if in_ci() {
+        panic!("CI=true but /usr/bin/python3.11 is missing (.ci/python.sh installs it)");
+    } else {
+        eprintln!("note: no /usr/bin/python3.11 (apt-get install python3.11): Debian's build is not tested");
+    }
+    found
+}
+
+/// py-spy as .ci/python.sh installs it (the workspace's target/py-spy), or
+/// the one on PATH.
+fn py_spy() -> Option<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let local = workspace.join("target/py-spy/bin/py-spy");
+    if local.exists() {
+        return Some(local);
+    }
+    tool_available("py-spy", &["--version"]).then(|| PathBuf::from("py-spy"))
+}
+
+/// Whether `file` is a Python code object's `co_filename`: a Python source,
+/// or a `<frozen ...>`-style pseudo file.
+fn python_file(file: &str) -> bool {
+    file.ends_with(".py") || (file.starts_with('<') && file.ends_with('>'))
+}
+
+/// One frame: function name, file and line; the mapping's file for native
+/// and kernel frames.
+#[derive(Clone, Debug)]
+struct Frame {
+    name: String,
+    file: String,
+    line: u64,
+    mapping: String,
+}
+
+impl Frame {
+    /// Whether this frame is a Python code object's: its file is a Python
+    /// source (or a `<frozen ...>`-style pseudo file).
+    fn is_python(&self) -> bool {
+        python_file(&self.file)
+    }
+
+    fn mapping_base(&self) -> &str {
+        self.mapping.rsplit('/').next().unwrap_or("")
+    }
+}
+
+/// A stack, leaf first, and how many samples it had.
+struct Stack {
+    count: u64,
+    frames: Vec<Frame>,
+}
+
+impl Stack {
+    /// Indices of the Python frames, leaf first.
+    fn python(&self) -> impl Iterator<Item = (usize, &Frame)> {
+        self.frames.iter().enumerate().filter(|(_, f)| f.is_python())
+    }
+
+    /// Python function names, outer to inner.
+    fn python_path(&self) -> Vec<String> {
+        let mut p: Vec<String> = self.python().map(|(_, f)| f.name.clone()).collect();
+        p.reverse();
+        p
+    }
+
+    /// Its frames, root first.
+    fn display(&self) -> String {
+        let mut s = String::new();
+        for f in self.frames.iter().rev() {
+            if f.is_python() {
+                s += &format!(" → [py] {} ({}:{})", f.name, f.file, f.line);
+            } else {
+                s += &format!(" → {} [{}]", if f.name.is_empty() { "?" } else { &f.name }, f.mapping_base());
+            }
+        }
+        s
+    }
+}
+
+/// Profcol's stacks per pid, from every pprof file in `dir`, read with
+/// `go tool pprof -raw`.
+fn profcol_stacks(dir: &Path) -> (BTreeMap<u32, Vec<Stack>>, usize) {
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    files.retain(|p| p.to_string_lossy().ends_with(".pb.gz"));
+    let mut by_pid: BTreeMap<u32, Vec<Stack>> = BTreeMap::new();
+    for file in &files {
+        let out = Command::new("go")
+            .args(["tool", "pprof", "-raw", "-symbolize=none"])
+            .arg(file)
+            .output()
+            .expect("go tool pprof");
+        assert!(
+            out.status.success(),
+            "go tool pprof -raw {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (pid, stack) in parse_raw(&String::from_utf8_lossy(&out.stdout)) {
+            by_pid.entry(pid).or_default().push(stack);
+        }
+    }
+    (by_pid, files.len())
+}
+
+/// Samples (pid, stack) of one `go tool pprof -raw` text.
+fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
+    let mut samples: Vec<(u64, u32, Vec<u64>)> = Vec::new();
+    // Location id → (mapping id, its (name, file, line)s, innermost first).
+    type Lines = Vec<(String, String, u64)>;
+    let mut locations: HashMap<u64, (u64, Lines)> = HashMap::new();
+    let mut mappings: HashMap<u64, String> = HashMap::new();
+    let (mut section, mut skip_header, mut last_location) = ("", false, None);
+    for line in text.lines() {
+        match line {
+            "Samples:" => {
+                (section, skip_header) = ("samples", true);
+                continue;
+            }
+            "Locations" | "Mappings" => {
+                section = if line == "Locations" { "locations" } else { "mappings" };
+                continue;
+            }
+            _ => {}
+        }
+        match section {
+            "samples" if skip_header => skip_header = false,
+            "samples" => {
+                if let Some((values, locs)) = line.split_once(": ").filter(|(v, _)| !v.trim().contains(':')) {
+                    let count = values.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                    let ids = locs.split_whitespace().filter_map(|l| l.parse().ok()).collect();
+                    samples.push((count, 0, ids));
+                } else if let Some(at) = line.find("pid:[") {
+                    let digits: String = line[at + 5..].chars().take_while(char::is_ascii_digit).collect();
+                    if let (Some(s), Ok(pid)) = (samples.last_mut(), digits.parse()) {
+                        s.1 = pid;
+                    }
+                }
+            }
+            "locations" => {
+                // "ID: 0xADDR [M=N ][[F] ]NAME FILE:LINE[:COL] s=N[(SYSTEM)]",
+                // then one indented line per inlined caller.
+                let t = line.trim_start();
+                let rest = match t.split_once(": 0x").and_then(|(id, r)| Some((id.parse::<u64>().ok()?, r))) {
+                    Some((id, r)) => {
+                        let (_address, r) = r.split_once(' ').unwrap_or((r, ""));
+                        let (mapping, r) = match r.strip_prefix("M=") {
+                            Some(m) => {
+                                let (m, r) = m.split_once(' ').unwrap_or((m, ""));
+                                (m.parse().unwrap_or(0), r)
+                            }
+                            None => (0, r),
+                        };
+                        locations.insert(id, (mapping, Vec::new()));
+                        last_location = Some(id);
+                        r.strip_prefix("[F] ").unwrap_or(r)
+                    }
+                    None => t,
+                };
+                let Some(id) = last_location else { continue };
+                if let Some(l) = parse_location_line(rest) {
+                    locations.get_mut(&id).unwrap().1.push(l);
+                }
+            }
+            "mappings" => {
+                let Some((id, rest)) = line.split_once(": ") else { continue };
+                let Ok(id) = id.trim().parse::<u64>() else { continue };
+                let file = rest.split_whitespace().nth(1).unwrap_or("").to_owned();
+                mappings.insert(id, file);
+            }
+            _ => {}
+        }
+    }
+    samples
+        .into_iter()
+        .map(|(count, pid, ids)| {
+            let mut frames = Vec::new();
+            for id in ids {
+                let Some((mapping, lines)) = locations.get(&id) else { continue };
+                let mapping = mappings.get(mapping).cloned().unwrap_or_default();
+                if lines.is_empty() {
+                    frames.push(Frame { name: String::new(), file: String::new(), line: 0, mapping: mapping.clone() });
+                }
+                // Innermost (leaf-most) inlined function first, as pprof lists them.
+                for (name, file, line) in lines {
+                    frames.push(Frame {
+                        name: name.clone(),
+                        file: file.clone(),
+                        line: *line,
+                        mapping: mapping.clone(),
+                    });
+                }
+            }
+            (pid, Stack { count, frames })
+        })
+        .collect()
+}
+
+/// (name, file, line) of "NAME FILE:LINE[:COL] s=N[(SYSTEM)]".
+fn parse_location_line(text: &str) -> Option<(String, String, u64)> {
+    let (text, _) = text.rsplit_once(" s=")?;
+    let (name, file_line) = text.split_once(' ')?;
+    let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = file_line.rsplitn(3, ':').collect();
+    let (file, line) = match parts[..] {
+        [col, line, file] if numeric(col) && numeric(line) => (file.to_owned(), line),
+        [line, ..] if numeric(line) => (file_line[..file_line.len() - line.len() - 1].to_owned(), line),
+        _ => (file_line.to_owned(), "0"),
+    };
+    Some((name.to_owned(), file, line.parse().unwrap_or(0)))
+}
+
+/// py-spy's `--format raw` output: "FRAME;FRAME;... COUNT", outer frame
+/// first, each frame "NAME (FILE:LINE)". Returned leaf first.
+fn parse_py_spy(text: &str) -> Result<Vec<Stack>, String> {
+    let mut stacks = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let (frames, count) = line.rsplit_once(' ').ok_or_else(|| format!("no count: {line:?}"))?;
+        let count = count.parse().map_err(|_| format!("bad count: {line:?}"))?;
+        let mut parsed = Vec::new();
+        for f in frames.split(';') {
+            let (name, place) = f
+                .strip_suffix(')')
+                .and_then(|f| f.rsplit_once(" ("))
+                .ok_or_else(|| format!("frame {f:?} is not `NAME (FILE:LINE)` in {line:?}"))?;
+            let (file, line_no) = place.rsplit_once(':').ok_or_else(|| format!("no line in {f:?}"))?;
+            let line_no = line_no.parse().map_err(|_| format!("bad line in {f:?}"))?;
+            parsed.push(Frame { name: name.to_owned(), file: file.to_owned(), line: line_no, mapping: String::new() });
+        }
+        parsed.reverse();
+        stacks.push(Stack { count, frames: parsed });
+    }
+    Ok(stacks)
+}
+
+/// Per function: (self, total) samples, and the samples counted (those
+/// with at least one Python frame).
+fn shares(stacks: &[Stack]) -> (BTreeMap<String, (u64, u64)>, u64) {
+    let mut by_fn: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut all = 0;
+    for s in stacks {
+        let path = s.python_path();
+        let Some(leaf) = path.last() else { continue };
+        all += s.count;
+        by_fn.entry(leaf.clone()).or_default().0 += s.count;
+        for name in path.iter().collect::<BTreeSet<_>>() {
+            by_fn.entry(name.clone()).or_default().1 += s.count;
+        }
+    }
+    (by_fn, all)
+}
+
+fn pct(n: u64, all: u64) -> f64 {
+    if all == 0 {
+        0.0
+    } else {
+        100.0 * n as f64 / all as f64
+    }
+}
+
+/// The heaviest `n` stacks by their names, for messages.
+fn heaviest(stacks: &[Stack], n: usize) -> String {
+    let mut by_names: HashMap<String, u64> = HashMap::new();
+    for s in stacks {
+        *by_names.entry(s.display()).or_default() += s.count;
+    }
+    let mut order: Vec<(String, u64)> = by_names.into_iter().collect();
+    order.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    order.iter().take(n).map(|(s, c)| format!("  {c} ×{s}")).collect::<Vec<_>>().join("\n")
+}
+
+/// The C extension's frames sit leafward of its Python caller: at least a
+/// quarter of the samples whose innermost Python frame is `caller` have a
+/// frame of a mapping whose file name starts with `library` (the rest are
+/// the caller's own bytecode and the module's glue), and at most 2% of the
+/// samples with such a frame have it anywhere else (under another Python
+/// frame, or rootward of one).
+fn check_extension(stacks: &[Stack], caller: &str, library: &str, failures: &mut Vec<String>, label: &str) {
+    let (mut in_caller, mut with_ext, mut any_ext, mut misplaced) = (Vec::new(), 0, 0, Vec::new());
+    for s in stacks {
+        let ext = s.frames.iter().position(|f| !f.is_python() && f.mapping_base().starts_with(library));
+        let innermost = s.python().next();
+        if let (Some(e), Some((p, f))) = (ext, innermost) {
+            any_ext += s.count;
+            if p < e || f.name != caller {
+                misplaced.push(s);
+            }
+        }
+        if innermost.is_some_and(|(_, f)| f.name == caller) {
+            in_caller.push(s);
+            with_ext += if ext.is_some() { s.count } else { 0 };
+        }
+    }
+    let under_caller: u64 = in_caller.iter().map(|s| s.count).sum();
+    let misplaced_n: u64 = misplaced.iter().map(|s| s.count).sum();
+    eprintln!(
+        "  {with_ext} of {under_caller} samples in {caller} have a {library}* frame leafward of it; \
+         {misplaced_n} of {any_ext} with one elsewhere"
+    );
+    if under_caller == 0 || with_ext * 4 < under_caller {
+        let mut by_names: HashMap<String, u64> = HashMap::new();
+        for s in &in_caller {
+            *by_names.entry(s.display()).or_default() += s.count;
+        }
+        let mut order: Vec<(String, u64)> = by_names.into_iter().collect();
+        order.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        let shown: Vec<String> = order.iter().take(5).map(|(s, c)| format!("  {c} ×{s}")).collect();
+        failures.push(format!(
+            "{label}: {with_ext} of {under_caller} samples whose innermost Python frame is {caller} have a \
+             {library}* frame leafward of it (a quarter expected); their heaviest stacks:\n{}",
+            shown.join("\n")
+        ));
+    }
+    if misplaced_n * 50 > any_ext {
+        let shown: Vec<String> = misplaced.iter().take(5).map(|s| format!("  {} ×{}", s.count, s.display())).collect();
+        failures.push(format!(
+            "{label}: {misplaced_n} of {any_ext} samples with a {library}* frame do not have it directly leafward \
+             of {caller} (2% allowed):\n{}",
+            shown.join("\n")
+        ));
+    }
+}
+
+/// Checks one interpreter's profcol stacks against py-spy's; prints its table.
+fn compare(label: &str, pid: u32, profcol: &[Stack], spy: &[Stack], failures: &mut Vec<String>) {
+    let all: u64 = profcol.iter().map(|s| s.count).sum();
+    let (p_fn, p_all) = shares(profcol);
+    let (s_fn, s_all) = shares(spy);
+    eprintln!("== {label} (pid {pid}): profcol {all} samples, {p_all} with Python frames; py-spy {s_all}");
+
+    // Shares: every function with >= 3% (self or total) in either.
+    let names: BTreeSet<&String> = p_fn.keys().chain(s_fn.keys()).collect();
+    let mut rows: Vec<(&String, [f64; 4])> = names
+        .into_iter()
+        .map(|n| {
+            let (ps, pt) = p_fn.get(n).copied().unwrap_or_default();
+            let (ss, st) = s_fn.get(n).copied().unwrap_or_default();
+            (n, [pct(ps, p_all), pct(pt, p_all), pct(ss, s_all), pct(st, s_all)])
+        })
+        .collect();
+    rows.sort_by(|a, b| b.1[3].total_cmp(&a.1[3]).then(b.1[1].total_cmp(&a.1[1])));
+    eprintln!(
+        "  {:<28} {:>13} {:>13} {:>13} {:>13}",
+        "function", "profcol self", "profcol total", "py-spy self", "py-spy total"
+    );
+    for (n, [ps, pt, ss, st]) in &rows {
+        if [ps, pt, ss, st].iter().all(|&&v| v < 1.0) {
+            continue;
+        }
+        let off = |a: f64, b: f64| p_all > 0 && (a >= 3.0 || b >= 3.0) && (a - b).abs() > 5.0;
+        let flag = |a, b| if off(a, b) { "!" } else { " " };
+        eprintln!("  {n:<28} {ps:>12.1}%{} {pt:>12.1}%{} {ss:>12.1}% {st:>12.1}%", flag(*ps, *ss), flag(*pt, *st));
+        for (what, a, b) in [("self", ps, ss), ("total", pt, st)] {
+            if off(*a, *b) {
+                failures.push(format!("{label}: {n} {what} share: profcol {a:.1}%, py-spy {b:.1}% (5 points allowed)"));
+            }
+        }
+    }
+    if p_all == 0 {
+        failures.push(format!(
+            "no cpython frames in profcol's profile for {label} (pid {pid}: {all} samples); heaviest stacks:\n{}",
+            heaviest(profcol, 5)
+        ));
+        return;
+    }
+    if p_all * 100 < all * 80 {
+        failures.push(format!(
+            "{label}: only {p_all} of profcol's {all} samples hold a Python frame (80% expected); heaviest \
+             stacks:\n{}",
+            heaviest(profcol, 5)
+        ));
+    }
+
+    // Call paths (names, outer to inner) py-spy saw too.
+    let spy_paths: BTreeSet<Vec<String>> = spy.iter().map(Stack::python_path).collect();
+    let mut unseen: BTreeMap<Vec<String>, u64> = BTreeMap::new();
+    for s in profcol {
+        let path = s.python_path();
+        if !path.is_empty() && !spy_paths.contains(&path) {
+            *unseen.entry(path).or_default() += s.count;
+        }
+    }
+    let unseen_n: u64 = unseen.values().sum();
+    eprintln!("  call paths py-spy saw too: {:.1}% of samples", 100.0 - pct(unseen_n, p_all));
+    if unseen_n * 100 > p_all * 5 {
+        let mut worst: Vec<_> = unseen.into_iter().collect();
+        worst.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        let shown: Vec<String> = worst.iter().take(8).map(|(p, n)| format!("  {n} × {}", p.join(" → "))).collect();
+        failures.push(format!(
+            "{label}: {unseen_n} of {p_all} samples have a Python call path py-spy never saw (5% allowed):\n{}",
+            shown.join("\n")
+        ));
+    }
+
+    // Innermost Python frame's file:line among py-spy's.
+    let spy_leaves: BTreeSet<(&str, u64)> =
+        spy.iter().filter_map(|s| s.python().next()).map(|(_, f)| (f.file.as_str(), f.line)).collect();
+    let mut wrong: BTreeMap<(String, String, u64), u64> = BTreeMap::new();
+    for s in profcol {
+        if let Some((_, f)) = s.python().next() {
+            if !spy_leaves.contains(&(f.file.as_str(), f.line)) {
+                *wrong.entry((f.name.clone(), f.file.clone(), f.line)).or_default() += s.count;
+            }
+        }
+    }
+    let wrong_n: u64 = wrong.values().sum();
+    eprintln!("  innermost file:line py-spy saw too: {:.1}% of samples", 100.0 - pct(wrong_n, p_all));
+    if wrong_n * 100 > p_all * 5 {
+        let shown: Vec<String> = wrong.iter().take(8).map(|((n, f, l), c)| format!("  {c} × {n} {f}:{l}")).collect();
+        failures.push(format!(
+            "{label}: {wrong_n} of {p_all} samples have an innermost Python file:line py-spy never reported \
+             (5% allowed):\n{}",
+            shown.join("\n")
+        ));
+    }
+
+    // main → Python → C → kernel: the C extensions below their callers.
+    let json_caller = if s_fn.contains_key("JSONEncoder.iterencode") { "JSONEncoder.iterencode" } else { "iterencode" };
+    check_extension(profcol, json_caller, "_json.", failures, label);
+    check_extension(profcol, "checksum_zlib", "libz.so", failures, label);
+}
+
+/// The locations of profcol's OTLP JSON (the `file` exporter's lines):
+/// how many are Python frames (a Python file), and those whose
+/// `profile.frame.type` disagrees: `cpython` exactly on Python frames.
+fn frame_types(path: &Path) -> (u64, u64, Vec<String>) {
+    use serde_json::Value;
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let (mut python, mut wrong, mut examples) = (0, 0, Vec::new());
+    let index = |v: &Value| v.as_u64().unwrap_or(0) as usize;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let doc: Value = serde_json::from_str(line).expect("an OTLP JSON document per line");
+        let d = &doc["dictionary"];
+        let table = |name: &str| d[name].as_array().cloned().unwrap_or_default();
+        let (strings, functions, attributes) = (table("stringTable"), table("functionTable"), table("attributeTable"));
+        let s = |v: &Value| strings.get(index(v)).and_then(Value::as_str).unwrap_or("").to_owned();
+        for loc in table("locationTable") {
+            let lines: Vec<(String, String)> = loc["lines"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|l| functions.get(index(&l["functionIndex"])))
+                .map(|f| (s(&f["nameStrindex"]), s(&f["filenameStrindex"])))
+                .collect();
+            let kind = loc["attributeIndices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| attributes.get(index(i)))
+                .find(|kv| s(&kv["keyStrindex"]) == "profile.frame.type")
+                .map(|kv| kv["value"]["stringValue"].as_str().unwrap_or("").to_owned())
+                .unwrap_or_default();
+            let is_python = lines.iter().any(|(_, file)| python_file(file));
+            python += u64::from(is_python);
+            if is_python != (kind == "cpython") {
+                wrong += 1;
+                if examples.len() < 8 {
+                    examples.push(format!("  frame type {kind:?}: {lines:?}"));
+                }
+            }
+        }
+    }
+    (python, wrong, examples)
+}
+
+/// A running workload: its interpreter and process.
+struct Workload {
+    python: Python,
+    child: Child,
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A child killed if the test ends first (a failed assertion).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[test]
+fn cpython_frames_match_py_spy() {
+    let test = "cpython_frames_match_py_spy";
+    if !require(test, profcol_receivers::ebpf::bpf::privileges::Privileges::current().check()) {
+        return;
+    }
+    if !tool_available("go", &["version"]) {
+        return;
+    }
+    let Some(py_spy) = py_spy() else { return };
+    let pythons = pythons();
+    if !require(test, if pythons.is_empty() { Err("no CPython 3.9–3.13 found") } else { Ok(()) }) {
+        return;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("workload.py");
+    std::fs::write(&script, WORKLOAD).unwrap();
+    let profiles = dir.path().join("profiles");
+
+    // Every workload up and past its setup before anything samples.
+    let run_for = (RECORD_SECONDS + 60).to_string();
+    let mut workloads: Vec<Workload> = Vec::new();
+    for python in pythons {
+        let mut child = Command::new(&python.binary)
+            .arg(&script)
+            .arg(&run_for)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", python.binary.display()));
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        assert_eq!(first.trim(), "ready", "{} did not start the workload", python.binary.display());
+        workloads.push(Workload { python, child });
+    }
+
+    let pids: Vec<String> = workloads.iter().map(|w| w.child.id().to_string()).collect();
+    let config = dir.path().join("profcol.yaml");
+    let otlp = dir.path().join("otlp.jsonl");
+    std::fs::write(
+        &config,
+        format!(
+            "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: 2s\n    count_in_kernel: false\n\
+             \x20   pids: [{}]\n\
+             processors:\n  kernel_symbols:\n  user_symbols:\n\
+             exporters:\n  pprof:\n    directory: {}\n  file:\n    path: {}\n\
+             service:\n  telemetry:\n    metrics:\n      address: \"\"\n\
+             \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [kernel_symbols, user_symbols]\n\
+             \x20     exporters: [pprof, file]\n",
+            pids.join(", "),
+            profiles.display(),
+            otlp.display()
+        ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("profcol.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let t0 = Instant::now();
+    let mut agent = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_profcol"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start profcol"),
+    );
+    let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let has_profile = || {
+        std::fs::read_dir(&profiles)
+            .map(|d| d.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().ends_with(".pb.gz")))
+            .unwrap_or(false)
+    };
+    // Sampling once its first report is written.
+    while !has_profile() {
+        assert!(agent.0.try_wait().unwrap().is_none(), "profcol exited:\n{}", log_text());
+        assert!(t0.elapsed() < Duration::from_secs(60), "no profile in 60 s:\n{}", log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("profcol sampling after {:.1} s", t0.elapsed().as_secs_f64());
+
+    // py-spy on every workload at once, for the same window.
+    let spies: Vec<(PathBuf, Child)> = workloads
+        .iter()
+        .map(|w| {
+            let out = dir.path().join(format!("py-spy-{}.txt", w.child.id()));
+            // Before 3.11 py-spy learns a thread's OS id (which tells it
+            // whether the thread runs) only by stopping the process; with
+            // --nonblocking it counts every thread, the one waiting for the
+            // GIL too. There it counts the GIL's holder (--gil): the thread
+            // on CPU, as the workload's C calls keep the GIL.
+            let gil: &[&str] = if w.python.minor >= 11 { &[] } else { &["--gil"] };
+            let child = Command::new(&py_spy)
+                .args(["record", "--rate", "99", "--format", "raw", "--full-filenames", "--nonblocking"])
+                .args(gil)
+                .args(["--duration", &RECORD_SECONDS.to_string(), "--pid", &w.child.id().to_string(), "-o"])
+                .arg(&out)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start py-spy");
+            (out, child)
+        })
+        .collect();
+    let mut spy_stacks = Vec::new();
+    let mut spy_failures = Vec::new();
+    for ((out, child), w) in spies.into_iter().zip(&workloads) {
+        let result = child.wait_with_output().unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&result.stdout), String::from_utf8_lossy(&result.stderr));
+        let summary = said.lines().find(|l| l.contains("Samples:")).unwrap_or("").trim().to_owned();
+        eprintln!("py-spy {} (pid {}): {summary}", w.python.label, w.child.id());
+        let parsed = std::fs::read_to_string(&out).map_err(|e| e.to_string()).and_then(|t| parse_py_spy(&t));
+        match parsed {
+            Ok(stacks) if result.status.success() => {
+                let (by_fn, all) = shares(&stacks);
+                let missing: Vec<&&str> = WORKLOAD_FUNCTIONS.iter().filter(|f| !by_fn.contains_key(**f)).collect();
+                if all < 300 || !missing.is_empty() {
+                    spy_failures.push(format!(
+                        "py-spy on {}: {all} samples, workload functions missing: {missing:?}\n{said}",
+                        w.python.label
+                    ));
+                }
+                spy_stacks.push(stacks);
+            }
+            other => {
+                let error = other.err().unwrap_or_default();
+                spy_failures.push(format!("py-spy on {}: {:?} {error}\n{said}", w.python.label, result.status));
+                spy_stacks.push(Vec::new());
+            }
+        }
+    }
+
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let status = agent.0.wait().unwrap();
+    let pids: Vec<u32> = workloads.iter().map(|w| w.child.id()).collect();
+    let labels: Vec<String> = workloads.iter().map(|w| w.python.label.clone()).collect();
+    drop(workloads);
+    assert!(spy_failures.is_empty(), "py-spy did not record every workload:\n{}", spy_failures.join("\n"));
+    assert!(status.success(), "profcol at SIGTERM: {status:?}\n{}", log_text());
+
+    let (mut by_pid, files) = profcol_stacks(&profiles);
+    eprintln!("{files} pprof files; run took {:.0} s", t0.elapsed().as_secs_f64());
+    let mut failures = Vec::new();
+    for ((label, pid), spy) in labels.iter().zip(&pids).zip(&spy_stacks) {
+        let profcol = by_pid.remove(pid).unwrap_or_default();
+        compare(label, *pid, &profcol, spy, &mut failures);
+    }
+    let (python, wrong, examples) = frame_types(&otlp);
+    eprintln!("OTLP: {python} Python locations, {wrong} with a frame type that disagrees");
+    if python == 0 {
+        failures.push("profcol's OTLP output has no location of a Python function".into());
+    }
+    if wrong > 0 {
+        failures.push(format!(
+            "profcol's OTLP output: {wrong} locations are `profile.frame.type: cpython` without a Python file, or \
+             the other way round:\n{}",
+            examples.join("\n")
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "profcol's Python frames differ from py-spy's:\n{}\n\nprofcol's log:\n{}",
+        failures.join("\n"),
+        log_text()
+    );
+}
+
+/// The `-raw` reader on text as Go's pprof prints it: a location without a
+/// mapping (address 0), an inlined caller's line, a pseudo file with a
+/// space, a system name after the start line, a column (newer Go).
+#[test]
+fn go_pprof_raw_text_is_read() {
+    let text = "PeriodType: cpu nanoseconds\nPeriod: 10101010\nSamples:\nsamples/count cpu/nanoseconds\n\
+                \x20         3   30303030: 1 2 3 4 \n\
+                \x20               comm:[python3]\n\
+                \x20               pid:[42] tid:[43]\n\
+                Locations\n\
+                \x20    1: 0x7f00 M=2 crc32_z /src/crc32.c:700 s=0\n\
+                \x20    2: 0x0 checksum_zlib /tmp/w.py:57 s=53\n\
+                \x20    3: 0x0 M=1 <module> <frozen runpy>:88:4 s=1(_run_code)\n\
+                \x20    4: 0x1234 M=1 inner a.c:5 s=0\n\
+                \x20            outer a.c:9 s=0\n\
+                Mappings\n\
+                1: 0x1000/0x2000/0x0 /usr/bin/python3.12  [FN]\n\
+                2: 0x7f00/0x8000/0x0 /lib/libz.so.1.2.13 abcd [FN]\n";
+    let samples = parse_raw(text);
+    assert_eq!(samples.len(), 1);
+    let (pid, stack) = &samples[0];
+    assert_eq!((*pid, stack.count), (42, 3));
+    let got: Vec<(&str, &str, u64, &str, bool)> = stack
+        .frames
+        .iter()
+        .map(|f| (f.name.as_str(), f.file.as_str(), f.line, f.mapping_base(), f.is_python()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("crc32_z", "/src/crc32.c", 700, "libz.so.1.2.13", false),
+            ("checksum_zlib", "/tmp/w.py", 57, "", true),
+            ("<module>", "<frozen runpy>", 88, "python3.12", true),
+            ("inner", "a.c", 5, "python3.12", false),
+            ("outer", "a.c", 9, "python3.12", false),
+        ]
+    );
+    assert_eq!(stack.python_path(), ["<module>", "checksum_zlib"]);
+}
