@@ -100,6 +100,26 @@ def encode_json():
     return len(json.dumps(PAYLOAD))
 
 
+class Point:
+    def __init__(self, i):
+        self.i = i
+
+
+POINTS = [Point(i) for i in range(300)]
+
+
+# Called back by _json's C encoder for each Point: Python -> C -> Python.
+def to_plain(p):
+    s = 0
+    for i in range(150):
+        s += i * p.i
+    return s
+
+
+def encode_with_callback():
+    return len(json.dumps(POINTS, default=to_plain))
+
+
 # libz's crc32 of under 5 KiB keeps the GIL: the thread on CPU is the GIL's
 # holder (py-spy --gil), and the threads never run at once, when py-spy,
 # which counts runnable threads as running, would weigh the call more than
@@ -118,6 +138,7 @@ def main_loop():
         w.method()
         square_sum(40000)
         encode_json()
+        encode_with_callback()
         checksum_zlib()
 
 
@@ -136,8 +157,17 @@ t.join()
 "#;
 
 /// Functions of the workload py-spy must see in every interpreter.
-const WORKLOAD_FUNCTIONS: &[&str] =
-    &["a_outer", "b_mid", "c_leaf", "gen_values", "<lambda>", "encode_json", "checksum_zlib", "side_thread"];
+const WORKLOAD_FUNCTIONS: &[&str] = &[
+    "a_outer",
+    "b_mid",
+    "c_leaf",
+    "gen_values",
+    "<lambda>",
+    "encode_json",
+    "to_plain",
+    "checksum_zlib",
+    "side_thread",
+];
 
 /// One interpreter under test.
 struct Python {
@@ -402,7 +432,9 @@ fn parse_py_spy(text: &str) -> Result<Vec<Stack>, String> {
         let (frames, count) = line.rsplit_once(' ').ok_or_else(|| format!("no count: {line:?}"))?;
         let count = count.parse().map_err(|_| format!("bad count: {line:?}"))?;
         let mut parsed = Vec::new();
-        for f in frames.split(';') {
+        // py-spy writes a sample it could not walk (its `Errors`) as a
+        // stack without frames: no Python frame, like a native-only one.
+        for f in frames.split(';').filter(|f| !f.is_empty()) {
             let (name, place) = f
                 .strip_suffix(')')
                 .and_then(|f| f.rsplit_once(" ("))
@@ -457,16 +489,18 @@ fn heaviest(stacks: &[Stack], n: usize) -> String {
 /// quarter of the samples whose innermost Python frame is `caller` have a
 /// frame of a mapping whose file name starts with `library` (the rest are
 /// the caller's own bytecode and the module's glue), and at most 2% of the
-/// samples with such a frame have it anywhere else (under another Python
-/// frame, or rootward of one).
+/// samples with such a frame have another Python frame than `caller` as
+/// the first one rootward of it (Python the extension calls back sits
+/// leafward of it: see [`check_callback`]).
 fn check_extension(stacks: &[Stack], caller: &str, library: &str, failures: &mut Vec<String>, label: &str) {
     let (mut in_caller, mut with_ext, mut any_ext, mut misplaced) = (Vec::new(), 0, 0, Vec::new());
     for s in stacks {
-        let ext = s.frames.iter().position(|f| !f.is_python() && f.mapping_base().starts_with(library));
+        let ext = s.frames.iter().rposition(|f| !f.is_python() && f.mapping_base().starts_with(library));
         let innermost = s.python().next();
-        if let (Some(e), Some((p, f))) = (ext, innermost) {
+        if let (Some(e), Some(_)) = (ext, innermost) {
             any_ext += s.count;
-            if p < e || f.name != caller {
+            let above = s.frames[e..].iter().find(|f| f.is_python());
+            if above.is_none_or(|f| f.name != caller) {
                 misplaced.push(s);
             }
         }
@@ -500,6 +534,47 @@ fn check_extension(stacks: &[Stack], caller: &str, library: &str, failures: &mut
         failures.push(format!(
             "{label}: {misplaced_n} of {any_ext} samples with a {library}* frame do not have it directly leafward \
              of {caller} (2% allowed):\n{}",
+            shown.join("\n")
+        ));
+    }
+}
+
+/// Python called back by a C extension reads Python → C → Python in one
+/// stack: at least 90% of the samples whose innermost Python frame is
+/// `callback` have, rootward of it, a frame of `library` and then `caller`
+/// as the next Python frame.
+fn check_callback(
+    stacks: &[Stack],
+    callback: &str,
+    library: &str,
+    caller: &str,
+    failures: &mut Vec<String>,
+    label: &str,
+) {
+    let (mut all, mut mixed, mut other) = (0, 0, Vec::new());
+    for s in stacks {
+        let Some((p, f)) = s.python().next() else { continue };
+        if f.name != callback {
+            continue;
+        }
+        all += s.count;
+        let rest = &s.frames[p + 1..];
+        let ext = rest.iter().position(|f| f.is_python() || f.mapping_base().starts_with(library));
+        let ok = ext.is_some_and(|e| {
+            !rest[e].is_python() && rest[e..].iter().find(|f| f.is_python()).is_some_and(|f| f.name == caller)
+        });
+        if ok {
+            mixed += s.count;
+        } else {
+            other.push(s);
+        }
+    }
+    eprintln!("  {mixed} of {all} samples in {callback} read {caller} → {library}* → {callback}");
+    if all == 0 || mixed * 10 < all * 9 {
+        let shown: Vec<String> = other.iter().take(5).map(|s| format!("  {} ×{}", s.count, s.display())).collect();
+        failures.push(format!(
+            "{label}: {mixed} of {all} samples in {callback} read {caller} → {library}* → {callback} (90% \
+             expected):\n{}",
             shown.join("\n")
         ));
     }
@@ -601,6 +676,7 @@ fn compare(label: &str, pid: u32, profcol: &[Stack], spy: &[Stack], failures: &m
     // main → Python → C → kernel: the C extensions below their callers.
     let json_caller = if s_fn.contains_key("JSONEncoder.iterencode") { "JSONEncoder.iterencode" } else { "iterencode" };
     check_extension(profcol, json_caller, "_json.", failures, label);
+    check_callback(profcol, "to_plain", "_json.", json_caller, failures, label);
     check_extension(profcol, "checksum_zlib", "libz.so", failures, label);
 }
 
