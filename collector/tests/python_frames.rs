@@ -23,10 +23,15 @@
 //!   below `iterencode`, libz's below `checksum_zlib` (in at least a
 //!   quarter of those functions' self samples), no Python frame below
 //!   either (main → Python → C → kernel; 2% allowed);
-//! - at least 80% of the process's samples hold a Python frame at all.
+//! - at least 80% of the process's samples hold a Python frame at all;
+//! - Python called back by C reads Python → C → Python in one stack: a
+//!   `json.dumps(..., default=to_plain)` callback sits leafward of `_json`'s
+//!   frames, which sit leafward of `iterencode`.
 //!
 //! And in the OTLP output, `profile.frame.type` is `cpython` on exactly
-//! the locations of Python frames.
+//! the locations of Python frames. A second test runs ten Python processes
+//! of 150 ms each under the embedded default's counting mode and finds
+//! their function named.
 //!
 //! A Python frame in pprof is a function whose file is a Python source
 //! (`co_filename`: `*.py`, or `<frozen ...>`-style); its name is
@@ -955,4 +960,110 @@ fn go_pprof_raw_text_is_read() {
         ]
     );
     assert_eq!(stack.python_path(), ["<module>", "checksum_zlib"]);
+}
+
+const SHORT_LIVED: &str = r#"
+import time
+def short_lived_work():
+    end = time.perf_counter() + 0.15
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+short_lived_work()
+"#;
+
+/// Processes that exec Python and exit within 200 ms are named: in the
+/// embedded default's mode (counting in the kernel, records read at the
+/// report unless something wakes the reader), ten `sh -c 'exec python
+/// short.py'` runs of 150 ms of Python each, one every 300 ms; at least
+/// eight of them have samples in `short_lived_work`, named.
+#[test]
+fn short_lived_python_processes_are_named() {
+    let test = "short_lived_python_processes_are_named";
+    if !require(test, profcol_receivers::ebpf::bpf::privileges::Privileges::current().check()) {
+        return;
+    }
+    if !tool_available("go", &["version"]) {
+        return;
+    }
+    let pythons = pythons();
+    let Some(python) = pythons.iter().max_by_key(|p| p.minor) else {
+        assert!(!in_ci(), "no CPython 3.9–3.13 found (CI=true)");
+        eprintln!("note: {test}: no CPython 3.9–3.13 found; skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("short.py");
+    std::fs::write(&script, SHORT_LIVED).unwrap();
+    let profiles = dir.path().join("profiles");
+    let config = dir.path().join("profcol.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: 4s\n    count_in_kernel: true\n\
+             exporters:\n  pprof:\n    directory: {}\n\
+             service:\n  telemetry:\n    metrics:\n      address: \"\"\n\
+             \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [pprof]\n",
+            profiles.display()
+        ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("profcol.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut agent = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_profcol"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start profcol"),
+    );
+    let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let t0 = Instant::now();
+    while !std::fs::read_dir(&profiles).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(agent.0.try_wait().unwrap().is_none(), "profcol exited:\n{}", log_text());
+        assert!(t0.elapsed() < Duration::from_secs(60), "no profile in 60 s:\n{}", log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut pids = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let mut sh = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec '{}' '{}'", python.binary.display(), script.display()))
+            .spawn()
+            .expect("sh");
+        pids.push(sh.id());
+        assert!(sh.wait().unwrap().success());
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(1500), "a short-lived run took {took:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The report after the last run, then a clean stop writes the rest.
+    std::thread::sleep(Duration::from_secs(5));
+    // SAFETY: kill() with a child's pid and SIGTERM has no memory effects.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let status = agent.0.wait().unwrap();
+    assert!(status.success(), "profcol: {status}\n{}", log_text());
+
+    let (by_pid, _) = profcol_stacks(&profiles);
+    let mut named = Vec::new();
+    let mut report = Vec::new();
+    for pid in &pids {
+        let stacks = by_pid.get(pid).map(Vec::as_slice).unwrap_or(&[]);
+        let all: u64 = stacks.iter().map(|s| s.count).sum();
+        let in_work: u64 = stacks
+            .iter()
+            .filter(|s| s.python().any(|(_, f)| f.name == "short_lived_work" && f.file.ends_with("short.py")))
+            .map(|s| s.count)
+            .sum();
+        report.push(format!("pid {pid}: {in_work} of {all} samples in short_lived_work"));
+        if in_work > 0 {
+            named.push(pid);
+        }
+    }
+    eprintln!("{} ({}):\n  {}", test, python.label, report.join("\n  "));
+    assert!(named.len() >= 8, "{} of 10 short-lived Python processes named:\n  {}", named.len(), report.join("\n  "));
 }
