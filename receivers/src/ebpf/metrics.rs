@@ -239,8 +239,8 @@ pub(crate) const INTERPRETER_WALKS_CUT: MetricDef = MetricDef::counter(
 pub(crate) const INTERPRETER_NAME_LOOKUPS: MetricDef = MetricDef::counter(
     "ebpf_interpreter_name_lookups_total",
     "frames",
-    "Interpreter frames named, by outcome: hit (cached), read (from the process's memory), error (unreadable: \
-     named `[unknown]`)",
+    "Interpreter frames named, by outcome: hit (the frame named before), read (named from its code object, read \
+     from the process's memory once per code object), error (unreadable: named `[unknown]`)",
 )
 .by("interpreter")
 .and_by("outcome");

@@ -247,24 +247,23 @@ impl Interpreters {
                     self.counters.lookups[0].inc();
                     w
                 }
-                None => {
-                    let (func, line) = match p.namer.frame(f.code, instr) {
-                        Ok(fr) => {
-                            self.counters.lookups[1].inc();
-                            (Function { name: fr.name, file: fr.file, frame_type: "cpython" }, fr.line)
+                None => match p.namer.frame(f.code, instr) {
+                    Ok(fr) => {
+                        self.counters.lookups[1].inc();
+                        let func = Function { name: fr.name, file: fr.file, frame_type: "cpython" };
+                        let w = functions::word(self.functions.id(func), fr.line);
+                        if p.named.len() >= MAX_NAMED_PER_PROCESS {
+                            p.named.clear();
                         }
-                        Err(_) => {
-                            self.counters.lookups[2].inc();
-                            (unknown(), 0)
-                        }
-                    };
-                    let w = functions::word(self.functions.id(func), line);
-                    if p.named.len() >= MAX_NAMED_PER_PROCESS {
-                        p.named.clear();
+                        p.named.insert((f.code, instr), w);
+                        w
                     }
-                    p.named.insert((f.code, instr), w);
-                    w
-                }
+                    // Not cached: the next record may find it readable.
+                    Err(_) => {
+                        self.counters.lookups[2].inc();
+                        functions::word(self.functions.id(unknown()), 0)
+                    }
+                },
             };
             self.frames.push(Named { word, entry: f.entry });
         }
