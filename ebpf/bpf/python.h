@@ -108,7 +108,10 @@ struct bpf_map_def SEC("maps") py_files = {
 	.map_flags = BPF_F_NO_PREALLOC,
 };
 
-/* tid -> its thread state's address, the last one found. */
+/* tid -> its thread state's address, the last one found; or
+ * PY_NO_THREAD_STATE | the time (2^30 ns units) none was found. */
+#define PY_NO_THREAD_STATE (1ULL << 63)
+#define PY_NO_THREAD_STATE_TTL_S 2
 struct bpf_map_def SEC("maps") py_threads = {
 	.type = BPF_MAP_TYPE_LRU_HASH,
 	.key_size = sizeof(__u32),
@@ -158,9 +161,16 @@ static __always_inline __u64 py_read_ptr(__u64 addr)
  * still is, else found in the interpreters' thread lists. 0: none. */
 static __always_inline __u64 py_thread_state(struct py_proc *p, __u32 tid, __u64 fsbase)
 {
+	__u64 now_s = bpf_ktime_get_ns() >> 30;
 	__u64 *cached = bpf_map_lookup_elem(&py_threads, &tid);
-	if (cached && *cached && py_read_ptr(*cached + p->tstate_thread_id) == fsbase)
+	if (cached && (*cached & PY_NO_THREAD_STATE)) {
+		/* A native thread of a Python process: not searched again
+		 * for a while (it may yet get a thread state). */
+		if (now_s - (*cached & ~PY_NO_THREAD_STATE) < PY_NO_THREAD_STATE_TTL_S)
+			return 0;
+	} else if (cached && *cached && py_read_ptr(*cached + p->tstate_thread_id) == fsbase) {
 		return *cached;
+	}
 	__u64 interp = py_read_ptr(p->runtime + p->runtime_interpreters_head);
 	for (int i = 0; i < PY_MAX_INTERPS; i++) {
 		if (!interp)
@@ -177,6 +187,8 @@ static __always_inline __u64 py_thread_state(struct py_proc *p, __u32 tid, __u64
 		}
 		interp = py_read_ptr(interp + p->interp_next);
 	}
+	__u64 none = PY_NO_THREAD_STATE | now_s;
+	bpf_map_update_elem(&py_threads, &tid, &none, BPF_ANY);
 	return 0;
 }
 
