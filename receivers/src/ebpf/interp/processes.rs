@@ -3,7 +3,8 @@
 //!
 //! A process is looked at once per mapping generation (its executable
 //! mappings as the process table read them), and only when one of them is
-//! an interpreter's file; an interpreter found gets a `py_procs` entry,
+//! an interpreter's file (each file's symbols read once: [`Detector`]);
+//! an interpreter found gets a `py_procs` entry,
 //! which the BPF program deletes at exec and exit and the receiver with it.
 //! Its file goes into `py_files`: a later process mapping it wakes the
 //! reader with its first sample, and a young process's records wake it
@@ -11,7 +12,7 @@
 
 use super::functions::{self, Function, FunctionTable};
 use super::merge::{self, Named};
-use super::python::detect::{self, Detection, PythonProcess, Unsupported};
+use super::python::detect::{Detection, Detector, PythonProcess, Unsupported};
 use super::python::namer::{self, PyNamer};
 use super::python::offsets::{self, NONE};
 use super::InterpCounters;
@@ -45,7 +46,6 @@ const MIN_NAMER_BUDGET: usize = 128 << 10;
 
 /// A Python process being walked.
 struct PyProc {
-    generation: u32,
     eval_ranges: Vec<(u64, u64)>,
     namer: PyNamer,
     /// (code object, instruction word) → its stack word.
@@ -55,6 +55,7 @@ struct PyProc {
 /// The interpreter side of the receiver.
 pub(crate) struct Interpreters {
     map: WalkerMaps,
+    detector: Detector,
     /// Interpreter files in `map.files`.
     files: usize,
     procs: FxHashMap<u32, PyProc>,
@@ -82,6 +83,7 @@ impl Interpreters {
     pub(crate) fn new(map: WalkerMaps, counters: InterpCounters) -> Self {
         Interpreters {
             map,
+            detector: Detector::default(),
             files: 0,
             procs: FxHashMap::default(),
             not_walked: FxHashMap::default(),
@@ -92,21 +94,21 @@ impl Interpreters {
         }
     }
 
-    /// Looks at process `pid` with mappings `maps` unless it was looked at
-    /// with them already: a Python process gets its walker entry.
+    /// Looks at process `pid` with mappings `maps` unless it is walked
+    /// already (until it execs or exits: new mappings, a C extension
+    /// loaded, change nothing) or was looked at with them: a Python process
+    /// gets its walker entry.
     pub(crate) fn observe(&mut self, pid: u32, maps: &MappingSet) {
         let generation = maps.generation;
-        if self.procs.get(&pid).is_some_and(|p| p.generation == generation)
-            || self.not_walked.get(&pid) == Some(&generation)
-        {
+        if self.procs.contains_key(&pid) || self.not_walked.get(&pid) == Some(&generation) {
             return;
         }
         if !maps_python(maps) {
             self.not_walked.insert(pid, generation);
             return;
         }
-        match detect::detect(pid) {
-            Ok(Detection::Python(p)) => match self.walk(pid, generation, p) {
+        match self.detector.detect(pid) {
+            Ok(Detection::Python(p)) => match self.walk(pid, p) {
                 Ok(()) => return,
                 Err(reason) => self.refuse(reason),
             },
@@ -136,7 +138,7 @@ impl Interpreters {
     }
 
     /// Writes `p`'s walker entry; the reason when it cannot be walked.
-    fn walk(&mut self, pid: u32, generation: u32, p: PythonProcess) -> Result<(), &'static str> {
+    fn walk(&mut self, pid: u32, p: PythonProcess) -> Result<(), &'static str> {
         let o = p.offsets;
         let entry = ProcEntry {
             runtime: p.runtime_addr,
@@ -174,7 +176,7 @@ impl Interpreters {
         );
         self.note_file(pid, &p.binary);
         let namer = PyNamer::new(pid, &p);
-        self.procs.insert(pid, PyProc { generation, eval_ranges: p.eval_ranges, namer, named: FxHashMap::default() });
+        self.procs.insert(pid, PyProc { eval_ranges: p.eval_ranges, namer, named: FxHashMap::default() });
         self.counters.processes.set(self.procs.len() as i64);
         Ok(())
     }

@@ -15,8 +15,11 @@
 use super::offsets::{self, LayoutError, PyOffsets, DEBUG_OFFSETS_MAX};
 use crate::ebpf::process::procfs::{self, MapsEntry, ProcPath};
 use profcol_elf::{ElfFile, LoadSegment};
+use rustc_hash::FxHashMap;
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// A CPython process, as the BPF walker and the namer need it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,49 +83,126 @@ pub(crate) enum DetectError {
     NoSegment { path: PathBuf, offset: u64 },
 }
 
-/// Detects CPython in process `pid` from its /proc/PID/maps.
+/// Detects CPython in process `pid` from its /proc/PID/maps (no file cache:
+/// tests and one-off use).
+#[cfg(test)]
 pub(crate) fn detect(pid: u32) -> Result<Detection, DetectError> {
-    let maps = procfs::read_maps(pid).map_err(|source| DetectError::Maps { pid, source })?;
-    detect_in(pid, &maps)
+    Detector::default().detect(pid)
 }
 
-/// [`detect`] over already parsed executable mappings of `pid`.
-pub(crate) fn detect_in(pid: u32, maps: &[MapsEntry]) -> Result<Detection, DetectError> {
-    // One candidate per file: its first executable mapping. libpython
-    // first: with a shared build the executable is only its launcher.
-    let mut candidates: Vec<(&MapsEntry, Named)> = Vec::new();
-    for m in maps.iter().filter(|m| m.is_file()) {
-        let Some(named) = interpreter_name(procfs::base_name(&m.path)) else { continue };
-        if !candidates.iter().any(|(c, _)| c.path == m.path) {
-            candidates.push((m, named));
-        }
+/// What an interpreter file says, whatever process maps it: all but the
+/// load bias.
+#[derive(Clone, Debug)]
+struct FileFacts {
+    version: (u8, u8),
+    runtime: u64,
+    code_type: Option<u64>,
+    /// `_PyEval_EvalFrameDefault`, file virtual addresses.
+    eval: Vec<(u64, u64)>,
+    offsets: PyOffsets,
+    segments: Vec<LoadSegment>,
+}
+
+/// What a file said: its facts, or why it is not walked.
+type Inspected = Result<Arc<FileFacts>, Unsupported>;
+
+/// Interpreter files read at most before the cache starts over.
+const MAX_FILES: usize = 64;
+
+/// Detection with what each interpreter file said kept by device and inode
+/// (checked against size and mtime): a host starting many Python
+/// processes reads each interpreter's symbols once.
+#[derive(Default)]
+pub(crate) struct Detector {
+    /// (device, inode) → (size, mtime in ns, what it said).
+    files: FxHashMap<(u64, u64), (u64, i64, Inspected)>,
+}
+
+impl Detector {
+    /// Detects CPython in process `pid` from its /proc/PID/maps.
+    pub(crate) fn detect(&mut self, pid: u32) -> Result<Detection, DetectError> {
+        let maps = procfs::read_maps(pid).map_err(|source| DetectError::Maps { pid, source })?;
+        self.detect_in(pid, &maps)
     }
-    candidates.sort_by_key(|(_, n)| !n.library);
-    let mut unsupported = None;
-    for (m, named) in candidates {
-        let binary = PathBuf::from(&m.path);
-        let refuse = |reason| Ok(Detection::Unsupported { binary: PathBuf::from(&m.path), reason });
-        if named.free_threaded {
-            return refuse(Unsupported::FreeThreaded);
-        }
-        if named.version < (3, 9) {
-            return refuse(Unsupported::TooOld(named.version.0, named.version.1));
-        }
-        let file = open_mapped(pid, m)?;
-        let elf = ElfFile::open(&file).map_err(|source| DetectError::Elf { path: binary.clone(), source })?;
-        match inspect(&elf, m, named)? {
-            Ok(mut p) => {
-                p.binary = binary;
-                return Ok(Detection::Python(p));
+
+    /// [`Self::detect`] over already parsed executable mappings of `pid`.
+    pub(crate) fn detect_in(&mut self, pid: u32, maps: &[MapsEntry]) -> Result<Detection, DetectError> {
+        // One candidate per file: its first executable mapping. libpython
+        // first: with a shared build the executable is only its launcher.
+        let mut candidates: Vec<(&MapsEntry, Named)> = Vec::new();
+        for m in maps.iter().filter(|m| m.is_file()) {
+            let Some(named) = interpreter_name(procfs::base_name(&m.path)) else { continue };
+            if !candidates.iter().any(|(c, _)| c.path == m.path) {
+                candidates.push((m, named));
             }
-            Err(Unsupported::NoRuntime) => unsupported = Some((binary, Unsupported::NoRuntime)),
-            Err(reason) => return refuse(reason),
+        }
+        candidates.sort_by_key(|(_, n)| !n.library);
+        let mut unsupported = None;
+        for (m, named) in candidates {
+            let binary = PathBuf::from(&m.path);
+            let refuse = |reason| Ok(Detection::Unsupported { binary: PathBuf::from(&m.path), reason });
+            if named.free_threaded {
+                return refuse(Unsupported::FreeThreaded);
+            }
+            if named.version < (3, 9) {
+                return refuse(Unsupported::TooOld(named.version.0, named.version.1));
+            }
+            match self.facts(pid, m, named)? {
+                Ok(facts) => {
+                    let bias = load_bias(&facts.segments, m, page_size())
+                        .ok_or_else(|| DetectError::NoSegment { path: binary.clone(), offset: m.offset })?;
+                    return Ok(Detection::Python(facts.in_process(bias, binary)));
+                }
+                Err(Unsupported::NoRuntime) => unsupported = Some((binary, Unsupported::NoRuntime)),
+                Err(reason) => return refuse(reason),
+            }
+        }
+        Ok(match unsupported {
+            Some((binary, reason)) => Detection::Unsupported { binary, reason },
+            None => Detection::NotPython,
+        })
+    }
+
+    /// Interpreter files whose facts are kept.
+    #[cfg(test)]
+    pub(crate) fn cached_files(&self) -> usize {
+        self.files.len()
+    }
+
+    /// What the file of mapping `m` says: from the cache while its size
+    /// and mtime are the same, else read.
+    fn facts(&mut self, pid: u32, m: &MapsEntry, named: Named) -> Result<Inspected, DetectError> {
+        let file = open_mapped(pid, m)?;
+        let md = file.metadata().map_err(|source| DetectError::Open { path: PathBuf::from(&m.path), source })?;
+        let key = (md.dev(), md.ino());
+        let (size, mtime) = (md.size(), md.mtime() * 1_000_000_000 + md.mtime_nsec());
+        if let Some((s, t, facts)) = self.files.get(&key) {
+            if *s == size && *t == mtime {
+                return Ok(facts.clone());
+            }
+        }
+        let elf = ElfFile::open(&file).map_err(|source| DetectError::Elf { path: PathBuf::from(&m.path), source })?;
+        let facts = inspect(&elf, named).map(Arc::new);
+        if self.files.len() >= MAX_FILES {
+            self.files.clear();
+        }
+        self.files.insert(key, (size, mtime, facts.clone()));
+        Ok(facts)
+    }
+}
+
+impl FileFacts {
+    /// The process that maps this file with load bias `bias`.
+    fn in_process(&self, bias: u64, binary: PathBuf) -> PythonProcess {
+        PythonProcess {
+            version: self.version,
+            runtime_addr: self.runtime.wrapping_add(bias),
+            eval_ranges: self.eval.iter().map(|&(s, e)| (s.wrapping_add(bias), e.wrapping_add(bias))).collect(),
+            offsets: self.offsets,
+            code_type_addr: self.code_type.map_or(0, |a| a.wrapping_add(bias)),
+            binary,
         }
     }
-    Ok(match unsupported {
-        Some((binary, reason)) => Detection::Unsupported { binary, reason },
-        None => Detection::NotPython,
-    })
 }
 
 /// What an interpreter file's name says.
@@ -159,13 +239,11 @@ fn open_mapped(pid: u32, m: &MapsEntry) -> Result<File, DetectError> {
         .map_err(|source| DetectError::Open { path: PathBuf::from(&m.path), source })
 }
 
-/// Reads the interpreter's symbols and version; the outer error is an
-/// unreadable file, the inner one a refusal.
-fn inspect(elf: &ElfFile, m: &MapsEntry, named: Named) -> Result<Result<PythonProcess, Unsupported>, DetectError> {
+/// Reads the interpreter's symbols and version: what it says, or why it
+/// is not walked.
+fn inspect(elf: &ElfFile, named: Named) -> Result<FileFacts, Unsupported> {
     let (objects, _) = elf.find_objects(&["_PyRuntime", "Py_Version", "PyCode_Type"]);
-    let Some(runtime) = objects[0].clone() else { return Ok(Err(Unsupported::NoRuntime)) };
-    let bias = load_bias(&elf.load_segments(), m, page_size())
-        .ok_or_else(|| DetectError::NoSegment { path: PathBuf::from(&m.path), offset: m.offset })?;
+    let Some(runtime) = objects[0].clone() else { return Err(Unsupported::NoRuntime) };
     // Py_Version: `const unsigned long`, PY_VERSION_HEX.
     let hex = objects[1]
         .as_ref()
@@ -176,44 +254,40 @@ fn inspect(elf: &ElfFile, m: &MapsEntry, named: Named) -> Result<Result<PythonPr
         None => named.version,
     };
     if version < (3, 9) {
-        return Ok(Err(Unsupported::TooOld(version.0, version.1)));
+        return Err(Unsupported::TooOld(version.0, version.1));
     }
     let offsets = if version >= (3, 13) {
         let len = if runtime.size == 0 { DEBUG_OFFSETS_MAX } else { DEBUG_OFFSETS_MAX.min(runtime.size as usize) };
         let blob = elf.bytes_at(runtime.address, len).unwrap_or_default();
         let table = match offsets::from_debug_offsets(blob) {
             Ok(t) => t,
-            Err(LayoutError::FreeThreaded) => return Ok(Err(Unsupported::FreeThreaded)),
-            Err(e) => return Ok(Err(Unsupported::Layout(e))),
+            Err(LayoutError::FreeThreaded) => return Err(Unsupported::FreeThreaded),
+            Err(e) => return Err(Unsupported::Layout(e)),
         };
         if ((table.version_hex >> 24) as u8, (table.version_hex >> 16) as u8) != version {
-            return Ok(Err(Unsupported::VersionMismatch(table.version_hex, version.0, version.1)));
+            return Err(Unsupported::VersionMismatch(table.version_hex, version.0, version.1));
         }
         if runtime.size != 0 && table.runtime_size != runtime.size {
-            return Ok(Err(Unsupported::RuntimeSize(table.runtime_size, runtime.size)));
+            return Err(Unsupported::RuntimeSize(table.runtime_size, runtime.size));
         }
         table.offsets
     } else {
         match offsets::for_version(version) {
             Some(o) => o,
-            None => return Ok(Err(Unsupported::NoTable(version.0, version.1))),
+            None => return Err(Unsupported::NoTable(version.0, version.1)),
         }
     };
     let (eval, _) = elf.find_functions(&["_PyEval_EvalFrameDefault"]);
-    let eval_ranges = eval
-        .iter()
-        .flatten()
-        .filter(|s| s.size > 0)
-        .map(|s| (s.address.wrapping_add(bias), s.address.wrapping_add(bias).wrapping_add(s.size)))
-        .collect();
-    Ok(Ok(PythonProcess {
+    let eval =
+        eval.iter().flatten().filter(|s| s.size > 0).map(|s| (s.address, s.address.wrapping_add(s.size))).collect();
+    Ok(FileFacts {
         version,
-        runtime_addr: runtime.address.wrapping_add(bias),
-        eval_ranges,
+        runtime: runtime.address,
+        code_type: objects[2].as_ref().map(|s| s.address),
+        eval,
         offsets,
-        code_type_addr: objects[2].as_ref().map_or(0, |s| s.address.wrapping_add(bias)),
-        binary: PathBuf::new(),
-    }))
+        segments: elf.load_segments(),
+    })
 }
 
 /// Process address minus file vaddr, from an executable mapping: the
@@ -319,11 +393,14 @@ mod tests {
             path: path.to_owned(),
             deleted: false,
         };
-        let d = detect_in(u32::MAX, &[entry("/usr/lib/libpython2.7.so.1.0")]).unwrap();
+        let d = Detector::default().detect_in(u32::MAX, &[entry("/usr/lib/libpython2.7.so.1.0")]).unwrap();
         assert!(matches!(d, Detection::Unsupported { reason: Unsupported::TooOld(2, 7), .. }), "{d:?}");
-        let d = detect_in(u32::MAX, &[entry("/usr/bin/python3.13t")]).unwrap();
+        let d = Detector::default().detect_in(u32::MAX, &[entry("/usr/bin/python3.13t")]).unwrap();
         assert!(matches!(d, Detection::Unsupported { reason: Unsupported::FreeThreaded, .. }), "{d:?}");
         // A file that cannot be opened is an error, not a panic.
-        assert!(matches!(detect_in(u32::MAX, &[entry("/nonexistent/python3.12")]), Err(DetectError::Open { .. })));
+        assert!(matches!(
+            Detector::default().detect_in(u32::MAX, &[entry("/nonexistent/python3.12")]),
+            Err(DetectError::Open { .. })
+        ));
     }
 }

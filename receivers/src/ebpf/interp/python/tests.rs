@@ -527,3 +527,37 @@ fn older_interpreters_are_refused() {
     }
     eprintln!("{checked} older interpreters refused");
 }
+
+/// A second process of the same interpreter is found from the file read
+/// for the first (one cache entry), at its own load address.
+#[test]
+fn interpreter_files_are_read_once() {
+    let Some(prefix) = pyenv_python(12) else { return missing("no pyenv 3.12") };
+    let python = prefix.join("bin/python3.12");
+    let start = || {
+        Running(
+            Command::new(&python)
+                .args(["-c", "import ctypes, sys; print(ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, '_PyRuntime')), flush=True); sys.stdin.read()"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let (mut a, mut b) = (start(), start());
+    let runtime_of = |c: &mut Running| {
+        let mut line = String::new();
+        BufReader::new(c.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        line.trim().parse::<u64>().unwrap()
+    };
+    let (ra, rb) = (runtime_of(&mut a), runtime_of(&mut b));
+    assert_ne!(ra, rb, "two processes, two load addresses (ASLR)");
+    let mut d = super::detect::Detector::default();
+    for (c, want) in [(&a, ra), (&b, rb)] {
+        match d.detect(c.0.id()).unwrap() {
+            Detection::Python(p) => assert_eq!(p.runtime_addr, want),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(d.cached_files(), 1, "the interpreter file read once");
+}
