@@ -239,6 +239,8 @@ impl Interpreters {
         p.namer.budget = share;
         self.counters.frames.add(interp.len() as u64);
         self.frames.clear();
+        // hit, read, error: added to the counters once per record.
+        let mut outcomes = [0u64; 3];
         for (w, instr) in interp {
             let f = FrameWord::decode(w);
             if f.kind != KIND_CPYTHON {
@@ -246,12 +248,12 @@ impl Interpreters {
             }
             let word = match p.named.get(&(f.code, instr)) {
                 Some(&w) => {
-                    self.counters.lookups[0].inc();
+                    outcomes[0] += 1;
                     w
                 }
                 None => match p.namer.frame(f.code, instr) {
                     Ok(fr) => {
-                        self.counters.lookups[1].inc();
+                        outcomes[1] += 1;
                         let func = Function { name: fr.name, file: fr.file, frame_type: "cpython" };
                         let w = functions::word(self.functions.id(func), fr.line);
                         if p.named.len() >= MAX_NAMED_PER_PROCESS {
@@ -262,12 +264,17 @@ impl Interpreters {
                     }
                     // Not cached: the next record may find it readable.
                     Err(_) => {
-                        self.counters.lookups[2].inc();
+                        outcomes[2] += 1;
                         functions::word(self.functions.id(unknown()), 0)
                     }
                 },
             };
             self.frames.push(Named { word, entry: f.entry });
+        }
+        for (c, n) in self.counters.lookups.iter().zip(outcomes) {
+            if n > 0 {
+                c.add(n);
+            }
         }
         let ranges = &p.eval_ranges;
         merge::merge(ustack, &self.frames, |pc| ranges.iter().any(|&(s, e)| s <= pc && pc < e), &mut self.merged);
