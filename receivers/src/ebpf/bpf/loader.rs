@@ -40,8 +40,8 @@ pub(crate) struct Loaded {
     pub unwind_maps: Option<crate::ebpf::unwind::kernel::KernelMaps>,
     /// Samples counted in the kernel (`None` unless `count_in_kernel`).
     pub counts: Option<crate::ebpf::stacks::counted::KernelCounts>,
-    /// The Python walker's per-process map (`None` when it is off or did
-    /// not load).
+    /// The Python walker's maps the receiver writes (`None` when it is off
+    /// or did not load).
     pub python_procs: Option<crate::ebpf::interp::processes::WalkerMaps>,
 }
 
