@@ -444,6 +444,10 @@ async fn agreement_with_perf(cmd: &str, args: &[&str]) -> (f64, f64) {
         pids: vec![pid],
         // A time per sample: only those inside perf's run are compared.
         count_in_kernel: false,
+        // The native walk against perf's: no Python frames in place of
+        // the interpreter's eval calls (collector/tests/python_frames.rs
+        // checks those against py-spy).
+        interpreters: Vec::new(),
         ..Default::default()
     })
     .await;
