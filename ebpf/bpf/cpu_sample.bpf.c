@@ -10,6 +10,9 @@
 //  * profcol_exec / profcol_exit: raw tracepoints on sched_process_exec and
 //    sched_process_exit (no tracefs, no BTF) writing process events into
 //    their own small ring buffer: process discovery for the receiver.
+//  * `targets`: a sample of a process outside the selection is dropped
+//    before any stack walk, by a verdict per cgroup v2 id (or per process)
+//    the reader writes when the first sample of one asks for it.
 //
 // Design rules (see docs/ARCHITECTURE.md, "eBPF receiver (as built)"):
 //  * No CO-RE relocations and no BTF-defined maps: the object carries no
@@ -38,7 +41,7 @@ enum stat {
 	STAT_KSTACK_ERR = 2,    /* bpf_get_stack(kernel) failed */
 	STAT_USTACK_ERR = 3,    /* bpf_get_stack(user) failed */
 	STAT_IDLE = 4,          /* samples of the idle task, skipped */
-	STAT_FILTERED = 5,      /* samples of pids not in pid_filter */
+	STAT_FILTERED = 5,      /* samples outside pid_filter or targets */
 	STAT_NO_SCRATCH = 6,    /* scratch lookup failed (never expected) */
 	STAT_PROBE_HITS = 7,    /* uprobe hits (written or not) */
 	STAT_COUNTED = 8,       /* samples only counted in `counts` (no record) */
@@ -51,6 +54,8 @@ enum stat {
 const volatile __u32 cfg_max_stack_depth = MAX_STACK_DEPTH;
 const volatile __u32 cfg_exclude_idle = 1;
 const volatile __u32 cfg_filter_pids = 0;
+/* Nonzero when `targets` selects what is sampled (target_selected). */
+const volatile __u32 cfg_targets = 0;
 /* profcol's own tgid: its calls of probed functions are not counted (and
  * cannot feed back into more events). */
 const volatile __u32 cfg_self_tgid = 0;
@@ -173,11 +178,74 @@ struct bpf_map_def SEC("maps") pid_filter = {
 	.max_entries = 1024,
 };
 
+/* Verdicts of `targets`, written by the reader. */
+#define TARGET_IN 1
+#define TARGET_OUT 2
+#define TARGET_ASKED 3      /* asked, no answer yet: dropped meanwhile */
+#define TARGET_BY_PROCESS 4 /* the executable decides: see target_procs */
+
+/* cgroup v2 id -> verdict. LRU: a cgroup gone leaves by itself; one
+ * evicted while in use is asked about again. */
+struct bpf_map_def SEC("maps") target_cgroups = {
+	.type = BPF_MAP_TYPE_LRU_HASH,
+	.key_size = sizeof(__u64),
+	.value_size = sizeof(__u8),
+	.max_entries = 16384,
+};
+
+/* tgid -> verdict, for cgroups whose verdict is TARGET_BY_PROCESS; an
+ * exec or exit deletes the tgid's entry. */
+struct bpf_map_def SEC("maps") target_procs = {
+	.type = BPF_MAP_TYPE_LRU_HASH,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(__u8),
+	.max_entries = 16384,
+};
+
+/* Asks for verdicts; each wakes the reader. */
+struct bpf_map_def SEC("maps") target_asks = {
+	.type = BPF_MAP_TYPE_RINGBUF,
+	.key_size = 0,
+	.value_size = 0,
+	.max_entries = 1 << 14,
+};
+
 static __always_inline void count(__u32 slot)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &slot);
 	if (v)
 		*v += 1; /* per-CPU slot: no atomics needed */
+}
+
+/* Marks `key` of `map` asked and asks the reader, once: the samples
+ * until it answers are dropped. A lost ask is asked again. */
+static __always_inline void ask_target(void *map, void *key, __u64 cgroup, __u32 pid, __u32 kind)
+{
+	__u8 asked = TARGET_ASKED;
+	if (bpf_map_update_elem(map, key, &asked, BPF_NOEXIST))
+		return;
+	struct target_ask a = { .cgroup_id = cgroup, .pid = pid, .kind = kind };
+	if (bpf_ringbuf_output(&target_asks, &a, sizeof(a), BPF_RB_FORCE_WAKEUP))
+		bpf_map_delete_elem(map, key);
+}
+
+/* Whether the current task is in `targets`' selection. */
+static __always_inline int target_selected(__u32 tgid)
+{
+	__u64 cgroup = bpf_get_current_cgroup_id();
+	__u8 *v = bpf_map_lookup_elem(&target_cgroups, &cgroup);
+	if (!v) {
+		ask_target(&target_cgroups, &cgroup, cgroup, tgid, TARGET_ASK_CGROUP);
+		return 0;
+	}
+	if (*v != TARGET_BY_PROCESS)
+		return *v == TARGET_IN;
+	v = bpf_map_lookup_elem(&target_procs, &tgid);
+	if (!v) {
+		ask_target(&target_procs, &tgid, cgroup, tgid, TARGET_ASK_PROCESS);
+		return 0;
+	}
+	return *v == TARGET_IN;
 }
 
 /* Frames per stack (kernel and user each), from the configuration. */
@@ -463,7 +531,7 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 		count(STAT_IDLE);
 		return 0;
 	}
-	if (cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) {
+	if ((cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) || (cfg_targets && !target_selected(tgid))) {
 		count(STAT_FILTERED);
 		return 0;
 	}
@@ -487,7 +555,7 @@ int profcol_uprobe(struct pt_regs *ctx)
 	if (tgid == cfg_self_tgid)
 		return 0;
 	count(STAT_PROBE_HITS);
-	if (cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) {
+	if ((cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) || (cfg_targets && !target_selected(tgid))) {
 		count(STAT_FILTERED);
 		return 0;
 	}
@@ -535,6 +603,9 @@ static __always_inline void forget_mappings(void)
 		if (cfg_off_task_fsbase)
 			bpf_map_delete_elem(&py_procs, &pid);
 	}
+	/* A new image may be judged otherwise by an `executable` matcher. */
+	if (cfg_targets && (__u32)id == pid)
+		bpf_map_delete_elem(&target_procs, &pid);
 }
 
 SEC("raw_tracepoint/sched_process_exec")

@@ -74,4 +74,18 @@ struct proc_event {
 	__u64 cgroup_id;         /* the task's cgroup v2 id: its container, once per cgroup */
 };
 
+/* What a `struct target_ask` asks about. */
+enum target_ask_kind {
+	TARGET_ASK_CGROUP = 1,  /* a cgroup with no verdict yet */
+	TARGET_ASK_PROCESS = 2, /* a process whose executable decides */
+};
+
+/* A sample of a cgroup (or process) `targets` has no verdict for yet: the
+ * reader decides and writes the verdict into target_cgroups/target_procs. */
+struct target_ask {
+	__u64 cgroup_id;
+	__u32 pid;
+	__u32 kind;              /* enum target_ask_kind */
+};
+
 #endif

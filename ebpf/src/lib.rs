@@ -125,7 +125,7 @@ pub enum Stat {
     UserStackError = 3,
     /// Samples of the idle task, skipped (`exclude_idle`).
     Idle = 4,
-    /// Samples of processes not in `pids`, skipped.
+    /// Samples of processes outside `pids` or `targets`, skipped.
     Filtered = 5,
     /// Per-CPU scratch lookup failed (not expected).
     NoScratch = 6,
@@ -167,6 +167,8 @@ pub use record::{
 pub mod unwind;
 
 pub mod python;
+
+pub mod targets;
 
 pub mod btf;
 

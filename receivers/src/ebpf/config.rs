@@ -76,6 +76,14 @@ pub struct EbpfConfig {
     /// `python` (CPython 3.9 to 3.13, found in every process that maps
     /// one). An empty list turns interpreter frames off.
     pub interpreters: Vec<Interpreter>,
+    /// Which processes are sampled, decided in the kernel before any stack
+    /// walk: `include` (empty: every process) and `exclude` lists of
+    /// matchers on `cgroup_path`, `container_id`, `k8s_namespace`,
+    /// `k8s_pod`, `k8s_container` and `executable` (globs; every key of a
+    /// matcher must match). Needs the cgroup v2 hierarchy mounted (alone or
+    /// beside v1). Samples left out count in
+    /// `profcol_receiver_ebpf_samples_filtered_total`.
+    pub targets: crate::ebpf::targets::TargetsConfig,
 }
 
 /// One entry of `interpreters:`.
@@ -226,6 +234,7 @@ impl Default for EbpfConfig {
             count_in_kernel: false,
             max_counted_stacks: 16_384,
             interpreters: vec![Interpreter::Python],
+            targets: Default::default(),
         }
     }
 }
@@ -294,6 +303,9 @@ impl Validate for EbpfConfig {
                     p.add(&format!("uprobes[{i}].binary"), m);
                 }
             }
+        }
+        for (at, message) in self.targets.problems() {
+            p.add(&at, message);
         }
         if self.service_name.is_empty() {
             p.add(

@@ -63,6 +63,12 @@ pub(crate) const SAMPLES_COUNTED_IN_KERNEL: MetricDef = MetricDef::counter(
     "samples",
     "On-CPU samples counted per stack in the kernel, without a record of their own (count_in_kernel)",
 );
+pub(crate) const SAMPLES_FILTERED: MetricDef = MetricDef::counter(
+    "ebpf_samples_filtered_total",
+    "samples",
+    "Samples dropped in the kernel before any stack walk: their process is outside `targets` (or `pids`), \
+     or in a cgroup whose verdict the receiver was still reading",
+);
 pub(crate) const SAMPLES_COUNTS_FULL: MetricDef = MetricDef::counter(
     "ebpf_samples_counts_full_total",
     "samples",
@@ -186,6 +192,7 @@ pub(crate) const METRICS: &[MetricDef] = &[
     CPU_ATTACHES,
     CPU_ATTACH_FAILURES,
     SAMPLES_COUNTED_IN_KERNEL,
+    SAMPLES_FILTERED,
     SAMPLES_COUNTS_FULL,
     SAMPLES_DYNAMIC_KERNEL_TEXT,
     SAMPLES_COUNTED_UNNAMED,

@@ -30,6 +30,7 @@ pub(crate) mod metrics;
 pub mod process;
 pub(crate) mod sampler;
 pub mod stacks;
+pub mod targets;
 pub(crate) mod unwind;
 pub mod uprobes;
 

@@ -21,6 +21,7 @@ use super::config::EbpfConfig;
 use super::interp::processes::Interpreters;
 use super::interp::InterpCounters;
 use super::metrics as m;
+use super::targets::Targets;
 use super::unwind::{UnwindCounters, Unwinder};
 use super::uprobes::{UprobeCounters, Uprobes};
 use crate::ebpf::bpf::loader::{load_and_attach, CpuSync, LoadError, Loaded};
@@ -124,6 +125,8 @@ pub struct Counters {
     pub dropped: Counter,
     /// Samples counted in the kernel without a record of their own.
     pub samples_counted: Counter,
+    /// Samples dropped in the kernel: outside `targets` or `pids`.
+    pub samples_filtered: Counter,
     /// Samples sent one by one because the counts map was full.
     pub counts_full: Counter,
     /// Samples sent one by one because a kernel frame was outside the
@@ -158,6 +161,7 @@ impl Counters {
             cpu_attach_failures: t.counter_of(&m::CPU_ATTACH_FAILURES),
             dropped: t.dropped.clone(),
             samples_counted: t.counter_of(&m::SAMPLES_COUNTED_IN_KERNEL),
+            samples_filtered: t.counter_of(&m::SAMPLES_FILTERED),
             counts_full: t.counter_of(&m::SAMPLES_COUNTS_FULL),
             dynamic_text: t.counter_of(&m::SAMPLES_DYNAMIC_KERNEL_TEXT),
             counted_unnamed: t.counter_of(&m::SAMPLES_COUNTED_UNNAMED),
@@ -304,6 +308,7 @@ fn run(start: Start) {
         }
         let now = Instant::now();
         due.read_proc_events(&mut s, &mut loaded, &fds, stopping, now);
+        s.answer_target_asks(&mut loaded);
         s.drain(&mut loaded);
         s.poll_uprobes(&mut loaded, now);
         if !stopping && now >= due.next_cpu_check {
@@ -366,10 +371,17 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
             return None;
         }
     };
+    let interp = loaded.python_procs.take().map(|map| Interpreters::new(map, interp_counters));
+    let targets = match loaded.targets.is_some().then(|| Targets::new(&config.targets)).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = ready.send(Err(LoadError::Other(format!("targets: {e}"))));
+            return None;
+        }
+    };
     if ready.send(Ok(())).is_err() {
         return None;
     }
-    let interp = loaded.python_procs.take().map(|map| Interpreters::new(map, interp_counters));
     let mut table = ProcessTable::new(MAX_PROCESSES);
     table.set_file_pins(pins);
     table.set_service_namer(ServiceNamer::new(config.service_name.clone()));
@@ -391,6 +403,7 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         ubuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
         ibuf: Vec::new(),
         interp,
+        targets,
         uprobes,
         mappings,
         mapping_batch: MappingBatch::default(),
@@ -508,7 +521,10 @@ impl Schedule {
         // A finished table build wakes the thread: its table goes in now,
         // not at the next drain.
         let built = s.unwinder.as_ref().map_or(-1, |u| u.built_fd());
-        wait(fds, [loaded.ring.as_raw_fd(), wake, built], watch_proc, s.mappings.as_ref(), timeout);
+        // An ask for a verdict wakes the thread: samples of its cgroup are
+        // dropped until it answers.
+        let asks = loaded.targets.as_ref().map_or(-1, |t| t.asks.as_raw_fd());
+        wait(fds, [loaded.ring.as_raw_fd(), wake, built, asks], watch_proc, s.mappings.as_ref(), timeout);
     }
 
     /// Reads the exec/exit events and mapping records when due (always
@@ -521,7 +537,7 @@ impl Schedule {
         stopping: bool,
         now: Instant,
     ) {
-        let mapping_ring_full = fds.iter().skip(4).any(|p| p.revents & libc::POLLIN != 0);
+        let mapping_ring_full = fds.iter().skip(MAPPING_FDS_AT).any(|p| p.revents & libc::POLLIN != 0);
         if s.uprobes.is_some()
             && !stopping
             && self.proc_events_flowing
@@ -620,9 +636,12 @@ pub(crate) fn cpu_list(cpus: &[u32]) -> String {
 /// Waits until the sample ring (or `proc_ring`, when given) has data, the
 /// wake or `built` eventfd is signalled, a mapping ring is half full, or
 /// timeout. `fds` is reused; entries from index 4 on are the mapping rings.
+/// Where the mapping rings' fds start in [`wait`]'s poll set.
+const MAPPING_FDS_AT: usize = 5;
+
 fn wait(
     fds: &mut Vec<libc::pollfd>,
-    [ring, wake, built]: [RawFd; 3],
+    [ring, wake, built, asks]: [RawFd; 4],
     proc_ring: Option<RawFd>,
     mappings: Option<&MappingEvents>,
     timeout: Duration,
@@ -630,7 +649,7 @@ fn wait(
     let pollfd = |fd: RawFd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     fds.clear();
     // A negative fd is ignored by poll.
-    fds.extend([pollfd(ring), pollfd(wake), pollfd(proc_ring.unwrap_or(-1)), pollfd(built)]);
+    fds.extend([pollfd(ring), pollfd(wake), pollfd(proc_ring.unwrap_or(-1)), pollfd(built), pollfd(asks)]);
     fds.extend(mappings.into_iter().flat_map(|m| m.fds()).map(pollfd));
     // Rounded up: a deadline less than 1 ms away must not become a busy loop.
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
@@ -657,6 +676,8 @@ struct Sampler {
     ibuf: Vec<(u64, u64)>,
     /// Present when an interpreter walker loaded (`interpreters:`).
     interp: Option<Interpreters>,
+    /// Present when `targets` is configured.
+    targets: Option<Targets>,
     /// Present when probes are configured.
     uprobes: Option<Uprobes<UProbeLink>>,
     /// The kernel's exec and mapping records (when the side-band events
@@ -687,6 +708,14 @@ struct Sampler {
 }
 
 impl Sampler {
+    /// Writes the verdicts the BPF program asked for (`targets`).
+    fn answer_target_asks(&mut self, loaded: &mut Loaded) {
+        let (Some(targets), Some(maps)) = (&self.targets, loaded.targets.as_mut()) else {
+            return;
+        };
+        let done = targets.answer_asks(maps, &mut |_| None);
+        self.counters.malformed.add(done.malformed);
+    }
     /// Attaches probes to the processes whose hits were seen unfollowed,
     /// and does the uprobe side's due work.
     fn poll_uprobes(&mut self, loaded: &mut Loaded, now: Instant) {
@@ -957,6 +986,7 @@ impl Sampler {
         self.counters.user_stack_errors.add(delta(Stat::UserStackError));
         self.counters.samples_counted.add(delta(Stat::Counted));
         self.counters.counts_full.add(delta(Stat::CountsFull));
+        self.counters.samples_filtered.add(delta(Stat::Filtered));
         self.counters.dynamic_text.add(delta(Stat::DynamicText));
         if let Some(u) = &self.uprobes {
             u.counters().probe_hits.add(delta(Stat::ProbeHits));

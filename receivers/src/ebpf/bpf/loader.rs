@@ -43,6 +43,8 @@ pub(crate) struct Loaded {
     /// The Python walker's maps the receiver writes (`None` when it is off
     /// or did not load).
     pub python_procs: Option<crate::ebpf::interp::processes::WalkerMaps>,
+    /// `targets`' verdict maps and asks (`None` unless configured).
+    pub targets: Option<crate::ebpf::targets::kernel::TargetMaps>,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -105,6 +107,7 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
     let depth = cfg.max_stack_depth;
     let exclude_idle = u32::from(cfg.exclude_idle);
     let filter_pids = u32::from(!cfg.pids.is_empty());
+    let targets = u32::from(cfg.targets.is_set());
     let self_tgid = std::process::id();
     let unwind = unwind_sizes(cfg);
     let counting = CountingGlobals::new(cfg);
@@ -155,6 +158,14 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         .override_global(obj::globals::MAX_STACK_DEPTH, &depth, true)
         .override_global(obj::globals::EXCLUDE_IDLE, &exclude_idle, true)
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
+        .override_global(obj::targets::ENABLED_GLOBAL, &targets, true)
+        // LRU maps are allocated whole: one entry each when unused.
+        .map_max_entries(obj::targets::CGROUPS_MAP, if targets != 0 { obj::targets::CAPACITY } else { 1 })
+        .map_max_entries(obj::targets::PROCS_MAP, if targets != 0 { obj::targets::CAPACITY } else { 1 })
+        .map_max_entries(
+            obj::targets::ASKS_MAP,
+            if targets != 0 { 1 << 14 } else { profcol_ebpf::sys::page_size() as u32 },
+        )
         .override_global(obj::globals::SELF_TGID, &self_tgid, true)
         .map_max_entries(obj::EVENTS_MAP, cfg.ring_bytes(cpus))
         .map_max_entries(obj::PROC_EVENTS_MAP, proc_event_ring_bytes(cpus))
@@ -433,6 +444,17 @@ fn attach_proc_events(ebpf: &mut Ebpf) -> Result<ProcEvents, LoadError> {
     Ok(ProcEvents { ring, lost })
 }
 
+/// The maps of `targets`, which the reader writes verdicts into.
+fn take_target_maps(ebpf: &mut Ebpf) -> Result<crate::ebpf::targets::kernel::TargetMaps, LoadError> {
+    use obj::targets::{ASKS_MAP, CGROUPS_MAP, PROCS_MAP};
+    let mut take =
+        |name: &str| ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")));
+    let cgroups = BpfHashMap::try_from(take(CGROUPS_MAP)?).map_err(|e| other(CGROUPS_MAP, &e))?;
+    let procs = BpfHashMap::try_from(take(PROCS_MAP)?).map_err(|e| other(PROCS_MAP, &e))?;
+    let asks = RingBuf::try_from(take(ASKS_MAP)?).map_err(|e| other(ASKS_MAP, &e))?;
+    Ok(crate::ebpf::targets::kernel::TargetMaps { cgroups, procs, asks })
+}
+
 /// Attaches uprobes through the loaded uprobe program.
 pub(crate) struct KernelAttacher<'a> {
     prog: Option<&'a mut UProbe>,
@@ -529,7 +551,9 @@ pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), Loa
     } else {
         None
     };
+    let targets = if cfg.targets.is_set() { Some(take_target_maps(&mut ebpf)?) } else { None };
     let mut loaded = Loaded {
+        targets,
         unwind_maps,
         counts,
         python_procs,
