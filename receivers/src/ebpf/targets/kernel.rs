@@ -75,21 +75,12 @@ impl Targets {
         done
     }
 
-    /// The verdict for an ask, from the asking process's /proc entry;
-    /// `None` when it is gone (or moved to another cgroup meanwhile).
+    /// The verdict for an ask; `None` when the asking cgroup cannot be
+    /// found (the process gone, the cgroup removed).
     fn judge(&self, ask: Ask, pod_of: &mut dyn FnMut(&str) -> Option<PodFacts>) -> Option<Verdict> {
-        let cgroup = procfs::read_cgroup(ask.pid)?;
-        // cgroup v2: the "0::" line (the only one on a v2-only host).
-        let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-        // The process may have moved since it asked: the path must be the
-        // asking cgroup's (its id is the directory's inode number).
-        if let Some(root) = &self.cgroup2_root {
-            use std::os::unix::fs::MetadataExt;
-            if std::fs::metadata(root.join(path.trim_start_matches('/'))).ok()?.ino() != ask.cgroup_id {
-                return None;
-            }
-        }
-        let container_id = procfs::container_id(&cgroup);
+        let path = self.cgroup_path(ask)?;
+        // The container id as /proc/PID/cgroup gives it, from the path.
+        let container_id = procfs::container_id(&format!("0::{path}"));
         let pod = container_id.as_deref().and_then(&mut *pod_of).unwrap_or_default();
         let exe = match ask.kind {
             AskKind::Cgroup => None,
@@ -97,7 +88,7 @@ impl Targets {
         };
         let exe = exe.as_ref().map(|p| p.to_string_lossy());
         let facts = Facts {
-            cgroup_path: path,
+            cgroup_path: &path,
             container_id: container_id.as_deref(),
             k8s_namespace: pod.namespace.as_deref(),
             k8s_pod: pod.pod.as_deref(),
@@ -107,5 +98,77 @@ impl Targets {
         let v = self.verdict(&facts);
         // A process in a ByProcess cgroup always has an executable here.
         Some(if ask.kind == AskKind::Process && v == Verdict::ByProcess { Verdict::Out } else { v })
+    }
+
+    /// The path of the asking cgroup (its id is its directory's inode
+    /// number in the cgroup2 tree): the asking process's, when it is still
+    /// there, else found in the host's tree (an agent in its own cgroup
+    /// namespace sees other pods' paths relative to its own).
+    fn cgroup_path(&self, ask: Ask) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let from_proc = procfs::read_cgroup(ask.pid).and_then(|c| {
+            // cgroup v2: the "0::" line (the only one on a v2-only host).
+            c.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_owned)
+        });
+        let Some(root) = &self.cgroup2_root else {
+            return from_proc;
+        };
+        if let Some(p) = from_proc {
+            let dir = root.join(p.trim_start_matches('/'));
+            if std::fs::metadata(dir).is_ok_and(|m| m.ino() == ask.cgroup_id) {
+                return Some(p);
+            }
+        }
+        find_cgroup(root, ask.cgroup_id)
+    }
+}
+
+/// Directories of the cgroup tree looked at at most in one search.
+const MAX_CGROUP_DIRS: usize = 65_536;
+
+/// The path (from `root`) of the cgroup whose directory has inode `id`.
+fn find_cgroup(root: &std::path::Path, id: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(root).ok()?.ino() == id {
+        return Some("/".into());
+    }
+    let mut stack = vec![root.to_path_buf()];
+    let mut seen = 0;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let Ok(t) = e.file_type() else { continue };
+            if !t.is_dir() {
+                continue;
+            }
+            seen += 1;
+            if seen > MAX_CGROUP_DIRS {
+                return None;
+            }
+            if e.metadata().is_ok_and(|m| m.ino() == id) {
+                let rel = e.path();
+                return Some(format!("/{}", rel.strip_prefix(root).ok()?.to_string_lossy()));
+            }
+            stack.push(e.path());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_cgroup_is_found_by_its_directory_inode() {
+        let root = tempfile::tempdir().unwrap();
+        let deep = root.path().join("kubepods.slice/pod1/abc");
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(root.path().join("kubepods.slice/cgroup.procs"), "").unwrap();
+        let ino = |p: &std::path::Path| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(find_cgroup(root.path(), ino(&deep)).as_deref(), Some("/kubepods.slice/pod1/abc"));
+        assert_eq!(find_cgroup(root.path(), ino(root.path())).as_deref(), Some("/"));
+        assert_eq!(find_cgroup(root.path(), u64::MAX), None);
     }
 }

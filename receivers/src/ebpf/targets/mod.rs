@@ -215,16 +215,28 @@ impl Targets {
     }
 }
 
-/// The cgroup2 mount point of this mount namespace, from mountinfo
-/// (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid host).
+/// The host's cgroup2 hierarchy: where pid 1 mounts it, seen through
+/// /proc/1/root (an agent in a container with the host's pid namespace
+/// reads the host's tree, with paths as the host names them), else this
+/// mount namespace's.
 fn cgroup2_root() -> Option<std::path::PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS... - FSTYPE SOURCE SUPER
-        let (left, right) = l.split_once(" - ")?;
-        (right.split(' ').next()? == "cgroup2" && left.split(' ').nth(3)? == "/")
-            .then(|| left.split(' ').nth(4).map(std::path::PathBuf::from))?
-    })
+    let mount_of = |mountinfo: &str| -> Option<String> {
+        let info = std::fs::read_to_string(mountinfo).ok()?;
+        info.lines().find_map(|l| {
+            // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS... - FSTYPE SOURCE SUPER
+            let (left, right) = l.split_once(" - ")?;
+            let f: Vec<&str> = left.split(' ').collect();
+            (right.split(' ').next()? == "cgroup2" && f.get(3) == Some(&"/"))
+                .then(|| f.get(4).map(|m| m.to_string()))?
+        })
+    };
+    if let Some(m) = mount_of("/proc/1/mountinfo") {
+        let host = std::path::Path::new("/proc/1/root").join(m.trim_start_matches('/'));
+        if host.join("cgroup.procs").exists() {
+            return Some(host);
+        }
+    }
+    mount_of("/proc/self/mountinfo").map(std::path::PathBuf::from)
 }
 
 pub(crate) mod kernel;
