@@ -84,6 +84,14 @@ pub struct EbpfConfig {
     /// beside v1). Samples left out count in
     /// `profcol_receiver_ebpf_samples_filtered_total`.
     pub targets: crate::ebpf::targets::TargetsConfig,
+    /// A CPU budget for the agent, as a share of one CPU (`2%`): while the
+    /// agent's CPU (every thread, plus its BPF programs' run time) is above
+    /// it, the sampling frequency is lowered, and raised back while below,
+    /// never above `sample_frequency`. Checked every 5 s; each change cuts
+    /// the report there, so every profile's period is the one its samples
+    /// were taken at. Unset: no budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cpu: Option<crate::ebpf::budget::CpuShare>,
 }
 
 /// One entry of `interpreters:`.
@@ -235,6 +243,7 @@ impl Default for EbpfConfig {
             max_counted_stacks: 16_384,
             interpreters: vec![Interpreter::Python],
             targets: Default::default(),
+            max_cpu: None,
         }
     }
 }

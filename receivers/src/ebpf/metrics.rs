@@ -46,6 +46,11 @@ pub(crate) const BUILD_ID_READS: MetricDef =
 pub(crate) const BATCHES: MetricDef = MetricDef::counter("ebpf_batches_total", "1", "Batches pushed downstream");
 pub(crate) const PROCESSES: MetricDef =
     MetricDef::gauge("ebpf_processes", "processes", "Processes currently known to the receiver");
+pub(crate) const SAMPLE_FREQUENCY: MetricDef = MetricDef::gauge(
+    "ebpf_sample_frequency_hertz",
+    "Hz",
+    "Samples per second per CPU now: sample_frequency, or lower while max_cpu holds it down",
+);
 pub(crate) const CPUS_SAMPLED: MetricDef =
     MetricDef::gauge("ebpf_cpus_sampled", "1", "CPUs with a live sampling perf event");
 pub(crate) const CPU_ATTACHES: MetricDef = MetricDef::counter(
@@ -193,6 +198,7 @@ pub(crate) const METRICS: &[MetricDef] = &[
     CPU_ATTACH_FAILURES,
     SAMPLES_COUNTED_IN_KERNEL,
     SAMPLES_FILTERED,
+    SAMPLE_FREQUENCY,
     SAMPLES_COUNTS_FULL,
     SAMPLES_DYNAMIC_KERNEL_TEXT,
     SAMPLES_COUNTED_UNNAMED,

@@ -24,6 +24,7 @@
 //! CPUs) is `profcol_ebpf::sys`.
 
 pub mod bpf;
+pub mod budget;
 pub mod config;
 pub mod interp;
 pub(crate) mod metrics;

@@ -17,6 +17,7 @@
 //! live one and detach those of offline CPUs (a per-CPU perf event does not
 //! resume when its CPU comes back, so a returning CPU needs a fresh one).
 
+use super::budget::Budget;
 use super::config::EbpfConfig;
 use super::interp::processes::Interpreters;
 use super::interp::InterpCounters;
@@ -117,6 +118,8 @@ pub struct Counters {
     pub processes: Gauge,
     /// CPUs with a live perf event.
     pub cpus_sampled: Gauge,
+    /// Samples per second per CPU now (moves under `max_cpu`).
+    pub sample_frequency: Gauge,
     /// Per-CPU perf events attached (at start, and after hotplug).
     pub cpu_attaches: Counter,
     /// Failed attempts to attach a CPU's perf event (retried with backoff).
@@ -157,6 +160,7 @@ impl Counters {
             batches: t.counter_of(&m::BATCHES),
             processes: t.gauge_of(&m::PROCESSES),
             cpus_sampled: t.gauge_of(&m::CPUS_SAMPLED),
+            sample_frequency: t.gauge_of(&m::SAMPLE_FREQUENCY),
             cpu_attaches: t.counter_of(&m::CPU_ATTACHES),
             cpu_attach_failures: t.counter_of(&m::CPU_ATTACH_FAILURES),
             dropped: t.dropped.clone(),
@@ -318,6 +322,14 @@ fn run(start: Start) {
             }
             due.next_cpu_check = now + CPU_CHECK_PERIOD;
         }
+        if !stopping && now >= due.next_budget_check {
+            due.next_budget_check = now + super::budget::CHECK_EVERY;
+            if let Some(batch) = s.keep_budget(&mut loaded, now) {
+                if batches.blocking_send(batch).is_err() {
+                    break;
+                }
+            }
+        }
         if stopping || now >= due.next_report || s.interval.is_full() {
             let batch = s.cut(&mut loaded, now);
             if now >= due.next_report {
@@ -352,6 +364,7 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         }
     };
     record_cpu_sync(&counters, &loaded, &first_sync);
+    counters.sample_frequency.set(config.sample_frequency as i64);
     tracing::info!(
         cpus = %cpu_list(&loaded.cpus()),
         sample_frequency = config.sample_frequency,
@@ -404,6 +417,12 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         ibuf: Vec::new(),
         interp,
         targets,
+        budget: config.max_cpu.map(|share| {
+            let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .map_err(|e| tracing::warn!("ebpf receiver: max_cpu: BPF run time not counted (BPF_ENABLE_STATS: {e})"))
+                .ok();
+            (Budget::new(share, config.sample_frequency), stats)
+        }),
         uprobes,
         mappings,
         mapping_batch: MappingBatch::default(),
@@ -479,6 +498,7 @@ struct Schedule {
     next_report: Instant,
     drain_every: Duration,
     next_cpu_check: Instant,
+    next_budget_check: Instant,
     /// Exec/exit events: read on [`PROC_EVENT_PERIOD`] while they keep
     /// coming; after a read that found none, the next event wakes the
     /// thread.
@@ -494,6 +514,8 @@ impl Schedule {
             next_report: now + config.report_interval,
             drain_every: drain_period(config),
             next_cpu_check: now + CPU_CHECK_PERIOD,
+            // Without a budget, never.
+            next_budget_check: if config.max_cpu.is_some() { now } else { now + Duration::from_secs(1 << 40) },
             last_proc_read: now,
             proc_events_flowing: true,
             proc_period: PROC_EVENT_PERIOD,
@@ -504,7 +526,11 @@ impl Schedule {
     /// the next periodic step.
     fn wait(&self, s: &Sampler, loaded: &Loaded, wake: RawFd, fds: &mut Vec<libc::pollfd>) {
         let now = Instant::now();
-        let mut timeout = self.next_report.saturating_duration_since(now).min(self.drain_every);
+        let mut timeout = self
+            .next_report
+            .saturating_duration_since(now)
+            .min(self.drain_every)
+            .min(self.next_budget_check.saturating_duration_since(now));
         let mut watch_proc = None;
         if let Some(u) = &s.uprobes {
             let next_read = self.last_proc_read + self.proc_period;
@@ -678,6 +704,10 @@ struct Sampler {
     interp: Option<Interpreters>,
     /// Present when `targets` is configured.
     targets: Option<Targets>,
+    /// Present when `max_cpu` is set, with the fd that keeps the kernel
+    /// timing BPF programs (`None` where it cannot: their time is then
+    /// not counted).
+    budget: Option<(Budget, Option<OwnedFd>)>,
     /// Present when probes are configured.
     uprobes: Option<Uprobes<UProbeLink>>,
     /// The kernel's exec and mapping records (when the side-band events
@@ -708,6 +738,32 @@ struct Sampler {
 }
 
 impl Sampler {
+    /// `max_cpu`: a frequency change when the agent's CPU says so; the
+    /// report so far is cut first (its samples were taken at the old
+    /// period) and returned.
+    fn keep_budget(&mut self, loaded: &mut Loaded, now: Instant) -> Option<Profiles> {
+        let (budget, stats) = self.budget.as_mut()?;
+        let bpf = if stats.is_some() { loaded.bpf_run_ns() } else { 0 };
+        let hz = budget.check(now, super::budget::process_cpu_ns() + bpf)?;
+        // No sample of one period may land in the other's report: sampling
+        // stops, the report is cut, then sampling starts again.
+        let online = match sys::online_cpus() {
+            Ok(o) => o,
+            Err(_) => loaded.cpus(),
+        };
+        loaded.stop_sampling();
+        self.drain(loaded);
+        let batch = self.cut(loaded, now);
+        match loaded.set_frequency(hz, &online, now) {
+            Ok(sync) => record_cpu_sync(&self.counters, loaded, &sync),
+            Err(e) => tracing::warn!("ebpf receiver: max_cpu: setting {hz} Hz: {e}"),
+        }
+        self.period_ns = 1_000_000_000 / hz as i64;
+        self.counters.sample_frequency.set(hz as i64);
+        tracing::info!(hz, "ebpf receiver: max_cpu: sampling frequency changed");
+        batch
+    }
+
     /// Writes the verdicts the BPF program asked for (`targets`).
     fn answer_target_asks(&mut self, loaded: &mut Loaded) {
         let (Some(targets), Some(maps)) = (&self.targets, loaded.targets.as_mut()) else {

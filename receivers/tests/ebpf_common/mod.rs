@@ -143,6 +143,8 @@ pub(crate) struct Observed {
     pub sample_type: (String, String),
     /// The profile's attributes (a probe's symbol and binary).
     pub profile_attrs: Vec<(String, any_value::Value)>,
+    /// The profile's sampling period (ns for CPU samples).
+    pub period: i64,
 }
 
 fn str_of(d: &pb::ProfilesDictionary, i: i32) -> String {
@@ -231,6 +233,7 @@ pub(crate) fn samples_of(batches: &[Profiles], pid: u32) -> Vec<Observed> {
                             resource: res.clone(),
                             sample_type: sample_type.clone(),
                             profile_attrs: profile_attrs.clone(),
+                            period: p.period,
                         });
                     }
                 }

@@ -766,6 +766,26 @@ impl Loaded {
         Ok(sync)
     }
 
+    /// Stops sampling: every CPU's perf event is closed.
+    pub(crate) fn stop_sampling(&mut self) {
+        self.events.clear();
+        self.retry.clear();
+    }
+
+    /// Samples at `hz` from now on, on every online CPU (after
+    /// [`Self::stop_sampling`]: a cpu-clock event's period is fixed when it
+    /// is opened).
+    pub(crate) fn set_frequency(&mut self, hz: u64, online: &[u32], now: Instant) -> Result<CpuSync, LoadError> {
+        self.sample_frequency = hz;
+        self.sync_cpus(online, now)
+    }
+
+    /// Run time of the loaded programs so far (with `BPF_ENABLE_STATS`
+    /// held; 0 without).
+    pub(crate) fn bpf_run_ns(&self) -> u64 {
+        self.ebpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.run_time().as_nanos() as u64).sum()
+    }
+
     /// Sum over CPUs of every counter slot, indexed by [`obj::Stat`].
     pub(crate) fn read_stats(&self) -> [u64; obj::Stat::SLOTS as usize] {
         let mut out = [0u64; obj::Stat::SLOTS as usize];
