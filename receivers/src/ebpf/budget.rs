@@ -105,9 +105,7 @@ impl Budget {
     /// Called every [`CHECK_EVERY`] with the agent's CPU ns so far; the new
     /// frequency when it is to change.
     pub(crate) fn check(&mut self, now: Instant, cpu_ns: u64) -> Option<u64> {
-        let Some((at, ns)) = self.last.replace((now, cpu_ns)) else {
-            return None;
-        };
+        let (at, ns) = self.last.replace((now, cpu_ns))?;
         let wall = now.saturating_duration_since(at).as_nanos() as f64;
         if wall <= 0.0 {
             return None;
