@@ -15,6 +15,7 @@
 //!   object in a string); image `io.kubernetes.cri-o.ImageName` (else
 //!   `io.kubernetes.cri-o.Image`); the pod's labels are
 //!   `io.kubernetes.cri-o.Labels` of its sandbox (`io.kubernetes.cri-o.SandboxID`).
+//!   Podman's containers live there too (`io.container.manager: libpod`).
 //! - containerd: the OCI bundle `config.json` under
 //!   `run/containerd/io.containerd.runtime.v2.task/<namespace>/<id>/` (k3s:
 //!   `run/k3s/containerd/...`), annotations `io.kubernetes.cri.sandbox-name`,
@@ -45,8 +46,8 @@ pub(crate) const RECHECK_INTERVAL: Duration = Duration::from_secs(60);
 pub struct Container {
     /// The 64-hex-digit id (`container.id`).
     pub id: String,
-    /// `containerd`, `cri-o` or `docker`; `None` when no runtime's files
-    /// tell about the container.
+    /// `containerd`, `cri-o`, `docker` or `podman`; `None` when no
+    /// runtime's files tell about the container.
     pub runtime: Option<&'static str>,
     pub pod_name: Option<String>,
     pub pod_uid: Option<String>,
@@ -221,7 +222,12 @@ fn crio_container(
     let get = |k: &str| labels.get(k).filter(|v| !v.is_empty()).cloned();
     Container {
         id: id.to_owned(),
-        runtime: Some("cri-o"),
+        // Podman keeps its containers in the same storage, and says so.
+        runtime: Some(if labels.get("io.container.manager").is_some_and(|m| m == "libpod") {
+            "podman"
+        } else {
+            "cri-o"
+        }),
         pod_name: get("io.kubernetes.pod.name"),
         pod_uid: get("io.kubernetes.pod.uid"),
         namespace: get("io.kubernetes.pod.namespace"),
@@ -327,7 +333,12 @@ mod tests {
             &format!("run/k3s/containerd/io.containerd.runtime.v2.task/k8s.io/{c}/config.json"),
             &containerd_bundle("nginx:1"),
         );
+        let moby = "d4".repeat(32);
+        write(root.path(), &format!("{tasks}/moby/{moby}/config.json"), "{}");
         let mut t = ContainerTable::with_root(root.path().to_owned());
+        // Docker's containers in containerd's `moby` namespace are Docker's.
+        assert_eq!(t.get(&moby).unwrap().runtime, Some("docker"));
+        t.reads = 0;
         let k = t.get(&a).unwrap();
         assert_eq!(k.runtime, Some("containerd"));
         assert_eq!(k.pod_name.as_deref(), Some("shop-7d9"));
@@ -395,6 +406,14 @@ mod tests {
         let o = t.get(&other).unwrap();
         assert_eq!((o.runtime, o.image_name.as_deref()), (Some("cri-o"), Some("quay.io/x:1")));
         assert!(o.pod_labels.is_empty() && o.pod_name.is_none());
+        // Podman's, in the same storage.
+        let podman = "9f".repeat(32);
+        write(
+            root.path(),
+            &format!("var/lib/containers/storage/overlay-containers/{podman}/userdata/config.json"),
+            r#"{"annotations":{"io.container.manager":"libpod","org.opencontainers.image.stopSignal":"15"}}"#,
+        );
+        assert_eq!(t.get(&podman).unwrap().runtime, Some("podman"));
     }
 
     #[test]
