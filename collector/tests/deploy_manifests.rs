@@ -188,6 +188,17 @@ fn assert_pod_security(overlay: &str, docs: &[Value]) {
                     seq(&c["securityContext"]["capabilities"], "add").filter_map(Value::as_str).collect();
                 assert!(add.contains(&"BPF") && add.contains(&"PERFMON") && !add.contains(&"SYS_ADMIN"), "{add:?}");
                 assert!(seq(spec, "tolerations").any(|t| str_at(t, &["operator"]) == Some("Exists")));
+                // Container identity: each runtime's state, read-only, no socket.
+                for path in [
+                    "/run/containerd/io.containerd.runtime.v2.task",
+                    "/run/containers/storage/overlay-containers",
+                    "/var/lib/docker/containers",
+                ] {
+                    let m = seq(c, "volumeMounts").find(|m| str_at(m, &["mountPath"]) == Some(path));
+                    let m = m.unwrap_or_else(|| panic!("{overlay}: the agent mounts {path}"));
+                    assert_eq!(m["readOnly"].as_bool(), Some(true), "{overlay}: {path}");
+                    assert_eq!(str_at(m, &["mountPropagation"]), Some("HostToContainer"), "{overlay}: {path}");
+                }
             }
             "StatefulSet" => {
                 assert_eq!(spec["securityContext"]["runAsNonRoot"].as_bool(), Some(true));

@@ -48,6 +48,12 @@ pub mod keys {
     pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
     pub const PROCESS_EXECUTABLE_PATH: &str = "process.executable.path";
     pub const CONTAINER_ID: &str = "container.id";
+    pub const CONTAINER_IMAGE_NAME: &str = "container.image.name";
+    pub const CONTAINER_RUNTIME: &str = "container.runtime.name";
+    pub const K8S_POD_NAME: &str = "k8s.pod.name";
+    pub const K8S_POD_UID: &str = "k8s.pod.uid";
+    pub const K8S_NAMESPACE_NAME: &str = "k8s.namespace.name";
+    pub const K8S_CONTAINER_NAME: &str = "k8s.container.name";
     pub const THREAD_ID: &str = "thread.id";
     pub const THREAD_NAME: &str = "thread.name";
     pub const CPU_LOGICAL_NUMBER: &str = "cpu.logical_number";

@@ -48,6 +48,8 @@ pub struct EbpfConfig {
     /// name), `env:NAME` (the process's environment variable, e.g.
     /// `env:OTEL_SERVICE_NAME`), `container_label:KEY` (a label of its
     /// container, e.g. `container_label:com.docker.compose.service`),
+    /// `k8s_container` (its Kubernetes container name), `k8s_label:KEY`
+    /// (a label of its pod, where the runtime keeps them: CRI-O, Docker),
     /// `value:TEXT` (fixed). None: `unknown_service:<executable>`.
     #[schemars(with = "Vec<String>")]
     pub service_name: Vec<ServiceNameSource>,

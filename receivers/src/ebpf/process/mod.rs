@@ -19,9 +19,11 @@
 //! - [`mmap_events`]: the kernel's exec and mapping records, read from per-CPU perf rings.
 //! - [`image_records`]: process images as those records tell them, kept past the exit.
 //! - [`buildid`]: GNU build IDs of mapped files, cached per file.
+//! - [`containers`]: container and pod identity from the runtime's files, cached per container.
 //! - [`service_name`]: each process's `service.name`.
 
 pub(crate) mod buildid;
+pub mod containers;
 pub(crate) mod exec_maps;
 pub(crate) mod image_records;
 pub mod mmap_events;
@@ -29,6 +31,7 @@ pub mod procfs;
 pub mod service_name;
 
 use buildid::{BuildIdCache, FileIds};
+use containers::{Container, ContainerTable};
 use image_records::{ImageRecords, RecordedMap};
 use mmap_events::FileMap;
 use profcol_api::services::{FilePins, PinnedFile};
@@ -78,7 +81,8 @@ pub struct ProcessInfo {
     /// `process.executable.name`: base name of the executable, or comm.
     pub exe_name: String,
     pub exe_path: Option<String>,
-    pub container_id: Option<String>,
+    /// The container it runs in (`container.id`, `k8s.*` attributes).
+    pub container: Option<Arc<Container>>,
     /// `service.name`, from the configured sources (see `service_name`).
     pub service_name: String,
 }
@@ -159,7 +163,9 @@ pub(crate) struct ProcessTable {
     /// were last checked against the file.
     record_ids: FxHashMap<(u32, u32, u64), (FileIds, Instant)>,
     /// Container ids by cgroup v2 id, read from a process of the cgroup.
-    containers: FxHashMap<u64, Option<String>>,
+    cgroup_containers: FxHashMap<u64, Option<String>>,
+    /// Containers by id: who they are, read once each.
+    containers: ContainerTable,
     pub stats: TableStats,
 }
 
@@ -178,7 +184,8 @@ impl ProcessTable {
             images: ImageRecords::new(capacity.max(1)),
             sample_ktime: u64::MAX,
             record_ids: FxHashMap::default(),
-            containers: FxHashMap::default(),
+            cgroup_containers: FxHashMap::default(),
+            containers: ContainerTable::new(),
             stats: TableStats::default(),
         }
     }
@@ -200,6 +207,13 @@ impl ProcessTable {
 
     pub(crate) fn len(&self) -> usize {
         self.procs.len()
+    }
+
+    /// The containers of sampled processes, by id (shared by everything
+    /// that asks who a container is).
+    #[allow(dead_code)] // for matching processes by pod or container
+    pub(crate) fn containers(&mut self) -> &mut ContainerTable {
+        &mut self.containers
     }
 
     /// Whether process `pid` is in the table.
@@ -383,14 +397,15 @@ impl ProcessTable {
             .filter(|n| !n.is_empty())
             .unwrap_or(&facts.comm)
             .to_owned();
-        let service_name = self.namer.name(pid, &exe_name, facts.container_id.as_deref());
+        let container = facts.container_id.as_deref().and_then(|id| self.containers.get(id));
+        let service_name = self.namer.name(pid, &exe_name, container.as_deref());
         Some(ProcessState {
             info: Arc::new(ProcessInfo {
                 pid,
                 start_time: facts.start_time,
                 exe_name,
                 exe_path: facts.exe_path,
-                container_id: facts.container_id,
+                container,
                 service_name,
             }),
             mappings: Arc::new(mappings),
@@ -432,29 +447,30 @@ impl ProcessTable {
                 file_id: ids.file_id,
             });
         }
-        let container_id = match cgroup_id.and_then(|id| self.containers.get(&id)) {
+        let container_id = match cgroup_id.and_then(|id| self.cgroup_containers.get(&id)) {
             Some(c) => c.clone(),
             None => {
                 let c = procfs::read_cgroup(pid).map(|cg| procfs::container_id(&cg));
                 // Kept only when read (a process gone says nothing of its cgroup).
                 if let (Some(id), Some(c)) = (cgroup_id, &c) {
-                    if self.containers.len() >= MAX_RECORD_IDS {
-                        self.containers.clear();
+                    if self.cgroup_containers.len() >= MAX_RECORD_IDS {
+                        self.cgroup_containers.clear();
                     }
-                    self.containers.insert(id, c.clone());
+                    self.cgroup_containers.insert(id, c.clone());
                 }
                 c.flatten()
             }
         };
         let exe_name = procfs::base_name(&exe_path).to_owned();
-        let service_name = self.namer.name(pid, &exe_name, container_id.as_deref());
+        let container = container_id.as_deref().and_then(|id| self.containers.get(id));
+        let service_name = self.namer.name(pid, &exe_name, container.as_deref());
         Some(ProcessState {
             info: Arc::new(ProcessInfo {
                 pid,
                 start_time: 0,
                 exe_name,
                 exe_path: Some(exe_path),
-                container_id,
+                container,
                 service_name,
             }),
             mappings: Arc::new(MappingSet { generation, mappings }),
@@ -647,6 +663,7 @@ impl ProcessTable {
             }
         }
         self.images.sweep(profcol_ebpf::clock::now_ns(libc::CLOCK_MONOTONIC));
+        self.containers.sweep(now);
         for (pid, exited) in gone {
             self.procs.remove(&pid);
             self.execs.remove(&pid);
@@ -810,25 +827,27 @@ mod tests {
         let now = Instant::now();
         let mut t = ProcessTable::new(8);
         // Read from a live process of cgroup 42 earlier.
-        t.containers.insert(42, Some("c0ffee".into()));
+        let known = "c0ffee".repeat(10) + "c0ff";
+        t.cgroup_containers.insert(42, Some(known.clone()));
         let (a, b) = (u32::MAX - 11, u32::MAX - 12); // gone: /proc cannot tell
         for (pid, cgroup) in [(a, 42), (b, 43)] {
             record_exec_of_self(&mut t, pid, 100);
             t.on_exec_event(pid, 150, cgroup);
         }
         t.sample_at(a, 300);
-        assert_eq!(t.get(a, now).unwrap().info.container_id.as_deref(), Some("c0ffee"));
+        let id_of = |st: &ProcessState| st.info.container.as_ref().map(|c| c.id.clone());
+        assert_eq!(id_of(t.get(a, now).unwrap()), Some(known));
         t.sample_at(b, 300);
-        assert_eq!(t.get(b, now).unwrap().info.container_id, None);
-        assert!(!t.containers.contains_key(&43), "nothing read: nothing kept");
+        assert_eq!(id_of(t.get(b, now).unwrap()), None);
+        assert!(!t.cgroup_containers.contains_key(&43), "nothing read: nothing kept");
         // The live test process: its cgroup read and kept.
         let me = std::process::id();
         record_exec_of_self(&mut t, me, 100);
         t.on_exec_event(me, 150, 44);
         t.sample_at(me, 300);
         let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        assert_eq!(t.get(me, now).unwrap().info.container_id, procfs::container_id(&cg));
-        assert_eq!(t.containers.get(&44), Some(&procfs::container_id(&cg)));
+        assert_eq!(id_of(t.get(me, now).unwrap()), procfs::container_id(&cg));
+        assert_eq!(t.cgroup_containers.get(&44), Some(&procfs::container_id(&cg)));
     }
 
     #[test]

@@ -10,28 +10,31 @@
 //!   `container_label:com.docker.compose.service`, or in Kubernetes the
 //!   annotation containerd's CRI writes, `io.kubernetes.cri.container-name`
 //!   (CRI-O: `io.kubernetes.container.name`);
+//! - `k8s_container`: the Kubernetes container name of the process's
+//!   container;
+//! - `k8s_label:KEY`: label KEY of the process's pod, e.g. `k8s_label:app`
+//!   (CRI-O and Docker keep pod labels on the node, containerd does not);
 //! - `value:TEXT`: TEXT, whatever the process.
 //!
 //! When no source gives a value the name is `unknown_service:` + the
 //! executable name, as OTel SDKs name a service nobody named.
 //!
-//! Container labels come from the container runtime's files on the host:
-//! Docker's `config.v2.json` (`Config.Labels`) and the OCI bundle's
-//! `config.json` (`annotations`) that containerd, CRI-O and Podman write;
-//! read once per container (bounded cache).
+//! Containers and their labels come from the shared container table
+//! ([`super::containers`]), read once per container.
 
-use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
+use super::containers::Container;
 use std::path::{Path, PathBuf};
 
 /// One entry of `service_name:`, written `executable`, `env:NAME`,
-/// `container_label:KEY` or `value:TEXT`.
+/// `container_label:KEY`, `k8s_container`, `k8s_label:KEY` or `value:TEXT`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Source {
     Executable,
     Env(String),
     ContainerLabel(String),
+    K8sContainer,
+    K8sLabel(String),
     Value(String),
 }
 
@@ -50,17 +53,23 @@ impl TryFrom<String> for Source {
         if s == "executable" {
             return Ok(Source::Executable);
         }
+        if s == "k8s_container" {
+            return Ok(Source::K8sContainer);
+        }
         if let Some(v) = arg("env:") {
             return v.map(Source::Env);
         }
         if let Some(v) = arg("container_label:") {
             return v.map(Source::ContainerLabel);
         }
+        if let Some(v) = arg("k8s_label:") {
+            return v.map(Source::K8sLabel);
+        }
         if let Some(v) = arg("value:") {
             return v.map(Source::Value);
         }
         Err(format!(
-            "{s:?} is not a service name source; use `executable`, `env:NAME`, `container_label:KEY` or `value:TEXT`"
+            "{s:?} is not a service name source; use `executable`, `env:NAME`, `container_label:KEY`, `k8s_container`, `k8s_label:KEY` or `value:TEXT`"
         ))
     }
 }
@@ -71,25 +80,21 @@ impl From<Source> for String {
             Source::Executable => "executable".into(),
             Source::Env(v) => format!("env:{v}"),
             Source::ContainerLabel(v) => format!("container_label:{v}"),
+            Source::K8sContainer => "k8s_container".into(),
+            Source::K8sLabel(v) => format!("k8s_label:{v}"),
             Source::Value(v) => format!("value:{v}"),
         }
     }
 }
 
-/// Containers whose labels are remembered at most (the cache is cleared
-/// when full: a node runs far fewer containers at once).
-const MAX_CONTAINERS: usize = 4096;
-/// Largest runtime state file read for labels.
-const MAX_STATE_FILE: u64 = 4 << 20;
 /// Longest environment read from /proc/PID/environ.
 const MAX_ENVIRON: u64 = 1 << 20;
 
 /// Names processes by the configured sources.
 pub struct ServiceNamer {
     sources: Vec<Source>,
-    /// Where the host's /proc, /var/lib and /run are ("/" but in tests).
+    /// Where the host's /proc is ("/" but in tests).
     root: PathBuf,
-    labels: FxHashMap<String, Option<BTreeMap<String, String>>>,
 }
 
 impl ServiceNamer {
@@ -98,7 +103,7 @@ impl ServiceNamer {
     }
 
     pub fn with_root(sources: Vec<Source>, root: PathBuf) -> Self {
-        ServiceNamer { sources, root, labels: FxHashMap::default() }
+        ServiceNamer { sources, root }
     }
 
     /// The name of a process /proc could not tell about: the first
@@ -115,12 +120,12 @@ impl ServiceNamer {
         unknown(exe_or_comm)
     }
 
-    /// `service.name` of process `pid`, running `exe_name`, in container
-    /// `container_id` (if any).
-    pub fn name(&mut self, pid: u32, exe_name: &str, container_id: Option<&str>) -> String {
+    /// `service.name` of process `pid`, running `exe_name`, in `container`
+    /// (if any).
+    pub fn name(&self, pid: u32, exe_name: &str, container: Option<&Container>) -> String {
         let mut environ: Option<Option<Vec<u8>>> = None;
-        for i in 0..self.sources.len() {
-            let found = match &self.sources[i] {
+        for source in &self.sources {
+            let found = match source {
                 Source::Executable => (!exe_name.is_empty()).then(|| exe_name.to_owned()),
                 Source::Value(v) => Some(v.clone()),
                 Source::Env(var) => {
@@ -129,27 +134,15 @@ impl ServiceNamer {
                     });
                     env.as_deref().and_then(|e| env_var(e, var))
                 }
-                Source::ContainerLabel(key) => {
-                    let key = key.clone();
-                    container_id.and_then(|id| self.container_labels(id)).and_then(|l| l.get(&key).cloned())
-                }
+                Source::ContainerLabel(key) => container.and_then(|c| c.labels.get(key).cloned()),
+                Source::K8sContainer => container.and_then(|c| c.container_name.clone()),
+                Source::K8sLabel(key) => container.and_then(|c| c.pod_labels.get(key).cloned()),
             };
             if let Some(n) = found.filter(|n| !n.is_empty()) {
                 return n;
             }
         }
         unknown(exe_name)
-    }
-
-    fn container_labels(&mut self, id: &str) -> Option<&BTreeMap<String, String>> {
-        if !self.labels.contains_key(id) {
-            if self.labels.len() >= MAX_CONTAINERS {
-                self.labels.clear();
-            }
-            let labels = read_container_labels(&self.root, id);
-            self.labels.insert(id.to_owned(), labels);
-        }
-        self.labels.get(id)?.as_ref()
     }
 }
 
@@ -176,45 +169,6 @@ fn env_var(environ: &[u8], var: &str) -> Option<String> {
     })
 }
 
-/// The labels of container `id` (64 hex digits, as `container.id` holds
-/// it) from the runtime's state files, the first that exists.
-fn read_container_labels(root: &Path, id: &str) -> Option<BTreeMap<String, String>> {
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let docker = root.join(format!("var/lib/docker/containers/{id}/config.v2.json"));
-    if let Some(doc) = read_json(&docker) {
-        return Some(string_map(&doc["Config"]["Labels"]));
-    }
-    let bundles = [
-        root.join(format!("run/containers/storage/overlay-containers/{id}/userdata/config.json")),
-        root.join(format!("var/lib/containers/storage/overlay-containers/{id}/userdata/config.json")),
-    ];
-    for b in bundles {
-        if let Some(doc) = read_json(&b) {
-            return Some(string_map(&doc["annotations"]));
-        }
-    }
-    // containerd: one directory per namespace (k8s.io, moby, default, ...).
-    let tasks = root.join("run/containerd/io.containerd.runtime.v2.task");
-    for ns in std::fs::read_dir(tasks).ok()?.flatten().take(64) {
-        if let Some(doc) = read_json(&ns.path().join(id).join("config.json")) {
-            return Some(string_map(&doc["annotations"]));
-        }
-    }
-    None
-}
-
-fn read_json(path: &Path) -> Option<serde_json::Value> {
-    serde_json::from_slice(&read_bounded(path, MAX_STATE_FILE)?).ok()
-}
-
-fn string_map(v: &serde_json::Value) -> BTreeMap<String, String> {
-    v.as_object()
-        .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,13 +179,23 @@ mod tests {
 
     #[test]
     fn sources_parse_and_print_back_and_bad_ones_say_what_to_write() {
-        for s in ["executable", "env:OTEL_SERVICE_NAME", "container_label:com.docker.compose.service", "value:shop"] {
+        for s in [
+            "executable",
+            "env:OTEL_SERVICE_NAME",
+            "container_label:com.docker.compose.service",
+            "k8s_container",
+            "k8s_label:app.kubernetes.io/name",
+            "value:shop",
+        ] {
             assert_eq!(String::from(Source::try_from(s.to_owned()).unwrap()), s);
         }
         let e = Source::try_from("exe".to_owned()).unwrap_err();
         assert!(e.contains("`executable`, `env:NAME`"), "{e}");
+        assert!(e.contains("`k8s_container`, `k8s_label:KEY`"), "{e}");
         let e = Source::try_from("env:".to_owned()).unwrap_err();
         assert!(e.contains("after `env:`"), "{e}");
+        let e = Source::try_from("k8s_label:".to_owned()).unwrap_err();
+        assert!(e.contains("after `k8s_label:`"), "{e}");
     }
 
     #[test]
@@ -253,6 +217,14 @@ mod tests {
         std::fs::create_dir_all(&bundle).unwrap();
         std::fs::write(bundle.join("config.json"), r#"{"annotations":{"io.kubernetes.cri.container-name":"api"}}"#)
             .unwrap();
+        let mut table = super::super::containers::ContainerTable::with_root(root.path().to_owned());
+        let (web, api) = (table.get(&id), table.get(&cri));
+        let (web, api) = (web.as_deref(), api.as_deref());
+        let pod = Container {
+            id: "ef".repeat(32),
+            pod_labels: [("app".to_owned(), "cart".to_owned())].into(),
+            ..Default::default()
+        };
         let namer = |list: &[&str]| ServiceNamer::with_root(sources(list), root.path().to_owned());
 
         assert_eq!(namer(&["executable"]).name(42, "nginx", None), "nginx");
@@ -260,10 +232,14 @@ mod tests {
         // Unset or empty: the next source.
         assert_eq!(namer(&["env:MISSING", "env:EMPTY", "executable"]).name(42, "java", None), "java");
         let label = "container_label:com.docker.compose.service";
-        assert_eq!(namer(&[label, "executable"]).name(42, "nginx", Some(&id)), "web");
+        assert_eq!(namer(&[label, "executable"]).name(42, "nginx", web), "web");
         assert_eq!(namer(&[label, "executable"]).name(42, "nginx", None), "nginx");
         let k8s = "container_label:io.kubernetes.cri.container-name";
-        assert_eq!(namer(&[k8s]).name(7, "server", Some(&cri)), "api");
+        assert_eq!(namer(&[k8s]).name(7, "server", api), "api");
+        assert_eq!(namer(&["k8s_container", "executable"]).name(7, "server", api), "api");
+        assert_eq!(namer(&["k8s_container", "executable"]).name(7, "server", web), "server");
+        assert_eq!(namer(&["k8s_label:app", "k8s_container"]).name(7, "server", Some(&pod)), "cart");
+        assert_eq!(namer(&["k8s_label:app", "k8s_container"]).name(7, "server", api), "api");
         assert_eq!(namer(&["value:shop", "executable"]).name(42, "nginx", None), "shop");
         // Nothing found: unknown_service:<executable>, as OTel SDKs do.
         assert_eq!(namer(&["env:MISSING"]).name(42, "nginx", None), "unknown_service:nginx");
@@ -272,7 +248,5 @@ mod tests {
         assert_eq!(namer(&["env:X", "value:shop"]).name_without_process("nginx"), "shop");
         assert_eq!(namer(&["executable"]).name_without_process("nginx"), "nginx");
         assert_eq!(namer(&["env:X"]).name_without_process("nginx"), "unknown_service:nginx");
-        // A container id that is no hex string never becomes a path.
-        assert_eq!(namer(&[label]).name(42, "x", Some("../../etc")), "unknown_service:x");
     }
 }

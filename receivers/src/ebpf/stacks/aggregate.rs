@@ -706,7 +706,7 @@ fn comm_str(comm: &[u8; 16]) -> std::borrow::Cow<'_, str> {
 
 fn resource(host_name: &str, info: &ProcessInfo, service_name: &str) -> Resource {
     use any_value::Value::{IntValue, StringValue};
-    let mut attributes = Vec::with_capacity(6);
+    let mut attributes = Vec::with_capacity(12);
     attributes.push(kv(keys::SERVICE_NAME, StringValue(service_name.to_owned())));
     if !host_name.is_empty() {
         attributes.push(kv(keys::HOST_NAME, StringValue(host_name.to_owned())));
@@ -718,10 +718,37 @@ fn resource(host_name: &str, info: &ProcessInfo, service_name: &str) -> Resource
     if let Some(p) = &info.exe_path {
         attributes.push(kv(keys::PROCESS_EXECUTABLE_PATH, StringValue(p.clone())));
     }
-    if let Some(c) = &info.container_id {
-        attributes.push(kv(keys::CONTAINER_ID, StringValue(c.clone())));
+    if let Some(c) = &info.container {
+        attributes.push(kv(keys::CONTAINER_ID, StringValue(c.id.clone())));
+        let known = [
+            (keys::CONTAINER_RUNTIME, c.runtime),
+            (keys::CONTAINER_IMAGE_NAME, c.image_name.as_deref().map(image_name)),
+            (keys::K8S_NAMESPACE_NAME, c.namespace.as_deref()),
+            (keys::K8S_POD_NAME, c.pod_name.as_deref()),
+            (keys::K8S_POD_UID, c.pod_uid.as_deref()),
+            (keys::K8S_CONTAINER_NAME, c.container_name.as_deref()),
+        ];
+        for (key, v) in known {
+            if let Some(v) = v.filter(|v| !v.is_empty()) {
+                attributes.push(kv(key, StringValue(v.to_owned())));
+            }
+        }
     }
     Resource { attributes, ..Default::default() }
+}
+
+/// An image reference without its tag or digest (`container.image.name`):
+/// `docker.io/library/busybox:1.36` → `docker.io/library/busybox`; a
+/// registry's port (`host:5000/app`) stays.
+fn image_name(reference: &str) -> &str {
+    if reference.starts_with("sha256:") {
+        return reference; // an image id: no name to cut
+    }
+    let r = reference.split_once('@').map_or(reference, |(name, _)| name);
+    match r.rfind(':') {
+        Some(i) if !r[i..].contains('/') => &r[..i],
+        _ => r,
+    }
 }
 
 #[cfg(test)]
@@ -867,7 +894,7 @@ mod tests {
             start_time: 1,
             exe_name: "burn".into(),
             exe_path: Some("/opt/burn".into()),
-            container_id: None,
+            container: None,
             service_name: "burn-svc".into(),
         });
         let maps = Arc::new(MappingSet {
@@ -1063,5 +1090,68 @@ mod tests {
         let attrs = &p.0.resource_profiles[0].resource.as_ref().unwrap().attributes;
         assert_eq!(attrs[0].key, "service.name");
         assert_eq!(attrs[0].value.as_ref().unwrap().value, Some(any_value::Value::StringValue("gone".into())));
+    }
+
+    #[test]
+    fn a_container_process_carries_its_pod_and_others_none_of_it() {
+        use crate::ebpf::process::containers::Container;
+        let strings = |r: &Resource| -> Vec<(String, String)> {
+            r.attributes
+                .iter()
+                .filter_map(|a| match &a.value.as_ref()?.value {
+                    Some(any_value::Value::StringValue(v)) => Some((a.key.clone(), v.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let c = Container {
+            id: "ab".repeat(32),
+            runtime: Some("containerd"),
+            pod_name: Some("shop-7d9".into()),
+            pod_uid: Some("0f5e".into()),
+            namespace: Some("prod".into()),
+            container_name: Some("api".into()),
+            image_name: Some("docker.io/library/busybox:1.36".into()),
+            ..Default::default()
+        };
+        let info =
+            ProcessInfo { pid: 3, exe_name: "busybox".into(), container: Some(Arc::new(c)), ..Default::default() };
+        let got = strings(&resource("h", &info, "api"));
+        let want = [
+            (keys::CONTAINER_ID, "ab".repeat(32)),
+            (keys::CONTAINER_RUNTIME, "containerd".into()),
+            (keys::CONTAINER_IMAGE_NAME, "docker.io/library/busybox".into()),
+            (keys::K8S_NAMESPACE_NAME, "prod".into()),
+            (keys::K8S_POD_NAME, "shop-7d9".into()),
+            (keys::K8S_POD_UID, "0f5e".into()),
+            (keys::K8S_CONTAINER_NAME, "api".into()),
+        ];
+        for (k, v) in &want {
+            assert!(got.contains(&(k.to_string(), v.clone())), "{k}={v} missing in {got:?}");
+        }
+        // Outside any container: none of them.
+        let plain = ProcessInfo { pid: 4, exe_name: "sh".into(), ..Default::default() };
+        let got = strings(&resource("h", &plain, "sh"));
+        assert!(got.iter().all(|(k, _)| want.iter().all(|(w, _)| w != k)), "{got:?}");
+        // A container known by id only: its id, nothing else.
+        let bare = Container { id: "cd".repeat(32), ..Default::default() };
+        let info = ProcessInfo { pid: 5, container: Some(Arc::new(bare)), ..Default::default() };
+        let got = strings(&resource("", &info, "x"));
+        assert_eq!(got, [("service.name".into(), "x".into()), (keys::CONTAINER_ID.into(), "cd".repeat(32))]);
+    }
+
+    #[test]
+    fn image_names_lose_their_tag_or_digest_only() {
+        for (r, n) in [
+            ("docker.io/library/busybox:1.36", "docker.io/library/busybox"),
+            ("busybox", "busybox"),
+            ("registry:5000/team/app", "registry:5000/team/app"),
+            ("registry:5000/team/app:v2", "registry:5000/team/app"),
+            ("quay.io/x@sha256:abcd", "quay.io/x"),
+            ("quay.io/x:1@sha256:abcd", "quay.io/x"),
+            ("sha256:4e1b", "sha256:4e1b"),
+        ] {
+            assert_eq!(image_name(r), n, "{r}");
+        }
     }
 }
