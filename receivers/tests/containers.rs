@@ -17,6 +17,7 @@ use ebpf_common::*;
 use profcol_api::model::{any_value::Value, keys};
 use profcol_receivers::ebpf::config::ServiceNameSource;
 use profcol_receivers::ebpf::process::procfs;
+use profcol_receivers::ebpf::targets::{Matcher, TargetsConfig};
 use profcol_receivers::ebpf::EbpfConfig;
 
 const NAMESPACE: &str = "k8s.io";
@@ -200,6 +201,26 @@ async fn a_container_process_carries_its_pod_and_a_host_process_none() {
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (batches, metrics) = running.stop().await;
+
+    // The same two processes, every process of the host sampled but for
+    // `targets`: the pod's container in, the rest out in the kernel.
+    let selected = start(EbpfConfig {
+        sample_frequency: 99,
+        report_interval: Duration::from_millis(500),
+        targets: TargetsConfig {
+            include: vec![Matcher {
+                k8s_namespace: Some("prod".into()),
+                k8s_pod: Some("shop-*".into()),
+                k8s_container: Some("api".into()),
+                ..Default::default()
+            }],
+            exclude: vec![],
+        },
+        ..Default::default()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (chosen, chosen_metrics) = selected.stop().await;
     let _ = host.kill();
     let _ = host.wait();
     drop(containerd);
@@ -228,4 +249,11 @@ async fn a_container_process_carries_its_pod_and_a_host_process_none() {
         }
         assert!(got.contains(&(keys::SERVICE_NAME.into(), "busybox".into())), "{got:?}");
     }
+
+    let n: usize = samples_of(&chosen, pid).iter().map(|s| s.count).sum();
+    assert!(n >= 150, "too few samples of the selected container's process: {n}\n{chosen_metrics}");
+    let n: usize = samples_of(&chosen, host_pid).iter().map(|s| s.count).sum();
+    assert_eq!(n, 0, "the host process is outside the selection\n{chosen_metrics}");
+    let filtered = metric(&chosen_metrics, "profcol_receiver_ebpf_samples_filtered_total");
+    assert!(filtered >= 150.0, "{filtered} samples filtered in the kernel\n{chosen_metrics}");
 }

@@ -769,7 +769,8 @@ impl Sampler {
         let (Some(targets), Some(maps)) = (&self.targets, loaded.targets.as_mut()) else {
             return;
         };
-        let done = targets.answer_asks(maps, &mut |_| None);
+        let table = &mut self.table;
+        let done = targets.answer_asks(maps, &mut |id| table.containers().get(id));
         self.counters.malformed.add(done.malformed);
     }
     /// Attaches probes to the processes whose hits were seen unfollowed,

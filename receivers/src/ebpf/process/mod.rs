@@ -211,7 +211,6 @@ impl ProcessTable {
 
     /// The containers of sampled processes, by id (shared by everything
     /// that asks who a container is).
-    #[allow(dead_code)] // for matching processes by pod or container
     pub(crate) fn containers(&mut self) -> &mut ContainerTable {
         &mut self.containers
     }

@@ -2,23 +2,17 @@
 //! cgroup (or process) and writes the verdict into the program's maps.
 
 use super::{Facts, Targets, Verdict};
+use crate::ebpf::process::containers::Container;
 use crate::ebpf::process::procfs;
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use profcol_ebpf::targets::{Ask, AskKind};
+use std::sync::Arc;
 
 /// The program's `target_*` maps.
 pub(crate) struct TargetMaps {
     pub cgroups: BpfHashMap<MapData, u64, u8>,
     pub procs: BpfHashMap<MapData, u32, u8>,
     pub asks: RingBuf<MapData>,
-}
-
-/// The pod a container belongs to, as the container runtime's files say.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct PodFacts {
-    pub namespace: Option<String>,
-    pub pod: Option<String>,
-    pub container: Option<String>,
 }
 
 /// What answering the asks of one read did.
@@ -33,12 +27,12 @@ pub(crate) struct Answered {
 }
 
 impl Targets {
-    /// Answers every ask in the ring. `pod_of` gives the pod of a container
-    /// id (read once per container by the process table).
+    /// Answers every ask in the ring. `container` tells who a container id
+    /// is (the process table's one cache of containers).
     pub(crate) fn answer_asks(
         &self,
         maps: &mut TargetMaps,
-        pod_of: &mut dyn FnMut(&str) -> Option<PodFacts>,
+        container: &mut dyn FnMut(&str) -> Option<Arc<Container>>,
     ) -> Answered {
         let mut done = Answered::default();
         let mut asks = Vec::new();
@@ -49,7 +43,7 @@ impl Targets {
             }
         }
         for ask in asks {
-            let verdict = self.judge(ask, pod_of);
+            let verdict = self.judge(ask, container);
             let written = match (ask.kind, verdict) {
                 (AskKind::Cgroup, Some(v)) => {
                     done.cgroups += 1;
@@ -77,11 +71,11 @@ impl Targets {
 
     /// The verdict for an ask; `None` when the asking cgroup cannot be
     /// found (the process gone, the cgroup removed).
-    fn judge(&self, ask: Ask, pod_of: &mut dyn FnMut(&str) -> Option<PodFacts>) -> Option<Verdict> {
+    fn judge(&self, ask: Ask, container: &mut dyn FnMut(&str) -> Option<Arc<Container>>) -> Option<Verdict> {
         let path = self.cgroup_path(ask)?;
         // The container id as /proc/PID/cgroup gives it, from the path.
         let container_id = procfs::container_id(&format!("0::{path}"));
-        let pod = container_id.as_deref().and_then(&mut *pod_of).unwrap_or_default();
+        let c = container_id.as_deref().and_then(container);
         let exe = match ask.kind {
             AskKind::Cgroup => None,
             AskKind::Process => Some(std::fs::read_link(format!("/proc/{}/exe", ask.pid)).ok()?),
@@ -90,9 +84,9 @@ impl Targets {
         let facts = Facts {
             cgroup_path: &path,
             container_id: container_id.as_deref(),
-            k8s_namespace: pod.namespace.as_deref(),
-            k8s_pod: pod.pod.as_deref(),
-            k8s_container: pod.container.as_deref(),
+            k8s_namespace: c.as_ref().and_then(|c| c.namespace.as_deref()),
+            k8s_pod: c.as_ref().and_then(|c| c.pod_name.as_deref()),
+            k8s_container: c.as_ref().and_then(|c| c.container_name.as_deref()),
             executable: exe.as_deref(),
         };
         let v = self.verdict(&facts);
