@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 /// `max_cpu:` a share of one CPU, written `2%` (or `2`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(try_from = "PercentText", into = "String")]
-#[schemars(with = "PercentText")]
+#[schemars(with = "String")]
 pub struct CpuShare(f64);
 
 impl Eq for CpuShare {}
 
 /// How `max_cpu` is written: `"2%"`, `"0.5%"` or a number of percent.
-#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
 pub enum PercentText {
     Text(String),
