@@ -53,7 +53,7 @@ service:
 EOF
 
 busy_ns() { # CPU ns of the busy processes so far
-	for p in "${busy[@]}"; do echo "/proc/$p/stat"; done | xargs awk '{ s += ($14 + $15) * 10000000 } END { printf "%d\n", s }'
+	for p in "${busy[@]}"; do echo "/proc/$p/stat"; done | xargs awk '{ s += ($14 + $15) * 10000000 } END { printf "%.0f\n", s }'
 }
 STATS_WAS=$(sysctl -n kernel.bpf_stats_enabled)
 sysctl -qw kernel.bpf_stats_enabled=1
