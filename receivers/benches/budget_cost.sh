@@ -100,11 +100,17 @@ w1=$(busy_ns)
 kill -TERM "$agent"
 we=$(busy_ns)
 while kill -0 "$agent" 2>/dev/null; do sleep 0.2; done
-python3 - "$BUDGET" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" "$p0" "$p1" "$ws" "$we" "$WORK/profiles.jsonl" "${busy[@]}" <<'EOF'
+kill -INT "$perfp"
+while kill -0 "$perfp" 2>/dev/null; do sleep 0.2; done
+# perf's estimate for the busy processes over its run: its samples of them / 999 Hz.
+pattern=$(printf '%s|' "${busy[@]}")
+perf_busy=$(perf script -F pid -i "$WORK/perf.data" 2>/dev/null | grep -cwE "${pattern%|}" || true)
+python3 - "$BUDGET" "$t0" "$t1" "$a0" "$a1" "$b0" "$b1" "$p0" "$p1" "$ws" "$we" "$WORK/profiles.jsonl" "$perf_busy" "${busy[@]}" <<'EOF'
 import json, sys
 budget = float(sys.argv[1].rstrip("%")) / 100
 t0, t1, a0, a1, b0, b1, p0, p1, w0, w1 = (int(float(x)) for x in sys.argv[2:12])
-busy = {int(p) for p in sys.argv[13:]}
+perf_busy = int(sys.argv[13]) / 999
+busy = {int(p) for p in sys.argv[14:]}
 wall = t1 - t0
 agent = (a1 - a0) / wall
 bpf = (b1 - b0) / wall
@@ -129,4 +135,5 @@ print(f"budget {budget * 100:.1f}% of one CPU; CPU over {wall / 1e9:.0f} s after
 print(f"  agent: cgroup {agent * 100:.2f}% + BPF {bpf * 100:.2f}% = {(agent + bpf) * 100:.2f}% of one CPU ({(agent + bpf) / budget:.2f}x the budget); perf record -F 999 -a -g: cgroup {perf * 100:.2f}%")
 print(f"  frequencies used: {hz} Hz")
 print(f"  profiles' totals for the busy processes (samples x period, the agent's whole run): {total / 1e9:.1f} s; their CPU over that run {(w1 - w0) / 1e9:.1f} s, ratio {total / (w1 - w0):.3f}")
+print(f"  perf record's for them (samples / 999 Hz, perf's whole run, which starts with the agent's and ends later): {perf_busy:.1f} s")
 EOF

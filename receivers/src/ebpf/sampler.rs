@@ -385,7 +385,7 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         }
     };
     let interp = loaded.python_procs.take().map(|map| Interpreters::new(map, interp_counters));
-    let targets = match loaded.targets.is_some().then(|| Targets::new(&config.targets)).transpose() {
+    let targets = match loaded.targets.is_some().then(|| Targets::for_this_host(&config.targets)).transpose() {
         Ok(t) => t,
         Err(e) => {
             let _ = ready.send(Err(LoadError::Other(format!("targets: {e}"))));

@@ -201,6 +201,19 @@ impl Targets {
         Ok(Targets { include: compile(&c.include)?, exclude: compile(&c.exclude)?, cgroup2_root: cgroup2_root() })
     }
 
+    /// As [`Self::new`], and an error where there is no cgroup v2 tree: the
+    /// kernel then gives every task the same cgroup id, and no verdict
+    /// could tell processes apart.
+    pub(crate) fn for_this_host(c: &TargetsConfig) -> Result<Self, String> {
+        let t = Self::new(c)?;
+        if t.cgroup2_root.is_none() {
+            return Err("targets needs the cgroup v2 hierarchy, and this host mounts none (cgroup v1 only); mount \
+                        cgroup2 (alone, or beside v1 at /sys/fs/cgroup/unified) or remove `targets`"
+                .into());
+        }
+        Ok(t)
+    }
+
     /// The verdict for `f`: `ByProcess` only when `f.executable` is `None`
     /// and an executable matcher decides.
     pub(crate) fn verdict(&self, f: &Facts) -> Verdict {
