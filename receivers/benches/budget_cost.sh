@@ -98,10 +98,9 @@ p1=$(cpu_ns perf "$perfp")
 w1=$(busy_ns)
 # Stopped, the agent writes its last report: its profiles cover its whole run.
 kill -TERM "$agent"
-we=$(busy_ns)
-while kill -0 "$agent" 2>/dev/null; do sleep 0.2; done
 kill -INT "$perfp"
-while kill -0 "$perfp" 2>/dev/null; do sleep 0.2; done
+we=$(busy_ns)
+while kill -0 "$agent" 2>/dev/null || kill -0 "$perfp" 2>/dev/null; do sleep 0.2; done
 # perf's estimate for the busy processes over its run: its samples of them / 999 Hz.
 pattern=$(printf '%s|' "${busy[@]}")
 perf_busy=$(perf script -F pid -i "$WORK/perf.data" 2>/dev/null | grep -cwE "${pattern%|}" || true)
@@ -135,5 +134,5 @@ print(f"budget {budget * 100:.1f}% of one CPU; CPU over {wall / 1e9:.0f} s after
 print(f"  agent: cgroup {agent * 100:.2f}% + BPF {bpf * 100:.2f}% = {(agent + bpf) * 100:.2f}% of one CPU ({(agent + bpf) / budget:.2f}x the budget); perf record -F 999 -a -g: cgroup {perf * 100:.2f}%")
 print(f"  frequencies used: {hz} Hz")
 print(f"  profiles' totals for the busy processes (samples x period, the agent's whole run): {total / 1e9:.1f} s; their CPU over that run {(w1 - w0) / 1e9:.1f} s, ratio {total / (w1 - w0):.3f}")
-print(f"  perf record's for them (samples / 999 Hz, perf's whole run, which starts with the agent's and ends later): {perf_busy:.1f} s")
+print(f"  perf record's for them (samples / 999 Hz over its run, started and stopped with the agent): {perf_busy:.1f} s")
 EOF
