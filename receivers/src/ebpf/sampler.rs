@@ -659,12 +659,13 @@ pub(crate) fn cpu_list(cpus: &[u32]) -> String {
     out
 }
 
-/// Waits until the sample ring (or `proc_ring`, when given) has data, the
-/// wake or `built` eventfd is signalled, a mapping ring is half full, or
-/// timeout. `fds` is reused; entries from index 4 on are the mapping rings.
 /// Where the mapping rings' fds start in [`wait`]'s poll set.
 const MAPPING_FDS_AT: usize = 5;
 
+/// Waits until the sample ring (or `proc_ring`, when given) has data, the
+/// wake or `built` eventfd is signalled, `targets` asks for a verdict, a
+/// mapping ring is half full, or timeout. `fds` is reused; entries from
+/// [`MAPPING_FDS_AT`] on are the mapping rings.
 fn wait(
     fds: &mut Vec<libc::pollfd>,
     [ring, wake, built, asks]: [RawFd; 4],
@@ -755,22 +756,26 @@ impl Sampler {
         self.drain(loaded);
         let batch = self.cut(loaded, now);
         match loaded.set_frequency(hz, &online, now) {
-            Ok(sync) => record_cpu_sync(&self.counters, loaded, &sync),
+            // The same CPUs again: not attaches after a hotplug.
+            Ok(mut sync) => {
+                sync.added.clear();
+                record_cpu_sync(&self.counters, loaded, &sync);
+            }
             Err(e) => tracing::warn!("ebpf receiver: max_cpu: setting {hz} Hz: {e}"),
         }
         self.period_ns = 1_000_000_000 / hz as i64;
         self.counters.sample_frequency.set(hz as i64);
-        tracing::info!(hz, "ebpf receiver: max_cpu: sampling frequency changed");
+        tracing::debug!(hz, "ebpf receiver: max_cpu: sampling frequency changed");
         batch
     }
 
     /// Writes the verdicts the BPF program asked for (`targets`).
     fn answer_target_asks(&mut self, loaded: &mut Loaded) {
-        let (Some(targets), Some(maps)) = (&self.targets, loaded.targets.as_mut()) else {
+        let (Some(targets), Some(maps)) = (self.targets.as_mut(), loaded.targets.as_mut()) else {
             return;
         };
         let table = &mut self.table;
-        let done = targets.answer_asks(maps, &mut |id| table.containers().get(id));
+        let done = targets.answer_asks(maps, &mut |id| table.containers().get(id), Instant::now());
         self.counters.malformed.add(done.malformed);
     }
     /// Attaches probes to the processes whose hits were seen unfollowed,

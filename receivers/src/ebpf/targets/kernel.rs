@@ -20,21 +20,36 @@ pub(crate) struct TargetMaps {
 pub(crate) struct Answered {
     pub cgroups: u64,
     pub processes: u64,
-    /// Asks whose process was gone before it could be read: the entry is
-    /// deleted, so the next sample of the cgroup asks again.
+    /// Asks that could not be judged (the process gone, the cgroup not
+    /// found): asked again after [`ASK_AGAIN_AFTER`].
     pub unanswered: u64,
     pub malformed: u64,
 }
+
+/// How long a cgroup (or process) that could not be judged stays asked
+/// (its samples dropped) before its next sample asks again: an ask costs
+/// a wake-up and, at worst, a walk of the cgroup tree.
+pub(crate) const ASK_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Targets {
     /// Answers every ask in the ring. `container` tells who a container id
     /// is (the process table's one cache of containers).
     pub(crate) fn answer_asks(
-        &self,
+        &mut self,
         maps: &mut TargetMaps,
         container: &mut dyn FnMut(&str) -> Option<Arc<Container>>,
+        now: std::time::Instant,
     ) -> Answered {
         let mut done = Answered::default();
+        // Unjudged asks due again: their entries go, the next sample asks.
+        while self.unjudged.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, ask)) = self.unjudged.pop_front() {
+                let _ = match ask.kind {
+                    AskKind::Cgroup => maps.cgroups.remove(&ask.cgroup_id),
+                    AskKind::Process => maps.procs.remove(&ask.pid),
+                };
+            }
+        }
         let mut asks = Vec::new();
         while let Some(item) = maps.asks.next() {
             match Ask::parse(&item) {
@@ -53,13 +68,13 @@ impl Targets {
                     done.processes += 1;
                     maps.procs.insert(&ask.pid, &v.map_value(), 0)
                 }
-                (AskKind::Cgroup, None) => {
+                (_, None) => {
+                    // Left asked for a while (bounded: one per asked entry).
                     done.unanswered += 1;
-                    maps.cgroups.remove(&ask.cgroup_id)
-                }
-                (AskKind::Process, None) => {
-                    done.unanswered += 1;
-                    maps.procs.remove(&ask.pid)
+                    if self.unjudged.len() < profcol_ebpf::targets::CAPACITY as usize * 2 {
+                        self.unjudged.push_back((now + ASK_AGAIN_AFTER, ask));
+                    }
+                    Ok(())
                 }
             };
             if let Err(e) = written {

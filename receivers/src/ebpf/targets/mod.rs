@@ -131,6 +131,8 @@ pub(crate) struct Targets {
     exclude: Vec<Compiled>,
     /// Where the cgroup v2 hierarchy is mounted (if it is).
     cgroup2_root: Option<std::path::PathBuf>,
+    /// Asks that could not be judged, in the order they are due again.
+    unjudged: std::collections::VecDeque<(std::time::Instant, profcol_ebpf::targets::Ask)>,
 }
 
 struct Compiled {
@@ -198,7 +200,12 @@ fn any(list: &[Compiled], f: &Facts) -> Tri {
 impl Targets {
     pub(crate) fn new(c: &TargetsConfig) -> Result<Self, String> {
         let compile = |l: &[Matcher]| l.iter().map(Compiled::new).collect::<Result<Vec<_>, _>>();
-        Ok(Targets { include: compile(&c.include)?, exclude: compile(&c.exclude)?, cgroup2_root: cgroup2_root() })
+        Ok(Targets {
+            include: compile(&c.include)?,
+            exclude: compile(&c.exclude)?,
+            cgroup2_root: cgroup2_root(),
+            unjudged: Default::default(),
+        })
     }
 
     /// As [`Self::new`], and an error where there is no cgroup v2 tree: the
