@@ -20,6 +20,7 @@ START=${START:-20}
 command -v bpftool >/dev/null || { echo "needs bpftool" >&2; exit 1; }
 command -v perf >/dev/null || { echo "needs perf (linux-perf)" >&2; exit 1; }
 . receivers/benches/cgroup_cpu.sh
+. receivers/benches/bpf_stats.sh
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -71,19 +72,6 @@ PIDS+=($!)
 sleep 2
 agent=$(pgrep -f -- "--config $WORK/agent.yaml" | head -1)
 perfp=$(pgrep -f -- "-o $WORK/perf.data" | head -1)
-bpf_ns() { # PID: run time of the BPF programs it holds
-	bpftool prog show --json | python3 -c '
-import glob, json, sys
-ids = set()
-for f in glob.glob("/proc/%s/fdinfo/*" % sys.argv[1]):
-    try:
-        for line in open(f):
-            if line.startswith("prog_id:"):
-                ids.add(int(line.split()[1]))
-    except OSError:
-        pass
-print(sum(p.get("run_time_ns", 0) for p in json.load(sys.stdin) if p.get("id") in ids))' "$1"
-}
 sleep $((START - 2))
 t0=$(date +%s%N)
 a0=$(cpu_ns agent "$agent")

@@ -33,6 +33,7 @@ esac
 [ -x "$BIN" ] || { echo "build first: cargo build --release -p profcol" >&2; exit 1; }
 command -v bpftool >/dev/null || { echo "needs bpftool" >&2; exit 1; }
 . receivers/benches/cgroup_cpu.sh
+. receivers/benches/bpf_stats.sh
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -125,23 +126,6 @@ MEMP=$!
 PIDS+=($MEMP)
 # Start-up apart: the window begins after both have loaded and found the load.
 sleep 10
-prog_stats() { # PID: run_time_ns run_cnt of its sampling program (its fds name its programs)
-	bpftool prog show --json | python3 -c '
-import glob, json, sys
-ids = set()
-for f in glob.glob("/proc/%s/fdinfo/*" % sys.argv[1]):
-    try:
-        for line in open(f):
-            if line.startswith("prog_id:"):
-                ids.add(int(line.split()[1]))
-    except OSError:
-        pass
-for p in json.load(sys.stdin):
-    if p.get("id") in ids and p.get("name") == "profcol_cpu_sample":
-        print(p.get("run_time_ns", 0), p.get("run_cnt", 0)); break
-else:
-    print(0, 0)' "$1"
-}
 agent_pid() { # TOOL: the profcol process in its cgroup
 	pgrep -f -- "--config $WORK/$1.yaml" | head -1
 }

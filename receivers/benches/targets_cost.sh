@@ -21,6 +21,7 @@ WINDOW=${WINDOW:-60}
 [ -x "$BIN" ] || { echo "build first: cargo build --release -p profcol" >&2; exit 1; }
 command -v bpftool >/dev/null || { echo "needs bpftool" >&2; exit 1; }
 . receivers/benches/cgroup_cpu.sh
+. receivers/benches/bpf_stats.sh
 V2=$(awk '$9 == "cgroup2" && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
 [ -n "$V2" ] || { echo "needs a mounted cgroup2 hierarchy" >&2; exit 1; }
 
@@ -89,23 +90,6 @@ PIDS+=($!)
 (start_in one "$BIN" --config "$WORK/one.yaml" >"$WORK/one.log" 2>&1) &
 PIDS+=($!)
 sleep 10
-prog_stats() { # PID: run_time_ns run_cnt of its sampling program
-	bpftool prog show --json | python3 -c '
-import glob, json, sys
-ids = set()
-for f in glob.glob("/proc/%s/fdinfo/*" % sys.argv[1]):
-    try:
-        for line in open(f):
-            if line.startswith("prog_id:"):
-                ids.add(int(line.split()[1]))
-    except OSError:
-        pass
-for p in json.load(sys.stdin):
-    if p.get("id") in ids and p.get("name") == "profcol_cpu_sample":
-        print(p.get("run_time_ns", 0), p.get("run_cnt", 0)); break
-else:
-    print(0, 0)' "$1"
-}
 agent_pid() { pgrep -f -- "--config $WORK/$1.yaml" | head -1; }
 both=$(agent_pid both)
 one=$(agent_pid one)

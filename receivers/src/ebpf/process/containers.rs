@@ -23,6 +23,7 @@
 //!   containerd keeps pod labels in its own database, not in the bundle:
 //!   no pod labels.
 
+use super::procfs::read_bounded;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -264,13 +265,6 @@ fn pod_labels(mut labels: BTreeMap<String, String>) -> BTreeMap<String, String> 
 
 fn is_hex(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-fn read_bounded(path: &Path, max: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let mut out = Vec::new();
-    std::fs::File::open(path).ok()?.take(max).read_to_end(&mut out).ok()?;
-    Some(out)
 }
 
 fn read_json(path: &Path) -> Option<serde_json::Value> {

@@ -211,6 +211,15 @@ impl ProcPath {
 
 /// Reads a /proc file as text; bytes that are not UTF-8 (paths and comms
 /// may hold any byte) are replaced, never an error.
+/// At most `max` bytes of a file (runtime state files, environments):
+/// `None` when it cannot be read.
+pub(crate) fn read_bounded(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path).ok()?.take(max).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
 fn read_small(path: &Path) -> io::Result<String> {
     // Not read_to_end: File's asks the size first (statx and lseek), and
     // /proc files say 0.

@@ -23,7 +23,8 @@
 //! ([`super::containers`]), read once per container.
 
 use super::containers::Container;
-use std::path::{Path, PathBuf};
+use super::procfs::read_bounded;
+use std::path::PathBuf;
 
 /// One entry of `service_name:`, written `executable`, `env:NAME`,
 /// `container_label:KEY`, `k8s_container`, `k8s_label:KEY` or `value:TEXT`.
@@ -152,13 +153,6 @@ fn unknown(exe: &str) -> String {
     } else {
         format!("unknown_service:{exe}")
     }
-}
-
-fn read_bounded(path: &Path, max: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let mut out = Vec::new();
-    std::fs::File::open(path).ok()?.take(max).read_to_end(&mut out).ok()?;
-    Some(out)
 }
 
 /// `var`'s value in a NUL-separated environment block.
