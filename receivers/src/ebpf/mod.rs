@@ -27,6 +27,7 @@ pub mod bpf;
 pub mod budget;
 pub mod config;
 pub mod interp;
+pub(crate) mod jit;
 pub(crate) mod metrics;
 pub mod process;
 pub(crate) mod sampler;
