@@ -14,7 +14,9 @@
 //!
 //! SIGQUIT terminates a process that does not handle it, so it is sent only
 //! to a process that maps libjvm.so, handles SIGQUIT (SigCgt) and was not
-//! started with signal handling or attach disabled.
+//! started with signal handling or attach disabled. (With -Xrs HotSpot
+//! starts its listener at startup instead, so while its socket exists such
+//! a JVM is asked all the same, without a signal.)
 
 use std::ffi::CString;
 use std::fmt;
