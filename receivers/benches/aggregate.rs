@@ -59,7 +59,7 @@ fn main() {
         let settled = counted.settle(&mut iv, &mut store, |_, _| {});
         // The next report's interval is sized like this one, as the sampler's.
         next = Interval::sized_like(0, attrs, &iv);
-        let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer, None);
+        let batch = iv.build("host", 10_101_010, 5_000_000_000, &[], &namer, Default::default());
         check += settled.samples + batch.profiles().count() as u64;
         drop(batch);
         times.push(t.elapsed());

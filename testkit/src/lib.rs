@@ -13,7 +13,8 @@
 //! - [`alloc`]: a global allocator that counts live heap bytes;
 //! - [`py_otlp`]: the OTLP server on the official Python stack;
 //! - [`workload`]: profiled child processes started on cue;
-//! - [`tools`]: external tools that must be there under CI=true.
+//! - [`tools`]: external tools that must be there under CI=true;
+//! - [`pprof_raw`]: pprof files read through `go tool pprof -raw`.
 
 pub mod alloc;
 pub mod batch;
@@ -23,6 +24,7 @@ pub mod hostile;
 pub mod log;
 pub mod net;
 pub mod plugins;
+pub mod pprof_raw;
 pub mod py_otlp;
 pub mod raw;
 pub mod sink;

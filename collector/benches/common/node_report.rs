@@ -83,6 +83,6 @@ impl Inputs {
             let info = &self.infos[i % PROCESSES];
             iv.add_counted(&dash_sample(info.pid, k, u), Some((info, &self.maps)), 1 + i as u64 % 3);
         }
-        iv.build("host", 10_101_010, 5_000_000_000, &[], &self.namer, None)
+        iv.build("host", 10_101_010, 5_000_000_000, &[], &self.namer, Default::default())
     }
 }

@@ -78,6 +78,9 @@ pub struct EbpfConfig {
     /// `python` (CPython 3.9 to 3.13, found in every process that maps
     /// one). An empty list turns interpreter frames off.
     pub interpreters: Vec<Interpreter>,
+    /// JIT code (Node, Java, .NET, wasmtime): named from the perf maps the
+    /// runtimes write.
+    pub jit: crate::ebpf::jit::JitConfig,
     /// Which processes are sampled, decided in the kernel before any stack
     /// walk: `include` (empty: every process) and `exclude` lists of
     /// matchers on `cgroup_path`, `container_id`, `k8s_namespace`,
@@ -244,6 +247,7 @@ impl Default for EbpfConfig {
             count_in_kernel: false,
             max_counted_stacks: 16_384,
             interpreters: vec![Interpreter::Python],
+            jit: Default::default(),
             targets: Default::default(),
             max_cpu: None,
         }

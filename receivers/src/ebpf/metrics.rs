@@ -229,6 +229,12 @@ pub(crate) const METRICS: &[MetricDef] = &[
     INTERPRETER_NAME_LOOKUPS,
     INTERPRETER_REFUSED,
     INTERPRETER_CACHE_BYTES,
+    JIT_PROCESSES,
+    JIT_FRAMES,
+    JIT_MAP_LINES,
+    JIT_MAPS_REFUSED,
+    JIT_CACHE_BYTES,
+    JIT_ATTACH_REQUESTS,
 ];
 
 // Interpreters: processes found, frames walked in the kernel and named.
@@ -272,6 +278,45 @@ pub(crate) const INTERPRETER_REFUSED: MetricDef = MetricDef::counter(
 )
 .by("interpreter")
 .and_by("reason");
+
+// JIT code named from the maps runtimes write.
+pub(crate) const JIT_PROCESSES: MetricDef = MetricDef::gauge(
+    "ebpf_jit_processes",
+    "processes",
+    "Processes whose perf map is read, by runtime (v8, jvm, dotnet, wasm, other), at the last report",
+)
+.by("runtime");
+pub(crate) const JIT_FRAMES: MetricDef = MetricDef::counter(
+    "ebpf_jit_frames_total",
+    "frames",
+    "Addresses in anonymous executable memory of a report (each distinct address of a process once per \
+     report), by runtime and outcome: named from the process's perf map, or unnamed (no map, or no line \
+     covers the address)",
+)
+.by("runtime")
+.and_by("outcome");
+pub(crate) const JIT_MAP_LINES: MetricDef = MetricDef::counter(
+    "ebpf_jit_map_lines_total",
+    "lines",
+    "Perf map lines by outcome: read, malformed (skipped), dropped (well-formed, but the maps' memory bound \
+     was reached)",
+)
+.by("outcome");
+pub(crate) const JIT_MAPS_REFUSED: MetricDef = MetricDef::counter(
+    "ebpf_jit_maps_refused_total",
+    "1",
+    "Perf map files not read, by reason: not_regular (a symlink in its path, a FIFO, a device), owner (not \
+     the process's user), links (a hard link), unreadable (an I/O error), too_large (read up to its bound)",
+)
+.by("reason");
+pub(crate) const JIT_CACHE_BYTES: MetricDef =
+    MetricDef::gauge("ebpf_jit_cache_bytes", "bytes", "Bytes the perf map tables hold, at the last report");
+pub(crate) const JIT_ATTACH_REQUESTS: MetricDef = MetricDef::counter(
+    "ebpf_jit_attach_requests_total",
+    "1",
+    "JVMs asked to write their perf map (`jit.jvm_perfmap: attach`), by outcome: ok or why not",
+)
+.by("outcome");
 
 #[cfg(test)]
 mod tests {

@@ -21,6 +21,7 @@ use super::budget::Budget;
 use super::config::EbpfConfig;
 use super::interp::processes::Interpreters;
 use super::interp::InterpCounters;
+use super::jit::{JitCounters, JitMaps};
 use super::metrics as m;
 use super::targets::Targets;
 use super::unwind::{UnwindCounters, Unwinder};
@@ -30,7 +31,7 @@ use crate::ebpf::process::mmap_events::{MappingBatch, MappingEventKind, MappingE
 use crate::ebpf::process::procfs;
 use crate::ebpf::process::service_name::ServiceNamer;
 use crate::ebpf::process::ProcessTable;
-use crate::ebpf::stacks::aggregate::{Interval, SampleAttrs, SampleIn};
+use crate::ebpf::stacks::aggregate::{FrameNamers, Interval, SampleAttrs, SampleIn};
 use crate::ebpf::stacks::counted::CountedStacks;
 use crate::ebpf::stacks::stack_end;
 use aya::programs::uprobe::UProbeLink;
@@ -197,6 +198,7 @@ impl SamplerHandle {
         let uprobe_counters = (!config.uprobes.is_empty()).then(|| UprobeCounters::new(&telemetry));
         let unwind_counters = UnwindCounters::new(&telemetry);
         let interp_counters = InterpCounters::new(&telemetry);
+        let jit_counters = JitCounters::new(&telemetry);
         let started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(sys::eventfd().map_err(|e| LoadError::Other(format!("eventfd: {e}")))?);
@@ -213,6 +215,7 @@ impl SamplerHandle {
                         uprobe_counters,
                         unwind_counters,
                         interp_counters,
+                        jit_counters,
                         ready: ready_tx,
                         started,
                         pins,
@@ -289,6 +292,7 @@ struct Parts {
     uprobe_counters: Option<UprobeCounters>,
     unwind_counters: UnwindCounters,
     interp_counters: InterpCounters,
+    jit_counters: JitCounters,
     /// Told once the perf events are attached, or why they are not.
     ready: tokio::sync::oneshot::Sender<Result<(), LoadError>>,
     started: Instant,
@@ -355,7 +359,8 @@ fn run(start: Start) {
 /// Loads and attaches everything, then tells `parts.ready` how that went;
 /// `None` when the thread is to end (start failed, or nobody waits).
 fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
-    let Parts { counters, uprobe_counters, unwind_counters, interp_counters, ready, started, pins } = parts;
+    let Parts { counters, uprobe_counters, unwind_counters, interp_counters, jit_counters, ready, started, pins } =
+        parts;
     let (mut loaded, first_sync) = match load_and_attach(config) {
         Ok(l) => l,
         Err(e) => {
@@ -385,6 +390,7 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         }
     };
     let interp = loaded.python_procs.take().map(|map| Interpreters::new(map, interp_counters));
+    let jit = config.jit.perf_maps.then(|| JitMaps::new(&config.jit, jit_counters));
     let targets = match loaded.targets.is_some().then(|| Targets::for_this_host(&config.targets)).transpose() {
         Ok(t) => t,
         Err(e) => {
@@ -416,6 +422,7 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         ubuf: Vec::with_capacity(profcol_ebpf::MAX_STACK_DEPTH),
         ibuf: Vec::new(),
         interp,
+        jit,
         targets,
         budget: config.max_cpu.map(|share| {
             let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
@@ -703,6 +710,8 @@ struct Sampler {
     ibuf: Vec<(u64, u64)>,
     /// Present when an interpreter walker loaded (`interpreters:`).
     interp: Option<Interpreters>,
+    /// Present when `jit.perf_maps` is on.
+    jit: Option<JitMaps>,
     /// Present when `targets` is configured.
     targets: Option<Targets>,
     /// Present when `max_cpu` is set, with the fd that keeps the kernel
@@ -861,6 +870,9 @@ impl Sampler {
             if let Some(interp) = self.interp.as_mut() {
                 interp.forget(e.pid);
             }
+            if let Some(jit) = self.jit.as_mut() {
+                jit.forget(e.pid);
+            }
         }
         self.mappings.is_none() || gap
     }
@@ -1006,6 +1018,9 @@ impl Sampler {
             }
             interp.name_into(h.pid, self.ibuf.iter().copied(), h.interp_end, &mut self.ubuf);
         }
+        if let (Some(jit), Some((info, maps))) = (self.jit.as_mut(), &process) {
+            jit.observe(h.pid, info, maps, now);
+        }
         let sample = SampleIn {
             probe,
             pid: h.pid,
@@ -1093,8 +1108,16 @@ impl Sampler {
         if interval.sample_count() == 0 {
             return None;
         }
-        let functions = self.interp.as_ref().map(|i| &i.functions);
-        let batch = interval.build(&self.host, self.period_ns, end, &self.probes, self.table.namer(), functions);
+        if let Some(jit) = self.jit.as_mut() {
+            jit.refresh_all(now);
+        }
+        let namers = FrameNamers { functions: self.interp.as_ref().map(|i| &i.functions), jit: self.jit.as_ref() };
+        let batch = interval.build(&self.host, self.period_ns, end, &self.probes, self.table.namer(), namers);
+        if let Some(jit) = self.jit.as_mut() {
+            // After the build: a process gone in this interval named its samples.
+            let table = &self.table;
+            jit.retain(|pid| table.knows(pid));
+        }
         self.counters.batches.inc();
         Some(batch)
     }

@@ -1,3 +1,384 @@
-// Not called yet outside its tests.
-#[allow(dead_code)]
+//! JIT code named from the maps runtimes write (`/tmp/perf-PID.map`):
+//! a namer with no walker in the kernel. The native walk already reaches
+//! JIT frames (runtimes keep frame pointers in their code, or the frame
+//! is the leaf); what no ELF file describes is their names.
+//!
+//! A sampled process with anonymous executable memory gets its map opened
+//! ([`perf_map::open`]: inside its root, no symlink, its owner only) and
+//! read as it grows, at most every [`REFRESH`] while it is sampled and
+//! once more before each report. Frames are named when the report is
+//! built, so stacks counted in the kernel and frames sampled before the
+//! runtime wrote their line are named too. A process that exits keeps its
+//! table until the report holding its samples is built.
+//!
+//! - [`perf_map`]: the file, its lines and ranges.
+//! - [`names`]: each runtime's names (V8, HotSpot, .NET, wasmtime).
+//! - [`jvm_attach`]: asks a JVM to write its map (`jit.jvm_perfmap: attach`).
+
 pub(crate) mod jvm_attach;
+pub(crate) mod names;
+pub(crate) mod perf_map;
+
+use crate::ebpf::metrics as m;
+use crate::ebpf::process::procfs;
+use crate::ebpf::process::{MappingSet, ProcessInfo};
+use names::{JitName, Runtime};
+use perf_map::{LineCounts, Open, PerfMap, Refused};
+use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
+use rustc_hash::FxHashMap;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A sampled process's map is read again at most this often.
+const REFRESH: Duration = Duration::from_millis(250);
+/// A process with JIT code and no map is looked at again after this.
+const MISSING_RETRY: Duration = Duration::from_secs(2);
+/// Bytes all processes' tables hold at most.
+const TOTAL_BYTES: usize = 64 << 20;
+/// Processes whose maps are followed at most.
+const MAX_PROCESSES: usize = 1024;
+/// A JVM is asked again for its map at most this often while frames in its
+/// JIT code stay unnamed (its map is a snapshot).
+const ATTACH_EVERY: Duration = Duration::from_secs(60);
+/// How long one attach may take.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `jit:` section of the ebpf receiver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct JitConfig {
+    /// Name frames in anonymous executable memory from the perf map the
+    /// process's runtime writes (`/tmp/perf-PID.map`: Node
+    /// `--perf-basic-prof`, Java `jcmd PID Compiler.perfmap`, .NET
+    /// `DOTNET_PerfMapEnabled=1`, wasmtime `--profile=perfmap`). A map is
+    /// read only if it is a regular file owned by the process's user.
+    pub perf_maps: bool,
+    /// `attach`: ask a JVM that has no perf map to write one, through its
+    /// attach mechanism (what `jcmd PID Compiler.perfmap` does: a SIGQUIT
+    /// to a JVM that handles it, then a request on its attach socket; the
+    /// JVM starts its attach listener thread and writes the map of its
+    /// code cache), and again at most once a minute while its JIT frames
+    /// stay unnamed. `none` (default): only maps the runtime writes itself.
+    pub jvm_perfmap: JvmPerfMap,
+}
+
+impl Default for JitConfig {
+    fn default() -> Self {
+        JitConfig { perf_maps: true, jvm_perfmap: JvmPerfMap::None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JvmPerfMap {
+    None,
+    Attach,
+}
+
+/// The series of one receiver.
+pub(crate) struct JitCounters {
+    processes: Vec<Gauge>,
+    /// By runtime: named, unnamed.
+    frames: Vec<[Counter; 2]>,
+    /// read, malformed, dropped.
+    lines: [Counter; 3],
+    /// By [`Refused::ALL`], then unreadable, too_large.
+    refused: Vec<Counter>,
+    cache_bytes: Gauge,
+    attach: FxHashMap<&'static str, Counter>,
+}
+
+/// Outcomes of an attach (the `outcome` label).
+const ATTACH_OUTCOMES: [&str; 7] =
+    ["ok", "not_hotspot", "attach_disabled", "signal_not_handled", "timeout", "io", "rejected"];
+
+impl JitCounters {
+    pub(crate) fn new(t: &ComponentTelemetry) -> Self {
+        JitCounters {
+            processes: Runtime::ALL.iter().map(|r| t.gauge_by(&m::JIT_PROCESSES, r.label())).collect(),
+            frames: Runtime::ALL
+                .iter()
+                .map(|r| ["named", "unnamed"].map(|o| t.counter_by2(&m::JIT_FRAMES, r.label(), o)))
+                .collect(),
+            lines: ["read", "malformed", "dropped"].map(|o| t.counter_by(&m::JIT_MAP_LINES, o)),
+            refused: Refused::ALL
+                .iter()
+                .map(|r| r.reason())
+                .chain(["unreadable", "too_large"])
+                .map(|r| t.counter_by(&m::JIT_MAPS_REFUSED, r))
+                .collect(),
+            cache_bytes: t.gauge_of(&m::JIT_CACHE_BYTES),
+            attach: ATTACH_OUTCOMES.iter().map(|&o| (o, t.counter_by(&m::JIT_ATTACH_REQUESTS, o))).collect(),
+        }
+    }
+
+    fn refused(&self, reason: &str) {
+        let i = Refused::ALL.iter().position(|r| r.reason() == reason).unwrap_or(match reason {
+            "unreadable" => Refused::ALL.len(),
+            _ => Refused::ALL.len() + 1,
+        });
+        if let Some(c) = self.refused.get(i) {
+            c.inc();
+        }
+    }
+}
+
+enum MapState {
+    Open(PerfMap),
+    Missing {
+        retry_at: Instant,
+    },
+    /// Refused or unreadable: not looked at again while the process runs.
+    Refused,
+}
+
+/// A process with JIT code.
+struct JitProc {
+    state: MapState,
+    runtime: Runtime,
+    ids: procfs::StatusIds,
+    last_refresh: Instant,
+    /// Exec'd or exited: named from what was read, no longer read.
+    gone: bool,
+    /// Frames in its JIT code left unnamed in a report (a JVM to ask).
+    unnamed: AtomicBool,
+    /// When a JVM was last asked for its map; an attach running.
+    asked: Option<Instant>,
+    attaching: Arc<AtomicBool>,
+}
+
+/// The JIT side of the receiver.
+pub(crate) struct JitMaps {
+    procs: FxHashMap<u32, JitProc>,
+    /// pid → the mapping generation looked at and found without anonymous
+    /// executable memory.
+    no_jit: FxHashMap<u32, u32>,
+    jvm_attach: bool,
+    /// Bytes all tables hold.
+    total: usize,
+    counters: Arc<JitCounters>,
+    /// Read buffer, reused.
+    buf: Vec<u8>,
+    /// Frames named and unnamed in the report being built, by runtime.
+    outcomes: Vec<[AtomicU64; 2]>,
+}
+
+/// Whether a process maps anonymous executable memory.
+fn has_jit_code(maps: &MappingSet) -> bool {
+    maps.mappings.iter().any(|m| &*m.path == "[anon]")
+}
+
+impl JitMaps {
+    pub(crate) fn new(cfg: &JitConfig, counters: JitCounters) -> Self {
+        JitMaps {
+            procs: FxHashMap::default(),
+            no_jit: FxHashMap::default(),
+            jvm_attach: cfg.jvm_perfmap == JvmPerfMap::Attach,
+            total: 0,
+            counters: Arc::new(counters),
+            buf: Vec::new(),
+            outcomes: Runtime::ALL.iter().map(|_| Default::default()).collect(),
+        }
+    }
+
+    /// A sample of process `pid` (`info`, `maps`) was read: a process with
+    /// JIT code gets its map opened, and read as it grows.
+    pub(crate) fn observe(&mut self, pid: u32, info: &ProcessInfo, maps: &MappingSet, now: Instant) {
+        if let Some(p) = self.procs.get(&pid) {
+            if !p.gone && now.duration_since(p.last_refresh) >= REFRESH {
+                self.refresh(pid, now);
+            }
+            return;
+        }
+        if self.no_jit.get(&pid) == Some(&maps.generation) {
+            return;
+        }
+        if !has_jit_code(maps) || self.procs.len() >= MAX_PROCESSES {
+            self.no_jit.insert(pid, maps.generation);
+            return;
+        }
+        let Ok(ids) = procfs::read_status_ids(pid) else {
+            self.no_jit.insert(pid, maps.generation);
+            return;
+        };
+        let files = maps.mappings.iter().map(|m| procfs::base_name(&m.path));
+        let runtime = Runtime::of_process(&info.exe_name, files);
+        self.procs.insert(
+            pid,
+            JitProc {
+                state: MapState::Missing { retry_at: now },
+                runtime,
+                ids,
+                last_refresh: now,
+                gone: false,
+                unnamed: AtomicBool::new(false),
+                asked: None,
+                attaching: Arc::new(AtomicBool::new(false)),
+            },
+        );
+        self.refresh(pid, now);
+    }
+
+    /// Opens or reads the map of `pid`; asks a JVM for one.
+    fn refresh(&mut self, pid: u32, now: Instant) {
+        let Some(p) = self.procs.get_mut(&pid) else { return };
+        p.last_refresh = now;
+        if let MapState::Missing { retry_at } = p.state {
+            if now < retry_at {
+                return;
+            }
+            p.state = match perf_map::open(pid, p.ids.nspid, p.ids.uids, p.runtime) {
+                Ok(Open::Map(map)) => {
+                    tracing::debug!(pid, runtime = p.runtime.label(), "ebpf receiver: reading perf map");
+                    MapState::Open(map)
+                }
+                Ok(Open::Missing) => MapState::Missing { retry_at: now + MISSING_RETRY },
+                Ok(Open::Refused(r)) => {
+                    tracing::info!(pid, reason = r.reason(), "ebpf receiver: perf map not read");
+                    self.counters.refused(r.reason());
+                    MapState::Refused
+                }
+                Err(e) => {
+                    tracing::debug!(pid, "ebpf receiver: perf map unreadable: {e}");
+                    self.counters.refused("unreadable");
+                    MapState::Refused
+                }
+            };
+        }
+        let ask = self.jvm_attach
+            && p.runtime == Runtime::Jvm
+            && !p.attaching.load(Relaxed)
+            && match &p.state {
+                MapState::Missing { .. } => p.asked.is_none_or(|t| now.duration_since(t) >= ATTACH_EVERY),
+                MapState::Open(_) => {
+                    p.unnamed.load(Relaxed) && p.asked.is_none_or(|t| now.duration_since(t) >= ATTACH_EVERY)
+                }
+                MapState::Refused => false,
+            };
+        if ask {
+            p.asked = Some(now);
+            p.unnamed.store(false, Relaxed);
+            p.attaching.store(true, Relaxed);
+            if let MapState::Missing { retry_at } = &mut p.state {
+                // The map appears once the JVM has written it.
+                *retry_at = now + REFRESH;
+            }
+            spawn_attach(pid, p.attaching.clone(), self.counters.clone());
+        }
+        let MapState::Open(map) = &mut p.state else { return };
+        let before = map.bytes();
+        let room = TOTAL_BYTES.saturating_sub(self.total);
+        let mut counts = LineCounts::default();
+        let was_capped = map.capped;
+        match map.refresh(room, &mut self.buf, &mut counts) {
+            Ok(()) => {
+                if map.capped && !was_capped {
+                    self.counters.refused("too_large");
+                }
+            }
+            Err(e) => {
+                tracing::debug!(pid, "ebpf receiver: perf map read: {e}");
+                self.counters.refused("unreadable");
+            }
+        }
+        self.total = self.total.saturating_sub(before) + map.bytes();
+        for (c, n) in self.counters.lines.iter().zip([counts.read, counts.malformed, counts.dropped]) {
+            if n > 0 {
+                c.add(n);
+            }
+        }
+    }
+
+    /// Before a report is built: reads what every live process's map
+    /// gained since its last sample.
+    pub(crate) fn refresh_all(&mut self, now: Instant) {
+        let live: Vec<u32> = self.procs.iter().filter(|(_, p)| !p.gone).map(|(&pid, _)| pid).collect();
+        for pid in live {
+            self.refresh(pid, now);
+        }
+    }
+
+    /// The name of JIT code at `addr` in process `pid` (an address in its
+    /// anonymous executable memory), with an id unique within the process;
+    /// counted named or unnamed.
+    pub(crate) fn name(&self, pid: u32, addr: u64) -> Option<(u32, &JitName)> {
+        let p = self.procs.get(&pid)?;
+        let found = match &p.state {
+            MapState::Open(map) => map.lookup(addr),
+            _ => None,
+        };
+        let i = Runtime::ALL.iter().position(|&r| r == p.runtime).unwrap_or(0);
+        self.outcomes[i][usize::from(found.is_none())].fetch_add(1, Relaxed);
+        if found.is_none() {
+            p.unnamed.store(true, Relaxed);
+        }
+        found
+    }
+
+    /// Process `pid` exec'd or exited: its map is no longer read; its
+    /// table names the samples already taken until the next report.
+    pub(crate) fn forget(&mut self, pid: u32) {
+        self.no_jit.remove(&pid);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.gone = true;
+        }
+    }
+
+    /// After a report is built: drops the tables of processes gone or no
+    /// longer known, and sets the gauges.
+    pub(crate) fn retain(&mut self, known: impl Fn(u32) -> bool) {
+        self.no_jit.retain(|&pid, _| known(pid));
+        let mut freed = 0;
+        self.procs.retain(|&pid, p| {
+            let keep = !p.gone && known(pid);
+            if !keep {
+                if let MapState::Open(m) = &p.state {
+                    freed += m.bytes();
+                }
+            }
+            keep
+        });
+        self.total = self.total.saturating_sub(freed);
+        let c = &self.counters;
+        for (i, r) in Runtime::ALL.iter().enumerate() {
+            let n = self.procs.values().filter(|p| p.runtime == *r && matches!(p.state, MapState::Open(_))).count();
+            c.processes[i].set(n as i64);
+            for (o, counter) in self.outcomes[i].iter().zip(&c.frames[i]) {
+                let n = o.swap(0, Relaxed);
+                if n > 0 {
+                    counter.add(n);
+                }
+            }
+        }
+        c.cache_bytes.set(self.total as i64);
+    }
+}
+
+/// Asks JVM `pid` for its perf map on a thread of its own (it may take
+/// seconds), counting the outcome.
+fn spawn_attach(pid: u32, running: Arc<AtomicBool>, counters: Arc<JitCounters>) {
+    let flag = running.clone();
+    let spawned = std::thread::Builder::new().name("profcol-jvm-attach".into()).spawn(move || {
+        let outcome = match jvm_attach::request_perf_map(pid, ATTACH_TIMEOUT) {
+            Ok(()) => {
+                tracing::info!(pid, "ebpf receiver: asked the JVM for its perf map");
+                "ok"
+            }
+            Err(e) => {
+                tracing::info!(pid, "ebpf receiver: JVM not asked for its perf map: {e}");
+                e.reason()
+            }
+        };
+        if let Some(c) = counters.attach.get(outcome) {
+            c.inc();
+        }
+        running.store(false, Relaxed);
+    });
+    if spawned.is_err() {
+        // No thread: tried again at the next chance.
+        flag.store(false, Relaxed);
+    }
+}

@@ -260,7 +260,32 @@ pub(crate) fn read_facts(pid: u32) -> io::Result<ProcessFacts> {
     Ok(ProcessFacts { start_time, comm, exe_path, container_id })
 }
 
-/// Reads and parses /proc/PID/maps.
+/// From /proc/PID/status: the process's pid in its own pid namespace
+/// (the last `NSpid:` field) and its real and effective user ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StatusIds {
+    pub nspid: u32,
+    pub uids: [u32; 2],
+}
+
+pub(crate) fn parse_status_ids(status: &str) -> Option<StatusIds> {
+    let (mut nspid, mut uids) = (None, None);
+    for line in status.lines() {
+        if let Some(v) = line.strip_prefix("NSpid:") {
+            nspid = v.split_whitespace().last().and_then(|p| p.parse().ok());
+        } else if let Some(v) = line.strip_prefix("Uid:") {
+            let mut f = v.split_whitespace().map(|u| u.parse::<u32>().ok());
+            uids = Some([f.next()??, f.next()??]);
+        }
+    }
+    Some(StatusIds { nspid: nspid?, uids: uids? })
+}
+
+pub(crate) fn read_status_ids(pid: u32) -> io::Result<StatusIds> {
+    let status = read_small(&proc_dir(pid).join("status"))?;
+    parse_status_ids(&status).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc/PID/status"))
+}
+
 /// /proc/PID/cgroup; `None` when the process is gone.
 pub(crate) fn read_cgroup(pid: u32) -> Option<String> {
     read_small(ProcPath::new(pid, "cgroup").as_path()).ok()
@@ -283,6 +308,14 @@ pub fn host_name() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn status_gives_the_namespace_pid_and_user_ids() {
+        let st = "Name:\tnode\nUid:\t1000\t1001\t1000\t1000\nGid:\t0\t0\t0\t0\nNSpid:\t4242\t7\n";
+        assert_eq!(parse_status_ids(st), Some(StatusIds { nspid: 7, uids: [1000, 1001] }));
+        assert_eq!(parse_status_ids("Uid:\t1\t1\t1\t1\n"), None, "no NSpid");
+        assert_eq!(parse_status_ids("NSpid:\t9\nUid:\tx\ty\n"), None);
+    }
+
     use super::*;
 
     const MAPS: &str = "\

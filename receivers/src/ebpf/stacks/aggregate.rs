@@ -12,6 +12,8 @@
 
 use crate::ebpf::config::{SampleAttribute, UprobeSpec};
 use crate::ebpf::interp::functions::{self, FunctionTable};
+use crate::ebpf::jit::names::JitName;
+use crate::ebpf::jit::JitMaps;
 use crate::ebpf::process::service_name::ServiceNamer;
 use crate::ebpf::process::{MappingSet, ProcessInfo};
 use profcol_api::model::ProfileRef;
@@ -333,12 +335,13 @@ impl Interval {
         end_unix_ns: u64,
         probes: &[UprobeSpec],
         namer: &ServiceNamer,
-        functions: Option<&FunctionTable>,
+        namers: FrameNamers<'_>,
     ) -> Profiles {
         let meta = ProfileMeta::cpu(period_ns, self.start_unix_ns, end_unix_ns.saturating_sub(self.start_unix_ns));
         let (mut samples, order) = sorted(self.samples, &self.frames);
         let mut batch = BatchBuilder::new(self.attrs, meta, Names { host_name, probes, namer }, samples.len());
-        batch.locations.functions = functions;
+        batch.locations.functions = namers.functions;
+        batch.locations.jit = namers.jit;
         for &i in &order {
             let (key, occ) = &mut samples[i as usize];
             batch.add(key, &self.frames[key.stack as usize], occ, &self.procs, &self.unreadable_comm);
@@ -367,6 +370,15 @@ fn sorted(samples: FxHashMap<Key, Occurrences>, frames: &[Frames]) -> (Vec<(Key,
         ))
     });
     (samples, order)
+}
+
+/// What names the frames no ELF file describes.
+#[derive(Clone, Copy, Default)]
+pub struct FrameNamers<'a> {
+    /// What interpreter frames' stack words name.
+    pub(crate) functions: Option<&'a FunctionTable>,
+    /// The perf maps of processes with JIT code.
+    pub(crate) jit: Option<&'a JitMaps>,
 }
 
 /// What names a batch's resources and probe profiles.
@@ -401,6 +413,11 @@ struct Locations<'a> {
     native_attr: i32,
     /// What interpreter frames' stack words name.
     functions: Option<&'a FunctionTable>,
+    /// JIT code's names; the process of the stacks now, and the location
+    /// of each of its JIT names met.
+    jit: Option<&'a JitMaps>,
+    pid: u32,
+    jit_locs: FxHashMap<u32, i32>,
     /// Location of each interpreter frame's stack word (one for all
     /// processes: the word names a function and line), and the
     /// `profile.frame.type` attribute of each frame type.
@@ -443,6 +460,9 @@ impl<'a> BatchBuilder<'a> {
                 kernel_attr,
                 native_attr,
                 functions: None,
+                jit: None,
+                pid: 0,
+                jit_locs: FxHashMap::default(),
                 interp: FxHashMap::default(),
                 frame_type_attrs: Vec::new(),
                 stack: Vec::new(),
@@ -500,7 +520,7 @@ impl<'a> BatchBuilder<'a> {
         self.b.set_scope(r, profcol_api::model::profcol_scope());
         self.current = None;
         self.thread_attrs = None;
-        self.locations.enter_process();
+        self.locations.enter_process(gk.0);
         self.group = Some((gk, r, maps));
         r
     }
@@ -596,7 +616,9 @@ impl<'a> BatchBuilder<'a> {
 
 impl Locations<'_> {
     /// A new process: its user addresses and mappings are its own.
-    fn enter_process(&mut self) {
+    fn enter_process(&mut self, pid: u32) {
+        self.pid = pid;
+        self.jit_locs.clear();
         self.mapping_idx.clear();
         // Location of each user address of this process (its mappings say
         // where an address lies): a frame met again, in this stack or the
@@ -618,12 +640,12 @@ impl Locations<'_> {
             });
             self.stack.push(l);
         }
-        for &addr in frames.ustack() {
+        for (i, &addr) in frames.ustack().iter().enumerate() {
             let l = match self.user.get(&addr) {
                 Some(&l) => l,
                 None => match functions::decode(addr) {
                     Some((func, line)) => self.interp_location(b, addr, func, line),
-                    None => self.user_location(b, addr, maps),
+                    None => self.user_location(b, addr, i == 0, maps),
                 },
             };
             self.stack.push(l);
@@ -639,14 +661,7 @@ impl Locations<'_> {
         }
         let f = self.functions.and_then(|t| t.get(func));
         let (name, file, frame_type) = f.map_or(("[unknown]", "", "cpython"), |f| (&*f.name, &*f.file, f.frame_type));
-        let attr = match self.frame_type_attrs.iter().find(|(t, _)| *t == frame_type) {
-            Some(&(_, a)) => a,
-            None => {
-                let a = b.attribute(keys::FRAME_TYPE, AttrValue::Str(frame_type));
-                self.frame_type_attrs.push((frame_type, a));
-                a
-            }
-        };
+        let attr = self.frame_type_attr(b, frame_type);
         let function_index = b.function(name, name, file, 0);
         let l = b.push_location(pb::Location {
             mapping_index: 0,
@@ -658,9 +673,12 @@ impl Locations<'_> {
         l
     }
 
-    /// A new location for user address `addr`, in the mapping of `maps`
-    /// it lies in (interned on first use).
-    fn user_location(&mut self, b: &mut ProfilesBuilder, addr: u64, maps: Option<&MappingSet>) -> i32 {
+    /// A new location for user address `addr` (`leaf`: the sampled
+    /// instruction, else a return address), in the mapping of `maps` it
+    /// lies in (interned on first use); JIT code is named from its
+    /// process's map.
+    fn user_location(&mut self, b: &mut ProfilesBuilder, addr: u64, leaf: bool, maps: Option<&MappingSet>) -> i32 {
+        let mut jit = None;
         let mapping_index = maps
             .and_then(|set| {
                 let i = set.mappings.partition_point(|m| m.start <= addr).checked_sub(1)?;
@@ -668,6 +686,11 @@ impl Locations<'_> {
                 (addr < m.end).then_some((i, m))
             })
             .map_or(0, |(i, m)| {
+                if &*m.path == "[anon]" {
+                    // A return address may be just past its call.
+                    let at = if leaf { addr } else { addr.saturating_sub(1) };
+                    jit = self.jit.and_then(|j| j.name(self.pid, at));
+                }
                 *self.mapping_idx.entry(i).or_insert_with(|| {
                     let filename_strindex = b.string(&m.path);
                     let attribute_indices = match (&m.build_id, &m.file_id) {
@@ -684,14 +707,50 @@ impl Locations<'_> {
                     })
                 })
             });
-        let l = b.push_location(pb::Location {
-            mapping_index,
-            address: addr,
-            lines: Vec::new(),
-            attribute_indices: vec![self.native_attr],
-        });
+        let l = match jit {
+            Some((id, name)) => match self.jit_locs.get(&id) {
+                Some(&l) => l,
+                None => {
+                    let l = self.jit_location(b, mapping_index, addr, name);
+                    self.jit_locs.insert(id, l);
+                    l
+                }
+            },
+            None => b.push_location(pb::Location {
+                mapping_index,
+                address: addr,
+                lines: Vec::new(),
+                attribute_indices: vec![self.native_attr],
+            }),
+        };
         self.user.insert(addr, l);
         l
+    }
+
+    /// The location of JIT code named `name` (each name of a process one
+    /// location, at the first address met: the function, not the
+    /// instruction, is what a map names).
+    fn jit_location(&mut self, b: &mut ProfilesBuilder, mapping_index: i32, addr: u64, name: &JitName) -> i32 {
+        let attr = self.frame_type_attr(b, name.frame_type);
+        let function_index = b.function(&name.function, &name.function, &name.file, i64::from(name.line));
+        b.push_location(pb::Location {
+            mapping_index,
+            address: addr,
+            lines: vec![pb::Line { function_index, line: i64::from(name.line), column: 0 }],
+            attribute_indices: vec![attr],
+        })
+    }
+
+    /// The `profile.frame.type` attribute of `frame_type`, made once.
+    fn frame_type_attr(&mut self, b: &mut ProfilesBuilder, frame_type: &'static str) -> i32 {
+        match self.frame_type_attrs.iter().find(|(t, _)| *t == frame_type) {
+            Some(&(_, a)) => a,
+            None => {
+                let a = b.attribute(keys::FRAME_TYPE, AttrValue::Str(frame_type));
+                self.frame_type_attrs.push((frame_type, a));
+                a
+            }
+        }
     }
 }
 
@@ -801,7 +860,7 @@ mod tests {
         iv.add(&sample(1, &[K + 1, K], &[0x1100, 0x1800]), Some((&ia, &a)));
         iv.add(&sample(1, &[K + 2, K], &[0x1200, 0x1800]), Some((&ia, &a)));
         iv.add(&sample(2, &[K + 3, K], &[0x1300, 0x1800]), Some((&ib, &b)));
-        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(Vec::new()), None);
+        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(Vec::new()), FrameNamers::default());
         p.validate().expect("valid batch");
         let d = p.dictionary().unwrap();
         let stacks: Vec<&Vec<i32>> = p
@@ -855,7 +914,7 @@ mod tests {
         iv.add(&sample(&[K, K + 1], &[0x10], 4), Some((&info, &maps)));
         iv.add_counted_frames(&sample(&[], &[], 0), Frames::new(&[K, K + 1], &[0x10]), Some((&info, &maps)), 7);
         assert_eq!(iv.sample_count(), 10);
-        let p = iv.build("h", 1, 10, &[], &ServiceNamer::new(Vec::new()), None);
+        let p = iv.build("h", 1, 10, &[], &ServiceNamer::new(Vec::new()), FrameNamers::default());
         p.validate().expect("valid batch");
         let d = p.dictionary().unwrap();
         // (kernel frames, addresses, times or the count) of each sample.
@@ -943,7 +1002,14 @@ mod tests {
             None,
         );
         assert_eq!(iv.sample_count(), 3);
-        let p = iv.build("host1", 52_631_578, 2_000, &[], &ServiceNamer::new(vec![Source::Executable]), None);
+        let p = iv.build(
+            "host1",
+            52_631_578,
+            2_000,
+            &[],
+            &ServiceNamer::new(vec![Source::Executable]),
+            FrameNamers::default(),
+        );
         p.validate().expect("valid batch");
         // Three observations in two Sample messages (the two of pid 42 merged).
         assert_eq!(p.sample_messages(), 2);
@@ -1044,7 +1110,7 @@ mod tests {
                 };
                 iv.add(&s, Some((&info, &maps)));
             }
-            iv.build("h", 1, 30, &[], &ServiceNamer::new(vec![Source::Executable]), None)
+            iv.build("h", 1, 30, &[], &ServiceNamer::new(vec![Source::Executable]), FrameNamers::default())
         };
         let keys_of = |p: &Profiles| -> Vec<Vec<String>> {
             let d = p.dictionary().unwrap();
@@ -1086,7 +1152,7 @@ mod tests {
             interp_end: WalkEnd::None,
         };
         iv.add(&gone, None);
-        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]), None);
+        let p = iv.build("h", 1, 2, &[], &ServiceNamer::new(vec![Source::Executable]), FrameNamers::default());
         let attrs = &p.0.resource_profiles[0].resource.as_ref().unwrap().attributes;
         assert_eq!(attrs[0].key, "service.name");
         assert_eq!(attrs[0].value.as_ref().unwrap().value, Some(any_value::Value::StringValue("gone".into())));

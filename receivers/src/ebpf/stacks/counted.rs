@@ -585,7 +585,14 @@ mod tests {
     }
 
     fn values(iv: Interval) -> Vec<i64> {
-        let batch = iv.build("h", 10, 1, &[], &crate::ebpf::process::service_name::ServiceNamer::new(Vec::new()), None);
+        let batch = iv.build(
+            "h",
+            10,
+            1,
+            &[],
+            &crate::ebpf::process::service_name::ServiceNamer::new(Vec::new()),
+            Default::default(),
+        );
         let mut v: Vec<i64> = batch.profiles().flat_map(|p| p.samples.iter()).map(|s| s.values[0]).collect();
         v.sort();
         v

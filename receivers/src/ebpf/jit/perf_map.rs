@@ -1,0 +1,451 @@
+//! One process's perf map (`/tmp/perf-PID.map`: `START SIZE NAME` per
+//! line, hex), opened safely and read as it grows.
+//!
+//! The file sits in a directory anyone can write, so it is opened inside
+//! the process's own root with no symlink followed anywhere in the path,
+//! and kept only if it is a regular file with one link owned by the
+//! process's user. The open descriptor is kept: appended lines are read
+//! from where the last read stopped, and a map rewritten from the start
+//! (truncated, or replaced) is read again from the start.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::names::{self, JitName, Runtime};
+
+/// Bytes read per refresh: a huge map is read over several reports.
+const CHUNK: usize = 4 << 20;
+/// Bytes of one map read at most: what is beyond is left unread.
+pub(crate) const MAX_READ: u64 = 512 << 20;
+/// A line longer than this is malformed (V8's longest names are far
+/// shorter).
+const MAX_LINE: usize = 4096;
+/// Bytes of the map's start compared at each read.
+const HEAD: usize = 64;
+/// What one range costs (tree node share, key, value).
+const RANGE_BYTES: usize = 48;
+/// What one distinct name costs beyond its text (the symbol, the intern
+/// table's entry).
+const NAME_BYTES: usize = 96;
+
+/// Why a map file was not read (the `reason` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Not a regular file (a FIFO, a device, a directory) or a path with a
+    /// symlink in it.
+    NotRegular,
+    /// Owned by another user than the process's.
+    Owner,
+    /// A hard link to a file elsewhere.
+    Links,
+}
+
+impl Refused {
+    pub(crate) const ALL: [Refused; 3] = [Refused::NotRegular, Refused::Owner, Refused::Links];
+
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Refused::NotRegular => "not_regular",
+            Refused::Owner => "owner",
+            Refused::Links => "links",
+        }
+    }
+}
+
+/// The outcome of opening a process's map.
+pub(crate) enum Open {
+    Map(PerfMap),
+    /// No map file (yet).
+    Missing,
+    Refused(Refused),
+}
+
+/// Lines read, by outcome (the `outcome` label).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LineCounts {
+    pub read: u64,
+    pub malformed: u64,
+    /// Well-formed lines left out: the table had no room.
+    pub dropped: u64,
+}
+
+/// A named code range.
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    end: u64,
+    sym: u32,
+}
+
+/// The code ranges of one process's map and their names.
+pub(crate) struct PerfMap {
+    file: File,
+    /// Bytes consumed (up to and including the last full line's newline).
+    offset: u64,
+    /// Skipping the rest of an overlong line.
+    skipping: bool,
+    /// The map's first bytes as read: a map rewritten from the start
+    /// differs there (its length alone may not tell).
+    head: [u8; HEAD],
+    head_len: usize,
+    runtime: Runtime,
+    /// Start → range; ranges never overlap: a later line overrides what it
+    /// covers of earlier ones, as runtimes reuse freed code memory.
+    ranges: BTreeMap<u64, Range>,
+    syms: Vec<JitName>,
+    ids: FxHashMap<Arc<str>, u32>,
+    /// Bytes the names hold.
+    name_bytes: usize,
+    /// The map was read to [`MAX_READ`], or rewritten beyond it.
+    pub capped: bool,
+}
+
+/// `/tmp/perf-NSPID.map` of process `pid` (`nspid`: its pid in its own
+/// namespace), resolved inside the process's root; `uids`: the process's
+/// real and effective user ids.
+pub(crate) fn open(pid: u32, nspid: u32, uids: [u32; 2], runtime: Runtime) -> io::Result<Open> {
+    let path = format!("tmp/perf-{nspid}.map");
+    let fd = match open_in_root(pid, &path) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Open::Missing),
+        // A symlink anywhere in the path (RESOLVE_NO_SYMLINKS, O_NOFOLLOW).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV)) => {
+            return Ok(Open::Refused(Refused::NotRegular))
+        }
+        Err(e) => return Err(e),
+    };
+    let file = File::from(fd);
+    let md = file.metadata()?;
+    if !md.file_type().is_file() {
+        return Ok(Open::Refused(Refused::NotRegular));
+    }
+    if !uids.contains(&md.uid()) {
+        return Ok(Open::Refused(Refused::Owner));
+    }
+    if md.nlink() != 1 {
+        return Ok(Open::Refused(Refused::Links));
+    }
+    Ok(Open::Map(PerfMap::new(file, runtime)))
+}
+
+/// Opens `rel` under `/proc/PID/root` as if that were `/`, following no
+/// symlink (an absolute one in the process's tree would otherwise point
+/// into the agent's), not blocking on a FIFO.
+fn open_in_root(pid: u32, rel: &str) -> io::Result<OwnedFd> {
+    let root = CString::new(format!("/proc/{pid}/root")).map_err(io::Error::other)?;
+    // SAFETY: a valid C string; the result is checked.
+    let rfd = unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if rfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: rfd was just opened and is owned here.
+    let rfd = unsafe { OwnedFd::from_raw_fd(rfd) };
+    let rel = CString::new(rel).map_err(io::Error::other)?;
+    // SAFETY: open_how is plain integers; all zero is its empty value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    use std::os::fd::AsRawFd;
+    // SAFETY: valid fd, C string and open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            rfd.as_raw_fd(),
+            rel.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor, owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+impl PerfMap {
+    fn new(file: File, runtime: Runtime) -> Self {
+        PerfMap {
+            file,
+            offset: 0,
+            skipping: false,
+            head: [0; HEAD],
+            head_len: 0,
+            runtime,
+            ranges: BTreeMap::new(),
+            syms: Vec::new(),
+            ids: FxHashMap::default(),
+            name_bytes: 0,
+            capped: false,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn from_file(file: File, runtime: Runtime) -> Self {
+        PerfMap::new(file, runtime)
+    }
+
+    /// Bytes the table holds (an estimate of what the allocator charges).
+    pub(crate) fn bytes(&self) -> usize {
+        self.ranges.len() * RANGE_BYTES + self.name_bytes
+    }
+
+    /// The name of the code at `addr`.
+    pub(crate) fn lookup(&self, addr: u64) -> Option<(u32, &JitName)> {
+        let (_, r) = self.ranges.range(..=addr).next_back()?;
+        (addr < r.end).then(|| (r.sym, &self.syms[r.sym as usize]))
+    }
+
+    /// Reads what was appended since the last read, at most [`CHUNK`]
+    /// bytes; the table grows by at most `room` bytes. `buf` is scratch.
+    pub(crate) fn refresh(&mut self, room: usize, buf: &mut Vec<u8>, counts: &mut LineCounts) -> io::Result<()> {
+        let len = self.file.metadata()?.len();
+        if len < self.offset || (self.offset > 0 && !self.unchanged_before(self.offset)?) {
+            // Rewritten from the start: what it said before no longer holds.
+            self.reset();
+        }
+        if self.offset >= MAX_READ {
+            self.capped = true;
+            return Ok(());
+        }
+        let want = (len - self.offset).min(CHUNK as u64).min(MAX_READ - self.offset) as usize;
+        if want == 0 {
+            return Ok(());
+        }
+        buf.clear();
+        buf.resize(want, 0);
+        let n = read_full_at(&self.file, buf, self.offset)?;
+        if self.offset == 0 {
+            self.head_len = n.min(HEAD);
+            self.head[..self.head_len].copy_from_slice(&buf[..self.head_len]);
+        }
+        let data = &buf[..n];
+        // Only whole lines: a line still being written is read next time.
+        let Some(last_nl) = data.iter().rposition(|&b| b == b'\n') else {
+            if n >= MAX_LINE {
+                // No newline in a whole line's worth: skip it.
+                self.offset += n as u64;
+                self.skipping = true;
+                counts.malformed += 1;
+            }
+            return Ok(());
+        };
+        let limit = self.bytes().saturating_add(room);
+        for line in data[..last_nl].split(|&b| b == b'\n') {
+            if std::mem::take(&mut self.skipping) {
+                continue;
+            }
+            if line.is_empty() {
+                continue;
+            }
+            let Some((start, size, name)) = parse_line(line) else {
+                counts.malformed += 1;
+                continue;
+            };
+            if self.bytes() >= limit {
+                counts.dropped += 1;
+                continue;
+            }
+            counts.read += 1;
+            let sym = self.intern(name);
+            self.insert(start, start + size, sym);
+        }
+        self.offset += last_nl as u64 + 1;
+        Ok(())
+    }
+
+    /// Whether the map still starts as it did and the byte before `at` is
+    /// still the newline read there.
+    fn unchanged_before(&self, at: u64) -> io::Result<bool> {
+        let mut head = [0u8; HEAD];
+        let n = read_full_at(&self.file, &mut head[..self.head_len], 0)?;
+        let mut b = [0u8; 1];
+        let m = self.file.read_at(&mut b, at - 1)?;
+        Ok(n == self.head_len && head[..n] == self.head[..n] && m == 1 && b[0] == b'\n')
+    }
+
+    fn reset(&mut self) {
+        self.offset = 0;
+        self.skipping = false;
+        self.head_len = 0;
+        self.ranges.clear();
+        self.syms.clear();
+        self.ids.clear();
+        self.name_bytes = 0;
+        self.capped = false;
+    }
+
+    fn intern(&mut self, raw: &str) -> u32 {
+        if let Some(&id) = self.ids.get(raw) {
+            return id;
+        }
+        let id = self.syms.len() as u32;
+        let name = names::parse(self.runtime, raw);
+        self.name_bytes += NAME_BYTES + raw.len() + name.function.len() + name.file.len();
+        self.syms.push(name);
+        self.ids.insert(Arc::from(raw), id);
+        id
+    }
+
+    /// Adds [start, end) → `sym`, cutting what it overlaps.
+    fn insert(&mut self, start: u64, end: u64, sym: u32) {
+        let over: Vec<(u64, Range)> =
+            self.ranges.range(..end).rev().take_while(|(_, r)| r.end > start).map(|(&s, &r)| (s, r)).collect();
+        for (s, r) in over {
+            self.ranges.remove(&s);
+            if s < start {
+                self.ranges.insert(s, Range { end: start, sym: r.sym });
+            }
+            if r.end > end {
+                self.ranges.insert(end, Range { end: r.end, sym: r.sym });
+            }
+        }
+        self.ranges.insert(start, Range { end, sym });
+    }
+}
+
+/// Reads into `buf` from `at` until it is full or the file ends.
+fn read_full_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], at + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// `START SIZE NAME` (hex, `0x` optional): the range and its name.
+fn parse_line(line: &[u8]) -> Option<(u64, u64, &str)> {
+    if line.len() > MAX_LINE {
+        return None;
+    }
+    let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
+    let (start, rest) = line.split_once(' ')?;
+    let (size, name) = rest.trim_start_matches(' ').split_once(' ')?;
+    let hex = |s: &str| {
+        let s = s.strip_prefix("0x").unwrap_or(s);
+        if s.is_empty() || s.len() > 16 {
+            return None;
+        }
+        u64::from_str_radix(s, 16).ok()
+    };
+    let (start, size) = (hex(start)?, hex(size)?);
+    let name = name.trim();
+    if size == 0 || name.is_empty() || start.checked_add(size).is_none() {
+        return None;
+    }
+    Some((start, size, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn map_of(text: &str) -> (tempfile::NamedTempFile, PerfMap) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        let m = PerfMap::from_file(f.reopen().unwrap(), Runtime::V8);
+        (f, m)
+    }
+
+    fn refresh(m: &mut PerfMap) -> LineCounts {
+        let mut c = LineCounts::default();
+        m.refresh(usize::MAX / 2, &mut Vec::new(), &mut c).unwrap();
+        c
+    }
+
+    fn name_at(m: &PerfMap, a: u64) -> Option<String> {
+        m.lookup(a).map(|(_, n)| n.function.to_string())
+    }
+
+    #[test]
+    fn lines_parse_with_or_without_0x() {
+        assert_eq!(parse_line(b"12805b80 180 JS:*fib /a.js:1:13"), Some((0x12805b80, 0x180, "JS:*fib /a.js:1:13")));
+        assert_eq!(
+            parse_line(b"0x00007f6740ec7620 0x00000000000000d8 double com.example.Hot.work(int)"),
+            Some((0x7f6740ec7620, 0xd8, "double com.example.Hot.work(int)"))
+        );
+        for bad in [&b"zz 10 x"[..], b"10 0 x", b"10 10", b"10 10 ", b"ffffffffffffffff 2 x", b"\xff\xfe 1 x", b""] {
+            assert_eq!(parse_line(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn later_lines_override_what_they_cover() {
+        let (_f, mut m) = map_of("1000 100 JS:*a /x.js:1:1\n1040 20 JS:*b /x.js:2:1\n");
+        assert_eq!(refresh(&mut m).read, 2);
+        assert_eq!(name_at(&m, 0x1000).as_deref(), Some("a"));
+        assert_eq!(name_at(&m, 0x1045).as_deref(), Some("b"));
+        assert_eq!(name_at(&m, 0x1060).as_deref(), Some("a"), "a's tail stays a");
+        assert_eq!(name_at(&m, 0x1100), None);
+        assert_eq!(name_at(&m, 0xfff), None);
+    }
+
+    #[test]
+    fn appended_lines_are_read_and_a_partial_line_waits() {
+        let (mut f, mut m) = map_of("1000 10 JS:*a /x.js:1:1\n2000 10 JS:*b");
+        assert_eq!(refresh(&mut m).read, 1);
+        assert_eq!(name_at(&m, 0x2000), None, "b's line is not finished");
+        f.write_all(b" /x.js:2:1\n3000 10 JS:*c /x.js:3:1\n").unwrap();
+        f.flush().unwrap();
+        assert_eq!(refresh(&mut m).read, 2);
+        assert_eq!(name_at(&m, 0x2004).as_deref(), Some("b"));
+        assert_eq!(name_at(&m, 0x3004).as_deref(), Some("c"));
+    }
+
+    #[test]
+    fn a_rewritten_map_is_read_again_from_the_start() {
+        let (f, mut m) = map_of("1000 10 JS:*a /x.js:1:1\n");
+        refresh(&mut m);
+        std::fs::write(f.path(), "5000 10 JS:*z /x.js:9:1\n").unwrap();
+        refresh(&mut m);
+        assert_eq!(name_at(&m, 0x1000), None, "the old map is gone");
+        assert_eq!(name_at(&m, 0x5000).as_deref(), Some("z"));
+        // Rewritten longer than before: the byte before the old end is no
+        // longer a newline.
+        std::fs::write(f.path(), "6000 10 JS:*y /x.js:9:1\n7000 10 JS:*x /x.js:9:1\n").unwrap();
+        refresh(&mut m);
+        assert_eq!(name_at(&m, 0x5000), None);
+        assert_eq!(name_at(&m, 0x7000).as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn garbage_is_counted_and_bounded() {
+        let mut junk = Vec::new();
+        for i in 0..2000u32 {
+            junk.extend_from_slice(format!("{i:x} not-hex {}\n", "x".repeat(10)).as_bytes());
+            junk.extend_from_slice(&[0xff, 0x00, b'\n']);
+        }
+        junk.extend_from_slice(&vec![b'a'; MAX_LINE * 3]);
+        junk.extend_from_slice(b"\n4000 10 JS:*ok /x.js:1:1\n");
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&junk).unwrap();
+        let mut m = PerfMap::from_file(f.reopen().unwrap(), Runtime::V8);
+        let c = refresh(&mut m);
+        assert_eq!(c.read, 1);
+        assert!(c.malformed >= 4000, "{c:?}");
+        assert_eq!(name_at(&m, 0x4000).as_deref(), Some("ok"));
+    }
+
+    #[test]
+    fn the_table_stops_growing_at_its_room() {
+        let text: String =
+            (0..10_000u64).map(|i| format!("{:x} 10 JS:*f{i} /x.js:1:1\n", 0x10000 + i * 0x10)).collect();
+        let (_f, mut m) = map_of(&text);
+        let mut c = LineCounts::default();
+        m.refresh(64 << 10, &mut Vec::new(), &mut c).unwrap();
+        assert!(c.dropped > 0 && c.read > 0, "{c:?}");
+        assert!(m.bytes() < (64 << 10) + 1024, "{} bytes", m.bytes());
+    }
+}

@@ -1,0 +1,162 @@
+//! Profiles written as pprof files, read the way Go reads them: `go tool
+//! pprof -raw` (an independent reader), parsed into stacks per pid.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One frame: function name, file and line; the mapping's file for native
+/// and kernel frames.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    pub name: String,
+    pub file: String,
+    pub line: u64,
+    pub mapping: String,
+}
+
+impl Frame {
+    /// The base name of its mapping's file.
+    pub fn mapping_base(&self) -> &str {
+        self.mapping.rsplit('/').next().unwrap_or("")
+    }
+}
+
+/// A stack, leaf first, and how many samples it had.
+pub struct Stack {
+    pub count: u64,
+    pub frames: Vec<Frame>,
+}
+
+/// Profcol's stacks per pid, from every pprof file in `dir`, read with
+/// `go tool pprof -raw`.
+pub fn profcol_stacks(dir: &Path) -> (BTreeMap<u32, Vec<Stack>>, usize) {
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    files.retain(|p| p.to_string_lossy().ends_with(".pb.gz"));
+    let mut by_pid: BTreeMap<u32, Vec<Stack>> = BTreeMap::new();
+    for file in &files {
+        let out = Command::new("go")
+            .args(["tool", "pprof", "-raw", "-symbolize=none"])
+            .arg(file)
+            .output()
+            .expect("go tool pprof");
+        assert!(
+            out.status.success(),
+            "go tool pprof -raw {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for (pid, stack) in parse_raw(&String::from_utf8_lossy(&out.stdout)) {
+            by_pid.entry(pid).or_default().push(stack);
+        }
+    }
+    (by_pid, files.len())
+}
+
+/// Samples (pid, stack) of one `go tool pprof -raw` text.
+pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
+    let mut samples: Vec<(u64, u32, Vec<u64>)> = Vec::new();
+    // Location id → (mapping id, its (name, file, line)s, innermost first).
+    type Lines = Vec<(String, String, u64)>;
+    let mut locations: HashMap<u64, (u64, Lines)> = HashMap::new();
+    let mut mappings: HashMap<u64, String> = HashMap::new();
+    let (mut section, mut skip_header, mut last_location) = ("", false, None);
+    for line in text.lines() {
+        match line {
+            "Samples:" => {
+                (section, skip_header) = ("samples", true);
+                continue;
+            }
+            "Locations" | "Mappings" => {
+                section = if line == "Locations" { "locations" } else { "mappings" };
+                continue;
+            }
+            _ => {}
+        }
+        match section {
+            "samples" if skip_header => skip_header = false,
+            "samples" => {
+                if let Some((values, locs)) = line.split_once(": ").filter(|(v, _)| !v.trim().contains(':')) {
+                    let count = values.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                    let ids = locs.split_whitespace().filter_map(|l| l.parse().ok()).collect();
+                    samples.push((count, 0, ids));
+                } else if let Some(at) = line.find("pid:[") {
+                    let digits: String = line[at + 5..].chars().take_while(char::is_ascii_digit).collect();
+                    if let (Some(s), Ok(pid)) = (samples.last_mut(), digits.parse()) {
+                        s.1 = pid;
+                    }
+                }
+            }
+            "locations" => {
+                // "ID: 0xADDR [M=N ][[F] ]NAME FILE:LINE[:COL] s=N[(SYSTEM)]",
+                // then one indented line per inlined caller.
+                let t = line.trim_start();
+                let rest = match t.split_once(": 0x").and_then(|(id, r)| Some((id.parse::<u64>().ok()?, r))) {
+                    Some((id, r)) => {
+                        let (_address, r) = r.split_once(' ').unwrap_or((r, ""));
+                        let (mapping, r) = match r.strip_prefix("M=") {
+                            Some(m) => {
+                                let (m, r) = m.split_once(' ').unwrap_or((m, ""));
+                                (m.parse().unwrap_or(0), r)
+                            }
+                            None => (0, r),
+                        };
+                        locations.insert(id, (mapping, Vec::new()));
+                        last_location = Some(id);
+                        r.strip_prefix("[F] ").unwrap_or(r)
+                    }
+                    None => t,
+                };
+                let Some(id) = last_location else { continue };
+                if let Some(l) = parse_location_line(rest) {
+                    locations.get_mut(&id).unwrap().1.push(l);
+                }
+            }
+            "mappings" => {
+                let Some((id, rest)) = line.split_once(": ") else { continue };
+                let Ok(id) = id.trim().parse::<u64>() else { continue };
+                let file = rest.split_whitespace().nth(1).unwrap_or("").to_owned();
+                mappings.insert(id, file);
+            }
+            _ => {}
+        }
+    }
+    samples
+        .into_iter()
+        .map(|(count, pid, ids)| {
+            let mut frames = Vec::new();
+            for id in ids {
+                let Some((mapping, lines)) = locations.get(&id) else { continue };
+                let mapping = mappings.get(mapping).cloned().unwrap_or_default();
+                if lines.is_empty() {
+                    frames.push(Frame { name: String::new(), file: String::new(), line: 0, mapping: mapping.clone() });
+                }
+                // Innermost (leaf-most) inlined function first, as pprof lists them.
+                for (name, file, line) in lines {
+                    frames.push(Frame {
+                        name: name.clone(),
+                        file: file.clone(),
+                        line: *line,
+                        mapping: mapping.clone(),
+                    });
+                }
+            }
+            (pid, Stack { count, frames })
+        })
+        .collect()
+}
+
+/// (name, file, line) of "NAME FILE:LINE[:COL] s=N[(SYSTEM)]".
+pub fn parse_location_line(text: &str) -> Option<(String, String, u64)> {
+    let (text, _) = text.rsplit_once(" s=")?;
+    let (name, file_line) = text.split_once(' ')?;
+    let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = file_line.rsplitn(3, ':').collect();
+    let (file, line) = match parts[..] {
+        [col, line, file] if numeric(col) && numeric(line) => (file.to_owned(), line),
+        [line, ..] if numeric(line) => (file_line[..file_line.len() - line.len() - 1].to_owned(), line),
+        _ => (file_line.to_owned(), "0"),
+    };
+    Some((name.to_owned(), file, line.parse().unwrap_or(0)))
+}
