@@ -308,7 +308,7 @@ fn parse_py_spy(text: &str) -> Result<Vec<Stack>, String> {
             parsed.push(Frame { name: name.to_owned(), file: file.to_owned(), line: line_no, mapping: String::new() });
         }
         parsed.reverse();
-        stacks.push(Stack { count, frames: parsed });
+        stacks.push(Stack { count, tid: 0, frames: parsed });
     }
     Ok(stacks)
 }
@@ -802,7 +802,7 @@ fn go_pprof_raw_text_is_read() {
     let samples = parse_raw(text);
     assert_eq!(samples.len(), 1);
     let (pid, stack) = &samples[0];
-    assert_eq!((*pid, stack.count), (42, 3));
+    assert_eq!((*pid, stack.count, stack.tid), (42, 3, 43));
     let got: Vec<(&str, &str, u64, &str, bool)> = stack
         .frames
         .iter()

@@ -25,6 +25,8 @@ impl Frame {
 /// A stack, leaf first, and how many samples it had.
 pub struct Stack {
     pub count: u64,
+    /// The sampled thread (`tid` label; 0 where there is none).
+    pub tid: u32,
     pub frames: Vec<Frame>,
 }
 
@@ -56,7 +58,7 @@ pub fn profcol_stacks(dir: &Path) -> (BTreeMap<u32, Vec<Stack>>, usize) {
 
 /// Samples (pid, stack) of one `go tool pprof -raw` text.
 pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
-    let mut samples: Vec<(u64, u32, Vec<u64>)> = Vec::new();
+    let mut samples: Vec<(u64, u32, u32, Vec<u64>)> = Vec::new();
     // Location id → (mapping id, its (name, file, line)s, innermost first).
     type Lines = Vec<(String, String, u64)>;
     let mut locations: HashMap<u64, (u64, Lines)> = HashMap::new();
@@ -80,11 +82,17 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                 if let Some((values, locs)) = line.split_once(": ").filter(|(v, _)| !v.trim().contains(':')) {
                     let count = values.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
                     let ids = locs.split_whitespace().filter_map(|l| l.parse().ok()).collect();
-                    samples.push((count, 0, ids));
-                } else if let Some(at) = line.find("pid:[") {
-                    let digits: String = line[at + 5..].chars().take_while(char::is_ascii_digit).collect();
-                    if let (Some(s), Ok(pid)) = (samples.last_mut(), digits.parse()) {
+                    samples.push((count, 0, 0, ids));
+                } else if let Some(s) = samples.last_mut() {
+                    let label = |key: &str| {
+                        let at = line.find(key)? + key.len();
+                        line[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
+                    };
+                    if let Some(pid) = label("pid:[") {
                         s.1 = pid;
+                    }
+                    if let Some(tid) = label("tid:[") {
+                        s.2 = tid;
                     }
                 }
             }
@@ -124,7 +132,7 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
     }
     samples
         .into_iter()
-        .map(|(count, pid, ids)| {
+        .map(|(count, pid, tid, ids)| {
             let mut frames = Vec::new();
             for id in ids {
                 let Some((mapping, lines)) = locations.get(&id) else { continue };
@@ -142,7 +150,7 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                     });
                 }
             }
-            (pid, Stack { count, frames })
+            (pid, Stack { count, tid, frames })
         })
         .collect()
 }
