@@ -94,6 +94,9 @@ pub(crate) struct PerfMap {
     /// differs there (its length alone may not tell).
     head: [u8; HEAD],
     head_len: usize,
+    /// The byte before `offset` as read (a newline, or the last of a
+    /// skipped overlong line).
+    last_byte: u8,
     runtime: Runtime,
     /// Start → range; ranges never overlap: a later line overrides what it
     /// covers of earlier ones, as runtimes reuse freed code memory.
@@ -177,6 +180,7 @@ impl PerfMap {
             skipping: false,
             head: [0; HEAD],
             head_len: 0,
+            last_byte: 0,
             runtime,
             ranges: BTreeMap::new(),
             syms: Vec::new(),
@@ -231,6 +235,7 @@ impl PerfMap {
             if n >= MAX_LINE {
                 // No newline in a whole line's worth: skip it.
                 self.offset += n as u64;
+                self.last_byte = data[n - 1];
                 self.skipping = true;
                 counts.malformed += 1;
             }
@@ -257,17 +262,18 @@ impl PerfMap {
             self.insert(start, start + size, sym);
         }
         self.offset += last_nl as u64 + 1;
+        self.last_byte = b'\n';
         Ok(())
     }
 
     /// Whether the map still starts as it did and the byte before `at` is
-    /// still the newline read there.
+    /// still the one read there.
     fn unchanged_before(&self, at: u64) -> io::Result<bool> {
         let mut head = [0u8; HEAD];
         let n = read_full_at(&self.file, &mut head[..self.head_len], 0)?;
         let mut b = [0u8; 1];
         let m = self.file.read_at(&mut b, at - 1)?;
-        Ok(n == self.head_len && head[..n] == self.head[..n] && m == 1 && b[0] == b'\n')
+        Ok(n == self.head_len && head[..n] == self.head[..n] && m == 1 && b[0] == self.last_byte)
     }
 
     fn reset(&mut self) {
@@ -447,5 +453,112 @@ mod tests {
         m.refresh(64 << 10, &mut Vec::new(), &mut c).unwrap();
         assert!(c.dropped > 0 && c.read > 0, "{c:?}");
         assert!(m.bytes() < (64 << 10) + 1024, "{} bytes", m.bytes());
+    }
+
+    /// This test process's own map, as the receiver opens a sampled
+    /// process's: through /proc/PID/root, checked against its user.
+    struct OwnMap(std::path::PathBuf);
+
+    impl OwnMap {
+        fn path() -> OwnMap {
+            let p = OwnMap(format!("/tmp/perf-{}.map", std::process::id()).into());
+            let _ = std::fs::remove_file(&p.0);
+            p
+        }
+
+        fn open(&self) -> Open {
+            let pid = std::process::id();
+            let ids = crate::ebpf::process::procfs::read_status_ids(pid).unwrap();
+            open(pid, ids.nspid, ids.uids, Runtime::V8).unwrap()
+        }
+    }
+
+    impl Drop for OwnMap {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn refused(o: Open) -> Option<Refused> {
+        match o {
+            Open::Refused(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    // The hostile cases run one after another: they share this process's
+    // one map path.
+    #[test]
+    fn hostile_map_files_are_refused_or_bounded() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED hostile_map_files_are_refused_or_bounded: needs root (chown)");
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true needs root");
+            return;
+        }
+        let map = OwnMap::path();
+        assert!(matches!(map.open(), Open::Missing));
+
+        // A symlink to a secret: never followed.
+        std::os::unix::fs::symlink("/etc/shadow", &map.0).unwrap();
+        assert_eq!(refused(map.open()), Some(Refused::NotRegular), "symlink");
+        std::fs::remove_file(&map.0).unwrap();
+
+        // Owned by another user than the process's.
+        std::fs::write(&map.0, "1000 10 JS:*a /x.js:1:1\n").unwrap();
+        std::os::unix::fs::chown(&map.0, Some(65534), Some(65534)).unwrap();
+        assert_eq!(refused(map.open()), Some(Refused::Owner), "other owner");
+        std::fs::remove_file(&map.0).unwrap();
+
+        // A hard link to a file elsewhere.
+        let elsewhere = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+        std::fs::hard_link(elsewhere.path(), &map.0).unwrap();
+        assert_eq!(refused(map.open()), Some(Refused::Links), "hard link");
+        std::fs::remove_file(&map.0).unwrap();
+
+        // A FIFO: refused, and opening it does not block.
+        let c = std::ffi::CString::new(map.0.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(refused(map.open()), Some(Refused::NotRegular), "fifo");
+        std::fs::remove_file(&map.0).unwrap();
+
+        // 1 GiB of nothing: read in chunks up to the bound, no table.
+        let f = std::fs::File::create(&map.0).unwrap();
+        f.set_len(1 << 30).unwrap();
+        let Open::Map(mut m) = map.open() else { panic!("a regular file of ours is opened") };
+        let (mut buf, mut c) = (Vec::new(), LineCounts::default());
+        for _ in 0..(MAX_READ as usize / CHUNK + 2) {
+            m.refresh(1 << 20, &mut buf, &mut c).unwrap();
+        }
+        assert!(m.capped, "read up to its bound");
+        assert_eq!((c.read, m.bytes()), (0, 0));
+        assert!(buf.capacity() <= CHUNK, "one chunk of buffer");
+        std::fs::remove_file(&map.0).unwrap();
+
+        // Rewritten while read: lines come and go, nothing breaks, and
+        // what is named was in some version of the file.
+        std::fs::write(&map.0, "").unwrap();
+        let Open::Map(mut m) = map.open() else { panic!("opened") };
+        let path = map.0.clone();
+        let writer = std::thread::spawn(move || {
+            for round in 0..300u64 {
+                let text: String =
+                    (0..50u64).map(|i| format!("{:x} 10 JS:*f{} /x.js:1:1\n", 0x1000 + i * 0x10, round % 7)).collect();
+                if round % 2 == 0 {
+                    std::fs::write(&path, &text).unwrap();
+                } else {
+                    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+                    f.write_all(text.as_bytes()).unwrap();
+                }
+            }
+        });
+        let mut c = LineCounts::default();
+        while !writer.is_finished() {
+            m.refresh(1 << 20, &mut buf, &mut c).unwrap();
+            if let Some((_, n)) = m.lookup(0x1000) {
+                assert!(n.function.starts_with('f'), "{:?}", n.function);
+            }
+        }
+        writer.join().unwrap();
+        assert!(m.bytes() < 1 << 20);
     }
 }
