@@ -129,6 +129,7 @@ fn load(cli: &Cli, registry: &Registry) -> Result<(Config, check::CheckedCompone
     let (config, mut errors) = profcol_config::load_partial(&sources(cli), &cli.set, &env);
     let Some(config) = config else { return Err(ConfigErrors(errors)) };
     profcol_plugins::set_cache_dir(config.service.plugins.cache_dir.clone());
+    profcol_plugins::set_perf_map(config.service.plugins.perf_map);
     match check::check(&config, registry) {
         Ok(checked) if errors.is_empty() => Ok((config, checked)),
         Ok(_) => Err(ConfigErrors(errors)),

@@ -49,6 +49,12 @@ pub struct PluginsConfig {
     /// default `$XDG_CACHE_HOME/profcol/plugins`, else `~/.cache/profcol/plugins`.
     /// Where none is writable, plugins are compiled in memory at every start.
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Write `/tmp/perf-<pid>.map` lines for every plugin function wasmtime
+    /// compiles or loads, so profilers (profcol profiling itself, `perf`) name
+    /// plugin frames. Off by default: the file grows with every plugin loaded
+    /// and stays in /tmp. Read when the first plugin loads; a change waits for
+    /// the next start.
+    pub perf_map: bool,
 }
 
 impl Default for ServiceConfig {

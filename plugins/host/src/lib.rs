@@ -24,7 +24,7 @@ pub mod sinks;
 
 pub use inspect::World;
 pub use plugin::{Plugin, PluginSettings};
-pub use runtime::set_cache_dir;
+pub use runtime::{set_cache_dir, set_perf_map};
 
 use profcol_api::component::{ComponentError, Factory};
 use profcol_api::telemetry::Telemetry;

@@ -6,10 +6,12 @@
 use crate::cache::{self, DiskCache};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
+use tracing::warn;
 use wasmtime::component::Component;
-use wasmtime::{Config, Engine, OptLevel};
+use wasmtime::{Config, Engine, OptLevel, ProfilingStrategy};
 
 /// How often the epoch advances: a call's timeout is enforced to within one tick.
 pub const EPOCH_TICK: Duration = Duration::from_millis(2);
@@ -41,6 +43,8 @@ pub struct Compiled {
 
 pub struct Runtime {
     engine: Engine,
+    /// Whether `engine` writes the perf map (fixed when it was made).
+    perf_map: bool,
     cache: Mutex<Option<Arc<DiskCache>>>,
     compiled: Mutex<HashMap<String, Weak<Compiled>>>,
     /// Held while compiling: components that load the same new file at
@@ -54,6 +58,10 @@ static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 /// not start the engine and its epoch ticker (a wake-up every
 /// [`EPOCH_TICK`]) in a process that runs no plugin.
 static CACHE_DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// `service.plugins.perf_map`, read when the engine is made (like
+/// [`CACHE_DIR`], setting it starts nothing).
+static PERF_MAP: AtomicBool = AtomicBool::new(false);
 
 /// The process-wide runtime (one engine, one epoch ticker).
 pub fn runtime() -> Result<&'static Runtime, String> {
@@ -73,10 +81,34 @@ pub fn set_cache_dir(dir: Option<PathBuf>) {
     }
 }
 
+/// Turns wasmtime's perf map on or off (`service.plugins.perf_map`): each
+/// compiled or cached plugin function gets a `/tmp/perf-<pid>.map` line.
+/// The profiler is part of the engine, so this takes effect when the engine
+/// is made (the first plugin load); once it runs, a different value waits
+/// for the next start of the process, which is logged.
+pub fn set_perf_map(on: bool) {
+    PERF_MAP.store(on, Ordering::Relaxed);
+    if let Some(Ok(r)) = RUNTIME.get() {
+        if r.perf_map != on {
+            warn!(
+                perf_map = on,
+                running = r.perf_map,
+                "service.plugins.perf_map takes effect at the next start of profcol; the running plugin engine keeps perf_map: {}",
+                r.perf_map
+            );
+        }
+    }
+}
+
 /// The engine settings every plugin is compiled with (part of the cache key
-/// through wasmtime's compatibility hash).
-fn config() -> Config {
+/// through wasmtime's compatibility hash). The profiler is not part of that
+/// hash and needs no recompile: wasmtime registers a plugin's functions with
+/// it whenever it loads code, from the cache too.
+fn config(perf_map: bool) -> Config {
     let mut c = Config::new();
+    if perf_map {
+        c.profiler(ProfilingStrategy::PerfMap);
+    }
     c.wasm_component_model(true);
     c.epoch_interruption(true);
     c.cranelift_opt_level(OptLevel::Speed);
@@ -88,7 +120,8 @@ fn config() -> Config {
 
 impl Runtime {
     fn new() -> Result<Runtime, String> {
-        let engine = Engine::new(&config()).map_err(|e| format!("cannot create the wasmtime engine: {e:#}"))?;
+        let perf_map = PERF_MAP.load(Ordering::Relaxed);
+        let engine = Engine::new(&config(perf_map)).map_err(|e| format!("cannot create the wasmtime engine: {e:#}"))?;
         let ticker = engine.weak();
         std::thread::Builder::new()
             .name("plugin-epoch".into())
@@ -100,7 +133,13 @@ impl Runtime {
                 }
             })
             .map_err(|e| format!("cannot start the plugin epoch thread: {e}"))?;
-        Ok(Runtime { engine, cache: Mutex::new(None), compiled: Mutex::new(HashMap::new()), compiling: Mutex::new(()) })
+        Ok(Runtime {
+            engine,
+            perf_map,
+            cache: Mutex::new(None),
+            compiled: Mutex::new(HashMap::new()),
+            compiling: Mutex::new(()),
+        })
     }
 
     pub fn engine(&self) -> &Engine {
