@@ -428,3 +428,74 @@ fn the_receiver_asks_a_jvm_for_its_map_when_configured() {
     assert!(jit >= 100, "too few JIT samples: {jit}");
     assert!(pct(method, jit) >= 90.0, "{JAVA_METHOD} names {:.1}% of JIT leaves ({method} of {jit})", pct(method, jit));
 }
+
+/// profcol profiling itself with `service.plugins.perf_map: true`: a wasm
+/// processor that spins in its `process` call each report (until its
+/// `call_timeout`) has that spin named in profcol's own profile, from the
+/// map wasmtime writes for the plugin's compiled code. The spin is inlined
+/// into the plugin's export, which wasmtime names after the WIT function:
+/// `profcol:plugin/process-batch@0.1.0#process`.
+#[test]
+fn wasm_plugin_functions_are_named_in_profcols_own_profile() {
+    let test = "wasm_plugin_functions_are_named_in_profcols_own_profile";
+    if !can_run(test, &[("go", &["version"])]) {
+        return;
+    }
+    let plugin = profcol_testkit::plugins::test_plugin("misbehave");
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles");
+    let config = dir.path().join("profcol.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: 1s\n\
+             processors:\n  wasm/spin:\n    path: {}\n    config: {{mode: loop}}\n    call_timeout: 400ms\n\
+             \x20   max_failures: 1000\n\
+             exporters:\n  pprof:\n    directory: {}\n\
+             service:\n  plugins:\n    perf_map: true\n    cache_dir: {}\n\
+             \x20 telemetry:\n    metrics:\n      address: \"\"\n\
+             \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [wasm/spin]\n      exporters: [pprof]\n",
+            plugin.display(),
+            profiles.display(),
+            dir.path().join("cache").display()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("profcol.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_profcol"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("start profcol"),
+    );
+    let pid = child.0.id();
+    let _map = MapFile(PathBuf::from(format!("/tmp/perf-{pid}.map")));
+    let agent = Agent { child, log, profiles };
+    agent.wait_for_reports(8);
+    let profiles = agent.stop();
+
+    let (by_pid, _) = profcol_stacks(&profiles);
+    let own: Vec<&Stack> = by_pid.get(&pid).map(|v| v.iter().collect()).unwrap_or_default();
+    let (jit, named) = jit_leaves(&own);
+    let spin: u64 = own
+        .iter()
+        .filter(|s| {
+            s.frames.first().is_some_and(|f| in_jit_code(&f.mapping) && f.name.ends_with("process-batch@0.1.0#process"))
+        })
+        .map(|s| s.count)
+        .sum();
+    let names: std::collections::BTreeSet<&str> = own
+        .iter()
+        .filter_map(|s| s.frames.first())
+        .filter(|f| in_jit_code(&f.mapping))
+        .map(|f| f.name.as_str())
+        .collect();
+    eprintln!("profcol's own samples with a JIT leaf: {jit}, named {named}, in the plugin's code {spin}: {names:?}");
+    assert!(jit >= 50, "too few samples in the plugin's code: {jit}");
+    assert!(pct(named, jit) >= 90.0, "JIT leaves named: {named} of {jit}");
+    assert!(pct(spin, jit) >= 80.0, "the spin named as the plugin's function: {spin} of {jit}");
+}

@@ -381,6 +381,11 @@ impl ElfFile {
 /// Bytes hashed at each end of a file for [`file_id`].
 pub(crate) const FILE_ID_EDGE: u64 = 4096;
 
+/// Demangles Rust (v0 and legacy) and C++ names; others unchanged.
+pub fn demangle(name: &str) -> String {
+    addr2line::demangle_auto(name.into(), None).into_owned()
+}
+
 /// An id for a file without a GNU build ID (Go binaries by default): the
 /// first 128 bits of SHA-256 over its first and last 4 KiB and its size
 /// (big-endian u64), in hex: the OTel profiler's `htlhash`. Reads 8 KiB,

@@ -463,12 +463,15 @@ impl BinaryTable {
         let symbol = if unnamed { self.symbols.lookup(vaddr).map(|(name, _)| name) } else { None };
         match (out.last_mut(), symbol.as_deref()) {
             (Some(last), Some(sym)) if last.name.is_empty() => {
-                last.name = demangle(sym).into();
+                last.name = profcol_elf::demangle(sym).into();
                 last.system_name = sym.into();
             }
-            (None, Some(sym)) => {
-                out.push(NamedFrame { name: demangle(sym).into(), system_name: sym.into(), file: "".into(), line: 0 })
-            }
+            (None, Some(sym)) => out.push(NamedFrame {
+                name: profcol_elf::demangle(sym).into(),
+                system_name: sym.into(),
+                file: "".into(),
+                line: 0,
+            }),
             _ => {}
         }
         if out.iter().all(|f| f.name.is_empty()) {
@@ -476,11 +479,6 @@ impl BinaryTable {
         }
         out
     }
-}
-
-/// Demangles Rust (v0 and legacy) and C++ names; others unchanged.
-pub fn demangle(name: &str) -> String {
-    addr2line::demangle_auto(name.into(), None).into_owned()
 }
 
 /// Whether the opened binary is the one the mapping named.

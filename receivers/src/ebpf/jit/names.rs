@@ -93,8 +93,8 @@ pub(crate) fn parse(runtime: Runtime, raw: &str) -> JitName {
         Runtime::V8 => v8(raw).unwrap_or_else(|| plain(raw)),
         Runtime::Jvm => plain(&java(raw)),
         Runtime::Dotnet => plain(dotnet(raw)),
-        Runtime::Wasm => plain(wasm(raw)),
-        Runtime::Other => plain(raw),
+        Runtime::Wasm => plain(&profcol_elf::demangle(wasm(raw))),
+        Runtime::Other => plain(&profcol_elf::demangle(raw)),
     }
 }
 
@@ -165,7 +165,8 @@ fn dotnet(raw: &str) -> &str {
 }
 
 /// wasmtime's `wasm[MODULE]::function[INDEX]::NAME` (a name only where
-/// the module's name section has one): the name, or the whole line.
+/// the module's name section has one, mangled as the guest's compiler
+/// wrote it): the name, or the whole line.
 fn wasm(raw: &str) -> &str {
     match raw.rsplit_once("]::") {
         Some((_, name)) if !name.is_empty() => name,
@@ -217,6 +218,11 @@ mod tests {
         assert_eq!(named(Runtime::Dotnet, "App.Program::Main(string[])[OptimizedTier1]").0, "App.Program::Main");
         assert_eq!(named(Runtime::Other, "wasm[0]::function[12]::hot_loop"), ("hot_loop".into(), "".into(), 0, "wasm"));
         assert_eq!(named(Runtime::Other, "wasm[0]::function[12]").1, "");
+        // wasmtime's lines for a Rust plugin: mangled names, prefixed.
+        assert_eq!(
+            named(Runtime::Other, "wasm[0]::function[109]::_ZN9misbehave7recurse17hdd926f25b7b4a6f1E").0,
+            "misbehave::recurse"
+        );
         assert_eq!(
             named(Runtime::Other, "TRACE_3::app.lua:10"),
             ("TRACE_3::app.lua:10".into(), "".into(), 0, "native")
