@@ -10,8 +10,6 @@
 #   - strace: optional manual check that loading opens no kernel BTF;
 #   - bpftool: the BTF offset test (ebpf/src/btf.rs) compares the struct
 #     member offsets it reads from /sys/kernel/btf/vmlinux with bpftool's;
-#   - openjdk-17-jdk-headless (java, javac): the JVM attach tests
-#     (receivers/src/ebpf/jit/jvm_attach.rs) run real JVMs.
 # The tests themselves (receivers/tests/ebpf_*.rs) need root, which CI has;
 # with CI=true they fail instead of skipping when privileges are missing.
 set -euo pipefail
@@ -26,7 +24,6 @@ command -v strip >/dev/null || need+=(binutils)
 command -v unshare >/dev/null || need+=(util-linux)
 command -v mount >/dev/null || need+=(mount)
 command -v bpftool >/dev/null || need+=(bpftool)
-command -v javac >/dev/null || need+=(openjdk-17-jdk-headless)
 if [ ${#need[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
