@@ -11,10 +11,12 @@
 //! runtime wrote their line are named too. A process that exits keeps its
 //! table until the report holding its samples is built.
 //!
-//! - [`perf_map`]: the file, its lines and ranges.
+//! - [`perf_map`]: the map file and its lines.
+//! - [`files`]: a process's file opened safely; named code ranges.
 //! - [`names`]: each runtime's names (V8, HotSpot, .NET, wasmtime).
 //! - [`jvm_attach`]: asks a JVM to write its map (`jit.jvm_perfmap: attach`).
 
+pub(crate) mod files;
 pub(crate) mod jvm_attach;
 pub(crate) mod names;
 pub(crate) mod perf_map;

@@ -8,16 +8,12 @@
 //! from where the last read stopped, and a map rewritten from the start
 //! (truncated, or replaced) is read again from the start.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 
-use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
+pub(crate) use super::files::Refused;
+use super::files::{open_checked, read_full_at, Checked, RangeTable};
 use super::names::{self, JitName, Runtime};
 
 /// Bytes read per refresh: a huge map is read over several reports.
@@ -29,35 +25,6 @@ pub(crate) const MAX_READ: u64 = 512 << 20;
 const MAX_LINE: usize = 4096;
 /// Bytes of the map's start compared at each read.
 const HEAD: usize = 64;
-/// What one range costs (tree node share, key, value).
-const RANGE_BYTES: usize = 48;
-/// What one distinct name costs beyond its text (the symbol, the intern
-/// table's entry).
-const NAME_BYTES: usize = 96;
-
-/// Why a map file was not read (the `reason` label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
-    /// Not a regular file (a FIFO, a device, a directory) or a path with a
-    /// symlink in it.
-    NotRegular,
-    /// Owned by another user than the process's.
-    Owner,
-    /// A hard link to a file elsewhere.
-    Links,
-}
-
-impl Refused {
-    pub(crate) const ALL: [Refused; 3] = [Refused::NotRegular, Refused::Owner, Refused::Links];
-
-    pub(crate) fn reason(self) -> &'static str {
-        match self {
-            Refused::NotRegular => "not_regular",
-            Refused::Owner => "owner",
-            Refused::Links => "links",
-        }
-    }
-}
 
 /// The outcome of opening a process's map.
 pub(crate) enum Open {
@@ -76,13 +43,6 @@ pub(crate) struct LineCounts {
     pub dropped: u64,
 }
 
-/// A named code range.
-#[derive(Clone, Copy, Debug)]
-struct Range {
-    end: u64,
-    sym: u32,
-}
-
 /// The code ranges of one process's map and their names.
 pub(crate) struct PerfMap {
     file: File,
@@ -98,13 +58,7 @@ pub(crate) struct PerfMap {
     /// skipped overlong line).
     last_byte: u8,
     runtime: Runtime,
-    /// Start → range; ranges never overlap: a later line overrides what it
-    /// covers of earlier ones, as runtimes reuse freed code memory.
-    ranges: BTreeMap<u64, Range>,
-    syms: Vec<JitName>,
-    ids: FxHashMap<Arc<str>, u32>,
-    /// Bytes the names hold.
-    name_bytes: usize,
+    table: RangeTable,
     /// The map was read to [`MAX_READ`], or rewritten beyond it.
     pub capped: bool,
 }
@@ -113,63 +67,11 @@ pub(crate) struct PerfMap {
 /// namespace), resolved inside the process's root; `uids`: the process's
 /// real and effective user ids.
 pub(crate) fn open(pid: u32, nspid: u32, uids: [u32; 2], runtime: Runtime) -> io::Result<Open> {
-    let path = format!("tmp/perf-{nspid}.map");
-    let fd = match open_in_root(pid, &path) {
-        Ok(fd) => fd,
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Open::Missing),
-        // A symlink anywhere in the path (RESOLVE_NO_SYMLINKS, O_NOFOLLOW).
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV)) => {
-            return Ok(Open::Refused(Refused::NotRegular))
-        }
-        Err(e) => return Err(e),
-    };
-    let file = File::from(fd);
-    let md = file.metadata()?;
-    if !md.file_type().is_file() {
-        return Ok(Open::Refused(Refused::NotRegular));
-    }
-    if !uids.contains(&md.uid()) {
-        return Ok(Open::Refused(Refused::Owner));
-    }
-    if md.nlink() != 1 {
-        return Ok(Open::Refused(Refused::Links));
-    }
-    Ok(Open::Map(PerfMap::new(file, runtime)))
-}
-
-/// Opens `rel` under `/proc/PID/root` as if that were `/`, following no
-/// symlink (an absolute one in the process's tree would otherwise point
-/// into the agent's), not blocking on a FIFO.
-fn open_in_root(pid: u32, rel: &str) -> io::Result<OwnedFd> {
-    let root = CString::new(format!("/proc/{pid}/root")).map_err(io::Error::other)?;
-    // SAFETY: a valid C string; the result is checked.
-    let rfd = unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-    if rfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: rfd was just opened and is owned here.
-    let rfd = unsafe { OwnedFd::from_raw_fd(rfd) };
-    let rel = CString::new(rel).map_err(io::Error::other)?;
-    // SAFETY: open_how is plain integers; all zero is its empty value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    use std::os::fd::AsRawFd;
-    // SAFETY: valid fd, C string and open_how of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            rfd.as_raw_fd(),
-            rel.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor, owned here.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Ok(match open_checked(pid, &format!("tmp/perf-{nspid}.map"), uids)? {
+        Checked::File(file) => Open::Map(PerfMap::new(file, runtime)),
+        Checked::Missing => Open::Missing,
+        Checked::Refused(r) => Open::Refused(r),
+    })
 }
 
 impl PerfMap {
@@ -182,10 +84,7 @@ impl PerfMap {
             head_len: 0,
             last_byte: 0,
             runtime,
-            ranges: BTreeMap::new(),
-            syms: Vec::new(),
-            ids: FxHashMap::default(),
-            name_bytes: 0,
+            table: RangeTable::default(),
             capped: false,
         }
     }
@@ -197,13 +96,12 @@ impl PerfMap {
 
     /// Bytes the table holds (an estimate of what the allocator charges).
     pub(crate) fn bytes(&self) -> usize {
-        self.ranges.len() * RANGE_BYTES + self.name_bytes
+        self.table.bytes()
     }
 
     /// The name of the code at `addr`.
     pub(crate) fn lookup(&self, addr: u64) -> Option<(u32, &JitName)> {
-        let (_, r) = self.ranges.range(..=addr).next_back()?;
-        (addr < r.end).then(|| (r.sym, &self.syms[r.sym as usize]))
+        self.table.lookup(addr)
     }
 
     /// Reads what was appended since the last read, at most [`CHUNK`]
@@ -258,8 +156,9 @@ impl PerfMap {
                 continue;
             }
             counts.read += 1;
-            let sym = self.intern(name);
-            self.insert(start, start + size, sym);
+            let runtime = self.runtime;
+            let sym = self.table.intern(name, || names::parse(runtime, name));
+            self.table.insert(start, start + size, sym);
         }
         self.offset += last_nl as u64 + 1;
         self.last_byte = b'\n';
@@ -280,54 +179,9 @@ impl PerfMap {
         self.offset = 0;
         self.skipping = false;
         self.head_len = 0;
-        self.ranges.clear();
-        self.syms.clear();
-        self.ids.clear();
-        self.name_bytes = 0;
+        self.table = RangeTable::default();
         self.capped = false;
     }
-
-    fn intern(&mut self, raw: &str) -> u32 {
-        if let Some(&id) = self.ids.get(raw) {
-            return id;
-        }
-        let id = self.syms.len() as u32;
-        let name = names::parse(self.runtime, raw);
-        self.name_bytes += NAME_BYTES + raw.len() + name.function.len() + name.file.len();
-        self.syms.push(name);
-        self.ids.insert(Arc::from(raw), id);
-        id
-    }
-
-    /// Adds [start, end) → `sym`, cutting what it overlaps.
-    fn insert(&mut self, start: u64, end: u64, sym: u32) {
-        let over: Vec<(u64, Range)> =
-            self.ranges.range(..end).rev().take_while(|(_, r)| r.end > start).map(|(&s, &r)| (s, r)).collect();
-        for (s, r) in over {
-            self.ranges.remove(&s);
-            if s < start {
-                self.ranges.insert(s, Range { end: start, sym: r.sym });
-            }
-            if r.end > end {
-                self.ranges.insert(end, Range { end: r.end, sym: r.sym });
-            }
-        }
-        self.ranges.insert(start, Range { end, sym });
-    }
-}
-
-/// Reads into `buf` from `at` until it is full or the file ends.
-fn read_full_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], at + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// `START SIZE NAME` (hex, `0x` optional): the range and its name.
