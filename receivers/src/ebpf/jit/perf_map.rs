@@ -344,6 +344,7 @@ mod tests {
     // one map path.
     #[test]
     fn hostile_map_files_are_refused_or_bounded() {
+        // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("SKIPPED hostile_map_files_are_refused_or_bounded: needs root (chown)");
             assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true needs root");
@@ -371,6 +372,7 @@ mod tests {
 
         // A FIFO: refused, and opening it does not block.
         let c = std::ffi::CString::new(map.0.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert_eq!(refused(map.open()), Some(Refused::NotRegular), "fifo");
         std::fs::remove_file(&map.0).unwrap();
