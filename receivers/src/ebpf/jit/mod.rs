@@ -168,9 +168,15 @@ pub(crate) struct JitMaps {
     outcomes: Vec<[AtomicU64; 2]>,
 }
 
-/// Whether a process maps anonymous executable memory.
+/// Whether a mapping may hold JIT code: anonymous executable memory, or a
+/// memfd (.NET maps its code twice through one, writable and executable).
+pub(crate) fn may_hold_jit_code(path: &str) -> bool {
+    path == "[anon]" || path.starts_with("/memfd:")
+}
+
+/// Whether a process maps memory that may hold JIT code.
 fn has_jit_code(maps: &MappingSet) -> bool {
-    maps.mappings.iter().any(|m| &*m.path == "[anon]")
+    maps.mappings.iter().any(|m| may_hold_jit_code(&m.path))
 }
 
 impl JitMaps {

@@ -686,7 +686,7 @@ impl Locations<'_> {
                 (addr < m.end).then_some((i, m))
             })
             .map_or(0, |(i, m)| {
-                if &*m.path == "[anon]" {
+                if crate::ebpf::jit::may_hold_jit_code(&m.path) {
                     // A return address may be just past its call.
                     let at = if leaf { addr } else { addr.saturating_sub(1) };
                     jit = self.jit.and_then(|j| j.name(self.pid, at));
