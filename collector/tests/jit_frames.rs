@@ -59,7 +59,8 @@ fn can_run(test: &str, tools: &[(&str, &[&str])]) -> bool {
 }
 
 /// profcol sampling `pid` at 99 Hz in counting mode, writing pprof files
-/// to `profiles` every 2 s; `extra` goes into the receiver's section.
+/// to `profiles` and OTLP JSON to `otlp.jsonl` every 2 s; `extra` goes into
+/// the receiver's section.
 struct Agent {
     child: KillOnDrop,
     log: PathBuf,
@@ -75,10 +76,11 @@ impl Agent {
             format!(
                 "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: 2s\n    count_in_kernel: true\n\
                  \x20   pids: [{pid}]\n{extra}\
-                 exporters:\n  pprof:\n    directory: {}\n\
+                 exporters:\n  pprof:\n    directory: {}\n  file:\n    path: {}\n\
                  service:\n  telemetry:\n    metrics:\n      address: \"\"\n\
-                 \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [pprof]\n",
-                profiles.display()
+                 \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [pprof, file]\n",
+                profiles.display(),
+                dir.join("otlp.jsonl").display()
             ),
         )
         .unwrap();
@@ -285,6 +287,13 @@ fn node_frames_match_cpu_prof() {
                 other.map(|fr| (&fr.file, fr.line))
             )),
         }
+    }
+    // In OTLP, JavaScript frames are `v8js` frames.
+    let locations = profcol_testkit::otlp_file::locations(&dir.path().join("otlp.jsonl"));
+    let js: Vec<_> = locations.iter().filter(|l| l.lines.iter().any(|(_, file)| file.ends_with("work.js"))).collect();
+    let wrong: Vec<_> = js.iter().filter(|l| l.frame_type != "v8js").collect();
+    if js.is_empty() || !wrong.is_empty() {
+        failures.push(format!("{} JavaScript locations in OTLP, not v8js: {:?}", js.len(), wrong.first()));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

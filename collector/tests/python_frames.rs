@@ -548,39 +548,14 @@ fn compare(label: &str, pid: u32, profcol: &[Stack], spy: &[Stack], failures: &m
 /// how many are Python frames (a Python file), and those whose
 /// `profile.frame.type` disagrees: `cpython` exactly on Python frames.
 fn frame_types(path: &Path) -> (u64, u64, Vec<String>) {
-    use serde_json::Value;
-    let text = std::fs::read_to_string(path).unwrap_or_default();
     let (mut python, mut wrong, mut examples) = (0, 0, Vec::new());
-    let index = |v: &Value| v.as_u64().unwrap_or(0) as usize;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let doc: Value = serde_json::from_str(line).expect("an OTLP JSON document per line");
-        let d = &doc["dictionary"];
-        let table = |name: &str| d[name].as_array().cloned().unwrap_or_default();
-        let (strings, functions, attributes) = (table("stringTable"), table("functionTable"), table("attributeTable"));
-        let s = |v: &Value| strings.get(index(v)).and_then(Value::as_str).unwrap_or("").to_owned();
-        for loc in table("locationTable") {
-            let lines: Vec<(String, String)> = loc["lines"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|l| functions.get(index(&l["functionIndex"])))
-                .map(|f| (s(&f["nameStrindex"]), s(&f["filenameStrindex"])))
-                .collect();
-            let kind = loc["attributeIndices"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|i| attributes.get(index(i)))
-                .find(|kv| s(&kv["keyStrindex"]) == "profile.frame.type")
-                .map(|kv| kv["value"]["stringValue"].as_str().unwrap_or("").to_owned())
-                .unwrap_or_default();
-            let is_python = lines.iter().any(|(_, file)| python_file(file));
-            python += u64::from(is_python);
-            if is_python != (kind == "cpython") {
-                wrong += 1;
-                if examples.len() < 8 {
-                    examples.push(format!("  frame type {kind:?}: {lines:?}"));
-                }
+    for loc in profcol_testkit::otlp_file::locations(path) {
+        let is_python = loc.lines.iter().any(|(_, file)| python_file(file));
+        python += u64::from(is_python);
+        if is_python != (loc.frame_type == "cpython") {
+            wrong += 1;
+            if examples.len() < 8 {
+                examples.push(format!("  frame type {:?}: {:?}", loc.frame_type, loc.lines));
             }
         }
     }

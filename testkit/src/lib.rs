@@ -14,7 +14,8 @@
 //! - [`py_otlp`]: the OTLP server on the official Python stack;
 //! - [`workload`]: profiled child processes started on cue;
 //! - [`tools`]: external tools that must be there under CI=true;
-//! - [`pprof_raw`]: pprof files read through `go tool pprof -raw`.
+//! - [`pprof_raw`]: pprof files read through `go tool pprof -raw`;
+//! - [`otlp_file`]: the `file` exporter's OTLP JSON, each location's functions and frame type.
 
 pub mod alloc;
 pub mod batch;
@@ -23,6 +24,7 @@ pub mod floor;
 pub mod hostile;
 pub mod log;
 pub mod net;
+pub mod otlp_file;
 pub mod plugins;
 pub mod pprof_raw;
 pub mod py_otlp;
