@@ -147,9 +147,11 @@ struct JitProc {
     gone: bool,
     /// Frames in its JIT code left unnamed in a report (a JVM to ask).
     unnamed: AtomicBool,
-    /// When a JVM was last asked for its map; an attach running.
+    /// When a JVM was last asked for its map; an attach running; the JVM
+    /// cannot be asked (not HotSpot, attach off, SIGQUIT not handled).
     asked: Option<Instant>,
     attaching: Arc<AtomicBool>,
+    never_ask: Arc<AtomicBool>,
 }
 
 /// The JIT side of the receiver.
@@ -225,6 +227,7 @@ impl JitMaps {
                 unnamed: AtomicBool::new(false),
                 asked: None,
                 attaching: Arc::new(AtomicBool::new(false)),
+                never_ask: Arc::new(AtomicBool::new(false)),
             },
         );
         self.refresh(pid, now);
@@ -259,6 +262,7 @@ impl JitMaps {
         let ask = self.jvm_attach
             && p.runtime == Runtime::Jvm
             && !p.attaching.load(Relaxed)
+            && !p.never_ask.load(Relaxed)
             && match &p.state {
                 MapState::Missing { .. } => p.asked.is_none_or(|t| now.duration_since(t) >= ATTACH_EVERY),
                 MapState::Open(_) => {
@@ -270,11 +274,14 @@ impl JitMaps {
             p.asked = Some(now);
             p.unnamed.store(false, Relaxed);
             p.attaching.store(true, Relaxed);
-            if let MapState::Missing { retry_at } = &mut p.state {
-                // The map appears once the JVM has written it.
-                *retry_at = now + REFRESH;
+            // The JVM writes its map anew: it is opened and read from the
+            // start once written.
+            if let MapState::Open(old) = &p.state {
+                self.total = self.total.saturating_sub(old.bytes());
             }
-            spawn_attach(pid, p.attaching.clone(), self.counters.clone());
+            p.state = MapState::Missing { retry_at: now + REFRESH };
+            spawn_attach(pid, p.attaching.clone(), p.never_ask.clone(), self.counters.clone());
+            return;
         }
         let MapState::Open(map) = &mut p.state else { return };
         let before = map.bytes();
@@ -367,7 +374,7 @@ impl JitMaps {
 
 /// Asks JVM `pid` for its perf map on a thread of its own (it may take
 /// seconds), counting the outcome.
-fn spawn_attach(pid: u32, running: Arc<AtomicBool>, counters: Arc<JitCounters>) {
+fn spawn_attach(pid: u32, running: Arc<AtomicBool>, never: Arc<AtomicBool>, counters: Arc<JitCounters>) {
     let flag = running.clone();
     let spawned = std::thread::Builder::new().name("profcol-jvm-attach".into()).spawn(move || {
         let outcome = match jvm_attach::request_perf_map(pid, ATTACH_TIMEOUT) {
@@ -376,7 +383,14 @@ fn spawn_attach(pid: u32, running: Arc<AtomicBool>, counters: Arc<JitCounters>) 
                 "ok"
             }
             Err(e) => {
-                tracing::info!(pid, "ebpf receiver: JVM not asked for its perf map: {e}");
+                let permanent = matches!(
+                    e,
+                    jvm_attach::Refused::NotHotspot
+                        | jvm_attach::Refused::AttachDisabled
+                        | jvm_attach::Refused::SignalNotHandled
+                );
+                never.store(permanent, Relaxed);
+                tracing::info!(pid, permanent, "ebpf receiver: JVM not asked for its perf map: {e}");
                 e.reason()
             }
         };
