@@ -222,6 +222,8 @@ impl JitDump {
             budget -= n;
             let used = self.records(&buf[..n], len, limit, counts);
             if used == 0 {
+                // A record reaching past the bound is never read.
+                self.capped |= self.offset + n as u64 >= MAX_READ;
                 break;
             }
             self.offset += used;
