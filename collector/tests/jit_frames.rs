@@ -71,13 +71,20 @@ struct Agent {
 
 impl Agent {
     fn start(dir: &Path, pid: u32, extra: &str) -> Agent {
+        let agent = Agent::start_every(dir, pid, extra, "2s");
+        agent.wait_for_reports(1);
+        agent
+    }
+
+    /// Reports every `interval`; returns once it samples.
+    fn start_every(dir: &Path, pid: u32, extra: &str, interval: &str) -> Agent {
         let profiles = dir.join("profiles");
         let config = dir.join("profcol.yaml");
         std::fs::write(
             &config,
             format!(
-                "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: 2s\n    count_in_kernel: true\n\
-                 \x20   pids: [{pid}]\n{extra}\
+                "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: {interval}\n\
+                 \x20   count_in_kernel: true\n    pids: [{pid}]\n{extra}\
                  exporters:\n  pprof:\n    directory: {}\n\
                  service:\n  telemetry:\n    metrics:\n      address: \"\"\n\
                  \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [pprof]\n",
@@ -97,7 +104,11 @@ impl Agent {
                 .expect("start profcol"),
         );
         let agent = Agent { child, log, profiles };
-        agent.wait_for_reports(1);
+        let t0 = Instant::now();
+        while !agent.log_text().contains("profcol started") {
+            assert!(t0.elapsed() < Duration::from_secs(60), "not started in 60 s:\n{}", agent.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
         agent
     }
 
@@ -334,7 +345,10 @@ fn node_jitdump_frames_carry_lines_inside_functions() {
     assert_eq!(first.trim(), "ready");
     assert!(dir.path().join(format!("jit-{pid}.dump")).exists(), "node wrote its jitdump");
 
-    let agent = Agent::start(dir.path(), pid, "");
+    // V8 writes its jitdump through a 4 KiB buffer: the hot function's
+    // records, among the last, reach the file as node exits. The one
+    // report, built after that, is named from all of it.
+    let agent = Agent::start_every(dir.path(), pid, "", "120s");
     let status = node.0.wait().unwrap();
     assert!(status.success(), "node: {status}");
     assert!(!map.0.exists(), "no perf map: named from the jitdump alone");

@@ -9,7 +9,8 @@
 //! once more before each report. Frames are named when the report is
 //! built, so stacks counted in the kernel and frames sampled before the
 //! runtime wrote their line are named too. A process that exits keeps its
-//! table until the report holding its samples is built.
+//! table until the report holding its samples is built, and its file is
+//! read once more before that report (a runtime may write it as it exits).
 //!
 //! - [`perf_map`]: the map file and its lines.
 //! - [`jitdump`]: the jitdump file (`jit-PID.dump`) and its records:
@@ -217,8 +218,11 @@ struct JitProc {
     /// The mapping generation last looked at for a jitdump.
     maps_generation: u32,
     last_refresh: Instant,
-    /// Exec'd or exited: named from what was read, no longer read.
+    /// Exec'd or exited: named from what was read, no longer read...
     gone: bool,
+    /// ...but once more before the next report: a runtime may write its
+    /// last records only as it exits (V8's jitdump goes through a buffer).
+    final_read: bool,
     /// Frames in its JIT code left unnamed in a report (a JVM to ask).
     unnamed: AtomicBool,
     /// When a JVM was last asked for its map; an attach running.
@@ -310,6 +314,7 @@ impl JitMaps {
                 maps_generation: maps.generation,
                 last_refresh: now,
                 gone: false,
+                final_read: false,
                 unnamed: AtomicBool::new(false),
                 asked: None,
                 attaching: Arc::new(AtomicBool::new(false)),
@@ -321,6 +326,9 @@ impl JitMaps {
     /// Opens or reads the map of `pid`; asks a JVM for one.
     fn refresh(&mut self, pid: u32, now: Instant) {
         let Some(p) = self.procs.get_mut(&pid) else { return };
+        if p.gone && !std::mem::take(&mut p.final_read) {
+            return;
+        }
         p.last_refresh = now;
         if let MapState::Missing { retry_at } = p.state {
             if now < retry_at {
@@ -346,6 +354,7 @@ impl JitMaps {
             };
         }
         let ask = self.jvm_attach
+            && !p.gone
             && p.runtime == Runtime::Jvm
             && !p.attaching.load(Relaxed)
             && match &p.state {
@@ -390,9 +399,10 @@ impl JitMaps {
     }
 
     /// Before a report is built: reads what every live process's map
-    /// gained since its last sample.
+    /// gained since its last sample, and what a process gone since the
+    /// last report wrote as it went.
     pub(crate) fn refresh_all(&mut self, now: Instant) {
-        let live: Vec<u32> = self.procs.iter().filter(|(_, p)| !p.gone).map(|(&pid, _)| pid).collect();
+        let live: Vec<u32> = self.procs.iter().filter(|(_, p)| !p.gone || p.final_read).map(|(&pid, _)| pid).collect();
         for pid in live {
             self.refresh(pid, now);
         }
@@ -420,6 +430,7 @@ impl JitMaps {
     pub(crate) fn forget(&mut self, pid: u32) {
         self.no_jit.remove(&pid);
         if let Some(p) = self.procs.get_mut(&pid) {
+            p.final_read = !p.gone && matches!(p.state, MapState::Open(_));
             p.gone = true;
         }
     }
