@@ -60,7 +60,7 @@ const CODE_DEBUG_INFO: u32 = 2;
 
 /// The outcome of opening a process's jitdump.
 pub(crate) enum Open {
-    Dump(JitDump),
+    Dump(Box<JitDump>),
     /// No such file (the process unmapped and deleted it).
     Missing,
     Refused(Refused),
@@ -112,7 +112,7 @@ pub(crate) fn open(pid: u32, path_in_process: &str, uids: [u32; 2], runtime: Run
         return Ok(Open::Missing);
     }
     Ok(match open_checked(pid, rel, uids)? {
-        Checked::File(file) => Open::Dump(JitDump::new(file, runtime)),
+        Checked::File(file) => Open::Dump(Box::new(JitDump::new(file, runtime))),
         Checked::Missing => Open::Missing,
         Checked::Refused(r) => Open::Refused(r),
     })

@@ -165,7 +165,7 @@ impl JitCounters {
 /// Where a process's JIT code is named from.
 enum Source {
     Map(PerfMap),
-    Dump(JitDump),
+    Dump(Box<JitDump>),
 }
 
 impl Source {
