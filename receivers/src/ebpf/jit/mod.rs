@@ -62,7 +62,10 @@ pub struct JitConfig {
     /// process's runtime writes (`/tmp/perf-PID.map`: Node
     /// `--perf-basic-prof`, Java `jcmd PID Compiler.perfmap`, .NET
     /// `DOTNET_PerfMapEnabled=1`, wasmtime `--profile=perfmap`). A map is
-    /// read only if it is a regular file owned by the process's user.
+    /// read only if it is a regular file owned by the process's user. A
+    /// jitdump the process maps (`jit-PID.dump`: Node `--perf-prof`,
+    /// wasmtime `--profile=jitdump`) is read in its place, with a line per
+    /// instruction.
     pub perf_maps: bool,
     /// `attach`: ask a JVM that has no perf map to write one, through its
     /// attach mechanism (what `jcmd PID Compiler.perfmap` does: a SIGQUIT
