@@ -6,6 +6,9 @@
 //!   at least 90% of profcol's main-thread samples whose leaf is JIT code
 //!   have it named; each function's share of the samples is `--cpu-prof`'s
 //!   within 5 points; the frames carry the function's file and line.
+//! - Node.js (`--perf-prof`, a jitdump and no perf map): at least 90% of
+//!   the main-thread JIT leaves named; the hot function's frames carry
+//!   lines inside its body, per instruction, not only its first line.
 //! - Java 17 runs a hot method: before its map exists its JIT frames are
 //!   sampled and left unnamed (never misnamed); once `jcmd PID
 //!   Compiler.perfmap` wrote the map, the method names at least 90% of the
@@ -59,7 +62,8 @@ fn can_run(test: &str, tools: &[(&str, &[&str])]) -> bool {
 }
 
 /// profcol sampling `pid` at 99 Hz in counting mode, writing pprof files
-/// to `profiles` and OTLP JSON to `otlp.jsonl` every 2 s; `extra` goes into
+/// to `profiles` and OTLP JSON to `otlp.jsonl` every 2 s (or as
+/// `start_every` says); `extra` goes into
 /// the receiver's section.
 struct Agent {
     child: KillOnDrop,
@@ -69,13 +73,20 @@ struct Agent {
 
 impl Agent {
     fn start(dir: &Path, pid: u32, extra: &str) -> Agent {
+        let agent = Agent::start_every(dir, pid, extra, "2s");
+        agent.wait_for_reports(1);
+        agent
+    }
+
+    /// Reports every `interval`; returns once it samples.
+    fn start_every(dir: &Path, pid: u32, extra: &str, interval: &str) -> Agent {
         let profiles = dir.join("profiles");
         let config = dir.join("profcol.yaml");
         std::fs::write(
             &config,
             format!(
-                "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: 2s\n    count_in_kernel: true\n\
-                 \x20   pids: [{pid}]\n{extra}\
+                "receivers:\n  ebpf:\n    sample_frequency: 99\n    report_interval: {interval}\n\
+                 \x20   count_in_kernel: true\n    pids: [{pid}]\n{extra}\
                  exporters:\n  pprof:\n    directory: {}\n  file:\n    path: {}\n\
                  service:\n  telemetry:\n    metrics:\n      address: \"\"\n\
                  \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      exporters: [pprof, file]\n",
@@ -96,7 +107,11 @@ impl Agent {
                 .expect("start profcol"),
         );
         let agent = Agent { child, log, profiles };
-        agent.wait_for_reports(1);
+        let t0 = Instant::now();
+        while !agent.log_text().contains("profcol started") {
+            assert!(t0.elapsed() < Duration::from_secs(60), "not started in 60 s:\n{}", agent.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
         agent
     }
 
@@ -296,6 +311,84 @@ fn node_frames_match_cpu_prof() {
         failures.push(format!("{} JavaScript locations in OTLP, not v8js: {:?}", js.len(), wrong.first()));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+const NODE_JITDUMP_WORKLOAD: &str = r#"
+function hotLoop(n) {
+  let s = 0;
+  for (let i = 0; i < n; i++) {
+    s = (s + i * i) % 1000003;
+  }
+  return s;
+}
+const end = Date.now() + Number(process.argv[2]) * 1000;
+let acc = 0;
+console.log("ready");
+while (Date.now() < end) { acc += hotLoop(2000000); }
+console.log(acc);
+"#;
+
+#[test]
+fn node_jitdump_frames_carry_lines_inside_functions() {
+    let test = "node_jitdump_frames_carry_lines_inside_functions";
+    if !can_run(test, &[("go", &["version"]), ("node", &["--version"])]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("work.js");
+    std::fs::write(&script, NODE_JITDUMP_WORKLOAD).unwrap();
+    // Node writes jit-PID.dump in its working directory.
+    let mut node = KillOnDrop(
+        Command::new("node")
+            .arg("--perf-prof")
+            .arg(&script)
+            .arg("10")
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("node"),
+    );
+    let pid = node.0.id();
+    let map = MapFile(PathBuf::from(format!("/tmp/perf-{pid}.map")));
+    let mut first = String::new();
+    BufReader::new(node.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert_eq!(first.trim(), "ready");
+    assert!(dir.path().join(format!("jit-{pid}.dump")).exists(), "node wrote its jitdump");
+
+    // V8 writes its jitdump through a 4 KiB buffer: the hot function's
+    // records, among the last, reach the file as node exits. The one
+    // report, built after that, is named from all of it.
+    let agent = Agent::start_every(dir.path(), pid, "", "120s");
+    let status = node.0.wait().unwrap();
+    assert!(status.success(), "node: {status}");
+    assert!(!map.0.exists(), "no perf map: named from the jitdump alone");
+    std::thread::sleep(Duration::from_secs(1));
+    let profiles = agent.stop();
+
+    let (by_pid, files) = profcol_stacks(&profiles);
+    let stacks = by_pid.get(&pid).map(Vec::as_slice).unwrap_or(&[]);
+    let main: Vec<&Stack> = stacks.iter().filter(|s| s.tid == pid).collect();
+    let all: u64 = main.iter().map(|s| s.count).sum();
+    let (jit, named) = jit_leaves(&main);
+    eprintln!("{files} reports; node main thread: {all} samples, {jit} with a JIT leaf, {named} named");
+    assert!(jit >= 300, "too few JIT samples to judge: {jit} of {all}");
+    assert!(pct(named, jit) >= 90.0, "JIT leaves named: {:.1}% ({named} of {jit})", pct(named, jit));
+
+    let start = line_of(NODE_JITDUMP_WORKLOAD, "function hotLoop");
+    let close = start + 6;
+    let mut lines: BTreeMap<u64, u64> = BTreeMap::new();
+    for s in &main {
+        for fr in s.frames.iter().filter(|fr| fr.name == "hotLoop") {
+            assert_eq!(fr.file, script.to_str().unwrap(), "hotLoop's file");
+            *lines.entry(fr.line).or_default() += s.count;
+        }
+    }
+    eprintln!("hotLoop (lines {start}..={close}): samples by line {lines:?}");
+    assert!(lines.keys().all(|l| (start..=close).contains(l)), "lines outside hotLoop: {lines:?}");
+    let inside: u64 = lines.iter().filter(|(l, _)| (start + 1..close).contains(*l)).map(|(_, n)| n).sum();
+    let total: u64 = lines.values().sum();
+    assert!(total >= 100, "too few hotLoop samples: {lines:?}");
+    assert!(pct(inside, total) >= 50.0, "most of hotLoop's samples on lines inside its body: {lines:?}");
 }
 
 const JAVA_WORKLOAD: &str = r#"

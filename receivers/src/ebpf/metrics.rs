@@ -298,8 +298,8 @@ pub(crate) const JIT_FRAMES: MetricDef = MetricDef::counter(
 pub(crate) const JIT_MAP_LINES: MetricDef = MetricDef::counter(
     "ebpf_jit_map_lines_total",
     "lines",
-    "Perf map lines by outcome: read, malformed (skipped), dropped (well-formed, but the maps' memory bound \
-     was reached)",
+    "Perf map lines and jitdump records by outcome: read, malformed (skipped), dropped (well-formed, but \
+     the maps' memory bound was reached)",
 )
 .by("outcome");
 pub(crate) const JIT_MAPS_REFUSED: MetricDef = MetricDef::counter(

@@ -155,6 +155,30 @@ impl RangeTable {
         (addr < r.end).then(|| (r.sym, &self.syms[r.sym as usize]))
     }
 
+    /// Every range and its name.
+    #[cfg(test)]
+    pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64, &JitName)> {
+        self.ranges.iter().map(|(&s, r)| (s, r.end, &self.syms[r.sym as usize]))
+    }
+
+    /// The name of id `sym`.
+    pub(crate) fn sym(&self, sym: u32) -> &JitName {
+        &self.syms[sym as usize]
+    }
+
+    /// Names [to, to + size) as [from, from + size) is named: code moved.
+    pub(crate) fn copy(&mut self, from: u64, to: u64, size: u64) {
+        let (Some(from_end), Some(_)) = (from.checked_add(size), to.checked_add(size)) else { return };
+        let over: Vec<(u64, Range)> =
+            self.ranges.range(..from_end).rev().take_while(|(_, r)| r.end > from).map(|(&s, &r)| (s, r)).collect();
+        for (s, r) in over {
+            let (s, e) = (s.max(from), r.end.min(from_end));
+            if s < e {
+                self.insert(s - from + to, e - from + to, r.sym);
+            }
+        }
+    }
+
     /// The id of the name written `key`, made by `make` the first time.
     pub(crate) fn intern(&mut self, key: &str, make: impl FnOnce() -> JitName) -> u32 {
         if let Some(&id) = self.ids.get(key) {

@@ -9,14 +9,19 @@
 //! once more before each report. Frames are named when the report is
 //! built, so stacks counted in the kernel and frames sampled before the
 //! runtime wrote their line are named too. A process that exits keeps its
-//! table until the report holding its samples is built.
+//! table until the report holding its samples is built, and its file is
+//! read once more before that report (a runtime may write it as it exits).
 //!
 //! - [`perf_map`]: the map file and its lines.
+//! - [`jitdump`]: the jitdump file (`jit-PID.dump`) and its records:
+//!   code ranges named down to the line of each instruction. A process
+//!   that maps one is read from it rather than from its perf map.
 //! - [`files`]: a process's file opened safely; named code ranges.
 //! - [`names`]: each runtime's names (V8, HotSpot, .NET, wasmtime).
 //! - [`jvm_attach`]: asks a JVM to write its map (`jit.jvm_perfmap: attach`).
 
 pub(crate) mod files;
+pub(crate) mod jitdump;
 pub(crate) mod jvm_attach;
 pub(crate) mod names;
 pub(crate) mod perf_map;
@@ -24,6 +29,7 @@ pub(crate) mod perf_map;
 use crate::ebpf::metrics as m;
 use crate::ebpf::process::procfs;
 use crate::ebpf::process::{MappingSet, ProcessInfo};
+use jitdump::JitDump;
 use names::{JitName, Runtime};
 use perf_map::{LineCounts, Open, PerfMap, Refused};
 use profcol_api::telemetry::{ComponentTelemetry, Counter, Gauge};
@@ -56,7 +62,10 @@ pub struct JitConfig {
     /// process's runtime writes (`/tmp/perf-PID.map`: Node
     /// `--perf-basic-prof`, Java `jcmd PID Compiler.perfmap`, .NET
     /// `DOTNET_PerfMapEnabled=1`, wasmtime `--profile=perfmap`). A map is
-    /// read only if it is a regular file owned by the process's user.
+    /// read only if it is a regular file owned by the process's user. A
+    /// jitdump the process maps (`jit-PID.dump`: Node `--perf-prof`,
+    /// wasmtime `--profile=jitdump`) is read in its place, with a line per
+    /// instruction.
     pub perf_maps: bool,
     /// `attach`: ask a JVM that has no perf map to write one, through its
     /// attach mechanism (what `jcmd PID Compiler.perfmap` does: a SIGQUIT
@@ -78,6 +87,34 @@ impl Default for JitConfig {
 pub enum JvmPerfMap {
     None,
     Attach,
+}
+
+/// A process's source of names, opened.
+enum Opened {
+    Source(Source),
+    Missing,
+    Refused(Refused),
+}
+
+/// Opens the jitdump process `pid` maps, or else its perf map (a jitdump
+/// names each instruction's line, a perf map only each function's first);
+/// with what it is.
+fn open_source(pid: u32, p: &JitProc) -> (&'static str, std::io::Result<Opened>) {
+    if let Some(path) = p.dump.as_deref() {
+        match jitdump::open(pid, path, p.ids.uids, p.runtime) {
+            // Unmapped and deleted: the perf map, if any.
+            Ok(jitdump::Open::Missing) => {}
+            Ok(jitdump::Open::Dump(d)) => return ("jitdump", Ok(Opened::Source(Source::Dump(d)))),
+            Ok(jitdump::Open::Refused(r)) => return ("jitdump", Ok(Opened::Refused(r))),
+            Err(e) => return ("jitdump", Err(e)),
+        }
+    }
+    let opened = perf_map::open(pid, p.ids.nspid, p.ids.uids, p.runtime).map(|o| match o {
+        Open::Map(m) => Opened::Source(Source::Map(m)),
+        Open::Missing => Opened::Missing,
+        Open::Refused(r) => Opened::Refused(r),
+    });
+    ("perf map", opened)
 }
 
 /// The series of one receiver.
@@ -128,8 +165,44 @@ impl JitCounters {
     }
 }
 
+/// Where a process's JIT code is named from.
+enum Source {
+    Map(PerfMap),
+    Dump(Box<JitDump>),
+}
+
+impl Source {
+    fn bytes(&self) -> usize {
+        match self {
+            Source::Map(m) => m.bytes(),
+            Source::Dump(d) => d.bytes(),
+        }
+    }
+
+    fn capped(&self) -> bool {
+        match self {
+            Source::Map(m) => m.capped,
+            Source::Dump(d) => d.capped,
+        }
+    }
+
+    fn lookup(&self, addr: u64) -> Option<(u32, &JitName)> {
+        match self {
+            Source::Map(m) => m.lookup(addr),
+            Source::Dump(d) => d.lookup(addr),
+        }
+    }
+
+    fn refresh(&mut self, room: usize, buf: &mut Vec<u8>, counts: &mut LineCounts) -> std::io::Result<()> {
+        match self {
+            Source::Map(m) => m.refresh(room, buf, counts),
+            Source::Dump(d) => d.refresh(room, buf, counts),
+        }
+    }
+}
+
 enum MapState {
-    Open(PerfMap),
+    Open(Source),
     Missing {
         retry_at: Instant,
     },
@@ -142,9 +215,17 @@ struct JitProc {
     state: MapState,
     runtime: Runtime,
     ids: procfs::StatusIds,
+    /// The jitdump the process maps (its path in the process's mount
+    /// namespace), read rather than its perf map.
+    dump: Option<Box<str>>,
+    /// The mapping generation last looked at for a jitdump.
+    maps_generation: u32,
     last_refresh: Instant,
-    /// Exec'd or exited: named from what was read, no longer read.
+    /// Exec'd or exited: named from what was read, no longer read...
     gone: bool,
+    /// ...but once more before the next report: a runtime may write its
+    /// last records only as it exits (V8's jitdump goes through a buffer).
+    final_read: bool,
     /// Frames in its JIT code left unnamed in a report (a JVM to ask).
     unnamed: AtomicBool,
     /// When a JVM was last asked for its map; an attach running; the JVM
@@ -176,9 +257,16 @@ pub(crate) fn may_hold_jit_code(path: &str) -> bool {
     path == "[anon]" || path.starts_with("/memfd:")
 }
 
-/// Whether a process maps memory that may hold JIT code.
+/// Whether a process maps memory that may hold JIT code (or a jitdump:
+/// its runtime's code may be mapped from a file of its own).
 fn has_jit_code(maps: &MappingSet) -> bool {
-    maps.mappings.iter().any(|m| may_hold_jit_code(&m.path))
+    maps.mappings.iter().any(|m| may_hold_jit_code(&m.path)) || jitdump_of(maps).is_some()
+}
+
+/// The jitdump a process maps (`jit-PID.dump`): runtimes map it executable
+/// for perf to find.
+fn jitdump_of(maps: &MappingSet) -> Option<&str> {
+    maps.mappings.iter().map(|m| &*m.path).find(|p| jitdump::is_jitdump_name(procfs::base_name(p)))
 }
 
 impl JitMaps {
@@ -197,7 +285,18 @@ impl JitMaps {
     /// A sample of process `pid` (`info`, `maps`) was read: a process with
     /// JIT code gets its map opened, and read as it grows.
     pub(crate) fn observe(&mut self, pid: u32, info: &ProcessInfo, maps: &MappingSet, now: Instant) {
-        if let Some(p) = self.procs.get(&pid) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if p.maps_generation != maps.generation {
+                p.maps_generation = maps.generation;
+                // A jitdump mapped after the process was first seen: read
+                // it if nothing is read yet.
+                if p.dump.is_none() && matches!(p.state, MapState::Missing { .. }) {
+                    if let Some(path) = jitdump_of(maps) {
+                        p.dump = Some(path.into());
+                        p.state = MapState::Missing { retry_at: now };
+                    }
+                }
+            }
             if !p.gone && now.duration_since(p.last_refresh) >= REFRESH {
                 self.refresh(pid, now);
             }
@@ -222,8 +321,11 @@ impl JitMaps {
                 state: MapState::Missing { retry_at: now },
                 runtime,
                 ids,
+                dump: jitdump_of(maps).map(Box::from),
+                maps_generation: maps.generation,
                 last_refresh: now,
                 gone: false,
+                final_read: false,
                 unnamed: AtomicBool::new(false),
                 asked: None,
                 attaching: Arc::new(AtomicBool::new(false)),
@@ -236,30 +338,35 @@ impl JitMaps {
     /// Opens or reads the map of `pid`; asks a JVM for one.
     fn refresh(&mut self, pid: u32, now: Instant) {
         let Some(p) = self.procs.get_mut(&pid) else { return };
+        if p.gone && !std::mem::take(&mut p.final_read) {
+            return;
+        }
         p.last_refresh = now;
         if let MapState::Missing { retry_at } = p.state {
             if now < retry_at {
                 return;
             }
-            p.state = match perf_map::open(pid, p.ids.nspid, p.ids.uids, p.runtime) {
-                Ok(Open::Map(map)) => {
-                    tracing::debug!(pid, runtime = p.runtime.label(), "ebpf receiver: reading perf map");
-                    MapState::Open(map)
+            let (kind, opened) = open_source(pid, p);
+            p.state = match opened {
+                Ok(Opened::Source(source)) => {
+                    tracing::debug!(pid, runtime = p.runtime.label(), "ebpf receiver: reading {kind}");
+                    MapState::Open(source)
                 }
-                Ok(Open::Missing) => MapState::Missing { retry_at: now + MISSING_RETRY },
-                Ok(Open::Refused(r)) => {
-                    tracing::info!(pid, reason = r.reason(), "ebpf receiver: perf map not read");
+                Ok(Opened::Missing) => MapState::Missing { retry_at: now + MISSING_RETRY },
+                Ok(Opened::Refused(r)) => {
+                    tracing::info!(pid, reason = r.reason(), "ebpf receiver: {kind} not read");
                     self.counters.refused(r.reason());
                     MapState::Refused
                 }
                 Err(e) => {
-                    tracing::debug!(pid, "ebpf receiver: perf map unreadable: {e}");
+                    tracing::debug!(pid, "ebpf receiver: {kind} unreadable: {e}");
                     self.counters.refused("unreadable");
                     MapState::Refused
                 }
             };
         }
         let ask = self.jvm_attach
+            && !p.gone
             && p.runtime == Runtime::Jvm
             && !p.attaching.load(Relaxed)
             && !p.never_ask.load(Relaxed)
@@ -287,10 +394,10 @@ impl JitMaps {
         let before = map.bytes();
         let room = TOTAL_BYTES.saturating_sub(self.total);
         let mut counts = LineCounts::default();
-        let was_capped = map.capped;
+        let was_capped = map.capped();
         match map.refresh(room, &mut self.buf, &mut counts) {
             Ok(()) => {
-                if map.capped && !was_capped {
+                if map.capped() && !was_capped {
                     self.counters.refused("too_large");
                 }
             }
@@ -308,9 +415,10 @@ impl JitMaps {
     }
 
     /// Before a report is built: reads what every live process's map
-    /// gained since its last sample.
+    /// gained since its last sample, and what a process gone since the
+    /// last report wrote as it went.
     pub(crate) fn refresh_all(&mut self, now: Instant) {
-        let live: Vec<u32> = self.procs.iter().filter(|(_, p)| !p.gone).map(|(&pid, _)| pid).collect();
+        let live: Vec<u32> = self.procs.iter().filter(|(_, p)| !p.gone || p.final_read).map(|(&pid, _)| pid).collect();
         for pid in live {
             self.refresh(pid, now);
         }
@@ -338,6 +446,7 @@ impl JitMaps {
     pub(crate) fn forget(&mut self, pid: u32) {
         self.no_jit.remove(&pid);
         if let Some(p) = self.procs.get_mut(&pid) {
+            p.final_read = !p.gone && matches!(p.state, MapState::Open(_));
             p.gone = true;
         }
     }

@@ -78,7 +78,8 @@ pub(crate) struct JitName {
     pub function: Arc<str>,
     /// Empty where the map does not say.
     pub file: Arc<str>,
-    /// The function's first line; 0 where the map does not say.
+    /// The code's line: a perf map's is the function's first, a jitdump's
+    /// that of the instructions; 0 where the file does not say.
     pub line: u32,
     pub frame_type: &'static str,
 }
