@@ -40,8 +40,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A sampled process's map is read again at most this often.
-const REFRESH: Duration = Duration::from_millis(250);
+/// A sampled process's map is read again at most this often between
+/// reports (each report reads what it gained first): the work of reading a
+/// growing map is spread, and no sample pays for it.
+const REFRESH: Duration = Duration::from_secs(5);
+/// A JVM asked for its map is looked at again after this.
+const ASKED_RETRY: Duration = Duration::from_millis(250);
+/// Reads (each at most a chunk) one report's refresh makes per map.
+const REPORT_READS: usize = 4;
 /// A process with JIT code and no map is looked at again after this.
 const MISSING_RETRY: Duration = Duration::from_secs(2);
 /// Bytes all processes' tables hold at most.
@@ -297,7 +303,12 @@ impl JitMaps {
                     }
                 }
             }
-            if !p.gone && now.duration_since(p.last_refresh) >= REFRESH {
+            let due = match p.state {
+                MapState::Missing { retry_at } => now >= retry_at,
+                MapState::Open(_) => now.duration_since(p.last_refresh) >= REFRESH,
+                MapState::Refused => false,
+            };
+            if !p.gone && due {
                 self.refresh(pid, now);
             }
             return;
@@ -386,7 +397,7 @@ impl JitMaps {
             if let MapState::Open(old) = &p.state {
                 self.total = self.total.saturating_sub(old.bytes());
             }
-            p.state = MapState::Missing { retry_at: now + REFRESH };
+            p.state = MapState::Missing { retry_at: now + ASKED_RETRY };
             spawn_attach(pid, p.attaching.clone(), p.never_ask.clone(), self.counters.clone());
             return;
         }
@@ -420,7 +431,9 @@ impl JitMaps {
     pub(crate) fn refresh_all(&mut self, now: Instant) {
         let live: Vec<u32> = self.procs.iter().filter(|(_, p)| !p.gone || p.final_read).map(|(&pid, _)| pid).collect();
         for pid in live {
-            self.refresh(pid, now);
+            for _ in 0..REPORT_READS {
+                self.refresh(pid, now);
+            }
         }
     }
 
