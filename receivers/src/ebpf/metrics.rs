@@ -321,7 +321,9 @@ pub(crate) const JIT_ATTACH_REQUESTS: MetricDef = MetricDef::counter(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ebpf::{interp::InterpCounters, sampler::Counters, unwind::UnwindCounters, uprobes::UprobeCounters};
+    use crate::ebpf::{
+        interp::InterpCounters, jit::JitCounters, sampler::Counters, unwind::UnwindCounters, uprobes::UprobeCounters,
+    };
     use profcol_api::component::Kind;
     use profcol_api::telemetry::Telemetry;
     use std::collections::BTreeSet;
@@ -331,7 +333,13 @@ mod tests {
     fn metrics_lists_every_registered_series() {
         let telemetry = Telemetry::new();
         let t = telemetry.component(Kind::Receiver, &"ebpf".parse().unwrap());
-        let _held = (Counters::new(&t), UnwindCounters::new(&t), UprobeCounters::new(&t), InterpCounters::new(&t));
+        let _held = (
+            Counters::new(&t),
+            UnwindCounters::new(&t),
+            UprobeCounters::new(&t),
+            InterpCounters::new(&t),
+            JitCounters::new(&t),
+        );
         let registered: BTreeSet<String> = telemetry
             .render()
             .lines()
