@@ -13,11 +13,11 @@
 //!
 //!     sudo -E cargo test -p profcol --test named_frames
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use profcol_testkit::pprof_raw::{read_raw, Stack};
 use profcol_testkit::tools::{require, tool_available};
 
 const C_PROGRAM: &str = r#"
@@ -217,111 +217,6 @@ fn addr2line_functions(file: &Path, vaddrs: &[u64]) -> Vec<String> {
     names
 }
 
-/// One sample of a pprof file as `go tool pprof -raw` prints it.
-struct RawSample {
-    count: u64,
-    pid: u32,
-    /// Location ids, leaf first.
-    locations: Vec<u64>,
-}
-
-/// A location: its address, mapping id and first (innermost) function.
-struct RawLocation {
-    address: u64,
-    mapping: u64,
-    function: Option<String>,
-}
-
-/// A mapping: start, offset and file.
-struct RawMapping {
-    start: u64,
-    offset: u64,
-    file: String,
-}
-
-struct RawProfile {
-    samples: Vec<RawSample>,
-    locations: BTreeMap<u64, RawLocation>,
-    mappings: BTreeMap<u64, RawMapping>,
-}
-
-/// Reads `file` with Go's pprof reader (`go tool pprof -raw`).
-fn read_pprof(file: &Path) -> RawProfile {
-    let out = Command::new("go")
-        .args(["tool", "pprof", "-raw", "-symbolize=none"])
-        .arg(file)
-        .output()
-        .expect("go tool pprof");
-    assert!(out.status.success(), "go tool pprof -raw {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
-    parse_raw(&String::from_utf8_lossy(&out.stdout))
-}
-
-fn parse_raw(text: &str) -> RawProfile {
-    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("hex {s:?}"));
-    let mut p = RawProfile { samples: Vec::new(), locations: BTreeMap::new(), mappings: BTreeMap::new() };
-    let mut section = "";
-    let mut skip_header = false;
-    for line in text.lines() {
-        match line {
-            "Samples:" => {
-                section = "samples";
-                skip_header = true;
-                continue;
-            }
-            "Locations" => {
-                section = "locations";
-                continue;
-            }
-            "Mappings" => {
-                section = "mappings";
-                continue;
-            }
-            _ => {}
-        }
-        match section {
-            "samples" if skip_header => skip_header = false,
-            "samples" => {
-                if let Some((values, locs)) = line.split_once(": ").filter(|(v, _)| !v.trim().contains(':')) {
-                    let count = values.split_whitespace().next().unwrap().parse().unwrap();
-                    let locations = locs.split_whitespace().map(|l| l.parse().unwrap()).collect();
-                    p.samples.push(RawSample { count, pid: 0, locations });
-                } else if let Some(at) = line.find("pid:[") {
-                    let rest = &line[at + 5..];
-                    let pid = rest[..rest.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap();
-                    p.samples.last_mut().expect("labels after a sample").pid = pid;
-                }
-            }
-            "locations" => {
-                let t = line.trim_start();
-                // "ID: 0xADDR M=N function file:line:col s=N", or a
-                // continuation line of an inlined caller (ignored: the first
-                // line is the innermost function).
-                let Some((id, rest)) = t.split_once(": 0x") else { continue };
-                let Ok(id) = id.parse::<u64>() else { continue };
-                let mut parts = rest.splitn(3, ' ');
-                let address = hex(parts.next().unwrap());
-                let mapping = parts.next().and_then(|m| m.strip_prefix("M=")).map_or(0, |m| m.parse().unwrap());
-                let function = parts
-                    .next()
-                    .and_then(|f| f.rsplit_once(" s=").map(|(f, _)| f))
-                    .and_then(|f| f.rsplit_once(' ').map(|(name, _file_line)| name.to_owned()))
-                    .filter(|n| !n.is_empty() && n != "??");
-                p.locations.insert(id, RawLocation { address, mapping, function });
-            }
-            "mappings" => {
-                let Some((id, rest)) = line.split_once(": ") else { continue };
-                let Ok(id) = id.trim().parse::<u64>() else { continue };
-                let mut f = rest.split_whitespace();
-                let range: Vec<&str> = f.next().unwrap().split('/').collect();
-                let file = f.next().unwrap_or("").to_owned();
-                p.mappings.insert(id, RawMapping { start: hex(range[0]), offset: hex(range[2]), file });
-            }
-            _ => {}
-        }
-    }
-    p
-}
-
 /// One workload: the binary it runs, the file addr2line reads, its process.
 struct Workload {
     name: &'static str,
@@ -330,34 +225,33 @@ struct Workload {
     child: Child,
 }
 
-/// Named and all samples of `w` in `p`: a sample counts when its leaf (its
-/// first user frame) is in `w`'s binary, and is named when the processor's
-/// function there is the one `addr2line -f -C` gives for that address.
-fn named_share(p: &RawProfile, w: &Workload) -> (u64, u64, Vec<String>) {
+/// Named and all samples of `w` in `samples` (one profile's, read by Go's
+/// pprof): a sample counts when its leaf (its first user frame) is in `w`'s
+/// binary, and is named when the processor's function there is the one
+/// `addr2line -f -C` gives for that address.
+fn named_share(samples: &[(u32, Stack)], w: &Workload) -> (u64, u64, Vec<String>) {
     let pid = w.child.id();
     let segments = load_segments(&w.binary);
     let binary_name = w.binary.file_name().unwrap().to_string_lossy().into_owned();
     let mut leaves = Vec::new();
-    for s in p.samples.iter().filter(|s| s.pid == pid) {
-        let Some(loc) = s
-            .locations
-            .iter()
-            .map(|id| &p.locations[id])
-            .find(|l| p.mappings.get(&l.mapping).is_some_and(|m| !m.file.starts_with('[') || m.file == "[vdso]"))
+    for (_, s) in samples.iter().filter(|(p, _)| *p == pid) {
+        // The innermost function of the leaf's location comes first.
+        let Some(leaf) =
+            s.frames.iter().find(|f| f.file_offset.is_some() && (!f.mapping.starts_with('[') || f.mapping == "[vdso]"))
         else {
             continue;
         };
-        let m = &p.mappings[&loc.mapping];
-        if !m.file.ends_with(&format!("/{binary_name}")) {
+        if !leaf.mapping.ends_with(&format!("/{binary_name}")) {
             continue;
         }
-        let file_offset = loc.address - m.start + m.offset;
+        let file_offset = leaf.file_offset.unwrap();
         let vaddr = segments
             .iter()
             .find(|&&(off, _, size)| file_offset >= off && file_offset - off < size)
             .map(|&(off, va, _)| file_offset - off + va)
             .unwrap_or_else(|| panic!("{}: file offset {file_offset:#x} in no segment", w.name));
-        leaves.push((vaddr, loc.function.clone(), s.count));
+        let function = Some(leaf.name.clone()).filter(|n| !n.is_empty() && n != "??");
+        leaves.push((vaddr, function, s.count));
     }
     let truth = addr2line_functions(&w.debug, &leaves.iter().map(|l| l.0).collect::<Vec<_>>());
     let (mut named, mut all, mut wrong) = (0, 0, Vec::new());
@@ -473,9 +367,9 @@ fn the_embedded_default_names_the_leaf_functions_of_c_go_and_rust_programs() {
     let files = profiles_in(&profiles);
     assert!(files.len() >= 2, "a profile at the first report and one at SIGTERM: {files:?}\n{}", log_text());
     for file in &files {
-        let p = read_pprof(file);
+        let samples = read_raw(file);
         for w in &workloads {
-            let (named, all, wrong) = named_share(&p, w);
+            let (named, all, wrong) = named_share(&samples, w);
             eprintln!("{}: {}: {named} of {all} samples named", file.display(), w.name);
             assert!(all >= 10, "{}: {all} samples with a leaf in its binary in {}", w.name, file.display());
             assert!(

@@ -311,7 +311,13 @@ fn parse_py_spy(text: &str) -> Result<Vec<Stack>, String> {
                 .ok_or_else(|| format!("frame {f:?} is not `NAME (FILE:LINE)` in {line:?}"))?;
             let (file, line_no) = place.rsplit_once(':').ok_or_else(|| format!("no line in {f:?}"))?;
             let line_no = line_no.parse().map_err(|_| format!("bad line in {f:?}"))?;
-            parsed.push(Frame { name: name.to_owned(), file: file.to_owned(), line: line_no, mapping: String::new() });
+            parsed.push(Frame {
+                name: name.to_owned(),
+                file: file.to_owned(),
+                line: line_no,
+                mapping: String::new(),
+                file_offset: None,
+            });
         }
         parsed.reverse();
         stacks.push(Stack { count, tid: 0, frames: parsed });

@@ -13,6 +13,10 @@ pub struct Frame {
     pub file: String,
     pub line: u64,
     pub mapping: String,
+    /// The location's address as an offset in its mapping's file (the
+    /// frames of one location's inlined functions share it); `None`
+    /// without a mapping.
+    pub file_offset: Option<u64>,
 }
 
 impl Frame {
@@ -38,31 +42,34 @@ pub fn profcol_stacks(dir: &Path) -> (BTreeMap<u32, Vec<Stack>>, usize) {
     files.retain(|p| p.to_string_lossy().ends_with(".pb.gz"));
     let mut by_pid: BTreeMap<u32, Vec<Stack>> = BTreeMap::new();
     for file in &files {
-        let out = Command::new("go")
-            .args(["tool", "pprof", "-raw", "-symbolize=none"])
-            .arg(file)
-            .output()
-            .expect("go tool pprof");
-        assert!(
-            out.status.success(),
-            "go tool pprof -raw {}: {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for (pid, stack) in parse_raw(&String::from_utf8_lossy(&out.stdout)) {
+        for (pid, stack) in read_raw(file) {
             by_pid.entry(pid).or_default().push(stack);
         }
     }
     (by_pid, files.len())
 }
 
+/// Samples (pid, stack) of one pprof file, read with `go tool pprof -raw`.
+pub fn read_raw(file: &Path) -> Vec<(u32, Stack)> {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-raw", "-symbolize=none"])
+        .arg(file)
+        .output()
+        .expect("go tool pprof");
+    assert!(out.status.success(), "go tool pprof -raw {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    parse_raw(&String::from_utf8_lossy(&out.stdout))
+}
+
 /// Samples (pid, stack) of one `go tool pprof -raw` text.
 pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
     let mut samples: Vec<(u64, u32, u32, Vec<u64>)> = Vec::new();
-    // Location id → (mapping id, its (name, file, line)s, innermost first).
+    // Location id → (mapping id, address, its (name, file, line)s,
+    // innermost first).
     type Lines = Vec<(String, String, u64)>;
-    let mut locations: HashMap<u64, (u64, Lines)> = HashMap::new();
-    let mut mappings: HashMap<u64, String> = HashMap::new();
+    let mut locations: HashMap<u64, (u64, u64, Lines)> = HashMap::new();
+    // Mapping id → (file, start, file offset).
+    let mut mappings: HashMap<u64, (String, u64, u64)> = HashMap::new();
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
     let (mut section, mut skip_header, mut last_location) = ("", false, None);
     for line in text.lines() {
         match line {
@@ -102,7 +109,7 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                 let t = line.trim_start();
                 let rest = match t.split_once(": 0x").and_then(|(id, r)| Some((id.parse::<u64>().ok()?, r))) {
                     Some((id, r)) => {
-                        let (_address, r) = r.split_once(' ').unwrap_or((r, ""));
+                        let (address, r) = r.split_once(' ').unwrap_or((r, ""));
                         let (mapping, r) = match r.strip_prefix("M=") {
                             Some(m) => {
                                 let (m, r) = m.split_once(' ').unwrap_or((m, ""));
@@ -110,7 +117,7 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                             }
                             None => (0, r),
                         };
-                        locations.insert(id, (mapping, Vec::new()));
+                        locations.insert(id, (mapping, hex(address).unwrap_or(0), Vec::new()));
                         last_location = Some(id);
                         r.strip_prefix("[F] ").unwrap_or(r)
                     }
@@ -118,14 +125,19 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                 };
                 let Some(id) = last_location else { continue };
                 if let Some(l) = parse_location_line(rest) {
-                    locations.get_mut(&id).unwrap().1.push(l);
+                    locations.get_mut(&id).unwrap().2.push(l);
                 }
             }
             "mappings" => {
                 let Some((id, rest)) = line.split_once(": ") else { continue };
                 let Ok(id) = id.trim().parse::<u64>() else { continue };
-                let file = rest.split_whitespace().nth(1).unwrap_or("").to_owned();
-                mappings.insert(id, file);
+                // "0xSTART/0xLIMIT/0xOFFSET FILE BUILDID"
+                let mut fields = rest.split_whitespace();
+                let range: Vec<u64> = fields.next().unwrap_or("").split('/').filter_map(hex).collect();
+                let file = fields.next().unwrap_or("").to_owned();
+                if let [start, _limit, offset] = range[..] {
+                    mappings.insert(id, (file, start, offset));
+                }
             }
             _ => {}
         }
@@ -135,10 +147,16 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
         .map(|(count, pid, tid, ids)| {
             let mut frames = Vec::new();
             for id in ids {
-                let Some((mapping, lines)) = locations.get(&id) else { continue };
-                let mapping = mappings.get(mapping).cloned().unwrap_or_default();
+                let Some((mapping, address, lines)) = locations.get(&id) else { continue };
+                let (mapping, file_offset) = match mappings.get(mapping) {
+                    Some((file, start, offset)) => {
+                        (file.clone(), Some(address.wrapping_sub(*start).wrapping_add(*offset)))
+                    }
+                    None => (String::new(), None),
+                };
                 if lines.is_empty() {
-                    frames.push(Frame { name: String::new(), file: String::new(), line: 0, mapping: mapping.clone() });
+                    frames.push(Frame { name: String::new(), file: String::new(), line: 0, mapping, file_offset });
+                    continue;
                 }
                 // Innermost (leaf-most) inlined function first, as pprof lists them.
                 for (name, file, line) in lines {
@@ -147,6 +165,7 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                         file: file.clone(),
                         line: *line,
                         mapping: mapping.clone(),
+                        file_offset,
                     });
                 }
             }

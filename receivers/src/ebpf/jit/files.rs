@@ -124,6 +124,119 @@ pub(crate) fn read_full_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<u
     Ok(n)
 }
 
+/// Bytes read per refresh at most: a large file is read over several
+/// reports.
+pub(crate) const CHUNK: usize = 4 << 20;
+/// Bytes of one file read at most: what is beyond is left unread.
+pub(crate) const MAX_READ: u64 = 512 << 20;
+/// Bytes compared at the file's start and before the read position to tell
+/// an append from a rewrite.
+const MARK: usize = 64;
+
+/// Bytes of a file as read at one place.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Mark {
+    at: u64,
+    len: usize,
+    bytes: [u8; MARK],
+}
+
+impl Mark {
+    const NONE: Mark = Mark { at: 0, len: 0, bytes: [0; MARK] };
+
+    fn read(file: &File, at: u64, len: usize) -> io::Result<Mark> {
+        let mut m = Mark { at, len, bytes: [0; MARK] };
+        m.len = read_full_at(file, &mut m.bytes[..len.min(MARK)], at)?;
+        Ok(m)
+    }
+}
+
+/// A file its runtime appends to, read from where the last read stopped.
+/// A file rewritten from the start (shorter than what was read, or other
+/// bytes at its start or just before the read position) is read again from
+/// the start; a length alone would not tell.
+pub(crate) struct Growing {
+    file: File,
+    /// Bytes consumed.
+    offset: u64,
+    head: Mark,
+    tail: Mark,
+    /// Read to [`MAX_READ`]: the rest is left unread.
+    capped: bool,
+}
+
+impl Growing {
+    pub(crate) fn new(file: File) -> Self {
+        Growing { file, offset: 0, head: Mark::NONE, tail: Mark::NONE, capped: false }
+    }
+
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    pub(crate) fn capped(&self) -> bool {
+        self.capped
+    }
+
+    /// The file's length, and whether it was rewritten since the last read:
+    /// then reading starts over from its start, and what was parsed from
+    /// it no longer holds.
+    pub(crate) fn begin(&mut self) -> io::Result<(u64, bool)> {
+        let len = self.file.metadata()?.len();
+        let rewritten = self.offset > 0
+            && (len < self.offset
+                || Mark::read(&self.file, 0, self.head.len)? != self.head
+                || Mark::read(&self.file, self.tail.at, self.tail.len)? != self.tail);
+        if rewritten {
+            self.offset = 0;
+            self.head = Mark::NONE;
+            self.tail = Mark::NONE;
+            self.capped = false;
+        }
+        Ok((len, rewritten))
+    }
+
+    /// Reads up to `max` bytes from the read position into `buf` (none past
+    /// `len` or the [`MAX_READ`] bound) and returns them: empty at the end,
+    /// or at the bound (then [`Growing::capped`]).
+    pub(crate) fn read<'b>(&mut self, len: u64, max: usize, buf: &'b mut Vec<u8>) -> io::Result<&'b [u8]> {
+        if self.offset >= MAX_READ {
+            self.capped = true;
+            return Ok(&[]);
+        }
+        let want = len.saturating_sub(self.offset).min(max as u64).min(MAX_READ - self.offset) as usize;
+        buf.clear();
+        buf.resize(want, 0);
+        let n = read_full_at(&self.file, buf, self.offset)?;
+        Ok(&buf[..n])
+    }
+
+    /// Marks the file read to its bound: what is left reaches past it.
+    pub(crate) fn cap(&mut self) {
+        self.capped = true;
+    }
+
+    /// Reads `buf.len()` bytes at `at`, fewer at the end of the file.
+    pub(crate) fn read_at(&self, buf: &mut [u8], at: u64) -> io::Result<usize> {
+        read_full_at(&self.file, buf, at)
+    }
+
+    /// Moves the read position `n` bytes on, past what was parsed or
+    /// skipped, and marks the bytes that must not change.
+    pub(crate) fn advance(&mut self, n: u64) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.offset += n;
+        if self.head.len == 0 {
+            self.head = Mark::read(&self.file, 0, self.offset.min(MARK as u64) as usize)?;
+        }
+        let len = self.offset.min(MARK as u64);
+        self.tail = Mark::read(&self.file, self.offset - len, len as usize)?;
+        Ok(())
+    }
+}
+
 /// A named code range.
 #[derive(Clone, Copy, Debug)]
 struct Range {

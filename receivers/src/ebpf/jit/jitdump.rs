@@ -22,12 +22,10 @@ use std::io;
 use std::sync::Arc;
 
 pub(crate) use super::files::Refused;
-use super::files::{open_checked, read_full_at, Checked, RangeTable};
+use super::files::{open_checked, Checked, Growing, RangeTable, CHUNK, MAX_READ};
 use super::names::{self, JitName, Runtime};
-use super::perf_map::{LineCounts, MAX_READ};
+use super::perf_map::LineCounts;
 
-/// Bytes read per refresh at most.
-const CHUNK: usize = 4 << 20;
 /// The file header's size in version 1.
 const HEADER: usize = 40;
 /// A header claiming more than this is not a jitdump's.
@@ -82,16 +80,11 @@ struct PendingDebug {
 
 /// The code ranges of one process's jitdump and their names.
 pub(crate) struct JitDump {
-    file: File,
-    /// Where the next record starts; 0 until the header was read.
-    offset: u64,
+    /// Read up to where the next record starts; at 0 until the header was
+    /// read.
+    file: Growing,
     /// The writer's byte order is not this machine's.
     swap: bool,
-    /// The header as read: a file rewritten from the start differs there.
-    head: [u8; HEADER],
-    /// The last record read (its offset and header): a rewritten file
-    /// differs there even if its header matches.
-    last: Option<(u64, [u8; REC])>,
     /// A bad header or an unframed record: the rest is not read.
     broken: bool,
     pending: Option<PendingDebug>,
@@ -99,8 +92,6 @@ pub(crate) struct JitDump {
     table: RangeTable,
     /// Scratch for intern keys.
     key: String,
-    /// The file was read to [`MAX_READ`].
-    pub capped: bool,
 }
 
 /// The jitdump at `path_in_process` (a path in process `pid`'s mount
@@ -164,17 +155,13 @@ enum Need {
 impl JitDump {
     fn new(file: File, runtime: Runtime) -> Self {
         JitDump {
-            file,
-            offset: 0,
+            file: Growing::new(file),
             swap: false,
-            head: [0; HEADER],
-            last: None,
             broken: false,
             pending: None,
             runtime,
             table: RangeTable::default(),
             key: String::new(),
-            capped: false,
         }
     }
 
@@ -188,6 +175,11 @@ impl JitDump {
         self.table.bytes()
     }
 
+    /// The file was read to [`MAX_READ`]: the rest is left unread.
+    pub(crate) fn capped(&self) -> bool {
+        self.file.capped()
+    }
+
     /// The name of the code at `addr`.
     pub(crate) fn lookup(&self, addr: u64) -> Option<(u32, &JitName)> {
         self.table.lookup(addr)
@@ -197,36 +189,35 @@ impl JitDump {
     /// bytes; the table grows by at most `room` bytes (and one record's
     /// ranges). `buf` is scratch. `counts` counts records.
     pub(crate) fn refresh(&mut self, room: usize, buf: &mut Vec<u8>, counts: &mut LineCounts) -> io::Result<()> {
-        let len = self.file.metadata()?.len();
-        if self.offset > 0 && (len < self.offset || !self.unchanged()?) {
-            // Rewritten: what it said before no longer holds.
-            self.reset();
+        let (len, rewritten) = self.file.begin()?;
+        if rewritten {
+            // What it said before no longer holds.
+            self.swap = false;
+            self.broken = false;
+            self.pending = None;
+            self.table = RangeTable::default();
         }
-        if self.offset == 0 && !self.read_header(len, counts)? {
+        if self.file.offset() == 0 && !self.read_header(len, counts)? {
             return Ok(());
         }
         let limit = self.bytes().saturating_add(room);
         let mut budget = CHUNK;
-        while !self.broken {
-            if self.offset >= MAX_READ {
-                self.capped = true;
+        while !self.broken && budget >= REC {
+            let at = self.file.offset();
+            let data = self.file.read(len, budget, buf)?;
+            if data.len() < REC {
                 break;
             }
-            let want = len.saturating_sub(self.offset).min(budget as u64).min(MAX_READ - self.offset) as usize;
-            if want < REC {
-                break;
-            }
-            buf.clear();
-            buf.resize(want, 0);
-            let n = read_full_at(&self.file, buf, self.offset)?;
-            budget -= n;
-            let used = self.records(&buf[..n], len, limit, counts);
+            budget -= data.len();
+            let used = self.records(data, at, len, limit, counts);
             if used == 0 {
                 // A record reaching past the bound is never read.
-                self.capped |= self.offset + n as u64 >= MAX_READ;
+                if at + data.len() as u64 >= MAX_READ {
+                    self.file.cap();
+                }
                 break;
             }
-            self.offset += used;
+            self.file.advance(used)?;
         }
         Ok(())
     }
@@ -238,17 +229,17 @@ impl JitDump {
             // Not written yet.
             return Ok(false);
         }
-        let n = read_full_at(&self.file, &mut self.head, 0)?;
-        if n < HEADER {
+        let mut head = [0u8; HEADER];
+        if self.file.read_at(&mut head, 0)? < HEADER {
             return Ok(false);
         }
-        let magic = u32::from_ne_bytes([self.head[0], self.head[1], self.head[2], self.head[3]]);
+        let magic = u32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
         let size = match magic {
             MAGIC | 0x4454_694A => {
                 self.swap = magic != MAGIC;
                 let o = Order { swap: self.swap };
-                let version = o.u32(&self.head, 4);
-                o.u32(&self.head, 8).filter(|s| version == Some(1) && (HEADER as u32..=MAX_HEADER).contains(s))
+                let version = o.u32(&head, 4);
+                o.u32(&head, 8).filter(|s| version == Some(1) && (HEADER as u32..=MAX_HEADER).contains(s))
             }
             _ => None,
         };
@@ -257,17 +248,17 @@ impl JitDump {
             // is rewritten (the header read is kept to see that).
             counts.malformed += 1;
             self.broken = true;
-            self.offset = HEADER as u64;
+            self.file.advance(HEADER as u64)?;
             return Ok(false);
         };
-        self.offset = u64::from(size);
+        self.file.advance(u64::from(size))?;
         Ok(true)
     }
 
-    /// Reads the whole records `data` (read at `self.offset` of a file of
-    /// `len` bytes) holds; returns the bytes they take in the file (beyond
-    /// `data` where a load's code was skipped).
-    fn records(&mut self, data: &[u8], len: u64, limit: usize, counts: &mut LineCounts) -> u64 {
+    /// Reads the whole records `data` (read at `start` of a file of `len`
+    /// bytes) holds; returns the bytes they take in the file (beyond `data`
+    /// where a load's code was skipped).
+    fn records(&mut self, data: &[u8], start: u64, len: u64, limit: usize, counts: &mut LineCounts) -> u64 {
         let o = Order { swap: self.swap };
         let mut pos = 0usize;
         while pos + REC <= data.len() {
@@ -278,8 +269,7 @@ impl JitDump {
                 self.broken = true;
                 break;
             }
-            let at = self.offset + pos as u64;
-            if at + u64::from(size) > len {
+            if start + pos as u64 + u64::from(size) > len {
                 // Still being written.
                 break;
             }
@@ -310,9 +300,6 @@ impl JitDump {
                 Need::Skip => {}
                 Need::Malformed => counts.malformed += 1,
             }
-            let mut head = [0u8; REC];
-            head.copy_from_slice(&data[pos..pos + REC]);
-            self.last = Some((at, head));
             pos += size;
         }
         pos as u64
@@ -410,33 +397,6 @@ impl JitDump {
             }
             None => Outcome::Malformed,
         }
-    }
-
-    /// Whether the file still starts with the header read and the last
-    /// record read is still there.
-    fn unchanged(&self) -> io::Result<bool> {
-        let mut head = [0u8; HEADER];
-        let n = read_full_at(&self.file, &mut head, 0)?;
-        if n < HEADER || head != self.head {
-            return Ok(false);
-        }
-        if let Some((at, rec)) = self.last {
-            let mut now = [0u8; REC];
-            if read_full_at(&self.file, &mut now, at)? < REC || now != rec {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    fn reset(&mut self) {
-        self.offset = 0;
-        self.swap = false;
-        self.last = None;
-        self.broken = false;
-        self.pending = None;
-        self.table = RangeTable::default();
-        self.capped = false;
     }
 }
 
@@ -795,7 +755,7 @@ mod tests {
         for _ in 0..40 {
             d.refresh(1 << 20, &mut buf, &mut c).unwrap();
         }
-        assert!(d.capped, "read up to its bound");
+        assert!(d.capped(), "read up to its bound");
         assert!(buf.capacity() <= CHUNK, "one chunk of buffer");
         assert_eq!((c.read, d.bytes()), (0, 0));
 

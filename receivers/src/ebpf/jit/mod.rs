@@ -187,8 +187,8 @@ impl Source {
 
     fn capped(&self) -> bool {
         match self {
-            Source::Map(m) => m.capped,
-            Source::Dump(d) => d.capped,
+            Source::Map(m) => m.capped(),
+            Source::Dump(d) => d.capped(),
         }
     }
 

@@ -10,21 +10,14 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 
 pub(crate) use super::files::Refused;
-use super::files::{open_checked, read_full_at, Checked, RangeTable};
+use super::files::{open_checked, Checked, Growing, RangeTable, CHUNK};
 use super::names::{self, JitName, Runtime};
 
-/// Bytes read per refresh: a huge map is read over several reports.
-const CHUNK: usize = 4 << 20;
-/// Bytes of one map read at most: what is beyond is left unread.
-pub(crate) const MAX_READ: u64 = 512 << 20;
 /// A line longer than this is malformed (V8's longest names are far
 /// shorter).
 const MAX_LINE: usize = 4096;
-/// Bytes of the map's start compared at each read.
-const HEAD: usize = 64;
 
 /// The outcome of opening a process's map.
 pub(crate) enum Open {
@@ -45,22 +38,12 @@ pub(crate) struct LineCounts {
 
 /// The code ranges of one process's map and their names.
 pub(crate) struct PerfMap {
-    file: File,
-    /// Bytes consumed (up to and including the last full line's newline).
-    offset: u64,
+    /// Read up to and including the last full line's newline.
+    file: Growing,
     /// Skipping the rest of an overlong line.
     skipping: bool,
-    /// The map's first bytes as read: a map rewritten from the start
-    /// differs there (its length alone may not tell).
-    head: [u8; HEAD],
-    head_len: usize,
-    /// The byte before `offset` as read (a newline, or the last of a
-    /// skipped overlong line).
-    last_byte: u8,
     runtime: Runtime,
     table: RangeTable,
-    /// The map was read to [`MAX_READ`], or rewritten beyond it.
-    pub capped: bool,
 }
 
 /// `/tmp/perf-NSPID.map` of process `pid` (`nspid`: its pid in its own
@@ -76,17 +59,7 @@ pub(crate) fn open(pid: u32, nspid: u32, uids: [u32; 2], runtime: Runtime) -> io
 
 impl PerfMap {
     fn new(file: File, runtime: Runtime) -> Self {
-        PerfMap {
-            file,
-            offset: 0,
-            skipping: false,
-            head: [0; HEAD],
-            head_len: 0,
-            last_byte: 0,
-            runtime,
-            table: RangeTable::default(),
-            capped: false,
-        }
+        PerfMap { file: Growing::new(file), skipping: false, runtime, table: RangeTable::default() }
     }
 
     #[cfg(test)]
@@ -99,6 +72,11 @@ impl PerfMap {
         self.table.bytes()
     }
 
+    /// The map was read to its bound: the rest is left unread.
+    pub(crate) fn capped(&self) -> bool {
+        self.file.capped()
+    }
+
     /// The name of the code at `addr`.
     pub(crate) fn lookup(&self, addr: u64) -> Option<(u32, &JitName)> {
         self.table.lookup(addr)
@@ -107,35 +85,20 @@ impl PerfMap {
     /// Reads what was appended since the last read, at most [`CHUNK`]
     /// bytes; the table grows by at most `room` bytes. `buf` is scratch.
     pub(crate) fn refresh(&mut self, room: usize, buf: &mut Vec<u8>, counts: &mut LineCounts) -> io::Result<()> {
-        let len = self.file.metadata()?.len();
-        if len < self.offset || (self.offset > 0 && !self.unchanged_before(self.offset)?) {
-            // Rewritten from the start: what it said before no longer holds.
-            self.reset();
+        let (len, rewritten) = self.file.begin()?;
+        if rewritten {
+            // What it said before no longer holds.
+            self.skipping = false;
+            self.table = RangeTable::default();
         }
-        if self.offset >= MAX_READ {
-            self.capped = true;
-            return Ok(());
-        }
-        let want = (len - self.offset).min(CHUNK as u64).min(MAX_READ - self.offset) as usize;
-        if want == 0 {
-            return Ok(());
-        }
-        buf.clear();
-        buf.resize(want, 0);
-        let n = read_full_at(&self.file, buf, self.offset)?;
-        if self.offset == 0 {
-            self.head_len = n.min(HEAD);
-            self.head[..self.head_len].copy_from_slice(&buf[..self.head_len]);
-        }
-        let data = &buf[..n];
+        let data = self.file.read(len, CHUNK, buf)?;
         // Only whole lines: a line still being written is read next time.
         let Some(last_nl) = data.iter().rposition(|&b| b == b'\n') else {
-            if n >= MAX_LINE {
+            if data.len() >= MAX_LINE {
                 // No newline in a whole line's worth: skip it.
-                self.offset += n as u64;
-                self.last_byte = data[n - 1];
                 self.skipping = true;
                 counts.malformed += 1;
+                return self.file.advance(data.len() as u64);
             }
             return Ok(());
         };
@@ -160,27 +123,7 @@ impl PerfMap {
             let sym = self.table.intern(name, || names::parse(runtime, name));
             self.table.insert(start, start + size, sym);
         }
-        self.offset += last_nl as u64 + 1;
-        self.last_byte = b'\n';
-        Ok(())
-    }
-
-    /// Whether the map still starts as it did and the byte before `at` is
-    /// still the one read there.
-    fn unchanged_before(&self, at: u64) -> io::Result<bool> {
-        let mut head = [0u8; HEAD];
-        let n = read_full_at(&self.file, &mut head[..self.head_len], 0)?;
-        let mut b = [0u8; 1];
-        let m = self.file.read_at(&mut b, at - 1)?;
-        Ok(n == self.head_len && head[..n] == self.head[..n] && m == 1 && b[0] == self.last_byte)
-    }
-
-    fn reset(&mut self) {
-        self.offset = 0;
-        self.skipping = false;
-        self.head_len = 0;
-        self.table = RangeTable::default();
-        self.capped = false;
+        self.file.advance(last_nl as u64 + 1)
     }
 }
 
@@ -209,6 +152,7 @@ fn parse_line(line: &[u8]) -> Option<(u64, u64, &str)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::files::MAX_READ;
     use super::*;
     use std::io::Write;
 
@@ -385,7 +329,7 @@ mod tests {
         for _ in 0..(MAX_READ as usize / CHUNK + 2) {
             m.refresh(1 << 20, &mut buf, &mut c).unwrap();
         }
-        assert!(m.capped, "read up to its bound");
+        assert!(m.capped(), "read up to its bound");
         assert_eq!((c.read, m.bytes()), (0, 0));
         assert!(buf.capacity() <= CHUNK, "one chunk of buffer");
         std::fs::remove_file(&map.0).unwrap();
