@@ -42,7 +42,18 @@ impl Drop for KillOnDrop {
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
+        // A JVM killed leaves its attach socket behind.
+        let _ = std::fs::remove_file(format!("/tmp/.java_pid{}", self.0.id()));
     }
+}
+
+/// `cmd` started with its stdout piped, once it printed "ready".
+fn spawn_ready(cmd: &mut Command) -> KillOnDrop {
+    let mut child = KillOnDrop(cmd.stdout(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}")));
+    let mut first = String::new();
+    BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert_eq!(first.trim(), "ready", "{cmd:?} did not start its workload");
+    child
 }
 
 /// Removes a process's perf map when the test ends.
@@ -148,7 +159,7 @@ fn in_jit_code(mapping: &str) -> bool {
 }
 
 /// (JIT-leaf samples, of them named) among `stacks`.
-fn jit_leaves(stacks: &[&Stack]) -> (u64, u64) {
+fn jit_leaves<'a>(stacks: impl IntoIterator<Item = &'a Stack>) -> (u64, u64) {
     let mut all = 0;
     let mut named = 0;
     for s in stacks {
@@ -169,6 +180,26 @@ fn pct(n: u64, all: u64) -> f64 {
     } else {
         100.0 * n as f64 / all as f64
     }
+}
+
+/// Waits for `node` to exit and stops `agent`; returns the stacks of
+/// node's main thread, checked: at least 300 samples with a JIT leaf, 90%
+/// of them named.
+fn node_main_thread(node: &mut KillOnDrop, agent: Agent) -> Vec<Stack> {
+    let pid = node.0.id();
+    let status = node.0.wait().unwrap();
+    assert!(status.success(), "node: {status}");
+    // Node's last samples go out at the next report or at the stop.
+    std::thread::sleep(Duration::from_secs(1));
+    let profiles = agent.stop();
+    let (mut by_pid, files) = profcol_stacks(&profiles);
+    let main: Vec<Stack> = by_pid.remove(&pid).unwrap_or_default().into_iter().filter(|s| s.tid == pid).collect();
+    let all: u64 = main.iter().map(|s| s.count).sum();
+    let (jit, named) = jit_leaves(main.iter());
+    eprintln!("{files} reports; node main thread: {all} samples, {jit} with a JIT leaf, {named} named");
+    assert!(jit >= 300, "too few JIT samples to judge: {jit} of {all}");
+    assert!(pct(named, jit) >= 90.0, "JIT leaves named: {:.1}% ({named} of {jit})", pct(named, jit));
+    main
 }
 
 const NODE_WORKLOAD: &str = r#"
@@ -239,38 +270,20 @@ fn node_frames_match_cpu_prof() {
     let script = dir.path().join("work.js");
     std::fs::write(&script, NODE_WORKLOAD).unwrap();
     let cpu_prof_dir = dir.path().join("cpuprof");
-    let mut node = KillOnDrop(
+    let mut node = spawn_ready(
         Command::new("node")
             .args(["--perf-basic-prof", "--cpu-prof"])
             .arg(format!("--cpu-prof-dir={}", cpu_prof_dir.display()))
             .arg(&script)
-            .arg("16")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("node"),
+            .arg("16"),
     );
     let pid = node.0.id();
     let _map = MapFile(PathBuf::from(format!("/tmp/perf-{pid}.map")));
-    let mut first = String::new();
-    BufReader::new(node.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    assert_eq!(first.trim(), "ready");
 
     let agent = Agent::start(dir.path(), pid, "");
-    let status = node.0.wait().unwrap();
-    assert!(status.success(), "node: {status}");
-    // Node's last samples go out at the next report or at the stop.
-    std::thread::sleep(Duration::from_secs(1));
-    let profiles = agent.stop();
-
-    let (by_pid, files) = profcol_stacks(&profiles);
-    let stacks = by_pid.get(&pid).map(Vec::as_slice).unwrap_or(&[]);
     // node's own profile is of its main thread: so is this comparison.
-    let main: Vec<&Stack> = stacks.iter().filter(|s| s.tid == pid).collect();
+    let main = node_main_thread(&mut node, agent);
     let all: u64 = main.iter().map(|s| s.count).sum();
-    let (jit, named) = jit_leaves(&main);
-    eprintln!("{files} reports; node main thread: {all} samples, {jit} with a JIT leaf, {named} named");
-    assert!(jit >= 300, "too few JIT samples to judge: {jit} of {all}");
-    assert!(pct(named, jit) >= 90.0, "JIT leaves named: {:.1}% ({named} of {jit})", pct(named, jit));
 
     let functions = ["hotLoop", "warmLoop", "area"];
     let cpu_prof = std::fs::read_dir(&cpu_prof_dir)
@@ -338,41 +351,17 @@ fn node_jitdump_frames_carry_lines_inside_functions() {
     let script = dir.path().join("work.js");
     std::fs::write(&script, NODE_JITDUMP_WORKLOAD).unwrap();
     // Node writes jit-PID.dump in its working directory.
-    let mut node = KillOnDrop(
-        Command::new("node")
-            .arg("--perf-prof")
-            .arg(&script)
-            .arg("10")
-            .current_dir(dir.path())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("node"),
-    );
+    let mut node = spawn_ready(Command::new("node").arg("--perf-prof").arg(&script).arg("10").current_dir(dir.path()));
     let pid = node.0.id();
     let map = MapFile(PathBuf::from(format!("/tmp/perf-{pid}.map")));
-    let mut first = String::new();
-    BufReader::new(node.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    assert_eq!(first.trim(), "ready");
     assert!(dir.path().join(format!("jit-{pid}.dump")).exists(), "node wrote its jitdump");
 
     // V8 writes its jitdump through a 4 KiB buffer: the hot function's
     // records, among the last, reach the file as node exits. The one
     // report, built after that, is named from all of it.
     let agent = Agent::start_every(dir.path(), pid, "", "120s");
-    let status = node.0.wait().unwrap();
-    assert!(status.success(), "node: {status}");
+    let main = node_main_thread(&mut node, agent);
     assert!(!map.0.exists(), "no perf map: named from the jitdump alone");
-    std::thread::sleep(Duration::from_secs(1));
-    let profiles = agent.stop();
-
-    let (by_pid, files) = profcol_stacks(&profiles);
-    let stacks = by_pid.get(&pid).map(Vec::as_slice).unwrap_or(&[]);
-    let main: Vec<&Stack> = stacks.iter().filter(|s| s.tid == pid).collect();
-    let all: u64 = main.iter().map(|s| s.count).sum();
-    let (jit, named) = jit_leaves(&main);
-    eprintln!("{files} reports; node main thread: {all} samples, {jit} with a JIT leaf, {named} named");
-    assert!(jit >= 300, "too few JIT samples to judge: {jit} of {all}");
-    assert!(pct(named, jit) >= 90.0, "JIT leaves named: {:.1}% ({named} of {jit})", pct(named, jit));
 
     let start = line_of(NODE_JITDUMP_WORKLOAD, "function hotLoop");
     let close = start + 6;
@@ -424,35 +413,23 @@ fn compile_java(dir: &Path) -> PathBuf {
 
 /// A JVM running the workload for `seconds`, past its start.
 fn start_java(classes: &Path, seconds: u64) -> KillOnDrop {
-    let mut java = KillOnDrop(
-        Command::new("java")
-            .arg("-cp")
-            .arg(classes)
-            .arg("com.example.Hot")
-            .arg((seconds * 1000).to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("java"),
-    );
-    let mut first = String::new();
-    BufReader::new(java.0.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    assert_eq!(first.trim(), "ready");
-    java
+    spawn_ready(Command::new("java").arg("-cp").arg(classes).arg("com.example.Hot").arg((seconds * 1000).to_string()))
 }
 
 /// (JIT-leaf samples, those named `JAVA_METHOD`, those named anything)
-/// of `pid` in the pprof files of `profiles` written from the `from`th on.
-fn java_leaves(profiles: &Path, pid: u32, from: usize) -> (u64, u64, u64) {
+/// of `pid` in the pprof files of `profiles` written `reports` (the first
+/// is 0).
+fn java_leaves(profiles: &Path, pid: u32, reports: impl std::ops::RangeBounds<usize>) -> (u64, u64, u64) {
     let mut files: Vec<PathBuf> =
         std::fs::read_dir(profiles).unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();
-    let later = tempfile::tempdir().unwrap();
-    for f in files.iter().skip(from) {
-        std::fs::copy(f, later.path().join(f.file_name().unwrap())).unwrap();
+    let chosen = tempfile::tempdir().unwrap();
+    for (_, f) in files.iter().enumerate().filter(|(i, _)| reports.contains(i)) {
+        std::fs::copy(f, chosen.path().join(f.file_name().unwrap())).unwrap();
     }
-    let (by_pid, _) = profcol_stacks(later.path());
-    let stacks: Vec<&Stack> = by_pid.get(&pid).map(|v| v.iter().collect()).unwrap_or_default();
-    let (jit, named) = jit_leaves(&stacks);
+    let (by_pid, _) = profcol_stacks(chosen.path());
+    let stacks: &[Stack] = by_pid.get(&pid).map(Vec::as_slice).unwrap_or(&[]);
+    let (jit, named) = jit_leaves(stacks);
     let method = stacks
         .iter()
         .filter(|s| s.frames.first().is_some_and(|f| in_jit_code(&f.mapping) && f.name == JAVA_METHOD))
@@ -486,17 +463,8 @@ fn java_frames_are_named_once_jcmd_wrote_the_map() {
     let _ = java.0.kill();
     let profiles = agent.stop();
 
-    let (jit0, _, named0) = {
-        let only_before = tempfile::tempdir().unwrap();
-        let mut files: Vec<PathBuf> =
-            std::fs::read_dir(&profiles).unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect();
-        files.sort();
-        for f in files.iter().take(before) {
-            std::fs::copy(f, only_before.path().join(f.file_name().unwrap())).unwrap();
-        }
-        java_leaves(only_before.path(), pid, 0)
-    };
-    let (jit, method, _) = java_leaves(&profiles, pid, before + 1);
+    let (jit0, _, named0) = java_leaves(&profiles, pid, ..before);
+    let (jit, method, _) = java_leaves(&profiles, pid, before + 1..);
     eprintln!(
         "before the map: {jit0} JIT-leaf samples, {named0} named; after: {jit} JIT-leaf samples, {method} in {JAVA_METHOD}"
     );
@@ -525,7 +493,7 @@ fn the_receiver_asks_a_jvm_for_its_map_when_configured() {
     let log = agent.log_text();
     let profiles = agent.stop();
     assert!(map.0.exists(), "the JVM wrote no map:\n{log}");
-    let (jit, method, _) = java_leaves(&profiles, pid, 2);
+    let (jit, method, _) = java_leaves(&profiles, pid, 2..);
     eprintln!("after the attach: {jit} JIT-leaf samples, {method} in {JAVA_METHOD}");
     assert!(jit >= 100, "too few JIT samples: {jit}");
     assert!(pct(method, jit) >= 90.0, "{JAVA_METHOD} names {:.1}% of JIT leaves ({method} of {jit})", pct(method, jit));
@@ -581,8 +549,8 @@ fn wasm_plugin_functions_are_named_in_profcols_own_profile() {
     let profiles = agent.stop();
 
     let (by_pid, _) = profcol_stacks(&profiles);
-    let own: Vec<&Stack> = by_pid.get(&pid).map(|v| v.iter().collect()).unwrap_or_default();
-    let (jit, named) = jit_leaves(&own);
+    let own: &[Stack] = by_pid.get(&pid).map(Vec::as_slice).unwrap_or(&[]);
+    let (jit, named) = jit_leaves(own);
     let spin: u64 = own
         .iter()
         .filter(|s| {

@@ -173,7 +173,7 @@ impl JitCounters {
 
 /// Where a process's JIT code is named from.
 enum Source {
-    Map(PerfMap),
+    Map(Box<PerfMap>),
     Dump(Box<JitDump>),
 }
 

@@ -21,7 +21,7 @@ const MAX_LINE: usize = 4096;
 
 /// The outcome of opening a process's map.
 pub(crate) enum Open {
-    Map(PerfMap),
+    Map(Box<PerfMap>),
     /// No map file (yet).
     Missing,
     Refused(Refused),
@@ -51,7 +51,7 @@ pub(crate) struct PerfMap {
 /// real and effective user ids.
 pub(crate) fn open(pid: u32, nspid: u32, uids: [u32; 2], runtime: Runtime) -> io::Result<Open> {
     Ok(match open_checked(pid, &format!("tmp/perf-{nspid}.map"), uids)? {
-        Checked::File(file) => Open::Map(PerfMap::new(file, runtime)),
+        Checked::File(file) => Open::Map(Box::new(PerfMap::new(file, runtime))),
         Checked::Missing => Open::Missing,
         Checked::Refused(r) => Open::Refused(r),
     })
