@@ -19,14 +19,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release/profcol}
 MODE=${MODE:-default}
-case "$MODE" in
-default) FREQ=19 REPORT=60s COUNT=true WINDOW=${WINDOW:-130} ;;
-samples) FREQ=99 REPORT=10s COUNT=false WINDOW=${WINDOW:-60} ;;
-*) echo "MODE is default or samples" >&2; exit 1 ;;
-esac
 [ -x "$BIN" ] || { echo "build first: cargo build --release -p profcol" >&2; exit 1; }
 command -v node >/dev/null || { echo "needs node" >&2; exit 1; }
 . receivers/benches/cgroup_cpu.sh
+. receivers/benches/two_agents.sh
+mode_settings "$MODE"
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -50,30 +47,10 @@ function spin() { hot(200000); warm(100000); setImmediate(spin); }
 spin();
 JS
 
-config() { # OUT PERF_MAPS
-	cat >"$1" <<YAML
-receivers:
-  ebpf:
-    sample_frequency: $FREQ
-    report_interval: $REPORT
-    count_in_kernel: $COUNT
-    jit:
-      perf_maps: $2
-exporters:
-  pprof:
-    directory: $WORK/out-$(basename "$1" .yaml)
-service:
-  telemetry:
-    metrics:
-      level: none
-  pipelines:
-    profiles:
-      receivers: [ebpf]
-      exporters: [pprof]
-YAML
-}
-config "$WORK/on.yaml" true
-config "$WORK/off.yaml" false
+agent_config on "    jit:
+      perf_maps: true"
+agent_config off "    jit:
+      perf_maps: false"
 
 for _ in 1 2 3 4; do
 	node --perf-basic-prof "$WORK/load.js" &
@@ -81,34 +58,18 @@ for _ in 1 2 3 4; do
 	NODES+=($!)
 done
 sleep 1
-(start_in on "$BIN" --config "$WORK/on.yaml" >"$WORK/on.log" 2>&1) &
-PIDS+=($!)
-(start_in off "$BIN" --config "$WORK/off.yaml" >"$WORK/off.log" 2>&1) &
-PIDS+=($!)
-mem_poll "$WORK/mem" 0.1 on off &
-MEMP=$!
-PIDS+=($MEMP)
-# Start-up apart: the window begins after both have loaded and found the load.
-sleep 10
-agent_pid() { pgrep -f -- "--config $WORK/$1.yaml" | head -1; }
-on_pid=$(agent_pid on)
-off_pid=$(agent_pid off)
-on_c0=$(cpu_ns on "$on_pid")
-off_c0=$(cpu_ns off "$off_pid")
-sleep "$WINDOW"
-on_c1=$(cpu_ns on "$on_pid")
-off_c1=$(cpu_ns off "$off_pid")
+agents_start on off
+agents_window on off
 lines=$(for p in "${NODES[@]}"; do wc -l <"/tmp/perf-$p.map"; done | awk '{s += $1} END {print s}')
 kill -TERM "$MEMP"
 wait "$MEMP" 2>/dev/null || true
-python3 - "$MODE" "$FREQ" "$WINDOW" "$on_c0" "$on_c1" "$off_c0" "$off_c1" "$lines" "$WORK/mem" <<'PY'
+python3 - "$MODE" "$FREQ" "$WINDOW" "${CPU[on]}" "${CPU[off]}" "$lines" "$WORK/mem" <<'PY'
 import sys
 mode, freq, w = sys.argv[1], sys.argv[2], float(sys.argv[3])
-on = (int(sys.argv[5]) - int(sys.argv[4])) / w / 1000
-off = (int(sys.argv[7]) - int(sys.argv[6])) / w / 1000
-lines = int(sys.argv[8])
+on, off = int(sys.argv[4]), int(sys.argv[5])
+lines = int(sys.argv[6])
 mem = {}
-for line in open(sys.argv[9]):
+for line in open(sys.argv[7]):
     f = line.split()
     if f[0] == "end":
         mem[f[1]] = (int(f[2]), int(f[5]))

@@ -25,15 +25,12 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/release/profcol}
 MODE=${MODE:-default}
 RUNS=${RUNS:-5}
-case "$MODE" in
-default) FREQ=19 REPORT=60s COUNT=true WINDOW=${WINDOW:-130} ;;
-samples) FREQ=99 REPORT=10s COUNT=false WINDOW=${WINDOW:-60} ;;
-*) echo "MODE is default or samples" >&2; exit 1 ;;
-esac
 [ -x "$BIN" ] || { echo "build first: cargo build --release -p profcol" >&2; exit 1; }
 command -v bpftool >/dev/null || { echo "needs bpftool" >&2; exit 1; }
 . receivers/benches/cgroup_cpu.sh
 . receivers/benches/bpf_stats.sh
+. receivers/benches/two_agents.sh
+mode_settings "$MODE"
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -82,30 +79,9 @@ for v in 3.9 3.11 3.12 3.13; do
 done
 echo "load: ${pythons[*]}"
 
-config() { # OUT INTERPRETERS [FREQ]
-	cat >"$1" <<EOF
-receivers:
-  ebpf:
-    sample_frequency: ${3:-$FREQ}
-    report_interval: $REPORT
-    count_in_kernel: $COUNT
-    interpreters: $2
-exporters:
-  pprof:
-    directory: $WORK/out-$(basename "$1" .yaml)
-service:
-  telemetry:
-    metrics:
-      level: none
-  pipelines:
-    profiles:
-      receivers: [ebpf]
-      exporters: [pprof]
-EOF
-}
-config "$WORK/on.yaml" "[python]"
-config "$WORK/off.yaml" "[]"
-config "$WORK/slow.yaml" "[python]" 99
+agent_config on "    interpreters: [python]"
+agent_config off "    interpreters: []"
+(FREQ=99 agent_config slow "    interpreters: [python]")
 
 STATS_WAS=$(sysctl -n kernel.bpf_stats_enabled)
 sysctl -qw kernel.bpf_stats_enabled=1
@@ -115,48 +91,23 @@ for p in "${pythons[@]}"; do
 	PIDS+=($!)
 done
 sleep 1
-(start_in on "$BIN" --config "$WORK/on.yaml" >"$WORK/on.log" 2>&1) &
-ON=$!
-PIDS+=($ON)
-(start_in off "$BIN" --config "$WORK/off.yaml" >"$WORK/off.log" 2>&1) &
-OFF=$!
-PIDS+=($OFF)
-mem_poll "$WORK/mem" 0.1 on off &
-MEMP=$!
-PIDS+=($MEMP)
-# Start-up apart: the window begins after both have loaded and found the load.
-sleep 10
-agent_pid() { # TOOL: the profcol process in its cgroup
-	pgrep -f -- "--config $WORK/$1.yaml" | head -1
-}
-on_pid=$(agent_pid on)
-off_pid=$(agent_pid off)
-read -r on_t0 on_n0 < <(prog_stats "$on_pid")
-read -r off_t0 off_n0 < <(prog_stats "$off_pid")
-on_c0=$(cpu_ns on "$on_pid")
-off_c0=$(cpu_ns off "$off_pid")
-sleep "$WINDOW"
-read -r on_t1 on_n1 < <(prog_stats "$on_pid")
-read -r off_t1 off_n1 < <(prog_stats "$off_pid")
-on_c1=$(cpu_ns on "$on_pid")
-off_c1=$(cpu_ns off "$off_pid")
+agents_start on off
+agents_window on off
 kill -USR1 "$MEMP"
 sleep 0.5
 
-python3 - "$WINDOW" "$on_c0" "$on_c1" "$off_c0" "$off_c1" "$on_t0" "$on_n0" "$on_t1" "$on_n1" \
-	"$off_t0" "$off_n0" "$off_t1" "$off_n1" "$WORK/mem" <<'EOF'
+python3 - "$WINDOW" "${CPU[on]}" "${CPU[off]}" "${KERNEL_NS[on]}" "${KERNEL_RUNS[on]}" "${KERNEL_NS[off]}" "${KERNEL_RUNS[off]}" \
+	"$WORK/mem" <<'EOF'
 import sys
 w = float(sys.argv[1])
-c = [int(x) for x in sys.argv[2:14]]
-on_cpu = (c[1] - c[0]) / w / 1000
-off_cpu = (c[3] - c[2]) / w / 1000
-def per(t0, n0, t1, n1):
-    n = n1 - n0
-    return (t1 - t0) / n if n else float("nan"), n
-on_k, on_n = per(*c[4:8])
-off_k, off_n = per(*c[8:12])
+c = [int(x) for x in sys.argv[2:8]]
+on_cpu, off_cpu = c[0], c[1]
+def per(t, n):
+    return t / n if n else float("nan"), n
+on_k, on_n = per(*c[2:4])
+off_k, off_n = per(*c[4:6])
 mem = {}
-for line in open(sys.argv[14]):
+for line in open(sys.argv[8]):
     f = line.split()
     if f[0] == "mark":
         mem[f[1]] = (int(f[2]) / 2**20, int(f[3]) / 2**20, int(f[4]) / 2**20, int(f[5]) / 1024)

@@ -22,6 +22,8 @@ WINDOW=${WINDOW:-60}
 command -v bpftool >/dev/null || { echo "needs bpftool" >&2; exit 1; }
 . receivers/benches/cgroup_cpu.sh
 . receivers/benches/bpf_stats.sh
+. receivers/benches/two_agents.sh
+REPORT=10s
 V2=$(awk '$9 == "cgroup2" && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
 [ -n "$V2" ] || { echo "needs a mounted cgroup2 hierarchy" >&2; exit 1; }
 
@@ -54,29 +56,10 @@ while True:
     json.dumps(data)
 EOF
 
-config() { # OUT INCLUDE-LIST
-	cat >"$1" <<EOF
-receivers:
-  ebpf:
-    sample_frequency: $FREQ
-    report_interval: 10s
-    targets:
-      include: $2
-exporters:
-  pprof:
-    directory: $WORK/out-$(basename "$1" .yaml)
-service:
-  telemetry:
-    metrics:
-      level: none
-  pipelines:
-    profiles:
-      receivers: [ebpf]
-      exporters: [pprof]
-EOF
-}
-config "$WORK/both.yaml" "[{cgroup_path: /$A}, {cgroup_path: /$B}]"
-config "$WORK/one.yaml" "[{cgroup_path: /$A}]"
+agent_config both "    targets:
+      include: [{cgroup_path: /$A}, {cgroup_path: /$B}]"
+agent_config one "    targets:
+      include: [{cgroup_path: /$A}]"
 
 STATS_WAS=$(sysctl -n kernel.bpf_stats_enabled)
 sysctl -qw kernel.bpf_stats_enabled=1
@@ -85,31 +68,15 @@ for g in "$A" "$B"; do
 	sh -c 'echo $$ >"$0/cgroup.procs" && exec python3 "$1"' "$V2/$g" "$WORK/load.py" &
 	PIDS+=($!)
 done
-(start_in both "$BIN" --config "$WORK/both.yaml" >"$WORK/both.log" 2>&1) &
-PIDS+=($!)
-(start_in one "$BIN" --config "$WORK/one.yaml" >"$WORK/one.log" 2>&1) &
-PIDS+=($!)
-sleep 10
-agent_pid() { pgrep -f -- "--config $WORK/$1.yaml" | head -1; }
-both=$(agent_pid both)
-one=$(agent_pid one)
-read -r b_t0 b_n0 < <(prog_stats "$both")
-read -r o_t0 o_n0 < <(prog_stats "$one")
-b_c0=$(cpu_ns both "$both")
-o_c0=$(cpu_ns one "$one")
-sleep "$WINDOW"
-read -r b_t1 b_n1 < <(prog_stats "$both")
-read -r o_t1 o_n1 < <(prog_stats "$one")
-b_c1=$(cpu_ns both "$both")
-o_c1=$(cpu_ns one "$one")
-python3 - "$WINDOW" "$FREQ" "$b_t0" "$b_n0" "$b_t1" "$b_n1" "$o_t0" "$o_n0" "$o_t1" "$o_n1" \
-	"$b_c0" "$b_c1" "$o_c0" "$o_c1" <<'EOF'
+agents_start both one
+agents_window both one
+python3 - "$WINDOW" "$FREQ" "${KERNEL_NS[both]}" "${KERNEL_RUNS[both]}" "${KERNEL_NS[one]}" "${KERNEL_RUNS[one]}" "${CPU[both]}" "${CPU[one]}" <<'EOF'
 import sys
 w = float(sys.argv[1]); f = sys.argv[2]
 v = [int(x) for x in sys.argv[3:]]
-bk, bn = (v[2] - v[0]) / w / 1000, (v[3] - v[1]) / w
-ok, on = (v[6] - v[4]) / w / 1000, (v[7] - v[5]) / w
-bc, oc = (v[9] - v[8]) / w / 1000, (v[11] - v[10]) / w / 1000
+bk, bn = v[0] / w / 1000, v[1] / w
+ok, on = v[2] / w / 1000, v[3] / w
+bc, oc = v[4], v[5]
 print(f"{f} Hz, {w:.0f} s after 10 s of start-up, two busy cgroups A and B:")
 print(f"  in-kernel time of the sampling program: both included {bk:,.1f} us/s ({bn:,.0f} runs/s), A only {ok:,.1f} us/s ({on:,.0f} runs/s), ratio {ok / bk:.2f}")
 print(f"  agent CPU (cgroup): both included {bc:,.0f} us/s, A only {oc:,.0f} us/s, ratio {oc / bc:.2f}")
