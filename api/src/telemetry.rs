@@ -141,7 +141,8 @@ impl MetricDef {
     }
 }
 
-/// A monotonically increasing count.
+/// A monotonically increasing count. A series named `*_seconds_total`
+/// counts nanoseconds and is shown in seconds.
 #[derive(Clone, Debug, Default)]
 pub struct Counter(Arc<AtomicU64>);
 
@@ -444,6 +445,21 @@ impl Telemetry {
                     // OTel counters carry no `_total`; the Prometheus exit adds it back.
                     let otel_name = name.strip_suffix("_total").unwrap_or(name).to_owned();
                     let (s, hooks) = (series.clone(), self.inner.hooks.clone());
+                    if name.ends_with("_seconds_total") {
+                        // A counter of seconds counts nanoseconds (an
+                        // atomic adds whole units) and shows seconds.
+                        meter
+                            .f64_observable_counter(otel_name)
+                            .with_description(help)
+                            .with_callback(move |obs| {
+                                run_hooks(&hooks);
+                                for (attrs, c) in s.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                                    obs.observe(c.get() as f64 / 1e9, attrs);
+                                }
+                            })
+                            .build();
+                        return FamilyCells::Counter(series);
+                    }
                     meter
                         .u64_observable_counter(otel_name)
                         .with_description(help)

@@ -7,6 +7,14 @@
 //    into one variable-length record in a BPF ring buffer.
 //  * profcol_uprobe: the same record for one call of a probed user
 //    function (kind SAMPLE_PROBE, probe index from the attach cookie).
+//  * profcol_off_cpu_switch / profcol_off_cpu: off-CPU time (off_cpu:,
+//    loaded only when configured). On sched_switch (tp_btf) a sampled
+//    thread leaving the CPU is noted with how it leaves; when it comes back
+//    after at least the threshold its kernel stack is taken there, and at
+//    its syscall's exit (raw tracepoint sys_exit, in its own context) its
+//    user stack is walked by the same table and Python walkers as on-CPU
+//    samples (their raw tracepoint copies, off_cpu_progs): a record of kind
+//    SAMPLE_OFF_CPU with its time off CPU. No kprobe or fexit is needed.
 //  * profcol_exec / profcol_exit: raw tracepoints on sched_process_exec and
 //    sched_process_exit (no tracefs, no BTF) writing process events into
 //    their own small ring buffer: process discovery for the receiver.
@@ -78,6 +86,12 @@ const volatile __u64 cfg_count_seed = 0;
  * never handed out). */
 const volatile __u32 cfg_count_slots = 16384;
 
+/* Off-CPU: a thread off CPU at least this long gets a record (0: off-CPU
+ * programs not loaded); each switch-out is followed with this chance,
+ * scaled to 2^32 - 1 (the sampled ones are decided before anything else). */
+const volatile __u64 cfg_off_cpu_threshold_ns = 0;
+const volatile __u32 cfg_off_cpu_probability = 0;
+
 /* count_key frames are hashed in blocks of this many (zeros past the end). */
 #define KEY_BLOCK 16
 #define KEY_BLOCKS ((MAX_RECORD_FRAMES + KEY_BLOCK - 1) / KEY_BLOCK)
@@ -116,11 +130,21 @@ struct bpf_map_def SEC("maps") stats = {
 	.max_entries = STAT_MAX,
 };
 
+/* The record being made (and the walks' state, unwind.h and python.h),
+ * one per CPU for each kind of program: uprobe and off-CPU programs run
+ * in a thread's context, where an on-CPU sample (a hard interrupt) may
+ * come between their steps. */
+enum scratch_slot {
+	SCRATCH_CPU = 0,
+	SCRATCH_PROBE = 1,
+	SCRATCH_OFF_CPU = 2,
+	SCRATCH_SLOTS = 3,
+};
 struct bpf_map_def SEC("maps") scratch = {
 	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(struct sample),
-	.max_entries = 1,
+	.max_entries = SCRATCH_SLOTS,
 };
 
 /* Stacks counted in the kernel: count key -> its slot in `count_slots`.
@@ -276,10 +300,10 @@ static __always_inline __u64 kernel_text_outside(const struct sample *s)
 
 /* The scratch record with identity and kernel stack filled in; NULL (and
  * counted) when the scratch map cannot be looked up. */
-static __always_inline struct sample *fill_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe)
+static __always_inline struct sample *fill_sample(void *ctx, __u32 slot, __u32 tgid, __u32 tid, __u32 kind,
+						   __u32 probe)
 {
-	__u32 zero = 0;
-	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
+	struct sample *s = bpf_map_lookup_elem(&scratch, &slot);
 	if (!s) {
 		count(STAT_NO_SCRATCH);
 		return NULL;
@@ -511,7 +535,7 @@ static __always_inline int write_fp_sample(void *ctx, struct sample *s, __u64 en
 static __always_inline int write_sample(void *ctx, __u32 tgid, __u32 tid, __u32 kind, __u32 probe,
 					__u64 entry_ret)
 {
-	struct sample *s = fill_sample(ctx, tgid, tid, kind, probe);
+	struct sample *s = fill_sample(ctx, SCRATCH_PROBE, tgid, tid, kind, probe);
 	if (!s)
 		return 0;
 	return write_fp_sample(ctx, s, entry_ret, 0, 0);
@@ -535,12 +559,12 @@ int profcol_cpu_sample(struct bpf_perf_event_data *ctx)
 		count(STAT_FILTERED);
 		return 0;
 	}
-	struct sample *s = fill_sample(ctx, tgid, tid, SAMPLE_CPU, 0);
+	struct sample *s = fill_sample(ctx, SCRATCH_CPU, tgid, tid, SAMPLE_CPU, 0);
 	if (!s)
 		return 0;
 	/* The table walk (a tail call that writes the record), unless the
 	 * sample has no user stack or tables are off. */
-	unwind_start(ctx, s, stack_depth());
+	unwind_start(ctx, 1, &unwind_progs, SCRATCH_CPU, s, stack_depth());
 	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
 		s->user_end = UNWIND_END_NO_TABLE;
 	return write_fp_sample(ctx, s, 0, 0, 1);
@@ -563,6 +587,183 @@ int profcol_uprobe(struct pt_regs *ctx)
 	if (bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)))
 		ret = 0;
 	return write_sample(ctx, tgid, (__u32)id, SAMPLE_PROBE, (__u32)bpf_get_attach_cookie(ctx), ret);
+}
+
+/* A thread off CPU since `ns`, in `state` (enum off_cpu_state). */
+struct off_cpu_start {
+	__u64 ns;
+	__u32 state;
+	__u32 pad;
+};
+
+/* Sampled threads off CPU, by task (its task_struct's address); an LRU so
+ * that threads that never come back (they exited) make room. Sized by the
+ * loader. */
+struct bpf_map_def SEC("maps") off_cpu_starts = {
+	.type = BPF_MAP_TYPE_LRU_HASH,
+	.key_size = sizeof(__u64),
+	.value_size = sizeof(struct off_cpu_start),
+	.max_entries = 16384,
+};
+
+/* The wait this CPU's current thread came back from, due as a record at
+ * its syscall's exit (its kernel stack is in scratch[SCRATCH_OFF_CPU]). */
+struct off_cpu_due {
+	__u64 task;      /* 0: nothing due */
+	__u64 off_ns;
+	__u32 state;
+	__u32 kstack_len;
+};
+
+struct bpf_map_def SEC("maps") off_cpu_dues = {
+	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(struct off_cpu_due),
+	.max_entries = 1,
+};
+
+/* The table walker's copies for the off-CPU record (raw tracepoint
+ * programs, as the one that starts the walk), as unwind_progs. */
+struct bpf_map_def SEC("maps") off_cpu_progs = {
+	.type = BPF_MAP_TYPE_PROG_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(__u32),
+	.max_entries = 3,
+};
+
+/* task_struct members the off-CPU programs read (from the kernel's BTF;
+ * 0: unknown). */
+const volatile __u32 cfg_off_task_pid = 0;
+const volatile __u32 cfg_off_task_tgid = 0;
+const volatile __u32 cfg_off_task_comm = 0;
+
+SEC("raw_tracepoint/sys_exit")
+int profcol_off_cpu_unwind(struct bpf_raw_tracepoint_args *ctx)
+{
+	return unwind_walk(ctx, &off_cpu_progs, SCRATCH_OFF_CPU);
+}
+
+SEC("raw_tracepoint/sys_exit")
+int profcol_off_cpu_unwind_fill(struct bpf_raw_tracepoint_args *ctx)
+{
+	return unwind_fill(ctx, &off_cpu_progs, SCRATCH_OFF_CPU);
+}
+
+SEC("raw_tracepoint/sys_exit")
+int profcol_off_cpu_python(struct bpf_raw_tracepoint_args *ctx)
+{
+	return py_walk_frames(ctx, &off_cpu_progs, SCRATCH_OFF_CPU);
+}
+
+/* task_struct state bits (include/linux/sched.h). */
+#define TASK_INTERRUPTIBLE 0x1
+#define TASK_UNINTERRUPTIBLE 0x2
+#define TASK_NOLOAD 0x400
+
+/* The header of an off-CPU record of task `task` (not the current one),
+ * its kernel stack already in `s`. */
+static __always_inline void off_cpu_header(struct sample *s, void *task, __u64 off_ns, __u32 state, __u32 kn)
+{
+	__u32 pid = 0, tgid = 0;
+	bpf_probe_read_kernel(&pid, sizeof(pid), task + cfg_off_task_pid);
+	bpf_probe_read_kernel(&tgid, sizeof(tgid), task + cfg_off_task_tgid);
+	bpf_probe_read_kernel(s->comm, sizeof(s->comm), task + cfg_off_task_comm);
+	s->ktime_ns = bpf_ktime_get_ns();
+	s->pid = tgid;
+	s->tid = pid;
+	s->cpu = bpf_get_smp_processor_id();
+	s->kind = SAMPLE_OFF_CPU;
+	s->user_end = UNWIND_END_UNKNOWN;
+	s->probe = state;
+	s->count_key = off_ns;
+	s->py_len = 0;
+	s->py_end = 0;
+	s->kstack_len = kn;
+	s->ustack_len = 0;
+}
+
+/* sched_switch(preempt, prev, next, prev_state), as `prev` (current)
+ * leaves the CPU for `next`:
+ *  - what was due on this CPU and did not reach a syscall's exit (a wait
+ *    outside a syscall: a page fault) goes out with its kernel stack only;
+ *  - a sampled `prev` is noted, with how it leaves;
+ *  - `next`, if noted, is back: a wait under the threshold is forgotten
+ *    (no stack walked); one over it takes its kernel stack (where it
+ *    waited) and is due at its syscall's exit, where its user stack is
+ *    walked in its own context. A runnable `next` was preempted, mostly in
+ *    user mode (no syscall exit comes): it goes out now, kernel stack only.
+ * A tp_btf program: `next` is a task pointer bpf_get_task_stack takes. */
+SEC("tp_btf/sched_switch")
+int profcol_off_cpu_switch(__u64 *ctx)
+{
+	__u32 zero = 0;
+	struct off_cpu_due *due = bpf_map_lookup_elem(&off_cpu_dues, &zero);
+	struct sample *s = bpf_map_lookup_elem(&scratch, &(__u32){ SCRATCH_OFF_CPU });
+	if (!due || !s)
+		return 0;
+	if (due->task) {
+		due->task = 0;
+		write_record(s, 0);
+	}
+
+	__u64 prev = ctx[1];
+	void *next = (void *)ctx[2];
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if ((__u32)id != 0 && bpf_get_prandom_u32() <= cfg_off_cpu_probability &&
+	    !(cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) && !(cfg_targets && !target_selected(tgid))) {
+		__u64 prev_state = ctx[3];
+		__u32 state = OFF_CPU_RUNNABLE;
+		/* Preempted, or yielding, it stays runnable: waiting for a CPU. */
+		if (!ctx[0] && (prev_state & (TASK_INTERRUPTIBLE | TASK_UNINTERRUPTIBLE)))
+			/* TASK_IDLE (uninterruptible, not counted as load) is no I/O. */
+			state = (prev_state & TASK_UNINTERRUPTIBLE) && !(prev_state & TASK_NOLOAD)
+					? OFF_CPU_UNINTERRUPTIBLE
+					: OFF_CPU_SLEEPING;
+		struct off_cpu_start start = { .ns = bpf_ktime_get_ns(), .state = state };
+		bpf_map_update_elem(&off_cpu_starts, &prev, &start, BPF_ANY);
+	}
+
+	__u64 key = (__u64)next;
+	struct off_cpu_start *start = bpf_map_lookup_elem(&off_cpu_starts, &key);
+	if (!start)
+		return 0;
+	__u64 off_ns = bpf_ktime_get_ns() - start->ns;
+	__u32 state = start->state;
+	bpf_map_delete_elem(&off_cpu_starts, &key);
+	if (off_ns < cfg_off_cpu_threshold_ns)
+		return 0;
+	long kbytes = bpf_get_task_stack(next, s->ips, stack_depth() * sizeof(__u64), 0);
+	__u32 kn = kbytes > 0 ? (__u64)kbytes / sizeof(__u64) : 0;
+	if (kn > MAX_STACK_DEPTH)
+		kn = MAX_STACK_DEPTH;
+	off_cpu_header(s, next, off_ns, state, kn);
+	if (state == OFF_CPU_RUNNABLE) {
+		write_record(s, 0);
+		return 0;
+	}
+	due->task = key;
+	return 0;
+}
+
+/* A syscall's exit, in the thread that made it: the wait it came back
+ * from, if due, with its user stack walked (tables and Python as on-CPU
+ * samples, else frame pointers). */
+SEC("raw_tracepoint/sys_exit")
+int profcol_off_cpu(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u32 zero = 0;
+	struct off_cpu_due *due = bpf_map_lookup_elem(&off_cpu_dues, &zero);
+	if (!due || !due->task || due->task != bpf_get_current_task())
+		return 0;
+	due->task = 0;
+	struct sample *s = bpf_map_lookup_elem(&scratch, &(__u32){ SCRATCH_OFF_CPU });
+	if (!s)
+		return 0;
+	unwind_start(ctx, 0, &off_cpu_progs, SCRATCH_OFF_CPU, s, stack_depth());
+	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
+		s->user_end = UNWIND_END_NO_TABLE;
+	return write_fp_sample(ctx, s, 0, 0, 0);
 }
 
 static __always_inline int proc_event(__u32 kind)

@@ -123,7 +123,7 @@ struct bpf_map_def SEC("maps") py_walks = {
 	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(struct py_walk),
-	.max_entries = 1,
+	.max_entries = SCRATCH_SLOTS,
 };
 
 /* A frame's first PY_FRAME_READ bytes (per CPU). */
@@ -131,7 +131,7 @@ struct bpf_map_def SEC("maps") py_frame_buf = {
 	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = PY_FRAME_READ,
-	.max_entries = 1,
+	.max_entries = SCRATCH_SLOTS,
 };
 
 /* The u64 at `off` of a frame read into `buf`; offsets past the read
@@ -223,14 +223,14 @@ static __always_inline int py_finish(struct unwind_state *st, struct sample *s, 
 	return 0;
 }
 
-SEC("perf_event")
-int profcol_python(struct bpf_perf_event_data *ctx)
+/* The Python walk, `progs`' copy (as unwind_walk), of the record in
+ * scratch slot `slot`. */
+static __always_inline int py_walk_frames(void *ctx, void *progs, __u32 slot)
 {
-	__u32 zero = 0;
-	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
-	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
-	struct py_walk *w = bpf_map_lookup_elem(&py_walks, &zero);
-	__u8 *buf = bpf_map_lookup_elem(&py_frame_buf, &zero);
+	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &slot);
+	struct sample *s = bpf_map_lookup_elem(&scratch, &slot);
+	struct py_walk *w = bpf_map_lookup_elem(&py_walks, &slot);
+	__u8 *buf = bpf_map_lookup_elem(&py_frame_buf, &slot);
 	if (!st || !s || !w || !buf)
 		return 0;
 	__u32 pid = st->pid;
@@ -291,7 +291,7 @@ int profcol_python(struct bpf_perf_event_data *ctx)
 	if (!end) {
 		w->calls++;
 		if (w->calls < PY_MAX_FRAMES / PY_FRAMES_PER_CALL + 1)
-			bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_PYTHON);
+			bpf_tail_call(ctx, progs, UNWIND_PROG_PYTHON);
 		end = PY_END_DEPTH;
 	}
 	/* The outermost Python frame ran in the outermost eval call. */
@@ -301,6 +301,12 @@ int profcol_python(struct bpf_perf_event_data *ctx)
 			s->ips[last] |= PY_FRAME_ENTRY;
 	}
 	return py_finish(st, s, w, end);
+}
+
+SEC("perf_event")
+int profcol_python(struct bpf_perf_event_data *ctx)
+{
+	return py_walk_frames(ctx, &unwind_progs, SCRATCH_CPU);
 }
 
 /* Whether process `pid` maps interpreter file `key` and is not walked
@@ -320,18 +326,17 @@ static __always_inline int py_unknown_process(struct unwind_state *st, struct un
 
 /* Hands a finished native walk to the Python walker when the process is a
  * Python one; returns when it is not (or the program is not loaded). */
-static __always_inline void py_start(struct bpf_perf_event_data *ctx, __u32 pid)
+static __always_inline void py_start(void *ctx, void *progs, __u32 slot, __u32 pid)
 {
 	if (!cfg_off_task_fsbase || !bpf_map_lookup_elem(&py_procs, &pid))
 		return;
-	__u32 zero = 0;
-	struct py_walk *w = bpf_map_lookup_elem(&py_walks, &zero);
+	struct py_walk *w = bpf_map_lookup_elem(&py_walks, &slot);
 	if (!w)
 		return;
 	w->calls = 0;
 	w->frames = 0;
 	w->frame = 0;
-	bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_PYTHON);
+	bpf_tail_call(ctx, progs, UNWIND_PROG_PYTHON);
 }
 
 #endif

@@ -21,6 +21,17 @@ enum sample_kind {
 	 * map, key `count_key`, its count in `count_slots[probe]`): later
 	 * samples only add to the count, which the reader reads at reports. */
 	SAMPLE_CPU_COUNTED = 2,
+	/* A thread back on CPU after at least the off-CPU threshold: its
+	 * time off CPU in `count_key` (ns), its state then in `probe` (enum
+	 * off_cpu_state), the stacks it left the CPU with. */
+	SAMPLE_OFF_CPU = 3,
+};
+
+/* How a thread left the CPU (a SAMPLE_OFF_CPU's `probe`). */
+enum off_cpu_state {
+	OFF_CPU_SLEEPING = 0,        /* waiting, interruptibly (locks, sockets, timers) */
+	OFF_CPU_UNINTERRUPTIBLE = 1, /* waiting uninterruptibly (disk I/O, some locks) */
+	OFF_CPU_RUNNABLE = 2,        /* preempted: runnable, waiting for a CPU */
 };
 
 /* How a user stack ended (`user_end`). UNWIND_END_UNKNOWN: the kernel's
@@ -47,8 +58,10 @@ struct sample {
 	__u16 kind;              /* enum sample_kind */
 	__u16 user_end;          /* enum unwind_end: how the user stack ended */
 	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe;
-	                          * SAMPLE_CPU_COUNTED: the count's slot */
-	__u64 count_key;         /* SAMPLE_CPU_COUNTED: its key in `counts` */
+	                          * SAMPLE_CPU_COUNTED: the count's slot;
+	                          * SAMPLE_OFF_CPU: enum off_cpu_state */
+	__u64 count_key;         /* SAMPLE_CPU_COUNTED: its key in `counts`;
+	                          * SAMPLE_OFF_CPU: ns off CPU */
 	__u16 py_len;            /* interpreter frames after the user frames (python.h) */
 	__u16 py_end;            /* enum py_end: how their walk ended */
 	__u32 pad;

@@ -258,14 +258,14 @@ struct bpf_map_def SEC("maps") unwind_fill_scratch = {
 	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(struct unwind_proc),
-	.max_entries = 1,
+	.max_entries = SCRATCH_SLOTS,
 };
 
 struct bpf_map_def SEC("maps") unwind_states = {
 	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
 	.key_size = sizeof(__u32),
 	.value_size = sizeof(struct unwind_state),
-	.max_entries = 1,
+	.max_entries = SCRATCH_SLOTS,
 };
 
 /* 0: profcol_unwind, 1: profcol_unwind_fill, 2: profcol_python. */
@@ -279,7 +279,7 @@ struct bpf_map_def SEC("maps") unwind_progs = {
 	.max_entries = 3,
 };
 
-static __always_inline void py_start(struct bpf_perf_event_data *ctx, __u32 pid);
+static __always_inline void py_start(void *ctx, void *progs, __u32 slot, __u32 pid);
 struct unwind_state;
 struct unwind_file_key;
 static __always_inline int py_unknown_process(struct unwind_state *st, struct unwind_file_key *key);
@@ -303,14 +303,16 @@ static __always_inline struct unwind_range *unwind_range_of(struct unwind_proc *
 	return (m->start <= pc && pc < m->end) ? m : NULL;
 }
 
-/* The user registers at the sample: the interrupted ones when the sample
- * hit user mode, else those saved at kernel entry. */
-static __always_inline int user_regs(struct bpf_perf_event_data *ctx, struct pt_regs *out)
+/* The user registers at the sample: with `ctx_regs`, `ctx` starts with the
+ * interrupted registers (a perf event's), taken when they are user mode;
+ * else those saved at kernel entry. */
+static __always_inline int user_regs(void *ctx, int ctx_regs, struct pt_regs *out)
 {
-	if ((ctx->regs.cs & 3) == 3) {
-		out->rip = ctx->regs.rip;
-		out->rsp = ctx->regs.rsp;
-		out->rbp = ctx->regs.rbp;
+	struct pt_regs *at = ctx;
+	if (ctx_regs && (at->cs & 3) == 3) {
+		out->rip = at->rip;
+		out->rsp = at->rsp;
+		out->rbp = at->rbp;
 		return 0;
 	}
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -511,22 +513,24 @@ __noinline __u32 unwind_step(struct unwind_state *st, struct unwind_proc *proc, 
 
 /* Ends the walk: on to the Python walker for a Python process, else the
  * record out. */
-static __always_inline int unwind_finish(struct bpf_perf_event_data *ctx, struct unwind_state *st,
+static __always_inline int unwind_finish(void *ctx, void *progs, __u32 slot, struct unwind_state *st,
 					 struct sample *s, __u32 end)
 {
 	s->ustack_len = st->frames;
 	s->user_end = end;
-	py_start(ctx, st->pid);
+	py_start(ctx, progs, slot, st->pid);
 	output_sample(s, st->wake, 1);
 	return 0;
 }
 
-SEC("perf_event")
-int profcol_unwind(struct bpf_perf_event_data *ctx)
+/* The walk, from the program `progs` holds at UNWIND_PROG_WALK (one copy
+ * per program type: a tail call stays within its type), of the record in
+ * slot `slot` of scratch and of the walk's per-CPU state: an off-CPU walk
+ * runs in its thread's context, where an on-CPU sample may interrupt it. */
+static __always_inline int unwind_walk(void *ctx, void *progs, __u32 slot)
 {
-	__u32 zero = 0;
-	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
-	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
+	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &slot);
+	struct sample *s = bpf_map_lookup_elem(&scratch, &slot);
 	if (!st || !s)
 		return 0;
 	__u32 pid = st->pid;
@@ -558,7 +562,7 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 		if (end == UNWIND_NEED_FILL) {
 			st->redo = 1;
 			st->filled = 1;
-			bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_FILL);
+			bpf_tail_call(ctx, progs, UNWIND_PROG_FILL);
 			/* Not loaded: on without it. */
 			st->redo = 0;
 			end = unwind_step(st, proc, now_s);
@@ -569,10 +573,16 @@ int profcol_unwind(struct bpf_perf_event_data *ctx)
 	if (!end) {
 		st->calls++;
 		if (st->calls < UNWIND_MAX_CALLS)
-			bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
+			bpf_tail_call(ctx, progs, UNWIND_PROG_WALK);
 		end = UNWIND_END_DEPTH;
 	}
-	return unwind_finish(ctx, st, s, end);
+	return unwind_finish(ctx, progs, slot, st, s, end);
+}
+
+SEC("perf_event")
+int profcol_unwind(struct bpf_perf_event_data *ctx)
+{
+	return unwind_walk(ctx, &unwind_progs, SCRATCH_CPU);
 }
 
 struct vm_area_struct;
@@ -713,13 +723,11 @@ static __always_inline void unwind_ranges_with(struct unwind_proc *nw, struct un
 
 /* Looks up the mapping of st->miss_pc and caches it in unwind_procs;
  * then back to the walk. */
-SEC("perf_event")
-int profcol_unwind_fill(struct bpf_perf_event_data *ctx)
+static __always_inline int unwind_fill(void *ctx, void *progs, __u32 slot)
 {
-	__u32 zero = 0;
-	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
-	struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
-	struct unwind_proc *nw = bpf_map_lookup_elem(&unwind_fill_scratch, &zero);
+	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &slot);
+	struct sample *s = bpf_map_lookup_elem(&scratch, &slot);
+	struct unwind_proc *nw = bpf_map_lookup_elem(&unwind_fill_scratch, &slot);
 	if (!st || !s || !nw)
 		return 0;
 	__u32 pid = st->pid;
@@ -754,25 +762,31 @@ int profcol_unwind_fill(struct bpf_perf_event_data *ctx)
 			bpf_map_update_elem(&unwind_procs, &pid, nw, BPF_ANY);
 		}
 	}
-	bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
+	bpf_tail_call(ctx, progs, UNWIND_PROG_WALK);
 	/* Over the tail-call limit (not expected): the stack so far. */
-	return unwind_finish(ctx, st, s, UNWIND_END_DEPTH);
+	return unwind_finish(ctx, progs, slot, st, s, UNWIND_END_DEPTH);
 }
 
-/* Starts a table walk for a CPU sample whose header and kernel stack are in
- * `s`; returns (and the caller takes the frame-pointer path) only when the
- * walk did not start. */
-static __always_inline void unwind_start(struct bpf_perf_event_data *ctx, struct sample *s, __u32 depth)
+SEC("perf_event")
+int profcol_unwind_fill(struct bpf_perf_event_data *ctx)
+{
+	return unwind_fill(ctx, &unwind_progs, SCRATCH_CPU);
+}
+
+/* Starts a table walk (`progs`' copy) for a sample whose header and kernel
+ * stack are in `s` (`ctx_regs`: as user_regs); returns (and the caller
+ * takes the frame-pointer path) only when the walk did not start. */
+static __always_inline void unwind_start(void *ctx, int ctx_regs, void *progs, __u32 slot, struct sample *s,
+					 __u32 depth)
 {
 	if (cfg_unwind_mode == UNWIND_MODE_FRAME_POINTERS)
 		return;
 	struct pt_regs regs = {};
-	if (user_regs(ctx, &regs))
+	if (user_regs(ctx, ctx_regs, &regs))
 		return;
 	if (regs.rip == 0 || regs.rip >= USER_ADDR_END)
 		return; /* a kernel thread: no user stack */
-	__u32 zero = 0;
-	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &zero);
+	struct unwind_state *st = bpf_map_lookup_elem(&unwind_states, &slot);
 	if (!st)
 		return;
 	st->wake = 0;
@@ -788,7 +802,7 @@ static __always_inline void unwind_start(struct bpf_perf_event_data *ctx, struct
 	st->pc_exact = 0;
 	st->redo = 0;
 	st->filled = 0;
-	bpf_tail_call(ctx, &unwind_progs, UNWIND_PROG_WALK);
+	bpf_tail_call(ctx, progs, UNWIND_PROG_WALK);
 }
 
 #endif

@@ -68,6 +68,10 @@ pub struct VmaOffsets {
     /// which CPython's thread states hold as `thread_id`. `None` when the
     /// kernel's BTF has no such member (the Python walker stays off).
     pub task_fsbase: Option<u32>,
+    /// `struct task_struct.pid`, `.tgid` and `.comm`: what the off-CPU
+    /// program reads of a thread that is not the current one. `None`
+    /// when the kernel's BTF lacks one (`off_cpu` cannot run).
+    pub task_ids: Option<[u32; 3]>,
 }
 
 impl VmaOffsets {
@@ -83,7 +87,8 @@ impl VmaOffsets {
             .members("task_struct", &btf.candidates[4], ["thread"])
             .and_then(|[thread]| Ok(thread + btf.members("thread_struct", &btf.candidates[5], ["fsbase"])?[0]))
             .ok();
-        Ok(VmaOffsets { vm_start, vm_end, vm_pgoff, vm_file, f_inode, i_ino, i_sb, s_dev, task_fsbase })
+        let task_ids = btf.members("task_struct", &btf.candidates[4], ["pid", "tgid", "comm"]).ok();
+        Ok(VmaOffsets { vm_start, vm_end, vm_pgoff, vm_file, f_inode, i_ino, i_sb, s_dev, task_fsbase, task_ids })
     }
 
     /// Reads /sys/kernel/btf/vmlinux: mapped where the kernel allows it
@@ -536,6 +541,7 @@ mod tests {
         i_sb: 40,
         s_dev: 8,
         task_fsbase: None,
+        task_ids: None,
     };
 
     #[test]
@@ -782,6 +788,7 @@ mod tests {
             task_fsbase: Some(
                 bpftool_offset(&types, "task_struct", "thread") + bpftool_offset(&types, "thread_struct", "fsbase"),
             ),
+            task_ids: Some(["pid", "tgid", "comm"].map(|m| bpftool_offset(&types, "task_struct", m))),
         };
         assert_eq!(got, want);
     }

@@ -168,6 +168,34 @@ pub mod unwind;
 
 pub mod python;
 
+/// Off-CPU time (`off_cpu:`): the programs, maps and globals, loaded and
+/// attached only when configured.
+pub mod off_cpu {
+    /// tp_btf program on `sched_switch`: notes sampled threads leaving the
+    /// CPU; takes the kernel stack of one back after the threshold.
+    pub const SWITCH_PROGRAM: &str = "profcol_off_cpu_switch";
+    /// Raw tracepoint program on `sys_exit`: the record of a thread back
+    /// from a wait, its user stack walked in its own context.
+    pub const PROGRAM: &str = "profcol_off_cpu";
+    /// The table walker's, its fill's and the Python walker's raw
+    /// tracepoint copies, at their `unwind_progs` indexes in [`PROGS_MAP`].
+    pub const WALKERS: [(&str, u32); 3] = [
+        ("profcol_off_cpu_unwind", 0),
+        ("profcol_off_cpu_unwind_fill", crate::unwind::FILL_INDEX),
+        ("profcol_off_cpu_python", crate::python::PROGRAM_INDEX),
+    ];
+    /// `BPF_MAP_TYPE_PROG_ARRAY` of [`WALKERS`].
+    pub const PROGS_MAP: &str = "off_cpu_progs";
+    /// `BPF_MAP_TYPE_LRU_HASH`, task → when and how it left the CPU.
+    pub const STARTS_MAP: &str = "off_cpu_starts";
+    /// `u64`: ns off CPU for a record.
+    pub const THRESHOLD_GLOBAL: &str = "cfg_off_cpu_threshold_ns";
+    /// `u32`: the chance a switch-out is followed, scaled to `u32::MAX`.
+    pub const PROBABILITY_GLOBAL: &str = "cfg_off_cpu_probability";
+    /// `u32`s: `task_struct.pid`, `.tgid`, `.comm` offsets.
+    pub const TASK_GLOBALS: [&str; 3] = ["cfg_off_task_pid", "cfg_off_task_tgid", "cfg_off_task_comm"];
+}
+
 pub mod targets;
 
 pub mod btf;

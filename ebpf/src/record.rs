@@ -24,6 +24,37 @@ pub enum SampleKind {
     /// `key` stays in [`crate::COUNTS_MAP`]: later ones only add to the
     /// count in `slot` of [`crate::COUNT_SLOTS_MAP`], which includes this one.
     CpuCounted { key: u64, slot: u32 },
+    /// A thread back on CPU after at least the off-CPU threshold: `ns` off
+    /// CPU, left in `state`; the stacks are the ones it left with.
+    OffCpu { ns: u64, state: OffCpuState },
+}
+
+/// How a thread left the CPU (`enum off_cpu_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OffCpuState {
+    /// Waiting, interruptibly: locks, sockets, pipes, timers.
+    Sleeping,
+    /// Waiting uninterruptibly: disk I/O, some kernel locks.
+    Uninterruptible,
+    /// Preempted: runnable, waiting for a CPU.
+    Runnable,
+}
+
+impl OffCpuState {
+    pub const ALL: [OffCpuState; 3] = [OffCpuState::Sleeping, OffCpuState::Uninterruptible, OffCpuState::Runnable];
+
+    fn from_raw(v: u32) -> Option<Self> {
+        OffCpuState::ALL.get(v as usize).copied()
+    }
+
+    /// The `state` label and attribute value.
+    pub fn name(self) -> &'static str {
+        match self {
+            OffCpuState::Sleeping => "sleeping",
+            OffCpuState::Uninterruptible => "uninterruptible",
+            OffCpuState::Runnable => "runnable",
+        }
+    }
 }
 
 /// Fixed head of every sample record (`struct sample` up to `ips`).
@@ -108,6 +139,7 @@ pub const SAMPLE_HEADER_SIZE: usize = 64;
 const KIND_CPU: u16 = 0;
 const KIND_PROBE: u16 = 1;
 const KIND_CPU_COUNTED: u16 = 2;
+const KIND_OFF_CPU: u16 = 3;
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
     b.get(o..o + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_ne_bytes)
@@ -152,6 +184,9 @@ impl<'a> Sample<'a> {
             KIND_CPU => SampleKind::Cpu,
             KIND_PROBE => SampleKind::Probe(u32_at(head, 44)),
             KIND_CPU_COUNTED => SampleKind::CpuCounted { key: u64_at(head, 48), slot: u32_at(head, 44) },
+            KIND_OFF_CPU => {
+                SampleKind::OffCpu { ns: u64_at(head, 48), state: OffCpuState::from_raw(u32_at(head, 44))? }
+            }
             _ => return None,
         };
         let header = SampleHeader {
@@ -291,6 +326,15 @@ mod tests {
         let s = Sample::parse(&r).expect("parse");
         assert_eq!(s.header.kind, SampleKind::CpuCounted { key: 0xfeed_beef, slot: 42 });
         assert_eq!(s.interp_stack().len(), 0);
+    }
+
+    #[test]
+    fn parses_off_cpu_records_and_refuses_unknown_states() {
+        let r = record(KIND_OFF_CPU, 1, &[0xffff_ffff_8100_0000], &[0x401000]);
+        let s = Sample::parse(&r).expect("parse");
+        assert_eq!(s.header.kind, SampleKind::OffCpu { ns: 0xfeed_beef, state: OffCpuState::Uninterruptible });
+        assert_eq!(s.user_stack().collect::<Vec<_>>(), vec![0x401000]);
+        assert!(Sample::parse(&record(KIND_OFF_CPU, 3, &[], &[])).is_none(), "state 3 is no state");
     }
 
     #[test]

@@ -609,6 +609,10 @@ pub(crate) fn to_pprof_with(
     convert(batch, Grouping::Resource(group), sample_labels)
 }
 
+/// The sample type whose profiles go to a report of their own, named
+/// `<group>-off_cpu`.
+pub const OWN_REPORT_TYPE: &str = "off_cpu";
+
 /// What names a sample's group.
 enum Grouping<'f> {
     By(GroupBy),
@@ -627,9 +631,10 @@ fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec
     let mut resource_group: Option<(*const Resource, String)> = None;
     let mut groups: BTreeMap<String, Builder> = BTreeMap::new();
     let mut frames = 0usize;
+    let mut own_type = String::new();
     for s in batch.samples() {
         let attrs = if read_attrs { reader.read(&s) } else { SampleAttrs::default() };
-        let g: &str = match grouping {
+        let mut g: &str = match grouping {
             Grouping::By(_) => names.of(&attrs),
             Grouping::Resource(group) => {
                 let key = s.resource.map_or(std::ptr::null(), |r| r as *const Resource);
@@ -639,6 +644,16 @@ fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec
                 resource_group.as_ref().map_or("", |(_, name)| name)
             }
         };
+        if s.sample_type().0 == OWN_REPORT_TYPE {
+            // Wait times are no CPU samples, and a reader takes a report's
+            // period and default type from its first column: off-CPU
+            // profiles get a report of their own.
+            own_type.clear();
+            own_type.push_str(g);
+            own_type.push('-');
+            own_type.push_str(OWN_REPORT_TYPE);
+            g = &own_type;
+        }
         // A group's name is owned by the map, copied for its first sample only.
         let b = if groups.contains_key(g) {
             groups.get_mut(g)

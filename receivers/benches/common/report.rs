@@ -5,7 +5,7 @@
 
 use profcol_ebpf::UnwindEnd;
 use profcol_receivers::ebpf::process::{Mapping, MappingSet};
-use profcol_receivers::ebpf::stacks::aggregate::SampleIn;
+use profcol_receivers::ebpf::stacks::aggregate::{SampleIn, SampleProfile};
 use std::sync::Arc;
 
 /// A small deterministic generator (xorshift), so every run sees the same stacks.
@@ -59,7 +59,7 @@ pub(super) fn user_stack(rng: &mut Rng, i: u64) -> Vec<u64> {
 /// An on-CPU sample of `dash` (pid = tid = `pid`) with these stacks.
 pub(super) fn dash_sample<'a>(pid: u32, kstack: &'a [u64], ustack: &'a [u64]) -> SampleIn<'a> {
     SampleIn {
-        probe: None,
+        profile: SampleProfile::Cpu,
         pid,
         tid: pid,
         cpu: 0,

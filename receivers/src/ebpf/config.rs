@@ -97,6 +97,15 @@ pub struct EbpfConfig {
     /// were taken at. Unset: no budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_cpu: Option<crate::ebpf::budget::CpuShare>,
+    /// Off-CPU time: each wait of a sampled thread at least `threshold`
+    /// long (default 1ms) is a sample of the `off_cpu` profile
+    /// (`off_cpu/nanoseconds`), its value the time waited, its stacks the
+    /// ones the thread left the CPU with, its `thread.state` attribute how
+    /// it left (`sleeping`, `uninterruptible`, `runnable`: preempted);
+    /// `probability` (default 1) follows only that share of switches.
+    /// Both are applied in the kernel before any stack walk. Unset: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub off_cpu: Option<crate::ebpf::off_cpu::OffCpuConfig>,
 }
 
 /// One entry of `interpreters:`.
@@ -250,6 +259,7 @@ impl Default for EbpfConfig {
             jit: Default::default(),
             targets: Default::default(),
             max_cpu: None,
+            off_cpu: None,
         }
     }
 }
@@ -320,6 +330,9 @@ impl Validate for EbpfConfig {
             }
         }
         for (at, message) in self.targets.problems() {
+            p.add(&at, message);
+        }
+        for (at, message) in self.off_cpu.iter().flat_map(|o| o.problems()) {
             p.add(&at, message);
         }
         if self.service_name.is_empty() {

@@ -235,6 +235,8 @@ pub(crate) const METRICS: &[MetricDef] = &[
     JIT_MAPS_REFUSED,
     JIT_CACHE_BYTES,
     JIT_ATTACH_REQUESTS,
+    OFF_CPU_SAMPLES,
+    OFF_CPU_SECONDS,
 ];
 
 // Interpreters: processes found, frames walked in the kernel and named.
@@ -317,6 +319,17 @@ pub(crate) const JIT_ATTACH_REQUESTS: MetricDef = MetricDef::counter(
     "JVMs asked to write their perf map (`jit.jvm_perfmap: attach`), by outcome: ok or why not",
 )
 .by("outcome");
+
+// Off-CPU time (`off_cpu:`).
+pub(crate) const OFF_CPU_SAMPLES: MetricDef = MetricDef::counter(
+    "ebpf_off_cpu_samples_total",
+    "samples",
+    "Waits off CPU over the threshold, by the state the thread left in: sleeping, uninterruptible, runnable \
+     (preempted)",
+)
+.by("state");
+pub(crate) const OFF_CPU_SECONDS: MetricDef =
+    MetricDef::counter("ebpf_off_cpu_seconds_total", "seconds", "Time off CPU of those waits, by state").by("state");
 
 #[cfg(test)]
 mod tests {

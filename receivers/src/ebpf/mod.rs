@@ -29,6 +29,7 @@ pub mod config;
 pub mod interp;
 pub(crate) mod jit;
 pub(crate) mod metrics;
+pub mod off_cpu;
 pub mod process;
 pub(crate) mod sampler;
 pub mod stacks;

@@ -31,7 +31,7 @@ use crate::ebpf::process::mmap_events::{MappingBatch, MappingEventKind, MappingE
 use crate::ebpf::process::procfs;
 use crate::ebpf::process::service_name::ServiceNamer;
 use crate::ebpf::process::ProcessTable;
-use crate::ebpf::stacks::aggregate::{FrameNamers, Interval, SampleAttrs, SampleIn};
+use crate::ebpf::stacks::aggregate::{FrameNamers, Interval, SampleAttrs, SampleIn, SampleProfile};
 use crate::ebpf::stacks::counted::CountedStacks;
 use crate::ebpf::stacks::stack_end;
 use aya::programs::uprobe::UProbeLink;
@@ -142,6 +142,8 @@ pub struct Counters {
     pub process_execs: Counter,
     pub process_exits: Counter,
     pub process_events_lost: Counter,
+    /// Off-CPU waits and their time, by state.
+    pub(crate) off_cpu: crate::ebpf::off_cpu::OffCpuCounters,
 }
 
 impl Counters {
@@ -173,6 +175,7 @@ impl Counters {
             process_execs: t.counter_of(&m::PROCESS_EXECS),
             process_exits: t.counter_of(&m::PROCESS_EXITS),
             process_events_lost: t.counter_of(&m::PROCESS_EVENTS_LOST),
+            off_cpu: crate::ebpf::off_cpu::OffCpuCounters::new(t),
         }
     }
 }
@@ -980,11 +983,11 @@ impl Sampler {
     /// one (then returns `true`).
     fn add_sample(&mut self, h: &SampleHeader, now: Instant) -> bool {
         let mut count_key = None;
-        let probe = match h.kind {
-            SampleKind::Cpu => None,
+        let profile = match h.kind {
+            SampleKind::Cpu => SampleProfile::Cpu,
             SampleKind::CpuCounted { key, slot } => {
                 count_key = Some((key, slot));
-                None
+                SampleProfile::Cpu
             }
             SampleKind::Probe(i) => {
                 if let Some(u) = &self.uprobes {
@@ -992,7 +995,11 @@ impl Sampler {
                         self.unfollowed_hits.push(h.pid);
                     }
                 }
-                Some(i)
+                SampleProfile::Probe(i)
+            }
+            SampleKind::OffCpu { ns, state } => {
+                self.counters.off_cpu.add(state, ns);
+                SampleProfile::OffCpu { ns, state }
             }
         };
         // Cut the ends of a frame-pointer walk that are no code (see
@@ -1022,7 +1029,7 @@ impl Sampler {
             jit.observe(h.pid, info, maps, now);
         }
         let sample = SampleIn {
-            probe,
+            profile,
             pid: h.pid,
             tid: h.tid,
             cpu: h.cpu,

@@ -111,6 +111,15 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
     let self_tgid = std::process::id();
     let unwind = unwind_sizes(cfg);
     let counting = CountingGlobals::new(cfg);
+    let off_cpu = cfg.off_cpu;
+    // What the off-CPU program reads of a thread coming back on CPU.
+    let task_ids = match off_cpu {
+        None => [0u32; 3],
+        Some(_) => obj::btf::VmaOffsets::from_kernel()
+            .map_err(LoadError::Other)?
+            .task_ids
+            .ok_or_else(|| LoadError::Other("off_cpu: the kernel's BTF has no task_struct pid, tgid or comm".into()))?,
+    };
     // The kernel members the unwinder reads, from the kernel's BTF.
     // `task_struct.thread.fsbase` for the Python walker (0: off).
     let mut fsbase = 0u32;
@@ -178,6 +187,12 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         .map_max_entries(obj::COUNTS_MAP, counting.slots)
         .map_max_entries(obj::COUNT_SLOTS_MAP, counting.slots + 1)
         .map_max_entries(obj::FREE_SLOTS_MAP, counting.slots)
+        .override_global(obj::off_cpu::TASK_GLOBALS[0], &task_ids[0], true)
+        .override_global(obj::off_cpu::TASK_GLOBALS[1], &task_ids[1], true)
+        .override_global(obj::off_cpu::TASK_GLOBALS[2], &task_ids[2], true)
+        .override_global(obj::off_cpu::THRESHOLD_GLOBAL, &off_cpu.map_or(0, |o| o.threshold_ns()), true)
+        .override_global(obj::off_cpu::PROBABILITY_GLOBAL, &off_cpu.map_or(0, |o| o.probability_scaled()), true)
+        .map_max_entries(obj::off_cpu::STARTS_MAP, if off_cpu.is_some() { OFF_CPU_THREADS } else { 1 })
         .load(obj::cpu_sample_object())
         .map_err(|e| other("loading the BPF object (maps)", &e))?;
 
@@ -222,6 +237,70 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         load_uprobe_program(&mut ebpf)?;
     }
     Ok(ebpf)
+}
+
+/// Threads followed off CPU at once at most (the LRU's entries, allocated
+/// up front: ~100 bytes each); beyond, the longest off CPU are forgotten.
+const OFF_CPU_THREADS: u32 = 32_768;
+
+/// Off-CPU time (`off_cpu:`): the walkers' raw tracepoint copies into
+/// their tail-call array (those whose perf-event copy loaded), then the
+/// sys_exit program and the sched_switch one.
+fn attach_off_cpu(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    use aya::maps::ProgramArray;
+    use aya::programs::BtfTracePoint;
+    let btf = aya::Btf::from_sys_fs().map_err(|e| {
+        other(
+            "off_cpu: it needs the kernel's BTF (/sys/kernel/btf/vmlinux); remove `off_cpu` to profile without it",
+            &e,
+        )
+    })?;
+    let mut fds = Vec::new();
+    for (name, index) in obj::off_cpu::WALKERS {
+        let on_cpu = match index {
+            0 => obj::unwind::PROGRAM,
+            i if i == obj::unwind::FILL_INDEX => obj::unwind::FILL_PROGRAM,
+            _ => obj::python::PROGRAM,
+        };
+        if ebpf.program(on_cpu).is_none_or(|p| p.fd().is_err()) {
+            continue;
+        }
+        let prog: &mut RawTracePoint = ebpf
+            .program_mut(name)
+            .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {name}")))?
+            .try_into()
+            .map_err(|e: ProgramError| other("BPF program type", &e))?;
+        prog.load().map_err(|e| other(&format!("off_cpu: the kernel refused the walker {name}"), &e))?;
+        let fd = prog
+            .fd()
+            .map_err(|e| other("off-CPU walker fd", &e))?
+            .try_clone()
+            .map_err(|e| LoadError::Other(format!("off-CPU walker fd: {e}")))?;
+        fds.push((index, fd));
+    }
+    let mut progs = ProgramArray::try_from(
+        ebpf.map_mut(obj::off_cpu::PROGS_MAP)
+            .ok_or_else(|| LoadError::Other("BPF object lacks the off_cpu_progs map".into()))?,
+    )
+    .map_err(|e| other("off_cpu_progs map", &e))?;
+    for (index, fd) in &fds {
+        progs.set(*index, fd, 0).map_err(|e| other("off_cpu_progs: setting the tail call", &e))?;
+    }
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut(obj::off_cpu::PROGRAM)
+        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::off_cpu::PROGRAM)))?
+        .try_into()
+        .map_err(|e: ProgramError| other("BPF program type", &e))?;
+    prog.load().map_err(|e| other("off_cpu: the kernel refused the sys_exit program", &e))?;
+    prog.attach("sys_exit").map_err(|e| other("off_cpu: attaching the raw tracepoint sys_exit", &e))?;
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(obj::off_cpu::SWITCH_PROGRAM)
+        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::off_cpu::SWITCH_PROGRAM)))?
+        .try_into()
+        .map_err(|e: ProgramError| other("BPF program type", &e))?;
+    prog.load("sched_switch", &btf).map_err(|e| other("off_cpu: the kernel refused the sched_switch program", &e))?;
+    prog.attach().map_err(|e| other("off_cpu: attaching to the sched_switch tracepoint (tp_btf)", &e))?;
+    Ok(())
 }
 
 /// The `.rodata` of counting in the kernel (`count_in_kernel`).
@@ -530,6 +609,9 @@ pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), Loa
         }
         Err(e) => return Err(LoadError::Other(format!("uprobes need exec/exit events: {e}"))),
     };
+    if cfg.off_cpu.is_some() {
+        attach_off_cpu(&mut ebpf)?;
+    }
     // Tables only when the table-walking program loaded (`auto` falls
     // back to frame pointers without it).
     let unwind_loaded = ebpf.program(obj::unwind::PROGRAM).is_some_and(|p| p.fd().is_ok());

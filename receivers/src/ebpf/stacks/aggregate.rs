@@ -6,8 +6,10 @@
 //! are all 1, same length). Samples counted in the kernel (see
 //! `count_in_kernel`) come as a count without times: their `Sample` has one
 //! value, the count, and no timestamps. Each process gets its CPU profile
-//! (`samples/count`) and one profile per probe that fired in it
-//! (`calls/count`), named by profile attributes.
+//! (`samples/count`), one profile per probe that fired in it
+//! (`calls/count`), named by profile attributes, and with `off_cpu:` its
+//! off-CPU profile (`off_cpu/nanoseconds`: each wait's time its value,
+//! how the thread left the CPU its `profcol.off_cpu.state` attribute).
 //! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
 
 use crate::ebpf::config::{SampleAttribute, UprobeSpec};
@@ -20,6 +22,7 @@ use profcol_api::model::ProfileRef;
 use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
 use profcol_ebpf::python::WalkEnd;
+use profcol_ebpf::record::OffCpuState;
 use profcol_ebpf::UnwindEnd;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -33,8 +36,11 @@ pub(crate) const MAX_SAMPLES: usize = 500_000;
 struct Key {
     pid: u32,
     generation: u32,
-    /// [`CPU_PROFILE`], or the index of the probe that fired.
+    /// [`CPU_PROFILE`], [`OFF_CPU_PROFILE`], or the index of the probe
+    /// that fired.
     profile: u32,
+    /// How the thread left the CPU (off-CPU samples).
+    off_cpu_state: Option<OffCpuState>,
     tid: u32,
     cpu: u32,
     comm: [u8; 16],
@@ -120,12 +126,31 @@ type Group = ((u32, u32), usize, Option<Arc<MappingSet>>);
 struct Occurrences {
     /// Times of the samples that came one by one.
     times: Vec<u64>,
+    /// Their values, where they are not 1 (off-CPU ns), in the same order.
+    values: Vec<u64>,
     /// Samples counted in the kernel (no times).
     counted: u64,
 }
 
 /// `Key::profile` of CPU samples.
 const CPU_PROFILE: u32 = u32::MAX;
+/// `Key::profile` of off-CPU samples.
+const OFF_CPU_PROFILE: u32 = u32::MAX - 1;
+
+/// Sample attribute of off-CPU samples: how the thread left the CPU
+/// (`sleeping`, `uninterruptible`, `runnable`).
+pub const OFF_CPU_STATE_ATTR: &str = "profcol.off_cpu.state";
+
+/// Which profile a sample goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleProfile {
+    /// An on-CPU sample.
+    Cpu,
+    /// A call of configured probe `i`.
+    Probe(u32),
+    /// A wait of `ns` off CPU, left in `state`.
+    OffCpu { ns: u64, state: OffCpuState },
+}
 
 /// Profile attribute: the probed function of a `calls/count` profile.
 pub(crate) const UPROBE_SYMBOL_ATTR: &str = "profcol.uprobe.symbol";
@@ -134,8 +159,7 @@ pub(crate) const UPROBE_BINARY_ATTR: &str = "profcol.uprobe.binary";
 
 /// One sample as handed to the aggregator.
 pub struct SampleIn<'a> {
-    /// `None`: an on-CPU sample; `Some(i)`: a call of configured probe `i`.
-    pub probe: Option<u32>,
+    pub profile: SampleProfile,
     pub pid: u32,
     pub tid: u32,
     pub cpu: u32,
@@ -249,7 +273,11 @@ impl Interval {
     pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
         let stack = self.stack_of(s.kstack, s.ustack);
         let key = self.key(s, stack, process);
-        self.samples.entry(key).or_default().times.push(s.unix_ns);
+        let occ = self.samples.entry(key).or_default();
+        occ.times.push(s.unix_ns);
+        if let SampleProfile::OffCpu { ns, .. } = s.profile {
+            occ.values.push(ns);
+        }
         self.count += 1;
     }
 
@@ -309,7 +337,15 @@ impl Interval {
         Key {
             pid: s.pid,
             generation,
-            profile: s.probe.unwrap_or(CPU_PROFILE),
+            profile: match s.profile {
+                SampleProfile::Cpu => CPU_PROFILE,
+                SampleProfile::Probe(i) => i,
+                SampleProfile::OffCpu { .. } => OFF_CPU_PROFILE,
+            },
+            off_cpu_state: match s.profile {
+                SampleProfile::OffCpu { state, .. } => Some(state),
+                _ => None,
+            },
             tid: if self.attrs.thread_id { s.tid } else { 0 },
             cpu: if self.attrs.cpu { s.cpu } else { 0 },
             comm: if self.attrs.thread_name { s.comm } else { [0; 16] },
@@ -397,6 +433,7 @@ struct BatchBuilder<'a> {
     names: Names<'a>,
     meta: ProfileMeta<'a>,
     probe_meta: ProfileMeta<'a>,
+    off_cpu_meta: ProfileMeta<'a>,
     locations: Locations<'a>,
     /// The process of the samples now: its resource and mappings.
     group: Option<Group>,
@@ -447,6 +484,12 @@ impl<'a> BatchBuilder<'a> {
         let native_attr = b.attribute(keys::FRAME_TYPE, AttrValue::Str("native"));
         let probe_meta =
             ProfileMeta { sample_type: ("calls", "count"), period_type: ("calls", "count"), period: 1, ..meta };
+        let off_cpu_meta = ProfileMeta {
+            sample_type: ("off_cpu", "nanoseconds"),
+            period_type: ("off_cpu", "nanoseconds"),
+            period: 1,
+            ..meta
+        };
         // A stack per sample at most; about as many distinct frames.
         b.reserve(samples, samples);
         BatchBuilder {
@@ -455,6 +498,7 @@ impl<'a> BatchBuilder<'a> {
             names,
             meta,
             probe_meta,
+            off_cpu_meta,
             locations: Locations {
                 kernel_mapping,
                 kernel_attr,
@@ -535,6 +579,8 @@ impl<'a> BatchBuilder<'a> {
         }
         let r = if profile == CPU_PROFILE {
             self.b.profile(resource, &self.meta)
+        } else if profile == OFF_CPU_PROFILE {
+            self.b.profile(resource, &self.off_cpu_meta)
         } else {
             let b = &mut self.b;
             let pr = b.profile(resource, &self.probe_meta);
@@ -577,6 +623,9 @@ impl<'a> BatchBuilder<'a> {
         if let Some(end) = k.interp_end {
             attribute_indices.push(self.b.attribute(INTERPRETER_END_ATTR, AttrValue::Str(end)));
         }
+        if let Some(state) = k.off_cpu_state {
+            attribute_indices.push(self.b.attribute(OFF_CPU_STATE_ATTR, AttrValue::Str(state.name())));
+        }
         attribute_indices
     }
 
@@ -599,16 +648,20 @@ impl<'a> BatchBuilder<'a> {
             self.b.sample(prof, s);
         }
         if !ts.is_empty() {
-            ts.sort_unstable();
+            let values = if occ.values.len() == ts.len() {
+                // Sorted by time with their values.
+                let mut pairs: Vec<(u64, u64)> = ts.iter().copied().zip(occ.values.drain(..)).collect();
+                pairs.sort_unstable();
+                ts.clear();
+                ts.extend(pairs.iter().map(|p| p.0));
+                pairs.iter().map(|p| i64::try_from(p.1).unwrap_or(i64::MAX)).collect()
+            } else {
+                ts.sort_unstable();
+                vec![1; ts.len()]
+            };
             self.b.sample(
                 prof,
-                pb::Sample {
-                    stack_index,
-                    attribute_indices,
-                    link_index: 0,
-                    values: vec![1; ts.len()],
-                    timestamps_unix_nano: ts,
-                },
+                pb::Sample { stack_index, attribute_indices, link_index: 0, values, timestamps_unix_nano: ts },
             );
         }
     }
@@ -845,7 +898,7 @@ mod tests {
         let (ia, ib) = (info(1), info(2));
         let mut iv = Interval::new(0, SampleAttrs { thread_id: false, thread_name: false, cpu: false });
         let sample = |pid, kstack: &'static [u64], ustack: &'static [u64]| SampleIn {
-            probe: None,
+            profile: SampleProfile::Cpu,
             pid,
             tid: pid,
             cpu: 0,
@@ -897,7 +950,7 @@ mod tests {
         let maps = Arc::new(MappingSet { generation: 1, mappings: vec![] });
         let mut iv = Interval::new(0, SampleAttrs { thread_id: false, thread_name: false, cpu: false });
         let sample = |kstack: &'static [u64], ustack: &'static [u64], unix_ns| SampleIn {
-            probe: None,
+            profile: SampleProfile::Cpu,
             pid: 3,
             tid: 3,
             cpu: 0,
@@ -972,7 +1025,7 @@ mod tests {
         for t in [1_500, 1_200] {
             iv.add(
                 &SampleIn {
-                    probe: None,
+                    profile: SampleProfile::Cpu,
                     pid: 42,
                     tid: 43,
                     cpu: 1,
@@ -988,7 +1041,7 @@ mod tests {
         }
         iv.add(
             &SampleIn {
-                probe: None,
+                profile: SampleProfile::Cpu,
                 pid: 7,
                 tid: 7,
                 cpu: 0,
@@ -1097,7 +1150,7 @@ mod tests {
             let mut iv = Interval::new(0, SampleAttrs::from_config(attrs));
             for (cpu, t) in [(0, 10), (3, 20)] {
                 let s = SampleIn {
-                    probe: None,
+                    profile: SampleProfile::Cpu,
                     pid: 9,
                     tid: 9,
                     cpu,
@@ -1140,7 +1193,7 @@ mod tests {
         // service's, whether or not samples carry thread.name.
         let mut iv = Interval::new(0, SampleAttrs::from_config(&[]));
         let gone = SampleIn {
-            probe: None,
+            profile: SampleProfile::Cpu,
             pid: 5,
             tid: 5,
             cpu: 0,

@@ -30,7 +30,7 @@
 //! lookup of `counts` (only then), deleted, and its count dropped as
 //! unnamed.
 
-use super::aggregate::{Frames, Interval, SampleIn};
+use super::aggregate::{Frames, Interval, SampleIn, SampleProfile};
 use crate::ebpf::process::{MappingSet, ProcessInfo};
 use profcol_ebpf::python::WalkEnd;
 use profcol_ebpf::UnwindEnd;
@@ -469,7 +469,7 @@ fn hand(
 /// Hands `n` samples of `r`'s stack to the interval with its frames.
 fn add(interval: &mut Interval, r: &Record, frames: Frames, n: u64) {
     let s = SampleIn {
-        probe: None,
+        profile: SampleProfile::Cpu,
         pid: r.pid,
         tid: r.tid,
         cpu: r.cpu,
@@ -490,7 +490,7 @@ mod tests {
 
     fn sample(pid: u32, ustack: &[u64]) -> SampleIn<'_> {
         SampleIn {
-            probe: None,
+            profile: SampleProfile::Cpu,
             pid,
             tid: pid,
             cpu: 0,
