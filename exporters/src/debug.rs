@@ -46,12 +46,28 @@ struct DebugExporter {
 }
 
 /// One line: resources, profiles, samples (observations), Sample messages,
-/// and dictionary sizes.
+/// dictionary sizes, then the samples of each sample type (and the sum of
+/// the values of types that are not counts: an `off_cpu` profile's time).
 pub fn summary(batch: &Profiles) -> String {
     let d = batch.dictionary();
     let n = |f: fn(&profcol_api::model::pb::ProfilesDictionary) -> usize| d.map(f).unwrap_or(0).saturating_sub(1);
+    let mut types: std::collections::BTreeMap<(&str, &str), (u64, i64)> = Default::default();
+    for s in batch.samples() {
+        let t = s.sample_type();
+        let counts_events = t.1 == "count";
+        let e = types.entry(t).or_default();
+        e.0 += profcol_api::model::observations(s.sample, counts_events);
+        if !counts_events {
+            e.1 = e.1.saturating_add(s.sample.values.iter().sum());
+        }
+    }
+    let types: Vec<String> = types
+        .into_iter()
+        .map(|((t, u), (n, sum))| if u == "count" { format!("{t}/{u}:{n}") } else { format!("{t}/{u}:{n}({sum})") })
+        .collect();
     format!(
-        "resources={} profiles={} samples={} sample_messages={} stacks={} locations={} functions={} mappings={}",
+        "resources={} profiles={} samples={} sample_messages={} stacks={} locations={} functions={} mappings={} \
+         types={}",
         batch.0.resource_profiles.len(),
         batch.profiles().count(),
         batch.sample_count(),
@@ -60,6 +76,7 @@ pub fn summary(batch: &Profiles) -> String {
         n(|d| d.location_table.len()),
         n(|d| d.function_table.len()),
         n(|d| d.mapping_table.len()),
+        types.join(","),
     )
 }
 
@@ -103,5 +120,28 @@ impl Exporter for DebugExporter {
             info!(exporter = %self.id, "\n{}", detailed(batch));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profcol_api::model::pb;
+
+    #[test]
+    fn the_summary_counts_samples_per_type_and_sums_times() {
+        let (mut b, stack, cpu, off) = crate::test_batches::cpu_and_off_cpu();
+        b.sample(cpu, pb::Sample { stack_index: stack, values: vec![4], ..Default::default() });
+        b.sample(
+            off,
+            pb::Sample {
+                stack_index: stack,
+                values: vec![5, 7],
+                timestamps_unix_nano: vec![1, 2],
+                ..Default::default()
+            },
+        );
+        let line = summary(&b.build());
+        assert!(line.ends_with(" types=off_cpu/nanoseconds:2(12),samples/count:4"), "{line}");
     }
 }

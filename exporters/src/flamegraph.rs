@@ -8,7 +8,7 @@
 
 use crate::delivered::Delivered;
 use crate::file_names::{sanitize, time_range, timestamp, unique_path};
-use crate::group::{bounded_group, GroupBy, GroupNames};
+use crate::group::{bounded_group, GroupBy, GroupNames, OWN_REPORT_TYPE};
 use crate::output::write_atomic;
 use crate::sample_attrs::AttrReader;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
@@ -136,7 +136,12 @@ pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String
         let comm = if root_comm { folded::comm(|| s.attributes(), s.resource) } else { None };
         let count = folded::sample_count(&s.sample.values, s.sample.timestamps_unix_nano.len());
         let attrs = if by == GroupBy::None { Default::default() } else { reader.read(&s) };
-        let group = bounded_group(&groups, names.of(&attrs).to_owned());
+        let mut group = names.of(&attrs).to_owned();
+        if s.sample_type().0 == OWN_REPORT_TYPE {
+            group.push('-');
+            group.push_str(OWN_REPORT_TYPE);
+        }
+        let group = bounded_group(&groups, group);
         groups.entry(group.clone()).or_default();
         folder.add(group, s.sample.stack_index, || s.frames().map(Folding), comm.as_deref(), count);
     }

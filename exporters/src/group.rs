@@ -32,6 +32,12 @@ pub(crate) const ALL_GROUP: &str = "all";
 /// The group of the samples past [`MAX_GROUPS`].
 pub(crate) const OVERFLOW_GROUP: &str = "other";
 
+/// The sample type whose profiles go to reports of their own, named
+/// `<group>-off_cpu`: wait times are no CPU samples, a pprof reader takes a
+/// report's period and default type from its first column, and a flame
+/// graph sums whatever it is given.
+pub(crate) const OWN_REPORT_TYPE: &str = "off_cpu";
+
 /// Longest process id kept in a group name (which is part of a file name).
 const MAX_PID_CHARS: usize = 64;
 

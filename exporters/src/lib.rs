@@ -14,6 +14,8 @@ pub mod file;
 mod delivered;
 mod file_names;
 mod sample_attrs;
+#[cfg(test)]
+mod test_batches;
 
 use profcol_api::component::Factory;
 use std::sync::Arc;

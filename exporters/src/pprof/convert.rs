@@ -9,7 +9,7 @@
 //! mapping; stacks are leaf first. Ids are 1-based and unique, string 0 is "".
 
 use super::proto as pp;
-use crate::group::{bounded_group, GroupBy, GroupNames};
+use crate::group::{bounded_group, GroupBy, GroupNames, OWN_REPORT_TYPE};
 use crate::sample_attrs::{AttrReader, SampleAttrs};
 use profcol_api::model::view::{FrameView, SampleView};
 use profcol_api::model::{hash_str, keys, HashIndex, Resource};
@@ -609,10 +609,6 @@ pub(crate) fn to_pprof_with(
     convert(batch, Grouping::Resource(group), sample_labels)
 }
 
-/// The sample type whose profiles go to a report of their own, named
-/// `<group>-off_cpu`.
-pub const OWN_REPORT_TYPE: &str = "off_cpu";
-
 /// What names a sample's group.
 enum Grouping<'f> {
     By(GroupBy),
@@ -645,9 +641,6 @@ fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec
             }
         };
         if s.sample_type().0 == OWN_REPORT_TYPE {
-            // Wait times are no CPU samples, and a reader takes a report's
-            // period and default type from its first column: off-CPU
-            // profiles get a report of their own.
             own_type.clear();
             own_type.push_str(g);
             own_type.push('-');
@@ -862,6 +855,32 @@ mod tests {
             assert_eq!(names, ["work", "main"], "leaf first");
             let label = |k: &str| sample.label.iter().find(|l| s(l.key) == k).unwrap();
             assert_eq!((label("pid").num, label("tid").num, s(label("comm").str)), (42, tid, name));
+        }
+    }
+
+    /// An off-CPU profile (off_cpu/nanoseconds) goes to a report of its
+    /// own, `<group>-off_cpu`, whose first column and period are its own;
+    /// the CPU report keeps its columns.
+    #[test]
+    fn off_cpu_profiles_get_a_report_of_their_own() {
+        let (mut b, stack, cpu, off) = crate::test_batches::cpu_and_off_cpu();
+        for (p, v) in [(off, 7_000_000), (cpu, 3)] {
+            b.sample(p, pb::Sample { stack_index: stack, values: vec![v], ..Default::default() });
+        }
+        let batch = b.build();
+        batch.validate().unwrap();
+        let groups = to_pprof(&batch, GroupBy::None);
+        let names: Vec<&str> = groups.iter().map(|g| g.group.as_str()).collect();
+        assert_eq!(names, ["all", "all-off_cpu"]);
+        for (g, want, value) in
+            [(&groups[0], ("samples", "count"), 3), (&groups[1], ("off_cpu", "nanoseconds"), 7_000_000)]
+        {
+            let p = g.report.to_profile().unwrap();
+            check_valid(&p).unwrap();
+            let s = |i: i64| p.string_table[i as usize].as_str();
+            assert_eq!((s(p.sample_type[0].r#type), s(p.sample_type[0].unit)), want, "{}", g.group);
+            assert!(p.sample_type.iter().all(|t| s(t.r#type) != if value == 3 { "off_cpu" } else { "samples" }));
+            assert_eq!(p.sample[0].value[0], value);
         }
     }
 }

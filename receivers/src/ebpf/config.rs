@@ -100,7 +100,7 @@ pub struct EbpfConfig {
     /// Off-CPU time: each wait of a sampled thread at least `threshold`
     /// long (default 1ms) is a sample of the `off_cpu` profile
     /// (`off_cpu/nanoseconds`), its value the time waited, its stacks the
-    /// ones the thread left the CPU with, its `thread.state` attribute how
+    /// ones the thread left the CPU with, its `profcol.off_cpu.state` how
     /// it left (`sleeping`, `uninterruptible`, `runnable`: preempted);
     /// `probability` (default 1) follows only that share of switches.
     /// Both are applied in the kernel before any stack walk. Unset: off.

@@ -999,6 +999,71 @@ mod tests {
         );
     }
 
+    /// Off-CPU waits go to the process's `off_cpu/nanoseconds` profile,
+    /// each its time as its value (in time order), split by how the thread
+    /// left the CPU; the same stack on CPU stays in the CPU profile.
+    #[test]
+    fn off_cpu_waits_are_a_profile_of_their_time_by_state() {
+        let info = Arc::new(ProcessInfo { pid: 3, ..Default::default() });
+        let maps = Arc::new(MappingSet { generation: 1, mappings: vec![] });
+        let mut iv = Interval::new(0, SampleAttrs { thread_id: false, thread_name: false, cpu: false });
+        let sample = |profile, unix_ns| SampleIn {
+            profile,
+            pid: 3,
+            tid: 3,
+            cpu: 0,
+            comm: comm("x"),
+            unix_ns,
+            kstack: &[],
+            ustack: &[0x10, 0x20],
+            unwind_end: UnwindEnd::Unknown,
+            interp_end: WalkEnd::None,
+        };
+        let wait = |ns, state| SampleProfile::OffCpu { ns, state };
+        iv.add(&sample(wait(5_000_000, OffCpuState::Sleeping), 9), Some((&info, &maps)));
+        iv.add(&sample(wait(2_000_000, OffCpuState::Sleeping), 4), Some((&info, &maps)));
+        iv.add(&sample(wait(3_000_000, OffCpuState::Runnable), 6), Some((&info, &maps)));
+        iv.add(&sample(SampleProfile::Cpu, 7), Some((&info, &maps)));
+        let p = iv.build("h", 1, 10, &[], &ServiceNamer::new(Vec::new()), FrameNamers::default());
+        p.validate().expect("valid batch");
+        let d = p.dictionary().unwrap();
+        let s = |i: i32| d.string_table[i as usize].as_str();
+        let mut got = Vec::new();
+        for pr in p.profiles() {
+            let st = pr.sample_type.as_ref().unwrap();
+            for smp in &pr.samples {
+                let state = smp
+                    .attribute_indices
+                    .iter()
+                    .map(|&i| &d.attribute_table[i as usize])
+                    .find(|a| s(a.key_strindex) == OFF_CPU_STATE_ATTR)
+                    .and_then(|a| match a.value.as_ref()?.value.as_ref()? {
+                        any_value::Value::StringValue(v) => Some(v.clone()),
+                        _ => None,
+                    });
+                got.push((
+                    s(st.type_strindex).to_owned(),
+                    s(st.unit_strindex).to_owned(),
+                    state,
+                    smp.values.clone(),
+                    smp.timestamps_unix_nano.clone(),
+                ));
+            }
+        }
+        got.sort();
+        let row = |t: &str, u: &str, state: Option<&str>, values: Vec<i64>, times: Vec<u64>| {
+            (t.to_owned(), u.to_owned(), state.map(str::to_owned), values, times)
+        };
+        assert_eq!(
+            got,
+            vec![
+                row("off_cpu", "nanoseconds", Some("runnable"), vec![3_000_000], vec![6]),
+                row("off_cpu", "nanoseconds", Some("sleeping"), vec![2_000_000, 5_000_000], vec![4, 9]),
+                row("samples", "count", None, vec![1], vec![7]),
+            ]
+        );
+    }
+
     #[test]
     fn builds_the_data_model() {
         let info = Arc::new(ProcessInfo {
