@@ -589,22 +589,23 @@ int profcol_uprobe(struct pt_regs *ctx)
 	return write_sample(ctx, tgid, (__u32)id, SAMPLE_PROBE, (__u32)bpf_get_attach_cookie(ctx), ret);
 }
 
-/* A thread off CPU since `ns`, in `state` (enum off_cpu_state). */
+/* A thread off CPU since `ns` (0: not followed), in `state` (enum
+ * off_cpu_state). */
 struct off_cpu_start {
 	__u64 ns;
 	__u32 state;
 	__u32 pad;
 };
 
-/* Sampled threads off CPU, by task (its task_struct's address); an LRU so
- * that threads that never come back (they exited) make room. Sized by the
- * loader. */
-struct bpf_map_def SEC("maps") off_cpu_starts = {
-	.type = BPF_MAP_TYPE_LRU_HASH,
-	.key_size = sizeof(__u64),
-	.value_size = sizeof(struct off_cpu_start),
-	.max_entries = 16384,
-};
+/* Per task, freed with it: a task-local storage (BTF-defined, as the
+ * kernel requires) costs a pointer chase, where a hash map keyed by task
+ * cost most of the program's time on every switch. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct off_cpu_start);
+} off_cpu_starts SEC(".maps");
 
 /* The wait this CPU's current thread came back from, due as a record at
  * its syscall's exit (its kernel stack is in scratch[SCRATCH_OFF_CPU]). */
@@ -706,7 +707,7 @@ int profcol_off_cpu_switch(__u64 *ctx)
 		write_record(s, 0);
 	}
 
-	__u64 prev = ctx[1];
+	void *prev = (void *)ctx[1];
 	void *next = (void *)ctx[2];
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
@@ -720,17 +721,20 @@ int profcol_off_cpu_switch(__u64 *ctx)
 			state = (prev_state & TASK_UNINTERRUPTIBLE) && !(prev_state & TASK_NOLOAD)
 					? OFF_CPU_UNINTERRUPTIBLE
 					: OFF_CPU_SLEEPING;
-		struct off_cpu_start start = { .ns = bpf_ktime_get_ns(), .state = state };
-		bpf_map_update_elem(&off_cpu_starts, &prev, &start, BPF_ANY);
+		struct off_cpu_start *start =
+			bpf_task_storage_get(&off_cpu_starts, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (start) {
+			start->ns = bpf_ktime_get_ns();
+			start->state = state;
+		}
 	}
 
-	__u64 key = (__u64)next;
-	struct off_cpu_start *start = bpf_map_lookup_elem(&off_cpu_starts, &key);
-	if (!start)
+	struct off_cpu_start *start = bpf_task_storage_get(&off_cpu_starts, next, 0, 0);
+	if (!start || !start->ns)
 		return 0;
 	__u64 off_ns = bpf_ktime_get_ns() - start->ns;
 	__u32 state = start->state;
-	bpf_map_delete_elem(&off_cpu_starts, &key);
+	start->ns = 0;
 	if (off_ns < cfg_off_cpu_threshold_ns)
 		return 0;
 	long kbytes = bpf_get_task_stack(next, s->ips, stack_depth() * sizeof(__u64), 0);
@@ -742,7 +746,7 @@ int profcol_off_cpu_switch(__u64 *ctx)
 		write_record(s, 0);
 		return 0;
 	}
-	due->task = key;
+	due->task = (__u64)next;
 	return 0;
 }
 

@@ -186,8 +186,6 @@ pub mod off_cpu {
     ];
     /// `BPF_MAP_TYPE_PROG_ARRAY` of [`WALKERS`].
     pub const PROGS_MAP: &str = "off_cpu_progs";
-    /// `BPF_MAP_TYPE_LRU_HASH`, task → when and how it left the CPU.
-    pub const STARTS_MAP: &str = "off_cpu_starts";
     /// `u64`: ns off CPU for a record.
     pub const THRESHOLD_GLOBAL: &str = "cfg_off_cpu_threshold_ns";
     /// `u32`: the chance a switch-out is followed, scaled to `u32::MAX`.

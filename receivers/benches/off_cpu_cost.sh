@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What following threads off CPU costs the threads followed: a pipe
-# ping-pong (two threads passing a byte back and forth, every pass a
-# context switch on each side) timed without an agent, with the agent and
+# ping-pong (two threads on CPU 0 passing a byte back and forth, every pass
+# two context switches) timed without an agent, with the agent and
 # `off_cpu: {threshold: 1ms}`, and with `off_cpu: {threshold: 0s}` (every
 # wait a record), RUNS interleaved runs each, medians. The agent samples
 # the whole host (no pid filter) at 19 Hz. Then the in-kernel time per run
@@ -32,7 +32,9 @@ cleanup() {
 trap cleanup EXIT
 
 cat >"$WORK/pingpong.c" <<'C'
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -47,6 +49,11 @@ static void *pong(void *a) {
 int main(int argc, char **argv) {
 	double secs = atof(argv[1]);
 	if (pipe(ab) || pipe(ba)) return 1;
+	/* Both on CPU 0: every pass switches straight from one to the other. */
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(0, &set);
+	sched_setaffinity(0, sizeof(set), &set);
 	pthread_t t;
 	pthread_create(&t, 0, pong, 0);
 	struct timespec t0, t1;
@@ -106,7 +113,7 @@ python3 - "${RATES[none]}" "${RATES[on]}" "${RATES[zero]}" "$WORK/kernel" "$SECS
 import statistics, sys
 none, on, zero = ([float(x) for x in a.split()] for a in sys.argv[1:4])
 m = statistics.median
-print(f"pipe ping-pong, passes/s (each pass a context switch per side), medians of {len(none)} interleaved {sys.argv[5]} s runs:")
+print(f"pipe ping-pong on one CPU, passes/s (two context switches each), medians of {len(none)} interleaved {sys.argv[5]} s runs:")
 print(f"  no agent {m(none):,.0f}; off_cpu threshold 1ms {m(on):,.0f} ({m(on) / m(none):.3f}x); threshold 0 {m(zero):,.0f} ({m(zero) / m(none):.3f}x)")
 k = {}
 for line in open(sys.argv[4]):

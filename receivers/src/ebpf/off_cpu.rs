@@ -22,8 +22,7 @@ use crate::ebpf::metrics as m;
 #[serde(deny_unknown_fields, default)]
 pub struct OffCpuConfig {
     /// A wait at least this long is a sample (its value: the time off CPU
-    /// in nanoseconds); a shorter one costs a map update and a lookup, no
-    /// stack walk.
+    /// in nanoseconds); a shorter one costs no stack walk.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "DurationText")]
     pub threshold: Duration,

@@ -156,6 +156,9 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         }
     };
     let mut loader = EbpfLoader::new();
+    // The off-CPU task storage is aya's "unsupported": created, and only
+    // the BPF programs use it.
+    loader.allow_unsupported_maps();
     for (name, value) in obj::globals::VMA_OFFSETS.iter().zip(&offsets) {
         loader.override_global(name, value, true);
     }
@@ -192,7 +195,6 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         .override_global(obj::off_cpu::TASK_GLOBALS[2], &task_ids[2], true)
         .override_global(obj::off_cpu::THRESHOLD_GLOBAL, &off_cpu.map_or(0, |o| o.threshold_ns()), true)
         .override_global(obj::off_cpu::PROBABILITY_GLOBAL, &off_cpu.map_or(0, |o| o.probability_scaled()), true)
-        .map_max_entries(obj::off_cpu::STARTS_MAP, if off_cpu.is_some() { OFF_CPU_THREADS } else { 1 })
         .load(obj::cpu_sample_object())
         .map_err(|e| other("loading the BPF object (maps)", &e))?;
 
@@ -238,10 +240,6 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
     }
     Ok(ebpf)
 }
-
-/// Threads followed off CPU at once at most (the LRU's entries, allocated
-/// up front: ~100 bytes each); beyond, the longest off CPU are forgotten.
-const OFF_CPU_THREADS: u32 = 32_768;
 
 /// Off-CPU time (`off_cpu:`): the walkers' raw tracepoint copies into
 /// their tail-call array (those whose perf-event copy loaded), then the
