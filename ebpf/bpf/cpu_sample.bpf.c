@@ -607,13 +607,11 @@ struct {
 	__type(value, struct off_cpu_start);
 } off_cpu_starts SEC(".maps");
 
-/* The wait this CPU's current thread came back from, due as a record at
- * its syscall's exit (its kernel stack is in scratch[SCRATCH_OFF_CPU]). */
+/* The thread this CPU switched to after a wait over the threshold, whose
+ * record (header and kernel stack in scratch[SCRATCH_OFF_CPU]) is due at
+ * its syscall's exit. */
 struct off_cpu_due {
-	__u64 task;      /* 0: nothing due */
-	__u64 off_ns;
-	__u32 state;
-	__u32 kstack_len;
+	__u64 task; /* 0: nothing due */
 };
 
 struct bpf_map_def SEC("maps") off_cpu_dues = {
