@@ -597,15 +597,18 @@ struct off_cpu_start {
 	__u32 pad;
 };
 
-/* Per task, freed with it: a task-local storage (BTF-defined, as the
- * kernel requires) costs a pointer chase, where a hash map keyed by task
- * cost most of the program's time on every switch. */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct off_cpu_start);
-} off_cpu_starts SEC(".maps");
+/* Sampled threads off CPU, by task (its task_struct's address): an entry
+ * is written in place once its thread has one, and goes with the thread
+ * (profcol_exit). Task-local storage would be cheaper still, but its map
+ * would be made at every load, and kernels before 5.11 have none. Sized
+ * by the loader (1 entry with off_cpu off); allocated as threads come. */
+struct bpf_map_def SEC("maps") off_cpu_starts = {
+	.type = BPF_MAP_TYPE_HASH,
+	.key_size = sizeof(__u64),
+	.value_size = sizeof(struct off_cpu_start),
+	.max_entries = 65536,
+	.map_flags = BPF_F_NO_PREALLOC,
+};
 
 /* The thread this CPU switched to after a wait over the threshold, whose
  * record (header and kernel stack in scratch[SCRATCH_OFF_CPU]) is due at
@@ -719,15 +722,19 @@ int profcol_off_cpu_switch(__u64 *ctx)
 			state = (prev_state & TASK_UNINTERRUPTIBLE) && !(prev_state & TASK_NOLOAD)
 					? OFF_CPU_UNINTERRUPTIBLE
 					: OFF_CPU_SLEEPING;
-		struct off_cpu_start *start =
-			bpf_task_storage_get(&off_cpu_starts, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		__u64 key = (__u64)prev;
+		struct off_cpu_start *start = bpf_map_lookup_elem(&off_cpu_starts, &key);
 		if (start) {
 			start->ns = bpf_ktime_get_ns();
 			start->state = state;
+		} else {
+			struct off_cpu_start first = { .ns = bpf_ktime_get_ns(), .state = state };
+			bpf_map_update_elem(&off_cpu_starts, &key, &first, BPF_NOEXIST);
 		}
 	}
 
-	struct off_cpu_start *start = bpf_task_storage_get(&off_cpu_starts, next, 0, 0);
+	__u64 key = (__u64)next;
+	struct off_cpu_start *start = bpf_map_lookup_elem(&off_cpu_starts, &key);
 	if (!start || !start->ns)
 		return 0;
 	__u64 off_ns = bpf_ktime_get_ns() - start->ns;
@@ -821,6 +828,11 @@ int profcol_exec(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tracepoint/sched_process_exit")
 int profcol_exit(struct bpf_raw_tracepoint_args *ctx)
 {
+	/* Every thread's exit: its off-CPU entry goes with it. */
+	if (cfg_off_cpu_threshold_ns) {
+		__u64 task = bpf_get_current_task();
+		bpf_map_delete_elem(&off_cpu_starts, &task);
+	}
 	forget_mappings();
 	return proc_event(PROC_EXIT);
 }

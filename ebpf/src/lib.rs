@@ -186,6 +186,11 @@ pub mod off_cpu {
     ];
     /// `BPF_MAP_TYPE_PROG_ARRAY` of [`WALKERS`].
     pub const PROGS_MAP: &str = "off_cpu_progs";
+    /// `BPF_MAP_TYPE_HASH`, task → when and how it left the CPU.
+    pub const STARTS_MAP: &str = "off_cpu_starts";
+    /// Threads followed off CPU at once at most ([`STARTS_MAP`]'s entries,
+    /// ~100 bytes each, allocated as threads are first followed).
+    pub const THREADS: u32 = 65_536;
     /// `u64`: ns off CPU for a record.
     pub const THRESHOLD_GLOBAL: &str = "cfg_off_cpu_threshold_ns";
     /// `u32`: the chance a switch-out is followed, scaled to `u32::MAX`.

@@ -156,9 +156,6 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         }
     };
     let mut loader = EbpfLoader::new();
-    // The off-CPU task storage is aya's "unsupported": created, and only
-    // the BPF programs use it.
-    loader.allow_unsupported_maps();
     for (name, value) in obj::globals::VMA_OFFSETS.iter().zip(&offsets) {
         loader.override_global(name, value, true);
     }
@@ -194,6 +191,7 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         .override_global(obj::off_cpu::TASK_GLOBALS[1], &task_ids[1], true)
         .override_global(obj::off_cpu::TASK_GLOBALS[2], &task_ids[2], true)
         .override_global(obj::off_cpu::THRESHOLD_GLOBAL, &off_cpu.map_or(0, |o| o.threshold_ns()), true)
+        .map_max_entries(obj::off_cpu::STARTS_MAP, if off_cpu.is_some() { obj::off_cpu::THREADS } else { 1 })
         .override_global(obj::off_cpu::PROBABILITY_GLOBAL, &off_cpu.map_or(0, |o| o.probability_scaled()), true)
         .load(obj::cpu_sample_object())
         .map_err(|e| other("loading the BPF object (maps)", &e))?;
