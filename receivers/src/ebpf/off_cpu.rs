@@ -2,10 +2,10 @@
 //! the stacks they waited in.
 //!
 //! The kernel does the work (`profcol_off_cpu_switch` on `sched_switch`,
-//! `profcol_off_cpu` on `finish_task_switch`, see the BPF source): the
-//! chance and the threshold are applied there, before any stack walk, and
-//! a wait over the threshold comes as one record with its time. Here: the
-//! section's settings and the counters of what came.
+//! `profcol_off_cpu` on `sys_exit`, see the BPF source): the chance and the
+//! threshold are applied there, before any stack walk, and a wait over the
+//! threshold comes as one record with its time. Here: the section's
+//! settings and the counters of what came.
 
 use std::time::Duration;
 
