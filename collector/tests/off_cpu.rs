@@ -30,11 +30,11 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use profcol_testkit::pprof_raw::read_raw;
-use profcol_testkit::tools::{require, tool_available};
+use profcol_testkit::tools::{require, tool_available, KillOnDrop};
 
 const PROGRAM: &str = r#"
 #define _GNU_SOURCE
@@ -142,18 +142,6 @@ int main(int argc, char **argv) {
 	return 0;
 }
 "#;
-
-/// A child killed if the test ends first.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 /// A loopback port free now.
 fn free_port() -> u16 {

@@ -51,7 +51,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use profcol_testkit::pprof_raw::{parse_raw, profcol_stacks, Frame, Stack};
-use profcol_testkit::tools::{in_ci, require, tool_available};
+use profcol_testkit::tools::{in_ci, require, tool_available, KillOnDrop};
 
 /// How long py-spy records (profcol samples the same window, give or take
 /// its first report).
@@ -584,18 +584,6 @@ impl Drop for Workload {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// A child killed if the test ends first (a failed assertion).
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
     }
 }
 

@@ -49,3 +49,16 @@ pub fn require_root(test: &str, why: &str) -> bool {
     let need = if euid == 0 { Ok(()) } else { Err(format!("needs root ({why}); run the tests as root")) };
     require(test, need)
 }
+
+/// A child process killed (and reaped) if the test ends first, a failed
+/// assertion included.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
