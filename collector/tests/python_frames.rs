@@ -772,7 +772,8 @@ fn record_side_by_side(batch: Vec<Python>, script: &Path, py_spy: &Path, dir: &P
 
 /// The `-raw` reader on text as Go's pprof prints it: a location without a
 /// mapping (address 0), an inlined caller's line, a pseudo file with a
-/// space, a system name after the start line, a column (newer Go).
+/// space, a function name with spaces, a system name after the start
+/// line, a column (newer Go).
 #[test]
 fn go_pprof_raw_text_is_read() {
     let text = "PeriodType: cpu nanoseconds\nPeriod: 10101010\nSamples:\nsamples/count cpu/nanoseconds\n\
@@ -785,6 +786,7 @@ fn go_pprof_raw_text_is_read() {
                 \x20    3: 0x0 M=1 <module> <frozen runpy>:88:4 s=1(_run_code)\n\
                 \x20    4: 0x1234 M=1 inner a.c:5 s=0\n\
                 \x20            outer a.c:9 s=0\n\
+                \x20            <R as T>::next /src/r.rs:12 s=0\n\
                 Mappings\n\
                 1: 0x1000/0x2000/0x0 /usr/bin/python3.12  [FN]\n\
                 2: 0x7f00/0x8000/0x0 /lib/libz.so.1.2.13 abcd [FN]\n";
@@ -805,6 +807,7 @@ fn go_pprof_raw_text_is_read() {
             ("<module>", "<frozen runpy>", 88, "python3.12", true),
             ("inner", "a.c", 5, "python3.12", false),
             ("outer", "a.c", 9, "python3.12", false),
+            ("<R as T>::next", "/src/r.rs", 12, "python3.12", false),
         ]
     );
     assert_eq!(stack.python_path(), ["<module>", "checksum_zlib"]);

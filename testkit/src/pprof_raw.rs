@@ -177,7 +177,16 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
 /// (name, file, line) of "NAME FILE:LINE[:COL] s=N[(SYSTEM)]".
 pub fn parse_location_line(text: &str) -> Option<(String, String, u64)> {
     let (text, _) = text.rsplit_once(" s=")?;
-    let (name, file_line) = text.split_once(' ')?;
+    // Names may hold spaces (`<T as Trait>::f`), files rarely: the file is
+    // the last word, or a `<pseudo file>` (`<frozen runpy>`) whole.
+    let file_start = {
+        let no_line = text.trim_end_matches(|c: char| c.is_ascii_digit() || c == ':');
+        match no_line.ends_with('>').then(|| no_line.rfind(" <")).flatten() {
+            Some(at) => at,
+            None => text.rfind(' ')?,
+        }
+    };
+    let (name, file_line) = (&text[..file_start], &text[file_start + 1..]);
     let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let parts: Vec<&str> = file_line.rsplitn(3, ':').collect();
     let (file, line) = match parts[..] {
