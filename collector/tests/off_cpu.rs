@@ -19,6 +19,12 @@
 //! - C's, A's and D's off-CPU time in stacks holding their function is
 //!   within 5% of what each measured (waits of at least 1 ms);
 //! - S1's and S2's off-CPU time is 35–65% of their run time;
+//! - wakers (the `*-wakeup.pb.gz` reports, linked by the `wakeup` label):
+//!   at least 95% of A's time in `a_reads` was ended by B in `b_writes`,
+//!   of D's in `d_locks` by E in `e_holds_lock` (its unlock), and of C's
+//!   in `c_sleeps` by an interrupt (a timer: `hrtimer_wakeup`, no thread,
+//!   no user frame), and `/metrics` counts at least 95% of the sleeping
+//!   waits' wakeups as linked;
 //! - `/metrics` counts the sleeping time of all the sleepers within 5% of
 //!   their measured sum, and at least 90% of the spinners' time as runnable.
 //!
@@ -76,7 +82,7 @@ __attribute__((noinline)) void a_reads(void) { char b; long long t0 = now_ns(); 
 __attribute__((noinline)) void b_sleeps(void) { long long t0 = now_ns(); nap(30); add(2, t0); }
 __attribute__((noinline)) void b_writes(void) { if (write(pipe_fds[1], "x", 1) != 1) running = 0; }
 __attribute__((noinline)) void d_locks(void) { long long t0 = now_ns(); pthread_mutex_lock(&lock); add(3, t0); pthread_mutex_unlock(&lock); }
-__attribute__((noinline)) void e_holds_lock(void) { pthread_mutex_lock(&lock); long long t0 = now_ns(); nap(15); add(4, t0); pthread_mutex_unlock(&lock); }
+__attribute__((noinline)) void e_holds_lock(void) { pthread_mutex_lock(&lock); long long t0 = now_ns(); nap(15); add(4, t0); pthread_mutex_unlock(&lock); /* no tail call: e_holds_lock stays on the unlock's stack */ __asm__ volatile("" ::: "memory"); }
 __attribute__((noinline)) void e_rests(void) { long long t0 = now_ns(); nap(5); add(4, t0); }
 
 static void *c_main(void *a) { tids[0] = gettid(); while (running) c_sleeps(); return a; }
@@ -164,6 +170,29 @@ fn off_cpu_series(port: u16) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// What woke a wait, told by its waker's sample (tid and frame names,
+/// `[kernel only]` first when it has no user frame): "B b_writes" for
+/// thread B with `b_writes` in its stack, "interrupt hrtimer_wakeup" for
+/// a timer's interrupt, else what it is.
+fn waker_summary(waker: Option<&(u32, Vec<String>)>, measured: &BTreeMap<String, (u32, f64)>) -> String {
+    let Some((tid, names)) = waker else { return "no waker".into() };
+    let has = |f: &str| names.iter().any(|n| n == f);
+    if *tid == 0 {
+        return if has("[kernel only]") && has("hrtimer_wakeup") {
+            "interrupt hrtimer_wakeup".into()
+        } else {
+            format!("interrupt {:?}", names.iter().take(4).collect::<Vec<_>>())
+        };
+    }
+    let who = measured.iter().find(|(_, (t, _))| t == tid).map_or("?", |(w, _)| w.as_str());
+    for f in ["b_writes", "e_holds_lock"] {
+        if has(f) {
+            return format!("{who} {f}");
+        }
+    }
+    format!("{who} {:?}", names.iter().take(6).collect::<Vec<_>>())
+}
+
 fn pct(a: f64, b: f64) -> f64 {
     100.0 * (a - b) / b
 }
@@ -201,10 +230,10 @@ fn off_cpu_time_per_stack_matches_the_waits_a_program_measures() {
         format!(
             "receivers:\n  ebpf:\n    sample_frequency: 19\n    report_interval: 1s\n    pids: [{pid}]\n\
              \x20   off_cpu:\n      threshold: 1ms\n\
-             processors:\n  user_symbols:\n\
+             processors:\n  kernel_symbols:\n  user_symbols:\n\
              exporters:\n  pprof:\n    directory: {}\n\
              service:\n  telemetry:\n    metrics:\n      address: \"127.0.0.1:{port}\"\n\
-             \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [user_symbols]\n\
+             \x20 pipelines:\n    profiles:\n      receivers: [ebpf]\n      processors: [kernel_symbols, user_symbols]\n\
              \x20     exporters: [pprof]\n",
             profiles.display()
         ),
@@ -252,8 +281,25 @@ fn off_cpu_time_per_stack_matches_the_waits_a_program_measures() {
     assert!(!files.is_empty(), "no off-CPU report:\n{}", log_text());
     let mut by_tid: BTreeMap<u32, f64> = BTreeMap::new();
     let mut in_function: BTreeMap<(u32, &str), f64> = BTreeMap::new();
+    // ns of those waits by what woke them: (tid, function) → waker → ns.
+    let mut woken_by: BTreeMap<(u32, &str), BTreeMap<String, f64>> = BTreeMap::new();
     let functions = ["c_sleeps", "a_reads", "d_locks"];
     for f in &files {
+        // The wakers of this report's waits: its `-wakeup` twin, by number.
+        let twin = PathBuf::from(f.to_string_lossy().replace("-off_cpu.pb.gz", "-wakeup.pb.gz"));
+        let wakers: BTreeMap<String, (u32, Vec<String>)> = if twin.exists() {
+            read_raw(&twin)
+                .into_iter()
+                .filter_map(|(_, w)| {
+                    let names = w.frames.iter().map(|fr| fr.name.clone()).collect();
+                    let user = w.frames.iter().any(|fr| !fr.mapping.contains("kernel"));
+                    let names = if user { names } else { [vec!["[kernel only]".to_owned()], names].concat() };
+                    Some((w.label("wakeup")?.to_owned(), (w.tid, names)))
+                })
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
         for (p, s) in read_raw(f) {
             if p != pid {
                 continue;
@@ -262,6 +308,9 @@ fn off_cpu_time_per_stack_matches_the_waits_a_program_measures() {
             for func in functions {
                 if s.frames.iter().any(|fr| fr.name == func) {
                     *in_function.entry((s.tid, func)).or_default() += s.count as f64;
+                    let waker = s.label("wakeup").and_then(|n| wakers.get(n));
+                    let who = waker_summary(waker, &measured);
+                    *woken_by.entry((s.tid, func)).or_default().entry(who).or_default() += s.count as f64;
                 }
             }
         }
@@ -278,6 +327,21 @@ fn off_cpu_time_per_stack_matches_the_waits_a_program_measures() {
                 got / 1e6,
                 want / 1e6
             ));
+        }
+    }
+    // Who woke them: B in b_writes, E in e_holds_lock, a timer.
+    for (who, func, want) in [
+        ("A", "a_reads", "B b_writes"),
+        ("D", "d_locks", "E e_holds_lock"),
+        ("C", "c_sleeps", "interrupt hrtimer_wakeup"),
+    ] {
+        let (tid, _) = measured[who];
+        let by = woken_by.get(&(tid, func)).cloned().unwrap_or_default();
+        let total: f64 = by.values().sum();
+        let share = 100.0 * by.get(want).copied().unwrap_or(0.0) / total.max(1.0);
+        eprintln!("{who:<4} woken by {want}: {share:.1}% of its time in {func} ({by:?})");
+        if share < 95.0 {
+            failures.push(format!("{who} ({func}): {share:.1}% of its waits' time woken by {want}: {by:?}"));
         }
     }
     for who in ["S1", "S2"] {
@@ -305,6 +369,14 @@ fn off_cpu_time_per_stack_matches_the_waits_a_program_measures() {
     );
     if pct(seconds("sleeping"), sleepers).abs() > 5.0 {
         failures.push(format!("sleeping: {:.3} s counted, {sleepers:.3} s measured", seconds("sleeping")));
+    }
+    // Every wait over the threshold from a sleep had its waker recorded and linked.
+    let series_of = |name: &str| series.get(name).copied().unwrap_or(0.0);
+    let sleeping_waits = series_of("profcol_receiver_ebpf_off_cpu_samples_total{receiver=\"ebpf\",state=\"sleeping\"}");
+    let linked = series_of("profcol_receiver_ebpf_off_cpu_wakeups_total{outcome=\"linked\",receiver=\"ebpf\"}");
+    eprintln!("/metrics: {linked} wakeups linked to {sleeping_waits} sleeping waits");
+    if linked < 0.95 * sleeping_waits || sleeping_waits == 0.0 {
+        failures.push(format!("{linked} wakeups linked to {sleeping_waits} sleeping waits"));
     }
     if seconds("runnable") < 0.9 * spinners || spinners == 0.0 {
         failures

@@ -320,7 +320,7 @@ fn parse_py_spy(text: &str) -> Result<Vec<Stack>, String> {
             });
         }
         parsed.reverse();
-        stacks.push(Stack { count, tid: 0, frames: parsed });
+        stacks.push(Stack { count, tid: 0, frames: parsed, labels: Default::default() });
     }
     Ok(stacks)
 }

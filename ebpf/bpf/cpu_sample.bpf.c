@@ -15,6 +15,10 @@
 //    user stack is walked by the same table and Python walkers as on-CPU
 //    samples (their raw tracepoint copies, off_cpu_progs): a record of kind
 //    SAMPLE_OFF_CPU with its time off CPU. No kprobe or fexit is needed.
+//  * profcol_off_cpu_waking: sched_waking (tp_btf), run by the waker: when
+//    the woken thread is followed and has waited the threshold already,
+//    the waker's stacks (tp_btf copies of the walkers, waker_progs) become
+//    a SAMPLE_WAKEUP record whose id the woken thread's record repeats.
 //  * profcol_exec / profcol_exit: raw tracepoints on sched_process_exec and
 //    sched_process_exit (no tracefs, no BTF) writing process events into
 //    their own small ring buffer: process discovery for the receiver.
@@ -91,6 +95,19 @@ const volatile __u32 cfg_count_slots = 16384;
  * scaled to 2^32 - 1 (the sampled ones are decided before anything else). */
 const volatile __u64 cfg_off_cpu_threshold_ns = 0;
 const volatile __u32 cfg_off_cpu_probability = 0;
+/* The kernel's interrupt entry text, [start, end) each (kallsyms'
+ * __irqentry_text_* and __softirqentry_text_*; zeros: unknown). A wakeup
+ * whose kernel stack passes through one came from an interrupt, not from
+ * the thread it interrupted. */
+const volatile __u64 cfg_irq_text_start = 0;
+const volatile __u64 cfg_irq_text_end = 0;
+const volatile __u64 cfg_softirq_text_start = 0;
+const volatile __u64 cfg_softirq_text_end = 0;
+/* try_to_wake_up's text [start, end) (kallsyms; zeros: unknown): a
+ * waker's kernel stack starts there, the frames above it are the
+ * tracepoint's and this program's own. */
+const volatile __u64 cfg_wake_text_start = 0;
+const volatile __u64 cfg_wake_text_end = 0;
 
 /* count_key frames are hashed in blocks of this many (zeros past the end). */
 #define KEY_BLOCK 16
@@ -138,7 +155,8 @@ enum scratch_slot {
 	SCRATCH_CPU = 0,
 	SCRATCH_PROBE = 1,
 	SCRATCH_OFF_CPU = 2,
-	SCRATCH_SLOTS = 3,
+	SCRATCH_WAKER = 3,
+	SCRATCH_SLOTS = 4,
 };
 struct bpf_map_def SEC("maps") scratch = {
 	.type = BPF_MAP_TYPE_PERCPU_ARRAY,
@@ -319,6 +337,7 @@ static __always_inline struct sample *fill_sample(void *ctx, __u32 slot, __u32 t
 	s->count_key = 0;
 	s->py_len = 0;
 	s->py_end = 0;
+	s->link = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	/* Counting hashes whole blocks of frames: the slots past the stacks
 	 * must be zero, not the last sample's. */
@@ -590,11 +609,12 @@ int profcol_uprobe(struct pt_regs *ctx)
 }
 
 /* A thread off CPU since `ns` (0: not followed), in `state` (enum
- * off_cpu_state). */
+ * off_cpu_state); `wake`: the id of the wakeup recorded for it (0: none). */
 struct off_cpu_start {
 	__u64 ns;
 	__u32 state;
 	__u32 pad;
+	__u64 wake;
 };
 
 /* Sampled threads off CPU, by task (its task_struct's address): an entry
@@ -633,6 +653,16 @@ struct bpf_map_def SEC("maps") off_cpu_progs = {
 	.max_entries = 3,
 };
 
+/* The walkers' copies for wakeup records (tp_btf programs loaded for
+ * sched_waking: a tracing program tail-calls only programs of its own
+ * attach point). */
+struct bpf_map_def SEC("maps") waker_progs = {
+	.type = BPF_MAP_TYPE_PROG_ARRAY,
+	.key_size = sizeof(__u32),
+	.value_size = sizeof(__u32),
+	.max_entries = 3,
+};
+
 /* task_struct members the off-CPU programs read (from the kernel's BTF;
  * 0: unknown). */
 const volatile __u32 cfg_off_task_pid = 0;
@@ -657,6 +687,24 @@ int profcol_off_cpu_python(struct bpf_raw_tracepoint_args *ctx)
 	return py_walk_frames(ctx, &off_cpu_progs, SCRATCH_OFF_CPU);
 }
 
+SEC("tp_btf/sched_waking")
+int profcol_waker_unwind(__u64 *ctx)
+{
+	return unwind_walk(ctx, &waker_progs, SCRATCH_WAKER);
+}
+
+SEC("tp_btf/sched_waking")
+int profcol_waker_unwind_fill(__u64 *ctx)
+{
+	return unwind_fill(ctx, &waker_progs, SCRATCH_WAKER);
+}
+
+SEC("tp_btf/sched_waking")
+int profcol_waker_python(__u64 *ctx)
+{
+	return py_walk_frames(ctx, &waker_progs, SCRATCH_WAKER);
+}
+
 /* task_struct state bits (include/linux/sched.h). */
 #define TASK_INTERRUPTIBLE 0x1
 #define TASK_UNINTERRUPTIBLE 0x2
@@ -664,7 +712,8 @@ int profcol_off_cpu_python(struct bpf_raw_tracepoint_args *ctx)
 
 /* The header of an off-CPU record of task `task` (not the current one),
  * its kernel stack already in `s`. */
-static __always_inline void off_cpu_header(struct sample *s, void *task, __u64 off_ns, __u32 state, __u32 kn)
+static __always_inline void off_cpu_header(struct sample *s, void *task, __u64 off_ns, __u32 state, __u32 kn,
+					   __u64 link)
 {
 	__u32 pid = 0, tgid = 0;
 	bpf_probe_read_kernel(&pid, sizeof(pid), task + cfg_off_task_pid);
@@ -682,6 +731,7 @@ static __always_inline void off_cpu_header(struct sample *s, void *task, __u64 o
 	s->py_end = 0;
 	s->kstack_len = kn;
 	s->ustack_len = 0;
+	s->link = link;
 }
 
 /* sched_switch(preempt, prev, next, prev_state), as `prev` (current)
@@ -727,6 +777,7 @@ int profcol_off_cpu_switch(__u64 *ctx)
 		if (start) {
 			start->ns = bpf_ktime_get_ns();
 			start->state = state;
+			start->wake = 0;
 		} else {
 			struct off_cpu_start first = { .ns = bpf_ktime_get_ns(), .state = state };
 			bpf_map_update_elem(&off_cpu_starts, &key, &first, BPF_NOEXIST);
@@ -739,14 +790,16 @@ int profcol_off_cpu_switch(__u64 *ctx)
 		return 0;
 	__u64 off_ns = bpf_ktime_get_ns() - start->ns;
 	__u32 state = start->state;
+	__u64 link = start->wake;
 	start->ns = 0;
+	start->wake = 0;
 	if (off_ns < cfg_off_cpu_threshold_ns)
 		return 0;
 	long kbytes = bpf_get_task_stack(next, s->ips, stack_depth() * sizeof(__u64), 0);
 	__u32 kn = kbytes > 0 ? (__u64)kbytes / sizeof(__u64) : 0;
 	if (kn > MAX_STACK_DEPTH)
 		kn = MAX_STACK_DEPTH;
-	off_cpu_header(s, next, off_ns, state, kn);
+	off_cpu_header(s, next, off_ns, state, kn, link);
 	if (state == OFF_CPU_RUNNABLE) {
 		write_record(s, 0);
 		return 0;
@@ -770,6 +823,109 @@ int profcol_off_cpu(struct bpf_raw_tracepoint_args *ctx)
 	if (!s)
 		return 0;
 	unwind_start(ctx, 0, &off_cpu_progs, SCRATCH_OFF_CPU, s, stack_depth());
+	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
+		s->user_end = UNWIND_END_NO_TABLE;
+	return write_fp_sample(ctx, s, 0, 0, 0);
+}
+
+/* Whether kernel frame `ip` lies in interrupt entry text. */
+static __always_inline int in_irq_text(__u64 ip)
+{
+	return (ip >= cfg_irq_text_start && ip < cfg_irq_text_end) ||
+	       (ip >= cfg_softirq_text_start && ip < cfg_softirq_text_end);
+}
+
+/* sched_waking(p), run by whatever wakes `p`: a thread, or an interrupt
+ * on top of whatever it interrupted. When `p` is followed off CPU (it went
+ * to sleep; a preempted thread is not woken) and has waited the threshold
+ * already (a wait is not longer than its wakeup plus the run queue), the
+ * waker's stacks go out as a SAMPLE_WAKEUP record whose id `p`'s entry
+ * keeps for its SAMPLE_OFF_CPU record. From an interrupt, only its kernel
+ * frames up to its entry are the waker's (the rest are the interrupted
+ * context's); the record is put in `p`'s process, with no thread. */
+SEC("tp_btf/sched_waking")
+int profcol_off_cpu_waking(__u64 *ctx)
+{
+	void *p = (void *)ctx[0];
+	__u64 key = (__u64)p;
+	struct off_cpu_start *start = bpf_map_lookup_elem(&off_cpu_starts, &key);
+	if (!start || !start->ns || start->state == OFF_CPU_RUNNABLE)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - start->ns < cfg_off_cpu_threshold_ns)
+		return 0;
+	struct sample *s = bpf_map_lookup_elem(&scratch, &(__u32){ SCRATCH_WAKER });
+	if (!s) {
+		count(STAT_NO_SCRATCH);
+		return 0;
+	}
+	__u32 cpu = bpf_get_smp_processor_id();
+	/* Unique per wakeup: no CPU wakes twice in one nanosecond. */
+	__u64 link = (now << 8) | (cpu & 0xff);
+	start->wake = link;
+
+	long kbytes = bpf_get_stack(ctx, s->ips, stack_depth() * sizeof(__u64), 0);
+	__u32 kn = kbytes > 0 ? (__u64)kbytes / sizeof(__u64) : 0;
+	if (kbytes < 0)
+		count(STAT_KSTACK_ERR);
+	if (kn > MAX_STACK_DEPTH)
+		kn = MAX_STACK_DEPTH;
+	/* Drop the frames above try_to_wake_up (few: the program and the
+	 * tracepoint's caller). */
+	__u32 skip = 0;
+	for (__u32 i = 0; i < 8; i++) {
+		if (i >= kn)
+			break;
+		__u64 ip = s->ips[i];
+		if (ip >= cfg_wake_text_start && ip < cfg_wake_text_end) {
+			skip = i;
+			break;
+		}
+	}
+	if (skip) {
+		for (__u32 j = 0; j < MAX_STACK_DEPTH; j++) {
+			__u32 k = j + skip;
+			if (k >= kn || k >= MAX_STACK_DEPTH)
+				break;
+			s->ips[j] = s->ips[k];
+		}
+		kn -= skip;
+	}
+	__u32 context = WAKEUP_TASK;
+	for (__u32 i = 0; i < MAX_STACK_DEPTH; i++) {
+		if (i >= kn)
+			break;
+		if (in_irq_text(s->ips[i])) {
+			context = WAKEUP_INTERRUPT;
+			kn = i + 1;
+			break;
+		}
+	}
+	__u64 id = bpf_get_current_pid_tgid();
+	s->ktime_ns = now;
+	s->cpu = cpu;
+	s->kind = SAMPLE_WAKEUP;
+	s->user_end = UNWIND_END_UNKNOWN;
+	s->probe = context;
+	s->count_key = 0;
+	s->py_len = 0;
+	s->py_end = 0;
+	s->link = link;
+	s->kstack_len = kn;
+	s->ustack_len = 0;
+	if (context == WAKEUP_INTERRUPT) {
+		__u32 tgid = 0;
+		bpf_probe_read_kernel(&tgid, sizeof(tgid), p + cfg_off_task_tgid);
+		s->pid = tgid;
+		s->tid = 0;
+		__builtin_memset(s->comm, 0, sizeof(s->comm));
+		write_record(s, 0);
+		return 0;
+	}
+	s->pid = id >> 32;
+	s->tid = (__u32)id;
+	bpf_get_current_comm(s->comm, sizeof(s->comm));
+	unwind_start(ctx, 0, &waker_progs, SCRATCH_WAKER, s, stack_depth());
 	if (cfg_unwind_mode != UNWIND_MODE_FRAME_POINTERS)
 		s->user_end = UNWIND_END_NO_TABLE;
 	return write_fp_sample(ctx, s, 0, 0, 0);

@@ -25,6 +25,17 @@ enum sample_kind {
 	 * time off CPU in `count_key` (ns), its state then in `probe` (enum
 	 * off_cpu_state), the stacks it left the CPU with. */
 	SAMPLE_OFF_CPU = 3,
+	/* A thread woke one followed off CPU for at least the threshold so
+	 * far: the waker's stacks, `link` the id the woken thread's
+	 * SAMPLE_OFF_CPU record repeats, `probe` enum wakeup_context. */
+	SAMPLE_WAKEUP = 4,
+};
+
+/* Where a wakeup came from (a SAMPLE_WAKEUP's `probe`). */
+enum wakeup_context {
+	WAKEUP_TASK = 0,      /* a thread (pid, tid, comm and stacks its own) */
+	WAKEUP_INTERRUPT = 1, /* an interrupt (a timer, a device): kernel frames
+	                       * up to its entry, in the woken thread's process */
 };
 
 /* How a thread left the CPU (a SAMPLE_OFF_CPU's `probe`). */
@@ -59,12 +70,16 @@ struct sample {
 	__u16 user_end;          /* enum unwind_end: how the user stack ended */
 	__u32 probe;             /* SAMPLE_PROBE: index of the configured probe;
 	                          * SAMPLE_CPU_COUNTED: the count's slot;
-	                          * SAMPLE_OFF_CPU: enum off_cpu_state */
+	                          * SAMPLE_OFF_CPU: enum off_cpu_state;
+	                          * SAMPLE_WAKEUP: enum wakeup_context */
 	__u64 count_key;         /* SAMPLE_CPU_COUNTED: its key in `counts`;
 	                          * SAMPLE_OFF_CPU: ns off CPU */
 	__u16 py_len;            /* interpreter frames after the user frames (python.h) */
 	__u16 py_end;            /* enum py_end: how their walk ended */
 	__u32 pad;
+	__u64 link;              /* SAMPLE_OFF_CPU: the id of the SAMPLE_WAKEUP
+	                          * that ended the wait (0: none recorded);
+	                          * SAMPLE_WAKEUP: its id */
 	/* One spare slot: a probe hit inserts its return address; then two
 	 * words per interpreter frame. */
 	__u64 ips[MAX_RECORD_FRAMES];

@@ -161,7 +161,8 @@ impl Stat {
 
 pub mod record;
 pub use record::{
-    ProcEvent, ProcEventKind, Sample, SampleHeader, SampleKind, UnwindEnd, PROC_EVENT_SIZE, SAMPLE_HEADER_SIZE,
+    ProcEvent, ProcEventKind, Sample, SampleHeader, SampleKind, UnwindEnd, WakeupContext, PROC_EVENT_SIZE,
+    SAMPLE_HEADER_SIZE,
 };
 
 pub mod unwind;
@@ -186,6 +187,25 @@ pub mod off_cpu {
     ];
     /// `BPF_MAP_TYPE_PROG_ARRAY` of [`WALKERS`].
     pub const PROGS_MAP: &str = "off_cpu_progs";
+    /// tp_btf program on `sched_waking`, run by the waker: the wakeup
+    /// record of a followed thread that has waited the threshold.
+    pub const WAKING_PROGRAM: &str = "profcol_off_cpu_waking";
+    /// The walkers' tp_btf copies for `sched_waking`, as [`WALKERS`].
+    pub const WAKER_WALKERS: [(&str, u32); 3] = [
+        ("profcol_waker_unwind", 0),
+        ("profcol_waker_unwind_fill", crate::unwind::FILL_INDEX),
+        ("profcol_waker_python", crate::python::PROGRAM_INDEX),
+    ];
+    /// `BPF_MAP_TYPE_PROG_ARRAY` of [`WAKER_WALKERS`].
+    pub const WAKER_PROGS_MAP: &str = "waker_progs";
+    /// `u64`s: `[start, end)` of the kernel's interrupt entry text
+    /// (`__irqentry_text_*`), then of its softirq entry text
+    /// (`__softirqentry_text_*`); zeros when unknown.
+    pub const IRQ_TEXT_GLOBALS: [&str; 4] =
+        ["cfg_irq_text_start", "cfg_irq_text_end", "cfg_softirq_text_start", "cfg_softirq_text_end"];
+    /// `u64`s: `[start, end)` of `try_to_wake_up` (zeros when unknown): a
+    /// waker's kernel stack starts there.
+    pub const WAKE_TEXT_GLOBALS: [&str; 2] = ["cfg_wake_text_start", "cfg_wake_text_end"];
     /// `BPF_MAP_TYPE_HASH`, task → when and how it left the CPU.
     pub const STARTS_MAP: &str = "off_cpu_starts";
     /// Threads followed off CPU at once at most ([`STARTS_MAP`]'s entries,

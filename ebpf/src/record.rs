@@ -25,8 +25,33 @@ pub enum SampleKind {
     /// count in `slot` of [`crate::COUNT_SLOTS_MAP`], which includes this one.
     CpuCounted { key: u64, slot: u32 },
     /// A thread back on CPU after at least the off-CPU threshold: `ns` off
-    /// CPU, left in `state`; the stacks are the ones it left with.
-    OffCpu { ns: u64, state: OffCpuState },
+    /// CPU, left in `state`; the stacks are the ones it left with. `wakeup`:
+    /// the id of the [`SampleKind::Wakeup`] that ended the wait (0: none
+    /// recorded).
+    OffCpu { ns: u64, state: OffCpuState, wakeup: u64 },
+    /// What woke a thread followed off CPU: the waker's stacks, and the id
+    /// its [`SampleKind::OffCpu`] repeats.
+    Wakeup { id: u64, from: WakeupContext },
+}
+
+/// Where a wakeup came from (`enum wakeup_context`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WakeupContext {
+    /// A thread: the record's pid, tid, comm and stacks are its own.
+    Task,
+    /// An interrupt (a timer, a device): the record holds its kernel frames
+    /// up to the interrupt's entry, in the woken thread's process, tid 0.
+    Interrupt,
+}
+
+impl WakeupContext {
+    fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(WakeupContext::Task),
+            1 => Some(WakeupContext::Interrupt),
+            _ => None,
+        }
+    }
 }
 
 /// How a thread left the CPU (`enum off_cpu_state`).
@@ -134,12 +159,13 @@ impl UnwindEnd {
 }
 
 /// Size of the sample head in bytes (`offsetof(struct sample, ips)`).
-pub const SAMPLE_HEADER_SIZE: usize = 64;
+pub const SAMPLE_HEADER_SIZE: usize = 72;
 
 const KIND_CPU: u16 = 0;
 const KIND_PROBE: u16 = 1;
 const KIND_CPU_COUNTED: u16 = 2;
 const KIND_OFF_CPU: u16 = 3;
+const KIND_WAKEUP: u16 = 4;
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
     b.get(o..o + 8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_ne_bytes)
@@ -184,8 +210,13 @@ impl<'a> Sample<'a> {
             KIND_CPU => SampleKind::Cpu,
             KIND_PROBE => SampleKind::Probe(u32_at(head, 44)),
             KIND_CPU_COUNTED => SampleKind::CpuCounted { key: u64_at(head, 48), slot: u32_at(head, 44) },
-            KIND_OFF_CPU => {
-                SampleKind::OffCpu { ns: u64_at(head, 48), state: OffCpuState::from_raw(u32_at(head, 44))? }
+            KIND_OFF_CPU => SampleKind::OffCpu {
+                ns: u64_at(head, 48),
+                state: OffCpuState::from_raw(u32_at(head, 44))?,
+                wakeup: u64_at(head, 64),
+            },
+            KIND_WAKEUP => {
+                SampleKind::Wakeup { id: u64_at(head, 64), from: WakeupContext::from_raw(u32_at(head, 44))? }
             }
             _ => return None,
         };
@@ -301,6 +332,7 @@ mod tests {
         v.extend_from_slice(&0u16.to_ne_bytes()); // interpreter frames
         v.extend_from_slice(&0u16.to_ne_bytes()); // their end
         v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(&0x77u64.to_ne_bytes()); // link
         assert_eq!(v.len(), SAMPLE_HEADER_SIZE);
         for f in k.iter().chain(u) {
             v.extend_from_slice(&f.to_ne_bytes());
@@ -332,9 +364,16 @@ mod tests {
     fn parses_off_cpu_records_and_refuses_unknown_states() {
         let r = record(KIND_OFF_CPU, 1, &[0xffff_ffff_8100_0000], &[0x401000]);
         let s = Sample::parse(&r).expect("parse");
-        assert_eq!(s.header.kind, SampleKind::OffCpu { ns: 0xfeed_beef, state: OffCpuState::Uninterruptible });
+        assert_eq!(
+            s.header.kind,
+            SampleKind::OffCpu { ns: 0xfeed_beef, state: OffCpuState::Uninterruptible, wakeup: 0x77 }
+        );
         assert_eq!(s.user_stack().collect::<Vec<_>>(), vec![0x401000]);
         assert!(Sample::parse(&record(KIND_OFF_CPU, 3, &[], &[])).is_none(), "state 3 is no state");
+        let r = record(KIND_WAKEUP, 1, &[0xffff_ffff_8100_0000], &[]);
+        let s = Sample::parse(&r).expect("parse");
+        assert_eq!(s.header.kind, SampleKind::Wakeup { id: 0x77, from: WakeupContext::Interrupt });
+        assert!(Sample::parse(&record(KIND_WAKEUP, 2, &[], &[])).is_none(), "context 2 is no context");
     }
 
     #[test]

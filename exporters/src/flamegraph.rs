@@ -8,7 +8,7 @@
 
 use crate::delivered::Delivered;
 use crate::file_names::{sanitize, time_range, timestamp, unique_path};
-use crate::group::{bounded_group, GroupBy, GroupNames, OWN_REPORT_TYPE};
+use crate::group::{bounded_group, own_report_type, GroupBy, GroupNames};
 use crate::output::write_atomic;
 use crate::sample_attrs::AttrReader;
 use profcol_api::component::{factory, Component, ComponentError, CreateSettings, Factory, FactoryMeta, Kind};
@@ -137,9 +137,9 @@ pub fn folded(batch: &Profiles, by: GroupBy, root_comm: bool) -> BTreeMap<String
         let count = folded::sample_count(&s.sample.values, s.sample.timestamps_unix_nano.len());
         let attrs = if by == GroupBy::None { Default::default() } else { reader.read(&s) };
         let mut group = names.of(&attrs).to_owned();
-        if s.sample_type().0 == OWN_REPORT_TYPE {
+        if let Some(own) = own_report_type(s.sample_type().0) {
             group.push('-');
-            group.push_str(OWN_REPORT_TYPE);
+            group.push_str(own);
         }
         let group = bounded_group(&groups, group);
         groups.entry(group.clone()).or_default();

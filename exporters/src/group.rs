@@ -32,11 +32,16 @@ pub(crate) const ALL_GROUP: &str = "all";
 /// The group of the samples past [`MAX_GROUPS`].
 pub(crate) const OVERFLOW_GROUP: &str = "other";
 
-/// The sample type whose profiles go to reports of their own, named
-/// `<group>-off_cpu`: wait times are no CPU samples, a pprof reader takes a
-/// report's period and default type from its first column, and a flame
-/// graph sums whatever it is given.
-pub(crate) const OWN_REPORT_TYPE: &str = "off_cpu";
+/// The sample types whose profiles go to reports of their own, named
+/// `<group>-<type>` (`-off_cpu`, `-wakeup`): wait times are no CPU
+/// samples, a pprof reader takes a report's period and default type from
+/// its first column, and a flame graph sums whatever it is given.
+const OWN_REPORT_TYPES: [&str; 2] = ["off_cpu", "wakeup"];
+
+/// The report suffix of sample type `t`, when its profiles have their own.
+pub(crate) fn own_report_type(t: &str) -> Option<&'static str> {
+    OWN_REPORT_TYPES.iter().copied().find(|&o| o == t)
+}
 
 /// Longest process id kept in a group name (which is part of a file name).
 const MAX_PID_CHARS: usize = 64;

@@ -7,8 +7,15 @@ use profcol_api::model::{any_value, keys, AnyValue, Resource};
 use std::borrow::Cow;
 
 /// The keys read, in the order of [`SampleAttrs`]' fields.
-const KEYS: [&str; 5] =
-    [keys::PROCESS_PID, keys::THREAD_ID, keys::THREAD_NAME, keys::PROCESS_EXECUTABLE_NAME, keys::CONTAINER_ID];
+const KEYS: [&str; 7] = [
+    keys::PROCESS_PID,
+    keys::THREAD_ID,
+    keys::THREAD_NAME,
+    keys::PROCESS_EXECUTABLE_NAME,
+    keys::CONTAINER_ID,
+    keys::OFF_CPU_STATE,
+    keys::OFF_CPU_WAKEUP,
+];
 
 /// Position of `key` in [`KEYS`].
 fn slot(key: &str) -> Option<usize> {
@@ -18,6 +25,8 @@ fn slot(key: &str) -> Option<usize> {
         keys::THREAD_NAME => Some(2),
         keys::PROCESS_EXECUTABLE_NAME => Some(3),
         keys::CONTAINER_ID => Some(4),
+        keys::OFF_CPU_STATE => Some(5),
+        keys::OFF_CPU_WAKEUP => Some(6),
         _ => None,
     }
 }
@@ -58,6 +67,16 @@ impl<'a> SampleAttrs<'a> {
     /// `container.id` as it is.
     pub(crate) fn container_value(&self) -> Option<&'a AnyValue> {
         self.0[4]
+    }
+
+    /// How an off-CPU sample's thread left the CPU.
+    pub(crate) fn off_cpu_state(&self) -> Option<Cow<'a, str>> {
+        text(self.0[5])
+    }
+
+    /// The number tying an off-CPU sample to its waker's `wakeup` sample.
+    pub(crate) fn wakeup(&self) -> Option<i64> {
+        int(self.0[6])
     }
 }
 

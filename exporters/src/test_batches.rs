@@ -24,3 +24,17 @@ pub(crate) fn cpu_and_off_cpu() -> (ProfilesBuilder, i32, ProfileRef, ProfileRef
     );
     (b, stack, cpu, off)
 }
+
+/// A `wakeup/nanoseconds` profile in the resource of [`cpu_and_off_cpu`]'s
+/// batch (its first resource).
+pub(crate) fn wakeup_profile(b: &mut ProfilesBuilder) -> ProfileRef {
+    b.profile(
+        0,
+        &ProfileMeta {
+            sample_type: ("wakeup", "nanoseconds"),
+            period_type: ("wakeup", "nanoseconds"),
+            period: 1,
+            ..Default::default()
+        },
+    )
+}

@@ -32,6 +32,16 @@ pub struct Stack {
     /// The sampled thread (`tid` label; 0 where there is none).
     pub tid: u32,
     pub frames: Vec<Frame>,
+    /// Every label, text and numeric alike, as `-raw` prints it (`state`
+    /// → `sleeping`, `wakeup` → `4`).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Stack {
+    /// Label `key`, if the sample has it.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
 }
 
 /// Profcol's stacks per pid, from every pprof file in `dir`, read with
@@ -62,7 +72,9 @@ pub fn read_raw(file: &Path) -> Vec<(u32, Stack)> {
 
 /// Samples (pid, stack) of one `go tool pprof -raw` text.
 pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
-    let mut samples: Vec<(u64, u32, u32, Vec<u64>)> = Vec::new();
+    // (count, pid, tid, location ids, labels) per sample.
+    type Row = (u64, u32, u32, Vec<u64>, BTreeMap<String, String>);
+    let mut samples: Vec<Row> = Vec::new();
     // Location id → (mapping id, address, its (name, file, line)s,
     // innermost first).
     type Lines = Vec<(String, String, u64)>;
@@ -89,8 +101,14 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                 if let Some((values, locs)) = line.split_once(": ").filter(|(v, _)| !v.trim().contains(':')) {
                     let count = values.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
                     let ids = locs.split_whitespace().filter_map(|l| l.parse().ok()).collect();
-                    samples.push((count, 0, 0, ids));
+                    samples.push((count, 0, 0, ids, BTreeMap::new()));
                 } else if let Some(s) = samples.last_mut() {
+                    // "key:[value]" tokens (values of one key space-separated).
+                    for token in line.split_whitespace() {
+                        if let Some((k, v)) = token.split_once(":[") {
+                            s.4.insert(k.to_owned(), v.trim_end_matches(']').to_owned());
+                        }
+                    }
                     let label = |key: &str| {
                         let at = line.find(key)? + key.len();
                         line[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
@@ -144,7 +162,7 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
     }
     samples
         .into_iter()
-        .map(|(count, pid, tid, ids)| {
+        .map(|(count, pid, tid, ids, labels)| {
             let mut frames = Vec::new();
             for id in ids {
                 let Some((mapping, address, lines)) = locations.get(&id) else { continue };
@@ -169,7 +187,7 @@ pub fn parse_raw(text: &str) -> Vec<(u32, Stack)> {
                     });
                 }
             }
-            (pid, Stack { count, tid, frames })
+            (pid, Stack { count, tid, frames, labels })
         })
         .collect()
 }

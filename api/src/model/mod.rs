@@ -62,6 +62,14 @@ pub mod keys {
     /// SHA-256 of its first and last 4 KiB and its size, first 128 bits.
     pub const BUILD_ID_HTLHASH: &str = "process.executable.build_id.htlhash";
     pub const FRAME_TYPE: &str = "profile.frame.type";
+    /// Off-CPU samples: how the thread left the CPU (`sleeping`,
+    /// `uninterruptible`, `runnable`).
+    pub const OFF_CPU_STATE: &str = "profcol.off_cpu.state";
+    /// An off-CPU sample whose waker was recorded, and that waker's
+    /// `wakeup` sample: one number on both, unique in the batch.
+    pub const OFF_CPU_WAKEUP: &str = "profcol.off_cpu.wakeup";
+    /// Wakeup samples: `thread` or `interrupt`.
+    pub const WAKEUP_FROM: &str = "profcol.wakeup.from";
     /// Filename of the mapping that holds kernel (vmlinux) frames.
     pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 }

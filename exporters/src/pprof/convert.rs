@@ -9,7 +9,7 @@
 //! mapping; stacks are leaf first. Ids are 1-based and unique, string 0 is "".
 
 use super::proto as pp;
-use crate::group::{bounded_group, GroupBy, GroupNames, OWN_REPORT_TYPE};
+use crate::group::{bounded_group, own_report_type, GroupBy, GroupNames};
 use crate::sample_attrs::{AttrReader, SampleAttrs};
 use profcol_api::model::view::{FrameView, SampleView};
 use profcol_api::model::{hash_str, keys, HashIndex, Resource};
@@ -30,8 +30,13 @@ pub(crate) const MAX_SAMPLE_TYPES: usize = 32;
 /// depth ids. Samples with the same stack and labels are merged first.
 pub const MAX_FRAMES: usize = 32 << 20;
 
-/// Samples that are merged: stack index and labels (pid, tid, comm's string index).
-type SampleKey = (i32, Option<i64>, Option<i64>, Option<i64>);
+/// Samples that are merged: stack index and labels (pid, tid, comm's
+/// string index; an off-CPU sample's state's string index and the number
+/// of its waker, which its waker's `wakeup` sample repeats).
+type SampleKey = (i32, Option<i64>, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+
+/// The label keys, in [`SampleKey`] order after the stack.
+const LABEL_KEYS: [&str; 5] = ["pid", "tid", "comm", "state", "wakeup"];
 
 /// The samples of a report, by column: what each pprof `Sample` message is
 /// made of at encoding, without a `Sample` and its three vectors per row,
@@ -133,7 +138,7 @@ struct Builder {
     last_profile: Option<(*const profcol_api::model::pb::Profile, Option<ProfileColumns>)>,
     /// String indices of the label keys "pid", "tid" and "comm" (0: not
     /// interned yet; interned when a sample first needs one).
-    label_keys: [i64; 3],
+    label_keys: [i64; 5],
     /// pprof mapping id of each dictionary mapping converted so far, and
     /// whether its frames are the kernel's (an unnamed mapping is named
     /// for them): its file name and build id are read once, not at each
@@ -300,10 +305,10 @@ impl Builder {
         cols
     }
 
-    /// The string index of label key `k` (0 "pid", 1 "tid", 2 "comm").
+    /// The string index of label key `k` (of [`LABEL_KEYS`]).
     fn label_key(&mut self, k: usize) -> i64 {
         if self.label_keys[k] == 0 {
-            self.label_keys[k] = self.s(["pid", "tid", "comm"][k]);
+            self.label_keys[k] = self.s(LABEL_KEYS[k]);
         }
         self.label_keys[k]
     }
@@ -433,7 +438,7 @@ pub struct PprofReport {
     samples: SampleTable,
     stack_locations: Vec<u32>,
     spans: Vec<(u32, u32)>,
-    label_keys: [i64; 3],
+    label_keys: [i64; 5],
 }
 
 /// `Profile` field numbers written here (the rest are prost's).
@@ -460,13 +465,16 @@ impl PprofReport {
     }
 
     fn labels(&self, key: &SampleKey) -> impl Iterator<Item = pp::Label> {
-        let [pid, tid, comm] = self.label_keys;
+        let [pid, tid, comm, state, wakeup] = self.label_keys;
         let num = |key, num| pp::Label { key, num, ..Default::default() };
-        key.1.map(|n| num(pid, n)).into_iter().chain(key.2.map(|n| num(tid, n))).chain(key.3.map(|str| pp::Label {
-            key: comm,
-            str,
-            ..Default::default()
-        }))
+        let str = |key, str| pp::Label { key, str, ..Default::default() };
+        key.1
+            .map(|n| num(pid, n))
+            .into_iter()
+            .chain(key.2.map(|n| num(tid, n)))
+            .chain(key.3.map(|s| str(comm, s)))
+            .chain(key.4.map(|s| str(state, s)))
+            .chain(key.5.map(|n| num(wakeup, n)))
     }
 
     /// The encoded length of sample `row`'s message body.
@@ -629,7 +637,9 @@ fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec
     let mut frames = 0usize;
     let mut own_type = String::new();
     for s in batch.samples() {
-        let attrs = if read_attrs { reader.read(&s) } else { SampleAttrs::default() };
+        // Off-CPU and wakeup samples keep their state and waker labels.
+        let own = own_report_type(s.sample_type().0);
+        let attrs = if read_attrs || own.is_some() { reader.read(&s) } else { SampleAttrs::default() };
         let mut g: &str = match grouping {
             Grouping::By(_) => names.of(&attrs),
             Grouping::Resource(group) => {
@@ -640,11 +650,11 @@ fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec
                 resource_group.as_ref().map_or("", |(_, name)| name)
             }
         };
-        if s.sample_type().0 == OWN_REPORT_TYPE {
+        if let Some(own) = own {
             own_type.clear();
             own_type.push_str(g);
             own_type.push('-');
-            own_type.push_str(OWN_REPORT_TYPE);
+            own_type.push_str(own);
             g = &own_type;
         }
         // A group's name is owned by the map, copied for its first sample only.
@@ -667,11 +677,12 @@ fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec
             b.skipped = b.skipped.saturating_add(profcol_api::model::observations(s.sample, counts_events));
             continue;
         };
+        let state = attrs.off_cpu_state().map(|c| b.s(&c));
         let key: SampleKey = if sample_labels {
             let comm = attrs.comm().map(|c| b.s(&c));
-            (s.sample.stack_index, attrs.pid(), attrs.tid(), comm)
+            (s.sample.stack_index, attrs.pid(), attrs.tid(), comm, state, attrs.wakeup())
         } else {
-            (s.sample.stack_index, None, None, None)
+            (s.sample.stack_index, None, None, None, state, attrs.wakeup())
         };
         let same = b.samples.find(&key);
         if same.is_none() {
@@ -703,7 +714,8 @@ fn convert(batch: &Profiles, grouping: Grouping<'_>, sample_labels: bool) -> Vec
                 if let Some(i) = usize::try_from(key.0).ok().filter(|&i| i < s.dict.stack_table.len()) {
                     b.stack(&s, i);
                 }
-                for (k, present) in [key.1.is_some(), key.2.is_some(), key.3.is_some()].into_iter().enumerate() {
+                let present = [key.1.is_some(), key.2.is_some(), key.3.is_some(), key.4.is_some(), key.5.is_some()];
+                for (k, present) in present.into_iter().enumerate() {
                     if present {
                         b.label_key(k);
                     }
@@ -786,7 +798,7 @@ fn check_tables(p: &pp::Profile, sample_type: &[pp::ValueType]) -> Result<(), St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profcol_api::model::{pb, AttrValue, KeyValue, ProfileMeta, Resource};
+    use profcol_api::model::{keys, pb, AttrValue, KeyValue, ProfileMeta, Resource};
     use profcol_api::ProfilesBuilder;
 
     /// Samples of one stack in two threads, first in a CPU profile (two
@@ -858,29 +870,49 @@ mod tests {
         }
     }
 
-    /// An off-CPU profile (off_cpu/nanoseconds) goes to a report of its
-    /// own, `<group>-off_cpu`, whose first column and period are its own;
-    /// the CPU report keeps its columns.
+    /// Off-CPU and wakeup profiles (off_cpu/nanoseconds, wakeup/nanoseconds)
+    /// go to reports of their own, `<group>-off_cpu` and `<group>-wakeup`,
+    /// whose first column and period are their own; the CPU report keeps
+    /// its columns.
     #[test]
-    fn off_cpu_profiles_get_a_report_of_their_own() {
+    fn off_cpu_and_wakeup_profiles_get_reports_of_their_own() {
         let (mut b, stack, cpu, off) = crate::test_batches::cpu_and_off_cpu();
-        for (p, v) in [(off, 7_000_000), (cpu, 3)] {
-            b.sample(p, pb::Sample { stack_index: stack, values: vec![v], ..Default::default() });
+        let wake = crate::test_batches::wakeup_profile(&mut b);
+        let state = b.attribute(keys::OFF_CPU_STATE, AttrValue::Str("sleeping"));
+        let link = b.attribute(keys::OFF_CPU_WAKEUP, AttrValue::Int(4));
+        for (p, v, attribute_indices) in
+            [(off, 7_000_000, vec![state, link]), (cpu, 3, vec![]), (wake, 5_000_000, vec![link])]
+        {
+            b.sample(p, pb::Sample { stack_index: stack, values: vec![v], attribute_indices, ..Default::default() });
         }
         let batch = b.build();
         batch.validate().unwrap();
         let groups = to_pprof(&batch, GroupBy::None);
         let names: Vec<&str> = groups.iter().map(|g| g.group.as_str()).collect();
-        assert_eq!(names, ["all", "all-off_cpu"]);
-        for (g, want, value) in
-            [(&groups[0], ("samples", "count"), 3), (&groups[1], ("off_cpu", "nanoseconds"), 7_000_000)]
-        {
+        assert_eq!(names, ["all", "all-off_cpu", "all-wakeup"]);
+        for (g, want, value) in [
+            (&groups[0], ("samples", "count"), 3),
+            (&groups[1], ("off_cpu", "nanoseconds"), 7_000_000),
+            (&groups[2], ("wakeup", "nanoseconds"), 5_000_000),
+        ] {
             let p = g.report.to_profile().unwrap();
             check_valid(&p).unwrap();
             let s = |i: i64| p.string_table[i as usize].as_str();
             assert_eq!((s(p.sample_type[0].r#type), s(p.sample_type[0].unit)), want, "{}", g.group);
-            assert!(p.sample_type.iter().all(|t| s(t.r#type) != if value == 3 { "off_cpu" } else { "samples" }));
+            let others = ["samples", "off_cpu", "wakeup"].into_iter().filter(|&t| t != want.0);
+            for other in others {
+                assert!(p.sample_type.iter().all(|t| s(t.r#type) != other), "{}: no {other} column", g.group);
+            }
             assert_eq!(p.sample[0].value[0], value);
+            // The wait and its waker carry one `wakeup` number; the wait its state.
+            let labels: Vec<(&str, &str, i64)> =
+                p.sample[0].label.iter().map(|l| (s(l.key), s(l.str), l.num)).filter(|l| l.0 != "comm").collect();
+            let want_labels = match want.0 {
+                "off_cpu" => vec![("state", "sleeping", 0), ("wakeup", "", 4)],
+                "wakeup" => vec![("wakeup", "", 4)],
+                _ => vec![],
+            };
+            assert_eq!(labels, want_labels, "{}", g.group);
         }
     }
 }

@@ -330,6 +330,14 @@ pub(crate) const OFF_CPU_SAMPLES: MetricDef = MetricDef::counter(
 .by("state");
 pub(crate) const OFF_CPU_SECONDS: MetricDef =
     MetricDef::counter("ebpf_off_cpu_seconds_total", "seconds", "Time off CPU of those waits, by state").by("state");
+pub(crate) const OFF_CPU_WAKEUPS: MetricDef = MetricDef::counter(
+    "ebpf_off_cpu_wakeups_total",
+    "1",
+    "Wakeups recorded for those waits, by outcome: linked (a `wakeup` sample linked to its wait), unlinked \
+     (its wait never came: the record was lost, the thread exited first, or it was held past two reports), \
+     missing (a wait whose wakeup record never came: lost with a full ring buffer)",
+)
+.by("outcome");
 
 #[cfg(test)]
 mod tests {

@@ -438,6 +438,7 @@ fn set_up(config: &EbpfConfig, parts: Parts) -> Option<(Loaded, Sampler)> {
         mapping_batch: MappingBatch::default(),
         mapping_gap: false,
         order: Vec::new(),
+        wakeups: Default::default(),
         probes: config.uprobes.clone(),
         unfollowed_hits: Vec::new(),
         proc_batch: Vec::new(),
@@ -748,6 +749,8 @@ struct Sampler {
     unwind_counters: UnwindCounters,
     /// Records and counts of stacks counted in the kernel.
     counted: CountedStacks,
+    /// Wakeup records held until the waits they ended come (`off_cpu:`).
+    wakeups: crate::ebpf::off_cpu::Wakeups,
 }
 
 impl Sampler {
@@ -997,10 +1000,12 @@ impl Sampler {
                 }
                 SampleProfile::Probe(i)
             }
-            SampleKind::OffCpu { ns, state } => {
+            SampleKind::OffCpu { ns, state, .. } => {
                 self.counters.off_cpu.add(state, ns);
                 SampleProfile::OffCpu { ns, state }
             }
+            // Its wait's time is known when the wait comes.
+            SampleKind::Wakeup { from, .. } => SampleProfile::Wakeup { ns: 0, from },
         };
         // Cut the ends of a frame-pointer walk that are no code (see
         // stack_end): by address range first, so that junk does not
@@ -1040,9 +1045,20 @@ impl Sampler {
             unwind_end: h.user_end,
             interp_end: h.interp_end,
         };
-        match count_key {
-            Some((key, slot)) => self.counted.record(key, slot, &sample, process),
-            None => self.interval.add(&sample, process.as_ref().map(|(i, m)| (i, m))),
+        let at = process.as_ref().map(|(i, m)| (i, m));
+        match (count_key, h.kind) {
+            (Some((key, slot)), _) => self.counted.record(key, slot, &sample, process),
+            (None, SampleKind::Wakeup { id, from }) => {
+                self.wakeups.hold(id, from, &sample, process, &self.counters.off_cpu)
+            }
+            (None, SampleKind::OffCpu { ns, wakeup, .. }) if wakeup != 0 => {
+                let interval = &mut self.interval;
+                self.wakeups.take(wakeup, ns, &self.counters.off_cpu, |waker| match waker {
+                    Some(w) => interval.add_woken(&sample, at, &w.sample, w.process),
+                    None => interval.add(&sample, at),
+                })
+            }
+            (None, _) => self.interval.add(&sample, at),
         }
         count_key.is_some()
     }
@@ -1098,6 +1114,7 @@ impl Sampler {
             uw.sweep(maps, |f| table.for_each_sampled_mapping(since, f), now);
         }
         self.interval_started = now;
+        self.wakeups.cut(&self.counters.off_cpu);
         let ts = self.table.stats;
         self.counters.proc_unreadable.add(ts.unreadable - self.last_table.unreadable);
         self.counters.maps_refreshes.add(ts.refreshes - self.last_table.refreshes);

@@ -120,6 +120,12 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
             .task_ids
             .ok_or_else(|| LoadError::Other("off_cpu: the kernel's BTF has no task_struct pid, tgid or comm".into()))?,
     };
+    // Where interrupts enter the kernel: a wakeup from one is not the
+    // interrupted thread's.
+    let texts = match off_cpu {
+        None => Default::default(),
+        Some(_) => crate::ebpf::off_cpu::wake_texts(),
+    };
     // The kernel members the unwinder reads, from the kernel's BTF.
     // `task_struct.thread.fsbase` for the Python walker (0: off).
     let mut fsbase = 0u32;
@@ -193,6 +199,12 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
         .override_global(obj::off_cpu::THRESHOLD_GLOBAL, &off_cpu.map_or(0, |o| o.threshold_ns()), true)
         .map_max_entries(obj::off_cpu::STARTS_MAP, if off_cpu.is_some() { obj::off_cpu::THREADS } else { 1 })
         .override_global(obj::off_cpu::PROBABILITY_GLOBAL, &off_cpu.map_or(0, |o| o.probability_scaled()), true)
+        .override_global(obj::off_cpu::IRQ_TEXT_GLOBALS[0], &texts.irq.0, true)
+        .override_global(obj::off_cpu::IRQ_TEXT_GLOBALS[1], &texts.irq.1, true)
+        .override_global(obj::off_cpu::IRQ_TEXT_GLOBALS[2], &texts.softirq.0, true)
+        .override_global(obj::off_cpu::IRQ_TEXT_GLOBALS[3], &texts.softirq.1, true)
+        .override_global(obj::off_cpu::WAKE_TEXT_GLOBALS[0], &texts.wake.0, true)
+        .override_global(obj::off_cpu::WAKE_TEXT_GLOBALS[1], &texts.wake.1, true)
         .load(obj::cpu_sample_object())
         .map_err(|e| other("loading the BPF object (maps)", &e))?;
 
@@ -239,11 +251,10 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
     Ok(ebpf)
 }
 
-/// Off-CPU time (`off_cpu:`): the walkers' raw tracepoint copies into
-/// their tail-call array (those whose perf-event copy loaded), then the
-/// sys_exit program and the sched_switch one.
+/// Off-CPU time (`off_cpu:`): the walkers' copies into their tail-call
+/// arrays (those whose perf-event copy loaded), then the sys_exit program,
+/// the sched_waking one and the sched_switch one.
 fn attach_off_cpu(ebpf: &mut Ebpf) -> Result<(), LoadError> {
-    use aya::maps::ProgramArray;
     use aya::programs::BtfTracePoint;
     let btf = aya::Btf::from_sys_fs().map_err(|e| {
         other(
@@ -251,8 +262,53 @@ fn attach_off_cpu(ebpf: &mut Ebpf) -> Result<(), LoadError> {
             &e,
         )
     })?;
+    set_walkers(ebpf, &obj::off_cpu::WALKERS, obj::off_cpu::PROGS_MAP, |ebpf, name| {
+        let prog: &mut RawTracePoint = program_of(ebpf, name)?;
+        prog.load().map_err(|e| other(&format!("off_cpu: the kernel refused the walker {name}"), &e))?;
+        prog.fd().map_err(|e| other("off-CPU walker fd", &e))?.try_clone().map_err(|e| other("off-CPU walker fd", &e))
+    })?;
+    // A tracing program tail-calls only programs loaded for its own
+    // attach point: these copies are loaded for sched_waking, never attached.
+    set_walkers(ebpf, &obj::off_cpu::WAKER_WALKERS, obj::off_cpu::WAKER_PROGS_MAP, |ebpf, name| {
+        let prog: &mut BtfTracePoint = program_of(ebpf, name)?;
+        prog.load("sched_waking", &btf)
+            .map_err(|e| other(&format!("off_cpu: the kernel refused the waker walker {name}"), &e))?;
+        prog.fd().map_err(|e| other("waker walker fd", &e))?.try_clone().map_err(|e| other("waker walker fd", &e))
+    })?;
+    let prog: &mut RawTracePoint = program_of(ebpf, obj::off_cpu::PROGRAM)?;
+    prog.load().map_err(|e| other("off_cpu: the kernel refused the sys_exit program", &e))?;
+    prog.attach("sys_exit").map_err(|e| other("off_cpu: attaching the raw tracepoint sys_exit", &e))?;
+    let prog: &mut BtfTracePoint = program_of(ebpf, obj::off_cpu::WAKING_PROGRAM)?;
+    prog.load("sched_waking", &btf).map_err(|e| other("off_cpu: the kernel refused the sched_waking program", &e))?;
+    prog.attach().map_err(|e| other("off_cpu: attaching to the sched_waking tracepoint (tp_btf)", &e))?;
+    let prog: &mut BtfTracePoint = program_of(ebpf, obj::off_cpu::SWITCH_PROGRAM)?;
+    prog.load("sched_switch", &btf).map_err(|e| other("off_cpu: the kernel refused the sched_switch program", &e))?;
+    prog.attach().map_err(|e| other("off_cpu: attaching to the sched_switch tracepoint (tp_btf)", &e))?;
+    Ok(())
+}
+
+/// Program `name` of the object, as type `P`.
+fn program_of<'a, P>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut P, LoadError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {name}")))?
+        .try_into()
+        .map_err(|e: ProgramError| other("BPF program type", &e))
+}
+
+/// Loads each copy in `walkers` (by `load`, which returns its fd) whose
+/// on-CPU walker loaded, and puts it at its index of tail-call array `map`.
+fn set_walkers(
+    ebpf: &mut Ebpf,
+    walkers: &[(&str, u32)],
+    map: &str,
+    mut load: impl FnMut(&mut Ebpf, &str) -> Result<aya::programs::ProgramFd, LoadError>,
+) -> Result<(), LoadError> {
+    use aya::maps::ProgramArray;
     let mut fds = Vec::new();
-    for (name, index) in obj::off_cpu::WALKERS {
+    for &(name, index) in walkers {
         let on_cpu = match index {
             0 => obj::unwind::PROGRAM,
             i if i == obj::unwind::FILL_INDEX => obj::unwind::FILL_PROGRAM,
@@ -261,41 +317,15 @@ fn attach_off_cpu(ebpf: &mut Ebpf) -> Result<(), LoadError> {
         if ebpf.program(on_cpu).is_none_or(|p| p.fd().is_err()) {
             continue;
         }
-        let prog: &mut RawTracePoint = ebpf
-            .program_mut(name)
-            .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {name}")))?
-            .try_into()
-            .map_err(|e: ProgramError| other("BPF program type", &e))?;
-        prog.load().map_err(|e| other(&format!("off_cpu: the kernel refused the walker {name}"), &e))?;
-        let fd = prog
-            .fd()
-            .map_err(|e| other("off-CPU walker fd", &e))?
-            .try_clone()
-            .map_err(|e| LoadError::Other(format!("off-CPU walker fd: {e}")))?;
-        fds.push((index, fd));
+        fds.push((index, load(ebpf, name)?));
     }
     let mut progs = ProgramArray::try_from(
-        ebpf.map_mut(obj::off_cpu::PROGS_MAP)
-            .ok_or_else(|| LoadError::Other("BPF object lacks the off_cpu_progs map".into()))?,
+        ebpf.map_mut(map).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {map} map")))?,
     )
-    .map_err(|e| other("off_cpu_progs map", &e))?;
+    .map_err(|e| other(&format!("{map} map"), &e))?;
     for (index, fd) in &fds {
-        progs.set(*index, fd, 0).map_err(|e| other("off_cpu_progs: setting the tail call", &e))?;
+        progs.set(*index, fd, 0).map_err(|e| other(&format!("{map}: setting the tail call"), &e))?;
     }
-    let prog: &mut RawTracePoint = ebpf
-        .program_mut(obj::off_cpu::PROGRAM)
-        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::off_cpu::PROGRAM)))?
-        .try_into()
-        .map_err(|e: ProgramError| other("BPF program type", &e))?;
-    prog.load().map_err(|e| other("off_cpu: the kernel refused the sys_exit program", &e))?;
-    prog.attach("sys_exit").map_err(|e| other("off_cpu: attaching the raw tracepoint sys_exit", &e))?;
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(obj::off_cpu::SWITCH_PROGRAM)
-        .ok_or_else(|| LoadError::Other(format!("BPF object lacks program {}", obj::off_cpu::SWITCH_PROGRAM)))?
-        .try_into()
-        .map_err(|e: ProgramError| other("BPF program type", &e))?;
-    prog.load("sched_switch", &btf).map_err(|e| other("off_cpu: the kernel refused the sched_switch program", &e))?;
-    prog.attach().map_err(|e| other("off_cpu: attaching to the sched_switch tracepoint (tp_btf)", &e))?;
     Ok(())
 }
 

@@ -9,7 +9,11 @@
 //! (`samples/count`), one profile per probe that fired in it
 //! (`calls/count`), named by profile attributes, and with `off_cpu:` its
 //! off-CPU profile (`off_cpu/nanoseconds`: each wait's time its value,
-//! how the thread left the CPU its `profcol.off_cpu.state` attribute).
+//! how the thread left the CPU its `profcol.off_cpu.state` attribute). A
+//! wait whose waker was recorded carries `profcol.off_cpu.wakeup`, a
+//! number the waker's sample repeats in the `wakeup/nanoseconds` profile
+//! of the waker's process (its value: the time of the waits it ended):
+//! waits with one stack and one waker stack merge on both sides alike.
 //! Bounded: [`Interval::is_full`] tells the sampler to cut the batch early.
 
 use crate::ebpf::config::{SampleAttribute, UprobeSpec};
@@ -22,7 +26,7 @@ use profcol_api::model::ProfileRef;
 use profcol_api::model::{any_value, keys, pb, AnyValue, KeyValue, ProfileMeta, Resource};
 use profcol_api::{model::AttrValue, Profiles, ProfilesBuilder};
 use profcol_ebpf::python::WalkEnd;
-use profcol_ebpf::record::OffCpuState;
+use profcol_ebpf::record::{OffCpuState, WakeupContext};
 use profcol_ebpf::UnwindEnd;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -41,6 +45,11 @@ struct Key {
     profile: u32,
     /// How the thread left the CPU (off-CPU samples).
     off_cpu_state: Option<OffCpuState>,
+    /// The number of the wakeup sample of the thread's waker (off-CPU
+    /// samples whose waker was recorded).
+    link: Option<u32>,
+    /// Where the wakeup came from (wakeup samples).
+    wakeup_from: Option<WakeupContext>,
     tid: u32,
     cpu: u32,
     comm: [u8; 16],
@@ -130,16 +139,20 @@ struct Occurrences {
     values: Vec<u64>,
     /// Samples counted in the kernel (no times).
     counted: u64,
+    /// A wakeup sample's number, which the waits it ended carry.
+    link: Option<u32>,
 }
 
 /// `Key::profile` of CPU samples.
 const CPU_PROFILE: u32 = u32::MAX;
 /// `Key::profile` of off-CPU samples.
 const OFF_CPU_PROFILE: u32 = u32::MAX - 1;
+/// `Key::profile` of wakeup samples.
+const WAKEUP_PROFILE: u32 = u32::MAX - 2;
 
-/// Sample attribute of off-CPU samples: how the thread left the CPU
-/// (`sleeping`, `uninterruptible`, `runnable`).
-pub const OFF_CPU_STATE_ATTR: &str = "profcol.off_cpu.state";
+pub use keys::{
+    OFF_CPU_STATE as OFF_CPU_STATE_ATTR, OFF_CPU_WAKEUP as OFF_CPU_WAKEUP_ATTR, WAKEUP_FROM as WAKEUP_FROM_ATTR,
+};
 
 /// Which profile a sample goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +163,8 @@ pub enum SampleProfile {
     Probe(u32),
     /// A wait of `ns` off CPU, left in `state`.
     OffCpu { ns: u64, state: OffCpuState },
+    /// What ended a wait of `ns`, coming `from` a thread or an interrupt.
+    Wakeup { ns: u64, from: WakeupContext },
 }
 
 /// Profile attribute: the probed function of a `calls/count` profile.
@@ -229,6 +244,9 @@ pub struct Interval {
     count: usize,
     /// Samples counted in the kernel.
     counted: u64,
+    /// Wakeup samples numbered so far (numbers start at 1: a pprof
+    /// reader drops a numeric label of 0).
+    wakeups: u32,
 }
 
 impl Interval {
@@ -244,6 +262,7 @@ impl Interval {
             unreadable_comm: FxHashMap::default(),
             count: 0,
             counted: 0,
+            wakeups: 0,
         }
     }
 
@@ -271,11 +290,46 @@ impl Interval {
     /// Adds a sample. `process` is `None` when /proc was unreadable: the
     /// sample keeps its pid and raw user addresses without mappings.
     pub fn add(&mut self, s: &SampleIn<'_>, process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>) {
+        self.add_linked(s, process, None);
+    }
+
+    /// Adds an off-CPU sample and the wakeup sample of its waker, both
+    /// carrying the waker's number.
+    pub(crate) fn add_woken(
+        &mut self,
+        s: &SampleIn<'_>,
+        process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>,
+        waker: &SampleIn<'_>,
+        waker_process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>,
+    ) {
+        let stack = self.stack_of(waker.kstack, waker.ustack);
+        let key = self.key(waker, stack, waker_process);
+        let next = self.wakeups + 1;
+        let occ = self.samples.entry(key).or_default();
+        let link = *occ.link.get_or_insert(next);
+        occ.times.push(waker.unix_ns);
+        if let SampleProfile::Wakeup { ns, .. } = waker.profile {
+            occ.values.push(ns);
+        }
+        self.count += 1;
+        if link == next {
+            self.wakeups += 1;
+        }
+        self.add_linked(s, process, Some(link));
+    }
+
+    fn add_linked(
+        &mut self,
+        s: &SampleIn<'_>,
+        process: Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)>,
+        link: Option<u32>,
+    ) {
         let stack = self.stack_of(s.kstack, s.ustack);
-        let key = self.key(s, stack, process);
+        let mut key = self.key(s, stack, process);
+        key.link = link;
         let occ = self.samples.entry(key).or_default();
         occ.times.push(s.unix_ns);
-        if let SampleProfile::OffCpu { ns, .. } = s.profile {
+        if let SampleProfile::OffCpu { ns, .. } | SampleProfile::Wakeup { ns, .. } = s.profile {
             occ.values.push(ns);
         }
         self.count += 1;
@@ -341,9 +395,15 @@ impl Interval {
                 SampleProfile::Cpu => CPU_PROFILE,
                 SampleProfile::Probe(i) => i,
                 SampleProfile::OffCpu { .. } => OFF_CPU_PROFILE,
+                SampleProfile::Wakeup { .. } => WAKEUP_PROFILE,
             },
             off_cpu_state: match s.profile {
                 SampleProfile::OffCpu { state, .. } => Some(state),
+                _ => None,
+            },
+            link: None,
+            wakeup_from: match s.profile {
+                SampleProfile::Wakeup { from, .. } => Some(from),
                 _ => None,
             },
             tid: if self.attrs.thread_id { s.tid } else { 0 },
@@ -434,6 +494,7 @@ struct BatchBuilder<'a> {
     meta: ProfileMeta<'a>,
     probe_meta: ProfileMeta<'a>,
     off_cpu_meta: ProfileMeta<'a>,
+    wakeup_meta: ProfileMeta<'a>,
     locations: Locations<'a>,
     /// The process of the samples now: its resource and mappings.
     group: Option<Group>,
@@ -490,6 +551,12 @@ impl<'a> BatchBuilder<'a> {
             period: 1,
             ..meta
         };
+        let wakeup_meta = ProfileMeta {
+            sample_type: ("wakeup", "nanoseconds"),
+            period_type: ("wakeup", "nanoseconds"),
+            period: 1,
+            ..meta
+        };
         // A stack per sample at most; about as many distinct frames.
         b.reserve(samples, samples);
         BatchBuilder {
@@ -499,6 +566,7 @@ impl<'a> BatchBuilder<'a> {
             meta,
             probe_meta,
             off_cpu_meta,
+            wakeup_meta,
             locations: Locations {
                 kernel_mapping,
                 kernel_attr,
@@ -533,7 +601,7 @@ impl<'a> BatchBuilder<'a> {
         let prof = self.profile(resource, k.profile);
         let maps = self.group.as_ref().and_then(|g| g.2.as_deref());
         let stack_index = self.locations.stack(&mut self.b, frames, maps);
-        let attribute_indices = self.sample_attributes(k);
+        let attribute_indices = self.sample_attributes(k, occ.link.or(k.link));
         self.push_samples(prof, stack_index, attribute_indices, occ);
     }
 
@@ -581,6 +649,8 @@ impl<'a> BatchBuilder<'a> {
             self.b.profile(resource, &self.meta)
         } else if profile == OFF_CPU_PROFILE {
             self.b.profile(resource, &self.off_cpu_meta)
+        } else if profile == WAKEUP_PROFILE {
+            self.b.profile(resource, &self.wakeup_meta)
         } else {
             let b = &mut self.b;
             let pr = b.profile(resource, &self.probe_meta);
@@ -598,10 +668,13 @@ impl<'a> BatchBuilder<'a> {
     }
 
     /// The attributes of sample `k`: its thread's (interned once per
-    /// thread: samples come sorted by thread), cpu and unwind end.
-    fn sample_attributes(&mut self, k: &Key) -> Vec<i32> {
+    /// thread: samples come sorted by thread), cpu, unwind end, off-CPU
+    /// state and `link`, the number tying a wait to its waker.
+    fn sample_attributes(&mut self, k: &Key, link: Option<u32>) -> Vec<i32> {
         let mut attribute_indices = Vec::with_capacity(4);
         let thread = match self.thread_attrs {
+            // An interrupt is no thread.
+            _ if k.wakeup_from == Some(WakeupContext::Interrupt) => [None, None],
             Some((tid, comm, attrs)) if tid == k.tid && comm == k.comm => attrs,
             _ => {
                 let b = &mut self.b;
@@ -625,6 +698,16 @@ impl<'a> BatchBuilder<'a> {
         }
         if let Some(state) = k.off_cpu_state {
             attribute_indices.push(self.b.attribute(OFF_CPU_STATE_ATTR, AttrValue::Str(state.name())));
+        }
+        if let Some(from) = k.wakeup_from {
+            let from = match from {
+                WakeupContext::Task => "thread",
+                WakeupContext::Interrupt => "interrupt",
+            };
+            attribute_indices.push(self.b.attribute(WAKEUP_FROM_ATTR, AttrValue::Str(from)));
+        }
+        if let Some(link) = link {
+            attribute_indices.push(self.b.attribute(OFF_CPU_WAKEUP_ATTR, AttrValue::Int(i64::from(link))));
         }
         attribute_indices
     }
@@ -1060,6 +1143,99 @@ mod tests {
                 row("off_cpu", "nanoseconds", Some("runnable"), vec![3_000_000], vec![6]),
                 row("off_cpu", "nanoseconds", Some("sleeping"), vec![2_000_000, 5_000_000], vec![4, 9]),
                 row("samples", "count", None, vec![1], vec![7]),
+            ]
+        );
+    }
+
+    /// A wait with its waker: the waker's sample goes to the waker's
+    /// process's `wakeup/nanoseconds` profile (its value the wait's time),
+    /// both carry one number; waits of one stack woken by one stack merge
+    /// on both sides, another waker stack gets another number, and an
+    /// interrupt's wakeup has no thread attributes.
+    #[test]
+    fn waits_and_their_wakers_share_a_number() {
+        let proc_of = |pid| {
+            (
+                Arc::new(ProcessInfo { pid, ..Default::default() }),
+                Arc::new(MappingSet { generation: 1, mappings: vec![] }),
+            )
+        };
+        let (w, z) = (proc_of(3), proc_of(4));
+        let mut iv = Interval::new(0, SampleAttrs { thread_id: true, thread_name: false, cpu: false });
+        let sample = |profile, pid, ustack: &'static [u64], unix_ns| SampleIn {
+            profile,
+            pid,
+            tid: pid + 100,
+            cpu: 0,
+            comm: comm("x"),
+            unix_ns,
+            kstack: &[],
+            ustack,
+            unwind_end: UnwindEnd::Unknown,
+            interp_end: WalkEnd::None,
+        };
+        let wait = |ns| SampleProfile::OffCpu { ns, state: OffCpuState::Sleeping };
+        let wake = |ns, from| SampleProfile::Wakeup { ns, from };
+        fn at(p: &(Arc<ProcessInfo>, Arc<MappingSet>)) -> Option<(&Arc<ProcessInfo>, &Arc<MappingSet>)> {
+            Some((&p.0, &p.1))
+        }
+        // Process 3 waits in [0x10, 0x20]; process 4 wakes it from [0x30] twice, from [0x40] once.
+        for (ns, waker, t) in [(5, &[0x30u64][..], 10), (7, &[0x30], 20), (9, &[0x40], 30)] {
+            let woken = sample(wait(ns), 3, &[0x10, 0x20], t + 1);
+            iv.add_woken(&woken, at(&w), &sample(wake(ns, WakeupContext::Task), 4, waker, t), at(&z));
+        }
+        let woken = sample(wait(11), 3, &[0x10, 0x20], 41);
+        iv.add_woken(&woken, at(&w), &sample(wake(11, WakeupContext::Interrupt), 3, &[], 40), at(&w));
+        let p = iv.build("h", 1, 50, &[], &ServiceNamer::new(Vec::new()), FrameNamers::default());
+        p.validate().expect("valid batch");
+        let d = p.dictionary().unwrap();
+        let s = |i: i32| d.string_table[i as usize].as_str();
+        let mut got = Vec::new();
+        for r in &p.0.resource_profiles {
+            let pid = r.resource.as_ref().unwrap().attributes.iter().find(|a| a.key == keys::PROCESS_PID);
+            let pid = match pid.and_then(|a| a.value.as_ref()?.value.as_ref()) {
+                Some(any_value::Value::IntValue(v)) => *v,
+                _ => -1,
+            };
+            for prof in r.scope_profiles.iter().flat_map(|s| s.profiles.iter()) {
+                let st = prof.sample_type.as_ref().unwrap();
+                for smp in &prof.samples {
+                    let attrs: Vec<(String, String)> = smp
+                        .attribute_indices
+                        .iter()
+                        .map(|&i| &d.attribute_table[i as usize])
+                        .map(|a| {
+                            let v = match a.value.as_ref().and_then(|v| v.value.as_ref()) {
+                                Some(any_value::Value::StringValue(v)) => v.clone(),
+                                Some(any_value::Value::IntValue(v)) => v.to_string(),
+                                _ => String::new(),
+                            };
+                            (s(a.key_strindex).to_owned(), v)
+                        })
+                        .collect();
+                    let stack = &d.stack_table[smp.stack_index as usize];
+                    let addrs: Vec<u64> =
+                        stack.location_indices.iter().map(|&l| d.location_table[l as usize].address).collect();
+                    got.push((pid, s(st.type_strindex).to_owned(), addrs, smp.values.clone(), attrs));
+                }
+            }
+        }
+        got.sort();
+        let a = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        let tid3 = ("thread.id", "103");
+        let tid4 = ("thread.id", "104");
+        let st = (OFF_CPU_STATE_ATTR, "sleeping");
+        let (w0, w1, w2) = ((OFF_CPU_WAKEUP_ATTR, "1"), (OFF_CPU_WAKEUP_ATTR, "2"), (OFF_CPU_WAKEUP_ATTR, "3"));
+        let (thread, irq) = ((WAKEUP_FROM_ATTR, "thread"), (WAKEUP_FROM_ATTR, "interrupt"));
+        assert_eq!(
+            got,
+            vec![
+                (3, "off_cpu".into(), vec![0x10, 0x20], vec![5, 7], a(&[tid3, st, w0])),
+                (3, "off_cpu".into(), vec![0x10, 0x20], vec![9], a(&[tid3, st, w1])),
+                (3, "off_cpu".into(), vec![0x10, 0x20], vec![11], a(&[tid3, st, w2])),
+                (3, "wakeup".into(), vec![], vec![11], a(&[irq, w2])),
+                (4, "wakeup".into(), vec![0x30], vec![5, 7], a(&[tid4, thread, w0])),
+                (4, "wakeup".into(), vec![0x40], vec![9], a(&[tid4, thread, w1])),
             ]
         );
     }
