@@ -21,7 +21,8 @@
 //! - S1's and S2's off-CPU time is 35–65% of their run time;
 //! - wakers (the `*-wakeup.pb.gz` reports, linked by the `wakeup` label):
 //!   at least 95% of A's time in `a_reads` was ended by B in `b_writes`,
-//!   of D's in `d_locks` by E in `e_holds_lock` (its unlock), and of C's
+//!   of D's in `d_locks` by E in `e_holds_lock` (its unlock: the kernel's
+//!   `futex_wake` under it), and of C's
 //!   in `c_sleeps` by an interrupt (a timer: `hrtimer_wakeup`, no thread,
 //!   no user frame), and `/metrics` counts at least 95% of the sleeping
 //!   waits' wakeups as linked;
@@ -185,12 +186,15 @@ fn waker_summary(waker: Option<&(u32, Vec<String>)>, measured: &BTreeMap<String,
         };
     }
     let who = measured.iter().find(|(_, (t, _))| t == tid).map_or("?", |(w, _)| w.as_str());
-    for f in ["b_writes", "e_holds_lock"] {
-        if has(f) {
-            return format!("{who} {f}");
-        }
+    if has("b_writes") {
+        return format!("{who} b_writes");
     }
-    format!("{who} {:?}", names.iter().take(6).collect::<Vec<_>>())
+    // E's unlock path: the kernel's futex wake under e_holds_lock (libc's
+    // unlock frames between them are local symbols, unnamed in a stripped libc).
+    if has("e_holds_lock") && has("futex_wake") {
+        return format!("{who} e_holds_lock unlock");
+    }
+    format!("{who} {:?}", names.iter().take(16).collect::<Vec<_>>())
 }
 
 fn pct(a: f64, b: f64) -> f64 {
@@ -332,7 +336,7 @@ fn off_cpu_time_per_stack_matches_the_waits_a_program_measures() {
     // Who woke them: B in b_writes, E in e_holds_lock, a timer.
     for (who, func, want) in [
         ("A", "a_reads", "B b_writes"),
-        ("D", "d_locks", "E e_holds_lock"),
+        ("D", "d_locks", "E e_holds_lock unlock"),
         ("C", "c_sleeps", "interrupt hrtimer_wakeup"),
     ] {
         let (tid, _) = measured[who];

@@ -760,9 +760,11 @@ int profcol_off_cpu_switch(__u64 *ctx)
 
 	void *prev = (void *)ctx[1];
 	void *next = (void *)ctx[2];
+	/* One clock read for both ends of the switch. */
+	__u64 now = bpf_ktime_get_ns();
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
-	if ((__u32)id != 0 && bpf_get_prandom_u32() <= cfg_off_cpu_probability &&
+	if ((__u32)id != 0 && (cfg_off_cpu_probability == 0xffffffff || bpf_get_prandom_u32() <= cfg_off_cpu_probability) &&
 	    !(cfg_filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid)) && !(cfg_targets && !target_selected(tgid))) {
 		__u64 prev_state = ctx[3];
 		__u32 state = OFF_CPU_RUNNABLE;
@@ -775,11 +777,11 @@ int profcol_off_cpu_switch(__u64 *ctx)
 		__u64 key = (__u64)prev;
 		struct off_cpu_start *start = bpf_map_lookup_elem(&off_cpu_starts, &key);
 		if (start) {
-			start->ns = bpf_ktime_get_ns();
+			start->ns = now;
 			start->state = state;
 			start->wake = 0;
 		} else {
-			struct off_cpu_start first = { .ns = bpf_ktime_get_ns(), .state = state };
+			struct off_cpu_start first = { .ns = now, .state = state };
 			bpf_map_update_elem(&off_cpu_starts, &key, &first, BPF_NOEXIST);
 		}
 	}
@@ -788,7 +790,7 @@ int profcol_off_cpu_switch(__u64 *ctx)
 	struct off_cpu_start *start = bpf_map_lookup_elem(&off_cpu_starts, &key);
 	if (!start || !start->ns)
 		return 0;
-	__u64 off_ns = bpf_ktime_get_ns() - start->ns;
+	__u64 off_ns = now - start->ns;
 	__u32 state = start->state;
 	__u64 link = start->wake;
 	start->ns = 0;

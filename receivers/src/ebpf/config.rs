@@ -101,8 +101,10 @@ pub struct EbpfConfig {
     /// long (default 1ms) is a sample of the `off_cpu` profile
     /// (`off_cpu/nanoseconds`), its value the time waited, its stacks the
     /// ones the thread left the CPU with, its `profcol.off_cpu.state` how
-    /// it left (`sleeping`, `uninterruptible`, `runnable`: preempted);
-    /// `probability` (default 1) follows only that share of switches.
+    /// it left (`sleeping`, `uninterruptible`, `runnable`: preempted),
+    /// and what woke it (a sample of the waker's `wakeup` profile carrying
+    /// the wait's `profcol.off_cpu.wakeup` number); `probability`
+    /// (default 1) follows only that share of switches.
     /// Both are applied in the kernel before any stack walk. Unset: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub off_cpu: Option<crate::ebpf::off_cpu::OffCpuConfig>,

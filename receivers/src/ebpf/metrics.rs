@@ -237,6 +237,7 @@ pub(crate) const METRICS: &[MetricDef] = &[
     JIT_ATTACH_REQUESTS,
     OFF_CPU_SAMPLES,
     OFF_CPU_SECONDS,
+    OFF_CPU_WAKEUPS,
 ];
 
 // Interpreters: processes found, frames walked in the kernel and named.
