@@ -20,8 +20,11 @@ async fn a_budget_lowers_the_frequency_and_totals_stay_cpu_time() {
     let mut a = Workload::spawn(&burn, 12.0);
     let mut b = Workload::spawn(&burn, 12.0);
     let pids = [a.pid, b.pid];
+    // Sampling two busy CPUs at 999 Hz costs about 1% of a CPU here (BPF
+    // time included): a budget of 1% was crossed in some runs and not in
+    // others. A quarter of that is crossed in every one.
     let config: EbpfConfig = profcol_config::parse_section(
-        "sample_frequency: 999\nreport_interval: 30s\nmax_cpu: 1%\ncount_in_kernel: true\ninterpreters: []",
+        "sample_frequency: 999\nreport_interval: 30s\nmax_cpu: 0.25%\ncount_in_kernel: true\ninterpreters: []",
     )
     .unwrap()
     .decode()
