@@ -7,6 +7,10 @@
 //! distinct addresses spread over the binary's functions, drop the
 //! answers, `malloc_trim`, and print the anonymous memory (`RssAnon`)
 //! retained against before the first lookup, with the time per address.
+//! The `recurring` modes resolve N distinct addresses in only 200 of the
+//! functions, one at a time, interleaved: what a profile's steady state
+//! asks (new addresses, in functions sampled before), the streaming
+//! resolver beside `Context`.
 //!
 //!     PROFCOL_BENCH_BINARY=target/release/profcol cargo bench -p profcol-elf --bench dwarf_memory
 
@@ -33,10 +37,11 @@ fn trimmed_anon_kib() -> u64 {
 fn main() {
     let bin = std::env::var("PROFCOL_BENCH_BINARY")
         .unwrap_or_else(|_| std::env::current_exe().unwrap().to_string_lossy().into_owned());
-    let mode = std::env::args().nth(1).filter(|a| ["context", "single", "batch"].contains(&a.as_str()));
+    const MODES: [&str; 5] = ["context", "single", "batch", "recurring-context", "recurring"];
+    let mode = std::env::args().nth(1).filter(|a| MODES.contains(&a.as_str()));
     let Some(mode) = mode else {
         // Parent: one child per mode.
-        for mode in ["context", "single", "batch"] {
+        for mode in MODES {
             let out = Command::new(std::env::current_exe().unwrap()).arg(mode).output().expect("run child");
             print!("{}", String::from_utf8_lossy(&out.stdout));
             eprint!("{}", String::from_utf8_lossy(&out.stderr));
@@ -48,7 +53,15 @@ fn main() {
     let funcs: Vec<(u64, u64)> = syms.iter().filter(|s| s.1 > 0).map(|s| (s.0, u64::from(s.1))).collect();
     // N addresses: the middle of every k-th function (spread over units).
     let k = (funcs.len() / N).max(1);
-    let addrs: Vec<u64> = funcs.iter().step_by(k).take(N).map(|&(a, size)| a + size / 2).collect();
+    let addrs: Vec<u64> = if mode.starts_with("recurring") {
+        // 200 functions of at least 64 bytes, N / 200 offsets in each.
+        let big: Vec<(u64, u64)> = funcs.iter().copied().filter(|f| f.1 >= 64).collect();
+        let hot: Vec<(u64, u64)> = big.iter().step_by((big.len() / 200).max(1)).take(200).copied().collect();
+        let per = (N / hot.len().max(1)) as u64;
+        (0..per).flat_map(|j| hot.iter().map(move |&(a, size)| a + size * j / per)).collect()
+    } else {
+        funcs.iter().step_by(k).take(N).map(|&(a, size)| a + size / 2).collect()
+    };
     let t = Instant::now();
     let lines = elf.dwarf_lines(1 << 30).expect("debug info");
     let load = t.elapsed();
@@ -57,14 +70,14 @@ fn main() {
     let mut frames = 0usize;
     let reference;
     match mode.as_str() {
-        "context" => {
+        "context" | "recurring-context" => {
             reference = lines.addr2line_reference();
             let r = reference.as_ref().expect("context");
             for &a in &addrs {
                 frames += r.frames(a).len();
             }
         }
-        "single" => {
+        "single" | "recurring" => {
             reference = None;
             for &a in &addrs {
                 frames += lines.frames(a).len();
@@ -79,9 +92,11 @@ fn main() {
     }
     let took = t.elapsed();
     let after = trimmed_anon_kib();
+    let (built, reused) = lines.unit_reads();
     println!(
-        "{mode:>8}: {} addresses ({frames} frames, {} units) in {:.1} ms = {:.1} us/address; anon retained {} KiB \
-         (heap: index + decompressed sections {} KiB; load {:.0} ms; RssAnon {} -> {} KiB)",
+        "{mode:>17}: {} addresses ({frames} frames, {} units; units read {built}, answered from windows {reused}) \
+         in {:.1} ms = {:.1} us/address; anon retained {} KiB \
+         (heap: index + decompressed sections + windows {} KiB; load {:.0} ms; RssAnon {} -> {} KiB)",
         addrs.len(),
         lines.units(),
         took.as_secs_f64() * 1e3,

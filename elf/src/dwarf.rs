@@ -5,23 +5,35 @@
 //! Uncompressed debug sections are read in place from the file's mapping,
 //! which the result keeps alive (no copy: a 100 MB binary's 79 MB of DWARF
 //! cost only file pages a lookup touches, reclaimable page cache);
-//! `SHF_COMPRESSED` ones are decompressed into the heap. Both sizes are
-//! reported ([`DwarfLines::mapped_bytes`], [`DwarfLines::heap_bytes`]).
+//! `SHF_COMPRESSED` ones are decompressed into the heap (and a file read
+//! into memory, not mapped, is heap too). Both sizes are reported
+//! ([`DwarfLines::mapped_bytes`], [`DwarfLines::heap_bytes`]).
 //!
 //! At load, each compilation unit's address ranges (`DW_AT_ranges`, else
 //! `.debug_aranges`, else `low_pc`/`high_pc`, else its line program's
 //! sequences, the order addr2line uses) go into a sorted index: 32 bytes
 //! per range (a unit's adjacent ranges merged) and 16 per unit, nothing
 //! else. A lookup parses the covering
-//! unit's header, streams its line program (keeping only the row that
-//! covers each address, never a unit's rows) and its DIEs (the subprogram
-//! holding each address, then that subprogram's inlined subroutines), and
-//! drops it all. The answers are those of addr2line's `find_frames`;
+//! unit's header, streams its line program (keeping only the rows of the
+//! sequence that holds each address) and its DIEs (the subprogram holding
+//! each address, then that subprogram's inlined subroutines), and drops
+//! it. The answers are those of addr2line's `find_frames`;
 //! [`DwarfLines::frames_many`] streams a unit once for all the addresses
 //! of a batch that fall in it.
+//!
+//! What such a full read learns is kept as a *window* per address: the
+//! stretch around it where the unit, the subprogram and the line sequence
+//! are the same ones (no other unit, subprogram or sequence begins or ends
+//! inside), with that sequence's rows over it. A profile keeps sampling
+//! new addresses in functions it sampled before; an address in a window
+//! costs the unit's header and the subprogram's own DIEs, not the unit's.
+//! Windows take ~50 bytes and 24 per row (a function's rows); at most
+//! `WINDOW_BYTES` of them per file, all dropped when full.
 
+use std::collections::BTreeMap;
 use std::ops::{Deref, Range};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use gimli::{EndianSlice, RunTimeEndian};
 
@@ -57,6 +69,12 @@ impl Section {
 
     fn is_in_place(&self) -> bool {
         matches!(self.0, Backing::InPlace(..))
+    }
+
+    /// Read in place from a file mapping (page cache), not a file read
+    /// into the heap.
+    fn is_mapped(&self) -> bool {
+        matches!(&self.0, Backing::InPlace(file, _) if matches!(**file, Bytes::Map(_)))
     }
 }
 
@@ -100,6 +118,96 @@ pub struct DwarfLines {
     heap: usize,
     /// Section bytes read in place from the file mapping.
     mapped: usize,
+    /// Windows by first address.
+    windows: Mutex<BTreeMap<u64, Window>>,
+    window_bytes: AtomicUsize,
+    /// Units read in full, and addresses answered from a window.
+    unit_reads: AtomicU64,
+    window_hits: AtomicU64,
+}
+
+/// Most bytes of windows one file keeps.
+const WINDOW_BYTES: usize = 1 << 20;
+
+/// Addresses (from its key in `DwarfLines::windows` to `end`) whose
+/// first covering unit, subprogram and line sequence are the same, with
+/// that sequence's rows over them.
+struct Window {
+    end: u64,
+    unit: u32,
+    func: Option<UnitOffset>,
+    /// (first address, row), by address: each row covers up to the next
+    /// one's address (the last, to `end`). Empty: no line row.
+    rows: Box<[(u64, Row)]>,
+}
+
+impl Window {
+    fn bytes(&self) -> usize {
+        48 + self.rows.len() * std::mem::size_of::<(u64, Row)>()
+    }
+
+    fn row(&self, probe: u64) -> Option<Row> {
+        let i = self.rows.partition_point(|r| r.0 <= probe);
+        i.checked_sub(1).map(|i| self.rows[i].1)
+    }
+}
+
+/// For each of `probes` (sorted), the nearest edge of any span not
+/// holding it: the greatest end at or below it and the least start above.
+/// Spans only at one side of a probe bound how far an answer for it
+/// reaches.
+struct Edges {
+    below: Vec<u64>,
+    above: Vec<u64>,
+}
+
+impl Edges {
+    fn new(n: usize) -> Self {
+        Edges { below: vec![0; n], above: vec![u64::MAX; n] }
+    }
+
+    /// Notes span `[begin, end)`: probes below `begin` and at or past
+    /// `end` (the sweeps in `finish` carry it on to the others).
+    fn note(&mut self, probes: &[u64], begin: u64, end: u64) {
+        let under = probes.partition_point(|&p| p < begin);
+        if under > 0 {
+            let a = &mut self.above[under - 1];
+            *a = (*a).min(begin);
+        }
+        let past = probes.partition_point(|&p| p < end);
+        if let Some(b) = self.below.get_mut(past) {
+            *b = (*b).max(end);
+        }
+    }
+
+    fn finish(mut self) -> Self {
+        for i in 1..self.below.len() {
+            self.below[i] = self.below[i].max(self.below[i - 1]);
+        }
+        for i in (0..self.above.len().saturating_sub(1)).rev() {
+            self.above[i] = self.above[i].min(self.above[i + 1]);
+        }
+        self
+    }
+}
+
+/// What streaming a unit's line program found for each probe.
+struct LineFind {
+    rows: Vec<Option<Row>>,
+    /// The holding sequence's span and its rows (an index into `held`),
+    /// when its addresses only grow.
+    sequence: Vec<Option<(u64, u64, usize)>>,
+    held: Vec<Vec<(u64, Row)>>,
+    /// Inside a sequence whose addresses go back and forth: no window.
+    tangled: Vec<bool>,
+    edges: Edges,
+}
+
+/// What walking a unit's DIEs found for each probe: the subprogram and
+/// its range holding the probe.
+struct SubprogramFind {
+    funcs: Vec<Option<(UnitOffset, u64, u64)>>,
+    edges: Edges,
 }
 
 type Unit = gimli::Unit<Reader>;
@@ -236,7 +344,7 @@ impl DwarfLines {
         let mut sections = Vec::new();
         let dwarf = load_dwarf(endian, |id| {
             let data = section(id.name()).unwrap_or_else(|| Section::owned(Vec::new()));
-            if data.is_in_place() {
+            if data.is_mapped() {
                 mapped += data.len();
             } else {
                 heap += data.len();
@@ -252,13 +360,31 @@ impl DwarfLines {
         if index.units.is_empty() {
             return None;
         }
-        Some(DwarfLines { dwarf, index, sections, endian, heap, mapped })
+        Some(DwarfLines {
+            dwarf,
+            index,
+            sections,
+            endian,
+            heap,
+            mapped,
+            windows: Mutex::new(BTreeMap::new()),
+            window_bytes: AtomicUsize::new(0),
+            unit_reads: AtomicU64::new(0),
+            window_hits: AtomicU64::new(0),
+        })
     }
 
-    /// Heap bytes held: decompressed debug sections and the unit index.
-    /// Nothing else stays between lookups.
+    /// Heap bytes held: debug sections decompressed or read from a file
+    /// held in memory, the unit index and the windows kept (at most
+    /// `WINDOW_BYTES`).
     pub fn heap_bytes(&self) -> usize {
-        self.heap + self.index.heap_bytes()
+        self.heap + self.index.heap_bytes() + self.window_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Units read in full (line program and DIEs streamed), and addresses
+    /// answered from a window instead.
+    pub fn unit_reads(&self) -> (u64, u64) {
+        (self.unit_reads.load(Ordering::Relaxed), self.window_hits.load(Ordering::Relaxed))
     }
 
     /// Bytes of debug sections read in place from the file mapping: file
@@ -291,8 +417,10 @@ impl DwarfLines {
         probes.sort_unstable();
         probes.dedup();
         let mut answers: Vec<Option<Vec<SourceFrame>>> = vec![None; probes.len()];
+        self.answer_from_windows(&probes, &mut answers);
         // (probe index, how many covering units were tried without answer)
-        let mut pending: Vec<(usize, usize)> = (0..probes.len()).map(|i| (i, 0)).collect();
+        let mut pending: Vec<(usize, usize)> =
+            (0..probes.len()).filter(|&i| answers[i].is_none()).map(|i| (i, 0)).collect();
         while !pending.is_empty() {
             let mut by_unit: Vec<(u32, usize, usize)> = Vec::with_capacity(pending.len());
             for &(i, tried) in &pending {
@@ -305,7 +433,8 @@ impl DwarfLines {
             pending.clear();
             for group in by_unit.chunk_by(|a, b| a.0 == b.0) {
                 let ps: Vec<u64> = group.iter().map(|g| probes[g.1]).collect();
-                match self.resolve_in_unit(group[0].0 as usize, &ps) {
+                let first_tried: Vec<bool> = group.iter().map(|g| g.2 == 0).collect();
+                match self.resolve_in_unit(group[0].0 as usize, &ps, &first_tried) {
                     Ok(found) => {
                         for (g, f) in group.iter().zip(found) {
                             match f {
@@ -331,16 +460,128 @@ impl DwarfLines {
         self.dwarf.unit(self.dwarf.unit_header(offset)?)
     }
 
-    /// Answers for `probes` (sorted, distinct) from unit `index`.
-    fn resolve_in_unit(&self, index: usize, probes: &[u64]) -> gimli::Result<Vec<UnitAnswer>> {
+    /// Answers `probes` (sorted) that lie in a window, from it.
+    fn answer_from_windows(&self, probes: &[u64], answers: &mut [Option<Vec<SourceFrame>>]) {
+        // (unit, probe index, row, subprogram)
+        let mut hits: Vec<(u32, usize, Option<Row>, Option<UnitOffset>)> = Vec::new();
+        {
+            let windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+            if windows.is_empty() {
+                return;
+            }
+            for (i, &p) in probes.iter().enumerate() {
+                let Some((_, w)) = windows.range(..=p).next_back() else { continue };
+                // The unit first covering it must be the window's (the
+                // index's ranges are not a window's edges).
+                if p < w.end && self.index.find(p).next() == Some(w.unit) {
+                    hits.push((w.unit, i, w.row(p), w.func));
+                }
+            }
+        }
+        hits.sort_unstable_by_key(|h| (h.0, h.1));
+        for group in hits.chunk_by(|a, b| a.0 == b.0) {
+            let index = group[0].0 as usize;
+            let ps: Vec<u64> = group.iter().map(|h| probes[h.1]).collect();
+            let rows: Vec<Option<Row>> = group.iter().map(|h| h.2).collect();
+            let funcs: Vec<Option<UnitOffset>> = group.iter().map(|h| h.3).collect();
+            let found = self.unit(index).and_then(|unit| {
+                self.answers(UnitRef::new(&self.dwarf, &unit), self.index.units[index].lang, &ps, &rows, &funcs)
+            });
+            // A unit that fails now is read in full by the caller.
+            if let Ok(found) = found {
+                self.window_hits.fetch_add(group.len() as u64, Ordering::Relaxed);
+                for (h, f) in group.iter().zip(found) {
+                    answers[h.1] = f;
+                }
+            }
+        }
+    }
+
+    /// Answers for `probes` (sorted, distinct) from unit `index`, read in
+    /// full; keeps a window for each probe that `first` marks (no unit
+    /// before this one covers it).
+    fn resolve_in_unit(&self, index: usize, probes: &[u64], first: &[bool]) -> gimli::Result<Vec<UnitAnswer>> {
         let unit = self.unit(index)?;
         let u = UnitRef::new(&self.dwarf, &unit);
-        let lang = match self.index.units[index].lang {
-            0 => None,
-            l => Some(gimli::DwLang(l)),
-        };
-        let rows = line_rows(u, probes)?;
-        let funcs = subprograms(u, probes)?;
+        self.unit_reads.fetch_add(1, Ordering::Relaxed);
+        let lines = line_rows(u, probes)?;
+        let subs = subprograms(u, probes)?;
+        let funcs: Vec<Option<UnitOffset>> = subs.funcs.iter().map(|f| f.map(|f| f.0)).collect();
+        let out = self.answers(u, self.index.units[index].lang, probes, &lines.rows, &funcs)?;
+        self.keep_windows(index as u32, probes, first, &out, &lines, &subs);
+        Ok(out)
+    }
+
+    /// A window around each answered probe marked in `first`.
+    fn keep_windows(
+        &self,
+        unit: u32,
+        probes: &[u64],
+        first: &[bool],
+        out: &[UnitAnswer],
+        lines: &LineFind,
+        subs: &SubprogramFind,
+    ) {
+        let mut new: Vec<(u64, Window)> = Vec::new();
+        for (i, &p) in probes.iter().enumerate() {
+            if !first[i] || out[i].is_none() || lines.tangled[i] {
+                continue;
+            }
+            let mut begin = lines.edges.below[i].max(subs.edges.below[i]);
+            let mut end = lines.edges.above[i].min(subs.edges.above[i]);
+            let mut rows: &[(u64, Row)] = &[];
+            match (lines.rows[i], lines.sequence[i]) {
+                (Some(_), Some((b, e, held))) => {
+                    (begin, end) = (begin.max(b), end.min(e));
+                    rows = &lines.held[held];
+                }
+                // A row from a sequence whose addresses go back and forth.
+                (Some(_), None) => continue,
+                (None, _) => {}
+            }
+            if let Some((_, b, e)) = subs.funcs[i] {
+                (begin, end) = (begin.max(b), end.min(e));
+            }
+            if !(begin <= p && p < end) || end == u64::MAX {
+                continue;
+            }
+            // The rows over [begin, end): the last at or below `begin`
+            // (starting there) and those after it.
+            let from = rows.partition_point(|r| r.0 <= begin).saturating_sub(1);
+            let to = rows.partition_point(|r| r.0 < end);
+            let rows: Box<[(u64, Row)]> = rows[from..to.max(from)].iter().map(|&(a, r)| (a.max(begin), r)).collect();
+            new.push((begin, Window { end, unit, func: subs.funcs[i].map(|f| f.0), rows }));
+        }
+        if new.is_empty() {
+            return;
+        }
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bytes = self.window_bytes.load(Ordering::Relaxed);
+        for (begin, w) in new {
+            if bytes + w.bytes() > WINDOW_BYTES {
+                windows.clear();
+                bytes = 0;
+            }
+            bytes += w.bytes();
+            if let Some(old) = windows.insert(begin, w) {
+                bytes -= old.bytes();
+            }
+        }
+        self.window_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Frames for `probes` from what the unit says of each: its line row
+    /// and the subprogram holding it (whose inlined subroutines are
+    /// walked here).
+    fn answers(
+        &self,
+        u: UnitRef<'_>,
+        lang: u16,
+        probes: &[u64],
+        rows: &[Option<Row>],
+        funcs: &[Option<UnitOffset>],
+    ) -> gimli::Result<Vec<UnitAnswer>> {
+        let lang = (lang != 0).then_some(gimli::DwLang(lang));
         let mut files: Vec<(u64, Option<String>)> = Vec::new();
         let mut file = |i: u64| -> gimli::Result<Option<String>> {
             if let Some((_, f)) = files.iter().find(|f| f.0 == i) {
@@ -622,58 +863,99 @@ fn unit_ranges(
 /// The line row covering each of `probes` (sorted): the row with the
 /// greatest address at or below it in the sequence holding it (the first
 /// such sequence), rows at one address counting as the last of them.
-/// Streams the program; holds one sequence's candidates, not its rows.
-fn line_rows(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<Vec<Option<Row>>> {
-    let mut out = vec![None; probes.len()];
+/// Streams the program, holding one sequence's rows at a time, and keeps
+/// those of sequences holding a probe. Stops once every probe has its row:
+/// later sequences change no answer, nor any window (a window lies in the
+/// first sequence holding its probe).
+fn line_rows(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<LineFind> {
+    let mut find = LineFind {
+        rows: vec![None; probes.len()],
+        sequence: vec![None; probes.len()],
+        held: Vec::new(),
+        tangled: vec![false; probes.len()],
+        edges: Edges::new(probes.len()),
+    };
     let Some(program) = u.line_program.clone() else {
-        return Ok(out);
+        find.edges = find.edges.finish();
+        return Ok(find);
     };
     let mut rows = program.rows();
-    // The current sequence: first address, the last row seen.
+    // The current sequence: first address, its rows (one per address, the
+    // last of those at it), whether their addresses only grew.
     let mut start: Option<u64> = None;
-    let mut last: Option<(u64, Row)> = None;
-    // (probe index, row) found in the current sequence.
-    let mut found: Vec<(usize, Row)> = Vec::new();
-    let cover = |from: u64, to: u64, row: Row, found: &mut Vec<(usize, Row)>| {
-        if from < to {
-            let first = probes.partition_point(|&p| p < from);
-            for (i, _) in probes[first..].iter().enumerate().take_while(|(_, &p)| p < to) {
-                found.push((first + i, row));
-            }
-        }
-    };
+    let mut seq: Vec<(u64, Row)> = Vec::new();
+    let mut growing = true;
+    let mut unanswered = probes.len();
     while let Some((_, row)) = rows.next_row()? {
         let address = row.address();
         if row.end_sequence() {
-            if let (Some(s), Some((a, r))) = (start.take(), last.take()) {
-                cover(a, address, r, &mut found);
+            if let Some(s) = start.take() {
                 if s < address {
-                    for &(i, r) in &found {
-                        out[i].get_or_insert(r);
+                    find.edges.note(probes, s, address);
+                    let first = probes.partition_point(|&p| p < s);
+                    let mut keep = false;
+                    for (i, &p) in probes.iter().enumerate().skip(first).take_while(|(_, &p)| p < address) {
+                        find.tangled[i] |= !growing;
+                        if find.rows[i].is_some() {
+                            continue;
+                        }
+                        let row = if growing {
+                            seq.partition_point(|r| r.0 <= p).checked_sub(1).map(|k| seq[k].1)
+                        } else {
+                            cover_unordered(&seq, address, p)
+                        };
+                        let Some(row) = row else { continue };
+                        find.rows[i] = Some(row);
+                        unanswered -= 1;
+                        if growing {
+                            find.sequence[i] = Some((s, address, find.held.len()));
+                            keep = true;
+                        }
+                    }
+                    if keep {
+                        find.held.push(std::mem::take(&mut seq));
                     }
                 }
             }
-            found.clear();
+            if unanswered == 0 {
+                break;
+            }
+            seq.clear();
+            growing = true;
             continue;
         }
         let this = (row.file_index(), row.line().map_or(0, |l| l.get() as u32));
-        if let Some((a, r)) = last {
-            if a != address {
-                cover(a, address, r, &mut found);
-            }
-        }
         start.get_or_insert(address);
-        last = Some((address, this));
+        match seq.last_mut() {
+            Some(last) if last.0 == address => last.1 = this,
+            Some(last) => {
+                growing &= last.0 < address;
+                seq.push((address, this));
+            }
+            None => seq.push((address, this)),
+        }
     }
-    Ok(out)
+    find.edges = find.edges.finish();
+    Ok(find)
+}
+
+/// The row covering `p` in a sequence whose addresses do not only grow
+/// (`rows` in order, one per run of equal addresses, ending at `end`):
+/// the first pair of consecutive rows around it.
+fn cover_unordered(rows: &[(u64, Row)], end: u64, p: u64) -> Option<Row> {
+    let next = rows.iter().skip(1).map(|r| r.0).chain(std::iter::once(end));
+    rows.iter().zip(next).find(|&(&(a, _), b)| a <= p && p < b).map(|(&(_, r), _)| r)
 }
 
 /// The `DW_TAG_subprogram` holding each of `probes` (sorted), by one
-/// walk over the unit's DIEs.
-fn subprograms(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<Vec<Option<UnitOffset>>> {
-    let mut out = vec![None; probes.len()];
+/// walk over the unit's DIEs: the first in DIE order, with its range
+/// holding the probe. Stops once every probe has one: later DIEs change
+/// no answer, nor any window (a window lies in its probe's subprogram).
+fn subprograms(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<SubprogramFind> {
+    let mut find = SubprogramFind { funcs: vec![None; probes.len()], edges: Edges::new(probes.len()) };
+    let mut unanswered = probes.len();
     let mut entries = u.entries_raw(None)?;
-    while !entries.is_empty() {
+    while !entries.is_empty() && unanswered > 0 {
         let die = entries.next_offset();
         let Some(abbrev) = entries.read_abbreviation()? else { continue };
         if abbrev.tag() != gimli::DW_TAG_subprogram {
@@ -686,13 +968,18 @@ fn subprograms(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<Vec<Option<UnitO
             r.read(&attr, u)?;
         }
         r.for_each(u, |begin, end| {
+            find.edges.note(probes, begin, end);
             let first = probes.partition_point(|&p| p < begin);
             for (i, _) in probes[first..].iter().enumerate().take_while(|(_, &p)| p < end) {
-                out[first + i].get_or_insert(die);
+                if find.funcs[first + i].is_none() {
+                    find.funcs[first + i] = Some((die, begin, end));
+                    unanswered -= 1;
+                }
             }
         })?;
     }
-    Ok(out)
+    find.edges = find.edges.finish();
+    Ok(find)
 }
 
 /// For each of `probes` (sorted), the inlined subroutines of subprogram

@@ -193,6 +193,46 @@ async fn the_cache_stays_within_its_bytes_least_recently_used_first() {
     assert_eq!(c.counters.evictions.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
 
+#[tokio::test]
+async fn debug_sections_read_in_place_do_not_count_toward_max_bytes() {
+    if !tools_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bins: Vec<_> = (0..3).map(|i| compile(dir.path(), &format!("m{i}"), i)).collect();
+    let wants: Vec<Want> = bins
+        .iter()
+        .map(|b| Want { key: Arc::from(build_id(b)), is_build_id: true, path: Arc::from(&*b.to_string_lossy()) })
+        .collect();
+    // Half the binaries' DWARF, as binutils sizes it: too little for the
+    // three tables if their debug sections (file pages) counted.
+    let dwarf: u64 = bins.iter().map(|b| debug_section_bytes(b)).sum();
+    let max = dwarf / 2;
+    let c = Cache::start(max, Duration::from_secs(60), SearchPaths::default(), Arc::new(FilePins::default()));
+    for w in &wants {
+        wait_ready(&c, w).await;
+    }
+    c.settle();
+    let evictions = c.counters.evictions.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(evictions, 0, "max_bytes {max}: heap {} mapped {}", c.bytes(), c.mapped_bytes());
+    assert!(wants.iter().all(|w| matches!(c.peek(&w.key), Some(State::Ready(_)))));
+    assert!((c.bytes() as u64) < max, "heap {}", c.bytes());
+    assert!(c.mapped_bytes() as u64 > max, "the DWARF read in place is shown: {} of {dwarf}", c.mapped_bytes());
+}
+
+/// Bytes of a file's `.debug_*` sections, from `readelf -SW`.
+fn debug_section_bytes(bin: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("readelf").arg("-SW").arg(bin).output().expect("run readelf (binutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let i = t.iter().position(|w| w.starts_with(".debug_"))?;
+            u64::from_str_radix(t.get(i + 4)?, 16).ok()
+        })
+        .sum()
+}
+
 async fn wait_ready(c: &Cache, w: &Want) -> Arc<profcol_processors::user_symbols::table::BinaryTable> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

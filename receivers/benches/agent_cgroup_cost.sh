@@ -55,7 +55,9 @@
 # whatever else runs (a compiler's processes and libraries weigh heavily), and
 # perf's own process does none of it; hence the load averages printed.
 # Other knobs: PROFCOL_BIN=path (a given build, else this checkout's release
-# build), METRICS_PORT (18897; each agent serves /metrics on a port of its own).
+# build), PROFCOL_BIN_B=path (the second agent's build, else the same one:
+# with CONFIG_B=examples/default.yaml, an older build beside this one),
+# METRICS_PORT (18897; each agent serves /metrics on a port of its own).
 # Needs root, perf, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -103,6 +105,7 @@ if [ -z "${PROFCOL_BIN:-}" ]; then
 	CARGO_INCREMENTAL=0 cargo build --release -q -p profcol --bin profcol
 fi
 BIN=${PROFCOL_BIN:-${CARGO_TARGET_DIR:-target}/release/profcol}
+BIN_B=${PROFCOL_BIN_B:-$BIN}
 # shellcheck source=receivers/benches/node_config.sh
 . receivers/benches/node_config.sh
 # shellcheck source=receivers/benches/cgroup_cpu.sh
@@ -147,7 +150,7 @@ if [ "$MODE" = samples ]; then
 	done
 fi
 
-EXES=("$BIN" "$(readlink -f "$(command -v perf)")")
+EXES=("$BIN" "$BIN_B" "$(readlink -f "$(command -v perf)")")
 kib() { awk -v k="$2" '$1 == k":" {print $2}' /proc/"$1"/status; }
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
@@ -306,7 +309,9 @@ run_once() {
 	for i in "${!AGENTS[@]}"; do agent_config "${AGENTS[$i]}" "$run" "$((port + i))" >"$TMP/$run/${AGENTS[$i]}.yaml"; done
 	declare -A PID=() C1=() C2=() M1=() HWM=() RSS=()
 	for t in "${AGENTS[@]}"; do
-		start_in "$run-$t" "$BIN" --config "$TMP/$run/$t.yaml" >"$TMP/$run/$t.log" 2>&1 &
+		local bin=$BIN
+		[ "$t" = "$NAME_B" ] && bin=$BIN_B
+		start_in "$run-$t" "$bin" --config "$TMP/$run/$t.yaml" >"$TMP/$run/$t.log" 2>&1 &
 		PID[$t]=$!
 	done
 	local clock=()

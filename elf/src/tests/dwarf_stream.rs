@@ -120,6 +120,15 @@ fn check(what: &str, bin: &Path, lines: &DwarfLines, addrs: &[u64], tool: &str) 
         assert_eq!(*got, reference.frames(a), "{what} at {a:#x}: streaming vs addr2line's Context");
         assert_eq!(got, batched, "{what} at {a:#x}: batch vs one by one");
     }
+    // The batch read each unit once; one by one, addresses were answered
+    // from the windows it kept (C's sequences whose addresses go back and
+    // forth excepted).
+    let (reads, hits) = lines.unit_reads();
+    assert!(
+        hits * 2 >= addrs.len() as u64,
+        "{what}: {hits} of {} lookups from windows ({reads} unit reads)",
+        addrs.len()
+    );
     let want = addr2line_tool(tool, bin, addrs);
     // Folded copies (several symbols, and subprograms, at one address):
     // which one names the code is arbitrary, in each tool.

@@ -58,7 +58,11 @@ pub struct LoadCounters {
 struct Inner {
     entries: FxHashMap<Arc<str>, Entry>,
     clock: u64,
+    /// Heap bytes of ready tables (what `max_bytes` bounds).
     bytes: usize,
+    /// Debug sections they read in place from file mappings, at the last
+    /// `settle`.
+    mapped: usize,
 }
 
 pub struct Cache {
@@ -92,7 +96,7 @@ impl Cache {
         let disk = disk.map(Arc::new);
         let (tx, rx) = std::sync::mpsc::channel::<Want>();
         let cache = Arc::new(Cache {
-            inner: Mutex::new(Inner { entries: FxHashMap::default(), clock: 0, bytes: 0 }),
+            inner: Mutex::new(Inner { entries: FxHashMap::default(), clock: 0, bytes: 0, mapped: 0 }),
             max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
             negative_ttl,
             queue: tx,
@@ -233,6 +237,14 @@ impl Cache {
         }
         inner.bytes = total;
         self.evict(&mut inner, None);
+        inner.mapped = inner
+            .entries
+            .values()
+            .map(|e| match &e.state {
+                EntryState::Ready { table, .. } => table.mapped_bytes(),
+                _ => 0,
+            })
+            .sum();
     }
 
     fn evict(&self, inner: &mut Inner, keep: Option<&Arc<str>>) {
@@ -259,9 +271,15 @@ impl Cache {
         }
     }
 
-    /// Bytes of ready tables.
+    /// Heap bytes of ready tables.
     pub fn bytes(&self) -> usize {
         self.lock().bytes
+    }
+
+    /// Bytes of debug sections ready tables read in place from file
+    /// mappings, at the last [`Self::settle`].
+    pub fn mapped_bytes(&self) -> usize {
+        self.lock().mapped
     }
 
     pub fn tables(&self) -> usize {

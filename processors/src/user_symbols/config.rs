@@ -81,7 +81,7 @@ impl Default for DebuginfodConfig {
 #[serde(deny_unknown_fields, default)]
 #[schemars(rename = "UserSymbolsCacheConfig")]
 pub struct CacheConfig {
-    /// Bytes of loaded tables (symbols, debug sections whether read in place from the file's mapping or decompressed, resolved addresses) kept; the least recently used table is evicted beyond it.
+    /// Heap bytes of loaded tables (symbols, DWARF's unit index and recent lookups, decompressed debug sections, resolved addresses) kept; the least recently used table is evicted beyond it. Debug sections read in place from a binary's mapping are page cache and do not count (`profcol_processor_user_symbols_cache_mapped_bytes` shows them).
     pub max_bytes: u64,
     /// Directory where each binary's function table (segments and front-coded names, not DWARF) is written once loaded and read back after a restart, so frames are named without parsing the binary again; created mode 0700, refused (with a warning) when others can write it. Unset: no files.
     pub dir: Option<PathBuf>,

@@ -32,6 +32,7 @@ struct Metrics {
     pending: Counter,
     no_file: Counter,
     cache_bytes: Gauge,
+    cache_mapped_bytes: Gauge,
     tables: Gauge,
     tables_loaded: Counter,
     tables_missing: Counter,
@@ -53,8 +54,16 @@ pub(crate) const FRAMES: MetricDef = MetricDef::counter(
     "Native user frames by outcome: each frame of each sample, times the sample's observations",
 )
 .by("outcome");
-pub(crate) const CACHE_BYTES: MetricDef =
-    MetricDef::gauge("user_symbols_cache_bytes", "bytes", "Bytes of symbol tables held");
+pub(crate) const CACHE_BYTES: MetricDef = MetricDef::gauge(
+    "user_symbols_cache_bytes",
+    "bytes",
+    "Heap bytes of symbol tables held (what cache.max_bytes bounds)",
+);
+pub(crate) const CACHE_MAPPED_BYTES: MetricDef = MetricDef::gauge(
+    "user_symbols_cache_mapped_bytes",
+    "bytes",
+    "Bytes of debug sections the tables held read in place from binaries' mappings (page cache; not in cache.max_bytes)",
+);
 pub(crate) const TABLES: MetricDef = MetricDef::gauge("user_symbols_tables", "1", "Symbol tables held");
 pub(crate) const TABLES_LOADED: MetricDef =
     MetricDef::counter("user_symbols_tables_loaded_total", "1", "Symbol tables loaded");
@@ -92,6 +101,7 @@ pub(crate) const CACHE_DIR_EVICTIONS: MetricDef = MetricDef::counter(
 pub(crate) const METRICS: &[MetricDef] = &[
     FRAMES,
     CACHE_BYTES,
+    CACHE_MAPPED_BYTES,
     TABLES,
     TABLES_LOADED,
     TABLES_MISSING,
@@ -111,6 +121,7 @@ impl Metrics {
             pending: t.counter_by(&FRAMES, "unnamed_pending"),
             no_file: t.counter_by(&FRAMES, "unnamed_no_file"),
             cache_bytes: t.gauge_of(&CACHE_BYTES),
+            cache_mapped_bytes: t.gauge_of(&CACHE_MAPPED_BYTES),
             tables: t.gauge_of(&TABLES),
             tables_loaded: t.counter_of(&TABLES_LOADED),
             tables_missing: t.counter_of(&TABLES_MISSING),
@@ -130,6 +141,7 @@ impl Metrics {
         self.pending.add(o.pending);
         self.no_file.add(o.no_file);
         self.cache_bytes.set(cache.bytes() as i64);
+        self.cache_mapped_bytes.set(cache.mapped_bytes() as i64);
         self.tables.set(cache.tables() as i64);
         let c = &cache.counters;
         for (i, (now, series)) in [

@@ -332,21 +332,23 @@ impl BinaryTable {
         Some((&self.segments, &self.symbols, self.had_dwarf))
     }
 
-    /// Bytes held: symbols, debug sections, memoized results. Debug
-    /// sections read in place from the file's mapping count at their size
-    /// too: they are file pages, reclaimable, but resident once lookups
-    /// touch them, so counting them keeps `cache.max_bytes` a bound on the
-    /// worst case.
+    /// Heap bytes held: symbols, DWARF's index and windows (and debug
+    /// sections decompressed), memoized results. Debug sections read in
+    /// place from the file's mapping are not: they are page cache, which
+    /// the kernel reclaims and a memory cgroup does not charge as the
+    /// agent's own, so counting them against `cache.max_bytes` only evicts
+    /// tables for nothing (see [`Self::mapped_bytes`]).
     pub fn heap_bytes(&self) -> usize {
         self.symbols.heap_bytes()
-            + self.dwarf.get().map_or(0, |d| d.heap_bytes() + d.mapped_bytes())
+            + self.dwarf.get().map_or(0, DwarfLines::heap_bytes)
             + self.go.as_ref().map_or(0, GoLineTable::heap_bytes)
             + self.memo_bytes.load(std::sync::atomic::Ordering::Relaxed)
             + self.held.load(std::sync::atomic::Ordering::Relaxed)
             + self.segments.len() * 24
     }
 
-    /// Of [`Self::heap_bytes`], debug sections read in place from a mapping.
+    /// Debug sections read in place from the file's mapping (not in
+    /// [`Self::heap_bytes`]).
     pub fn mapped_bytes(&self) -> usize {
         self.dwarf.get().map_or(0, DwarfLines::mapped_bytes)
     }
