@@ -60,6 +60,7 @@ use object::{Endianness, FileKind};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 /// Why a file could not be read as ELF.
 #[derive(Debug, thiserror::Error)]
@@ -317,20 +318,35 @@ impl ElfFile {
 
     /// DWARF lines and inlined frames, when the file has `.debug_info`.
     /// Uncompressed debug sections are read in place from the mapping
-    /// (which the result keeps alive); compressed ones are decompressed,
-    /// each at most `max_section` bytes.
+    /// (which the result keeps alive); compressed ones are decompressed
+    /// into the heap, each at most `max_section` bytes.
     pub fn dwarf_lines(&self, max_section: usize) -> Option<DwarfLines> {
+        self.dwarf_lines_spilled(max_section, None)
+    }
+
+    /// [`Self::dwarf_lines`], compressed sections decompressed into
+    /// unlinked files in directory `spill` and mapped: page cache, which
+    /// the kernel writes back and reclaims, not the heap (a distribution's
+    /// debug file of libc holds ~10 MB of compressed DWARF). A section
+    /// that cannot be written there is decompressed into the heap.
+    pub fn dwarf_lines_spilled(&self, max_section: usize, spill: Option<&Path>) -> Option<DwarfLines> {
         if !self.has_debug_info() {
             return None;
         }
         DwarfLines::load(self.big_endian(), |name| {
+            let data = self.bytes.get();
             let found = match self.class {
-                Class::Elf32 => section_ref::<FileHeader32<Endianness>>(self.bytes.get(), name, max_section),
-                Class::Elf64 => section_ref::<FileHeader64<Endianness>>(self.bytes.get(), name, max_section),
+                Class::Elf32 => section_ref::<FileHeader32<Endianness>>(data, name, max_section),
+                Class::Elf64 => section_ref::<FileHeader64<Endianness>>(data, name, max_section),
             }?;
             Some(match found {
                 SectionRef::InPlace(range) => dwarf::Section::in_place(self.bytes.clone(), range),
-                SectionRef::Decompressed(bytes) => dwarf::Section::owned(bytes),
+                SectionRef::Compressed(range, size) => {
+                    match spill.and_then(|dir| decompress_to_file(&data[range.clone()], size, dir)) {
+                        Some(map) => dwarf::Section::in_place(std::sync::Arc::new(Bytes::Map(map)), 0..size),
+                        None => dwarf::Section::owned(decompress(&data[range], size)?),
+                    }
+                }
             })
         })
     }
@@ -644,14 +660,40 @@ fn section_address<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str) 
 fn section_bytes<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max: usize) -> Option<Vec<u8>> {
     match section_ref::<H>(data, name, max)? {
         SectionRef::InPlace(range) => Some(data[range].to_vec()),
-        SectionRef::Decompressed(bytes) => Some(bytes),
+        SectionRef::Compressed(range, size) => decompress(&data[range], size),
     }
 }
 
-/// A section's contents: where they are in the file, or decompressed.
+/// Where a section's contents are in the file: as they are, or zlib
+/// compressed (the compressed bytes, and their size once decompressed).
 enum SectionRef {
     InPlace(std::ops::Range<usize>),
-    Decompressed(Vec<u8>),
+    Compressed(std::ops::Range<usize>, usize),
+}
+
+/// `compressed` (zlib) inflated, when it is exactly `size` bytes.
+fn decompress(compressed: &[u8], size: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(size);
+    let mut z = flate2::read::ZlibDecoder::new(compressed).take(size as u64);
+    z.read_to_end(&mut out).ok()?;
+    (out.len() == size).then_some(out)
+}
+
+/// [`decompress`] into an unlinked file in `dir`, mapped: `None` when it
+/// cannot be written there, or does not inflate to exactly `size` bytes.
+fn decompress_to_file(compressed: &[u8], size: usize, dir: &Path) -> Option<Mmap> {
+    if size == 0 {
+        return None;
+    }
+    let mut file = tempfile::tempfile_in(dir).ok()?;
+    let mut z = flate2::read::ZlibDecoder::new(compressed).take(size as u64);
+    let written = std::io::copy(&mut z, &mut std::io::BufWriter::with_capacity(64 << 10, &mut file)).ok()?;
+    if written != size as u64 {
+        return None;
+    }
+    // SAFETY: the file is unlinked and private to this process: nothing
+    // else can change it while mapped.
+    unsafe { Mmap::map(&file) }.ok().filter(|m| m.len() == size)
 }
 
 fn section_ref<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max: usize) -> Option<SectionRef> {
@@ -676,11 +718,9 @@ fn section_ref<H: FileHeader<Endian = Endianness>>(data: &[u8], name: &str, max:
     if want > max {
         return None;
     }
-    let compressed = data.get(usize::try_from(offset).ok()?..usize::try_from(offset.checked_add(size)?).ok()?)?;
-    let mut out = Vec::with_capacity(want);
-    let mut z = flate2::read::ZlibDecoder::new(compressed).take(want as u64);
-    z.read_to_end(&mut out).ok()?;
-    (out.len() == want).then_some(SectionRef::Decompressed(out))
+    let range = usize::try_from(offset).ok()?..usize::try_from(offset.checked_add(size)?).ok()?;
+    data.get(range.clone())?;
+    Some(SectionRef::Compressed(range, want))
 }
 
 #[cfg(test)]

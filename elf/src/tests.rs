@@ -228,11 +228,21 @@ fn dwarf_lines_and_inlined_frames_agree_with_binutils() {
         let (_, outer_start) = syms.lookup(syms.iter().find(|s| s.2 == "outer").unwrap().0).unwrap();
         let size = syms.iter().find(|s| s.2 == "outer").unwrap().1 as u64;
         let lines = elf.dwarf_lines(64 << 20).expect("debug info");
+        // Compressed sections decompressed into unlinked files and mapped,
+        // not into the heap; the same answers.
+        let spill = tempfile::tempdir().unwrap();
+        let spilled = elf.dwarf_lines_spilled(64 << 20, Some(spill.path())).expect("debug info");
+        if name == "zdebug" {
+            assert!(spilled.mapped_bytes() > lines.mapped_bytes(), "{name}: sections mapped from files");
+            assert!(spilled.heap_bytes() < lines.heap_bytes() / 2, "{name}: not decompressed into the heap");
+            assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0, "{name}: the files are unlinked");
+        }
         let mut inlined = 0;
         for vaddr in outer_start..outer_start + size {
             let want = binutils_frames(&bin, vaddr);
             let got = ours(&lines, vaddr);
             assert_eq!(got, want, "{name} at {vaddr:#x}");
+            assert_eq!(ours(&spilled, vaddr), want, "{name} at {vaddr:#x}, sections in files");
             inlined += usize::from(got.len() > 1);
         }
         assert!(inlined > 0, "{name}: some address of outer is inside the inlined `inner`");

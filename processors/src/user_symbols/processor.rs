@@ -185,11 +185,13 @@ impl UserSymbols {
 
     fn cache(&self) -> &Arc<Cache> {
         self.cache.get_or_init(|| {
+            let disk = self.cfg.cache.dir.as_deref().and_then(|d| DiskCache::open(d, self.cfg.cache.dir_max_bytes));
             let search = SearchPaths {
                 debug_dirs: self.cfg.debug_dirs.clone(),
                 lines: self.cfg.lines,
                 minidebuginfo: self.cfg.minidebuginfo,
                 go_pclntab: self.cfg.go_pclntab,
+                spill_dir: disk.as_ref().map(|d| d.dir().to_owned()),
             };
             Cache::start_with(
                 self.cfg.cache.max_bytes,
@@ -197,7 +199,7 @@ impl UserSymbols {
                 search,
                 self.pins.clone(),
                 Debuginfod::new(&self.cfg.debuginfod),
-                self.cfg.cache.dir.as_deref().and_then(|d| DiskCache::open(d, self.cfg.cache.dir_max_bytes)),
+                disk,
             )
         })
     }

@@ -103,11 +103,14 @@ pub struct SearchPaths {
     pub minidebuginfo: bool,
     /// Read Go's `.gopclntab` of a Go binary without DWARF.
     pub go_pclntab: bool,
+    /// Where compressed debug sections are decompressed to (unlinked
+    /// files, mapped) rather than into the heap: `cache.dir`, when usable.
+    pub spill_dir: Option<PathBuf>,
 }
 
 impl Default for SearchPaths {
     fn default() -> Self {
-        SearchPaths { debug_dirs: Vec::new(), lines: true, minidebuginfo: true, go_pclntab: true }
+        SearchPaths { debug_dirs: Vec::new(), lines: true, minidebuginfo: true, go_pclntab: true, spill_dir: None }
     }
 }
 
@@ -175,9 +178,9 @@ impl Opened {
     /// The DWARF of the debug file, else of the binary; with the bytes of a
     /// downloaded file it keeps alive beyond its debug sections (the rest
     /// of the heap copy, which [`BinaryTable::heap_bytes`] counts too).
-    fn dwarf(&self) -> Option<(DwarfLines, usize)> {
+    fn dwarf(&self, search: &SearchPaths) -> Option<(DwarfLines, usize)> {
         let read = |f: &ElfFile, downloaded: bool| {
-            f.dwarf_lines(MAX_DEBUG_SECTION).map(|d| {
+            f.dwarf_lines_spilled(MAX_DEBUG_SECTION, search.spill_dir.as_deref()).map(|d| {
                 let rest = if downloaded { f.len().saturating_sub(d.mapped_bytes()) } else { 0 };
                 (d, rest)
             })
@@ -247,7 +250,7 @@ impl BinaryTable {
                 symbols = elf.function_symbols_with(Some(&mini));
             }
         }
-        let (dwarf, held) = match search.lines.then(|| opened.dwarf()).flatten() {
+        let (dwarf, held) = match search.lines.then(|| opened.dwarf(search)).flatten() {
             Some((d, held)) => (Some(d), held),
             None => (None, 0),
         };
@@ -307,7 +310,8 @@ impl BinaryTable {
         search: &SearchPaths,
         debuginfod: Option<(&mut Debuginfod, &DebuginfodCounters)>,
     ) -> bool {
-        let Some((dwarf, held)) = Opened::open(want, pinned, search, debuginfod).ok().and_then(|o| o.dwarf()) else {
+        let Some((dwarf, held)) = Opened::open(want, pinned, search, debuginfod).ok().and_then(|o| o.dwarf(search))
+        else {
             return false;
         };
         // Under the memo's lock: a resolve either ran before (its result is
