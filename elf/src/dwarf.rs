@@ -118,6 +118,8 @@ pub struct DwarfLines {
     heap: usize,
     /// Section bytes read in place from the file mapping.
     mapped: usize,
+    /// Of `heap`, section bytes read in place from a file held in memory.
+    in_memory_file: usize,
     /// Windows by first address.
     windows: Mutex<BTreeMap<u64, Window>>,
     window_bytes: AtomicUsize,
@@ -340,7 +342,7 @@ impl DwarfLines {
     /// `.debug_info` or it does not parse.
     pub(crate) fn load(big_endian: bool, mut section: impl FnMut(&str) -> Option<Section>) -> Option<Self> {
         let endian = if big_endian { RunTimeEndian::Big } else { RunTimeEndian::Little };
-        let (mut heap, mut mapped) = (0usize, 0usize);
+        let (mut heap, mut mapped, mut in_memory_file) = (0usize, 0usize, 0usize);
         let mut sections = Vec::new();
         let dwarf = load_dwarf(endian, |id| {
             let data = section(id.name()).unwrap_or_else(|| Section::owned(Vec::new()));
@@ -348,6 +350,9 @@ impl DwarfLines {
                 mapped += data.len();
             } else {
                 heap += data.len();
+                if data.is_in_place() {
+                    in_memory_file += data.len();
+                }
             }
             let bytes = static_slice(&data);
             sections.push((id, data));
@@ -367,6 +372,7 @@ impl DwarfLines {
             endian,
             heap,
             mapped,
+            in_memory_file,
             windows: Mutex::new(BTreeMap::new()),
             window_bytes: AtomicUsize::new(0),
             unit_reads: AtomicU64::new(0),
@@ -392,6 +398,12 @@ impl DwarfLines {
     /// reclaim under pressure.
     pub fn mapped_bytes(&self) -> usize {
         self.mapped
+    }
+
+    /// Of [`Self::heap_bytes`], sections read in place from a file held in
+    /// memory (`ElfFile::from_vec`): that file's caller may count it whole.
+    pub fn in_memory_file_bytes(&self) -> usize {
+        self.in_memory_file
     }
 
     /// Compilation units indexed (those with code, and those only

@@ -181,7 +181,7 @@ impl Opened {
     fn dwarf(&self, search: &SearchPaths) -> Option<(DwarfLines, usize)> {
         let read = |f: &ElfFile, downloaded: bool| {
             f.dwarf_lines_spilled(MAX_DEBUG_SECTION, search.spill_dir.as_deref()).map(|d| {
-                let rest = if downloaded { f.len().saturating_sub(d.mapped_bytes()) } else { 0 };
+                let rest = if downloaded { f.len().saturating_sub(d.in_memory_file_bytes()) } else { 0 };
                 (d, rest)
             })
         };
