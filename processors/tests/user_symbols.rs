@@ -170,11 +170,7 @@ async fn the_cache_stays_within_its_bytes_least_recently_used_first() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bins: Vec<_> = (0..3).map(|i| compile(dir.path(), &format!("b{i}"), i)).collect();
-    let wants: Vec<Want> = bins
-        .iter()
-        .map(|b| Want { key: Arc::from(build_id(b)), is_build_id: true, path: Arc::from(&*b.to_string_lossy()) })
-        .collect();
+    let (_, wants) = three_binaries(dir.path(), "b");
     let search = SearchPaths::default();
     // Room for about two tables.
     let one = {
@@ -199,11 +195,7 @@ async fn debug_sections_read_in_place_do_not_count_toward_max_bytes() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bins: Vec<_> = (0..3).map(|i| compile(dir.path(), &format!("m{i}"), i)).collect();
-    let wants: Vec<Want> = bins
-        .iter()
-        .map(|b| Want { key: Arc::from(build_id(b)), is_build_id: true, path: Arc::from(&*b.to_string_lossy()) })
-        .collect();
+    let (bins, wants) = three_binaries(dir.path(), "m");
     // Half the binaries' DWARF, as binutils sizes it: too little for the
     // three tables if their debug sections (file pages) counted.
     let dwarf: u64 = bins.iter().map(|b| debug_section_bytes(b)).sum();
@@ -231,6 +223,17 @@ fn debug_section_bytes(bin: &std::path::Path) -> u64 {
             u64::from_str_radix(t.get(i + 4)?, 16).ok()
         })
         .sum()
+}
+
+/// Three variants of the workload built with `-g` in `dir`, and what a
+/// batch asks of each (by build id).
+fn three_binaries(dir: &std::path::Path, prefix: &str) -> (Vec<std::path::PathBuf>, Vec<Want>) {
+    let bins: Vec<_> = (0..3).map(|i| compile(dir, &format!("{prefix}{i}"), i)).collect();
+    let wants = bins
+        .iter()
+        .map(|b| Want { key: Arc::from(build_id(b)), is_build_id: true, path: Arc::from(&*b.to_string_lossy()) })
+        .collect();
+    (bins, wants)
 }
 
 async fn wait_ready(c: &Cache, w: &Want) -> Arc<profcol_processors::user_symbols::table::BinaryTable> {
