@@ -53,6 +53,8 @@ pub(crate) struct Section(Backing);
 enum Backing {
     InPlace(Arc<Bytes>, Range<usize>),
     Owned(Arc<[u8]>),
+    /// Owned without the copy into an `Arc` (a clone copies the bytes).
+    Boxed(Box<[u8]>),
 }
 
 impl Section {
@@ -67,13 +69,19 @@ impl Section {
         Section(Backing::Owned(Arc::from(bytes)))
     }
 
+    /// Owned bytes kept in their own allocation (no copy now; a clone
+    /// copies them): for a value cloned rarely, if ever.
+    pub(crate) fn boxed(bytes: Vec<u8>) -> Self {
+        Section(Backing::Boxed(bytes.into_boxed_slice()))
+    }
+
     fn is_in_place(&self) -> bool {
         matches!(self.0, Backing::InPlace(..))
     }
 
     /// Read in place from a file mapping (page cache), not a file read
     /// into the heap.
-    fn is_mapped(&self) -> bool {
+    pub(crate) fn is_mapped(&self) -> bool {
         matches!(&self.0, Backing::InPlace(file, _) if matches!(**file, Bytes::Map(_)))
     }
 }
@@ -84,9 +92,24 @@ impl Deref for Section {
         match &self.0 {
             Backing::InPlace(file, range) => &file.get()[range.clone()],
             Backing::Owned(bytes) => bytes,
+            Backing::Boxed(bytes) => bytes,
         }
     }
 }
+
+impl Default for Section {
+    fn default() -> Self {
+        Section::boxed(Vec::new())
+    }
+}
+
+impl PartialEq for Section {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Section {}
 
 impl std::fmt::Debug for Section {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

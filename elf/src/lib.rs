@@ -88,6 +88,26 @@ impl Bytes {
     }
 }
 
+/// A whole file mapped read-only, to read tables from in place (their
+/// bytes are then page cache, which the kernel can drop and reread, not
+/// anonymous memory). Like any mapping, it assumes the file is not
+/// truncated underneath; callers map files they alone write, and replace
+/// them by rename, never in place.
+#[derive(Clone)]
+pub struct MappedFile(std::sync::Arc<Bytes>);
+
+impl MappedFile {
+    pub fn open(file: &File) -> std::io::Result<Self> {
+        // SAFETY: read-only and private; see the type's docs on truncation.
+        let map = unsafe { Mmap::map(file)? };
+        Ok(MappedFile(std::sync::Arc::new(Bytes::Map(map))))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.0.get()
+    }
+}
+
 /// ELF class of a parsed file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Class {

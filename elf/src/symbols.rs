@@ -20,6 +20,10 @@
 //! checks every length and name, so a bad input is an error, never a
 //! panic or a wrong slice.
 
+use crate::dwarf::Section;
+use crate::MappedFile;
+use std::ops::Range;
+
 /// Longest name kept; longer ones are cut (at a char boundary).
 pub(crate) const MAX_NAME: usize = 4096;
 
@@ -38,7 +42,9 @@ pub struct SymbolTable {
     block_at: Box<[u32]>,
     /// A block's first name as `len, bytes`; every other as `shared, rest
     /// len, rest bytes` (LEB128 lengths), `shared` bytes from the one before.
-    names: Box<[u8]>,
+    /// Most of a table's bytes: read in place when the table comes from a
+    /// mapped file ([`Self::decode_mapped`]), so they are page cache, not heap.
+    names: Section,
 }
 
 /// One symbol being collected, before sorting.
@@ -96,7 +102,7 @@ impl SymbolTable {
         t.offsets = offsets.into();
         t.sizes = sizes.into();
         t.block_at = block_at.into();
-        t.names = names.into();
+        t.names = Section::boxed(names);
         t
     }
 
@@ -108,9 +114,20 @@ impl SymbolTable {
         self.offsets.is_empty()
     }
 
-    /// Bytes this table holds on the heap.
+    /// Bytes this table holds on the heap (names read in place from a
+    /// mapped file are not: see [`Self::mapped_bytes`]).
     pub fn heap_bytes(&self) -> usize {
-        self.offsets.len() * 4 + self.sizes.len() * 4 + self.block_at.len() * 4 + self.names.len()
+        let names = if self.names.is_mapped() { 0 } else { self.names.len() };
+        self.offsets.len() * 4 + self.sizes.len() * 4 + self.block_at.len() * 4 + names
+    }
+
+    /// Bytes of names read in place from a mapped file.
+    pub fn mapped_bytes(&self) -> usize {
+        if self.names.is_mapped() {
+            self.names.len()
+        } else {
+            0
+        }
     }
 
     /// The function covering `vaddr` (its name as the file spells it) and
@@ -194,6 +211,20 @@ impl SymbolTable {
     /// the address order and every name (lengths in bounds, UTF-8) are
     /// checked.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::decode_with(bytes, |names| Section::boxed(names.to_vec()))
+    }
+
+    /// [`Self::decode`] of `file[range]`, the names left in place in the
+    /// file's mapping (the arrays, a tenth of the bytes, are copied).
+    pub fn decode_mapped(file: &MappedFile, range: Range<usize>) -> Result<Self, DecodeError> {
+        let bytes = file.bytes().get(range.clone()).ok_or(DecodeError("range outside the file"))?;
+        Self::decode_with(bytes, |names| {
+            let at = names.as_ptr() as usize - bytes.as_ptr() as usize + range.start;
+            Section::in_place(file.0.clone(), at..at + names.len())
+        })
+    }
+
+    fn decode_with(bytes: &[u8], names_of: impl FnOnce(&[u8]) -> Section) -> Result<Self, DecodeError> {
         let mut r = Cursor { bytes, pos: 0 };
         let base = r.u64()?;
         let count = r.u32()? as usize;
@@ -205,7 +236,7 @@ impl SymbolTable {
         let offsets = r.u32s(count)?;
         let sizes = r.u32s(count)?;
         let block_at = r.u32s(blocks)?;
-        let names = r.take(names_len)?.into();
+        let names = names_of(r.take(names_len)?);
         if r.pos != bytes.len() {
             return Err(DecodeError("bytes after the names"));
         }
@@ -348,6 +379,20 @@ mod tests {
         let mut bytes = Vec::new();
         t.encode(&mut bytes);
         assert_eq!(SymbolTable::decode(&bytes), Ok(t.clone()));
+        // Read in place from a mapped file (after other bytes, as in the
+        // on-disk cache): the same table, its names off the heap.
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, b"header").unwrap();
+        std::io::Write::write_all(&mut f, &bytes).unwrap();
+        let file = MappedFile::open(&f).unwrap();
+        let mapped = SymbolTable::decode_mapped(&file, 6..6 + bytes.len()).unwrap();
+        assert_eq!(mapped, t);
+        assert_eq!(mapped.lookup(0x40_0000 + 3), t.lookup(0x40_0000 + 3));
+        assert_eq!(mapped.mapped_bytes(), t.names.len());
+        assert_eq!(mapped.heap_bytes() + mapped.mapped_bytes(), t.heap_bytes());
+        assert_eq!(t.mapped_bytes(), 0);
+        assert!(SymbolTable::decode_mapped(&file, 5..6 + bytes.len()).is_err(), "shifted by a byte");
+        assert!(SymbolTable::decode_mapped(&file, 6..7 + bytes.len()).is_err(), "past the file's end");
         // Every truncation and every single-byte change is refused or
         // reads as some table, never a panic.
         for cut in 0..bytes.len() {

@@ -38,7 +38,7 @@ async fn named(p: &UserSymbols, input: &Profiles) -> Vec<Vec<(String, i64)>> {
     frames(&p.process(input.clone()).await.unwrap().forwarded().unwrap())
 }
 
-/// Waits until `file` exists (the loader writes it after publishing).
+/// Waits until `file` exists (the loader writes it before publishing the table).
 async fn written(file: &Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !file.exists() {
@@ -113,6 +113,40 @@ async fn a_restart_names_frames_from_the_table_file_without_the_binary() {
     assert!(metric(&registry, "profcol_processor_user_symbols_cache_dir_lookups_total{outcome=\"hit\"").ends_with(" 1"));
     assert!(metric(&registry, "profcol_processor_user_symbols_tables_missing_total").ends_with(" 0"));
     assert!(metric(&registry, "profcol_processor_user_symbols_cache_dir_writes_total{outcome=\"ok\"").ends_with(" 0"));
+}
+
+/// The table's names are read in place from its file in `cache.dir`
+/// (page cache) rather than held on the heap: once written, and after a
+/// restart. The frames are the same as without the directory.
+#[tokio::test]
+async fn names_are_read_in_place_from_the_table_file_not_held_on_the_heap() {
+    if !tools_available() {
+        return;
+    }
+    let w = workload("mapped");
+    let gauge = |r: &Telemetry, series: &str| -> u64 { metric(r, series).rsplit(' ').next().unwrap().parse().unwrap() };
+    let sizes = |r: &Telemetry| {
+        (
+            gauge(r, "profcol_processor_user_symbols_cache_bytes"),
+            gauge(r, "profcol_processor_user_symbols_cache_mapped_bytes"),
+        )
+    };
+    let (plain, rp) = processor(None);
+    let want = named(&plain, &w.input).await;
+    let _ = named(&plain, &w.input).await; // gauges as of the first batch's tables
+    let (heap, mapped) = sizes(&rp);
+
+    let (cold, rc) = processor(Some(&w.cache_dir));
+    assert_eq!(named(&cold, &w.input).await, want, "the same frames");
+    let _ = named(&cold, &w.input).await;
+    let (cold_heap, cold_mapped) = sizes(&rc);
+    assert!(cold_heap < heap, "names off the heap: {cold_heap} of {heap}");
+    assert_eq!(heap - cold_heap, cold_mapped - mapped, "the bytes left the heap for the mapping");
+
+    let (warm, rw) = processor(Some(&w.cache_dir));
+    assert_eq!(named(&warm, &w.input).await, want, "the same frames after a restart");
+    let _ = named(&warm, &w.input).await;
+    assert_eq!(sizes(&rw).1, cold_mapped, "after a restart too");
 }
 
 #[tokio::test]

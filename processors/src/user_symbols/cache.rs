@@ -10,8 +10,9 @@
 //! With an on-disk cache ([`DiskCache`]), the loader reads a key's table
 //! from its file when there is a sound one (no ELF parse) and re-opens the
 //! binary's DWARF for lines before publishing it; a table loaded from the
-//! binary is published first and written to disk after. Batches ask for new
-//! binaries smallest file first.
+//! binary is written to disk before it is published, and its names are then
+//! read in place from that file (page cache) instead of the heap. Batches
+//! ask for new binaries smallest file first.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -113,7 +114,7 @@ impl Cache {
                 let t0 = Instant::now();
                 let stored = disk.as_ref().and_then(|d| d.read(&want.key));
                 let from_disk = stored.is_some();
-                let result = match stored {
+                let mut result = match stored {
                     Some(t) => {
                         let table = BinaryTable::from_disk(t);
                         // DWARF before the table is published: a batch
@@ -131,16 +132,19 @@ impl Cache {
                         BinaryTable::load_with(&want, pins.get(&want.key), &search, client)
                     }
                 };
-                let Some(cache) = weak.upgrade() else { return };
-                let Some(table) = cache.finish(&want, result, t0.elapsed()) else { continue };
-                drop(cache); // not held while files are read or written
-                if !from_disk {
-                    if let (Some(d), Some((segments, symbols, had_dwarf))) = (&disk, table.disk_parts()) {
-                        if !symbols.is_empty() {
-                            d.write(&want.key, segments, symbols, had_dwarf);
+                if let (false, Some(d), Ok(table)) = (from_disk, &disk, &mut result) {
+                    let mapped = match table.disk_parts() {
+                        Some((segments, symbols, had_dwarf)) if !symbols.is_empty() => {
+                            d.write(&want.key, segments, symbols, had_dwarf)
                         }
+                        _ => None,
+                    };
+                    if let Some(symbols) = mapped {
+                        table.use_symbols(symbols);
                     }
                 }
+                let Some(cache) = weak.upgrade() else { return };
+                cache.finish(&want, result, t0.elapsed());
             }
         });
         if let Err(e) = spawned {

@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
 
-use profcol_elf::SymbolTable;
+use profcol_elf::{MappedFile, SymbolTable};
+use std::ops::Range;
 
 /// First bytes of every file.
 const MAGIC: &[u8; 8] = b"PCSYMTAB";
@@ -116,8 +117,8 @@ impl DiskCache {
     /// removed (with a warning) so the next load rewrites it.
     pub fn read(&self, key: &str) -> Option<DiskTable> {
         let path = self.path_of(key)?;
-        let bytes = match read_bounded(&path) {
-            Ok(b) => b,
+        let file = match map_bounded(&path) {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.counters.misses.fetch_add(1, Relaxed);
                 return None;
@@ -128,7 +129,7 @@ impl DiskCache {
                 return None;
             }
         };
-        match decode(&bytes, key) {
+        match decode_mapped(&file, key) {
             Ok(t) => {
                 self.counters.hits.fetch_add(1, Relaxed);
                 // Least recently used goes first: a hit is a use.
@@ -147,12 +148,20 @@ impl DiskCache {
     }
 
     /// Writes `key`'s table (temporary file, then rename), then removes
-    /// the least recently used files beyond the byte bound.
-    pub fn write(&self, key: &str, segments: &[(u64, u64, u64)], symbols: &SymbolTable, had_dwarf: bool) {
-        let Some(path) = self.path_of(key) else { return };
+    /// the least recently used files beyond the byte bound. Returns the
+    /// symbols read back in place from the written file, to use instead
+    /// of the heap copy (`None` when not written or not readable).
+    pub fn write(
+        &self,
+        key: &str,
+        segments: &[(u64, u64, u64)],
+        symbols: &SymbolTable,
+        had_dwarf: bool,
+    ) -> Option<SymbolTable> {
+        let path = self.path_of(key)?;
         let bytes = encode(key, segments, symbols, had_dwarf);
         if bytes.len() as u64 > self.max_bytes {
-            return; // would evict everything else and itself
+            return None; // would evict everything else and itself
         }
         match self.write_atomic(&path, &bytes) {
             Ok(()) => {
@@ -162,8 +171,12 @@ impl DiskCache {
             Err(e) => {
                 self.counters.write_errors.fetch_add(1, Relaxed);
                 tracing::warn!(file = %path.display(), error = %e, "user_symbols: cannot write a table to cache.dir");
+                return None;
             }
         }
+        drop(bytes);
+        let file = map_bounded(&path).ok()?;
+        decode_mapped(&file, key).ok().map(|t| t.symbols)
     }
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -234,16 +247,18 @@ impl DiskCache {
     }
 }
 
-/// One read of the whole file, refused beyond [`MAX_FILE`].
-fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+/// The whole file mapped, refused beyond [`MAX_FILE`]. Mapped, not read:
+/// a table's names are then read in place, page cache rather than the
+/// agent's heap. Safe to map: files here are only ever replaced by
+/// rename or removed, never changed in place (and `open` refuses a
+/// directory others can write).
+fn map_bounded(path: &Path) -> std::io::Result<MappedFile> {
     let f = File::open(path)?;
     let len = f.metadata()?.len();
     if len > MAX_FILE {
         return Err(std::io::Error::other(format!("{len} bytes is larger than any table ({MAX_FILE})")));
     }
-    let mut bytes = Vec::with_capacity(len as usize);
-    std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_FILE + 1), &mut bytes)?;
-    Ok(bytes)
+    MappedFile::open(&f)
 }
 
 /// The file's bytes for `key`'s table.
@@ -283,6 +298,23 @@ fn checksum(file: &[u8]) -> u32 {
 
 /// Reads a file's bytes; the reason when they are not a sound table for `key`.
 pub fn decode(bytes: &[u8], key: &str) -> Result<DiskTable, &'static str> {
+    let (segments, had_dwarf, symbols) = decode_parts(bytes, key)?;
+    let symbols = SymbolTable::decode(&bytes[symbols]).map_err(|_| "symbol table malformed")?;
+    Ok(DiskTable { segments, symbols, had_dwarf })
+}
+
+/// [`decode`] of a mapped file, the symbols' names read in place.
+fn decode_mapped(file: &MappedFile, key: &str) -> Result<DiskTable, &'static str> {
+    let (segments, had_dwarf, symbols) = decode_parts(file.bytes(), key)?;
+    let symbols = SymbolTable::decode_mapped(file, symbols).map_err(|_| "symbol table malformed")?;
+    Ok(DiskTable { segments, symbols, had_dwarf })
+}
+
+/// A file's parts once its header is checked: the segments, the DWARF
+/// flag, and where the symbol table's bytes are.
+type Parts = (Vec<(u64, u64, u64)>, bool, Range<usize>);
+
+fn decode_parts(bytes: &[u8], key: &str) -> Result<Parts, &'static str> {
     let field = |at: usize, n: usize| bytes.get(at..at + n).ok_or("truncated header");
     if field(0, 8)? != MAGIC {
         return Err("not a profcol symbol table (bad magic)");
@@ -319,8 +351,8 @@ pub fn decode(bytes: &[u8], key: &str) -> Result<DiskTable, &'static str> {
             (v(0), v(1), v(2))
         })
         .collect();
-    let symbols = SymbolTable::decode(&payload[4 + seg_bytes..]).map_err(|_| "symbol table malformed")?;
-    Ok(DiskTable { segments, symbols, had_dwarf: flags & FLAG_DWARF != 0 })
+    let symbols_at = bytes.len() - payload.len() + 4 + seg_bytes;
+    Ok((segments, flags & FLAG_DWARF != 0, symbols_at..bytes.len()))
 }
 
 #[cfg(test)]

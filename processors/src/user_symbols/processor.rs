@@ -62,7 +62,7 @@ pub(crate) const CACHE_BYTES: MetricDef = MetricDef::gauge(
 pub(crate) const CACHE_MAPPED_BYTES: MetricDef = MetricDef::gauge(
     "user_symbols_cache_mapped_bytes",
     "bytes",
-    "Bytes of debug sections the tables held read in place from binaries' mappings (page cache; not in cache.max_bytes)",
+    "Bytes of debug sections and symbol names the tables held read in place from files' mappings (binaries, cache.dir; page cache; not in cache.max_bytes)",
 );
 pub(crate) const TABLES: MetricDef = MetricDef::gauge("user_symbols_tables", "1", "Symbol tables held");
 pub(crate) const TABLES_LOADED: MetricDef =

@@ -293,6 +293,14 @@ impl BinaryTable {
         }
     }
 
+    /// Uses `symbols` (the same table read back from the on-disk cache,
+    /// names in place) instead of the heap copy.
+    pub(crate) fn use_symbols(&mut self, symbols: SymbolTable) {
+        if symbols.len() == self.symbols.len() {
+            self.symbols = symbols;
+        }
+    }
+
     /// Whether the file this table came from had DWARF that this table
     /// has not (read from disk, lines wanted): the loader attaches it.
     pub(crate) fn wants_dwarf(&self) -> bool {
@@ -351,10 +359,10 @@ impl BinaryTable {
             + self.segments.len() * 24
     }
 
-    /// Debug sections read in place from the file's mapping (not in
-    /// [`Self::heap_bytes`]).
+    /// Debug sections and symbol names read in place from files' mappings
+    /// (not in [`Self::heap_bytes`]).
     pub fn mapped_bytes(&self) -> usize {
-        self.dwarf.get().map_or(0, DwarfLines::mapped_bytes)
+        self.dwarf.get().map_or(0, DwarfLines::mapped_bytes) + self.symbols.mapped_bytes()
     }
 
     /// Frames at file offset `offset` (already −1 for return addresses).
