@@ -69,41 +69,23 @@ impl SymbolTable {
         // Offsets are 32-bit: a symbol 4 GiB above the lowest is not code
         // of a real binary's text (absolute oddities); it is left out.
         raw.retain(|s| s.start - base <= u64::from(u32::MAX));
-        let mut t = SymbolTable { base, ..Self::default() };
-        let (mut offsets, mut sizes, mut block_at) = (Vec::with_capacity(raw.len()), Vec::new(), Vec::new());
-        sizes.reserve(raw.len());
-        let mut names = Vec::new();
-        let mut prev: Vec<u8> = Vec::new();
-        for (i, s) in raw.iter().enumerate() {
-            let name = String::from_utf8_lossy(s.name);
-            let mut cut = name.len().min(MAX_NAME);
-            while !name.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let name = &name.as_bytes()[..cut];
-            if names.len() + name.len() + 8 > u32::MAX as usize {
-                break; // 4 GiB of names: not a real file
-            }
-            if i.is_multiple_of(BLOCK) {
-                block_at.push(names.len() as u32);
-                put_len(&mut names, name.len());
-                names.extend_from_slice(name);
-            } else {
-                let shared = prev.iter().zip(name).take_while(|(a, b)| a == b).count();
-                put_len(&mut names, shared);
-                put_len(&mut names, name.len() - shared);
-                names.extend_from_slice(&name[shared..]);
-            }
-            prev.clear();
-            prev.extend_from_slice(name);
-            offsets.push((s.start - base) as u32);
-            sizes.push(u32::try_from(s.size).unwrap_or(u32::MAX));
+        raw.shrink_to_fit();
+        // Names are front-coded twice: once to size the buffer, once into
+        // it. A binary's names run to megabytes; a growing buffer would
+        // hold up to twice that at the peak of a table's load.
+        let (count, len) = front_code(&raw, None);
+        let mut names = Vec::with_capacity(len);
+        let mut block_at = Vec::with_capacity(count.div_ceil(BLOCK));
+        front_code(&raw[..count], Some((&mut names, &mut block_at)));
+        debug_assert_eq!(names.len(), len);
+        let kept = &raw[..count];
+        SymbolTable {
+            base,
+            offsets: kept.iter().map(|s| (s.start - base) as u32).collect(),
+            sizes: kept.iter().map(|s| u32::try_from(s.size).unwrap_or(u32::MAX)).collect(),
+            block_at: block_at.into(),
+            names: Section::boxed(names),
         }
-        t.offsets = offsets.into();
-        t.sizes = sizes.into();
-        t.block_at = block_at.into();
-        t.names = Section::boxed(names);
-        t
     }
 
     pub fn len(&self) -> usize {
@@ -195,16 +177,32 @@ impl SymbolTable {
     /// Appends the table as one flat byte string (little-endian): base,
     /// count, block count, names length, then the four arrays.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.base.to_le_bytes());
+        out.reserve(self.encoded_len());
+        self.encode_to(out).expect("writing to a Vec cannot fail");
+    }
+
+    /// Length of what [`Self::encode`] writes.
+    pub fn encoded_len(&self) -> usize {
+        8 + 3 * 4 + (self.offsets.len() + self.sizes.len() + self.block_at.len()) * 4 + self.names.len()
+    }
+
+    /// [`Self::encode`] into a writer (a file, without a copy of the table
+    /// in memory).
+    pub fn encode_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        w.write_all(&self.base.to_le_bytes())?;
         for n in [self.offsets.len(), self.block_at.len(), self.names.len()] {
-            out.extend_from_slice(&(n as u32).to_le_bytes());
+            w.write_all(&(n as u32).to_le_bytes())?;
         }
+        let mut buf = [0u8; 4096];
         for a in [&self.offsets, &self.sizes, &self.block_at] {
-            for v in a.iter() {
-                out.extend_from_slice(&v.to_le_bytes());
+            for chunk in a.chunks(buf.len() / 4) {
+                for (b, v) in buf.chunks_exact_mut(4).zip(chunk) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
+                w.write_all(&buf[..chunk.len() * 4])?;
             }
         }
-        out.extend_from_slice(&self.names);
+        w.write_all(&self.names)
     }
 
     /// Reads what [`Self::encode`] wrote, all of `bytes`. Every length,
@@ -265,6 +263,55 @@ impl SymbolTable {
         }
         Ok(t)
     }
+}
+
+/// Front-codes the names of `raw` (in order) into `out`'s names and block
+/// starts, or only measures them when `out` is `None`. Returns how many
+/// symbols fit (names stop short of 4 GiB, which no real file has) and
+/// the names' length in bytes.
+fn front_code(raw: &[RawSymbol<'_>], mut out: Option<(&mut Vec<u8>, &mut Vec<u32>)>) -> (usize, usize) {
+    let mut len = 0usize;
+    let mut prev: Vec<u8> = Vec::new();
+    for (i, s) in raw.iter().enumerate() {
+        let name = String::from_utf8_lossy(s.name);
+        let mut cut = name.len().min(MAX_NAME);
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let name = &name.as_bytes()[..cut];
+        if len + name.len() + 8 > u32::MAX as usize {
+            return (i, len);
+        }
+        let shared = if i.is_multiple_of(BLOCK) {
+            if let Some((_, block_at)) = &mut out {
+                block_at.push(len as u32);
+            }
+            0
+        } else {
+            prev.iter().zip(name).take_while(|(a, b)| a == b).count()
+        };
+        let start = len;
+        if !i.is_multiple_of(BLOCK) {
+            len += leb_len(shared);
+        }
+        len += leb_len(name.len() - shared) + name.len() - shared;
+        if let Some((names, _)) = &mut out {
+            if !i.is_multiple_of(BLOCK) {
+                put_len(names, shared);
+            }
+            put_len(names, name.len() - shared);
+            names.extend_from_slice(&name[shared..]);
+            debug_assert_eq!(names.len() - start, len - start);
+        }
+        prev.clear();
+        prev.extend_from_slice(name);
+    }
+    (raw.len(), len)
+}
+
+/// Bytes [`put_len`] writes for `n`.
+fn leb_len(n: usize) -> usize {
+    (usize::BITS - (n | 1).leading_zeros()).div_ceil(7) as usize
 }
 
 fn put_len(out: &mut Vec<u8>, mut n: usize) {
@@ -378,6 +425,7 @@ mod tests {
         assert!(t.names.len() < plain, "front coding saves bytes: {} of {plain}", t.names.len());
         let mut bytes = Vec::new();
         t.encode(&mut bytes);
+        assert_eq!(bytes.len(), t.encoded_len());
         assert_eq!(SymbolTable::decode(&bytes), Ok(t.clone()));
         // Read in place from a mapped file (after other bytes, as in the
         // on-disk cache): the same table, its names off the heap.

@@ -159,11 +159,10 @@ impl DiskCache {
         had_dwarf: bool,
     ) -> Option<SymbolTable> {
         let path = self.path_of(key)?;
-        let bytes = encode(key, segments, symbols, had_dwarf);
-        if bytes.len() as u64 > self.max_bytes {
+        if file_len(key, segments, symbols) as u64 > self.max_bytes {
             return None; // would evict everything else and itself
         }
-        match self.write_atomic(&path, &bytes) {
+        match self.write_atomic(&path, |f| write_table(f, key, segments, symbols, had_dwarf)) {
             Ok(()) => {
                 self.counters.writes.fetch_add(1, Relaxed);
                 self.bound(&path);
@@ -174,17 +173,16 @@ impl DiskCache {
                 return None;
             }
         }
-        drop(bytes);
         let file = map_bounded(&path).ok()?;
         decode_mapped(&file, key).ok().map(|t| t.symbols)
     }
 
-    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fn write_atomic(&self, path: &Path, write: impl FnOnce(&File) -> std::io::Result<()>) -> std::io::Result<()> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let tmp = self.dir.join(format!(".tmp-{}-{}", std::process::id(), SEQ.fetch_add(1, Relaxed)));
         let written = (|| {
-            let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-            f.write_all(bytes)?;
+            let f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+            write(&f)?;
             fs::rename(&tmp, path)
         })();
         if written.is_err() {
@@ -263,26 +261,79 @@ fn map_bounded(path: &Path) -> std::io::Result<MappedFile> {
 
 /// The file's bytes for `key`'s table.
 pub fn encode(key: &str, segments: &[(u64, u64, u64)], symbols: &SymbolTable, had_dwarf: bool) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(symbols.heap_bytes() + 64);
-    payload.extend_from_slice(&(segments.len() as u32).to_le_bytes());
-    for &(vaddr, filesz, offset) in segments {
-        for v in [vaddr, filesz, offset] {
-            payload.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    symbols.encode(&mut payload);
-    let mut out = Vec::with_capacity(HEADER + key.len() + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&(if had_dwarf { FLAG_DWARF } else { 0 }).to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&[0; 4]); // CRC, below
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(&payload);
-    let crc = checksum(&out);
+    let mut out = Vec::with_capacity(file_len(key, segments, symbols));
+    let crc = write_parts(&mut out, key, segments, symbols, had_dwarf).expect("writing to a Vec cannot fail");
     out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     out
+}
+
+/// Length of [`encode`]'s bytes.
+fn file_len(key: &str, segments: &[(u64, u64, u64)], symbols: &SymbolTable) -> usize {
+    HEADER + key.len() + payload_len(segments, symbols)
+}
+
+fn payload_len(segments: &[(u64, u64, u64)], symbols: &SymbolTable) -> usize {
+    4 + segments.len() * 24 + symbols.encoded_len()
+}
+
+/// [`encode`] straight into `file` (no copy of the table in memory): the
+/// CRC is written last, at its place in the header.
+fn write_table(
+    file: &File,
+    key: &str,
+    segments: &[(u64, u64, u64)],
+    symbols: &SymbolTable,
+    had_dwarf: bool,
+) -> std::io::Result<()> {
+    let mut w = std::io::BufWriter::with_capacity(64 << 10, file);
+    let crc = write_parts(&mut w, key, segments, symbols, had_dwarf)?;
+    w.flush()?;
+    std::os::unix::fs::FileExt::write_all_at(file, &crc.to_le_bytes(), CRC_AT as u64)
+}
+
+/// Writes the file with a zero CRC; returns the CRC it should hold:
+/// CRC-32 of every byte but the CRC's own four.
+fn write_parts(
+    w: &mut impl Write,
+    key: &str,
+    segments: &[(u64, u64, u64)],
+    symbols: &SymbolTable,
+    had_dwarf: bool,
+) -> std::io::Result<u32> {
+    let mut w = Crc32Writer { inner: w, crc: flate2::Crc::new() };
+    w.write_all(MAGIC)?;
+    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&(if had_dwarf { FLAG_DWARF } else { 0 }).to_le_bytes())?;
+    w.write_all(&(payload_len(segments, symbols) as u64).to_le_bytes())?;
+    w.inner.write_all(&[0; 4])?; // the CRC: not part of itself
+    w.write_all(&(key.len() as u32).to_le_bytes())?;
+    w.write_all(key.as_bytes())?;
+    w.write_all(&(segments.len() as u32).to_le_bytes())?;
+    for &(vaddr, filesz, offset) in segments {
+        for v in [vaddr, filesz, offset] {
+            w.write_all(&v.to_le_bytes())?;
+        }
+    }
+    symbols.encode_to(&mut w)?;
+    Ok(w.crc.sum())
+}
+
+/// Passes bytes on, adding them to a CRC-32.
+struct Crc32Writer<W> {
+    inner: W,
+    crc: flate2::Crc,
+}
+
+impl<W: Write> Write for Crc32Writer<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Where the CRC is in the header.
