@@ -290,7 +290,6 @@ fn front_code(raw: &[RawSymbol<'_>], mut out: Option<(&mut Vec<u8>, &mut Vec<u32
         } else {
             prev.iter().zip(name).take_while(|(a, b)| a == b).count()
         };
-        let start = len;
         if !i.is_multiple_of(BLOCK) {
             len += leb_len(shared);
         }
@@ -301,7 +300,7 @@ fn front_code(raw: &[RawSymbol<'_>], mut out: Option<(&mut Vec<u8>, &mut Vec<u32
             }
             put_len(names, name.len() - shared);
             names.extend_from_slice(&name[shared..]);
-            debug_assert_eq!(names.len() - start, len - start);
+            debug_assert_eq!(names.len(), len);
         }
         prev.clear();
         prev.extend_from_slice(name);
