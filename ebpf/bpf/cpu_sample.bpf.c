@@ -167,12 +167,16 @@ struct bpf_map_def SEC("maps") scratch = {
 
 /* Stacks counted in the kernel: count key -> its slot in `count_slots`.
  * Sized by the loader; the reader deletes a key when its stack goes idle.
- * Preallocated: no allocation on the sampling path. */
+ * Not preallocated: a node holds a few hundred stacks at a time, and the
+ * kernel charges preallocated entries to the agent whether used or not.
+ * An insert the kernel cannot allocate for (in NMI, its per-CPU free list
+ * empty) leaves the sample a record of its own, as a full map does. */
 struct bpf_map_def SEC("maps") counts = {
 	.type = BPF_MAP_TYPE_HASH,
 	.key_size = sizeof(__u64),
 	.value_size = sizeof(__u32),
 	.max_entries = 16384,
+	.map_flags = BPF_F_NO_PREALLOC,
 };
 
 /* The counts, by slot, memory-mapped by the reader: it reads them at a
@@ -212,7 +216,8 @@ struct bpf_map_def SEC("maps") proc_event_lost = {
 	.max_entries = 1,
 };
 
-/* tgid -> 1 for the `pids` option; consulted only when cfg_filter_pids. */
+/* tgid -> 1 for the `pids` option; consulted only when cfg_filter_pids.
+ * Sized by the loader (one entry without `pids`). */
 struct bpf_map_def SEC("maps") pid_filter = {
 	.type = BPF_MAP_TYPE_HASH,
 	.key_size = sizeof(__u32),

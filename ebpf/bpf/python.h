@@ -112,6 +112,8 @@ struct bpf_map_def SEC("maps") py_files = {
  * PY_NO_THREAD_STATE | the time (2^30 ns units) none was found. */
 #define PY_NO_THREAD_STATE (1ULL << 63)
 #define PY_NO_THREAD_STATE_TTL_S 2
+/* An LRU map is allocated whole: sized by the loader (one entry when
+ * Python is off). A thread evicted is looked up again. */
 struct bpf_map_def SEC("maps") py_threads = {
 	.type = BPF_MAP_TYPE_LRU_HASH,
 	.key_size = sizeof(__u32),

@@ -284,6 +284,7 @@ mod tests {
             python::PROGRAM,
             python::PROCS_MAP,
             python::FILES_MAP,
+            python::THREADS_MAP,
             python::FSBASE_OFFSET_GLOBAL,
             globals::UNWIND_MODE,
             globals::COUNT_IN_KERNEL,

@@ -10,6 +10,13 @@ pub const PROGRAM_INDEX: u32 = 2;
 pub const PROCS_MAP: &str = "py_procs";
 /// Entries of [`PROCS_MAP`] (`max_entries` in C).
 pub const PROCS_CAPACITY: usize = 4096;
+/// `BPF_MAP_TYPE_LRU_HASH`: tid → its thread state's address (a cache).
+pub const THREADS_MAP: &str = "py_threads";
+/// Entries of [`THREADS_MAP`] when Python frames are walked: threads
+/// sampled recently. An LRU map is allocated whole (~80 bytes an entry,
+/// charged to the agent's memory cgroup); an evicted thread costs one
+/// lookup of its thread state again.
+pub const THREADS_CAPACITY: u32 = 4096;
 /// `BPF_MAP_TYPE_HASH`: [`crate::unwind::file_key`] → `u8`: interpreter
 /// files, so a new process mapping one wakes the reader.
 pub const FILES_MAP: &str = "py_files";

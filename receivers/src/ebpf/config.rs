@@ -69,10 +69,10 @@ pub struct EbpfConfig {
     /// node agent's default config turns it on (its pprof files keep no
     /// per-sample times anyway).
     pub count_in_kernel: bool,
-    /// Distinct stacks counted in the kernel at once at most (the kernel
-    /// map's entries, allocated up front: ~100 bytes each; past three
-    /// quarters full the longest idle leave); samples of stacks beyond are
-    /// records of their own.
+    /// Distinct stacks counted in the kernel at once at most (kernel
+    /// memory: ~12 bytes each up front, ~90 more per stack counted; past
+    /// three quarters full the longest idle leave); samples of stacks
+    /// beyond are records of their own.
     pub max_counted_stacks: u32,
     /// Interpreters whose frames are walked in the kernel and named:
     /// `python` (CPython 3.9 to 3.13, found in every process that maps

@@ -167,12 +167,15 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
     }
     let mut ebpf = loader
         .override_global(obj::python::FSBASE_OFFSET_GLOBAL, &fsbase, true)
+        .map_max_entries(obj::python::THREADS_MAP, if fsbase != 0 { obj::python::THREADS_CAPACITY } else { 1 })
         .override_global(obj::globals::UNWIND_MODE, &(unwind.mode as u32), true)
         .map_max_entries(obj::unwind::ROWS_MAP, unwind.row_elems.div_ceil(obj::unwind::CHUNK_ELEMS))
         .map_max_entries(obj::unwind::PAGES_MAP, unwind.pages)
         .override_global(obj::globals::MAX_STACK_DEPTH, &depth, true)
         .override_global(obj::globals::EXCLUDE_IDLE, &exclude_idle, true)
         .override_global(obj::globals::FILTER_PIDS, &filter_pids, true)
+        // Preallocated: one entry when no `pids` are set (never read then).
+        .map_max_entries(obj::PID_FILTER_MAP, if filter_pids != 0 { obj::PID_FILTER_CAPACITY as u32 } else { 1 })
         .override_global(obj::targets::ENABLED_GLOBAL, &targets, true)
         // LRU maps are allocated whole: one entry each when unused.
         .map_max_entries(obj::targets::CGROUPS_MAP, if targets != 0 { obj::targets::CAPACITY } else { 1 })
