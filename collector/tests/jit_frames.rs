@@ -275,7 +275,9 @@ fn node_frames_match_cpu_prof() {
             .args(["--perf-basic-prof", "--cpu-prof"])
             .arg(format!("--cpu-prof-dir={}", cpu_prof_dir.display()))
             .arg(&script)
-            .arg("16"),
+            .arg("16")
+            // --perf-basic-prof also writes isolate-*-v8.log in its working directory.
+            .current_dir(dir.path()),
     );
     let pid = node.0.id();
     let _map = MapFile(PathBuf::from(format!("/tmp/perf-{pid}.map")));

@@ -53,7 +53,8 @@ agent_config off "    jit:
       perf_maps: false"
 
 for _ in 1 2 3 4; do
-	node --perf-basic-prof "$WORK/load.js" &
+	# In $WORK: --perf-basic-prof also writes isolate-*-v8.log where it runs.
+	(cd "$WORK" && exec node --perf-basic-prof load.js) &
 	PIDS+=($!)
 	NODES+=($!)
 done

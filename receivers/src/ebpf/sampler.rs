@@ -952,7 +952,10 @@ impl Sampler {
             uw.poll(maps, now);
         }
         let mut n = 0u64;
-        while let Some(item) = loaded.ring.next() {
+        loop {
+            // Not `while let`: the record is dropped before the sample is
+            // added, which may load the Python walker (`loaded` again).
+            let Some(item) = loaded.ring.next() else { break };
             let Some(rec) = Sample::parse(&item) else {
                 n += 1;
                 self.counters.malformed.inc();
@@ -967,7 +970,7 @@ impl Sampler {
             let h = rec.header;
             drop(item);
             // A counted stack's 1 is in its count.
-            n += u64::from(!self.add_sample(&h, now));
+            n += u64::from(!self.add_sample(&h, now, loaded));
             if self.interval.is_full() {
                 break;
             }
@@ -984,7 +987,7 @@ impl Sampler {
     /// Adds the sample of header `h` and the stacks in `kbuf` and `ubuf`
     /// to the interval, or to the counted stacks when it is the record of
     /// one (then returns `true`).
-    fn add_sample(&mut self, h: &SampleHeader, now: Instant) -> bool {
+    fn add_sample(&mut self, h: &SampleHeader, now: Instant, loaded: &mut Loaded) -> bool {
         let mut count_key = None;
         let profile = match h.kind {
             SampleKind::Cpu => SampleProfile::Cpu,
@@ -1026,7 +1029,7 @@ impl Sampler {
         }
         if let Some(interp) = self.interp.as_mut() {
             if let Some((_, maps)) = &process {
-                interp.observe(h.pid, maps);
+                interp.observe(h.pid, maps, || loaded.python_walker_ready());
             }
             interp.name_into(h.pid, self.ibuf.iter().copied(), h.interp_end, &mut self.ubuf);
         }

@@ -43,8 +43,23 @@ pub(crate) struct Loaded {
     /// The Python walker's maps the receiver writes (`None` when it is off
     /// or did not load).
     pub python_procs: Option<crate::ebpf::interp::processes::WalkerMaps>,
+    /// Whether the Python walker program is loaded, or waits for the first
+    /// Python process.
+    python_walker: PythonWalker,
     /// `targets`' verdict maps and asks (`None` unless configured).
     pub targets: Option<crate::ebpf::targets::kernel::TargetMaps>,
+}
+
+/// The Python walker program's state. The kernel's verifier spends about
+/// 90 ms of the agent's start-up CPU on it, so it is loaded when the first Python process is found (a host without
+/// Python never pays for it), or at start with `off_cpu` (whose walker
+/// copies are loaded there and then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PythonWalker {
+    Off,
+    Deferred,
+    Loaded,
+    Failed,
 }
 
 /// The process-discovery ring and its loss counter.
@@ -99,7 +114,7 @@ fn raise_memlock() {
 
 /// Loads the program and its maps, without attaching; the sample ring is
 /// sized for `cpus` online CPUs.
-pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadError> {
+pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<(Ebpf, PythonWalker), LoadError> {
     let privs = Privileges::current();
     privs.check()?;
     raise_memlock();
@@ -238,7 +253,7 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
             fp.unwind.mode = crate::ebpf::config::UnwindMode::FramePointers;
             return load_program(&fp, cpus);
         }
-        if fsbase != 0 {
+        if fsbase != 0 && cfg.off_cpu.is_some() {
             if let Err(e) = load_python_program(&mut ebpf) {
                 // Profiling goes on without Python frames.
                 tracing::warn!("ebpf receiver: {e}; Python frames are not walked");
@@ -251,7 +266,14 @@ pub(crate) fn load_program(cfg: &EbpfConfig, cpus: usize) -> Result<Ebpf, LoadEr
     if !cfg.uprobes.is_empty() {
         load_uprobe_program(&mut ebpf)?;
     }
-    Ok(ebpf)
+    let python = if unwind.mode == obj::unwind::Mode::FramePointers || fsbase == 0 {
+        PythonWalker::Off
+    } else if cfg.off_cpu.is_some() {
+        PythonWalker::Loaded
+    } else {
+        PythonWalker::Deferred
+    };
+    Ok((ebpf, python))
 }
 
 /// Off-CPU time (`off_cpu:`): the walkers' copies into their tail-call
@@ -620,7 +642,7 @@ pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), Loa
     let online =
         profcol_ebpf::sys::online_cpus().map_err(|e| LoadError::Other(format!("reading the online CPUs: {e}")))?;
     // Samples come from every online CPU; the ring is sized for them.
-    let mut ebpf = load_program(cfg, online.len())?;
+    let (mut ebpf, python_walker) = load_program(cfg, online.len())?;
     let ring = RingBuf::try_from(
         ebpf.take_map(obj::EVENTS_MAP).ok_or_else(|| LoadError::Other("BPF object lacks the events map".into()))?,
     )
@@ -646,8 +668,8 @@ pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), Loa
     let unwind_loaded = ebpf.program(obj::unwind::PROGRAM).is_some_and(|p| p.fd().is_ok());
     let unwind_maps = if unwind_loaded { Some(take_unwind_maps(&mut ebpf)?) } else { None };
     let counts = if cfg.count_in_kernel { Some(take_count_maps(&mut ebpf, cfg.max_counted_stacks)?) } else { None };
-    let python_loaded = unwind_loaded && ebpf.program(obj::python::PROGRAM).is_some_and(|p| p.fd().is_ok());
-    let python_procs = if python_loaded {
+    let python_walker = if unwind_loaded { python_walker } else { PythonWalker::Off };
+    let python_procs = if python_walker != PythonWalker::Off {
         let mut take = |name: &str| {
             let map =
                 ebpf.take_map(name).ok_or_else(|| LoadError::Other(format!("BPF object lacks the {name} map")))?;
@@ -668,6 +690,7 @@ pub(crate) fn load_and_attach(cfg: &EbpfConfig) -> Result<(Loaded, CpuSync), Loa
         unwind_maps,
         counts,
         python_procs,
+        python_walker,
         events: BTreeMap::new(),
         retry: BTreeMap::new(),
         sample_frequency: cfg.sample_frequency,
@@ -803,6 +826,25 @@ impl AttachError {
 }
 
 impl Loaded {
+    /// Whether the Python walker runs, loading it first if it waits for
+    /// its first Python process. A kernel that refuses it leaves Python
+    /// frames unwalked; profiling goes on.
+    pub(crate) fn python_walker_ready(&mut self) -> bool {
+        if self.python_walker == PythonWalker::Deferred {
+            self.python_walker = match load_python_program(&mut self.ebpf) {
+                Ok(()) => {
+                    tracing::info!("ebpf receiver: Python walker loaded for the first Python process");
+                    PythonWalker::Loaded
+                }
+                Err(e) => {
+                    tracing::warn!("ebpf receiver: {e}; Python frames are not walked");
+                    PythonWalker::Failed
+                }
+            };
+        }
+        self.python_walker == PythonWalker::Loaded
+    }
+
     /// Attaches through the uprobe program (which fails every attach when
     /// no probe is configured and the program is not loaded).
     pub(crate) fn attacher(&mut self) -> KernelAttacher<'_> {

@@ -97,8 +97,9 @@ impl Interpreters {
     /// Looks at process `pid` with mappings `maps` unless it is walked
     /// already (until it execs or exits: new mappings, a C extension
     /// loaded, change nothing) or was looked at with them: a Python process
-    /// gets its walker entry.
-    pub(crate) fn observe(&mut self, pid: u32, maps: &MappingSet) {
+    /// gets its walker entry. `walker_ready` says whether the walker program
+    /// runs (loading it, for the first Python process).
+    pub(crate) fn observe(&mut self, pid: u32, maps: &MappingSet, walker_ready: impl FnOnce() -> bool) {
         let generation = maps.generation;
         if self.procs.contains_key(&pid) || self.not_walked.get(&pid) == Some(&generation) {
             return;
@@ -108,6 +109,7 @@ impl Interpreters {
             return;
         }
         match self.detector.detect(pid) {
+            Ok(Detection::Python(_)) if !walker_ready() => self.refuse("unsupported"),
             Ok(Detection::Python(p)) => match self.walk(pid, p) {
                 Ok(()) => return,
                 Err(reason) => self.refuse(reason),
