@@ -831,6 +831,11 @@ impl Loaded {
     /// frames unwalked; profiling goes on.
     pub(crate) fn python_walker_ready(&mut self) -> bool {
         if self.python_walker == PythonWalker::Deferred {
+            // The program's instructions name its maps by the fds they had
+            // when the object loaded: every map stays open until now, held
+            // here (taken) or by `ebpf`. Dropping a taken map early would
+            // let its fd be reused under this program.
+
             self.python_walker = match load_python_program(&mut self.ebpf) {
                 Ok(()) => {
                     tracing::info!("ebpf receiver: Python walker loaded for the first Python process");
