@@ -51,9 +51,9 @@ pub(crate) struct Loaded {
 }
 
 /// The Python walker program's state. The kernel's verifier spends about
-/// 90 ms of the agent's start-up CPU on it, so it is loaded when the first Python process is found (a host without
-/// Python never pays for it), or at start with `off_cpu` (whose walker
-/// copies are loaded there and then).
+/// 90 ms of the agent's start-up CPU on it, so it is loaded when the first
+/// Python process is found (a host without Python never pays for it), or
+/// at start with `off_cpu` (whose walker copies are loaded there and then).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PythonWalker {
     Off,
@@ -835,7 +835,6 @@ impl Loaded {
             // when the object loaded: every map stays open until now, held
             // here (taken) or by `ebpf`. Dropping a taken map early would
             // let its fd be reused under this program.
-
             self.python_walker = match load_python_program(&mut self.ebpf) {
                 Ok(()) => {
                     tracing::info!("ebpf receiver: Python walker loaded for the first Python process");
