@@ -616,8 +616,8 @@ fn cpython_frames_match_py_spy() {
 }
 
 /// Runs `batch`'s workloads under one profcol and one py-spy each, for the
-/// same window, and compares them; adds what differs (with profcol's log)
-/// to `failures`.
+/// same window, and compares them; adds what differs to `failures` and then
+/// prints profcol's log.
 fn record_side_by_side(batch: Vec<Python>, script: &Path, py_spy: &Path, dir: &Path, failures: &mut Vec<String>) {
     let profiles = dir.join("profiles");
 
@@ -765,8 +765,11 @@ fn record_side_by_side(batch: Vec<Python>, script: &Path, py_spy: &Path, dir: &P
             examples.join("\n")
         ));
     }
+    // The log goes to the test's output here, the failures into the final
+    // panic: CI keeps the end of a long output, and that end then says
+    // what failed.
     if failures.len() > before {
-        failures.push(format!("profcol's log for {}:\n{}", labels.join(", "), log_text()));
+        eprintln!("profcol's log for {}:\n{}", labels.join(", "), log_text());
     }
 }
 
