@@ -150,6 +150,8 @@ pub struct DwarfLines {
     /// an address in a window, and the next batch's addresses in the same
     /// unit, reuse its abbreviations and line program header.
     kept_units: Mutex<Vec<(u32, Arc<Unit>)>>,
+    /// Their estimated heap bytes (see [`kept_bytes`]).
+    kept_bytes: AtomicUsize,
     /// Units read in full, and addresses answered from a window.
     unit_reads: AtomicU64,
     window_hits: AtomicU64,
@@ -160,6 +162,34 @@ const WINDOW_BYTES: usize = 1 << 20;
 /// Parsed units one file keeps (see `DwarfLines::kept_units`): a Rust
 /// unit's abbreviations and file table are a few KiB to a few tens.
 const UNITS_KEPT: usize = 2;
+
+/// Estimated heap bytes of `kept` units: each one's line program tables,
+/// and each abbreviation table once (kept units may share one). gimli
+/// does not tell its allocations; these are the vectors that grow with
+/// the unit (entries counted, each at its size), which is what
+/// `cache.max_bytes` needs to see.
+fn kept_bytes(kept: &[(u32, Arc<Unit>)]) -> usize {
+    use std::mem::{size_of, size_of_val};
+    let mut bytes = 0;
+    for (i, (_, unit)) in kept.iter().enumerate() {
+        bytes += size_of::<Unit>();
+        if let Some(program) = &unit.line_program {
+            let header = program.header();
+            bytes += size_of_val(header.file_names()) + size_of_val(header.include_directories());
+        }
+        if kept[..i].iter().any(|(_, k)| Arc::ptr_eq(&k.abbreviations, &unit.abbreviations)) {
+            continue;
+        }
+        // Codes 1, 2, ... up to the first gap (compilers number them so);
+        // codes past a gap are not counted.
+        let mut code = 1;
+        while let Some(abbrev) = unit.abbreviations.get(code) {
+            bytes += size_of::<gimli::Abbreviation>() + size_of_val(abbrev.attributes());
+            code += 1;
+        }
+    }
+    bytes
+}
 
 /// Addresses (from its key in `DwarfLines::windows` to `end`) whose
 /// first covering unit, subprogram and line sequence are the same, with
@@ -406,16 +436,27 @@ impl DwarfLines {
             windows: Mutex::new(BTreeMap::new()),
             window_bytes: AtomicUsize::new(0),
             kept_units: Mutex::new(Vec::with_capacity(UNITS_KEPT + 1)),
+            kept_bytes: AtomicUsize::new(0),
             unit_reads: AtomicU64::new(0),
             window_hits: AtomicU64::new(0),
         })
     }
 
     /// Heap bytes held: debug sections decompressed or read from a file
-    /// held in memory, the unit index and the windows kept (at most
-    /// `WINDOW_BYTES`).
+    /// held in memory, the unit index, the windows kept (at most
+    /// `WINDOW_BYTES`) and the units kept parsed (estimated).
     pub fn heap_bytes(&self) -> usize {
-        self.heap + self.index.heap_bytes() + self.window_bytes.load(Ordering::Relaxed)
+        self.heap
+            + self.index.heap_bytes()
+            + self.window_bytes.load(Ordering::Relaxed)
+            + self.kept_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Units kept parsed, and their bytes as [`Self::heap_bytes`] counts them.
+    #[cfg(test)]
+    pub(crate) fn kept_units(&self) -> (usize, usize) {
+        let kept = self.kept_units.lock().unwrap_or_else(|p| p.into_inner());
+        (kept.len(), self.kept_bytes.load(Ordering::Relaxed))
     }
 
     /// Units read in full (line program and DIEs streamed), and addresses
@@ -528,6 +569,7 @@ impl DwarfLines {
                 kept.remove(0);
             }
             kept.push((id, unit.clone()));
+            self.kept_bytes.store(kept_bytes(&kept), Ordering::Relaxed);
         }
         Ok(unit)
     }

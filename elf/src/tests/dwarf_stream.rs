@@ -204,3 +204,25 @@ fn streaming_frames_equal_addr2line_context_and_binutils_for_rust() {
         assert!(inlined > 100, "{name}: {inlined} addresses inside inlined functions");
     }
 }
+
+/// The units kept parsed count in `heap_bytes` (what `cache.max_bytes`
+/// bounds): their file tables and abbreviations, at most two units.
+#[test]
+fn kept_units_count_in_heap_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["-C", "opt-level=2", "-C", "debuginfo=2"];
+    let bin = build(dir.path(), "rust", "deep_rust.rs", RUST, "rustc", &args);
+    let elf = open(&bin);
+    let lines = elf.dwarf_lines(256 << 20).expect("debug info");
+    let before = lines.heap_bytes();
+    assert_eq!(lines.kept_units(), (0, 0));
+    // One at a time, over every unit: each new unit is read and kept.
+    for a in addresses(&bin, 2000) {
+        lines.frames(a);
+    }
+    let (kept, bytes) = lines.kept_units();
+    assert_eq!(kept, 2, "two units kept");
+    assert!(bytes < 4 << 20, "{bytes} bytes counted for {kept} kept units");
+    assert!(bytes > 4096, "{bytes} bytes counted for {kept} kept units: their file tables and abbreviations");
+    assert!(lines.heap_bytes() >= before + bytes, "heap_bytes counts the kept units");
+}

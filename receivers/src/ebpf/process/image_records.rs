@@ -22,6 +22,9 @@ use std::sync::Arc;
 /// Mappings kept per process (a process that maps more keeps its first ones
 /// and is marked incomplete).
 pub(crate) const MAX_MAPS: usize = 256;
+/// Executable file mappings of a typical process (its program, the dynamic
+/// loader, a few libraries): what an image first allocates room for.
+const TYPICAL_MAPS: usize = 8;
 /// How long an exited process's image stays for samples read after its exit.
 pub(crate) const EXITED_TTL_NS: u64 = 30_000_000_000;
 /// Distinct paths kept; over it the path table starts again.
@@ -166,6 +169,11 @@ impl ImageRecords {
         if img.maps.len() >= MAX_MAPS {
             img.overflow = true;
             return;
+        }
+        if img.maps.capacity() == 0 {
+            // One allocation for a typical process's files, not a growth
+            // step per library (a host can start hundreds a second).
+            img.maps.reserve_exact(TYPICAL_MAPS);
         }
         img.maps.push(RecordedMap {
             start: m.start,
