@@ -96,7 +96,7 @@ fn main() {
     println!(
         "{mode:>17}: {} addresses ({frames} frames, {} units; units read {built}, answered from windows {reused}) \
          in {:.1} ms = {:.1} us/address; anon retained {} KiB \
-         (heap: index + decompressed sections + windows + kept units {} KiB; load {:.0} ms; RssAnon {} -> {} KiB)",
+         (heap: index + decompressed sections + windows + kept units + unit maps {} KiB; load {:.0} ms; RssAnon {} -> {} KiB)",
         addrs.len(),
         lines.units(),
         took.as_secs_f64() * 1e3,

@@ -129,6 +129,19 @@ fn check(what: &str, bin: &Path, lines: &DwarfLines, addrs: &[u64], tool: &str) 
         "{what}: {hits} of {} lookups from windows ({reads} unit reads)",
         addrs.len()
     );
+    // Every unit read again, now from its map (built on a unit's second
+    // read): the same answers, batched and one at a time.
+    lines.map_from_next_read();
+    let mut mapped: Vec<_> = addrs.iter().map(|&a| (a, Vec::new())).collect();
+    lines.frames_many(&mut mapped);
+    lines.map_from_next_read();
+    for ((&a, got), (_, m)) in addrs.iter().zip(&ours).zip(&mapped) {
+        assert_eq!(got, m, "{what} at {a:#x}: unit map vs streaming, batched");
+        assert_eq!(*got, lines.frames(a), "{what} at {a:#x}: unit map vs streaming, alone");
+    }
+    let (maps, map_bytes) = lines.unit_maps();
+    assert!(maps > 0 && map_bytes > 0, "{what}: {maps} unit maps kept, {map_bytes} bytes");
+    assert!(map_bytes <= 512 << 10, "{what}: unit maps within their bound: {map_bytes} bytes");
     let want = addr2line_tool(tool, bin, addrs);
     // Folded copies (several symbols, and subprograms, at one address):
     // which one names the code is arbitrary, in each tool.

@@ -81,7 +81,7 @@ impl Default for DebuginfodConfig {
 #[serde(deny_unknown_fields, default)]
 #[schemars(rename = "UserSymbolsCacheConfig")]
 pub struct CacheConfig {
-    /// Heap bytes of loaded tables (symbols, DWARF's unit index, recent lookups and the units they parsed, decompressed debug sections, resolved addresses) kept; the least recently used table is evicted beyond it. Debug sections read in place from a binary's mapping, and names read in place from `cache.dir` files, are page cache and do not count (`profcol_processor_user_symbols_cache_mapped_bytes` shows them).
+    /// Heap bytes of loaded tables (symbols, DWARF's unit index, recent lookups, the units they parsed and the maps of units read more than once, decompressed debug sections, resolved addresses) kept; the least recently used table is evicted beyond it. Debug sections read in place from a binary's mapping, and names read in place from `cache.dir` files, are page cache and do not count (`profcol_processor_user_symbols_cache_mapped_bytes` shows them).
     pub max_bytes: u64,
     /// Directory where each binary's function table (segments and front-coded names, not DWARF) is written once loaded and read back after a restart, so frames are named without parsing the binary again; its names are read in place from that file (mapped: page cache, not the agent's heap); created mode 0700, refused (with a warning) when others can write it. Compressed debug sections (a distribution's debug files) are decompressed into unlinked files here and mapped, so they are page cache rather than the agent's heap; they take disk space while their table is loaded, outside `dir_max_bytes`. Unset: no files, and those sections are decompressed into the heap.
     pub dir: Option<PathBuf>,
