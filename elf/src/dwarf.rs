@@ -163,8 +163,9 @@ pub struct DwarfLines {
     /// last, together at most [`MAP_BYTES`].
     unit_maps: Mutex<Vec<(u32, Arc<UnitMap>)>>,
     unit_map_bytes: AtomicUsize,
-    /// A bit per unit read before: its next read builds its map.
-    read_before: Mutex<Box<[u64]>>,
+    /// Per unit: read before (its next read builds its map), or too
+    /// large a map to keep (always streamed).
+    read_before: Mutex<Box<[Seen]>>,
     /// Units read in full, and addresses answered from a window.
     unit_reads: AtomicU64,
     window_hits: AtomicU64,
@@ -179,6 +180,14 @@ const UNITS_KEPT: usize = 2;
 /// 1–40 KiB, at most ~200 KiB (a 274 MB Rust binary: median, 99th
 /// percentile and largest of its 7,575 units: 1.3, 41 and 191 KiB).
 const MAP_BYTES: usize = 512 << 10;
+
+/// What a unit's reads so far say about mapping it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Never,
+    Once,
+    MapTooLarge,
+}
 
 /// Estimated heap bytes of `kept` units: each one's line program tables,
 /// and each abbreviation table once (kept units may share one). gimli
@@ -442,7 +451,7 @@ impl DwarfLines {
         if index.units.is_empty() {
             return None;
         }
-        let bits = vec![0; index.units.len().div_ceil(64)].into_boxed_slice();
+        let seen = vec![Seen::Never; index.units.len()].into_boxed_slice();
         Some(DwarfLines {
             dwarf,
             index,
@@ -457,7 +466,7 @@ impl DwarfLines {
             kept_bytes: AtomicUsize::new(0),
             unit_maps: Mutex::new(Vec::new()),
             unit_map_bytes: AtomicUsize::new(0),
-            read_before: Mutex::new(bits),
+            read_before: Mutex::new(seen),
             unit_reads: AtomicU64::new(0),
             window_hits: AtomicU64::new(0),
         })
@@ -465,20 +474,22 @@ impl DwarfLines {
 
     /// Heap bytes held: debug sections decompressed or read from a file
     /// held in memory, the unit index, the windows kept (at most
-    /// `WINDOW_BYTES`) and the units kept parsed (estimated).
+    /// `WINDOW_BYTES`), the units kept parsed and the unit maps
+    /// (estimated).
     pub fn heap_bytes(&self) -> usize {
         self.heap
             + self.index.heap_bytes()
             + self.window_bytes.load(Ordering::Relaxed)
             + self.kept_bytes.load(Ordering::Relaxed)
             + self.unit_map_bytes.load(Ordering::Relaxed)
+            + self.index.units.len() * std::mem::size_of::<Seen>()
     }
 
     /// Makes every unit's next read build its map, and forgets the
     /// windows: the next lookups are answered from unit maps.
     #[cfg(test)]
     pub(crate) fn map_from_next_read(&self) {
-        self.read_before.lock().unwrap().iter_mut().for_each(|w| *w = u64::MAX);
+        self.read_before.lock().unwrap().iter_mut().for_each(|s| *s = Seen::Once);
         self.windows.lock().unwrap().clear();
         self.window_bytes.store(0, Ordering::Relaxed);
     }
@@ -680,17 +691,25 @@ impl DwarfLines {
         }
         {
             let mut seen = self.read_before.lock().unwrap_or_else(|p| p.into_inner());
-            let (word, bit) = (index / 64, 1u64 << (index % 64));
-            let w = seen.get_mut(word)?;
-            if *w & bit == 0 {
-                *w |= bit;
-                return None;
+            let s = seen.get_mut(index)?;
+            match *s {
+                Seen::Never => {
+                    *s = Seen::Once;
+                    return None;
+                }
+                Seen::MapTooLarge => return None,
+                Seen::Once => {}
             }
         }
         // Built outside the locks. A unit broken past some point is
         // streamed instead: that stops at the last address it looks for.
         let map = Arc::new(UnitMap::build(u).ok()?);
-        if map.bytes() <= MAP_BYTES {
+        if map.bytes() > MAP_BYTES {
+            // Used this once; built again each read, it would cost more
+            // than streaming.
+            let mut seen = self.read_before.lock().unwrap_or_else(|p| p.into_inner());
+            seen[index] = Seen::MapTooLarge;
+        } else {
             let mut maps = self.unit_maps.lock().unwrap_or_else(|p| p.into_inner());
             if !maps.iter().any(|m| m.0 == id) {
                 let mut bytes = self.unit_map_bytes.load(Ordering::Relaxed) + map.bytes();
