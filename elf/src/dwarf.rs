@@ -189,6 +189,15 @@ enum Seen {
     MapTooLarge,
 }
 
+/// The entry of `id` in a most-recent-last list, moved to its end.
+fn use_recent<T: Clone>(list: &mut Vec<(u32, T)>, id: u32) -> Option<T> {
+    let at = list.iter().position(|e| e.0 == id)?;
+    let entry = list.remove(at);
+    let value = entry.1.clone();
+    list.push(entry);
+    Some(value)
+}
+
 /// Estimated heap bytes of `kept` units: each one's line program tables,
 /// and each abbreviation table once (kept units may share one). gimli
 /// does not tell its allocations; these are the vectors that grow with
@@ -591,10 +600,7 @@ impl DwarfLines {
         let id = index as u32;
         let shared_abbrevs = {
             let mut kept = self.kept_units.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(at) = kept.iter().position(|k| k.0 == id) {
-                let k = kept.remove(at);
-                let unit = k.1.clone();
-                kept.push(k);
+            if let Some(unit) = use_recent(&mut kept, id) {
                 return Ok(unit);
             }
             let header = self.dwarf.unit_header(gimli::DebugInfoOffset(self.index.units[index].offset))?;
@@ -682,10 +688,7 @@ impl DwarfLines {
         let id = index as u32;
         {
             let mut maps = self.unit_maps.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(at) = maps.iter().position(|m| m.0 == id) {
-                let m = maps.remove(at);
-                let map = m.1.clone();
-                maps.push(m);
+            if let Some(map) = use_recent(&mut maps, id) {
                 return Some(map);
             }
         }
@@ -1147,19 +1150,26 @@ fn line_rows(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<LineFind> {
             growing = true;
             continue;
         }
-        let this = (row.file_index(), row.line().map_or(0, |l| l.get() as u32));
         start.get_or_insert(address);
-        match seq.last_mut() {
-            Some(last) if last.0 == address => last.1 = this,
-            Some(last) => {
-                growing &= last.0 < address;
-                seq.push((address, this));
-            }
-            None => seq.push((address, this)),
-        }
+        push_row(&mut seq, &mut growing, row);
     }
     find.edges = find.edges.finish();
     Ok(find)
+}
+
+/// Adds `row` to a sequence's rows (one per address, the last of those
+/// at it); `growing` turns false when an address goes back.
+fn push_row(seq: &mut Vec<(u64, Row)>, growing: &mut bool, row: &gimli::LineRow) {
+    let address = row.address();
+    let this = (row.file_index(), row.line().map_or(0, |l| l.get() as u32));
+    match seq.last_mut() {
+        Some(last) if last.0 == address => last.1 = this,
+        Some(last) => {
+            *growing &= last.0 < address;
+            seq.push((address, this));
+        }
+        None => seq.push((address, this)),
+    }
 }
 
 /// The row covering `p` in a sequence whose addresses do not only grow
@@ -1177,8 +1187,27 @@ fn cover_unordered(rows: &[(u64, Row)], end: u64, p: u64) -> Option<Row> {
 fn subprograms(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<SubprogramFind> {
     let mut find = SubprogramFind { funcs: vec![None; probes.len()], edges: Edges::new(probes.len()) };
     let mut unanswered = probes.len();
+    subprogram_ranges(u, |die, begin, end| {
+        find.edges.note(probes, begin, end);
+        let first = probes.partition_point(|&p| p < begin);
+        for (i, _) in probes[first..].iter().enumerate().take_while(|(_, &p)| p < end) {
+            if find.funcs[first + i].is_none() {
+                find.funcs[first + i] = Some((die, begin, end));
+                unanswered -= 1;
+            }
+        }
+        unanswered > 0
+    })?;
+    find.edges = find.edges.finish();
+    Ok(find)
+}
+
+/// Calls `f` with each `DW_TAG_subprogram` range of the unit, in DIE
+/// order, until it returns `false` (checked after each subprogram).
+fn subprogram_ranges(u: UnitRef<'_>, mut f: impl FnMut(UnitOffset, u64, u64) -> bool) -> gimli::Result<()> {
     let mut entries = u.entries_raw(None)?;
-    while !entries.is_empty() && unanswered > 0 {
+    let mut go_on = true;
+    while !entries.is_empty() && go_on {
         let die = entries.next_offset();
         let Some(abbrev) = entries.read_abbreviation()? else { continue };
         if abbrev.tag() != gimli::DW_TAG_subprogram {
@@ -1190,19 +1219,9 @@ fn subprograms(u: UnitRef<'_>, probes: &[u64]) -> gimli::Result<SubprogramFind> 
             let attr = entries.read_attribute(*spec)?;
             r.read(&attr, u)?;
         }
-        r.for_each(u, |begin, end| {
-            find.edges.note(probes, begin, end);
-            let first = probes.partition_point(|&p| p < begin);
-            for (i, _) in probes[first..].iter().enumerate().take_while(|(_, &p)| p < end) {
-                if find.funcs[first + i].is_none() {
-                    find.funcs[first + i] = Some((die, begin, end));
-                    unanswered -= 1;
-                }
-            }
-        })?;
+        r.for_each(u, |begin, end| go_on &= f(die, begin, end))?;
     }
-    find.edges = find.edges.finish();
-    Ok(find)
+    Ok(())
 }
 
 /// For each of `probes` (sorted), the inlined subroutines of subprogram

@@ -12,7 +12,7 @@
 
 use gimli::UnitOffset;
 
-use super::{Edges, LineFind, RangeAttrs, Reader, Row, SubprogramFind, UnitRef};
+use super::{Edges, LineFind, Reader, Row, SubprogramFind, UnitRef};
 
 type Sequence = gimli::LineSequence<Reader>;
 
@@ -80,22 +80,12 @@ impl UnitMap {
     /// for sequences.
     pub(super) fn build(u: UnitRef<'_>) -> gimli::Result<Self> {
         let mut subs: Vec<(u64, u64, u32)> = Vec::new();
-        let mut entries = u.entries_raw(None)?;
-        while !entries.is_empty() {
-            let die = entries.next_offset();
-            let Some(abbrev) = entries.read_abbreviation()? else { continue };
-            if abbrev.tag() != gimli::DW_TAG_subprogram {
-                entries.skip_attributes(abbrev.attributes())?;
-                continue;
+        super::subprogram_ranges(u, |die, begin, end| {
+            if let Ok(die) = u32::try_from(die.0) {
+                subs.push((begin, end, die));
             }
-            let mut r = RangeAttrs::default();
-            for spec in abbrev.attributes() {
-                let attr = entries.read_attribute(*spec)?;
-                r.read(&attr, u)?;
-            }
-            let Ok(die) = u32::try_from(die.0) else { continue };
-            r.for_each(u, |begin, end| subs.push((begin, end, die)))?;
-        }
+            true
+        })?;
         subs.retain(|s| s.0 < s.1);
         // By begin, DIE order kept among equal begins.
         subs.sort_by_key(|s| s.0);
@@ -240,16 +230,7 @@ fn sequence_rows(
         if row.end_sequence() {
             break;
         }
-        let address = row.address();
-        let this = (row.file_index(), row.line().map_or(0, |l| l.get() as u32));
-        match out.last_mut() {
-            Some(last) if last.0 == address => last.1 = this,
-            Some(last) => {
-                growing &= last.0 < address;
-                out.push((address, this));
-            }
-            None => out.push((address, this)),
-        }
+        super::push_row(&mut out, &mut growing, row);
     }
     Ok((out, growing))
 }
