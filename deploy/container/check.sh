@@ -2,7 +2,8 @@
 # CI: builds the image from this clone (deploy/container/build.sh), exports
 # its root filesystem (podman create + podman export) and runs the binary
 # from it: `profcol --version` and `profcol validate` of the image's default
-# config, as the image's non-root user, under chroot (the binary is static:
+# config, as the image's non-root user (and checks it is linked at a fixed
+# address, not a PIE), under chroot (the binary is static:
 # it needs nothing outside the image; no container runtime is involved).
 # Then checks the image's size against the stripped binary's (≤ 1.5×), its
 # labels and its user.
@@ -41,6 +42,9 @@ run() { chroot --userspec=65532:65532 "$root" "$@"; }
 version=$(run /usr/bin/profcol --version)
 case "$version" in profcol\ *) ;; *) echo "check: profcol --version said '$version'" >&2; exit 1 ;; esac
 run /usr/bin/profcol validate --config /etc/profcol/config.yaml >/dev/null
+# Linked at a fixed address (build.sh): ELF type EXEC, not DYN (static-pie).
+elf_type=$(od -An -tu2 -j16 -N2 "$root/usr/bin/profcol" | tr -d ' ')
+[ "$elf_type" = 2 ] || { echo "check: /usr/bin/profcol has ELF type $elf_type, not 2 (EXEC): built as a PIE?" >&2; exit 1; }
 
 # Everything but the binary (certificates, config, metadata) is small.
 if [ $((image_bytes * 2)) -gt $((binary_bytes * 3)) ]; then

@@ -180,7 +180,7 @@ struct FdeAt {
 /// Rows of a table per byte of CFI, at most, in the files measured
 /// (0.19–0.26): the output is sized once from the CFI's size.
 const ROWS_PER_CFI_BYTE_DIV: usize = 4;
-/// Rows reserved at most up front (64 MiB); a larger table grows as usual,
+/// Rows reserved at most up front; a larger table grows as usual,
 /// so a file claiming a huge CFI section reserves no more than this.
 const MAX_RESERVED_ROWS: usize = 1 << 22;
 
@@ -189,6 +189,52 @@ impl ElfFile {
     /// and `.debug_frame` (uncompressed); addresses are the file's virtual
     /// addresses.
     pub fn unwind_table(&self) -> Result<(UnwindTable, TableStats), UnwindError> {
+        let mut rows = Merged::new(None);
+        let mut stats = self.merge_cfi(&mut rows)?;
+        let mut table = UnwindTable { rows: rows.rows };
+        if stats.go {
+            table = self.go_table(table);
+        }
+        stats.unsupported_rows = table.rows.iter().filter(|r| r.rule.kind == kind::UNSUPPORTED).count() as u64;
+        Ok((table, stats))
+    }
+
+    /// [`Self::unwind_table`] in the compact form, built as the rows come:
+    /// equal to `unwind_table()?.0.compact()`, but the full table (16 bytes
+    /// a row: ~13 MB for a 274 MB Rust binary) never exists at once, only
+    /// the compact one (4 bytes a row). Go binaries, whose tables are
+    /// small, go through the full table (their gaps are filled after the
+    /// merge).
+    pub fn compact_unwind_table(&self) -> Result<(CompactTable, TableStats), UnwindError> {
+        if self.class != crate::Class::Elf64 {
+            return Err(UnwindError::Architecture);
+        }
+        if self.is_go()? {
+            let (table, stats) = self.unwind_table()?;
+            return Ok((table.compact()?, stats));
+        }
+        let mut builder = CompactBuilder::default();
+        let mut rows = Merged::new(Some(&mut builder));
+        let mut stats = self.merge_cfi(&mut rows)?;
+        rows.finish();
+        stats.unsupported_rows = builder.unsupported;
+        Ok((builder.finish()?, stats))
+    }
+
+    /// Whether this is a Go binary (see [`TableStats::go`]).
+    fn is_go(&self) -> Result<bool, UnwindError> {
+        let data = self.bytes.get();
+        let h = FileHeader64::<Endianness>::parse(data).map_err(|_| Error::Malformed("ELF header"))?;
+        let e = h.endian().map_err(|_| Error::Malformed("byte order"))?;
+        let sections = h.sections(e, data).map_err(|_| Error::Malformed("section headers"))?;
+        Ok(self.go_build_id().is_some()
+            || sections.section_by_name(e, b".gopclntab").is_some()
+            || sections.section_by_name(e, b".go.buildinfo").is_some())
+    }
+
+    /// Merges the rows of every FDE of `.eh_frame` and `.debug_frame` (not
+    /// for Go binaries) into `out`, in address order.
+    fn merge_cfi(&self, out: &mut Merged<'_>) -> Result<TableStats, UnwindError> {
         if self.class != crate::Class::Elf64 {
             return Err(UnwindError::Architecture);
         }
@@ -208,9 +254,7 @@ impl ElfFile {
             Some((sh.sh_addr(e), bytes))
         };
         let text = section(b".text").map_or(0, |(a, _)| a);
-        let go = self.go_build_id().is_some()
-            || sections.section_by_name(e, b".gopclntab").is_some()
-            || sections.section_by_name(e, b".go.buildinfo").is_some();
+        let go = self.is_go()?;
         let mut stats = TableStats { go, ..TableStats::default() };
         let mut fdes = Vec::new();
         let eh = section(b".eh_frame").map(|(addr, bytes)| {
@@ -234,32 +278,41 @@ impl ElfFile {
         }
         let mut ctx = UnwindContext::new();
         let mut bad = 0u64;
+        // Reserved once, for the rows that will be kept (pages not written
+        // to are not memory the process is charged for).
         let capacity =
             (usize::try_from(stats.cfi_bytes).unwrap_or(0) / ROWS_PER_CFI_BYTE_DIV + 2).min(MAX_RESERVED_ROWS);
-        let mut table = merge(fdes, capacity, |f, out| {
+        match out.to.as_mut() {
+            Some(b) => b.words.reserve(capacity),
+            None => out.rows.reserve(capacity),
+        }
+        merge(fdes, out, |f, rows| {
             let ok = match (f.priority, &eh, &df) {
-                (0, Some((bases, eh)), _) => rows_of(eh, bases, &mut ctx, f.offset, out),
-                (1, _, Some((bases, df))) => rows_of(df, bases, &mut ctx, f.offset, out),
+                (0, Some((bases, eh)), _) => rows_of(eh, bases, &mut ctx, f.offset, rows),
+                (1, _, Some((bases, df))) => rows_of(df, bases, &mut ctx, f.offset, rows),
                 _ => false,
             };
             bad += u64::from(!ok);
             ok
         });
         stats.bad_fdes += bad;
-        if go {
-            let code: Vec<(u64, u64)> = self
-                .load_segments()
-                .iter()
-                .filter(|s| s.executable)
-                .map(|s| (s.vaddr, s.vaddr.saturating_add(s.filesz)))
-                .collect();
-            table = table.fill_gaps(&code, Rule::FRAME_POINTER);
-            if let Some((call, rule)) = self.go_cgo_call() {
-                table = table.with_rule(call, call + CALL_RAX.len() as u64, rule);
-            }
+        Ok(stats)
+    }
+
+    /// A Go binary's table: code no FDE covers is Go code, walked by frame
+    /// pointers; `runtime.asmcgocall`'s call into C gets its own rule.
+    fn go_table(&self, mut table: UnwindTable) -> UnwindTable {
+        let code: Vec<(u64, u64)> = self
+            .load_segments()
+            .iter()
+            .filter(|s| s.executable)
+            .map(|s| (s.vaddr, s.vaddr.saturating_add(s.filesz)))
+            .collect();
+        table = table.fill_gaps(&code, Rule::FRAME_POINTER);
+        if let Some((call, rule)) = self.go_cgo_call() {
+            table = table.with_rule(call, call + CALL_RAX.len() as u64, rule);
         }
-        stats.unsupported_rows = table.rows.iter().filter(|r| r.rule.kind == kind::UNSUPPORTED).count() as u64;
-        Ok((table, stats))
+        table
     }
 }
 
@@ -472,16 +525,23 @@ fn signal_rule_of<'a, S: UnwindSection<gimli::EndianSlice<'a, LittleEndian>>>(
 /// `call *%rax`.
 const CALL_RAX: [u8; 2] = [0xff, 0xd0];
 
-/// Sorts FDEs, evaluates each one not overlapping an earlier (or
-/// higher-priority) one with `rows_of` (false: no rows, it covers
-/// nothing), fills gaps with NO_INFO and merges equal neighbours.
-/// `capacity`: the rows expected at most (reserved once).
-fn merge(mut fdes: Vec<FdeAt>, capacity: usize, mut rows_of: impl FnMut(&FdeAt, &mut Vec<Row>) -> bool) -> UnwindTable {
-    fdes.sort_unstable_by_key(|f| (f.start, f.priority));
-    let mut rows: Vec<Row> = Vec::with_capacity(capacity);
-    let mut fde_rows: Vec<Row> = Vec::new();
-    let mut covered_end = 0u64;
-    let push = |rows: &mut Vec<Row>, r: Row| {
+/// Rows as [`merge`] makes them: a row whose address equals the last
+/// one's replaces it, and a row whose rule equals the one before it is
+/// dropped. Only the last row can change, or go when its replacement
+/// equals the row before it; so with a builder (`to`), every row but the
+/// last two is final and goes on to it at once.
+struct Merged<'a> {
+    rows: Vec<Row>,
+    to: Option<&'a mut CompactBuilder>,
+}
+
+impl<'a> Merged<'a> {
+    fn new(to: Option<&'a mut CompactBuilder>) -> Self {
+        Merged { rows: Vec::new(), to }
+    }
+
+    fn push(&mut self, r: Row) {
+        let rows = &mut self.rows;
         if let Some(last) = rows.last_mut() {
             if last.address == r.address {
                 *last = r;
@@ -496,27 +556,128 @@ fn merge(mut fdes: Vec<FdeAt>, capacity: usize, mut rows_of: impl FnMut(&FdeAt, 
             }
         }
         rows.push(r);
-    };
+        if let Some(b) = self.to.as_mut() {
+            if let [first, second, third] = rows[..] {
+                b.push(first);
+                rows[0] = second;
+                rows[1] = third;
+                rows.truncate(2);
+            }
+        }
+    }
+
+    /// Hands the rows still held to the builder.
+    fn finish(&mut self) {
+        if let Some(b) = self.to.as_mut() {
+            for r in self.rows.drain(..) {
+                b.push(r);
+            }
+        }
+    }
+}
+
+/// Sorts FDEs, evaluates each one not overlapping an earlier (or
+/// higher-priority) one with `rows_of` (false: no rows, it covers
+/// nothing), fills gaps with NO_INFO and merges equal neighbours into
+/// `out`.
+fn merge(mut fdes: Vec<FdeAt>, out: &mut Merged<'_>, mut rows_of: impl FnMut(&FdeAt, &mut Vec<Row>) -> bool) {
+    fdes.sort_unstable_by_key(|f| (f.start, f.priority));
+    let mut fde_rows: Vec<Row> = Vec::new();
+    let mut covered_end = 0u64;
     for f in &fdes {
         if f.start < covered_end || !rows_of(f, &mut fde_rows) {
             continue;
         }
         if f.start > covered_end && covered_end != 0 {
-            push(&mut rows, Row { address: covered_end, rule: Rule::NO_INFO });
+            out.push(Row { address: covered_end, rule: Rule::NO_INFO });
         }
         for r in &fde_rows {
             if r.address >= f.start && r.address < f.end {
-                push(&mut rows, *r);
+                out.push(*r);
             }
         }
         covered_end = f.end;
     }
     if covered_end != 0 {
-        push(&mut rows, Row { address: covered_end, rule: Rule::NO_INFO });
+        out.push(Row { address: covered_end, rule: Rule::NO_INFO });
     }
-    // Not shrunk: a table lives only until it is compacted, and a shrink
-    // would be one more allocation of its size.
-    UnwindTable { rows }
+    // A full table is not shrunk: it lives only until it is compacted, and
+    // a shrink would be one more allocation of its size.
+}
+
+/// Builds a [`CompactTable`] from a table's rows in order: each row is
+/// placed when the next one (where its rule ends) comes.
+#[derive(Default)]
+struct CompactBuilder {
+    rules: Vec<Rule>,
+    // Looked up once per row: a fast hash (rules are 8 plain bytes).
+    ids: FxHashMap<Rule, u16>,
+    pages: Vec<Page>,
+    words: Vec<u32>,
+    held: Option<Row>,
+    /// Rows whose rule is [`kind::UNSUPPORTED`].
+    unsupported: u64,
+    error: Option<UnwindError>,
+}
+
+impl CompactBuilder {
+    fn push(&mut self, row: Row) {
+        if let Some(prev) = self.held.replace(row) {
+            self.place(prev, row.address);
+        }
+    }
+
+    fn finish(mut self) -> Result<CompactTable, UnwindError> {
+        if let Some(last) = self.held.take() {
+            self.place(last, last.address + 1);
+        }
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(CompactTable { rules: self.rules, pages: self.pages, rows: self.words }),
+        }
+    }
+
+    /// `row`'s rule holds up to `end`: it starts its own page and is
+    /// carried into each later page it covers.
+    fn place(&mut self, row: Row, end: u64) {
+        self.unsupported += u64::from(row.rule.kind == kind::UNSUPPORTED);
+        if self.error.is_some() {
+            return;
+        }
+        let first_page = row.address >> PAGE_SHIFT;
+        let last_page = (end - 1) >> PAGE_SHIFT;
+        if row.rule.kind == kind::NO_INFO && self.pages.last().is_none_or(|p| u64::from(p.page) != first_page) {
+            // A page that starts without info needs no carried row, and
+            // pages wholly without info are left out.
+            return;
+        }
+        let id = match self.ids.get(&row.rule) {
+            Some(&id) => id,
+            None => {
+                let Ok(id) = u16::try_from(self.rules.len()) else {
+                    self.error = Some(UnwindError::TooManyRules);
+                    return;
+                };
+                self.rules.push(row.rule);
+                self.ids.insert(row.rule, id);
+                id
+            }
+        };
+        for page in first_page..=last_page {
+            let Ok(page32) = u32::try_from(page) else { break };
+            let lo = if page == first_page { (row.address & 0xffff) as u32 } else { 0 };
+            if row.rule.kind == kind::NO_INFO && page != first_page {
+                break;
+            }
+            if self.pages.last().is_none_or(|p| p.page != page32) {
+                self.pages.push(Page { page: page32, first: self.words.len() as u32, count: 0 });
+            }
+            self.words.push((lo << 16) | u32::from(id));
+            if let Some(p) = self.pages.last_mut() {
+                p.count += 1;
+            }
+        }
+    }
 }
 
 impl UnwindTable {
@@ -564,49 +725,15 @@ impl UnwindTable {
 
     /// The compact, paged form the BPF maps hold.
     pub fn compact(&self) -> Result<CompactTable, UnwindError> {
-        let mut rules: Vec<Rule> = Vec::new();
-        // Looked up once per row: a fast hash (rules are 8 plain bytes).
-        let mut ids: FxHashMap<Rule, u16> = FxHashMap::default();
-        let mut id_of = |r: Rule| -> Result<u16, UnwindError> {
-            if let Some(&id) = ids.get(&r) {
-                return Ok(id);
-            }
-            let id = u16::try_from(rules.len()).map_err(|_| UnwindError::TooManyRules)?;
-            rules.push(r);
-            ids.insert(r, id);
-            Ok(id)
+        let mut b = CompactBuilder {
+            // A word per row, and one per page a row is carried into (few).
+            words: Vec::with_capacity(self.rows.len() + self.rows.len() / 64),
+            ..CompactBuilder::default()
         };
-        let mut pages: Vec<Page> = Vec::new();
-        // A word per row, and one per page a row is carried into (few).
-        let mut words: Vec<u32> = Vec::with_capacity(self.rows.len() + self.rows.len() / 64);
-        for (i, row) in self.rows.iter().enumerate() {
-            let first_page = row.address >> PAGE_SHIFT;
-            // The rule holds up to the next row: it starts its own page and
-            // is carried into each later page it covers.
-            let end = self.rows.get(i + 1).map_or(row.address + 1, |n| n.address);
-            let last_page = (end - 1) >> PAGE_SHIFT;
-            if row.rule.kind == kind::NO_INFO && pages.last().is_none_or(|p| u64::from(p.page) != first_page) {
-                // A page that starts without info needs no carried row, and
-                // pages wholly without info are left out.
-                continue;
-            }
-            let id = id_of(row.rule)?;
-            for page in first_page..=last_page {
-                let Ok(page32) = u32::try_from(page) else { break };
-                let lo = if page == first_page { (row.address & 0xffff) as u32 } else { 0 };
-                if row.rule.kind == kind::NO_INFO && page != first_page {
-                    break;
-                }
-                if pages.last().is_none_or(|p| p.page != page32) {
-                    pages.push(Page { page: page32, first: words.len() as u32, count: 0 });
-                }
-                words.push((lo << 16) | u32::from(id));
-                if let Some(p) = pages.last_mut() {
-                    p.count += 1;
-                }
-            }
+        for &row in &self.rows {
+            b.push(row);
         }
-        Ok(CompactTable { rules, pages, rows: words })
+        b.finish()
     }
 }
 

@@ -8,7 +8,8 @@
 //!    table (open, parse `.eh_frame`/`.debug_frame`, evaluate, compact;
 //!    median of 5), bytes of CFI, bytes of table, table bytes per MiB of CFI,
 //!    and the most heap the build held at once (a counting allocator)
-//!    against the table's bytes. `EXTRA_FILES=a:b` adds files (a large
+//!    against the table's bytes; each for the receiver's streamed build and,
+//!    alternating with it, the full table compacted after (the baseline). `EXTRA_FILES=a:b` adds files (a large
 //!    binary: `target/release/profcol`); `-- tables` runs only this part.
 //! 2. In-kernel time per sample of the sampling program (the kernel's
 //!    `bpf_stats_enabled` run time of `profcol_cpu_sample`, which includes
@@ -59,39 +60,59 @@ fn table_builds() {
         .map(|p| std::fs::canonicalize(p).unwrap())
         .collect();
     println!("## table build");
+    println!("streamed: what the receiver builds (`compact_unwind_table`, rows compacted as they come);");
+    println!("full: the full table first, then compacted (`unwind_table` + `compact`), the baseline.");
     println!(
-        "| file | file size | CFI bytes | table bytes | table bytes per MiB of CFI | rows | build ms (median of 5) | peak heap of a build | peak / table |"
+        "| file | file size | CFI bytes | table bytes | table bytes per MiB of CFI | rows | build ms, streamed / full (median of 5) | peak heap of a build, streamed / full | peak / table, streamed / full |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for f in files {
         let file = File::open(&f).unwrap();
-        let mut times = Vec::new();
-        let mut result = None;
-        let mut peak = 0isize;
-        for _ in 0..5 {
+        // One build either way, measured alike; the two alternate.
+        let build = |streamed: bool| {
             profcol_testkit::alloc::reset_peak();
             let before = profcol_testkit::alloc::live();
             let t = Instant::now();
             let elf = ElfFile::open(&file).unwrap();
-            let (table, stats) = elf.unwind_table().unwrap();
-            let compact = table.compact().unwrap();
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-            peak = peak.max(profcol_testkit::alloc::peak() - before);
-            result = Some((stats, compact));
+            let (compact, stats) = if streamed {
+                elf.compact_unwind_table().unwrap()
+            } else {
+                let (table, stats) = elf.unwind_table().unwrap();
+                (table.compact().unwrap(), stats)
+            };
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            (ms, profcol_testkit::alloc::peak() - before, stats, compact)
+        };
+        let (mut times, mut peaks) = ([Vec::new(), Vec::new()], [0isize, 0]);
+        let mut result = None;
+        for _ in 0..5 {
+            for (i, streamed) in [true, false].into_iter().enumerate() {
+                let (ms, peak, stats, compact) = build(streamed);
+                times[i].push(ms);
+                peaks[i] = peaks[i].max(peak);
+                if let Some((_, c)) = &result {
+                    assert!(*c == compact, "{}: the streamed and the full build differ", f.display());
+                }
+                result = Some((stats, compact));
+            }
         }
         let (stats, compact) = result.unwrap();
         let size = file.metadata().unwrap().len();
+        let [t_streamed, t_full] = times.map(median);
         println!(
-            "| {} | {} | {} | {} | {:.0} | {} | {:.1} | {} | {:.1} |",
+            "| {} | {} | {} | {} | {:.0} | {} | {:.1} / {:.1} | {} / {} | {:.1} / {:.1} |",
             f.file_name().unwrap().to_string_lossy(),
             size,
             stats.cfi_bytes,
             compact.bytes(),
             compact.bytes() as f64 / (stats.cfi_bytes as f64 / (1 << 20) as f64),
             compact.rows.len(),
-            median(times),
-            peak,
-            peak as f64 / compact.bytes() as f64
+            t_streamed,
+            t_full,
+            peaks[0],
+            peaks[1],
+            peaks[0] as f64 / compact.bytes() as f64,
+            peaks[1] as f64 / compact.bytes() as f64
         );
     }
 }

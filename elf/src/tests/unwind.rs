@@ -96,6 +96,7 @@ fn check_against_readelf(path: &Path) -> UnwindTable {
     let f = open(path);
     let (table, stats) = f.unwind_table().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let compact = table.compact().unwrap();
+    assert_streamed_is_compacted(&f, path);
     let rows = readelf_rows(path);
     assert!(rows.len() > 10, "{}: readelf shows rows", path.display());
     let mut plt = 0;
@@ -128,6 +129,34 @@ fn check_against_readelf(path: &Path) -> UnwindTable {
     assert_eq!(stats.bad_fdes, 0, "{}", path.display());
     let _ = plt;
     table
+}
+
+/// The table built as its rows come (what the receiver loads) is the full
+/// table compacted, with the same stats.
+fn assert_streamed_is_compacted(f: &crate::ElfFile, what: &Path) {
+    let (table, stats) = f.unwind_table().unwrap_or_else(|e| panic!("{}: {e}", what.display()));
+    let (streamed, streamed_stats) = f.compact_unwind_table().unwrap_or_else(|e| panic!("{}: {e}", what.display()));
+    assert_eq!(streamed_stats, stats, "{}", what.display());
+    assert!(streamed == table.compact().unwrap(), "{}: the streamed compact table differs", what.display());
+}
+
+#[test]
+fn streamed_tables_are_the_full_tables_compacted() {
+    // This test binary: a Rust program with thousands of FDEs, some of
+    // them spanning pages; and system binaries built by other compilers.
+    let exe = std::env::current_exe().unwrap();
+    let mut seen = 0;
+    for p in
+        [exe.as_path(), Path::new("/lib/x86_64-linux-gnu/libc.so.6"), Path::new("/lib/x86_64-linux-gnu/libstdc++.so.6")]
+    {
+        if p.exists() {
+            assert_streamed_is_compacted(&open(p), p);
+            seen += 1;
+        }
+    }
+    assert!(seen >= 2, "the test binary and libc at least");
+    let (table, stats) = open(&exe).unwind_table().unwrap();
+    assert!(stats.fdes > 1000 && table.rows.len() > 10_000, "{stats:?}, {} rows", table.rows.len());
 }
 
 #[test]
@@ -219,8 +248,11 @@ fn truncated_and_garbled_cfi_is_no_panic() {
             i += step * 37;
         }
         if let Ok(f) = crate::ElfFile::from_vec(bad) {
-            if let Ok((t, _)) = f.unwind_table() {
-                let _ = t.compact();
+            // Both builds agree on garbage too: the same table or an error.
+            match (f.unwind_table().map(|(t, _)| t.compact()), f.compact_unwind_table()) {
+                (Ok(Ok(full)), Ok((streamed, _))) => assert!(streamed == full, "step {step}"),
+                (Ok(Err(_)), Err(_)) | (Err(_), Err(_)) => {}
+                (full, streamed) => panic!("step {step}: full {:?}, streamed {:?}", full.is_ok(), streamed.is_ok()),
             }
         }
     }
@@ -266,6 +298,7 @@ static const struct go_note go_note = { 3, 12, 4, "Go", "abc/def-GHI_" };
     let (plain_table, plain_stats) = plain.unwind_table().unwrap();
     let (go_table, go_stats) = go.unwind_table().unwrap();
     assert!(!plain_stats.go && go_stats.go);
+    assert_streamed_is_compacted(&go, Path::new("go"));
     let m = mid(&plain);
     assert!((m.address..m.address + m.size).any(|a| plain_table.rule_at(a).kind == kind::CFA_RSP));
     let m = mid(&go);

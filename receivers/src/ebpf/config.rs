@@ -70,7 +70,7 @@ pub struct EbpfConfig {
     /// per-sample times anyway).
     pub count_in_kernel: bool,
     /// Distinct stacks counted in the kernel at once at most (kernel
-    /// memory: ~12 bytes each up front, ~90 more per stack counted; past
+    /// memory: ~28 bytes each up front, ~90 more per stack counted; past
     /// three quarters full the longest idle leave); samples of stacks
     /// beyond are records of their own.
     pub max_counted_stacks: u32,

@@ -408,9 +408,13 @@ pub(crate) struct UnwindSizes {
     pub pages: u32,
 }
 
-/// One page entry per this many bytes of the budget: tables average well
-/// above it (a 64 KiB page of code holds hundreds of rows).
-const BYTES_PER_PAGE_ENTRY: u64 = 256;
+/// One page entry per this many bytes of the budget. The hash map's
+/// buckets (16 bytes per entry) are kernel memory from the start, entries
+/// or not. C, C++ and Rust tables take 3.5–8 KiB per page (hundreds of
+/// rows); Go binaries far less (their Go code is one frame-pointer rule
+/// per function: 26–81 bytes per page), so the default 16 MiB still holds
+/// 16,384 pages: 1 GiB of code. Past that, least recently used tables go.
+const BYTES_PER_PAGE_ENTRY: u64 = 1024;
 
 pub(crate) fn unwind_sizes(cfg: &EbpfConfig) -> UnwindSizes {
     use crate::ebpf::config::UnwindMode;

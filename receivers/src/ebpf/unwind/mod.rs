@@ -552,15 +552,14 @@ enum Lookup {
 /// The compact table and segments of `file` (on the worker thread).
 fn build(file: &File) -> Result<(CompactTable, Arc<[LoadSegment]>), String> {
     let elf = ElfFile::open(file).map_err(|e| e.to_string())?;
-    let (table, _) = elf.unwind_table().map_err(|e| e.to_string())?;
-    let compact = table.compact().map_err(|e| e.to_string())?;
+    let (compact, _) = elf.compact_unwind_table().map_err(|e| e.to_string())?;
     Ok((compact, elf.load_segments().into()))
 }
 
 /// Hands the heap the allocator keeps free back to the kernel. A table
-/// build of a large binary allocates tens of MiB for a moment (the parsed
-/// `.eh_frame`, the full table before compaction, the compact table until
-/// it is in the kernel); glibc keeps what was freed in the worker's arena,
+/// build of a large binary allocates MiBs for a moment (its FDEs, the
+/// compact table until it is in the kernel); glibc keeps what was freed in
+/// the worker's arena,
 /// so a node agent's RSS would stay at its largest build for good.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
