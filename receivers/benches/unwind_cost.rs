@@ -8,8 +8,9 @@
 //!    table (open, parse `.eh_frame`/`.debug_frame`, evaluate, compact;
 //!    median of 5), bytes of CFI, bytes of table, table bytes per MiB of CFI,
 //!    and the most heap the build held at once (a counting allocator)
-//!    against the table's bytes; each for the receiver's streamed build and,
-//!    alternating with it, the full table compacted after (the baseline). `EXTRA_FILES=a:b` adds files (a large
+//!    against the table's bytes; each for the receiver's streamed build
+//!    and, alternating with it, the full table compacted after (the
+//!    baseline). `EXTRA_FILES=a:b` adds files (absolute paths; a large
 //!    binary: `target/release/profcol`); `-- tables` runs only this part.
 //! 2. In-kernel time per sample of the sampling program (the kernel's
 //!    `bpf_stats_enabled` run time of `profcol_cpu_sample`, which includes

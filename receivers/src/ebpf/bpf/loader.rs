@@ -411,9 +411,9 @@ pub(crate) struct UnwindSizes {
 /// One page entry per this many bytes of the budget. The hash map's
 /// buckets (16 bytes per entry) are kernel memory from the start, entries
 /// or not. C, C++ and Rust tables take 3.5–8 KiB per page (hundreds of
-/// rows); Go binaries far less (their Go code is one frame-pointer rule
-/// per function: 26–81 bytes per page), so the default 16 MiB still holds
-/// 16,384 pages: 1 GiB of code. Past that, least recently used tables go.
+/// rows); Go binaries far less (their Go code is frame-pointer code, a row
+/// or two per page: 26–81 bytes), so the default 16 MiB still holds 16,384
+/// pages: 1 GiB of code. Past that, least recently used tables go.
 const BYTES_PER_PAGE_ENTRY: u64 = 1024;
 
 pub(crate) fn unwind_sizes(cfg: &EbpfConfig) -> UnwindSizes {

@@ -559,8 +559,8 @@ fn build(file: &File) -> Result<(CompactTable, Arc<[LoadSegment]>), String> {
 /// Hands the heap the allocator keeps free back to the kernel. A table
 /// build of a large binary allocates MiBs for a moment (its FDEs, the
 /// compact table until it is in the kernel); glibc keeps what was freed in
-/// the worker's arena,
-/// so a node agent's RSS would stay at its largest build for good.
+/// the worker's arena, so a node agent's RSS would stay at its largest
+/// build for good.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim has no preconditions.
