@@ -72,7 +72,9 @@ fn the_executable_has_no_relocated_pages() {
         let mut w = line.split_whitespace();
         match w.next() {
             Some(range) if range.contains('-') && !range.ends_with(':') => {
-                in_exe = w.nth(4).is_some_and(|path| std::path::Path::new(path) == exe);
+                // The path is what follows five fields (it may hold spaces).
+                let path = w.skip(4).collect::<Vec<_>>().join(" ");
+                in_exe = std::path::Path::new(&path) == exe;
                 mappings += usize::from(in_exe);
             }
             Some("Anonymous:") if in_exe => anon_kib += w.next().and_then(|k| k.parse::<u64>().ok()).unwrap(),
